@@ -1,0 +1,1 @@
+//! The `.oar` model file: magic, format version, the graph (serde) and weights (safetensors).

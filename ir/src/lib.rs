@@ -1,0 +1,26 @@
+//! oar-ir: the one intermediate representation every door of oar produces and every pass and
+//! backend consumes — dtypes, shapes with symbolic dims, the op set with type rules and
+//! decompositions, the dataflow graph with control-flow regions, the verifier, the text format,
+//! the `.oar` model file, and the backend contract.
+
+pub mod backend;
+pub mod decompose;
+pub mod dtype;
+pub mod error;
+pub mod file;
+pub mod graph;
+pub mod npy;
+pub mod ops;
+pub mod shape;
+pub mod tensor_data;
+pub mod text;
+pub mod verify;
+
+pub use backend::{Backend, BackendError, Executable, Registry, Weights};
+pub use dtype::DType;
+pub use error::IrError;
+pub use graph::{Graph, Node, NodeId, Output, ValueId};
+pub use ops::{Composite, Float, Op};
+pub use shape::{Dim, Shape, TensorType, broadcast_shapes};
+pub use tensor_data::{Element, TensorData};
+pub use verify::verify;

@@ -1,0 +1,1 @@
+//! numpy `.npy` files: read and write [`crate::TensorData`].
