@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod decompose;
+pub mod dot;
 pub mod dtype;
 pub mod error;
 pub mod file;
@@ -12,6 +13,7 @@ pub mod graph;
 pub mod npy;
 pub mod ops;
 pub mod shape;
+pub mod stats;
 pub mod tensor_data;
 pub mod text;
 pub mod verify;
