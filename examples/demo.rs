@@ -31,7 +31,10 @@ fn build() -> Result<Model, Box<dyn std::error::Error>> {
     let mut param = |g: &mut Graph, name: &str, dims: &[usize]| -> Result<_, Box<dyn std::error::Error>> {
         let n = dims.iter().product();
         let scale = 1.0 / (dims[0] as f32).sqrt();
-        weights.insert(name.to_string(), TensorData::from_vec(dims.to_vec(), uniform(&mut seed, n, scale))?);
+        weights.insert(
+            name.to_string(),
+            TensorData::from_vec(dims.to_vec(), uniform(&mut seed, n, scale))?,
+        );
         Ok(g.add_param(name, TensorType::of(DType::F32, dims))?)
     };
     let w1 = param(&mut g, "fc1.weight", &[inp, hidden])?;
@@ -78,7 +81,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (a, b) = (eager[0].1.to_vec::<f32>()?, lowered[0].1.to_vec::<f32>()?);
     let max_diff = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
     for row in a.chunks(10) {
-        let best = row.iter().enumerate().max_by(|p, q| p.1.total_cmp(q.1)).map(|p| p.0).unwrap_or(0);
+        let best = row
+            .iter()
+            .enumerate()
+            .max_by(|p, q| p.1.total_cmp(q.1))
+            .map(|p| p.0)
+            .unwrap_or(0);
         println!("class {best}  p={:.3}  sum={:.4}", row[best], row.iter().sum::<f32>());
     }
     println!("composite vs decomposed graph: max |diff| = {max_diff:.2e}");

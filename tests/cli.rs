@@ -7,7 +7,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn oar(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oar")).args(args).output().expect("run oar")
+    Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(args)
+        .output()
+        .expect("run oar")
 }
 
 fn stdout(o: &Output) -> String {
@@ -23,22 +26,33 @@ fn assert_clean_error(o: &Output, needle: &str) {
     let err = stderr(o);
     assert!(!o.status.success(), "expected failure, got success: {err}");
     assert_eq!(err.lines().count(), 1, "one line expected: {err}");
-    assert!(err.starts_with("error: ") && err.contains(needle), "{err:?} should mention {needle:?}");
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{err:?} should mention {needle:?}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
 /// y = relu(x @ w + b), with x: f32[N, 3], w: f32[3, 2], b: f32[2].
 fn model(dir: &Path) -> std::path::PathBuf {
     let mut g = Graph::new("tiny");
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(3)])).unwrap();
+    let x = g
+        .add_input("x", TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(3)]))
+        .unwrap();
     let w = g.add_param("w", TensorType::of(DType::F32, &[3, 2])).unwrap();
     let b = g.add_param("b", TensorType::of(DType::F32, &[2])).unwrap();
     let y = g.add_op1(Op::Composite(Composite::Linear), &[x, w, b]).unwrap();
     let y = g.add_op1(Op::Composite(Composite::Relu), &[y]).unwrap();
     g.add_output("y", y).unwrap();
     let weights = BTreeMap::from([
-        ("w".to_string(), TensorData::from_vec(vec![3, 2], vec![1.0f32, -1.0, 2.0, 0.5, 0.0, 1.0]).unwrap()),
-        ("b".to_string(), TensorData::from_vec(vec![2], vec![0.5f32, -4.0]).unwrap()),
+        (
+            "w".to_string(),
+            TensorData::from_vec(vec![3, 2], vec![1.0f32, -1.0, 2.0, 0.5, 0.0, 1.0]).unwrap(),
+        ),
+        (
+            "b".to_string(),
+            TensorData::from_vec(vec![2], vec![0.5f32, -4.0]).unwrap(),
+        ),
     ]);
     let path = dir.join("tiny.oar");
     Model { graph: g, weights }.save(&path).unwrap();
@@ -78,7 +92,11 @@ fn inspect_run_dot_and_backends() {
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![5.5, 0.0, 0.0, 0.0]);
 
     let o = oar(&["dot", m]);
-    assert!(o.status.success() && stdout(&o).starts_with("digraph"), "{}", stderr(&o));
+    assert!(
+        o.status.success() && stdout(&o).starts_with("digraph"),
+        "{}",
+        stderr(&o)
+    );
     let o = oar(&["backends"]);
     assert!(stdout(&o).contains("reference"), "{}", stdout(&o));
 }
@@ -100,7 +118,10 @@ fn errors_are_one_clear_line() {
 
     let wrong = dir.path().join("wrong.npy");
     oar::ir::npy::write_npy(&wrong, &TensorData::from_vec(vec![2, 4], vec![0.0f32; 8]).unwrap()).unwrap();
-    assert_clean_error(&oar(&["run", m, "--input", &format!("x={}", wrong.display())]), "f32[N,3]");
+    assert_clean_error(
+        &oar(&["run", m, "--input", &format!("x={}", wrong.display())]),
+        "f32[N,3]",
+    );
     assert_clean_error(&oar(&["run", m]), "missing input `x`");
     assert_clean_error(&oar(&["run", m, "--backend", "tpu9000"]), "tpu9000");
     assert_clean_error(&oar(&["inspect", m, "--bind", "N"]), "SYM=SIZE");

@@ -9,7 +9,10 @@ use std::fmt::Write;
 pub fn to_dot(graph: &Graph) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "digraph \"{}\" {{", escape(graph.name()));
-    let _ = writeln!(out, "  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];");
+    let _ = writeln!(
+        out,
+        "  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];"
+    );
     let mut counter = 0usize;
     write_body(graph, "n", &mut out, &mut counter, 1);
     out.push_str("}\n");
@@ -24,7 +27,12 @@ fn write_body(graph: &Graph, prefix: &str, out: &mut String, counter: &mut usize
     let pad = "  ".repeat(indent);
     for id in graph.topo_order() {
         let node = graph.node(id);
-        let types = node.outputs().iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+        let types = node
+            .outputs()
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
         let (label, style) = match &node.op {
             Op::Input { name, .. } => (format!("input {name}"), ", style=filled, fillcolor=\"#dbeafe\""),
             Op::Param { name, .. } => (format!("param {name}"), ", style=filled, fillcolor=\"#fef3c7\""),

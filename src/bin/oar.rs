@@ -8,7 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "oar", version, about = "oar: a deep-learning compiler — inspect, run and draw models")]
+#[command(
+    name = "oar",
+    version,
+    about = "oar: a deep-learning compiler — inspect, run and draw models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -161,7 +165,11 @@ fn print_summary(graph: &Graph, binds: &BTreeMap<String, usize>) {
     let bound = if binds.is_empty() {
         "symbolic dims = 1".to_string()
     } else {
-        binds.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+        binds
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     match stats.flops {
         Some(f) => println!("flops: {} per run ({bound})", human_count(f)),
@@ -220,7 +228,13 @@ fn run_model(file: &Path, inputs: &[String], output: Option<&Path>, backend: &st
 /// Output names become file names: keep them to a safe character set.
 fn sanitize(name: &str) -> String {
     name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
