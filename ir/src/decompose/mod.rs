@@ -1,9 +1,10 @@
-//! Decompositions of composite ops into primitives.
+//! Decompositions of composite ops into primitives, written once against [`Emitter`] so they
+//! build graphs (static mode) and compute tensors (eager mode) alike.
 
-use crate::{Composite, Graph, IrError, ValueId};
+use crate::{Composite, Emitter};
 
-/// Insert the primitive ops computing `op(inputs)` into `graph`; returns the op's outputs.
-pub fn decompose(op: &Composite, graph: &mut Graph, inputs: &[ValueId]) -> Result<Vec<ValueId>, IrError> {
-    let _ = (op, graph, inputs);
+/// Apply the primitive ops computing `op(inputs)`; returns the op's outputs.
+pub fn decompose<E: Emitter>(op: &Composite, e: &mut E, inputs: &[E::Value]) -> Result<Vec<E::Value>, E::Error> {
+    let _ = (op, e, inputs);
     todo!("decompositions")
 }
