@@ -251,3 +251,34 @@ fn outputs_follow_graph_order_and_names() {
     assert_eq!(out[1].0, "first");
     assert_eq!(out[0].1, f32s(&[1], &[-2.0]));
 }
+
+#[test]
+fn zero_sized_symbolic_dims_give_errors_or_empty_results() {
+    use oar_ir::ops::ArgReduceOp;
+    let mut g = Graph::new("t");
+    let x = g
+        .add_input("x", TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(3)]))
+        .unwrap();
+    let sm = g
+        .add_op1(Op::Composite(oar_ir::Composite::Softmax { axis: 0 }), &[x])
+        .unwrap();
+    let am = g
+        .add_op1(
+            Op::ArgReduce {
+                op: ArgReduceOp::ArgMax,
+                axis: 0,
+                keepdim: false,
+            },
+            &[x],
+        )
+        .unwrap();
+    g.add_output("sm", sm).unwrap();
+    g.add_output("am", am).unwrap();
+    let e = run(&g, &Weights::new(), &[("x", f32s(&[0, 3], &[]))])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("argmax") && e.contains("empty"), "{e}");
+    let ok = run(&g, &Weights::new(), &[("x", f32s(&[2, 3], &[0.0; 6]))]).unwrap();
+    assert_close(&ok[0], &[2, 3], &[0.5; 6], 0.0);
+    assert_exact(&ok[1], DType::I64, &[3], &[0.0; 3]);
+}
