@@ -13,7 +13,7 @@ pub(crate) fn matmul(a: &TensorData, b: &TensorData) -> Result<Option<TensorData
     }
 }
 
-fn typed<T: Element + gemm::Entity + num_zero::Zero>(a: &TensorData, b: &TensorData) -> Result<TensorData> {
+fn typed<T: Element + num_zero::Zero>(a: &TensorData, b: &TensorData) -> Result<TensorData> {
     let (sa, sb) = (a.shape(), b.shape());
     let (ra, rb) = (sa.len(), sb.len());
     let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);

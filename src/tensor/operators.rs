@@ -1,5 +1,5 @@
 //! `+ - * /` on tensors. Ops can fail (shapes, dtypes), so each returns `Result<Tensor>`, and
-//! a `Result<Tensor>` can be the left operand, so `(&a + &b)? * &c` and `((&a * &b) + &c)?` work.
+//! a `Result<Tensor>` can be the left operand of a tensor, so `((&a * &b) + &c)?` works.
 
 use super::Tensor;
 use crate::error::Result;
@@ -30,12 +30,6 @@ macro_rules! operator {
             type Output = Result<Tensor>;
             fn $method(self, rhs: f64) -> Result<Tensor> {
                 self.binary_scalar(BinaryOp::$op, rhs)
-            }
-        }
-        impl $trait<f64> for Result<Tensor> {
-            type Output = Result<Tensor>;
-            fn $method(self, rhs: f64) -> Result<Tensor> {
-                self?.binary_scalar(BinaryOp::$op, rhs)
             }
         }
     };
