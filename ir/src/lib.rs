@@ -12,6 +12,7 @@ pub mod emit;
 pub mod error;
 pub mod file;
 pub mod graph;
+pub mod graph_def;
 pub mod npy;
 pub mod ops;
 pub mod shape;

@@ -10,11 +10,29 @@ use std::sync::Arc;
 pub const MAX_TENSOR_BYTES: usize = 1 << 34;
 
 /// A dense, row-major tensor with a static shape; bytes are little-endian, bool is 0/1.
+/// Deserializing goes through [`TensorData::from_bytes`], so hostile input cannot build a
+/// tensor whose bytes disagree with its shape.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawTensorData")]
 pub struct TensorData {
     dtype: DType,
     shape: Vec<usize>,
     bytes: Arc<Vec<u8>>,
+}
+
+/// The unchecked serialized fields of a [`TensorData`].
+#[derive(Deserialize)]
+struct RawTensorData {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl TryFrom<RawTensorData> for TensorData {
+    type Error = TensorDataError;
+    fn try_from(raw: RawTensorData) -> Result<Self, Self::Error> {
+        TensorData::from_bytes(raw.dtype, raw.shape, raw.bytes)
+    }
 }
 
 /// A Rust scalar type that maps to one [`DType`].
