@@ -8,8 +8,10 @@ mod operators;
 
 pub(crate) use apply::{apply, apply1};
 pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
+#[allow(unused_imports)]
 pub(crate) use create::with_rng;
 pub use methods::{add, concat, divide, matmul, maximum, minimum, multiply, stack, subtract, where_};
+#[allow(unused_imports)]
 pub(crate) use methods::{norm_axes, norm_axis};
 
 use crate::autograd::GradNode;
