@@ -34,9 +34,21 @@ fn usizes(v: &[usize]) -> String {
 }
 
 fn range(r: &SliceRange) -> String {
-    let start = if r.start == 0 { String::new() } else { r.start.to_string() };
-    let end = if r.end == i64::MAX { String::new() } else { r.end.to_string() };
-    let step = if r.step == 1 { String::new() } else { format!(":{}", r.step) };
+    let start = if r.start == 0 {
+        String::new()
+    } else {
+        r.start.to_string()
+    };
+    let end = if r.end == i64::MAX {
+        String::new()
+    } else {
+        r.end.to_string()
+    };
+    let step = if r.step == 1 {
+        String::new()
+    } else {
+        format!(":{}", r.step)
+    };
     format!("{start}:{end}{step}")
 }
 
@@ -58,13 +70,19 @@ pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, String)> {
             let items: Vec<_> = ranges.iter().map(range).collect();
             vec![("ranges", format!("[{}]", items.join(", ")))]
         }
-        Op::Pad { before, after, value } => vec![("before", usizes(before)), ("after", usizes(after)), ("value", f(value))],
+        Op::Pad { before, after, value } => vec![
+            ("before", usizes(before)),
+            ("after", usizes(after)),
+            ("value", f(value)),
+        ],
         Op::Concat { axis } | Op::Gather { axis } => vec![("axis", axis.to_string())],
         Op::Scatter { axis, reduce } => vec![("axis", axis.to_string()), ("reduce", reduce.name().into())],
         Op::Iota { axis, .. } => vec![("axis", axis.to_string())],
         Op::Random { dist, seed, .. } => {
             let mut v = match dist {
-                RandomDist::Uniform { low, high } => vec![("dist", "uniform".into()), ("low", f(low)), ("high", f(high))],
+                RandomDist::Uniform { low, high } => {
+                    vec![("dist", "uniform".into()), ("low", f(low)), ("high", f(high))]
+                }
                 RandomDist::Normal { mean, std } => vec![("dist", "normal".into()), ("mean", f(mean)), ("std", f(std))],
             };
             v.push(("seed", seed.to_string()));
@@ -134,12 +152,19 @@ pub(crate) fn op_attrs(op: &Op) -> Vec<(&'static str, String)> {
             C::LayerNorm {
                 normalized_ndim,
                 epsilon,
-            } => vec![("normalized_ndim", normalized_ndim.to_string()), ("epsilon", f(epsilon))],
+            } => vec![
+                ("normalized_ndim", normalized_ndim.to_string()),
+                ("epsilon", f(epsilon)),
+            ],
             C::Softmax { axis } | C::LogSoftmax { axis } => vec![("axis", axis.to_string())],
             C::CrossEntropy { reduction } => vec![("reduction", reduction.name().into())],
             C::Gelu { approximate } => vec![("approximate", approximate.to_string())],
             C::Dropout { p, training, seed } => {
-                vec![("p", f(p)), ("training", training.to_string()), ("seed", seed.to_string())]
+                vec![
+                    ("p", f(p)),
+                    ("training", training.to_string()),
+                    ("seed", seed.to_string()),
+                ]
             }
             C::ScaledDotProductAttention { causal, scale } => {
                 let mut v = vec![("causal", causal.to_string())];
@@ -287,7 +312,10 @@ impl Attrs {
 
     fn list<T>(&self, key: &str, s: &Spanned, conv: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, ParseError> {
         let AttrVal::List(items) = &s.val else {
-            return Err(Self::err_at(s, format!("attribute '{key}' of '{}' must be a list [...]", self.op)));
+            return Err(Self::err_at(
+                s,
+                format!("attribute '{key}' of '{}' must be a list [...]", self.op),
+            ));
         };
         items.iter().map(|it| self.scalar(key, it, &conv)).collect()
     }
@@ -348,16 +376,26 @@ impl Attrs {
     }
 
     /// A word from a fixed set, converted by `from`.
-    pub(crate) fn word<T>(&mut self, key: &str, from: impl Fn(&str) -> Option<T>, choices: &str) -> Result<T, ParseError> {
+    pub(crate) fn word<T>(
+        &mut self,
+        key: &str,
+        from: impl Fn(&str) -> Option<T>,
+        choices: &str,
+    ) -> Result<T, ParseError> {
         let s = self.req(key)?;
-        self.scalar(key, &s, |t| from(t).ok_or_else(|| format!("expected one of {choices}, found '{t}'")))
+        self.scalar(key, &s, |t| {
+            from(t).ok_or_else(|| format!("expected one of {choices}, found '{t}'"))
+        })
     }
 
     /// Slice ranges `[start:end:step, ...]`.
     pub(crate) fn ranges(&mut self, key: &str) -> Result<Vec<SliceRange>, ParseError> {
         let s = self.req(key)?;
         let AttrVal::List(items) = &s.val else {
-            return Err(Self::err_at(&s, format!("attribute '{key}' of '{}' must be a list [...]", self.op)));
+            return Err(Self::err_at(
+                &s,
+                format!("attribute '{key}' of '{}' must be a list [...]", self.op),
+            ));
         };
         let part = |it: &Spanned, t: &Option<String>, default: i64| -> Result<i64, ParseError> {
             t.as_deref().map_or(Ok(default), |t| {
@@ -390,7 +428,10 @@ impl Attrs {
 fn single<'a>(op: &str, types: &'a [TensorType]) -> Result<&'a TensorType, String> {
     match types {
         [t] => Ok(t),
-        _ => Err(format!("op '{op}' has one result, but {} types are declared", types.len())),
+        _ => Err(format!(
+            "op '{op}' has one result, but {} types are declared",
+            types.len()
+        )),
     }
 }
 
@@ -427,12 +468,8 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs, types: &[TensorType]) -> Resul
             after: a.usizes("after")?,
             value: a.float("value")?,
         },
-        "concat" => Op::Concat {
-            axis: a.usize("axis")?,
-        },
-        "gather" => Op::Gather {
-            axis: a.usize("axis")?,
-        },
+        "concat" => Op::Concat { axis: a.usize("axis")? },
+        "gather" => Op::Gather { axis: a.usize("axis")? },
         "scatter" => Op::Scatter {
             axis: a.usize("axis")?,
             reduce: a.word("reduce", ScatterReduce::from_name, "replace, add")?,
@@ -450,7 +487,11 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs, types: &[TensorType]) -> Resul
         }
         "random" => {
             let t = single(name, types).map_err(|m| a.here(m))?;
-            let kind = a.word("dist", |w| ["uniform", "normal"].contains(&w).then_some(w == "uniform"), "uniform, normal");
+            let kind = a.word(
+                "dist",
+                |w| ["uniform", "normal"].contains(&w).then_some(w == "uniform"),
+                "uniform, normal",
+            );
             let dist = if kind? {
                 RandomDist::Uniform {
                     low: a.float("low")?,
@@ -522,12 +563,8 @@ fn build_composite(name: &str, a: &mut Attrs) -> Result<Composite, ParseError> {
             normalized_ndim: a.usize("normalized_ndim")?,
             epsilon: a.float("epsilon")?,
         },
-        "softmax" => C::Softmax {
-            axis: a.usize("axis")?,
-        },
-        "log_softmax" => C::LogSoftmax {
-            axis: a.usize("axis")?,
-        },
+        "softmax" => C::Softmax { axis: a.usize("axis")? },
+        "log_softmax" => C::LogSoftmax { axis: a.usize("axis")? },
         "cross_entropy" => C::CrossEntropy {
             reduction: a.word("reduction", reduction_from_name, "mean, sum, none")?,
         },

@@ -142,7 +142,10 @@ impl Lexer<'_> {
                         if self.bump() != Some('}') || hex.is_empty() || hex.len() > 6 {
                             return Err(bad());
                         }
-                        let ch = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32).ok_or_else(bad)?;
+                        let ch = u32::from_str_radix(&hex, 16)
+                            .ok()
+                            .and_then(char::from_u32)
+                            .ok_or_else(bad)?;
                         s.push(ch);
                     }
                     other => {
@@ -167,7 +170,11 @@ pub(crate) fn tokenize(text: &str) -> Result<Vec<Token>, ParseError> {
     loop {
         let (line, col) = (lx.line, lx.col);
         let Some(c) = lx.peek() else {
-            out.push(Token { tok: Tok::Eof, line, col });
+            out.push(Token {
+                tok: Tok::Eof,
+                line,
+                col,
+            });
             return Ok(out);
         };
         let tok = match c {

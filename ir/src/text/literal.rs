@@ -12,7 +12,9 @@ pub(crate) const MAX_READABLE_ELEMENTS: usize = 64;
 /// decimal, `inf`/`-inf`, `nan`/`-nan` for the canonical quiet NaN, and raw bits
 /// (`0x7FF0000000000001`) for any other NaN.
 pub(crate) fn fmt_f64(v: f64) -> String {
-    fmt_float(v.is_nan(), v.to_bits() as u64, f64::NAN.to_bits(), 16, || format!("{v:?}"))
+    fmt_float(v.is_nan(), v.to_bits() as u64, f64::NAN.to_bits(), 16, || {
+        format!("{v:?}")
+    })
 }
 
 fn fmt_float(is_nan: bool, bits: u64, canonical_nan: u64, hex_digits: usize, decimal: impl Fn() -> String) -> String {
@@ -33,7 +35,9 @@ fn fmt_float_elem(dtype: DType, b: &[u8]) -> String {
     match dtype {
         DType::F32 => {
             let v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
-            fmt_float(v.is_nan(), v.to_bits().into(), f32::NAN.to_bits().into(), 8, || format!("{v:?}"))
+            fmt_float(v.is_nan(), v.to_bits().into(), f32::NAN.to_bits().into(), 8, || {
+                format!("{v:?}")
+            })
         }
         DType::F64 => fmt_f64(f64::from_le_bytes(b.try_into().expect("8 bytes"))),
         DType::F16 | DType::BF16 => {
@@ -75,7 +79,9 @@ fn parse_float_bits(
         return Ok(bits);
     }
     // Only plain decimals: Rust's parser would also take words such as `infinity`.
-    let plain = text.chars().all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '-' | '+'));
+    let plain = text
+        .chars()
+        .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '-' | '+'));
     let starts_ok = text.trim_start_matches('-').starts_with(|c: char| c.is_ascii_digit());
     if !plain || !starts_ok {
         return Err(format!("expected a float literal, found '{text}'"));
@@ -250,7 +256,18 @@ mod tests {
     #[test]
     fn floats_round_trip_bit_exactly() {
         let odd_nan = f64::from_bits(0x7FF0_0000_0000_0001);
-        for v in [0.0, -0.0, 1.5, 1e-300, 5e-324, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -f64::NAN, odd_nan] {
+        for v in [
+            0.0,
+            -0.0,
+            1.5,
+            1e-300,
+            5e-324,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+            odd_nan,
+        ] {
             let s = fmt_f64(v);
             assert_eq!(parse_f64(&s).unwrap().to_bits(), v.to_bits(), "{s}");
         }
@@ -271,6 +288,9 @@ mod tests {
         assert_eq!(fmt_dense(&s), "true");
         let one = TensorData::from_vec(vec![1, 1, 2], vec![1u8, 2]).unwrap();
         assert_eq!(fmt_dense(&one), "[[[1, 2]]]");
-        assert_eq!(parse_int::<u8>("256", "u8").unwrap_err(), "integer 256 is out of range for u8");
+        assert_eq!(
+            parse_int::<u8>("256", "u8").unwrap_err(),
+            "integer 256 is out of range for u8"
+        );
     }
 }

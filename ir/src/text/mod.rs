@@ -4,12 +4,12 @@
 //! ```text
 //! graph @mlp {
 //!   %x = input "x" : f32[N,784]
-//!   %0 = param "fc1.weight" : f32[784,128]
-//!   %1 = constant dense<[1.0, 2.5, -3.0]> : f32[3]
-//!   %2 = matmul(%x, %0) : f32[N,128]
-//!   %3 = reduce_sum(%2) {axes = [1], keepdim = false} : f32[N]
+//!   %fc1.weight = param "fc1.weight" : f32[784,128]
+//!   %0 = constant dense<[1.0, 2.5, -3.0]> : f32[3]
+//!   %1 = matmul(%x, %fc1.weight) : f32[N,128]
+//!   %2 = reduce_sum(%1) {axes = [1], keepdim = false} : f32[N]
 //!   %4:3 = batch_norm(%a, %s, %b, %rm, %rv) {epsilon = 1e-5, momentum = 0.9, training = true} : f32[8,3], f32[3], f32[3]
-//!   %5 = cond(%p, %3) : f32[N] {
+//!   %5 = cond(%p, %2) : f32[N] {
 //!     then @then {
 //!       %a = input "a" : f32[N]
 //!       output "r" = %a
@@ -20,8 +20,9 @@
 //! }
 //! ```
 //!
-//! - Values are `%name`: inputs whose names are identifiers keep them, everything else is
-//!   numbered `%0, %1, ...` in print order; `%4#1` is result 1 of a multi-result op.
+//! - Values are `%name`: inputs and params whose names are identifiers keep them (inputs win
+//!   a clash), everything else is numbered `%0, %1, ...` in print order; `%4#1` is result 1
+//!   of a multi-result op.
 //! - Nodes print inputs first (in call order), then in `Graph::topo_order`; a parsed graph's
 //!   node ids follow the text, so printing it again gives the same text.
 //! - Shapes and dtypes that the result type states (reshape, broadcast, cast, iota, random)

@@ -26,7 +26,10 @@ pub(crate) fn parse(text: &str) -> Result<Graph, ParseError> {
     let name = p.graph_name()?;
     let g = p.block(&name, 0)?;
     if p.peek() != &Tok::Eof {
-        return Err(p.err(format!("expected end of input after the graph, found {}", p.peek().describe())));
+        return Err(p.err(format!(
+            "expected end of input after the graph, found {}",
+            p.peek().describe()
+        )));
     }
     Ok(g)
 }
@@ -172,7 +175,10 @@ impl Parser {
     fn operand(&mut self, scope: &Scope) -> Result<ValueId, ParseError> {
         let t = self.bump();
         let Tok::Value { name, result } = &t.tok else {
-            return Err(Self::err_at(&t, format!("expected a value such as %0, found {}", t.tok.describe())));
+            return Err(Self::err_at(
+                &t,
+                format!("expected a value such as %0, found {}", t.tok.describe()),
+            ));
         };
         let &(node, n) = scope
             .get(name)
@@ -181,7 +187,10 @@ impl Parser {
             Some(r) => {
                 let k: u32 = parse_int(r, "a result number").map_err(|m| Self::err_at(&t, m))?;
                 if k as usize >= n {
-                    return Err(Self::err_at(&t, format!("%{name} has {n} result(s); %{name}#{r} does not exist")));
+                    return Err(Self::err_at(
+                        &t,
+                        format!("%{name} has {n} result(s); %{name}#{r} does not exist"),
+                    ));
                 }
                 k
             }
@@ -189,7 +198,10 @@ impl Parser {
             None => {
                 return Err(Self::err_at(
                     &t,
-                    format!("%{name} has {n} results; refer to one as %{name}#0 .. %{name}#{}", n.max(1) - 1),
+                    format!(
+                        "%{name} has {n} results; refer to one as %{name}#0 .. %{name}#{}",
+                        n.max(1) - 1
+                    ),
                 ));
             }
         };
@@ -213,7 +225,10 @@ impl Parser {
                 Tok::Value { name, result } => {
                     let def = self.bump();
                     if result.is_some() {
-                        return Err(Self::err_at(&def, format!("a definition cannot name a result: %{name}#..")));
+                        return Err(Self::err_at(
+                            &def,
+                            format!("a definition cannot name a result: %{name}#.."),
+                        ));
                     }
                     if scope.contains_key(&name) {
                         return Err(Self::err_at(&def, format!("redefinition of value %{name}")));
@@ -264,14 +279,23 @@ impl Parser {
     ) -> Result<NodeId, ParseError> {
         let op_tok = self.bump();
         let Tok::Ident(mnemonic) = &op_tok.tok else {
-            return Err(Self::err_at(&op_tok, format!("expected an op name, found {}", op_tok.tok.describe())));
+            return Err(Self::err_at(
+                &op_tok,
+                format!("expected an op name, found {}", op_tok.tok.describe()),
+            ));
         };
         let want = def.map_or(0, |d| d.1);
         let need_one = |what: &str| -> Result<(), ParseError> {
             match def {
                 Some((_, 1, _)) => Ok(()),
-                Some((n, k, t)) => Err(Self::err_at(t, format!("%{n} declares {k} results, but {what} has one"))),
-                None => Err(Self::err_at(&op_tok, format!("{what} needs a value name: %name = {what} ..."))),
+                Some((n, k, t)) => Err(Self::err_at(
+                    t,
+                    format!("%{n} declares {k} results, but {what} has one"),
+                )),
+                None => Err(Self::err_at(
+                    &op_tok,
+                    format!("{what} needs a value name: %name = {what} ..."),
+                )),
             }
         };
         match mnemonic.as_str() {
@@ -289,7 +313,10 @@ impl Parser {
                 self.punct(':')?;
                 let ty = self.ty()?;
                 if g.params().iter().any(|(n, _)| *n == name) {
-                    return Err(Self::err_at(&op_tok, format!("param \"{name}\" is defined twice in this graph")));
+                    return Err(Self::err_at(
+                        &op_tok,
+                        format!("param \"{name}\" is defined twice in this graph"),
+                    ));
                 }
                 if let Some(first) = self.params.get(&name).filter(|t| **t != ty) {
                     return Err(Self::err_at(
@@ -324,14 +351,21 @@ impl Parser {
                 self.punct(',')?;
             }
         }
-        let items = if self.peek() == &Tok::Punct('{') { self.attr_dict()? } else { vec![] };
+        let items = if self.peek() == &Tok::Punct('{') {
+            self.attr_dict()?
+        } else {
+            vec![]
+        };
         self.punct(':')?;
         let types_tok = self.tok().clone();
         let types = self.types()?;
         if types.len() != want {
             let msg = match def {
                 Some((n, k, _)) => format!("%{n} declares {k} result(s), but {} type(s) follow", types.len()),
-                None => format!("{} result type(s) given, but no value name: %name = {mnemonic}(...)", types.len()),
+                None => format!(
+                    "{} result type(s) given, but no value name: %name = {mnemonic}(...)",
+                    types.len()
+                ),
             };
             return Err(Self::err_at(&types_tok, msg));
         }
@@ -386,7 +420,10 @@ impl Parser {
         loop {
             let key_tok = self.bump();
             let Tok::Ident(key) = key_tok.tok.clone() else {
-                return Err(Self::err_at(&key_tok, format!("expected an attribute name, found {}", key_tok.tok.describe())));
+                return Err(Self::err_at(
+                    &key_tok,
+                    format!("expected an attribute name, found {}", key_tok.tok.describe()),
+                ));
             };
             if items.iter().any(|(k, _)| *k == key) {
                 return Err(Self::err_at(&key_tok, format!("duplicate attribute '{key}'")));
@@ -428,7 +465,8 @@ impl Parser {
             col: t.col,
         };
         let starts_range = matches!(t.tok, Tok::Punct(':'))
-            || (matches!(t.tok, Tok::Number(_)) && self.toks.get(self.pos + 1).is_some_and(|n| n.tok == Tok::Punct(':')));
+            || (matches!(t.tok, Tok::Number(_))
+                && self.toks.get(self.pos + 1).is_some_and(|n| n.tok == Tok::Punct(':')));
         if ranges_ok && starts_range {
             let mut parts: [Option<String>; 3] = [None, None, None];
             for (i, part) in parts.iter_mut().enumerate() {
@@ -438,7 +476,10 @@ impl Parser {
                 }
                 if i < 2 && !self.eat(':') {
                     if i == 0 {
-                        return Err(self.err(format!("expected ':' in a slice range, found {}", self.peek().describe())));
+                        return Err(self.err(format!(
+                            "expected ':' in a slice range, found {}",
+                            self.peek().describe()
+                        )));
                     }
                     break;
                 }
@@ -489,10 +530,12 @@ impl Parser {
         let ty_tok = self.tok().clone();
         let ty = self.ty()?;
         let after = self.pos;
-        let shape = ty
-            .shape
-            .as_static()
-            .ok_or_else(|| Self::err_at(&ty_tok, format!("a constant needs a static shape, got {}", fmt_type(&ty))))?;
+        let shape = ty.shape.as_static().ok_or_else(|| {
+            Self::err_at(
+                &ty_tok,
+                format!("a constant needs a static shape, got {}", fmt_type(&ty)),
+            )
+        })?;
         let len = checked_byte_len(ty.dtype, &shape).map_err(|e| Self::err_at(&ty_tok, format!("constant: {e}")))?;
         self.pos = lit_start;
         let bytes = if let Tok::Str(s) = self.peek().clone() {
@@ -502,7 +545,10 @@ impl Parser {
             self.dense_elements(ty.dtype, &shape)?
         };
         if self.peek() != &Tok::Punct('>') {
-            return Err(self.err(format!("expected '>' after the constant, found {}", self.peek().describe())));
+            return Err(self.err(format!(
+                "expected '>' after the constant, found {}",
+                self.peek().describe()
+            )));
         }
         self.pos = after;
         TensorData::from_bytes(ty.dtype, shape, bytes).map_err(|e| Self::err_at(&ty_tok, format!("constant: {e}")))
@@ -512,7 +558,10 @@ impl Parser {
         let t = self.bump();
         match &t.tok {
             Tok::Number(s) | Tok::Ident(s) => parse_elem(dtype, s, out).map_err(|m| Self::err_at(&t, m)),
-            tok => Err(Self::err_at(&t, format!("expected a {dtype} element, found {}", tok.describe()))),
+            tok => Err(Self::err_at(
+                &t,
+                format!("expected a {dtype} element, found {}", tok.describe()),
+            )),
         }
     }
 

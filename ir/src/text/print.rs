@@ -1,5 +1,6 @@
 //! The printer: inputs first (in call order), then every other node in `Graph::topo_order`,
-//! then the outputs; regions print nested, each with its own value numbering.
+//! then the outputs; regions print nested, each with its own value numbering. Inputs and
+//! params are named after themselves (`%x`, `%fc1.weight`), other values numbered.
 
 use super::attrs::op_attrs;
 use super::lexer::is_ident;
@@ -97,13 +98,30 @@ pub(crate) fn print_block(g: &Graph, role: &str, indent: usize, out: &mut String
         g,
         names: HashMap::new(),
     };
+    // Inputs, then params, keep their names when those are identifiers not yet taken
+    // (numbers never clash: identifiers start with a letter or `_`).
+    let mut taken: HashSet<&str> = HashSet::new();
+    for &id in &order {
+        if let Op::Input { name, .. } = &g.node(id).op
+            && is_ident(name)
+            && taken.insert(name)
+        {
+            p.names.insert(id, name.clone());
+        }
+    }
+    for &id in &order {
+        if let Op::Param { name, .. } = &g.node(id).op
+            && is_ident(name)
+            && taken.insert(name)
+        {
+            p.names.insert(id, name.clone());
+        }
+    }
     let mut next = 0usize;
     for &id in &order {
         let node = g.node(id);
         match &node.op {
-            Op::Input { name, .. } if is_ident(name) => {
-                p.names.insert(id, name.clone());
-            }
+            _ if p.names.contains_key(&id) => {}
             _ if node.outputs().is_empty() => {
                 p.names.insert(id, String::new());
             }
