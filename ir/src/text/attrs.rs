@@ -253,17 +253,21 @@ pub(crate) fn unknown_op(name: &str) -> String {
     }
 }
 
+/// One written attribute: its name, where the name is (line, column), and its value.
+pub(crate) type AttrItem = (String, (usize, usize), Spanned);
+
 /// The attributes written on one op line, consumed by typed accessors.
 pub(crate) struct Attrs {
     op: String,
     line: usize,
     col: usize,
-    items: Vec<(String, Spanned)>,
+    /// Name, where the name was written, value.
+    items: Vec<AttrItem>,
 }
 
 impl Attrs {
     /// Attributes `items` of op `op` written at `line:col`.
-    pub(crate) fn new(op: &str, line: usize, col: usize, items: Vec<(String, Spanned)>) -> Attrs {
+    pub(crate) fn new(op: &str, line: usize, col: usize, items: Vec<AttrItem>) -> Attrs {
         Attrs {
             op: op.to_string(),
             line,
@@ -290,8 +294,8 @@ impl Attrs {
     }
 
     fn take(&mut self, key: &str) -> Option<Spanned> {
-        let i = self.items.iter().position(|(k, _)| k == key)?;
-        Some(self.items.remove(i).1)
+        let i = self.items.iter().position(|(k, _, _)| k == key)?;
+        Some(self.items.remove(i).2)
     }
 
     fn req(&mut self, key: &str) -> Result<Spanned, ParseError> {
@@ -305,7 +309,7 @@ impl Attrs {
     fn scalar<T>(&self, key: &str, s: &Spanned, conv: impl Fn(&str) -> Result<T, String>) -> Result<T, ParseError> {
         match &s.val {
             AttrVal::Num(t) | AttrVal::Word(t) => conv(t),
-            _ => Err(format!("expected a single value")),
+            _ => Err("expected a single value".to_string()),
         }
         .map_err(|m| Self::err_at(s, format!("attribute '{key}' of '{}': {m}", self.op)))
     }
@@ -419,7 +423,11 @@ impl Attrs {
     pub(crate) fn finish(self) -> Result<(), ParseError> {
         match self.items.first() {
             None => Ok(()),
-            Some((k, s)) => Err(Self::err_at(s, format!("unknown attribute '{k}' for op '{}'", self.op))),
+            Some((k, (line, col), _)) => Err(ParseError {
+                line: *line,
+                col: *col,
+                msg: format!("unknown attribute '{k}' for op '{}'", self.op),
+            }),
         }
     }
 }

@@ -12,9 +12,7 @@ pub(crate) const MAX_READABLE_ELEMENTS: usize = 64;
 /// decimal, `inf`/`-inf`, `nan`/`-nan` for the canonical quiet NaN, and raw bits
 /// (`0x7FF0000000000001`) for any other NaN.
 pub(crate) fn fmt_f64(v: f64) -> String {
-    fmt_float(v.is_nan(), v.to_bits() as u64, f64::NAN.to_bits(), 16, || {
-        format!("{v:?}")
-    })
+    fmt_float(v.is_nan(), v.to_bits(), f64::NAN.to_bits(), 16, || format!("{v:?}"))
 }
 
 fn fmt_float(is_nan: bool, bits: u64, canonical_nan: u64, hex_digits: usize, decimal: impl Fn() -> String) -> String {

@@ -8,15 +8,15 @@
 //!   %0 = constant dense<[1.0, 2.5, -3.0]> : f32[3]
 //!   %1 = matmul(%x, %fc1.weight) : f32[N,128]
 //!   %2 = reduce_sum(%1) {axes = [1], keepdim = false} : f32[N]
-//!   %4:3 = batch_norm(%a, %s, %b, %rm, %rv) {epsilon = 1e-5, momentum = 0.9, training = true} : f32[8,3], f32[3], f32[3]
-//!   %5 = cond(%p, %2) : f32[N] {
+//!   %3:3 = batch_norm(%a, %s, %b, %rm, %rv) {epsilon = 1e-5, momentum = 0.9, training = true} : f32[8,3], f32[3], f32[3]
+//!   %4 = cond(%p, %2) : f32[N] {
 //!     then @then {
 //!       %a = input "a" : f32[N]
 //!       output "r" = %a
 //!     }
 //!     else @else { ... }
 //!   }
-//!   output "y" = %5
+//!   output "y" = %4
 //! }
 //! ```
 //!

@@ -5,7 +5,7 @@
 //! parsed with an explicit bracket odometer, and their size is checked before any allocation.
 
 use super::ParseError;
-use super::attrs::{AttrVal, Attrs, Spanned, build_op};
+use super::attrs::{AttrItem, AttrVal, Attrs, Spanned, build_op};
 use super::lexer::{Tok, Token, tokenize};
 use super::literal::{parse_elem, parse_hex_bytes, parse_int};
 use super::print::{fmt_type, region_roles};
@@ -152,7 +152,12 @@ impl Parser {
                 if self.eat(']') {
                     break;
                 }
-                self.punct(',')?;
+                if !self.eat(',') {
+                    return Err(self.err(format!(
+                        "expected ']' or ',' in a shape, found {}",
+                        self.peek().describe()
+                    )));
+                }
             }
         }
         Ok(TensorType::new(dtype, Shape(dims)))
@@ -374,8 +379,17 @@ impl Parser {
         attrs.finish()?;
         let mut regions = Vec::new();
         if op.num_regions() > 0 {
-            self.punct('{')?;
-            for role in region_roles(&op) {
+            let roles = region_roles(&op);
+            if self.peek() != &Tok::Punct('{') {
+                return Err(self.err(format!(
+                    "op '{mnemonic}' needs its regions: {{ {} @name {{ ... }} {} @name {{ ... }} }}, found {}",
+                    roles[0],
+                    roles[1],
+                    self.peek().describe()
+                )));
+            }
+            self.bump();
+            for role in roles {
                 self.keyword(role)?;
                 let name = self.graph_name()?;
                 regions.push(self.block(&name, depth + 1)?);
@@ -411,9 +425,9 @@ impl Parser {
     }
 
     /// `{key = value, ...}`; values are numbers, words, or flat lists of those or of slice ranges.
-    fn attr_dict(&mut self) -> Result<Vec<(String, Spanned)>, ParseError> {
+    fn attr_dict(&mut self) -> Result<Vec<AttrItem>, ParseError> {
         self.punct('{')?;
-        let mut items: Vec<(String, Spanned)> = Vec::new();
+        let mut items: Vec<AttrItem> = Vec::new();
         if self.eat('}') {
             return Ok(items);
         }
@@ -425,7 +439,7 @@ impl Parser {
                     format!("expected an attribute name, found {}", key_tok.tok.describe()),
                 ));
             };
-            if items.iter().any(|(k, _)| *k == key) {
+            if items.iter().any(|(k, _, _)| *k == key) {
                 return Err(Self::err_at(&key_tok, format!("duplicate attribute '{key}'")));
             }
             self.punct('=')?;
@@ -449,7 +463,7 @@ impl Parser {
             } else {
                 self.attr_item(false)?
             };
-            items.push((key, val));
+            items.push((key, (key_tok.line, key_tok.col), val));
             if self.eat('}') {
                 return Ok(items);
             }
@@ -509,12 +523,17 @@ impl Parser {
             Tok::Punct('[') => {
                 let mut depth = 0usize;
                 loop {
-                    match self.bump().tok {
+                    match self.peek() {
                         Tok::Punct('[') => depth += 1,
                         Tok::Punct(']') => depth -= 1,
-                        Tok::Eof => return Err(self.err("unterminated constant: expected ']'".into())),
+                        // `>` and `:` never occur inside a literal: the list was left open.
+                        Tok::Punct('>' | ':') | Tok::Eof => {
+                            let found = self.peek().describe();
+                            return Err(self.err(format!("expected ']' to close the constant, found {found}")));
+                        }
                         _ => {}
                     }
+                    self.bump();
                     if depth == 0 {
                         break;
                     }
