@@ -585,7 +585,10 @@ fn graphs_built_in_any_order_round_trip() {
     oar_ir::verify(&g).unwrap();
 
     let text = print_graph(&g);
-    assert!(text.starts_with("graph @edited {\n  %x = input \"x\" : f32[3]\n  %late = input \"late\""), "{text}");
+    assert!(
+        text.starts_with("graph @edited {\n  %x = input \"x\" : f32[3]\n  %late = input \"late\""),
+        "{text}"
+    );
     // The param loses the name clash with the input and is numbered instead.
     assert!(text.contains("%0 = param \"x\" : f32[3]\n"), "{text}");
     let parsed = parse_graph(&text).unwrap();

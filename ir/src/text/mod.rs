@@ -35,6 +35,7 @@
 //! - `// comments` run to the end of the line.
 
 mod attrs;
+mod dense;
 mod lexer;
 mod literal;
 mod parse;

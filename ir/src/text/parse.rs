@@ -7,10 +7,9 @@
 use super::ParseError;
 use super::attrs::{AttrItem, AttrVal, Attrs, Spanned, build_op};
 use super::lexer::{Tok, Token, tokenize};
-use super::literal::{parse_elem, parse_hex_bytes, parse_int};
+use super::literal::parse_int;
 use super::print::{fmt_type, region_roles};
 use crate::graph::{Graph, NodeId, ValueId};
-use crate::tensor_data::{TensorData, checked_byte_len};
 use crate::verify::MAX_REGION_DEPTH;
 use crate::{DType, Dim, IrError, Shape, TensorType};
 use std::collections::HashMap;
@@ -34,9 +33,9 @@ pub(crate) fn parse(text: &str) -> Result<Graph, ParseError> {
     Ok(g)
 }
 
-struct Parser {
-    toks: Vec<Token>,
-    pos: usize,
+pub(super) struct Parser {
+    pub(super) toks: Vec<Token>,
+    pub(super) pos: usize,
     /// Every param's type, across all regions: one name has one type in the whole model.
     params: HashMap<String, TensorType>,
 }
@@ -52,16 +51,16 @@ fn ir_msg(e: IrError) -> String {
 }
 
 impl Parser {
-    fn tok(&self) -> &Token {
+    pub(super) fn tok(&self) -> &Token {
         // The token list always ends with Eof, and `bump` never moves past it.
         &self.toks[self.pos.min(self.toks.len() - 1)]
     }
 
-    fn peek(&self) -> &Tok {
+    pub(super) fn peek(&self) -> &Tok {
         &self.tok().tok
     }
 
-    fn bump(&mut self) -> Token {
+    pub(super) fn bump(&mut self) -> Token {
         let t = self.tok().clone();
         if self.pos < self.toks.len() - 1 {
             self.pos += 1;
@@ -69,7 +68,7 @@ impl Parser {
         t
     }
 
-    fn err(&self, msg: String) -> ParseError {
+    pub(super) fn err(&self, msg: String) -> ParseError {
         let t = self.tok();
         ParseError {
             line: t.line,
@@ -78,7 +77,7 @@ impl Parser {
         }
     }
 
-    fn err_at(t: &Token, msg: String) -> ParseError {
+    pub(super) fn err_at(t: &Token, msg: String) -> ParseError {
         ParseError {
             line: t.line,
             col: t.col,
@@ -86,7 +85,7 @@ impl Parser {
         }
     }
 
-    fn punct(&mut self, c: char) -> Result<Token, ParseError> {
+    pub(super) fn punct(&mut self, c: char) -> Result<Token, ParseError> {
         if self.peek() == &Tok::Punct(c) {
             Ok(self.bump())
         } else {
@@ -94,7 +93,7 @@ impl Parser {
         }
     }
 
-    fn eat(&mut self, c: char) -> bool {
+    pub(super) fn eat(&mut self, c: char) -> bool {
         let hit = self.peek() == &Tok::Punct(c);
         if hit {
             self.bump();
@@ -102,7 +101,7 @@ impl Parser {
         hit
     }
 
-    fn keyword(&mut self, k: &str) -> Result<Token, ParseError> {
+    pub(super) fn keyword(&mut self, k: &str) -> Result<Token, ParseError> {
         match self.peek() {
             Tok::Ident(s) if s == k => Ok(self.bump()),
             t => Err(self.err(format!("expected '{k}', found {}", t.describe()))),
@@ -130,7 +129,7 @@ impl Parser {
     }
 
     /// `f32[N,784]`.
-    fn ty(&mut self) -> Result<TensorType, ParseError> {
+    pub(super) fn ty(&mut self) -> Result<TensorType, ParseError> {
         let dtype = match self.peek().clone() {
             Tok::Ident(s) => s
                 .parse::<DType>()
@@ -510,123 +509,6 @@ impl Parser {
                 Ok(at(AttrVal::Word(w)))
             }
             tok => Err(self.err(format!("expected an attribute value, found {}", tok.describe()))),
-        }
-    }
-
-    /// `dense<...> : T`. The literal comes before its type, so it is skipped first, the type
-    /// read, and then the literal parsed knowing the dtype and shape.
-    fn constant(&mut self) -> Result<TensorData, ParseError> {
-        self.keyword("dense")?;
-        self.punct('<')?;
-        let lit_start = self.pos;
-        match self.peek() {
-            Tok::Punct('[') => {
-                let mut depth = 0usize;
-                loop {
-                    match self.peek() {
-                        Tok::Punct('[') => depth += 1,
-                        Tok::Punct(']') => depth -= 1,
-                        // `>` and `:` never occur inside a literal: the list was left open.
-                        Tok::Punct('>' | ':') | Tok::Eof => {
-                            let found = self.peek().describe();
-                            return Err(self.err(format!("expected ']' to close the constant, found {found}")));
-                        }
-                        _ => {}
-                    }
-                    self.bump();
-                    if depth == 0 {
-                        break;
-                    }
-                }
-            }
-            Tok::Number(_) | Tok::Ident(_) | Tok::Str(_) => {
-                self.bump();
-            }
-            t => return Err(self.err(format!("expected a constant value, found {}", t.describe()))),
-        }
-        self.punct('>')?;
-        self.punct(':')?;
-        let ty_tok = self.tok().clone();
-        let ty = self.ty()?;
-        let after = self.pos;
-        let shape = ty.shape.as_static().ok_or_else(|| {
-            Self::err_at(
-                &ty_tok,
-                format!("a constant needs a static shape, got {}", fmt_type(&ty)),
-            )
-        })?;
-        let len = checked_byte_len(ty.dtype, &shape).map_err(|e| Self::err_at(&ty_tok, format!("constant: {e}")))?;
-        self.pos = lit_start;
-        let bytes = if let Tok::Str(s) = self.peek().clone() {
-            let at = self.bump();
-            parse_hex_bytes(&s, len).map_err(|m| Self::err_at(&at, m))?
-        } else {
-            self.dense_elements(ty.dtype, &shape)?
-        };
-        if self.peek() != &Tok::Punct('>') {
-            return Err(self.err(format!(
-                "expected '>' after the constant, found {}",
-                self.peek().describe()
-            )));
-        }
-        self.pos = after;
-        TensorData::from_bytes(ty.dtype, shape, bytes).map_err(|e| Self::err_at(&ty_tok, format!("constant: {e}")))
-    }
-
-    fn elem(&mut self, dtype: DType, out: &mut Vec<u8>) -> Result<(), ParseError> {
-        let t = self.bump();
-        match &t.tok {
-            Tok::Number(s) | Tok::Ident(s) => parse_elem(dtype, s, out).map_err(|m| Self::err_at(&t, m)),
-            tok => Err(Self::err_at(
-                &t,
-                format!("expected a {dtype} element, found {}", tok.describe()),
-            )),
-        }
-    }
-
-    /// Nested lists matching `shape` exactly, walked with an odometer (no recursion).
-    fn dense_elements(&mut self, dtype: DType, shape: &[usize]) -> Result<Vec<u8>, ParseError> {
-        let mut out = Vec::new();
-        let rank = shape.len();
-        if rank == 0 {
-            self.elem(dtype, &mut out)?;
-            return Ok(out);
-        }
-        self.punct('[')?;
-        let mut counts = vec![0usize; rank];
-        let mut depth = 1;
-        loop {
-            let d = depth - 1;
-            if counts[d] == shape[d] {
-                if !self.eat(']') {
-                    return Err(self.err(format!(
-                        "expected ']': axis {d} of the constant has {} elements, found {}",
-                        shape[d],
-                        self.peek().describe()
-                    )));
-                }
-                depth -= 1;
-                if depth == 0 {
-                    return Ok(out);
-                }
-                counts[depth - 1] += 1;
-                continue;
-            }
-            if counts[d] > 0 && !self.eat(',') {
-                return Err(self.err(format!(
-                    "expected ',': axis {d} of the constant has {} elements, found {}",
-                    shape[d],
-                    self.peek().describe()
-                )));
-            }
-            if depth == rank {
-                self.elem(dtype, &mut out)?;
-                counts[d] += 1;
-            } else {
-                self.punct('[')?;
-                counts[depth] = 0;
-                depth += 1;
-            }
         }
     }
 }
