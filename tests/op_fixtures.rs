@@ -9,7 +9,7 @@
 //! not a panic and not a result.
 
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, ScatterReduce, UnaryOp};
-use oar_ir::{Composite, DType, Graph, Op, TensorData, TensorType, Weights};
+use oar_ir::{BackendError, Composite, DType, Graph, Op, TensorData, TensorType, Weights};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -121,6 +121,11 @@ impl RawTensor {
 /// Parse the op, convert tensors and build the one-op graph.
 fn build(raw: &RawCase, name: &str) -> Result<Case, String> {
     let op: Op = serde_json::from_value(raw.op.clone()).map_err(|e| format!("op {} does not parse: {e}", raw.op))?;
+    // serde ignores unknown fields; a round trip catches misspelled or stray attributes.
+    let back = serde_json::to_value(&op).map_err(|e| e.to_string())?;
+    if back != raw.op {
+        return Err(format!("op {} reads back as {back}", raw.op));
+    }
     let mut graph = Graph::new(name);
     let mut inputs = BTreeMap::new();
     let mut vals = Vec::new();
@@ -262,7 +267,8 @@ fn check(case: &Case) -> Result<(), String> {
         Ok(r) => r,
     };
     match (result, case.expect_error) {
-        (Err(_), true) => Ok(()),
+        (Err(BackendError::Runtime { .. }), true) => Ok(()),
+        (Err(e), true) => Err(format!("expected a runtime error, got: {e}")),
         (Ok(_), true) => Err("returned a result, expected an error".into()),
         (Err(e), false) => Err(format!("error: {e}")),
         (Ok(outs), false) => {

@@ -693,6 +693,74 @@ def gen_nn_activation():
         case(fam, name, op, ins, [(p @ f64(v)).astype(t)], tol_for(q, TOL_ACC))
 
 
+def gen_edges():
+    """Empty tensors, scalars and numerically hard inputs, where implementations usually slip."""
+    fam = "edge"
+    e = np.zeros([0, 3], F32)
+    case(fam, "exp_empty", {"Unary": "Exp"}, [e], [e])
+    case(fam, "add_empty_bcast", {"Binary": "Add"}, [e, rand([3], F32)], [e])
+    case(fam, "sum_keep_empty_other_axis", {"Reduce": {"op": "Sum", "axes": [1], "keepdim": True}}, [e],
+         [np.zeros([0, 1], F32)])
+    case(fam, "permute_empty", {"Permute": {"perm": [1, 0]}}, [e], [e.T])
+    a, b = rand([2, 0], F32), rand([0, 3], F32)
+    case(fam, "matmul_k0", "MatMul", [a, b], [np.zeros([2, 3], F32)], TOL_EXACT)
+    s, t = rand([], F64), rand([], F64)
+    case(fam, "tanh_scalar", {"Unary": "Tanh"}, [s], [np.tanh(s)])
+    case(fam, "mul_scalars", {"Binary": "Mul"}, [s, t], [s * t])
+    case(fam, "sum_scalar_no_axes", {"Reduce": {"op": "Sum", "axes": [], "keepdim": False}}, [s], [s])
+    c, x, y = np.array(False), rand([2, 2], I32, -5, 5), rand([2, 2], I32, -5, 5)
+    case(fam, "where_scalar_cond", "Where", [c, x, y], [np.where(c, x, y)], TOL_EXACT)
+    src = rand([1, 3, 1], F32)
+    case(fam, "broadcast_middle", {"Broadcast": {"shape": dims([2, 2, 3, 4])}}, [src],
+         [np.broadcast_to(src, [2, 2, 3, 4])], TOL_EXACT)
+    xn = np.array([[1.0, NAN, 3.0, NAN], [2.0, 0.0, -1.0, 0.0]], F32)
+    for op, fn in (("ArgMax", np.argmax), ("ArgMin", np.argmin)):  # NaN counts as the extreme (numpy, PyTorch)
+        case(fam, f"{op.lower()}_f32_nan", {"ArgReduce": {"op": op, "axis": 1, "keepdim": False}}, [xn],
+             [fn(xn, axis=1).astype(I64)], TOL_EXACT)
+    d = rand([2, 3, 4], I64, -9, 9)
+    idx = np.array([[0, 3], [-1, 1]], I64)
+    upd = rand([2, 3, 2, 2], I64, -9, 9)
+    case(fam, "scatter_add_i64_last_axis", {"Scatter": {"axis": 2, "reduce": "Add"}}, [d, idx, upd],
+         [scatter_np(d, idx, upd, 2, True)], TOL_EXACT)
+
+    # Large offsets: E[x²] - E[x]² cancels catastrophically in f32; a stable variance does not.
+    xo = (1000.0 + rand([4, 8], F64, -0.05, 0.05)).astype(F32)
+    xf = f64(xo)
+    ln = (xf - xf.mean(1, keepdims=True)) / np.sqrt(xf.var(1, keepdims=True) + 1e-5)
+    case(fam, "layer_norm_f32_offset", comp("LayerNorm", {"normalized_ndim": 1, "epsilon": 1e-5}), [xo],
+         [ln.astype(F32)], (1e-3, 1e-3))
+    one, zero = np.ones([8], F32), np.zeros([8], F32)
+    # batch_norm over x[N=4, C=8]: unit scale, zero bias, zero running mean, unit running var.
+    mean, var = f64(xo).mean(0), f64(xo).var(0)
+    y = (f64(xo) - mean) / np.sqrt(var + 1e-5)
+    case(fam, "batch_norm_train_f32_offset", comp("BatchNorm", {"epsilon": 1e-5, "momentum": 0.9, "training": True}),
+         [xo, one, zero, zero, one], [y.astype(F32), (0.1 * mean).astype(F32), (0.9 + 0.1 * var).astype(F32)],
+         (1e-3, 1e-3))
+    lg = np.array([[1000.0, -1000.0, 0.0], [-50.0, 50.0, 49.0]], F32)
+    lab = np.array([1, 2], I64)
+    ls = f64(lg) - f64(lg).max(1, keepdims=True)
+    ls = ls - np.log(np.exp(ls).sum(1, keepdims=True))
+    case(fam, "cross_entropy_extreme_logits", comp("CrossEntropy", {"reduction": "None"}), [lg, lab],
+         [(-ls[np.arange(2), lab]).astype(F32)], TOL_ACC["f32"])
+    xm = np.array([[-INF, 0.0, 1.0], [2.0, -INF, -INF]], F32)
+    with np.errstate(all="ignore"):
+        m = f64(xm).max(1, keepdims=True)
+        lsm = f64(xm) - m - np.log(np.exp(f64(xm) - m).sum(1, keepdims=True))
+    case(fam, "softmax_neg_inf", comp("Softmax", {"axis": 1}), [xm], [np.exp(lsm).astype(F32)], TOL_ACC["f32"])
+    case(fam, "log_softmax_neg_inf", comp("LogSoftmax", {"axis": 1}), [xm], [lsm.astype(F32)], TOL_ACC["f32"])
+    big = rand([4096], F32, 0.0, 1.0)
+    case(fam, "sum_f32_4096", {"Reduce": {"op": "Sum", "axes": [0], "keepdim": False}}, [big],
+         [np.asarray(f64(big).sum()).astype(F32)], TOL_ACC["f32"])
+    q = rand([1, 1, 4], F32)
+    k, v = rand([1, 3, 4], F32), rand([1, 3, 2], F32)
+    m = np.array([True, False, True])
+    sc = np.where(m, (f64(q) @ np.swapaxes(f64(k), -1, -2)) / 2.0, -np.inf)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    case(fam, "sdpa_single_query_1d_mask", comp("ScaledDotProductAttention", {"causal": False, "scale": None}),
+         [q, k, v, m], [(p @ f64(v)).astype(F32)], TOL_ACC["f32"])
+
+
 def write_all():
     os.makedirs(OUT_DIR, exist_ok=True)
     for family, cases in sorted(FILES.items()):
@@ -705,7 +773,7 @@ def write_all():
 
 def main():
     for gen in (gen_unary, gen_binary, gen_cast, gen_reduce, gen_movement, gen_indexing, gen_contraction,
-                gen_nn_layers, gen_nn_norm, gen_nn_activation):
+                gen_nn_layers, gen_nn_norm, gen_nn_activation, gen_edges):
         gen()
     write_all()
     total = sum(len(c) for c in FILES.values())
