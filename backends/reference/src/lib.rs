@@ -1,1 +1,180 @@
-//! placeholder
+//! oar's reference backend: a plain, obviously-correct interpreter of every op — primitives,
+//! composites (computed natively, not through their decompositions) and control flow. It is
+//! the oracle every other backend and every pass is tested against.
+//!
+//! Numerics: floats are computed in f64 and rounded to their dtype after every op; integers
+//! in i64 and wrapped to their dtype (see `value`). Random numbers come from a counter-based
+//! SplitMix64 stream documented in [`random`], so results never depend on evaluation order.
+
+mod attention;
+mod contraction;
+mod control;
+mod elementwise;
+mod indexing;
+mod interp;
+mod movement;
+mod nn;
+mod norm;
+mod pool;
+pub mod random;
+mod reduce;
+mod value;
+
+use interp::Interp;
+use oar_ir::backend::check_inputs;
+use oar_ir::{Backend, BackendError, Executable, Graph, Op, TensorData, Weights};
+use std::collections::BTreeMap;
+use value::Value;
+
+/// A `while` loop running more iterations than this is an error (see [`RunOptions`]).
+pub const DEFAULT_MAX_WHILE_ITERATIONS: u64 = 1_000_000;
+
+/// Settings of one evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    /// A `while` loop running more iterations than this returns an error instead of hanging.
+    pub max_while_iterations: u64,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            max_while_iterations: DEFAULT_MAX_WHILE_ITERATIONS,
+        }
+    }
+}
+
+/// The reference backend (registry name `reference`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReferenceBackend;
+
+impl ReferenceBackend {
+    /// The backend.
+    pub fn new() -> Self {
+        ReferenceBackend
+    }
+}
+
+/// A verified graph with its weights, ready to interpret.
+struct ReferenceExecutable {
+    graph: Graph,
+    weights: Weights,
+    options: RunOptions,
+}
+
+impl Executable for ReferenceExecutable {
+    fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
+        execute(&self.graph, &self.weights, inputs, &self.options)
+    }
+}
+
+impl Backend for ReferenceBackend {
+    fn name(&self) -> &str {
+        "reference"
+    }
+
+    fn description(&self) -> &str {
+        "plain interpreter of every op; the oracle other backends are tested against"
+    }
+
+    fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
+        oar_ir::verify(graph)?;
+        check_weights(graph, weights)?;
+        Ok(Box::new(ReferenceExecutable {
+            graph: graph.clone(),
+            weights: weights.clone(),
+            options: RunOptions::default(),
+        }))
+    }
+}
+
+/// Every param (in the graph and its regions) has a weight of the declared dtype and rank,
+/// with matching static dims.
+fn check_weights(graph: &Graph, weights: &Weights) -> Result<(), BackendError> {
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        if let Op::Param { name, ty } = &node.op {
+            let weight = |detail: String| BackendError::Weight {
+                name: name.clone(),
+                detail,
+            };
+            let t = weights
+                .get(name)
+                .ok_or_else(|| weight(format!("no weight given (expected {ty})")))?;
+            let dims_ok = t.shape().len() == ty.rank()
+                && ty
+                    .shape
+                    .dims()
+                    .iter()
+                    .zip(t.shape())
+                    .all(|(d, &n)| d.as_static().is_none_or(|s| s == n));
+            if t.dtype() != ty.dtype || !dims_ok {
+                return Err(weight(format!("expected {ty}, got {}", t.tensor_type())));
+            }
+        }
+        for r in &node.regions {
+            check_weights(r, weights)?;
+        }
+    }
+    Ok(())
+}
+
+/// Run a graph once (verify, check inputs, evaluate). Outputs in graph output order.
+pub fn run_graph(
+    graph: &Graph,
+    weights: &Weights,
+    inputs: &BTreeMap<String, TensorData>,
+) -> Result<Vec<(String, TensorData)>, BackendError> {
+    run_graph_with(graph, weights, inputs, &RunOptions::default())
+}
+
+/// [`run_graph`] with explicit [`RunOptions`].
+pub fn run_graph_with(
+    graph: &Graph,
+    weights: &Weights,
+    inputs: &BTreeMap<String, TensorData>,
+    options: &RunOptions,
+) -> Result<Vec<(String, TensorData)>, BackendError> {
+    oar_ir::verify(graph)?;
+    execute(graph, weights, inputs, options)
+}
+
+/// Evaluate a verified graph.
+fn execute(
+    graph: &Graph,
+    weights: &Weights,
+    inputs: &BTreeMap<String, TensorData>,
+    options: &RunOptions,
+) -> Result<Vec<(String, TensorData)>, BackendError> {
+    let binds = check_inputs(graph, inputs)?;
+    let mut args = Vec::with_capacity(graph.inputs().len());
+    for (name, _) in graph.input_specs() {
+        let t = inputs.get(&name).ok_or_else(|| BackendError::MissingInput {
+            name: name.clone(),
+            expected: "a value".into(),
+        })?;
+        args.push(Value::from_tensor(t).map_err(|detail| BackendError::Runtime {
+            op: "input".into(),
+            value: name.clone(),
+            detail,
+        })?);
+    }
+    let interp = Interp {
+        weights,
+        max_while_iterations: options.max_while_iterations,
+    };
+    let values = interp.eval(graph, &args, binds)?;
+    graph
+        .outputs()
+        .iter()
+        .zip(values)
+        .map(|(o, v)| {
+            let t = v.to_tensor().map_err(|detail| BackendError::Runtime {
+                op: "output".into(),
+                value: o.name.clone(),
+                detail,
+            })?;
+            Ok((o.name.clone(), t))
+        })
+        .collect()
+}
