@@ -2,7 +2,7 @@
 
 use super::build::{V, bin, bin_scalar, reduce, scalar_like, select, un};
 use crate::ops::{BinaryOp, RandomDist, ReduceOp, UnaryOp};
-use crate::{Float, Graph, Op, TensorType, ValueId};
+use crate::{DType, Float, Graph, Op, TensorType, ValueId};
 
 /// `max(x, 0)`.
 pub(super) fn relu(g: &mut Graph, x: ValueId) -> V {
@@ -67,7 +67,9 @@ pub(super) fn log_softmax(g: &mut Graph, x: ValueId, axis: usize) -> V {
 }
 
 /// Dropout (`upscale_in_train`): keep where a uniform `[0, 1)` draw with the op's seed is
-/// `≥ p`, scaling kept values by `1 / (1 - p)`; in inference the input itself.
+/// `≥ p`, scaling kept values by `1 / (1 - p)`; in inference the input itself. The draw is
+/// made in f64 whatever x's dtype, so the mask is exactly the shared generator's (a draw
+/// rounded to f32 could round up to `p` and flip an element).
 pub(super) fn dropout(g: &mut Graph, x: ValueId, xt: &TensorType, p: f64, training: bool, seed: u64) -> V {
     if !training {
         return Ok(x);
@@ -78,7 +80,7 @@ pub(super) fn dropout(g: &mut Graph, x: ValueId, xt: &TensorType, p: f64, traini
             high: Float(1.0),
         },
         shape: xt.shape.0.clone(),
-        dtype: xt.dtype,
+        dtype: DType::F64,
         seed,
     };
     let u = g.add_op1(random, &[])?;

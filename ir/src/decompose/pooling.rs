@@ -116,9 +116,11 @@ pub(super) fn max_pool2d(
     combine(g, op, parts)
 }
 
-/// `avg_pool2d`: sum of the window slices of the zero-padded input over the window count —
-/// the full `kh * kw`, or (`count_include_pad = false`) the in-bounds count per output cell,
-/// a constant since the spatial shape is static.
+/// `avg_pool2d`: sum of the window slices of the zero-padded input over a per-cell divisor,
+/// a constant since the spatial shape is static. The divisor follows PyTorch (as the reference
+/// backend does): the window clipped to the input (`count_include_pad = false`) or to the
+/// padded extent `[-pad_before, size + pad_after)`, which is `kh * kw` except for ceil-mode
+/// windows hanging past the padding.
 pub(super) fn avg_pool2d(
     g: &mut Graph,
     x: ValueId,
@@ -130,13 +132,15 @@ pub(super) fn avg_pool2d(
     let sizes = spatial(xt, yt, "avg_pool2d")?;
     let parts = window_slices(g, x, sizes, w, 0.0, "avg_pool2d")?;
     let sum = combine(g, BinaryOp::Add, parts)?;
-    if count_include_pad {
-        return bin_scalar(g, BinaryOp::Div, sum, (w.kernel[0] * w.kernel[1]) as f64);
-    }
     let count = |i: usize, o: usize| {
         let start = (o * w.stride[i]) as i64 - w.padding[i] as i64;
         let end = start + w.kernel[i] as i64;
-        (end.min(sizes[i].0 as i64) - start.max(0)).max(0) as f64
+        let (lo, hi) = if count_include_pad {
+            (start, (sizes[i].0 + w.padding[i + 2]) as i64)
+        } else {
+            (0, sizes[i].0 as i64)
+        };
+        (end.min(hi) - start.max(lo)).max(0) as f64
     };
     let (oh, ow) = (sizes[0].1, sizes[1].1);
     let mut div = Vec::with_capacity(oh * ow);
@@ -144,6 +148,9 @@ pub(super) fn avg_pool2d(
         for j in 0..ow {
             div.push(count(0, i) * count(1, j));
         }
+    }
+    if div.iter().all(|&d| d == div[0]) {
+        return bin_scalar(g, BinaryOp::Div, sum, div[0]);
     }
     let data = TensorData::from_f64_slice(xt.dtype, vec![oh, ow], &div)
         .map_err(|e| unsupported("avg_pool2d", format!("divisor constant: {e}")))?;
