@@ -236,8 +236,11 @@ fn conv2d() {
     }
 }
 
-/// Pooling geometries: (kernel, stride, padding, input H, W) covering overhanging ceil windows.
-const POOLS: [([usize; 2], [usize; 2], [usize; 4], usize, usize); 4] = [
+/// A pooling geometry: kernel, stride, padding, input H, W.
+type PoolGeometry = ([usize; 2], [usize; 2], [usize; 4], usize, usize);
+
+/// Pooling geometries covering padding, uneven strides and overhanging ceil-mode windows.
+const POOLS: [PoolGeometry; 4] = [
     ([3, 3], [2, 2], [1, 1, 1, 1], 7, 8),
     ([2, 2], [2, 2], [0, 0, 0, 0], 7, 5),
     ([3, 2], [1, 2], [1, 0, 0, 1], 6, 7),
