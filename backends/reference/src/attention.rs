@@ -4,7 +4,7 @@
 //! (top-left aligned, like PyTorch). A row with every key masked yields NaN (PyTorch).
 
 use crate::contraction::matmul_f64;
-use crate::elementwise::view_as;
+use crate::elementwise::{broadcast_dims, view_as};
 use crate::norm::softmax_f64;
 use crate::value::{Data, Res, Site, Value};
 
@@ -24,10 +24,14 @@ pub(crate) fn sdpa(site: &Site, ins: &[&Value], causal: bool, scale: Option<f64>
     }
     let e = q.shape()[q.ndim() - 1];
     let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
+    // Refuse oversized scores before allocating them.
+    let (rq, l, sk) = (q.ndim(), q.shape()[q.ndim() - 2], k.shape()[rk - 2]);
+    let mut scores_shape = broadcast_dims(site, &q.shape()[..rq - 2], &k.shape()[..rk - 2])?;
+    scores_shape.extend([l, sk]);
+    site.check_size(ins[0].dtype, &scores_shape, "attention scores")?;
     let mut kt = k.view();
     kt.swap_axes(rk - 1, rk - 2);
     let mut scores = matmul_f64(site, q, &kt.to_owned())?;
-    site.check_size(ins[0].dtype, scores.shape(), "attention scores")?;
     scores.mapv_inplace(|s| s * scale);
     let r = scores.ndim();
     if causal {

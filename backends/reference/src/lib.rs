@@ -163,7 +163,22 @@ fn execute(
         weights,
         max_while_iterations: options.max_while_iterations,
     };
-    let values = interp.eval(graph, &args, binds)?;
+    // Belt and braces: a bug in an op implementation must surface as an error naming the
+    // graph, not take down the process that asked the oracle.
+    let values = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| interp.eval(graph, &args, binds))).map_err(
+        |panic| BackendError::Runtime {
+            op: "<interpreter>".into(),
+            value: graph.name().to_string(),
+            detail: format!(
+                "internal error (please report): {}",
+                panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("panic")
+            ),
+        },
+    )??;
     graph
         .outputs()
         .iter()

@@ -35,7 +35,7 @@ fn windows(site: &Site, inp: usize, k: usize, s: usize, pb: usize, pa: usize, ce
     let mut v = Vec::with_capacity(out);
     for i in 0..out {
         let hs = (i * s) as i64 - pb as i64;
-        let he = (hs + k as i64).min((inp + pa) as i64);
+        let he = hs.saturating_add(k as i64).min(inp.saturating_add(pa) as i64);
         let (start, end) = (hs.max(0) as usize, he.clamp(0, inp as i64) as usize);
         if start >= end {
             return Err(site.err(format!("pool window {i} on an axis of size {inp} holds no element")));
