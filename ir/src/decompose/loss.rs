@@ -7,7 +7,8 @@ use crate::{Dim, Graph, Op, TensorType, ValueId};
 
 /// `-log_softmax(logits)[n, labels[n]]`, reduced over `N` by mean, sum or not at all. The
 /// label's entry is picked with a one-hot mask `iota == labels` (a select, not a gather, so
-/// the whole loss stays elementwise plus reductions).
+/// the whole loss stays elementwise plus reductions). A label outside `[0, C)` matches no
+/// class and contributes 0, where the reference backend reports an error.
 pub(super) fn cross_entropy(
     g: &mut Graph,
     logits: ValueId,
