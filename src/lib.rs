@@ -1,1 +1,26 @@
-//! oar
+//! oar: a deep-learning framework and compiler in Rust.
+//!
+//! Eager by default: [`Tensor`]s compute immediately and record a tape for [`Tensor::backward`].
+//! Everything meets in one IR ([`ir`]): graphs come from tracing, ONNX import or IR text, pass
+//! through [`passes`], and run on a [`backend`] (the reference interpreter today; Cranelift,
+//! PTX and MLIR code generators build on the same contract).
+
+pub mod autograd;
+pub mod backend;
+pub mod device;
+pub mod error;
+mod kernels;
+pub mod tensor;
+
+pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, with_no_grad};
+pub use device::Device;
+pub use error::{Error, Result};
+pub use oar_ir::DType;
+pub use tensor::{
+    Tensor, add, arange, concat, divide, full, linspace, matmul, maximum, minimum, multiply, normal, ones, rand,
+    randn, seed, stack, subtract, uniform, where_, zeros,
+};
+
+pub use oar_backend_reference as reference;
+pub use oar_ir as ir;
+pub use oar_passes as passes;

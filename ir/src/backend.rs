@@ -174,14 +174,12 @@ pub fn check_inputs(
         for (d, &n) in ty.shape.dims().iter().zip(t.shape()) {
             match d {
                 crate::Dim::Static(s) if *s != n => return Err(mismatch()),
-                crate::Dim::Sym(s) => {
-                    if *bind.entry(s.clone()).or_insert(n) != n {
-                        return Err(BackendError::InputMismatch {
-                            name: name.clone(),
-                            expected: format!("{ty} with {s} = {}", bind[s]),
-                            got: t.tensor_type().to_string(),
-                        });
-                    }
+                crate::Dim::Sym(s) if *bind.entry(s.clone()).or_insert(n) != n => {
+                    return Err(BackendError::InputMismatch {
+                        name: name.clone(),
+                        expected: format!("{ty} with {s} = {}", bind[s]),
+                        got: t.tensor_type().to_string(),
+                    });
                 }
                 _ => {}
             }

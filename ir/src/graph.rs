@@ -440,6 +440,12 @@ impl Graph {
         Ok(())
     }
 
+    /// Mutable access to a node's op without re-checking types: for in-place rewrites that
+    /// keep the node's types (the pass manager verifies the graph after each pass).
+    pub fn op_mut(&mut self, node: NodeId) -> &mut Op {
+        &mut self.dag[node].op
+    }
+
     /// Remove a node that nothing uses (no users, not an output, not an input).
     pub fn remove_node(&mut self, node: NodeId) -> Result<(), IrError> {
         let used = self.dag.edges_directed(node, Direction::Outgoing).next().is_some()

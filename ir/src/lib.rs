@@ -3,21 +3,26 @@
 //! decompositions, the dataflow graph with control-flow regions, the verifier, the text format,
 //! the `.oar` model file, and the backend contract.
 
+pub mod autodiff;
 pub mod backend;
 pub mod decompose;
+pub mod dot;
 pub mod dtype;
+pub mod emit;
 pub mod error;
 pub mod file;
 pub mod graph;
 pub mod npy;
 pub mod ops;
 pub mod shape;
+pub mod stats;
 pub mod tensor_data;
 pub mod text;
 pub mod verify;
 
 pub use backend::{Backend, BackendError, Executable, Registry, Weights};
 pub use dtype::DType;
+pub use emit::Emitter;
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId, Output, ValueId};
 pub use ops::{Composite, Float, Op};

@@ -1,13 +1,19 @@
 //! Scaled dot-product attention: matmuls around a masked, numerically stable softmax.
 
 use super::activation::softmax;
-use super::build::{V, bin, bin_scalar, lowest, reduce, scalar_like, select, un};
+use super::build::{V, lowest, scalar_like, select};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
-use crate::{DType, Dim, Graph, Op, TensorType, ValueId};
+use crate::{DType, Dim, Emitter, Op, TensorType};
 
 /// `softmax(q kᵀ · scale + mask) v`; `mask` is bool (true keeps) or float (added); `causal`
 /// masks key index > query index.
-pub(super) fn sdpa(g: &mut Graph, x: &[ValueId], types: &[TensorType], causal: bool, scale: Option<f64>) -> V {
+pub(super) fn sdpa<E: Emitter>(
+    g: &mut E,
+    x: &[E::Value],
+    types: &[TensorType],
+    causal: bool,
+    scale: Option<f64>,
+) -> V<E> {
     let (q, k, v) = (x[0], x[1], x[2]);
     let (qt, kt) = (&types[0], &types[1]);
     let rk = kt.rank();
@@ -17,19 +23,19 @@ pub(super) fn sdpa(g: &mut Graph, x: &[ValueId], types: &[TensorType], causal: b
     let scores = g.add_op1(Op::MatMul, &[q, k_t])?;
     let e = &qt.shape.0[qt.rank() - 1];
     let scaled = match (scale, e) {
-        (Some(s), _) => bin_scalar(g, BinaryOp::Mul, scores, s)?,
-        (None, Dim::Static(n)) => bin_scalar(g, BinaryOp::Mul, scores, 1.0 / (*n as f64).sqrt())?,
+        (Some(s), _) => g.binary_scalar(BinaryOp::Mul, scores, s)?,
+        (None, Dim::Static(n)) => g.binary_scalar(BinaryOp::Mul, scores, 1.0 / (*n as f64).sqrt())?,
         (None, Dim::Sym(_)) => {
             // E is only known at run time: count it by summing ones of shape [E].
-            let one = scalar_like(g, q, 1.0);
+            let one = scalar_like(g, q, 1.0)?;
             let ones = g.add_op1(Op::Broadcast { shape: vec![e.clone()] }, &[one])?;
-            let n = reduce(g, ReduceOp::Sum, ones, vec![0], false)?;
-            let r = un(g, UnaryOp::Rsqrt, n)?;
-            bin(g, BinaryOp::Mul, scores, r)?
+            let n = g.reduce(ReduceOp::Sum, ones, vec![0], false)?;
+            let r = g.unary(UnaryOp::Rsqrt, n)?;
+            g.binary(BinaryOp::Mul, scores, r)?
         }
     };
-    let st = g.value_type(scaled).clone();
-    let neg_inf = g.add_scalar(st.dtype, lowest(st.dtype));
+    let st = g.value_type(scaled);
+    let neg_inf = g.add_scalar(st.dtype, lowest(st.dtype))?;
     let mut s = scaled;
     if causal {
         let r = st.rank();
@@ -50,14 +56,14 @@ pub(super) fn sdpa(g: &mut Graph, x: &[ValueId], types: &[TensorType], causal: b
             },
             &[],
         )?;
-        let future = bin(g, BinaryOp::Gt, ki, qi)?;
+        let future = g.binary(BinaryOp::Gt, ki, qi)?;
         s = select(g, future, neg_inf, s)?;
     }
     if let Some(&m) = x.get(3) {
         s = if g.value_type(m).dtype == DType::Bool {
             select(g, m, s, neg_inf)?
         } else {
-            bin(g, BinaryOp::Add, s, m)?
+            g.binary(BinaryOp::Add, s, m)?
         };
     }
     let last = st.rank() - 1;

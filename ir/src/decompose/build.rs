@@ -1,69 +1,40 @@
-//! Small builders the decompositions share: typed shorthands for adding primitives.
+//! Small builders the decompositions share, on top of [`Emitter`]'s own helpers.
 
-use crate::ops::{BinaryOp, ReduceOp, SliceRange, UnaryOp};
-use crate::{DType, Dim, Graph, IrError, Op, ValueId};
+use crate::ops::SliceRange;
+use crate::{DType, Dim, Emitter, IrError, Op};
 
-/// Result of adding one primitive.
-pub(super) type V = Result<ValueId, IrError>;
+/// Result of applying one op through an emitter.
+pub(super) type V<E> = Result<<E as Emitter>::Value, <E as Emitter>::Error>;
 
 /// The dtype of a value.
-pub(super) fn dtype(g: &Graph, v: ValueId) -> DType {
+pub(super) fn dtype<E: Emitter>(g: &E, v: E::Value) -> DType {
     g.value_type(v).dtype
 }
 
 /// The dims of a value.
-pub(super) fn dims(g: &Graph, v: ValueId) -> Vec<Dim> {
-    g.value_type(v).shape.0.clone()
+pub(super) fn dims<E: Emitter>(g: &E, v: E::Value) -> Vec<Dim> {
+    g.value_type(v).shape.0
 }
 
 /// A scalar constant with the dtype of `like`.
-pub(super) fn scalar_like(g: &mut Graph, like: ValueId, value: f64) -> ValueId {
+pub(super) fn scalar_like<E: Emitter>(g: &mut E, like: E::Value, value: f64) -> V<E> {
     let d = dtype(g, like);
     g.add_scalar(d, value)
 }
 
-/// `a op b`.
-pub(super) fn bin(g: &mut Graph, op: BinaryOp, a: ValueId, b: ValueId) -> V {
-    g.binary(op, a, b)
-}
-
-/// `a op s` with `s` a scalar of `a`'s dtype.
-pub(super) fn bin_scalar(g: &mut Graph, op: BinaryOp, a: ValueId, s: f64) -> V {
-    let c = scalar_like(g, a, s);
-    g.binary(op, a, c)
-}
-
-/// `op(x)`.
-pub(super) fn un(g: &mut Graph, op: UnaryOp, x: ValueId) -> V {
-    g.unary(op, x)
-}
-
-/// A reduction over sorted `axes`.
-pub(super) fn reduce(g: &mut Graph, op: ReduceOp, x: ValueId, axes: Vec<usize>, keepdim: bool) -> V {
-    g.add_op1(Op::Reduce { op, axes, keepdim }, &[x])
-}
-
-/// Reshape to `shape`.
-pub(super) fn reshape(g: &mut Graph, x: ValueId, shape: Vec<Dim>) -> V {
-    g.add_op1(Op::Reshape { shape }, &[x])
-}
-
 /// Strided slice with one range per axis.
-pub(super) fn slice(g: &mut Graph, x: ValueId, ranges: Vec<SliceRange>) -> V {
+pub(super) fn slice<E: Emitter>(g: &mut E, x: E::Value, ranges: Vec<SliceRange>) -> V<E> {
     g.add_op1(Op::Slice { ranges }, &[x])
 }
 
 /// `where(c, a, b)`.
-pub(super) fn select(g: &mut Graph, c: ValueId, a: ValueId, b: ValueId) -> V {
+pub(super) fn select<E: Emitter>(g: &mut E, c: E::Value, a: E::Value, b: E::Value) -> V<E> {
     g.add_op1(Op::Where, &[c, a, b])
 }
 
-/// Cast to `to` (no node when the dtype already matches).
-pub(super) fn cast(g: &mut Graph, x: ValueId, to: DType) -> V {
-    if dtype(g, x) == to {
-        return Ok(x);
-    }
-    g.add_op1(Op::Cast { to }, &[x])
+/// Reshape to `dims` (no op when the shape already matches).
+pub(super) fn reshape<E: Emitter>(g: &mut E, x: E::Value, dims: Vec<Dim>) -> V<E> {
+    g.reshape(x, &crate::Shape(dims))
 }
 
 /// The smallest value of a dtype, used as the identity of max (−inf for floats).

@@ -14,7 +14,7 @@ mod norm;
 mod pooling;
 
 use crate::ops::infer_types;
-use crate::{Composite, Graph, IrError, Op, TensorType, ValueId};
+use crate::{Composite, Emitter, IrError, Op, TensorType};
 
 /// The mnemonics of every composite op, in declaration order (for keep-lists and listings).
 pub const COMPOSITE_NAMES: &[&str] = &[
@@ -38,27 +38,20 @@ pub const COMPOSITE_NAMES: &[&str] = &[
     "sdpa",
 ];
 
-/// Insert the primitive ops computing `op(inputs)` into `graph`; returns the op's outputs.
+/// Apply the primitive ops computing `op(inputs)` through `e` (a [`Graph`](crate::Graph) records
+/// them, an eager context computes them); returns the op's outputs.
 ///
 /// Fails with the composite's own type error if the operands do not fit its rule.
-pub fn decompose(op: &Composite, graph: &mut Graph, inputs: &[ValueId]) -> Result<Vec<ValueId>, IrError> {
+pub fn decompose<E: Emitter>(op: &Composite, e: &mut E, inputs: &[E::Value]) -> Result<Vec<E::Value>, E::Error> {
     let name = op.name();
-    let mut types = Vec::with_capacity(inputs.len());
-    for v in inputs {
-        let t = graph.try_value_type(*v).ok_or_else(|| IrError::BadOperand {
-            op: name.to_string(),
-            value: "<new>".into(),
-            operand: v.to_string(),
-        })?;
-        types.push(t.clone());
-    }
+    let types: Vec<TensorType> = inputs.iter().map(|v| e.value_type(*v)).collect();
     let want = infer_types(&Op::Composite(op.clone()), &types, &[]).map_err(|detail| IrError::Type {
         op: name.to_string(),
         value: "<new>".into(),
         detail,
     })?;
-    let outs = expand(op, graph, inputs, &types, &want)?;
-    let got: Vec<TensorType> = outs.iter().map(|v| graph.value_type(*v).clone()).collect();
+    let outs = expand(op, e, inputs, &types, &want)?;
+    let got: Vec<TensorType> = outs.iter().map(|v| e.value_type(*v)).collect();
     if got != want {
         // A bug in a decomposition, reported as an error rather than a corrupted graph.
         let show = |ts: &[TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
@@ -70,21 +63,22 @@ pub fn decompose(op: &Composite, graph: &mut Graph, inputs: &[ValueId]) -> Resul
                 show(&got),
                 show(&want)
             ),
-        });
+        }
+        .into());
     }
     Ok(outs)
 }
 
 /// Dispatch to the per-topic decomposition; operand types are already checked.
-fn expand(
+fn expand<E: Emitter>(
     op: &Composite,
-    g: &mut Graph,
-    x: &[ValueId],
+    g: &mut E,
+    x: &[E::Value],
     types: &[TensorType],
     want: &[TensorType],
-) -> Result<Vec<ValueId>, IrError> {
+) -> Result<Vec<E::Value>, E::Error> {
     use Composite::*;
-    let one = |r: Result<ValueId, IrError>| r.map(|v| vec![v]);
+    let one = |r: Result<E::Value, E::Error>| r.map(|v| vec![v]);
     match op {
         Linear => one(nn::linear(g, x, types)),
         Conv2d {

@@ -1,8 +1,8 @@
 //! Pooling as sums/maxima of strided slices (fixed windows) or of per-cell slices (adaptive).
 
-use super::build::{V, bin, bin_scalar, cast, dims, lowest, reduce, reshape, slice, unsupported};
+use super::build::{V, dims, lowest, reshape, slice, unsupported};
 use crate::ops::{BinaryOp, ReduceOp, SliceRange};
-use crate::{DType, Dim, Graph, Op, TensorData, TensorType, ValueId};
+use crate::{DType, Dim, Emitter, Op, TensorData, TensorType};
 
 /// The window of a fixed-size pooling.
 #[derive(Clone, Copy, Debug)]
@@ -30,14 +30,14 @@ fn spatial(x: &TensorType, y: &TensorType, op: &str) -> Result<[(usize, usize); 
 
 /// Pad `x` (with `fill`) so that every one of the `out` windows lies inside, then return the
 /// `kh * kw` strided slices whose elementwise combination is the pooling.
-fn window_slices(
-    g: &mut Graph,
-    x: ValueId,
+fn window_slices<E: Emitter>(
+    g: &mut E,
+    x: E::Value,
     sizes: [(usize, usize); 2],
     w: Window,
     fill: f64,
     op: &str,
-) -> Result<Vec<ValueId>, crate::IrError> {
+) -> Result<Vec<E::Value>, E::Error> {
     let mut after = [0usize; 2];
     for i in 0..2 {
         let (inp, out) = sizes[i];
@@ -69,18 +69,18 @@ fn window_slices(
         }
     }
     if parts.is_empty() {
-        return Err(unsupported(op, "empty pooling window".into()));
+        return Err(unsupported(op, "empty pooling window".into()).into());
     }
     Ok(parts)
 }
 
 /// Combine values pairwise with `op` (a balanced tree keeps the dependency chains short).
-fn combine(g: &mut Graph, op: BinaryOp, mut vals: Vec<ValueId>) -> V {
+fn combine<E: Emitter>(g: &mut E, op: BinaryOp, mut vals: Vec<E::Value>) -> V<E> {
     while vals.len() > 1 {
         let mut next = Vec::with_capacity(vals.len().div_ceil(2));
         for pair in vals.chunks(2) {
             next.push(match pair {
-                [a, b] => bin(g, op, *a, *b)?,
+                [a, b] => g.binary(op, *a, *b)?,
                 [a] => *a,
                 _ => unreachable!("chunks(2)"),
             });
@@ -91,15 +91,15 @@ fn combine(g: &mut Graph, op: BinaryOp, mut vals: Vec<ValueId>) -> V {
 }
 
 /// `max_pool2d`: maximum of the window slices of the input padded with the dtype's lowest value.
-pub(super) fn max_pool2d(
-    g: &mut Graph,
-    x: ValueId,
+pub(super) fn max_pool2d<E: Emitter>(
+    g: &mut E,
+    x: E::Value,
     xt: &TensorType,
     yt: &TensorType,
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 4],
-) -> V {
+) -> V<E> {
     let sizes = spatial(xt, yt, "max_pool2d")?;
     let w = Window {
         kernel,
@@ -121,14 +121,14 @@ pub(super) fn max_pool2d(
 /// backend does): the window clipped to the input (`count_include_pad = false`) or to the
 /// padded extent `[-pad_before, size + pad_after)`, which is `kh * kw` except for ceil-mode
 /// windows hanging past the padding.
-pub(super) fn avg_pool2d(
-    g: &mut Graph,
-    x: ValueId,
+pub(super) fn avg_pool2d<E: Emitter>(
+    g: &mut E,
+    x: E::Value,
     xt: &TensorType,
     yt: &TensorType,
     w: Window,
     count_include_pad: bool,
-) -> V {
+) -> V<E> {
     let sizes = spatial(xt, yt, "avg_pool2d")?;
     let parts = window_slices(g, x, sizes, w, 0.0, "avg_pool2d")?;
     let sum = combine(g, BinaryOp::Add, parts)?;
@@ -150,20 +150,20 @@ pub(super) fn avg_pool2d(
         }
     }
     if div.iter().all(|&d| d == div[0]) {
-        return bin_scalar(g, BinaryOp::Div, sum, div[0]);
+        return g.binary_scalar(BinaryOp::Div, sum, div[0]);
     }
     let data = TensorData::from_f64_slice(xt.dtype, vec![oh, ow], &div)
         .map_err(|e| unsupported("avg_pool2d", format!("divisor constant: {e}")))?;
-    let div = g.add_constant(data);
-    bin(g, BinaryOp::Div, sum, div)
+    let div = g.add_constant(data)?;
+    g.binary(BinaryOp::Div, sum, div)
 }
 
 /// Adaptive pooling, one spatial axis at a time (a mean/max over a rectangle is the mean/max
 /// over rows of the mean/max over columns). PyTorch's windows: `[⌊i·in/out⌋, ⌈(i+1)·in/out⌉)`.
-pub(super) fn adaptive_pool2d(g: &mut Graph, x: ValueId, xt: &TensorType, out: [usize; 2], max: bool) -> V {
+pub(super) fn adaptive_pool2d<E: Emitter>(g: &mut E, x: E::Value, xt: &TensorType, out: [usize; 2], max: bool) -> V<E> {
     // Bool has no numeric reduction: take the max as u8 and cast back.
     let x0 = if xt.dtype == DType::Bool {
-        cast(g, x, DType::U8)?
+        g.cast(x, DType::U8)?
     } else {
         x
     };
@@ -172,10 +172,10 @@ pub(super) fn adaptive_pool2d(g: &mut Graph, x: ValueId, xt: &TensorType, out: [
     for (i, &o) in out.iter().enumerate() {
         y = adaptive_axis(g, y, 2 + i, o, op)?;
     }
-    cast(g, y, xt.dtype)
+    g.cast(y, xt.dtype)
 }
 
-fn adaptive_axis(g: &mut Graph, x: ValueId, axis: usize, out: usize, op: ReduceOp) -> V {
+fn adaptive_axis<E: Emitter>(g: &mut E, x: E::Value, axis: usize, out: usize, op: ReduceOp) -> V<E> {
     let d = dims(g, x);
     let inp = d[axis]
         .as_static()
@@ -189,7 +189,7 @@ fn adaptive_axis(g: &mut Graph, x: ValueId, axis: usize, out: usize, op: ReduceO
         split.extend([Dim::Static(out), Dim::Static(inp / out)]);
         split.extend(d[axis + 1..].iter().cloned());
         let r = reshape(g, x, split)?;
-        return reduce(g, op, r, vec![axis + 1], false);
+        return g.reduce(op, r, vec![axis + 1], false);
     }
     let mut cells = Vec::with_capacity(out);
     for i in 0..out {
@@ -198,7 +198,7 @@ fn adaptive_axis(g: &mut Graph, x: ValueId, axis: usize, out: usize, op: ReduceO
         let mut ranges = vec![SliceRange::FULL; d.len()];
         ranges[axis] = SliceRange::new(start as i64, end as i64);
         let s = slice(g, x, ranges)?;
-        cells.push(reduce(g, op, s, vec![axis], true)?);
+        cells.push(g.reduce(op, s, vec![axis], true)?);
     }
     g.add_op1(Op::Concat { axis }, &cells)
 }

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::ops::Reduction;
-use crate::{DType, Dim, Float, Shape, TensorType};
+use crate::{DType, Dim, Float, Graph, Shape, TensorType};
 
 fn f32t(d: &[usize]) -> TensorType {
     TensorType::of(DType::F32, d)
@@ -178,9 +178,6 @@ fn bad_operands_get_the_composites_type_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("axis 3"), "{e}");
-    let missing = ValueId::first(crate::NodeId::new(99));
-    let e = decompose(&Composite::Relu, &mut g, &[missing]).unwrap_err();
-    assert!(matches!(e, IrError::BadOperand { .. }), "{e}");
     assert_eq!(g.node_count(), 3, "a failed decomposition adds nothing");
 }
 

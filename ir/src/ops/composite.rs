@@ -63,8 +63,8 @@ pub enum Composite {
         padding: [usize; 4],
         /// Use ceil instead of floor for the output size.
         ceil_mode: bool,
-        /// Divide by the full window (true) or only by the in-bounds elements (Paddle's
-        /// `exclusive=True` is `count_include_pad=false`).
+        /// Divide by the window clipped to the padded input (true, PyTorch's rule) or only by
+        /// the in-bounds elements (false; Paddle's `exclusive=True`).
         count_include_pad: bool,
     },
     /// `adaptive_avg_pool2d(x[N,C,H,W]) -> [N,C,oh,ow]` (PyTorch's window rule).

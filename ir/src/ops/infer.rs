@@ -188,10 +188,10 @@ pub fn infer_types(op: &Op, inputs: &[TensorType], regions: &[Graph]) -> R {
                 return Err(format!("random needs a float dtype, got {dtype}"));
             }
             match dist {
-                super::RandomDist::Uniform { low, high } if !(low.0 <= high.0) => {
+                super::RandomDist::Uniform { low, high } if low.0.partial_cmp(&high.0).is_none_or(|o| o.is_gt()) => {
                     return Err(format!("uniform bounds low={} > high={}", low, high));
                 }
-                super::RandomDist::Normal { std, .. } if !(std.0 >= 0.0) => {
+                super::RandomDist::Normal { std, .. } if std.0.partial_cmp(&0.0).is_none_or(|o| o.is_lt()) => {
                     return Err(format!("normal std={} must be ≥ 0", std));
                 }
                 _ => {}

@@ -203,7 +203,8 @@ impl SliceRange {
         let clamp = |v: i64| if v < 0 { (v + size_i).max(0) } else { v.min(size_i) };
         let (s, e) = (clamp(self.start), clamp(self.end));
         let step = self.step.max(1);
-        let n = if e > s { (e - s + step - 1) / step } else { 0 };
+        // (e - s) ≤ size, so this never overflows even for step = i64::MAX.
+        let n = if e > s { (e - s - 1) / step + 1 } else { 0 };
         (s as usize, n as usize)
     }
 }
@@ -257,6 +258,7 @@ mod tests {
         assert_eq!(SliceRange::new(5, 2).resolve(10).1, 0);
         assert_eq!(SliceRange::new(-20, 3).resolve(10), (0, 3));
         assert_eq!(SliceRange::FULL.resolve(4), (0, 4));
+        assert_eq!(SliceRange { start: 0, end: i64::MAX, step: i64::MAX }.resolve(4), (0, 1));
     }
 
     #[test]

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs every test: formatting, lints, the whole workspace's tests, and the demo.
+# Installs what the tests need first (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy || true
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace --quiet 2>&1 | tee target/test.log
+echo "== demo"
+scripts/demo.sh > target/demo.log 2>&1 || { cat target/demo.log; exit 1; }
+tail -n 3 target/demo.log
+# One closing line for CI: totals over every test binary.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f; exit (f > 0) }' target/test.log

@@ -1,0 +1,226 @@
+//! The tape: each recorded op keeps its inputs' links and saved values; `backward()` walks the
+//! recorded ops newest-first and applies the shared VJP rules (`oar_ir::autodiff::vjp`).
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use oar_ir::emit::Emitter;
+use oar_ir::{Op, TensorData, TensorType};
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// True unless inside a [`no_grad`] scope.
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Restores the previous grad mode when dropped.
+pub struct GradModeGuard {
+    prev: bool,
+}
+
+impl Drop for GradModeGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.prev));
+    }
+}
+
+/// Turn recording off until the guard drops (`let _g = oar::no_grad();`).
+pub fn no_grad() -> GradModeGuard {
+    set_grad_enabled(false)
+}
+
+/// Set grad mode until the guard drops.
+pub fn set_grad_enabled(on: bool) -> GradModeGuard {
+    let prev = GRAD_ENABLED.with(|g| g.replace(on));
+    GradModeGuard { prev }
+}
+
+/// Run `f` with recording off.
+pub fn with_no_grad<T>(f: impl FnOnce() -> T) -> T {
+    let _g = no_grad();
+    f()
+}
+
+static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
+
+/// Where an input's gradient goes.
+pub(crate) enum Edge {
+    /// A leaf that takes gradients: accumulate into its `.grad`.
+    Leaf(Tensor),
+    /// The output `usize` of an earlier recorded op.
+    Interior(Arc<GradNode>, usize),
+    /// No gradient flows (stop_gradient or not a float).
+    None,
+}
+
+/// One recorded op.
+pub(crate) struct GradNode {
+    /// Creation order: a node only depends on nodes with smaller ids.
+    id: u64,
+    op: Op,
+    edges: Vec<Edge>,
+    /// Values the VJP needs (inputs, outputs); dropped after backward unless retained.
+    saved: Mutex<Option<(Vec<TensorData>, Vec<TensorData>)>>,
+    output_types: Vec<TensorType>,
+}
+
+impl GradNode {
+    pub(crate) fn new(op: Op, inputs: &[&Tensor], outputs: &[TensorData]) -> GradNode {
+        let edges = inputs
+            .iter()
+            .map(|t| match (&t.0.creator, t.requires_grad()) {
+                (_, false) => Edge::None,
+                (Some((node, i)), true) => Edge::Interior(node.clone(), *i),
+                (None, true) => Edge::Leaf((*t).clone()),
+            })
+            .collect();
+        GradNode {
+            id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+            op,
+            edges,
+            saved: Mutex::new(Some((inputs.iter().map(|t| t.data()).collect(), outputs.to_vec()))),
+            output_types: outputs.iter().map(|d| d.tensor_type()).collect(),
+        }
+    }
+}
+
+/// Eager values behind `Emitter` handles, so VJP rules written for graphs run eagerly.
+pub(crate) struct EagerEmitter {
+    pub(crate) values: Vec<Tensor>,
+}
+
+impl EagerEmitter {
+    pub(crate) fn push(&mut self, t: Tensor) -> usize {
+        self.values.push(t);
+        self.values.len() - 1
+    }
+}
+
+impl Emitter for EagerEmitter {
+    type Value = usize;
+    type Error = Error;
+
+    fn add_op(&mut self, op: Op, inputs: &[usize]) -> Result<Vec<usize>> {
+        let ins: Vec<&Tensor> = inputs.iter().map(|&i| &self.values[i]).collect();
+        let outs = crate::tensor::apply(op, &ins)?;
+        Ok(outs.into_iter().map(|t| self.push(t)).collect())
+    }
+
+    fn add_constant(&mut self, value: TensorData) -> Result<usize> {
+        Ok(self.push(Tensor::from_data(value)))
+    }
+
+    fn value_type(&self, v: usize) -> TensorType {
+        self.values[v].tensor_type()
+    }
+}
+
+fn add_into(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
+    *slot = Some(match slot.take() {
+        Some(prev) => crate::tensor::apply(Op::Binary(oar_ir::ops::BinaryOp::Add), &[&prev, &g])?.remove(0),
+        None => g,
+    });
+    Ok(())
+}
+
+impl Tensor {
+    /// Backpropagate from this tensor (its gradient is all ones), accumulating into the
+    /// `.grad()` of every leaf that takes gradients; the recorded graph is then released.
+    pub fn backward(&self) -> Result<()> {
+        self.backward_with(None, false)
+    }
+
+    /// Backpropagate with an explicit output gradient (default ones) and, with
+    /// `retain_graph`, keep the recorded graph for another backward pass.
+    pub fn backward_with(&self, grad: Option<&Tensor>, retain_graph: bool) -> Result<()> {
+        if !self.requires_grad() {
+            return Err(Error::invalid(
+                "backward",
+                "the tensor does not require a gradient (stop_gradient is true and no input takes gradients)",
+            ));
+        }
+        let seed = match grad {
+            Some(g) if g.tensor_type() != self.tensor_type() => {
+                return Err(Error::invalid(
+                    "backward",
+                    format!("gradient {} does not match tensor {}", g.tensor_type(), self.tensor_type()),
+                ));
+            }
+            Some(g) => g.detach(),
+            None => crate::tensor::full(&self.shape(), 1.0, self.dtype())?,
+        };
+        let _mode = crate::autograd::no_grad();
+        let Some((root, out)) = &self.0.creator else {
+            let mut slot = self.grad();
+            add_into(&mut slot, seed)?;
+            self.set_grad(slot);
+            return Ok(());
+        };
+        // Collect the recorded ops reachable from the root, newest first.
+        let mut nodes: BTreeMap<u64, Arc<GradNode>> = BTreeMap::new();
+        let mut stack = vec![root.clone()];
+        while let Some(n) = stack.pop() {
+            if nodes.insert(n.id, n.clone()).is_none() {
+                for e in &n.edges {
+                    if let Edge::Interior(p, _) = e {
+                        stack.push(p.clone());
+                    }
+                }
+            }
+        }
+        let mut cot: HashMap<(u64, usize), Option<Tensor>> = HashMap::new();
+        cot.insert((root.id, *out), Some(seed));
+        let mut leaves: Vec<(Tensor, Tensor)> = Vec::new();
+        for node in nodes.values().rev() {
+            let cts: Vec<Option<Tensor>> = (0..node.output_types.len())
+                .map(|i| cot.remove(&(node.id, i)).flatten())
+                .collect();
+            if cts.iter().all(Option::is_none) {
+                continue;
+            }
+            let saved = {
+                let guard = node.saved.lock().unwrap_or_else(|e| e.into_inner());
+                guard.clone().ok_or_else(|| {
+                    Error::invalid(
+                        "backward",
+                        format!(
+                            "the graph through `{}` was already released by a previous backward; \
+                             pass retain_graph = true to backward twice",
+                            node.op.name()
+                        ),
+                    )
+                })?
+            };
+            let mut em = EagerEmitter { values: Vec::new() };
+            let ins: Vec<usize> = saved.0.into_iter().map(|d| em.push(Tensor::from_data(d))).collect();
+            let outs: Vec<usize> = saved.1.into_iter().map(|d| em.push(Tensor::from_data(d))).collect();
+            let cts: Vec<Option<usize>> = cts.into_iter().map(|c| c.map(|t| em.push(t))).collect();
+            let wants: Vec<bool> = node.edges.iter().map(|e| !matches!(e, Edge::None)).collect();
+            let grads = oar_ir::autodiff::vjp(&mut em, &node.op, &ins, &outs, &cts, &wants)?;
+            for (edge, g) in node.edges.iter().zip(grads) {
+                let Some(g) = g else { continue };
+                let g = em.values[g].clone();
+                match edge {
+                    Edge::None => {}
+                    Edge::Leaf(t) => leaves.push((t.clone(), g)),
+                    Edge::Interior(p, i) => add_into(cot.entry((p.id, *i)).or_default(), g)?,
+                }
+            }
+            if !retain_graph {
+                *node.saved.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+        for (leaf, g) in leaves {
+            let mut slot = leaf.grad();
+            add_into(&mut slot, g)?;
+            leaf.set_grad(slot);
+        }
+        Ok(())
+    }
+}

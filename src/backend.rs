@@ -1,0 +1,28 @@
+//! The process-wide backend registry: built-in backends are registered on first use, and a
+//! vendor crate adds its own with [`register`] — no enum to edit.
+
+use oar_ir::backend::{Backend, BackendError, Registry};
+use std::sync::{Arc, OnceLock};
+
+/// The backend used when none is named.
+pub const DEFAULT_BACKEND: &str = "reference";
+
+/// The global registry, with the built-in backends registered.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let r = Registry::new();
+        r.register(Arc::new(oar_backend_reference::ReferenceBackend::new()));
+        r
+    })
+}
+
+/// Register (or replace) a backend under its name.
+pub fn register(backend: Arc<dyn Backend>) {
+    registry().register(backend);
+}
+
+/// The backend with this name.
+pub fn get(name: &str) -> Result<Arc<dyn Backend>, BackendError> {
+    registry().get(name)
+}

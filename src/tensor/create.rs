@@ -1,0 +1,98 @@
+//! Creating tensors: constants, ranges and seeded random numbers.
+
+use super::Tensor;
+use crate::error::{Error, Result};
+use oar_ir::tensor_data::checked_byte_len;
+use oar_ir::{DType, TensorData};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Mutex;
+
+static RNG: Mutex<Option<StdRng>> = Mutex::new(None);
+
+/// Seed the global generator behind [`rand`], [`randn`], initializers and shuffling.
+pub fn seed(seed: u64) {
+    *RNG.lock().unwrap_or_else(|e| e.into_inner()) = Some(StdRng::seed_from_u64(seed));
+}
+
+/// Draw from the global generator (seeded from the OS until [`seed`] is called).
+pub(crate) fn with_rng<T>(f: impl FnOnce(&mut StdRng) -> T) -> T {
+    let mut g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(|| StdRng::from_os_rng()))
+}
+
+fn count(op: &str, shape: &[usize], dtype: DType) -> Result<usize> {
+    checked_byte_len(dtype, shape).map_err(|e| Error::invalid(op, e.to_string()))?;
+    Ok(shape.iter().product())
+}
+
+/// A tensor of `value` (converted to `dtype`).
+pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor> {
+    count("full", shape, dtype)?;
+    Ok(Tensor::from_data(TensorData::full(dtype, shape.to_vec(), value)?))
+}
+
+/// A tensor of zeros.
+pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
+    full(shape, 0.0, dtype)
+}
+
+/// A tensor of ones.
+pub fn ones(shape: &[usize], dtype: DType) -> Result<Tensor> {
+    full(shape, 1.0, dtype)
+}
+
+/// `start, start + step, ...` up to (excluding) `end`, as in `paddle.arange`.
+pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
+    if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+        return Err(Error::invalid("arange", format!("start={start}, end={end}, step={step} do not form a range")));
+    }
+    let n = ((end - start) / step).ceil().max(0.0);
+    if n > (1u64 << 40) as f64 {
+        return Err(Error::invalid("arange", format!("{n} elements is too many")));
+    }
+    let n = n as usize;
+    count("arange", &[n], dtype)?;
+    let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
+    Ok(Tensor::from_data(TensorData::from_f64_slice(dtype, vec![n], &v)?))
+}
+
+/// `num` evenly spaced values from `start` to `stop` inclusive.
+pub fn linspace(start: f64, stop: f64, num: usize, dtype: DType) -> Result<Tensor> {
+    count("linspace", &[num], dtype)?;
+    let v: Vec<f64> = match num {
+        0 => vec![],
+        1 => vec![start],
+        _ => (0..num).map(|i| start + (stop - start) * i as f64 / (num - 1) as f64).collect(),
+    };
+    Ok(Tensor::from_data(TensorData::from_f64_slice(dtype, vec![num], &v)?))
+}
+
+fn random(op: &str, shape: &[usize], dtype: DType, draw: impl Fn(&mut StdRng) -> f64) -> Result<Tensor> {
+    if !dtype.is_float() {
+        return Err(Error::invalid(op, format!("needs a float dtype, got {dtype}")));
+    }
+    let n = count(op, shape, dtype)?;
+    let v: Vec<f64> = with_rng(|r| (0..n).map(|_| draw(r)).collect());
+    Ok(Tensor::from_data(TensorData::from_f64_slice(dtype, shape.to_vec(), &v)?))
+}
+
+/// Uniform random numbers in `[0, 1)`.
+pub fn rand(shape: &[usize], dtype: DType) -> Result<Tensor> {
+    random("rand", shape, dtype, |r| r.random::<f64>())
+}
+
+/// Standard normal random numbers.
+pub fn randn(shape: &[usize], dtype: DType) -> Result<Tensor> {
+    random("randn", shape, dtype, |r| r.sample::<f64, _>(rand_distr::StandardNormal))
+}
+
+/// Uniform random numbers in `[low, high)`.
+pub fn uniform(shape: &[usize], low: f64, high: f64, dtype: DType) -> Result<Tensor> {
+    random("uniform", shape, dtype, |r| low + (high - low) * r.random::<f64>())
+}
+
+/// Normal random numbers with `mean` and `std`.
+pub fn normal(shape: &[usize], mean: f64, std: f64, dtype: DType) -> Result<Tensor> {
+    random("normal", shape, dtype, |r| mean + std * r.sample::<f64, _>(rand_distr::StandardNormal))
+}

@@ -1,0 +1,214 @@
+//! Eager tensors: values you can inspect at any time, with autograd.
+
+mod apply;
+mod create;
+mod display;
+mod methods;
+mod operators;
+
+pub(crate) use apply::{apply, apply1};
+pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
+pub(crate) use create::with_rng;
+pub use methods::{add, concat, divide, matmul, maximum, minimum, multiply, stack, subtract, where_};
+pub(crate) use methods::{norm_axes, norm_axis};
+
+use crate::autograd::GradNode;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use oar_ir::{DType, Element, TensorData, TensorType};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A handle to an eager tensor. Cloning is cheap and shares the tensor (like a Python reference).
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    data: RwLock<TensorData>,
+    device: Device,
+    pub(crate) stop_gradient: AtomicBool,
+    grad: Mutex<Option<Tensor>>,
+    /// The recorded op that produced this tensor, and which of its outputs it is.
+    pub(crate) creator: Option<(Arc<GradNode>, usize)>,
+}
+
+impl Tensor {
+    /// A tensor holding `data` (on the CPU, no gradient).
+    pub fn from_data(data: TensorData) -> Tensor {
+        Tensor::make(data, None)
+    }
+
+    pub(crate) fn make(data: TensorData, creator: Option<(Arc<GradNode>, usize)>) -> Tensor {
+        let stop = creator.is_none();
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            data: RwLock::new(data),
+            device: Device::CPU,
+            stop_gradient: AtomicBool::new(stop),
+            grad: Mutex::new(None),
+            creator,
+        }))
+    }
+
+    /// A tensor from elements and a shape (`Tensor::from_vec(vec![1.0f32, 2.0], &[2])`).
+    pub fn from_vec<T: Element>(values: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        Ok(Tensor::from_data(TensorData::from_vec(shape.to_vec(), values)?))
+    }
+
+    /// A 1-d tensor copied from a slice.
+    pub fn from_slice<T: Element>(values: &[T]) -> Tensor {
+        Tensor::from_data(TensorData::from_vec(vec![values.len()], values.to_vec()).expect("length matches"))
+    }
+
+    /// A 0-d tensor.
+    pub fn scalar<T: Element>(v: T) -> Tensor {
+        Tensor::from_data(TensorData::scalar(v))
+    }
+
+    /// A unique id (stable for the tensor's life).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// The current value (cheap: shares the bytes).
+    pub fn data(&self) -> TensorData {
+        self.0.data.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replace the value in place (same dtype and shape), e.g. an optimizer step. Not recorded
+    /// by autograd.
+    pub fn set_data(&self, data: TensorData) -> Result<()> {
+        let mut d = self.0.data.write().unwrap_or_else(|e| e.into_inner());
+        if d.dtype() != data.dtype() || d.shape() != data.shape() {
+            return Err(Error::invalid(
+                "set_data",
+                format!("tensor is {}, new value is {}", d.tensor_type(), data.tensor_type()),
+            ));
+        }
+        *d = data;
+        Ok(())
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.data().dtype()
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> Vec<usize> {
+        self.data().shape().to_vec()
+    }
+
+    /// Number of axes.
+    pub fn ndim(&self) -> usize {
+        self.data().shape().len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data().len()
+    }
+
+    /// dtype and shape as an IR type.
+    pub fn tensor_type(&self) -> TensorType {
+        self.data().tensor_type()
+    }
+
+    /// The device the tensor lives on.
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+
+    /// The tensor on `device`. Only the CPU exists until a device backend registers.
+    pub fn to(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        Err(Error::invalid("to", format!("no runtime for device {device} is available")))
+    }
+
+    /// The elements as `T` (must be the tensor's dtype).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.data().to_vec::<T>()?)
+    }
+
+    /// The single element of a one-element tensor, as f64.
+    pub fn item(&self) -> Result<f64> {
+        let d = self.data();
+        if d.len() != 1 {
+            return Err(Error::invalid("item", format!("tensor {} has {} elements, not 1", d.tensor_type(), d.len())));
+        }
+        Ok(d.to_f64_vec()[0])
+    }
+
+    /// Paddle's `stop_gradient`: true means no gradient flows into this tensor.
+    pub fn stop_gradient(&self) -> bool {
+        self.0.stop_gradient.load(Ordering::Relaxed)
+    }
+
+    /// Set `stop_gradient` (false makes a leaf trainable). Only float tensors take gradients.
+    pub fn set_stop_gradient(&self, stop: bool) -> Result<()> {
+        if !stop && !self.dtype().is_float() {
+            return Err(Error::invalid("set_stop_gradient", format!("{} cannot require a gradient", self.tensor_type())));
+        }
+        self.0.stop_gradient.store(stop, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// PyTorch's name for `!stop_gradient`.
+    pub fn requires_grad(&self) -> bool {
+        !self.stop_gradient()
+    }
+
+    /// Builder form of `set_stop_gradient(!requires)`.
+    pub fn requires_grad_(self, requires: bool) -> Result<Tensor> {
+        self.set_stop_gradient(!requires)?;
+        Ok(self)
+    }
+
+    /// True if no recorded op produced this tensor.
+    pub fn is_leaf(&self) -> bool {
+        self.0.creator.is_none()
+    }
+
+    /// The accumulated gradient of a leaf, if any.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Forget the accumulated gradient (Paddle `clear_gradient`, PyTorch `zero_grad`).
+    pub fn clear_grad(&self) {
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    pub(crate) fn set_grad(&self, g: Option<Tensor>) {
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = g;
+    }
+
+    /// A new leaf sharing this value, cut from the autograd graph.
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_data(self.data())
+    }
+
+    /// Save as a numpy `.npy` file.
+    pub fn save_npy(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let p = path.as_ref();
+        oar_ir::npy::write_npy(p, &self.data()).map_err(|e| Error::Io {
+            path: p.display().to_string(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Load a numpy `.npy` file.
+    pub fn load_npy(path: impl AsRef<std::path::Path>) -> Result<Tensor> {
+        let p = path.as_ref();
+        let d = oar_ir::npy::read_npy(p).map_err(|e| Error::Io {
+            path: p.display().to_string(),
+            detail: e.to_string(),
+        })?;
+        Ok(Tensor::from_data(d))
+    }
+}
