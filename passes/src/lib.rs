@@ -1,1 +1,31 @@
-//! placeholder
+//! oar-passes: the pass manager and graph passes, one file per pass.
+//!
+//! A [`Pass`] rewrites a [`Graph`] in place and says whether it changed anything. The
+//! [`PassManager`] runs a pipeline of passes and can verify after each, print the graph before
+//! and after chosen passes through a caller-supplied sink, time each pass, and stop after pass
+//! N (to bisect a bad rewrite). Passes are found by name in a registry ([`pass_by_name`]).
+
+mod dce;
+mod decompose;
+mod error;
+mod manager;
+mod regions;
+mod registry;
+
+pub use dce::Dce;
+pub use decompose::Decompose;
+pub use error::PassError;
+pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
+pub use registry::{list_passes, pass_by_name};
+
+use oar_ir::Graph;
+
+/// A graph rewrite with a name and a one-line description.
+pub trait Pass {
+    /// The registry name (`dce`, `decompose`, ...).
+    fn name(&self) -> &'static str;
+    /// One line about what the pass does.
+    fn description(&self) -> &'static str;
+    /// Rewrite `graph` in place; returns whether anything changed.
+    fn run(&self, graph: &mut Graph) -> Result<bool, PassError>;
+}
