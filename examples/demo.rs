@@ -67,10 +67,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let eager = oar::reference::run_graph(&loaded.graph, &loaded.weights, &inputs)?;
 
     let mut primitive = loaded.graph.clone();
-    let mut pm = PassManager::new();
-    pm.add(oar::passes::pass_by_name("decompose").ok_or("no decompose pass")?);
-    pm.add(oar::passes::pass_by_name("dce").ok_or("no dce pass")?);
-    pm.run(&mut primitive)?;
+    let report = PassManager::from_names(&["decompose", "dce"])?.run(&mut primitive)?;
+    print!("{report}");
     println!(
         "decomposed into primitives: {} nodes -> {} nodes",
         loaded.graph.node_count(),

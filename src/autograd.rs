@@ -149,7 +149,11 @@ impl Tensor {
             Some(g) if g.tensor_type() != self.tensor_type() => {
                 return Err(Error::invalid(
                     "backward",
-                    format!("gradient {} does not match tensor {}", g.tensor_type(), self.tensor_type()),
+                    format!(
+                        "gradient {} does not match tensor {}",
+                        g.tensor_type(),
+                        self.tensor_type()
+                    ),
                 ));
             }
             Some(g) => g.detach(),

@@ -17,8 +17,8 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use oar_ir::DType;
 pub use tensor::{
-    Tensor, add, arange, concat, divide, full, linspace, matmul, maximum, minimum, multiply, normal, ones, rand,
-    randn, seed, stack, subtract, uniform, where_, zeros,
+    Tensor, add, arange, concat, divide, full, linspace, matmul, maximum, minimum, multiply, normal, ones, rand, randn,
+    seed, stack, subtract, uniform, where_, zeros,
 };
 
 pub use oar_backend_reference as reference;

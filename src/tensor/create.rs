@@ -18,7 +18,7 @@ pub fn seed(seed: u64) {
 /// Draw from the global generator (seeded from the OS until [`seed`] is called).
 pub(crate) fn with_rng<T>(f: impl FnOnce(&mut StdRng) -> T) -> T {
     let mut g = RNG.lock().unwrap_or_else(|e| e.into_inner());
-    f(g.get_or_insert_with(|| StdRng::from_os_rng()))
+    f(g.get_or_insert_with(StdRng::from_os_rng))
 }
 
 fn count(op: &str, shape: &[usize], dtype: DType) -> Result<usize> {
@@ -45,7 +45,10 @@ pub fn ones(shape: &[usize], dtype: DType) -> Result<Tensor> {
 /// `start, start + step, ...` up to (excluding) `end`, as in `paddle.arange`.
 pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
     if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-        return Err(Error::invalid("arange", format!("start={start}, end={end}, step={step} do not form a range")));
+        return Err(Error::invalid(
+            "arange",
+            format!("start={start}, end={end}, step={step} do not form a range"),
+        ));
     }
     let n = ((end - start) / step).ceil().max(0.0);
     if n > (1u64 << 40) as f64 {
@@ -63,7 +66,9 @@ pub fn linspace(start: f64, stop: f64, num: usize, dtype: DType) -> Result<Tenso
     let v: Vec<f64> = match num {
         0 => vec![],
         1 => vec![start],
-        _ => (0..num).map(|i| start + (stop - start) * i as f64 / (num - 1) as f64).collect(),
+        _ => (0..num)
+            .map(|i| start + (stop - start) * i as f64 / (num - 1) as f64)
+            .collect(),
     };
     Ok(Tensor::from_data(TensorData::from_f64_slice(dtype, vec![num], &v)?))
 }
@@ -74,7 +79,11 @@ fn random(op: &str, shape: &[usize], dtype: DType, draw: impl Fn(&mut StdRng) ->
     }
     let n = count(op, shape, dtype)?;
     let v: Vec<f64> = with_rng(|r| (0..n).map(|_| draw(r)).collect());
-    Ok(Tensor::from_data(TensorData::from_f64_slice(dtype, shape.to_vec(), &v)?))
+    Ok(Tensor::from_data(TensorData::from_f64_slice(
+        dtype,
+        shape.to_vec(),
+        &v,
+    )?))
 }
 
 /// Uniform random numbers in `[0, 1)`.
@@ -84,7 +93,9 @@ pub fn rand(shape: &[usize], dtype: DType) -> Result<Tensor> {
 
 /// Standard normal random numbers.
 pub fn randn(shape: &[usize], dtype: DType) -> Result<Tensor> {
-    random("randn", shape, dtype, |r| r.sample::<f64, _>(rand_distr::StandardNormal))
+    random("randn", shape, dtype, |r| {
+        r.sample::<f64, _>(rand_distr::StandardNormal)
+    })
 }
 
 /// Uniform random numbers in `[low, high)`.
@@ -94,5 +105,7 @@ pub fn uniform(shape: &[usize], low: f64, high: f64, dtype: DType) -> Result<Ten
 
 /// Normal random numbers with `mean` and `std`.
 pub fn normal(shape: &[usize], mean: f64, std: f64, dtype: DType) -> Result<Tensor> {
-    random("normal", shape, dtype, |r| mean + std * r.sample::<f64, _>(rand_distr::StandardNormal))
+    random("normal", shape, dtype, |r| {
+        mean + std * r.sample::<f64, _>(rand_distr::StandardNormal)
+    })
 }

@@ -37,7 +37,11 @@ impl Layout<'_> {
         let inner: usize = self.shape[axis + 1..].iter().product();
         out.push('[');
         let show: Vec<Option<usize>> = if self.summarize && n > 2 * EDGE {
-            (0..EDGE).map(Some).chain([None]).chain((n - EDGE..n).map(Some)).collect()
+            (0..EDGE)
+                .map(Some)
+                .chain([None])
+                .chain((n - EDGE..n).map(Some))
+                .collect()
         } else {
             (0..n).map(Some).collect()
         };
@@ -65,7 +69,10 @@ impl fmt::Display for Tensor {
         let data = self.data();
         let values = data.to_f64_vec();
         let integral = values.iter().all(|v| v.fract() == 0.0 && v.abs() < 1e15);
-        let strings: Vec<String> = values.iter().map(|&v| format_value(v, data.dtype(), integral)).collect();
+        let strings: Vec<String> = values
+            .iter()
+            .map(|&v| format_value(v, data.dtype(), integral))
+            .collect();
         let width = strings.iter().map(String::len).max().unwrap_or(0);
         let header = format!(
             "Tensor(shape={:?}, dtype={}, place={}, stop_gradient={},",

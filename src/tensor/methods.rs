@@ -10,7 +10,10 @@ pub(crate) fn norm_axis(op: &str, axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 0 || a >= r.max(1) {
-        return Err(Error::invalid(op, format!("axis {axis} is out of range for a tensor of rank {rank}")));
+        return Err(Error::invalid(
+            op,
+            format!("axis {axis} is out of range for a tensor of rank {rank}"),
+        ));
     }
     Ok(a as usize)
 }
@@ -20,7 +23,10 @@ pub(crate) fn norm_axes(op: &str, axes: &[i64], rank: usize) -> Result<Vec<usize
     if axes.is_empty() {
         return Ok((0..rank).collect());
     }
-    let mut v = axes.iter().map(|&a| norm_axis(op, a, rank)).collect::<Result<Vec<_>>>()?;
+    let mut v = axes
+        .iter()
+        .map(|&a| norm_axis(op, a, rank))
+        .collect::<Result<Vec<_>>>()?;
     v.sort_unstable();
     v.dedup();
     Ok(v)
@@ -119,7 +125,11 @@ binary_methods! {
 impl Tensor {
     /// A scalar of this tensor's dtype.
     pub(crate) fn scalar_like(&self, v: f64) -> Result<Tensor> {
-        Ok(Tensor::from_data(TensorData::from_f64_slice(self.dtype(), vec![], &[v])?))
+        Ok(Tensor::from_data(TensorData::from_f64_slice(
+            self.dtype(),
+            vec![],
+            &[v],
+        )?))
     }
 
     /// `x op s` with `s` converted to x's dtype.
@@ -130,7 +140,11 @@ impl Tensor {
     /// `x * s + b` elementwise with scalars (Paddle `scale`).
     pub fn scale(&self, s: f64, bias: f64) -> Result<Tensor> {
         let y = self.binary_scalar(BinaryOp::Mul, s)?;
-        if bias == 0.0 { Ok(y) } else { y.binary_scalar(BinaryOp::Add, bias) }
+        if bias == 0.0 {
+            Ok(y)
+        } else {
+            y.binary_scalar(BinaryOp::Add, bias)
+        }
     }
 
     /// `where(cond, x, y)` (free function [`crate::where_`] too).
@@ -171,13 +185,27 @@ impl Tensor {
     /// Index of the max along `axis` (i64).
     pub fn argmax(&self, axis: i64, keepdim: bool) -> Result<Tensor> {
         let axis = norm_axis("argmax", axis, self.ndim())?;
-        apply1(Op::ArgReduce { op: ArgReduceOp::ArgMax, axis, keepdim }, &[self])
+        apply1(
+            Op::ArgReduce {
+                op: ArgReduceOp::ArgMax,
+                axis,
+                keepdim,
+            },
+            &[self],
+        )
     }
 
     /// Index of the min along `axis` (i64).
     pub fn argmin(&self, axis: i64, keepdim: bool) -> Result<Tensor> {
         let axis = norm_axis("argmin", axis, self.ndim())?;
-        apply1(Op::ArgReduce { op: ArgReduceOp::ArgMin, axis, keepdim }, &[self])
+        apply1(
+            Op::ArgReduce {
+                op: ArgReduceOp::ArgMin,
+                axis,
+                keepdim,
+            },
+            &[self],
+        )
     }
 
     /// New shape with the same elements; one entry may be -1 (inferred), 0 keeps that dim.
@@ -194,17 +222,30 @@ impl Tensor {
                 }
                 0 if i < cur.len() => dims.push(cur[i]),
                 d if d > 0 => dims.push(d as usize),
-                _ => return Err(Error::invalid("reshape", format!("bad target shape {shape:?} for {:?}", cur))),
+                _ => {
+                    return Err(Error::invalid(
+                        "reshape",
+                        format!("bad target shape {shape:?} for {:?}", cur),
+                    ));
+                }
             }
         }
         if let Some(i) = infer {
             let known: usize = dims.iter().product();
             if known == 0 || total % known != 0 {
-                return Err(Error::invalid("reshape", format!("cannot reshape {cur:?} to {shape:?}")));
+                return Err(Error::invalid(
+                    "reshape",
+                    format!("cannot reshape {cur:?} to {shape:?}"),
+                ));
             }
             dims[i] = total / known;
         }
-        apply1(Op::Reshape { shape: dims.into_iter().map(Dim::Static).collect() }, &[self])
+        apply1(
+            Op::Reshape {
+                shape: dims.into_iter().map(Dim::Static).collect(),
+            },
+            &[self],
+        )
     }
 
     /// Flatten axes `start..=end` into one.
@@ -213,9 +254,15 @@ impl Tensor {
         if shape.is_empty() {
             return self.reshape(&[1]);
         }
-        let (s, e) = (norm_axis("flatten", start, shape.len())?, norm_axis("flatten", end, shape.len())?);
+        let (s, e) = (
+            norm_axis("flatten", start, shape.len())?,
+            norm_axis("flatten", end, shape.len())?,
+        );
         if s > e {
-            return Err(Error::invalid("flatten", format!("start axis {start} is after end axis {end}")));
+            return Err(Error::invalid(
+                "flatten",
+                format!("start axis {start} is after end axis {end}"),
+            ));
         }
         let mut out: Vec<i64> = shape[..s].iter().map(|&d| d as i64).collect();
         out.push(shape[s..=e].iter().product::<usize>() as i64);
@@ -225,7 +272,10 @@ impl Tensor {
 
     /// Permute axes (`perm[i]` is the input axis that becomes axis `i`).
     pub fn transpose(&self, perm: &[i64]) -> Result<Tensor> {
-        let perm = perm.iter().map(|&a| norm_axis("transpose", a, self.ndim())).collect::<Result<Vec<_>>>()?;
+        let perm = perm
+            .iter()
+            .map(|&a| norm_axis("transpose", a, self.ndim()))
+            .collect::<Result<Vec<_>>>()?;
         apply1(Op::Permute { perm }, &[self])
     }
 
@@ -256,13 +306,23 @@ impl Tensor {
         } else {
             norm_axes("squeeze", axes, shape.len())?
         };
-        let s: Vec<i64> = shape.iter().enumerate().filter(|(i, d)| !(drop.contains(i) && **d == 1)).map(|(_, &d)| d as i64).collect();
+        let s: Vec<i64> = shape
+            .iter()
+            .enumerate()
+            .filter(|(i, d)| !(drop.contains(i) && **d == 1))
+            .map(|(_, &d)| d as i64)
+            .collect();
         self.reshape(&s)
     }
 
     /// Broadcast to `shape` (numpy `broadcast_to`, Paddle `expand`).
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
-        apply1(Op::Broadcast { shape: shape.iter().map(|&d| Dim::Static(d)).collect() }, &[self])
+        apply1(
+            Op::Broadcast {
+                shape: shape.iter().map(|&d| Dim::Static(d)).collect(),
+            },
+            &[self],
+        )
     }
 
     /// Elements `start..end` (step `step`) along `axis`; negative indices count from the end.
@@ -278,10 +338,16 @@ impl Tensor {
 
     /// Element `index` along axis 0, dropping that axis (`x[i]`).
     pub fn get(&self, index: i64) -> Result<Tensor> {
-        let n = *self.shape().first().ok_or_else(|| Error::invalid("get", "cannot index a 0-d tensor"))? as i64;
+        let n = *self
+            .shape()
+            .first()
+            .ok_or_else(|| Error::invalid("get", "cannot index a 0-d tensor"))? as i64;
         let i = if index < 0 { index + n } else { index };
         if i < 0 || i >= n {
-            return Err(Error::invalid("get", format!("index {index} is out of range for axis 0 of size {n}")));
+            return Err(Error::invalid(
+                "get",
+                format!("index {index} is out of range for axis 0 of size {n}"),
+            ));
         }
         self.slice(0, i, i + 1, 1)?.squeeze(&[0])
     }
@@ -307,7 +373,11 @@ impl Tensor {
     /// Scatter `updates` into a copy of `self` along `axis` (overwrite, or add when `add`).
     pub fn scatter(&self, index: &Tensor, updates: &Tensor, axis: i64, add: bool) -> Result<Tensor> {
         let axis = norm_axis("scatter", axis, self.ndim())?;
-        let reduce = if add { ScatterReduce::Add } else { ScatterReduce::Replace };
+        let reduce = if add {
+            ScatterReduce::Add
+        } else {
+            ScatterReduce::Replace
+        };
         apply1(Op::Scatter { axis, reduce }, &[self, index, updates])
     }
 
@@ -327,14 +397,18 @@ impl Tensor {
 
 /// Concatenate along `axis`.
 pub fn concat(xs: &[&Tensor], axis: i64) -> Result<Tensor> {
-    let first = xs.first().ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
+    let first = xs
+        .first()
+        .ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
     let axis = norm_axis("concat", axis, first.ndim())?;
     apply1(Op::Concat { axis }, xs)
 }
 
 /// Stack along a new axis.
 pub fn stack(xs: &[&Tensor], axis: i64) -> Result<Tensor> {
-    let first = xs.first().ok_or_else(|| Error::invalid("stack", "needs at least one tensor"))?;
+    let first = xs
+        .first()
+        .ok_or_else(|| Error::invalid("stack", "needs at least one tensor"))?;
     let a = norm_axis("stack", axis, first.ndim() + 1)? as i64;
     let parts = xs.iter().map(|x| x.unsqueeze(a)).collect::<Result<Vec<_>>>()?;
     concat(&parts.iter().collect::<Vec<_>>(), a)

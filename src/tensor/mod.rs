@@ -7,9 +7,9 @@ mod methods;
 mod operators;
 
 pub(crate) use apply::{apply, apply1};
-pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
 #[allow(unused_imports)]
 pub(crate) use create::with_rng;
+pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
 pub use methods::{add, concat, divide, matmul, maximum, minimum, multiply, stack, subtract, where_};
 #[allow(unused_imports)]
 pub(crate) use methods::{norm_axes, norm_axis};
@@ -129,7 +129,10 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
-        Err(Error::invalid("to", format!("no runtime for device {device} is available")))
+        Err(Error::invalid(
+            "to",
+            format!("no runtime for device {device} is available"),
+        ))
     }
 
     /// The elements as `T` (must be the tensor's dtype).
@@ -141,7 +144,10 @@ impl Tensor {
     pub fn item(&self) -> Result<f64> {
         let d = self.data();
         if d.len() != 1 {
-            return Err(Error::invalid("item", format!("tensor {} has {} elements, not 1", d.tensor_type(), d.len())));
+            return Err(Error::invalid(
+                "item",
+                format!("tensor {} has {} elements, not 1", d.tensor_type(), d.len()),
+            ));
         }
         Ok(d.to_f64_vec()[0])
     }
@@ -154,7 +160,10 @@ impl Tensor {
     /// Set `stop_gradient` (false makes a leaf trainable). Only float tensors take gradients.
     pub fn set_stop_gradient(&self, stop: bool) -> Result<()> {
         if !stop && !self.dtype().is_float() {
-            return Err(Error::invalid("set_stop_gradient", format!("{} cannot require a gradient", self.tensor_type())));
+            return Err(Error::invalid(
+                "set_stop_gradient",
+                format!("{} cannot require a gradient", self.tensor_type()),
+            ));
         }
         self.0.stop_gradient.store(stop, Ordering::Relaxed);
         Ok(())

@@ -258,7 +258,15 @@ mod tests {
         assert_eq!(SliceRange::new(5, 2).resolve(10).1, 0);
         assert_eq!(SliceRange::new(-20, 3).resolve(10), (0, 3));
         assert_eq!(SliceRange::FULL.resolve(4), (0, 4));
-        assert_eq!(SliceRange { start: 0, end: i64::MAX, step: i64::MAX }.resolve(4), (0, 1));
+        assert_eq!(
+            SliceRange {
+                start: 0,
+                end: i64::MAX,
+                step: i64::MAX
+            }
+            .resolve(4),
+            (0, 1)
+        );
     }
 
     #[test]
