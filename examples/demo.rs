@@ -68,7 +68,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut primitive = loaded.graph.clone();
     let report = PassManager::from_names(&["decompose", "dce"])?.run(&mut primitive)?;
-    print!("{report}");
+    println!("{report}");
+    println!("{primitive}");
     println!(
         "decomposed into primitives: {} nodes -> {} nodes",
         loaded.graph.node_count(),

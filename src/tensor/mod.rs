@@ -7,6 +7,11 @@ mod methods;
 mod operators;
 
 pub(crate) use apply::{apply, apply1};
+
+/// Apply any IR op to eager tensors (the escape hatch under every method).
+pub fn apply_op(op: oar_ir::Op, inputs: &[&Tensor]) -> crate::Result<Vec<Tensor>> {
+    apply(op, inputs)
+}
 #[allow(unused_imports)]
 pub(crate) use create::with_rng;
 pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};

@@ -1,0 +1,144 @@
+//! Eager tensors and autograd: values by hand, gradients by hand and by finite differences.
+
+use oar::ir::DType;
+use oar::{Tensor, no_grad};
+
+fn t(v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape).unwrap()
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+#[test]
+fn ops_compute_immediately() {
+    let a = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let b = t(&[10.0, 20.0], &[2]);
+    let c = (&a + &b).unwrap();
+    assert_eq!(c.to_vec::<f64>().unwrap(), vec![11.0, 22.0, 13.0, 24.0]);
+    let m = a.matmul(&a).unwrap();
+    assert_eq!(m.to_vec::<f64>().unwrap(), vec![7.0, 10.0, 15.0, 22.0]);
+    assert_eq!(a.sum(&[], false).unwrap().item().unwrap(), 10.0);
+    assert_eq!(a.mean(&[-1], false).unwrap().to_vec::<f64>().unwrap(), vec![1.5, 3.5]);
+    assert_eq!(a.reshape(&[-1]).unwrap().shape(), vec![4]);
+    assert_eq!(a.t().unwrap().to_vec::<f64>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
+    assert_eq!(a.get(-1).unwrap().to_vec::<f64>().unwrap(), vec![3.0, 4.0]);
+    let s = oar::stack(&[&b, &b], 0).unwrap();
+    assert_eq!(s.shape(), vec![2, 2]);
+    // Errors are typed and name the op and the shapes.
+    let e = a.matmul(&t(&[1.0, 2.0, 3.0], &[3, 1])).unwrap_err().to_string();
+    assert!(e.contains("matmul") && e.contains("f64[2,2]") && e.contains("f64[3,1]"), "{e}");
+    assert!(a.reshape(&[3, -1]).is_err());
+    assert!(a.get(2).is_err());
+}
+
+#[test]
+fn creation_and_seeded_randomness() {
+    assert_eq!(oar::arange(0.0, 5.0, 2.0, DType::I64).unwrap().to_vec::<i64>().unwrap(), vec![0, 2, 4]);
+    assert_eq!(oar::linspace(0.0, 1.0, 5, DType::F64).unwrap().to_vec::<f64>().unwrap(), vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+    oar::seed(7);
+    let a = oar::randn(&[100], DType::F32).unwrap().to_vec::<f32>().unwrap();
+    oar::seed(7);
+    let b = oar::randn(&[100], DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a, b);
+    let mean = a.iter().sum::<f32>() / 100.0;
+    assert!(mean.abs() < 0.3, "{mean}");
+    let u = oar::rand(&[1000], DType::F64).unwrap().to_vec::<f64>().unwrap();
+    assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+    assert!(oar::rand(&[2], DType::I32).is_err());
+    assert!(oar::arange(0.0, 1.0, 0.0, DType::F32).is_err());
+    assert!(oar::zeros(&[usize::MAX, 4], DType::F32).is_err());
+}
+
+#[test]
+fn backward_through_an_mlp_matches_hand_gradients() {
+    // loss = sum(relu(x @ w + b)); d/dw = xᵀ · mask, d/db = colsum(mask)
+    let x = t(&[1.0, -2.0, 0.5, 3.0], &[2, 2]);
+    let w = t(&[0.5, -1.0, 1.5, 2.0], &[2, 2]).requires_grad_(true).unwrap();
+    let b = t(&[0.1, -0.2], &[2]).requires_grad_(true).unwrap();
+    let h = (&x.matmul(&w).unwrap() + &b).unwrap();
+    let zero = oar::zeros(&[], DType::F64).unwrap();
+    let y = h.maximum(&zero).unwrap();
+    let loss = y.sum(&[], false).unwrap();
+    assert!(loss.requires_grad() && !loss.is_leaf());
+    loss.backward().unwrap();
+    // h = [[1*.5-2*1.5+.1, 1*-1-2*2-.2], [.5*.5+3*1.5+.1, .5*-1+3*2-.2]] = [[-2.4,-5.2],[4.85,5.3]]
+    // mask = [[0,0],[1,1]]; dW = xᵀ mask = [[0.5,0.5],[3,3]]; db = [1,1]
+    assert_eq!(w.grad().unwrap().to_vec::<f64>().unwrap(), vec![0.5, 0.5, 3.0, 3.0]);
+    assert_eq!(b.grad().unwrap().to_vec::<f64>().unwrap(), vec![1.0, 1.0]);
+    assert!(x.grad().is_none(), "x has stop_gradient = true");
+}
+
+#[test]
+fn gradients_accumulate_until_cleared() {
+    let w = t(&[2.0], &[1]).requires_grad_(true).unwrap();
+    for _ in 0..3 {
+        let y = (&w * &w).unwrap().sum(&[], false).unwrap();
+        y.backward().unwrap();
+    }
+    assert_eq!(w.grad().unwrap().to_vec::<f64>().unwrap(), vec![12.0]);
+    w.clear_grad();
+    assert!(w.grad().is_none());
+}
+
+#[test]
+fn retain_graph_allows_a_second_backward() {
+    let w = t(&[3.0], &[1]).requires_grad_(true).unwrap();
+    let y = w.exp().unwrap().sum(&[], false).unwrap();
+    y.backward_with(None, true).unwrap();
+    y.backward().unwrap();
+    assert!(close(&w.grad().unwrap().to_vec::<f64>().unwrap(), &[2.0 * 3f64.exp()], 1e-12));
+    let e = y.backward().unwrap_err().to_string();
+    assert!(e.contains("retain_graph"), "{e}");
+}
+
+#[test]
+fn no_grad_and_stop_gradient() {
+    let w = t(&[1.0, 2.0], &[2]).requires_grad_(true).unwrap();
+    {
+        let _g = no_grad();
+        let y = (&w * 2.0).unwrap();
+        assert!(!y.requires_grad());
+    }
+    let y = (&w.detach() * 2.0).unwrap();
+    assert!(!y.requires_grad());
+    assert!(y.sum(&[], false).unwrap().backward().is_err());
+    assert!(oar::arange(0.0, 3.0, 1.0, DType::I64).unwrap().set_stop_gradient(false).is_err());
+}
+
+#[test]
+fn composites_run_eagerly_and_differentiate() {
+    use oar::ir::{Composite, Op};
+    // softmax rows sum to one; d/dx sum(softmax(x) * r) checked by finite differences.
+    let x = t(&[0.3, -1.2, 2.0, 0.7, 0.1, -0.4], &[2, 3]).requires_grad_(true).unwrap();
+    let r = t(&[1.0, -2.0, 0.5, 0.3, 1.5, -1.0], &[2, 3]);
+    let f = |x: &Tensor| -> Tensor {
+        let s = oar::tensor::apply_op(Op::Composite(Composite::Softmax { axis: 1 }), &[x]).unwrap().remove(0);
+        (&s * &r).unwrap().sum(&[], false).unwrap()
+    };
+    let loss = f(&x);
+    loss.backward().unwrap();
+    let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+    let base = x.to_vec::<f64>().unwrap();
+    for j in 0..base.len() {
+        let mut p = base.clone();
+        p[j] += 1e-6;
+        let mut m = base.clone();
+        m[j] -= 1e-6;
+        let num = (f(&t(&p, &[2, 3])).item().unwrap() - f(&t(&m, &[2, 3])).item().unwrap()) / 2e-6;
+        assert!((g[j] - num).abs() < 1e-6, "d/dx[{j}]: {} vs {num}", g[j]);
+    }
+}
+
+#[test]
+fn display_and_npy_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = t(&[1.5, -2.0], &[2]).requires_grad_(true).unwrap();
+    assert!(a.to_string().contains("stop_gradient=false"));
+    let p = dir.path().join("a.npy");
+    a.save_npy(&p).unwrap();
+    assert_eq!(Tensor::load_npy(&p).unwrap().to_vec::<f64>().unwrap(), vec![1.5, -2.0]);
+    let e = Tensor::load_npy(dir.path().join("missing.npy")).unwrap_err().to_string();
+    assert!(e.contains("missing.npy"), "{e}");
+}
