@@ -10,6 +10,7 @@ pub mod backend;
 pub mod device;
 pub mod error;
 mod kernels;
+pub mod nn;
 pub mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, with_no_grad};

@@ -12,7 +12,6 @@ pub(crate) use apply::{apply, apply1};
 pub fn apply_op(op: oar_ir::Op, inputs: &[&Tensor]) -> crate::Result<Vec<Tensor>> {
     apply(op, inputs)
 }
-#[allow(unused_imports)]
 pub(crate) use create::with_rng;
 pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
 pub use methods::{add, concat, divide, matmul, maximum, minimum, multiply, stack, subtract, where_};

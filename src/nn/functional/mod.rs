@@ -1,0 +1,229 @@
+//! `nn::functional`: the functional API. Each function is one IR composite (or primitive), so
+//! eager code, tracing and every backend share one definition.
+
+mod args;
+
+pub use args::{Pad2d, Pair};
+
+use crate::error::{Error, Result};
+use crate::tensor::{Tensor, apply, apply1};
+use oar_ir::ops::Reduction;
+use oar_ir::{Composite, Float, Op};
+
+fn composite1(c: Composite, inputs: &[&Tensor]) -> Result<Tensor> {
+    apply1(Op::Composite(c), inputs)
+}
+
+fn with_optional<'a>(mut v: Vec<&'a Tensor>, extra: Option<&'a Tensor>) -> Vec<&'a Tensor> {
+    v.extend(extra);
+    v
+}
+
+/// `x @ weight + bias` with Paddle's weight layout `[in, out]`.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    composite1(Composite::Linear, &with_optional(vec![x, weight], bias))
+}
+
+/// 2-d convolution of `x[N,C,H,W]` with `weight[O,C/groups,kh,kw]`.
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: impl Into<Pair>,
+    padding: impl Into<Pad2d>,
+    dilation: impl Into<Pair>,
+    groups: usize,
+) -> Result<Tensor> {
+    let c = Composite::Conv2d {
+        stride: stride.into().0,
+        padding: padding.into().0,
+        dilation: dilation.into().0,
+        groups,
+    };
+    composite1(c, &with_optional(vec![x, weight], bias))
+}
+
+/// 2-d max pooling; `stride` defaults to the kernel size.
+pub fn max_pool2d(
+    x: &Tensor,
+    kernel: impl Into<Pair>,
+    stride: Option<Pair>,
+    padding: impl Into<Pad2d>,
+    ceil_mode: bool,
+) -> Result<Tensor> {
+    let kernel = kernel.into().0;
+    let c = Composite::MaxPool2d {
+        kernel,
+        stride: stride.map_or(kernel, |s| s.0),
+        padding: padding.into().0,
+        ceil_mode,
+    };
+    composite1(c, &[x])
+}
+
+/// 2-d average pooling; `exclusive` (Paddle's default true) divides by in-bounds elements only.
+pub fn avg_pool2d(
+    x: &Tensor,
+    kernel: impl Into<Pair>,
+    stride: Option<Pair>,
+    padding: impl Into<Pad2d>,
+    ceil_mode: bool,
+    exclusive: bool,
+) -> Result<Tensor> {
+    let kernel = kernel.into().0;
+    let c = Composite::AvgPool2d {
+        kernel,
+        stride: stride.map_or(kernel, |s| s.0),
+        padding: padding.into().0,
+        ceil_mode,
+        count_include_pad: !exclusive,
+    };
+    composite1(c, &[x])
+}
+
+/// Adaptive average pooling to `output_size`.
+pub fn adaptive_avg_pool2d(x: &Tensor, output_size: impl Into<Pair>) -> Result<Tensor> {
+    composite1(
+        Composite::AdaptiveAvgPool2d {
+            output_size: output_size.into().0,
+        },
+        &[x],
+    )
+}
+
+/// Adaptive max pooling to `output_size`.
+pub fn adaptive_max_pool2d(x: &Tensor, output_size: impl Into<Pair>) -> Result<Tensor> {
+    composite1(
+        Composite::AdaptiveMaxPool2d {
+            output_size: output_size.into().0,
+        },
+        &[x],
+    )
+}
+
+/// Batch normalization of `x[N,C,..]`. In training it normalizes with batch statistics and
+/// updates `running_mean`/`running_var` in place (`r = momentum·r + (1−momentum)·batch`).
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    training: bool,
+    momentum: f64,
+    epsilon: f64,
+) -> Result<Tensor> {
+    let c = Composite::BatchNorm {
+        epsilon: Float(epsilon),
+        momentum: Float(momentum),
+        training,
+    };
+    let mut outs = apply(Op::Composite(c), &[x, weight, bias, running_mean, running_var])?;
+    if training {
+        running_mean.set_data(outs[1].data())?;
+        running_var.set_data(outs[2].data())?;
+    }
+    Ok(outs.swap_remove(0))
+}
+
+/// Layer normalization over the last `normalized_ndim` axes, with optional affine weight/bias
+/// (both or neither).
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_ndim: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    epsilon: f64,
+) -> Result<Tensor> {
+    let c = Composite::LayerNorm {
+        normalized_ndim,
+        epsilon: Float(epsilon),
+    };
+    match (weight, bias) {
+        (Some(w), Some(b)) => composite1(c, &[x, w, b]),
+        (None, None) => composite1(c, &[x]),
+        _ => Err(Error::invalid("layer_norm", "give both weight and bias, or neither")),
+    }
+}
+
+/// Softmax along `axis` (negative counts from the end).
+pub fn softmax(x: &Tensor, axis: i64) -> Result<Tensor> {
+    let axis = crate::tensor::norm_axis("softmax", axis, x.ndim())?;
+    composite1(Composite::Softmax { axis }, &[x])
+}
+
+/// Log-softmax along `axis`.
+pub fn log_softmax(x: &Tensor, axis: i64) -> Result<Tensor> {
+    let axis = crate::tensor::norm_axis("log_softmax", axis, x.ndim())?;
+    composite1(Composite::LogSoftmax { axis }, &[x])
+}
+
+/// Cross-entropy of `logits[N,C]` against integer `labels[N]`.
+pub fn cross_entropy(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    composite1(Composite::CrossEntropy { reduction }, &[logits, labels])
+}
+
+/// `max(x, 0)`.
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    composite1(Composite::Relu, &[x])
+}
+
+/// GELU (exact erf form, or the tanh approximation).
+pub fn gelu(x: &Tensor, approximate: bool) -> Result<Tensor> {
+    composite1(Composite::Gelu { approximate }, &[x])
+}
+
+/// `x · sigmoid(x)`.
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    composite1(Composite::Silu, &[x])
+}
+
+/// `1 / (1 + e^-x)`.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    composite1(Composite::Sigmoid, &[x])
+}
+
+/// Hyperbolic tangent.
+pub fn tanh(x: &Tensor) -> Result<Tensor> {
+    x.tanh()
+}
+
+/// Dropout with Paddle's `upscale_in_train`: in training, zero each element with probability
+/// `p` and scale the rest by `1/(1-p)`; identity otherwise. The mask comes from the global
+/// generator (`oar::seed`).
+pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
+    if !training || p == 0.0 {
+        return Ok(x.clone());
+    }
+    let seed = crate::tensor::with_rng(rand::Rng::random::<u64>);
+    composite1(
+        Composite::Dropout {
+            p: Float(p),
+            training: true,
+            seed,
+        },
+        &[x],
+    )
+}
+
+/// Rows of `weight[V, D]` selected by integer `indices`.
+pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    composite1(Composite::Embedding, &[indices, weight])
+}
+
+/// `softmax(q kᵀ · scale + mask) v`; `mask` is bool (true keeps) or additive.
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let c = Composite::ScaledDotProductAttention {
+        causal,
+        scale: scale.map(Float),
+    };
+    composite1(c, &with_optional(vec![q, k, v], mask))
+}

@@ -1,0 +1,142 @@
+//! The `Layer` trait: Paddle's `nn.Layer` / PyTorch's `nn.Module` for oar.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use oar_ir::TensorData;
+use std::collections::BTreeMap;
+
+/// A building block of models. Implement [`Layer::forward`] and list what the layer owns
+/// (`own_parameters`, `own_buffers`, `sublayers`); everything else — recursive parameter
+/// lists, `state_dict`, train/eval — comes from the provided methods.
+///
+/// Parameters and buffers are [`Tensor`] handles shared with the layer, so an optimizer that
+/// updates them (`set_data`) updates the layer.
+pub trait Layer {
+    /// Run the layer on one input.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Trainable tensors owned directly by this layer (not its sublayers), by local name.
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Non-trainable state owned directly (e.g. batch-norm running statistics).
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Direct sublayers, by local name.
+    fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+        Vec::new()
+    }
+
+    /// Direct sublayers, mutably (for train/eval).
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        Vec::new()
+    }
+
+    /// Set this layer's own training flag (layers without one ignore it).
+    fn set_training(&mut self, _training: bool) {}
+
+    /// This layer's training flag (true unless it tracks one and was put in eval mode).
+    fn is_training(&self) -> bool {
+        true
+    }
+
+    /// Every parameter, named by its path (`encoder.0.linear1.weight`).
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.own_parameters();
+        for (name, sub) in self.sublayers() {
+            out.extend(
+                sub.named_parameters()
+                    .into_iter()
+                    .map(|(n, t)| (format!("{name}.{n}"), t)),
+            );
+        }
+        out
+    }
+
+    /// Every parameter.
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// Every buffer, named by its path.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.own_buffers();
+        for (name, sub) in self.sublayers() {
+            out.extend(sub.named_buffers().into_iter().map(|(n, t)| (format!("{name}.{n}"), t)));
+        }
+        out
+    }
+
+    /// Parameters and buffers by path: what `oar::save` writes.
+    fn state_dict(&self) -> BTreeMap<String, Tensor> {
+        self.named_parameters()
+            .into_iter()
+            .chain(self.named_buffers())
+            .collect()
+    }
+
+    /// Load values by path. Every entry must exist with the same dtype and shape, and every
+    /// parameter and buffer must be given; otherwise nothing is changed and the error names
+    /// the missing, unexpected or mismatched entries.
+    fn set_state_dict(&self, state: &BTreeMap<String, TensorData>) -> Result<()> {
+        let own = self.state_dict();
+        let mut problems = Vec::new();
+        for (name, t) in &own {
+            match state.get(name) {
+                None => problems.push(format!("missing `{name}`")),
+                Some(v) if v.tensor_type() != t.tensor_type() => problems.push(format!(
+                    "`{name}` is {} in the layer but {} in the state",
+                    t.tensor_type(),
+                    v.tensor_type()
+                )),
+                Some(_) => {}
+            }
+        }
+        problems.extend(
+            state
+                .keys()
+                .filter(|k| !own.contains_key(*k))
+                .map(|k| format!("unexpected `{k}`")),
+        );
+        if !problems.is_empty() {
+            return Err(Error::invalid("set_state_dict", problems.join("; ")));
+        }
+        for (name, t) in own {
+            t.set_data(state[&name].clone())?;
+        }
+        Ok(())
+    }
+
+    /// Training mode, recursively.
+    fn train(&mut self) {
+        self.set_training(true);
+        for (_, s) in self.sublayers_mut() {
+            s.train();
+        }
+    }
+
+    /// Inference mode, recursively.
+    fn eval(&mut self) {
+        self.set_training(false);
+        for (_, s) in self.sublayers_mut() {
+            s.eval();
+        }
+    }
+
+    /// Forget every parameter's gradient.
+    fn clear_gradients(&self) {
+        for p in self.parameters() {
+            p.clear_grad();
+        }
+    }
+}
+
+impl Tensor {
+    /// A trainable leaf holding `data` (a layer parameter).
+    pub fn parameter(data: TensorData) -> Result<Tensor> {
+        Tensor::from_data(data).requires_grad_(true)
+    }
+}
