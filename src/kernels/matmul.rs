@@ -13,7 +13,7 @@ pub(crate) fn matmul(a: &TensorData, b: &TensorData) -> Result<Option<TensorData
     }
 }
 
-fn typed<T: Element + num_zero::Zero>(a: &TensorData, b: &TensorData) -> Result<TensorData> {
+fn typed<T: Float>(a: &TensorData, b: &TensorData) -> Result<TensorData> {
     let (sa, sb) = (a.shape(), b.shape());
     let (ra, rb) = (sa.len(), sb.len());
     let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);
@@ -46,49 +46,67 @@ fn typed<T: Element + num_zero::Zero>(a: &TensorData, b: &TensorData) -> Result<
         let ao = offset(bi, &sa[..ra - 2]) * m * k;
         let bo = offset(bi, &sb[..rb - 2]) * k * n;
         let dst = &mut out[bi * m * n..(bi + 1) * m * n];
-        // SAFETY: all slices hold exactly m×k, k×n and m×n row-major elements with the strides
-        // given (column stride 1, row stride = row length), and do not overlap.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                av[ao..].as_ptr(),
-                1,
-                k as isize,
-                bv[bo..].as_ptr(),
-                1,
-                n as isize,
-                T::ZERO,
-                T::ONE,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
+        gemm_into(dst, &av[ao..ao + m * k], &bv[bo..bo + k * n], m, k, n);
     }
     let mut shape = batch;
     shape.extend([m, n]);
     Ok(TensorData::from_vec(shape, out)?)
 }
 
-/// The constants gemm needs, for the two float types.
-mod num_zero {
-    pub trait Zero: Copy {
-        const ZERO: Self;
-        const ONE: Self;
-    }
-    impl Zero for f32 {
-        const ZERO: f32 = 0.0;
-        const ONE: f32 = 1.0;
-    }
-    impl Zero for f64 {
-        const ZERO: f64 = 0.0;
-        const ONE: f64 = 1.0;
+/// A float type the gemm kernels handle.
+pub(crate) trait Float: Element + Default {
+    /// 0
+    const ZERO: Self;
+    /// 1
+    const ONE: Self;
+}
+
+impl Float for f32 {
+    const ZERO: f32 = 0.0;
+    const ONE: f32 = 1.0;
+}
+
+impl Float for f64 {
+    const ZERO: f64 = 0.0;
+    const ONE: f64 = 1.0;
+}
+
+/// `dst[m×n] = a[m×k] · b[k×n]`, all row-major and contiguous.
+pub(crate) fn gemm_into<T: Float>(dst: &mut [T], a: &[T], b: &[T], m: usize, k: usize, n: usize) {
+    assert!(
+        dst.len() == m * n && a.len() == m * k && b.len() == k * n,
+        "gemm_into: slice sizes"
+    );
+    // Threads pay off only for large products (gemm splits the work itself).
+    let parallelism = if m * n * k >= 1 << 18 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the assert above guarantees each slice holds exactly its row-major matrix with
+    // the strides given (column stride 1, row stride = row length); `dst` is a distinct
+    // `&mut` borrow, so it overlaps neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            T::ZERO,
+            T::ONE,
+            false,
+            false,
+            false,
+            parallelism,
+        );
     }
 }

@@ -1,6 +1,7 @@
-//! CPU kernels for eager mode. Hot ops (matmul) have tuned kernels; every other op runs on the
+//! CPU kernels for eager mode. Hot ops (matmul, conv) run through `gemm`; every other op runs on the
 //! reference interpreter as a one-node graph, so eager and static results agree by construction.
 
+mod conv;
 mod matmul;
 
 use crate::error::Result;
@@ -11,6 +12,11 @@ use std::collections::BTreeMap;
 pub(crate) fn run(op: &Op, inputs: &[TensorData]) -> Result<Vec<TensorData>> {
     if let Op::MatMul = op
         && let Some(out) = matmul::matmul(&inputs[0], &inputs[1])?
+    {
+        return Ok(vec![out]);
+    }
+    if let Op::Conv { .. } = op
+        && let Some(out) = conv::conv(op, &inputs[0], &inputs[1])?
     {
         return Ok(vec![out]);
     }
