@@ -1,0 +1,47 @@
+//! Eager CPU kernel throughput: matmul and conv (im2col + gemm), median of several runs.
+//! Run through `bench/kernels.sh`, which also times numpy on the same shapes and prints ratios.
+
+use oar::ir::{DType, Op};
+use oar::tensor::apply_op;
+use std::time::Instant;
+
+fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm up
+    let mut t: Vec<f64> = (0..runs)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn main() -> oar::Result<()> {
+    oar::seed(0);
+    for n in [256usize, 512, 1024] {
+        let a = oar::randn(&[n, n], DType::F32)?;
+        let b = oar::randn(&[n, n], DType::F32)?;
+        let s = median_secs(7, || {
+            apply_op(Op::MatMul, &[&a, &b]).expect("matmul");
+        });
+        println!("matmul f32 {n}x{n}x{n}: {:.3} ms, {:.1} GFLOP/s", s * 1e3, 2.0 * (n * n * n) as f64 / s / 1e9);
+    }
+    // A ResNet-18 stage-1 convolution: 64→64 channels, 3×3, 56×56, batch 1.
+    let x = oar::randn(&[1, 64, 56, 56], DType::F32)?;
+    let w = oar::randn(&[64, 64, 3, 3], DType::F32)?;
+    let op = Op::Conv {
+        stride: vec![1, 1],
+        pad_before: vec![1, 1],
+        pad_after: vec![1, 1],
+        dilation: vec![1, 1],
+        groups: 1,
+    };
+    let s = median_secs(7, || {
+        apply_op(op.clone(), &[&x, &w]).expect("conv");
+    });
+    let flops = 2.0 * 64.0 * 56.0 * 56.0 * 64.0 * 9.0;
+    println!("conv f32 1x64x56x56 k3 64: {:.3} ms, {:.1} GFLOP/s", s * 1e3, flops / s / 1e9);
+    Ok(())
+}
