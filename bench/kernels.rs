@@ -26,7 +26,11 @@ fn main() -> oar::Result<()> {
         let s = median_secs(7, || {
             apply_op(Op::MatMul, &[&a, &b]).expect("matmul");
         });
-        println!("matmul f32 {n}x{n}x{n}: {:.3} ms, {:.1} GFLOP/s", s * 1e3, 2.0 * (n * n * n) as f64 / s / 1e9);
+        println!(
+            "matmul f32 {n}x{n}x{n}: {:.3} ms, {:.1} GFLOP/s",
+            s * 1e3,
+            2.0 * (n * n * n) as f64 / s / 1e9
+        );
     }
     // A ResNet-18 stage-1 convolution: 64→64 channels, 3×3, 56×56, batch 1.
     let x = oar::randn(&[1, 64, 56, 56], DType::F32)?;
@@ -42,6 +46,10 @@ fn main() -> oar::Result<()> {
         apply_op(op.clone(), &[&x, &w]).expect("conv");
     });
     let flops = 2.0 * 64.0 * 56.0 * 56.0 * 64.0 * 9.0;
-    println!("conv f32 1x64x56x56 k3 64: {:.3} ms, {:.1} GFLOP/s", s * 1e3, flops / s / 1e9);
+    println!(
+        "conv f32 1x64x56x56 k3 64: {:.3} ms, {:.1} GFLOP/s",
+        s * 1e3,
+        flops / s / 1e9
+    );
     Ok(())
 }

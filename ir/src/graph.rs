@@ -6,7 +6,7 @@ use crate::{DType, TensorData, TensorType};
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
 
 /// A node's id (stable across removals of other nodes).
@@ -86,6 +86,9 @@ pub struct Graph {
     dag: StableDiGraph<Node, Operand>,
     inputs: Vec<NodeId>,
     outputs: Vec<Output>,
+    /// Names already used by inputs and params, so adding either is O(log n).
+    input_names: BTreeMap<String, NodeId>,
+    param_names: BTreeMap<String, NodeId>,
 }
 
 impl Graph {
@@ -210,7 +213,7 @@ impl Graph {
 
     /// Add a graph input (or region argument).
     pub fn add_input(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
-        if self.input_specs().iter().any(|(n, _)| n == name) {
+        if self.input_names.contains_key(name) {
             return Err(IrError::DuplicateInput {
                 graph: self.name.clone(),
                 name: name.to_string(),
@@ -227,12 +230,14 @@ impl Graph {
             regions: vec![],
         });
         self.inputs.push(id);
+        self.input_names.insert(name.to_string(), id);
         Ok(ValueId::first(id))
     }
 
     /// Add (or find) a named parameter; the same name must always have the same type.
     pub fn add_param(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
-        if let Some((_, v)) = self.params().into_iter().find(|(n, _)| n == name) {
+        if let Some(&node) = self.param_names.get(name) {
+            let v = ValueId::first(node);
             let first = self.value_type(v);
             if *first != ty {
                 return Err(IrError::ParamConflict {
@@ -247,12 +252,14 @@ impl Graph {
             name: name.to_string(),
             ty: ty.clone(),
         };
-        Ok(ValueId::first(self.insert(Node {
+        let id = self.insert(Node {
             op,
             inputs: vec![],
             outputs: vec![ty],
             regions: vec![],
-        })))
+        });
+        self.param_names.insert(name.to_string(), id);
+        Ok(ValueId::first(id))
     }
 
     /// Add a constant.
@@ -441,7 +448,8 @@ impl Graph {
     }
 
     /// Mutable access to a node's op without re-checking types: for in-place rewrites that
-    /// keep the node's types (the pass manager verifies the graph after each pass).
+    /// keep the node's types (the pass manager verifies the graph after each pass). Renaming an
+    /// input or param this way is not supported: their names are indexed.
     pub fn op_mut(&mut self, node: NodeId) -> &mut Op {
         &mut self.dag[node].op
     }
@@ -457,6 +465,7 @@ impl Graph {
                 detail: format!("cannot remove %{}: it is still used", node.index()),
             });
         }
+        self.forget_names(node);
         self.dag.remove_node(node);
         Ok(())
     }
@@ -473,9 +482,18 @@ impl Graph {
         }
         let dead: Vec<_> = self.dag.node_indices().filter(|n| !live.contains(n)).collect();
         for &n in &dead {
+            self.forget_names(n);
             self.dag.remove_node(n);
         }
         dead.len()
+    }
+
+    fn forget_names(&mut self, node: NodeId) {
+        if let Op::Param { name, .. } = &self.dag[node].op
+            && self.param_names.get(name) == Some(&node)
+        {
+            self.param_names.remove(name);
+        }
     }
 
     /// A deterministic topological order: among ready nodes, the lowest id first. For a graph

@@ -6,6 +6,7 @@
 mod composite;
 mod flops;
 mod infer;
+mod infer_composite;
 mod primitive;
 
 pub use composite::{Composite, Reduction};
