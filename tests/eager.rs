@@ -28,15 +28,24 @@ fn ops_compute_immediately() {
     assert_eq!(s.shape(), vec![2, 2]);
     // Errors are typed and name the op and the shapes.
     let e = a.matmul(&t(&[1.0, 2.0, 3.0], &[3, 1])).unwrap_err().to_string();
-    assert!(e.contains("matmul") && e.contains("f64[2,2]") && e.contains("f64[3,1]"), "{e}");
+    assert!(
+        e.contains("matmul") && e.contains("f64[2,2]") && e.contains("f64[3,1]"),
+        "{e}"
+    );
     assert!(a.reshape(&[3, -1]).is_err());
     assert!(a.get(2).is_err());
 }
 
 #[test]
 fn creation_and_seeded_randomness() {
-    assert_eq!(oar::arange(0.0, 5.0, 2.0, DType::I64).unwrap().to_vec::<i64>().unwrap(), vec![0, 2, 4]);
-    assert_eq!(oar::linspace(0.0, 1.0, 5, DType::F64).unwrap().to_vec::<f64>().unwrap(), vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+    assert_eq!(
+        oar::arange(0.0, 5.0, 2.0, DType::I64).unwrap().to_vec::<i64>().unwrap(),
+        vec![0, 2, 4]
+    );
+    assert_eq!(
+        oar::linspace(0.0, 1.0, 5, DType::F64).unwrap().to_vec::<f64>().unwrap(),
+        vec![0.0, 0.25, 0.5, 0.75, 1.0]
+    );
     oar::seed(7);
     let a = oar::randn(&[100], DType::F32).unwrap().to_vec::<f32>().unwrap();
     oar::seed(7);
@@ -88,7 +97,11 @@ fn retain_graph_allows_a_second_backward() {
     let y = w.exp().unwrap().sum(&[], false).unwrap();
     y.backward_with(None, true).unwrap();
     y.backward().unwrap();
-    assert!(close(&w.grad().unwrap().to_vec::<f64>().unwrap(), &[2.0 * 3f64.exp()], 1e-12));
+    assert!(close(
+        &w.grad().unwrap().to_vec::<f64>().unwrap(),
+        &[2.0 * 3f64.exp()],
+        1e-12
+    ));
     let e = y.backward().unwrap_err().to_string();
     assert!(e.contains("retain_graph"), "{e}");
 }
@@ -104,17 +117,26 @@ fn no_grad_and_stop_gradient() {
     let y = (&w.detach() * 2.0).unwrap();
     assert!(!y.requires_grad());
     assert!(y.sum(&[], false).unwrap().backward().is_err());
-    assert!(oar::arange(0.0, 3.0, 1.0, DType::I64).unwrap().set_stop_gradient(false).is_err());
+    assert!(
+        oar::arange(0.0, 3.0, 1.0, DType::I64)
+            .unwrap()
+            .set_stop_gradient(false)
+            .is_err()
+    );
 }
 
 #[test]
 fn composites_run_eagerly_and_differentiate() {
     use oar::ir::{Composite, Op};
     // softmax rows sum to one; d/dx sum(softmax(x) * r) checked by finite differences.
-    let x = t(&[0.3, -1.2, 2.0, 0.7, 0.1, -0.4], &[2, 3]).requires_grad_(true).unwrap();
+    let x = t(&[0.3, -1.2, 2.0, 0.7, 0.1, -0.4], &[2, 3])
+        .requires_grad_(true)
+        .unwrap();
     let r = t(&[1.0, -2.0, 0.5, 0.3, 1.5, -1.0], &[2, 3]);
     let f = |x: &Tensor| -> Tensor {
-        let s = oar::tensor::apply_op(Op::Composite(Composite::Softmax { axis: 1 }), &[x]).unwrap().remove(0);
+        let s = oar::tensor::apply_op(Op::Composite(Composite::Softmax { axis: 1 }), &[x])
+            .unwrap()
+            .remove(0);
         (&s * &r).unwrap().sum(&[], false).unwrap()
     };
     let loss = f(&x);
@@ -139,6 +161,8 @@ fn display_and_npy_round_trip() {
     let p = dir.path().join("a.npy");
     a.save_npy(&p).unwrap();
     assert_eq!(Tensor::load_npy(&p).unwrap().to_vec::<f64>().unwrap(), vec![1.5, -2.0]);
-    let e = Tensor::load_npy(dir.path().join("missing.npy")).unwrap_err().to_string();
+    let e = Tensor::load_npy(dir.path().join("missing.npy"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("missing.npy"), "{e}");
 }

@@ -1,5 +1,6 @@
 //! The fuzz seed corpus in `fuzz/seeds/` stays valid: every model seed loads and every npy
-//! seed reads, every graph-JSON seed builds. `OAR_WRITE_FUZZ_SEEDS=1 cargo test -p oar-ir --test file_fuzz_seeds`
+//! seed reads, every graph-JSON seed builds,
+//! every text seed parses. `OAR_WRITE_FUZZ_SEEDS=1 cargo test -p oar-ir --test file_fuzz_seeds`
 //! regenerates the seeds (after a format change).
 
 mod file_common;
@@ -8,6 +9,7 @@ use file_common::{nested_conds, sample_model};
 use oar_ir::file::Model;
 use oar_ir::graph_def::GraphDef;
 use oar_ir::npy::{read_npy_bytes, to_npy_bytes};
+use oar_ir::text::{parse_graph, print_graph};
 use oar_ir::{DType, Graph, TensorData, Weights};
 use std::path::PathBuf;
 
@@ -61,10 +63,15 @@ fn seeds_are_valid() {
         .into_iter()
         .map(|(name, bytes)| (name.replace(".oar", ".json"), file_common::sections(&bytes).0))
         .collect();
+    let text_seeds = [("sample.txt", sample_model().graph), ("nested.txt", nested_conds(3))]
+        .into_iter()
+        .map(|(name, g)| (name.to_string(), print_graph(&g).into_bytes()))
+        .collect();
     let targets = [
         ("load_model", model_seeds()),
         ("graph_json", graph_seeds),
         ("read_npy", npy_seeds()),
+        ("parse_text", text_seeds),
     ];
     for (target, seeds) in targets {
         let dir = seeds_dir(target);
@@ -80,6 +87,7 @@ fn seeds_are_valid() {
             let bytes = std::fs::read(&path).unwrap();
             match target {
                 "load_model" => drop(Model::from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"))),
+                "parse_text" => drop(parse_graph(std::str::from_utf8(&bytes).unwrap()).unwrap()),
                 "graph_json" => {
                     let def: GraphDef = serde_json::from_slice(&bytes).unwrap();
                     def.to_graph().unwrap();
