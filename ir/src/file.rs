@@ -178,7 +178,10 @@ impl Model {
         })?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(file_name);
-        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        // Unique per process and per call, so concurrent saves never share a temp file.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
         let written = (|| {
             use std::io::Write;
