@@ -136,6 +136,14 @@ pub enum TensorDataError {
         /// Shape.
         shape: Vec<usize>,
     },
+    /// A bool tensor holds a byte other than 0 or 1.
+    #[error("bool element {index} is the byte {byte}, not 0 or 1")]
+    NotBool {
+        /// Element index.
+        index: usize,
+        /// The byte found.
+        byte: u8,
+    },
     /// Asked for elements of the wrong type.
     #[error("tensor holds {actual}, not {requested}")]
     WrongDType {
@@ -169,6 +177,11 @@ impl TensorData {
                 expected,
                 got: bytes.len(),
             });
+        }
+        if dtype == DType::Bool
+            && let Some((index, &byte)) = bytes.iter().enumerate().find(|(_, b)| **b > 1)
+        {
+            return Err(TensorDataError::NotBool { index, byte });
         }
         Ok(TensorData {
             dtype,
@@ -336,6 +349,10 @@ mod tests {
         assert_eq!(h.to_f64_vec(), vec![1.5, -3.0]);
         let b = TensorData::full(DType::Bool, vec![3], 2.0).unwrap();
         assert_eq!(b.bytes(), &[1, 1, 1]);
+        assert!(matches!(
+            TensorData::from_bytes(DType::Bool, vec![2], vec![1, 7]),
+            Err(TensorDataError::NotBool { index: 1, byte: 7 })
+        ));
         assert_eq!(t.reshaped(vec![4]).unwrap().shape(), &[4]);
     }
 }

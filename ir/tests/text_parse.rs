@@ -457,3 +457,11 @@ fn hostile_constants_are_rejected_cheaply() {
         &["expected ','"],
     );
 }
+
+#[test]
+fn bool_constant_bytes_must_be_zero_or_one() {
+    let text = "graph @g {\n  %0 = constant dense<\"0x0102\"> : bool[2]\n  output \"y\" = %0\n}\n";
+    let e = oar_ir::text::parse_graph(text).unwrap_err();
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.msg.contains("not 0 or 1"), "{e}");
+}
