@@ -11,12 +11,15 @@ pub mod device;
 pub mod error;
 mod kernels;
 pub mod nn;
+pub mod optimizer;
+pub mod serialization;
 pub mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, with_no_grad};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use oar_ir::DType;
+pub use serialization::{load, load_layer, save, save_layer};
 pub use tensor::{
     Tensor, add, arange, concat, divide, full, linspace, matmul, maximum, minimum, multiply, normal, ones, rand, randn,
     seed, stack, subtract, uniform, where_, zeros,

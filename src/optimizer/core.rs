@@ -1,0 +1,313 @@
+//! What every optimizer shares: the parameter list, learning rate, L2 decay, clipping, and
+//! per-parameter state with its `state_dict` encoding.
+
+use super::{GradClip, LearningRate, Params};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use oar_ir::{DType, TensorData};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// State-dict key of a fixed learning rate.
+const LR_KEY: &str = "@lr";
+/// State-dict key of a scheduler's epoch.
+const EPOCH_KEY: &str = "@lr_scheduler.last_epoch";
+/// Slot name of the per-parameter step counter.
+const STEP_SLOT: &str = "step";
+
+/// One parameter's optimizer state: how many updates it has had, and its buffers (moments,
+/// velocity) in the optimizer's slot order.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ParamState {
+    pub(crate) step: u64,
+    pub(crate) slots: Vec<Vec<f64>>,
+}
+
+/// The dtype state is kept in for a parameter of `dtype` (f32 master state for half types).
+fn state_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 { DType::F64 } else { DType::F32 }
+}
+
+pub(crate) struct Core {
+    /// The optimizer's name, for errors.
+    pub(crate) op: &'static str,
+    names: Vec<String>,
+    params: Vec<Tensor>,
+    pub(crate) lr: LearningRate,
+    pub(crate) weight_decay: f64,
+    pub(crate) grad_clip: Option<Arc<dyn GradClip>>,
+    slots: &'static [&'static str],
+    state: Vec<Option<ParamState>>,
+}
+
+impl Core {
+    pub(crate) fn new(op: &'static str, params: Params, lr: LearningRate, slots: &'static [&'static str]) -> Core {
+        let n = params.tensors.len();
+        Core {
+            op,
+            names: params.names,
+            params: params.tensors,
+            lr,
+            weight_decay: 0.0,
+            grad_clip: None,
+            slots,
+            state: vec![None; n],
+        }
+    }
+
+    pub(crate) fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    pub(crate) fn invalid(&self, detail: impl Into<String>) -> Error {
+        Error::invalid(self.op, detail)
+    }
+
+    /// Checks shared by every optimizer, run before any parameter changes.
+    fn check(&self, lr: f64) -> Result<()> {
+        if !lr.is_finite() || lr < 0.0 {
+            return Err(self.invalid(format!("learning rate must be finite and >= 0, got {lr}")));
+        }
+        if !self.weight_decay.is_finite() || self.weight_decay < 0.0 {
+            return Err(self.invalid(format!(
+                "weight_decay must be finite and >= 0, got {}",
+                self.weight_decay
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for (name, p) in self.names.iter().zip(&self.params) {
+            if !seen.insert(name) {
+                return Err(self.invalid(format!("two parameters are named `{name}`")));
+            }
+            if !p.dtype().is_float() {
+                return Err(self.invalid(format!("parameter `{name}` is {}, not a float", p.tensor_type())));
+            }
+        }
+        Ok(())
+    }
+
+    /// One optimizer step: gather gradients of trainable parameters that have one, clip them,
+    /// add L2 decay, then call `update(lr, param, grad, state)` on each (state.step already
+    /// counts this step) and write the results back.
+    pub(crate) fn step(&mut self, mut update: impl FnMut(f64, &mut [f64], &[f64], &mut ParamState)) -> Result<()> {
+        let lr = self.lr.value();
+        self.check(lr)?;
+        let mut which = Vec::new();
+        let mut grads = Vec::new();
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(g) = p.grad() else { continue };
+            if p.stop_gradient() {
+                continue;
+            }
+            let g = g.data();
+            if g.shape() != p.shape().as_slice() {
+                return Err(self.invalid(format!(
+                    "parameter `{}` is {} but its gradient is {}",
+                    self.names[i],
+                    p.tensor_type(),
+                    g.tensor_type()
+                )));
+            }
+            which.push(i);
+            grads.push(g.to_f64_vec());
+        }
+        if let Some(clip) = &self.grad_clip {
+            clip.clip(&mut grads)?;
+        }
+        // Clip first, then decay: Paddle's `apply_gradients` order.
+        for (&i, g) in which.iter().zip(grads.iter_mut()) {
+            let p = self.params[i].data();
+            let mut value = p.to_f64_vec();
+            if self.weight_decay != 0.0 {
+                g.iter_mut().zip(&value).for_each(|(g, p)| *g += self.weight_decay * p);
+            }
+            let state = self.state[i].get_or_insert_with(|| ParamState {
+                step: 0,
+                slots: vec![vec![0.0; value.len()]; self.slots.len()],
+            });
+            state.step += 1;
+            update(lr, &mut value, g, state);
+            if state_dtype(p.dtype()) == DType::F32 {
+                // Keep exactly what a saved state would hold, so a restore resumes bit for bit.
+                state.slots.iter_mut().flatten().for_each(|x| *x = *x as f32 as f64);
+            }
+            self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn state_dict(&self) -> BTreeMap<String, TensorData> {
+        let mut out = BTreeMap::new();
+        match &self.lr {
+            LearningRate::Fixed(v) => {
+                out.insert(LR_KEY.to_string(), TensorData::scalar(*v));
+            }
+            LearningRate::Scheduler(s) => {
+                out.insert(EPOCH_KEY.to_string(), TensorData::scalar(s.last_epoch() as i64));
+            }
+        }
+        for ((name, p), st) in self.names.iter().zip(&self.params).zip(&self.state) {
+            let Some(st) = st else { continue };
+            let (dtype, shape) = (state_dtype(p.dtype()), p.shape());
+            out.insert(format!("{name}.{STEP_SLOT}"), TensorData::scalar(st.step as i64));
+            for (slot, vals) in self.slots.iter().zip(&st.slots) {
+                let d = TensorData::from_f64_slice(dtype, shape.clone(), vals).expect("state matches its parameter");
+                out.insert(format!("{name}.{slot}"), d);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn set_state_dict(&mut self, state: &BTreeMap<String, TensorData>) -> Result<()> {
+        let bad = |detail: String| Error::invalid(&format!("{}.set_state_dict", self.op), detail);
+        let index: BTreeMap<&str, usize> = self.names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+        let mut new_state: Vec<Option<ParamState>> = vec![None; self.params.len()];
+        let mut new_lr = None;
+        let mut new_epoch = None;
+        let scalar_i64 = |key: &str, d: &TensorData| -> Result<u64> {
+            match d.to_vec::<i64>().ok().filter(|_| d.shape().is_empty()).map(|v| v[0]) {
+                Some(v) if v >= 0 => Ok(v as u64),
+                _ => Err(bad(format!("`{key}` must be a non-negative i64 scalar, got {d:?}"))),
+            }
+        };
+        for (key, d) in state {
+            match (key.as_str(), &self.lr) {
+                (LR_KEY, LearningRate::Fixed(_)) => {
+                    match d.to_vec::<f64>().ok().filter(|_| d.shape().is_empty()) {
+                        Some(v) => new_lr = Some(v[0]),
+                        None => return Err(bad(format!("`{key}` must be an f64 scalar, got {d:?}"))),
+                    }
+                    continue;
+                }
+                (EPOCH_KEY, LearningRate::Scheduler(_)) => {
+                    new_epoch = Some(scalar_i64(key, d)?);
+                    continue;
+                }
+                (LR_KEY | EPOCH_KEY, _) => {
+                    return Err(bad(format!(
+                        "`{key}` does not fit this optimizer's learning rate ({:?})",
+                        self.lr
+                    )));
+                }
+                _ => {}
+            }
+            let (name, slot) = key
+                .rsplit_once('.')
+                .ok_or_else(|| bad(format!("unexpected entry `{key}`")))?;
+            let &i = index
+                .get(name)
+                .ok_or_else(|| bad(format!("`{key}` names no parameter of this optimizer")))?;
+            let p = &self.params[i];
+            let st = new_state[i].get_or_insert_with(|| ParamState {
+                step: u64::MAX,
+                slots: vec![Vec::new(); self.slots.len()],
+            });
+            if slot == STEP_SLOT {
+                st.step = scalar_i64(key, d)?;
+                continue;
+            }
+            let j = self
+                .slots
+                .iter()
+                .position(|s| *s == slot)
+                .ok_or_else(|| bad(format!("unexpected entry `{key}` ({} keeps {:?})", self.op, self.slots)))?;
+            let want = (state_dtype(p.dtype()), p.shape());
+            if (d.dtype(), d.shape().to_vec()) != want {
+                return Err(bad(format!(
+                    "`{key}` is {} but parameter `{name}` ({}) needs {}{:?}",
+                    d.tensor_type(),
+                    p.tensor_type(),
+                    want.0,
+                    want.1
+                )));
+            }
+            st.slots[j] = d.to_f64_vec();
+        }
+        for (i, st) in new_state.iter().enumerate() {
+            if let Some(st) = st {
+                let n = self.params[i].numel();
+                if st.step == u64::MAX || st.slots.iter().any(|s| s.len() != n) {
+                    return Err(bad(format!(
+                        "the state of parameter `{}` is incomplete (needs `{STEP_SLOT}` and {:?})",
+                        self.names[i], self.slots
+                    )));
+                }
+            }
+        }
+        // Everything checked: now change the optimizer.
+        self.state = new_state;
+        if let Some(v) = new_lr {
+            self.lr = LearningRate::Fixed(v);
+        }
+        if let (Some(e), LearningRate::Scheduler(s)) = (new_epoch, &self.lr) {
+            s.set_last_epoch(e);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn clear_grad(&self) {
+        self.params.iter().for_each(Tensor::clear_grad);
+    }
+}
+
+/// Implements [`super::Optimizer`] for a type with a `core: Core` field and an `update` method.
+macro_rules! impl_optimizer {
+    ($t:ty, l2) => {
+        $crate::optimizer::core::impl_optimizer!($t);
+
+        impl $t {
+            /// L2 regularization: `coeff * param` is added to each gradient (after clipping).
+            pub fn weight_decay(mut self, coeff: f64) -> Self {
+                self.core.weight_decay = coeff;
+                self
+            }
+        }
+    };
+    ($t:ty) => {
+        impl $crate::optimizer::Optimizer for $t {
+            fn step(&mut self) -> $crate::Result<()> {
+                self.check_hyper()?;
+                let hyper = self.hyper();
+                self.core.step(|lr, p, g, st| hyper.update(lr, p, g, st))
+            }
+            fn clear_grad(&self) {
+                self.core.clear_grad()
+            }
+            fn get_lr(&self) -> f64 {
+                self.core.lr.value()
+            }
+            fn set_lr(&mut self, lr: f64) {
+                self.core.lr = $crate::optimizer::LearningRate::Fixed(lr);
+            }
+            fn state_dict(&self) -> std::collections::BTreeMap<String, oar_ir::TensorData> {
+                self.core.state_dict()
+            }
+            fn set_state_dict(
+                &mut self,
+                state: &std::collections::BTreeMap<String, oar_ir::TensorData>,
+            ) -> $crate::Result<()> {
+                self.core.set_state_dict(state)
+            }
+            fn parameters(&self) -> &[$crate::Tensor] {
+                self.core.params()
+            }
+        }
+
+        impl $t {
+            /// Clip gradients (e.g. [`crate::optimizer::ClipGradByGlobalNorm`]) before each update.
+            pub fn grad_clip(mut self, clip: impl $crate::optimizer::GradClip + 'static) -> Self {
+                self.core.grad_clip = Some(std::sync::Arc::new(clip));
+                self
+            }
+
+            /// The learning-rate scheduler, if the optimizer follows one.
+            pub fn lr_scheduler(&self) -> Option<std::sync::Arc<dyn $crate::optimizer::lr::LRScheduler>> {
+                match &self.core.lr {
+                    $crate::optimizer::LearningRate::Scheduler(s) => Some(s.clone()),
+                    $crate::optimizer::LearningRate::Fixed(_) => None,
+                }
+            }
+        }
+    };
+}
+pub(crate) use impl_optimizer;

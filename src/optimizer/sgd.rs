@@ -1,0 +1,108 @@
+//! Plain and momentum gradient descent.
+
+use super::core::{Core, ParamState, impl_optimizer};
+use super::{LearningRate, Params};
+use crate::error::Result;
+
+/// Stochastic gradient descent: `p -= lr * g`.
+pub struct SGD {
+    core: Core,
+}
+
+impl SGD {
+    /// SGD over `params` (`layer.parameters()` or `layer.named_parameters()`) with a fixed
+    /// learning rate or a scheduler.
+    pub fn new(params: impl Into<Params>, learning_rate: impl Into<LearningRate>) -> SGD {
+        SGD {
+            core: Core::new("SGD", params.into(), learning_rate.into(), &[]),
+        }
+    }
+
+    fn check_hyper(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn hyper(&self) -> SgdHyper {
+        SgdHyper
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SgdHyper;
+
+impl SgdHyper {
+    fn update(&self, lr: f64, p: &mut [f64], g: &[f64], _: &mut ParamState) {
+        p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
+    }
+}
+
+impl_optimizer!(SGD, l2);
+
+/// Momentum SGD (Paddle `Momentum`, PyTorch `SGD(momentum=..)` without dampening):
+/// `v = mu * v + g`, then `p -= lr * v`, or with Nesterov `p -= lr * (g + mu * v)`.
+pub struct Momentum {
+    core: Core,
+    momentum: f64,
+    use_nesterov: bool,
+}
+
+impl Momentum {
+    /// Momentum over `params` with `momentum` 0.9 and no Nesterov (Paddle's defaults).
+    pub fn new(params: impl Into<Params>, learning_rate: impl Into<LearningRate>) -> Momentum {
+        Momentum {
+            core: Core::new("Momentum", params.into(), learning_rate.into(), &["velocity"]),
+            momentum: 0.9,
+            use_nesterov: false,
+        }
+    }
+
+    /// The momentum factor `mu`.
+    pub fn momentum(mut self, momentum: f64) -> Self {
+        self.momentum = momentum;
+        self
+    }
+
+    /// Use Nesterov momentum.
+    pub fn use_nesterov(mut self, on: bool) -> Self {
+        self.use_nesterov = on;
+        self
+    }
+
+    fn check_hyper(&self) -> Result<()> {
+        if !(self.momentum.is_finite() && self.momentum >= 0.0) {
+            return Err(self
+                .core
+                .invalid(format!("momentum must be finite and >= 0, got {}", self.momentum)));
+        }
+        Ok(())
+    }
+
+    fn hyper(&self) -> MomentumHyper {
+        MomentumHyper {
+            mu: self.momentum,
+            nesterov: self.use_nesterov,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct MomentumHyper {
+    mu: f64,
+    nesterov: bool,
+}
+
+impl MomentumHyper {
+    fn update(&self, lr: f64, p: &mut [f64], g: &[f64], st: &mut ParamState) {
+        let v = &mut st.slots[0];
+        for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
+            *v = self.mu * *v + g;
+            *p -= if self.nesterov {
+                lr * (g + self.mu * *v)
+            } else {
+                lr * *v
+            };
+        }
+    }
+}
+
+impl_optimizer!(Momentum, l2);

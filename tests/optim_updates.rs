@@ -1,0 +1,337 @@
+//! Each optimizer's first updates against values computed by hand (literals) or by an
+//! independent scalar re-implementation of the published update rule.
+
+use oar::Tensor;
+use oar::optimizer::{Adam, AdamW, Momentum, Optimizer, SGD};
+
+fn param(v: &[f64]) -> Tensor {
+    Tensor::from_slice(v).requires_grad_(true).unwrap()
+}
+
+fn param_f32(v: &[f32]) -> Tensor {
+    Tensor::from_slice(v).requires_grad_(true).unwrap()
+}
+
+fn vals(p: &Tensor) -> Vec<f64> {
+    p.data().to_f64_vec()
+}
+
+fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= tol, "{what}: got {got:?}, want {want:?} (tol {tol})");
+    }
+}
+
+/// loss = sum(c * p): the gradient is `c` whatever `p` is.
+fn linear_grad(p: &Tensor, c: &[f64]) {
+    p.clear_grad();
+    let c = Tensor::from_vec(c.to_vec(), &[c.len()])
+        .unwrap()
+        .cast(p.dtype())
+        .unwrap();
+    (p * &c).unwrap().sum(&[], false).unwrap().backward().unwrap();
+}
+
+/// loss = sum(p * p): the gradient is `2p`.
+fn square_grad(p: &Tensor) {
+    p.clear_grad();
+    (p * p).unwrap().sum(&[], false).unwrap().backward().unwrap();
+}
+
+#[test]
+fn sgd_first_three_updates() {
+    let p = param(&[1.0, -2.0]);
+    let mut opt = SGD::new(vec![p.clone()], 0.1);
+    let want = [[0.95, -1.9], [0.9, -1.8], [0.85, -1.7]];
+    for w in want {
+        linear_grad(&p, &[0.5, -1.0]);
+        opt.step().unwrap();
+        assert_close(&vals(&p), &w, 1e-12, "sgd");
+    }
+    assert_eq!(opt.get_lr(), 0.1);
+}
+
+#[test]
+fn sgd_l2_weight_decay_adds_coeff_times_param_to_the_gradient() {
+    let p = param(&[1.0, -2.0]);
+    let mut opt = SGD::new(vec![p.clone()], 0.1).weight_decay(0.5);
+    // g' = c + 0.5 p; step 1: [0.5+0.5, -1-1] = [1, -2] -> p = [0.9, -1.8]
+    // step 2: g' = [0.5+0.45, -1-0.9] = [0.95, -1.9] -> p = [0.805, -1.61]
+    // step 3: g' = [0.5+0.4025, -1-0.805] = [0.9025, -1.805] -> p = [0.71475, -1.4295]
+    for w in [[0.9, -1.8], [0.805, -1.61], [0.71475, -1.4295]] {
+        linear_grad(&p, &[0.5, -1.0]);
+        opt.step().unwrap();
+        assert_close(&vals(&p), &w, 1e-12, "sgd l2");
+    }
+}
+
+#[test]
+fn momentum_first_three_updates() {
+    let p = param(&[1.0, -2.0]);
+    let mut opt = Momentum::new(vec![p.clone()], 0.1).momentum(0.9);
+    // v = 0.9 v + g; p -= 0.1 v.  g = [0.5, -1]
+    // v1 = [0.5, -1] p = [0.95, -1.9]; v2 = [0.95, -1.9] p = [0.855, -1.71];
+    // v3 = [1.355, -2.71] p = [0.7195, -1.439]
+    for w in [[0.95, -1.9], [0.855, -1.71], [0.7195, -1.439]] {
+        linear_grad(&p, &[0.5, -1.0]);
+        opt.step().unwrap();
+        assert_close(&vals(&p), &w, 1e-12, "momentum");
+    }
+    let st = opt.state_dict();
+    assert_close(&st["param_0.velocity"].to_f64_vec(), &[1.355, -2.71], 1e-12, "velocity");
+}
+
+#[test]
+fn nesterov_momentum_first_three_updates() {
+    let p = param(&[1.0]);
+    let mut opt = Momentum::new(vec![p.clone()], 0.1).momentum(0.9).use_nesterov(true);
+    // p -= 0.1 (g + 0.9 v) with v after its update; g = 0.5
+    // v1 = 0.5 p = 1 - 0.1*0.95 = 0.905; v2 = 0.95 p = 0.905 - 0.1*1.355 = 0.7695;
+    // v3 = 1.355 p = 0.7695 - 0.1*(0.5 + 1.2195) = 0.59755
+    for w in [0.905, 0.7695, 0.59755] {
+        linear_grad(&p, &[0.5]);
+        opt.step().unwrap();
+        assert_close(&vals(&p), &[w], 1e-12, "nesterov");
+    }
+}
+
+/// Adam's hyperparameters for the reference.
+struct Cfg {
+    lr: f64,
+    b1: f64,
+    b2: f64,
+    eps: f64,
+    l2: f64,
+    coeff: f64,
+}
+
+/// PyTorch's Adam (and AdamW with `coeff`), written out per element.
+fn adam_reference(p0: &[f64], steps: usize, c: Cfg) -> Vec<Vec<f64>> {
+    let Cfg {
+        lr,
+        b1,
+        b2,
+        eps,
+        l2,
+        coeff,
+    } = c;
+    let mut p = p0.to_vec();
+    let mut m = vec![0.0; p.len()];
+    let mut v = vec![0.0; p.len()];
+    let mut out = Vec::new();
+    for t in 1..=steps {
+        let t = t as i32;
+        for i in 0..p.len() {
+            let g = 2.0 * p[i] + l2 * p[i];
+            p[i] -= lr * coeff * p[i];
+            m[i] = b1 * m[i] + (1.0 - b1) * g;
+            v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+            let mhat = m[i] / (1.0 - b1.powi(t));
+            let vhat = v[i] / (1.0 - b2.powi(t));
+            p[i] -= lr * mhat / (vhat.sqrt() + eps);
+        }
+        out.push(p.clone());
+    }
+    out
+}
+
+#[test]
+fn adam_first_update_by_hand_and_three_against_the_reference() {
+    let p = param(&[1.0, -2.0]);
+    let mut opt = Adam::new(vec![p.clone()], 0.1).beta1(0.9).beta2(0.99).epsilon(0.1);
+    // g = 2p = [2, -4]; m = [0.2, -0.4]; v = [0.04, 0.16]; m̂ = [2, -4]; v̂ = [4, 16]
+    // p = [1 - 0.1*2/(2+0.1), -2 + 0.1*4/(4+0.1)]
+    square_grad(&p);
+    opt.step().unwrap();
+    assert_close(&vals(&p), &[1.0 - 0.2 / 2.1, -2.0 + 0.4 / 4.1], 1e-12, "adam step 1");
+    let reference = adam_reference(
+        &[1.0, -2.0],
+        3,
+        Cfg {
+            lr: 0.1,
+            b1: 0.9,
+            b2: 0.99,
+            eps: 0.1,
+            l2: 0.0,
+            coeff: 0.0,
+        },
+    );
+    for want in &reference[1..] {
+        square_grad(&p);
+        opt.step().unwrap();
+        assert_close(&vals(&p), want, 1e-12, "adam");
+    }
+    let st = opt.state_dict();
+    assert_eq!(st["param_0.step"].to_vec::<i64>().unwrap(), vec![3]);
+}
+
+#[test]
+fn adam_l2_weight_decay_matches_the_reference() {
+    let p = param(&[1.0, -2.0]);
+    let mut opt = Adam::new(vec![p.clone()], 0.05).weight_decay(0.3);
+    let reference = adam_reference(
+        &[1.0, -2.0],
+        3,
+        Cfg {
+            lr: 0.05,
+            b1: 0.9,
+            b2: 0.999,
+            eps: 1e-8,
+            l2: 0.3,
+            coeff: 0.0,
+        },
+    );
+    for want in &reference {
+        square_grad(&p);
+        opt.step().unwrap();
+        assert_close(&vals(&p), want, 1e-12, "adam l2");
+    }
+}
+
+#[test]
+fn adamw_decays_decoupled_from_the_gradient() {
+    let p = param(&[1.0, -2.0]);
+    let mut opt = AdamW::new(vec![p.clone()], 0.1)
+        .beta1(0.9)
+        .beta2(0.99)
+        .epsilon(0.1)
+        .weight_decay(0.1);
+    // p *= 1 - 0.1*0.1 = 0.99, then the Adam step of the first test (gradient of the old p).
+    square_grad(&p);
+    opt.step().unwrap();
+    assert_close(&vals(&p), &[0.99 - 0.2 / 2.1, -1.98 + 0.4 / 4.1], 1e-12, "adamw step 1");
+    let reference = adam_reference(
+        &[1.0, -2.0],
+        3,
+        Cfg {
+            lr: 0.1,
+            b1: 0.9,
+            b2: 0.99,
+            eps: 0.1,
+            l2: 0.0,
+            coeff: 0.1,
+        },
+    );
+    for want in &reference[1..] {
+        square_grad(&p);
+        opt.step().unwrap();
+        assert_close(&vals(&p), want, 1e-12, "adamw");
+    }
+}
+
+#[test]
+fn adamw_default_coeff_is_paddles_0_01() {
+    let p = param(&[1.0]);
+    let mut opt = AdamW::new(vec![p.clone()], 0.1);
+    square_grad(&p);
+    opt.step().unwrap();
+    // p*(1 - 0.001) - 0.1 * 2/(2 + 1e-8)
+    assert_close(&vals(&p), &[0.999 - 0.1 * 2.0 / (2.0 + 1e-8)], 1e-12, "adamw default");
+}
+
+#[test]
+fn f32_parameters_follow_the_f64_reference_within_f32_rounding() {
+    let p = param_f32(&[1.0, -2.0]);
+    let mut opt = Adam::new(vec![p.clone()], 0.1).beta1(0.9).beta2(0.99).epsilon(0.1);
+    let reference = adam_reference(
+        &[1.0, -2.0],
+        3,
+        Cfg {
+            lr: 0.1,
+            b1: 0.9,
+            b2: 0.99,
+            eps: 0.1,
+            l2: 0.0,
+            coeff: 0.0,
+        },
+    );
+    for want in &reference {
+        square_grad(&p);
+        opt.step().unwrap();
+        assert_eq!(p.dtype(), oar::DType::F32);
+        assert_close(&vals(&p), want, 1e-6, "adam f32");
+    }
+    let st = opt.state_dict();
+    assert_eq!(
+        st["param_0.moment1"].dtype(),
+        oar::DType::F32,
+        "state is kept in the param's f32"
+    );
+}
+
+#[test]
+fn parameters_without_gradients_are_skipped() {
+    let a = param(&[1.0]);
+    let b = param(&[5.0]);
+    let frozen = param(&[7.0]);
+    let mut opt = Adam::new(vec![a.clone(), b.clone(), frozen.clone()], 0.1);
+    linear_grad(&a, &[1.0]);
+    linear_grad(&frozen, &[1.0]);
+    frozen.set_stop_gradient(true).unwrap();
+    opt.step().unwrap();
+    assert!(vals(&a)[0] < 1.0);
+    assert_eq!(vals(&b), vec![5.0], "no gradient: untouched");
+    assert_eq!(vals(&frozen), vec![7.0], "stop_gradient: untouched");
+    let st = opt.state_dict();
+    assert!(st.contains_key("param_0.moment1"));
+    assert!(!st.contains_key("param_1.moment1") && !st.contains_key("param_2.step"));
+    // The skipped parameter's bias correction starts at its own first step.
+    linear_grad(&b, &[1.0]);
+    opt.clear_grad();
+    linear_grad(&b, &[1.0]);
+    opt.step().unwrap();
+    assert_close(&vals(&b), &[5.0 - 0.1 / (1.0 + 1e-8)], 1e-12, "first step of b");
+    assert_eq!(opt.state_dict()["param_1.step"].to_vec::<i64>().unwrap(), vec![1]);
+}
+
+#[test]
+fn clear_grad_clears_every_parameter() {
+    let a = param(&[1.0]);
+    let opt = SGD::new(vec![a.clone()], 0.1);
+    linear_grad(&a, &[1.0]);
+    assert!(a.grad().is_some());
+    opt.clear_grad();
+    assert!(a.grad().is_none());
+}
+
+#[test]
+fn bad_hyperparameters_are_errors_that_name_the_optimizer() {
+    let p = param(&[1.0]);
+    linear_grad(&p, &[1.0]);
+    let e = Adam::new(vec![p.clone()], 0.1)
+        .beta1(1.5)
+        .step()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Adam") && e.contains("beta1"), "{e}");
+    let e = SGD::new(vec![p.clone()], -1.0).step().unwrap_err().to_string();
+    assert!(e.contains("SGD") && e.contains("learning rate"), "{e}");
+    let e = Momentum::new(vec![p.clone()], 0.1)
+        .momentum(f64::NAN)
+        .step()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Momentum") && e.contains("momentum"), "{e}");
+    let e = AdamW::new(vec![p.clone()], 0.1)
+        .weight_decay(-1.0)
+        .step()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("AdamW"), "{e}");
+    let e = SGD::new(vec![("w".to_string(), p.clone()), ("w".to_string(), p.clone())], 0.1)
+        .step()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`w`"), "{e}");
+    assert_eq!(vals(&p), vec![1.0], "a failed step changes nothing");
+}
+
+#[test]
+fn minimize_backpropagates_and_steps() {
+    let p = param(&[3.0]);
+    let mut opt = SGD::new(vec![p.clone()], 0.25);
+    let loss = (&p * &p).unwrap().sum(&[], false).unwrap();
+    opt.minimize(&loss).unwrap();
+    assert_close(&vals(&p), &[1.5], 1e-12, "minimize");
+}
