@@ -2,5 +2,9 @@
 
 pub mod functional;
 mod layer;
+pub mod rnn;
+pub mod transformer;
 
 pub use layer::Layer;
+pub use rnn::{Direction, GRU, GRUCell, LSTM, LSTMCell};
+pub use transformer::{Activation, MultiHeadAttention, TransformerEncoder, TransformerEncoderLayer};
