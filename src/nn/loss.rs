@@ -3,6 +3,7 @@
 //! They are not [`Layer`](super::Layer)s because a loss takes two inputs; they implement
 //! [`Loss`] instead. Each reduces by mean (the default), sum or not at all.
 
+use super::functional::loss::check_labels;
 use super::functional::{self as F, Reduction};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -60,9 +61,16 @@ macro_rules! loss_layer {
 }
 
 loss_layer!(
-    /// Softmax cross-entropy of `logits[N, C]` against integer labels `[N]` (or `[N, 1]`).
+    /// Softmax cross-entropy of `logits[N, C]` against integer labels `[N]` (or `[N, 1]`); a
+    /// label outside `[0, C)` is an error.
     CrossEntropyLoss,
-    |s, x, y| F::cross_entropy(x, &class_labels(x, y)?, s.reduction)
+    |s, x, y| {
+        let y = class_labels(x, y)?;
+        if let [_, c] = x.shape()[..] {
+            check_labels("cross_entropy", &y, c)?;
+        }
+        F::cross_entropy(x, &y, s.reduction)
+    }
 );
 loss_layer!(
     /// Mean squared error of `input` against a `label` of the same shape.

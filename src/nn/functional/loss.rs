@@ -66,21 +66,27 @@ pub fn nll_loss(input: &Tensor, label: &Tensor, reduction: Reduction) -> Result<
         ));
     }
     let classes = is[1];
-    if let Some(bad) = label
-        .data()
-        .to_f64_vec()
-        .into_iter()
-        .find(|&l| l < 0.0 || l >= classes as f64)
-    {
-        return Err(Error::invalid(
-            "nll_loss",
-            format!("label {bad} is out of range for {classes} classes"),
-        ));
-    }
+    check_labels("nll_loss", label, classes)?;
     // Pick with a one-hot mask (as cross_entropy's decomposition does) so the gradient is a
     // select, not a scatter.
     let ids = tensor::arange(0.0, classes as f64, 1.0, label.dtype())?;
     let one_hot = ids.equal(&label.unsqueeze(1)?)?;
     let picked = Tensor::where_(&one_hot, input, &input.scalar_like(0.0)?)?;
     reduce(picked.sum(&[1], false)?.neg()?, reduction)
+}
+
+/// Fail if any class label lies outside `[0, classes)` (an eager check on the label values).
+pub(crate) fn check_labels(op: &str, label: &Tensor, classes: usize) -> Result<()> {
+    match label
+        .data()
+        .to_f64_vec()
+        .into_iter()
+        .find(|&l| l < 0.0 || l >= classes as f64)
+    {
+        Some(bad) => Err(Error::invalid(
+            op,
+            format!("label {bad} is out of range for {classes} classes"),
+        )),
+        None => Ok(()),
+    }
 }

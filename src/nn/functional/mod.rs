@@ -3,7 +3,7 @@
 
 mod args;
 mod conv;
-mod loss;
+pub(crate) mod loss;
 
 pub use args::{Pad2d, Pair};
 pub use conv::conv1d;
