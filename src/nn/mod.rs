@@ -1,10 +1,31 @@
 //! Neural-network layers (class API) and `nn::functional` (functional API).
 
+mod activation;
+mod container;
+mod conv;
+mod dropout;
+mod embedding;
 pub mod functional;
+pub mod init;
 mod layer;
+mod linear;
+mod loss;
+mod norm;
+mod pooling;
+mod util;
 pub mod rnn;
 pub mod transformer;
 
+pub use activation::{GELU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh};
+pub use container::Sequential;
+pub use conv::{Conv1D, Conv2D};
+pub use dropout::{Dropout, Flatten};
+pub use embedding::Embedding;
+pub use functional::Reduction;
 pub use layer::Layer;
+pub use linear::Linear;
+pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, Loss, MSELoss, NLLLoss};
+pub use norm::{BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm};
+pub use pooling::{AdaptiveAvgPool2D, AdaptiveMaxPool2D, AvgPool2D, MaxPool2D};
 pub use rnn::{Direction, GRU, GRUCell, LSTM, LSTMCell};
 pub use transformer::{Activation, MultiHeadAttention, TransformerEncoder, TransformerEncoderLayer};

@@ -2,12 +2,16 @@
 //! eager code, tracing and every backend share one definition.
 
 mod args;
+mod conv;
+pub(crate) mod loss;
 
 pub use args::{Pad2d, Pair};
+pub use conv::conv1d;
+pub use loss::{binary_cross_entropy_with_logits, mse_loss, nll_loss};
+pub use oar_ir::ops::Reduction;
 
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, apply, apply1};
-use oar_ir::ops::Reduction;
 use oar_ir::{Composite, Float, Op};
 
 fn composite1(c: Composite, inputs: &[&Tensor]) -> Result<Tensor> {

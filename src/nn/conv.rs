@@ -1,0 +1,272 @@
+//! Convolution layers: `Conv1D` (`x[N,C,L]`) and `Conv2D` (`x[N,C,H,W]`).
+//!
+//! Initialization follows Paddle's conv default `Normal(0, √(2 / fan_in))` (Kaiming-normal for
+//! ReLU), with the true fan-in `C/groups · ∏kernel`; bias zero.
+
+use super::functional::{self as F, Pad2d, Pair};
+use super::util::{ctx, param, recast};
+use super::{Layer, init};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use oar_ir::DType;
+
+/// Shared state of the conv layers: parameters, channel counts and groups.
+struct ConvCore {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    in_channels: usize,
+    out_channels: usize,
+    groups: usize,
+}
+
+impl ConvCore {
+    fn new(layer: &str, in_channels: usize, out_channels: usize, kernel: &[usize], groups: usize) -> Result<ConvCore> {
+        if groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
+            return Err(Error::invalid(
+                layer,
+                format!(
+                    "groups={groups} must be ≥ 1 and divide in_channels={in_channels} and out_channels={out_channels}"
+                ),
+            ));
+        }
+        let mut shape = vec![out_channels, in_channels / groups];
+        shape.extend_from_slice(kernel);
+        let weight = param(&shape, DType::F32)?;
+        init::kaiming_normal(&weight, 0.0)?;
+        Ok(ConvCore {
+            weight,
+            bias: Some(param(&[out_channels], DType::F32)?),
+            in_channels,
+            out_channels,
+            groups,
+        })
+    }
+
+    /// Rebuild for new groups, keeping dtype and whether there is a bias.
+    fn regroup(&self, layer: &str, kernel: &[usize], groups: usize) -> Result<ConvCore> {
+        let mut c = ConvCore::new(layer, self.in_channels, self.out_channels, kernel, groups)?;
+        let dtype = self.weight.dtype();
+        c.weight = recast(&c.weight, dtype)?;
+        c.bias = match self.bias {
+            Some(_) => Some(recast(c.bias.as_ref().expect("new() makes a bias"), dtype)?),
+            None => None,
+        };
+        Ok(c)
+    }
+
+    fn set_bias(&mut self, on: bool) {
+        if !on {
+            self.bias = None;
+        } else if self.bias.is_none() {
+            self.bias = param(&[self.out_channels], self.weight.dtype()).ok();
+        }
+    }
+
+    fn recast(&mut self, dtype: DType) -> Result<()> {
+        self.weight = recast(&self.weight, dtype)?;
+        self.bias = self.bias.as_ref().map(|b| recast(b, dtype)).transpose()?;
+        Ok(())
+    }
+
+    fn params(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+}
+
+/// 2-d convolution. Parameters: `weight` `[out, in/groups, kh, kw]`, `bias` `[out]`.
+/// Options: `.stride(s)`, `.padding(p)`, `.dilation(d)`, `.groups(g)?`, `.bias(false)`.
+pub struct Conv2D {
+    core: ConvCore,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 4],
+    dilation: [usize; 2],
+}
+
+impl Conv2D {
+    /// A float32 convolution from `in_channels` to `out_channels` with `kernel` (`3` or `[3, 5]`).
+    pub fn new(in_channels: usize, out_channels: usize, kernel: impl Into<Pair>) -> Result<Conv2D> {
+        let kernel = kernel.into().0;
+        Ok(Conv2D {
+            core: ConvCore::new("Conv2D", in_channels, out_channels, &kernel, 1)?,
+            kernel,
+            stride: [1, 1],
+            padding: [0; 4],
+            dilation: [1, 1],
+        })
+    }
+
+    /// Stride (`2` or `[sh, sw]`).
+    pub fn stride(mut self, s: impl Into<Pair>) -> Conv2D {
+        self.stride = s.into().0;
+        self
+    }
+
+    /// Zero padding (`1`, `[ph, pw]` or `[top, left, bottom, right]`).
+    pub fn padding(mut self, p: impl Into<Pad2d>) -> Conv2D {
+        self.padding = p.into().0;
+        self
+    }
+
+    /// Dilation (`2` or `[dh, dw]`).
+    pub fn dilation(mut self, d: impl Into<Pair>) -> Conv2D {
+        self.dilation = d.into().0;
+        self
+    }
+
+    /// Grouped convolution; re-creates and re-initializes the weight `[out, in/groups, kh, kw]`.
+    pub fn groups(mut self, groups: usize) -> Result<Conv2D> {
+        self.core = self.core.regroup("Conv2D", &self.kernel, groups)?;
+        Ok(self)
+    }
+
+    /// Keep (`true`, the default) or drop the bias.
+    pub fn bias(mut self, on: bool) -> Conv2D {
+        self.core.set_bias(on);
+        self
+    }
+
+    /// The same layer with parameters converted to `dtype`.
+    pub fn dtype(mut self, dtype: DType) -> Result<Conv2D> {
+        self.core.recast(dtype)?;
+        Ok(self)
+    }
+
+    /// The weight `[out, in/groups, kh, kw]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.core.weight
+    }
+
+    /// The bias `[out]`, if any.
+    pub fn bias_tensor(&self) -> Option<&Tensor> {
+        self.core.bias.as_ref()
+    }
+
+    fn describe(&self) -> String {
+        let c = &self.core;
+        format!(
+            "Conv2D(in_channels={}, out_channels={}, kernel={:?}, stride={:?}, padding={:?}, dilation={:?}, groups={})",
+            c.in_channels, c.out_channels, self.kernel, self.stride, self.padding, self.dilation, c.groups
+        )
+    }
+}
+
+impl Layer for Conv2D {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = &self.core;
+        let y = F::conv2d(
+            x,
+            &c.weight,
+            c.bias.as_ref(),
+            self.stride,
+            self.padding,
+            self.dilation,
+            c.groups,
+        );
+        ctx(|| self.describe(), y)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        self.core.params()
+    }
+}
+
+/// 1-d convolution of `x[N,C,L]`. Parameters: `weight` `[out, in/groups, k]`, `bias` `[out]`.
+/// Options: `.stride(s)`, `.padding(p)` (`p` or `[left, right]`), `.dilation(d)`, `.groups(g)?`,
+/// `.bias(false)`.
+pub struct Conv1D {
+    core: ConvCore,
+    kernel: usize,
+    stride: usize,
+    padding: [usize; 2],
+    dilation: usize,
+}
+
+impl Conv1D {
+    /// A float32 convolution from `in_channels` to `out_channels` with kernel size `kernel`.
+    pub fn new(in_channels: usize, out_channels: usize, kernel: usize) -> Result<Conv1D> {
+        Ok(Conv1D {
+            core: ConvCore::new("Conv1D", in_channels, out_channels, &[kernel], 1)?,
+            kernel,
+            stride: 1,
+            padding: [0, 0],
+            dilation: 1,
+        })
+    }
+
+    /// Stride.
+    pub fn stride(mut self, s: usize) -> Conv1D {
+        self.stride = s;
+        self
+    }
+
+    /// Zero padding: `p` or `[left, right]`.
+    pub fn padding(mut self, p: impl Into<Pair>) -> Conv1D {
+        self.padding = p.into().0;
+        self
+    }
+
+    /// Dilation.
+    pub fn dilation(mut self, d: usize) -> Conv1D {
+        self.dilation = d;
+        self
+    }
+
+    /// Grouped convolution; re-creates and re-initializes the weight `[out, in/groups, k]`.
+    pub fn groups(mut self, groups: usize) -> Result<Conv1D> {
+        self.core = self.core.regroup("Conv1D", &[self.kernel], groups)?;
+        Ok(self)
+    }
+
+    /// Keep (`true`, the default) or drop the bias.
+    pub fn bias(mut self, on: bool) -> Conv1D {
+        self.core.set_bias(on);
+        self
+    }
+
+    /// The same layer with parameters converted to `dtype`.
+    pub fn dtype(mut self, dtype: DType) -> Result<Conv1D> {
+        self.core.recast(dtype)?;
+        Ok(self)
+    }
+
+    /// The weight `[out, in/groups, k]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.core.weight
+    }
+
+    /// The bias `[out]`, if any.
+    pub fn bias_tensor(&self) -> Option<&Tensor> {
+        self.core.bias.as_ref()
+    }
+
+    fn describe(&self) -> String {
+        let c = &self.core;
+        format!(
+            "Conv1D(in_channels={}, out_channels={}, kernel={}, stride={}, padding={:?}, dilation={}, groups={})",
+            c.in_channels, c.out_channels, self.kernel, self.stride, self.padding, self.dilation, c.groups
+        )
+    }
+}
+
+impl Layer for Conv1D {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = &self.core;
+        let y = F::conv1d(
+            x,
+            &c.weight,
+            c.bias.as_ref(),
+            self.stride,
+            self.padding,
+            self.dilation,
+            c.groups,
+        );
+        ctx(|| self.describe(), y)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        self.core.params()
+    }
+}
