@@ -249,3 +249,24 @@ fn subset_selects_and_checks_indices() {
     assert_eq!(epoch_labels(&loader), vec![vec![7, 2, 9]]);
     assert!(Subset::new(xy(10), vec![10]).is_err());
 }
+
+#[test]
+fn random_split_partitions_reproducibly() {
+    let parts = oar::io::random_split(xy(20), &[12, 5, 3], Some(9)).unwrap();
+    assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![12, 5, 3]);
+    let mut all: Vec<usize> = parts.iter().flat_map(|p| p.indices().to_vec()).collect();
+    let first = all.clone();
+    all.sort();
+    assert_eq!(all, (0..20).collect::<Vec<_>>());
+    assert_ne!(first, (0..20).collect::<Vec<_>>());
+    // Sample 0 of part 1 is row indices()[0] of the whole dataset.
+    let row = parts[1].indices()[0] as i64;
+    assert_eq!(parts[1].get(0).unwrap()[1].item().unwrap() as i64, row);
+    let again = oar::io::random_split(xy(20), &[12, 5, 3], Some(9)).unwrap();
+    assert_eq!(again[2].indices(), parts[2].indices());
+    let err = oar::io::random_split(xy(20), &[12, 5], Some(9))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("[12, 5]") && err.contains("20"), "{err}");
+}

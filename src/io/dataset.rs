@@ -123,3 +123,34 @@ impl<D: Dataset> Dataset for Subset<D> {
         self.dataset.get(i)
     }
 }
+
+/// Split `dataset` into non-overlapping random subsets of the given `lengths` (Paddle
+/// `random_split`); `seed` fixes the split, `None` draws from the global generator (`oar::seed`).
+pub fn random_split<D: Dataset>(dataset: D, lengths: &[usize], seed: Option<u64>) -> Result<Vec<Subset<Arc<D>>>> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let n = dataset.len();
+    let total = lengths.iter().try_fold(0usize, |a, &l| a.checked_add(l));
+    if total != Some(n) {
+        return Err(Error::invalid(
+            "random_split",
+            format!("lengths {lengths:?} do not add up to the dataset's {n} samples"),
+        ));
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    match seed {
+        Some(s) => order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(s)),
+        None => crate::tensor::with_rng(|r| order.shuffle(r)),
+    }
+    let dataset = Arc::new(dataset);
+    let mut start = 0;
+    let mut parts = Vec::with_capacity(lengths.len());
+    for &l in lengths {
+        parts.push(Subset {
+            dataset: dataset.clone(),
+            indices: order[start..start + l].to_vec(),
+        });
+        start += l;
+    }
+    Ok(parts)
+}

@@ -9,4 +9,4 @@ pub mod datasets;
 
 pub use collate::Collate;
 pub use dataloader::{CollateFn, DataLoader, DataLoaderIter};
-pub use dataset::{Dataset, Subset, TensorDataset};
+pub use dataset::{Dataset, Subset, TensorDataset, random_split};
