@@ -9,6 +9,7 @@ pub mod autograd;
 pub mod backend;
 pub mod device;
 pub mod error;
+pub mod io;
 mod kernels;
 pub mod nn;
 pub mod optimizer;
