@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The main job: build a model, save it, inspect it and run it with the oar CLI.
+# The main job: train an MLP on the shipped digits in eager mode; then build a graph, save it,
+# inspect it and run it with the oar CLI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/demo
-cargo build --release --quiet --bin oar --example demo
+cargo build --release --quiet --bin oar --example demo --example mlp_digits
+echo "== train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
+./target/release/examples/mlp_digits
+echo
+echo "== graph: examples/demo.rs (build, save, decompose, run on the reference backend)"
 ./target/release/examples/demo "$out"
 echo
 echo "== oar inspect $out/mlp.oar --summary --bind N=4"

@@ -166,3 +166,26 @@ fn display_and_npy_round_trip() {
         .to_string();
     assert!(e.contains("missing.npy"), "{e}");
 }
+
+#[test]
+fn cross_entropy_rejects_out_of_range_labels() {
+    use oar::nn::functional::cross_entropy;
+    let logits = t(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[2, 3]);
+    let labels = Tensor::from_vec(vec![0i64, 3], &[2]).unwrap();
+    let e = cross_entropy(&logits, &labels, oar::nn::Reduction::Mean)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cross_entropy") && e.contains("label 3") && e.contains("3 classes"),
+        "{e}"
+    );
+    let ok = Tensor::from_vec(vec![0i64, 2], &[2]).unwrap();
+    // -log softmax: row 0 picks 0.1, row 1 picks 0.6 (the row max); by hand.
+    let lse = |a: f64, b: f64, c: f64| (a.exp() + b.exp() + c.exp()).ln();
+    let want = ((lse(0.1, 0.2, 0.3) - 0.1) + (lse(0.4, 0.5, 0.6) - 0.6)) / 2.0;
+    let got = cross_entropy(&logits, &ok, oar::nn::Reduction::Mean)
+        .unwrap()
+        .item()
+        .unwrap();
+    assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+}

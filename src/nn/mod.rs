@@ -12,9 +12,9 @@ mod linear;
 mod loss;
 mod norm;
 mod pooling;
-mod util;
 pub mod rnn;
 pub mod transformer;
+mod util;
 
 pub use activation::{GELU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh};
 pub use container::Sequential;

@@ -163,8 +163,12 @@ pub fn log_softmax(x: &Tensor, axis: i64) -> Result<Tensor> {
     composite1(Composite::LogSoftmax { axis }, &[x])
 }
 
-/// Cross-entropy of `logits[N,C]` against integer `labels[N]`.
+/// Cross-entropy of `logits[N,C]` against integer `labels[N]`; a label outside `0..C` is an
+/// error naming it.
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    if let [_, classes] = logits.shape()[..] {
+        loss::check_labels("cross_entropy", labels, classes)?;
+    }
     composite1(Composite::CrossEntropy { reduction }, &[logits, labels])
 }
 
