@@ -1,0 +1,121 @@
+//! `oar`: inspect, run and draw oar models from the command line.
+
+mod inspect;
+mod run;
+
+use clap::{Parser, Subcommand};
+use oar_ir::file::Model;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "oar",
+    version,
+    about = "oar: a deep-learning compiler — inspect, run and draw models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a model's IR, op counts, parameter count and bytes, and a FLOP estimate.
+    Inspect {
+        /// A `.oar` model or a `.oir` IR text file.
+        file: PathBuf,
+        /// Bind a symbolic dim for the FLOP estimate (`N=32`); unbound symbols count as 1.
+        #[arg(long = "bind", value_name = "SYM=SIZE")]
+        binds: Vec<String>,
+        /// Print only the summary, not the IR.
+        #[arg(long)]
+        summary: bool,
+    },
+    /// Run a model on .npy inputs and write its outputs as .npy files.
+    Run {
+        /// A `.oar` model (or a `.oir` IR text file without parameters).
+        file: PathBuf,
+        /// An input, as NAME=path.npy (repeat for each input).
+        #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
+        inputs: Vec<String>,
+        /// Directory for the outputs (NAME.npy each); without it outputs are only summarized.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+        /// Backend to run on (see `oar backends`).
+        #[arg(long, short = 'b', default_value = oar::backend::DEFAULT_BACKEND)]
+        backend: String,
+    },
+    /// Write the graph in Graphviz dot format.
+    Dot {
+        /// A `.oar` model or a `.oir` IR text file.
+        file: PathBuf,
+        /// Output file (default: standard output).
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+    },
+    /// List the registered backends.
+    Backends,
+}
+
+/// Errors are one line of text, printed as `error: ...`.
+pub(crate) type CliResult<T> = Result<T, String>;
+
+fn main() -> ExitCode {
+    // Safety net: a bug must still end in one clear line, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("error: internal error (please report): {info}");
+    }));
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> CliResult<()> {
+    match command {
+        Command::Inspect { file, binds, summary } => inspect::inspect(&file, &binds, summary),
+        Command::Run {
+            file,
+            inputs,
+            output,
+            backend,
+        } => run::run_model(&file, &inputs, output.as_deref(), &backend),
+        Command::Dot { file, output } => {
+            let model = load(&file)?;
+            let dot = oar_ir::dot::to_dot(&model.graph);
+            match output {
+                Some(p) => std::fs::write(&p, dot).map_err(|e| format!("{}: {e}", p.display())),
+                None => {
+                    print!("{dot}");
+                    Ok(())
+                }
+            }
+        }
+        Command::Backends => {
+            for b in oar::backend::registry().list() {
+                println!("{:<12} {}", b.name(), b.description());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Load a `.oar` model, or an IR text file as a model without weights.
+pub(crate) fn load(path: &Path) -> CliResult<Model> {
+    if path.extension().is_some_and(|e| e == "oir") {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let graph = oar_ir::text::parse_graph(&text).map_err(|e| format!("{}:{e}", path.display()))?;
+        oar_ir::verify(&graph).map_err(|e| format!("{}: {e}", path.display()))?;
+        return Ok(Model {
+            graph,
+            weights: BTreeMap::new(),
+        });
+    }
+    Model::load(path).map_err(|e| e.to_string())
+}

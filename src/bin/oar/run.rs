@@ -1,0 +1,56 @@
+//! `oar run`: run a model on .npy inputs.
+
+use crate::{CliResult, load};
+use oar_ir::TensorData;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub(crate) fn run_model(file: &Path, inputs: &[String], output: Option<&Path>, backend: &str) -> CliResult<()> {
+    let model = load(file)?;
+    let mut feeds = BTreeMap::new();
+    for spec in inputs {
+        let (name, path) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--input `{spec}`: expected NAME=FILE.npy"))?;
+        let t = oar_ir::npy::read_npy(Path::new(path)).map_err(|e| format!("--input {name}: {e}"))?;
+        if feeds.insert(name.to_string(), t).is_some() {
+            return Err(format!("--input `{name}` is given twice"));
+        }
+    }
+    let backend = oar::backend::get(backend).map_err(|e| e.to_string())?;
+    let exe = backend
+        .compile(&model.graph, &model.weights)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let outs = exe.run(&feeds).map_err(|e| e.to_string())?;
+    if let Some(dir) = output {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    for (name, t) in &outs {
+        println!("{name}: {}", preview(t));
+        if let Some(dir) = output {
+            let path = dir.join(format!("{}.npy", sanitize(name)));
+            oar_ir::npy::write_npy(&path, t).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Output names become file names: keep them to a safe character set.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn preview(t: &TensorData) -> String {
+    let v = t.to_f64_vec();
+    let shown: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+    let more = if v.len() > 6 { ", ..." } else { "" };
+    format!("{} [{}{more}]", t.tensor_type(), shown.join(", "))
+}
