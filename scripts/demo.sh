@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The main job: train an MLP on the shipped digits in eager mode; then build a graph, save it,
-# inspect it and run it with the oar CLI.
+# The main job: train in eager mode, convert to a static graph and save it, load it back and
+# keep training, then inspect and run the saved model with the oar CLI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/demo
-cargo build --release --quiet --bin oar --example demo --example mlp_digits
-echo "== train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
+cargo build --release --quiet --bin oar --example mlp_digits --example to_static --example demo
+echo "== 1. train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
 ./target/release/examples/mlp_digits
 echo
-echo "== graph: examples/demo.rs (build, save, decompose, run on the reference backend)"
+echo "== 2. convert: examples/to_static.rs (eager CNN → jit::save → jit::load → fine-tune → save)"
+./target/release/examples/to_static "$out"
+echo
+echo "== 3. inspect: oar inspect $out/digits_cnn_tuned.oar"
+./target/release/oar inspect "$out/digits_cnn_tuned.oar"
+echo
+echo "== 4. run: oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
+./target/release/oar run "$out/digits_cnn_tuned.oar" --input "image=$out/digits4.npy" --output "$out/out"
+echo
+echo "== 5. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
 ./target/release/examples/demo "$out"
-echo
-echo "== oar inspect $out/mlp.oar --summary --bind N=4"
-./target/release/oar inspect "$out/mlp.oar" --summary --bind N=4
-echo
-echo "== oar run $out/mlp.oar --input x=$out/x.npy --output $out/out"
-./target/release/oar run "$out/mlp.oar" --input "x=$out/x.npy" --output "$out/out"
-./target/release/oar dot "$out/mlp.oar" -o "$out/mlp.dot"
-echo "wrote $out/out/probs.npy and $out/mlp.dot"
+./target/release/oar dot "$out/digits_cnn_tuned.oar" -o "$out/digits_cnn.dot"
+echo "wrote $out/out/output.npy and $out/digits_cnn.dot"

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod device;
 pub mod error;
 pub mod io;
+pub mod jit;
 mod kernels;
 pub mod nn;
 pub mod optimizer;

@@ -11,6 +11,13 @@ use std::sync::Arc;
 
 /// Apply `op` to eager tensors.
 pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if let Some(ctx) = inputs
+        .iter()
+        .find_map(|t| t.0.trace.as_ref().map(|tr| tr.ctx.clone()))
+        .or_else(crate::jit::current)
+    {
+        return crate::jit::trace_apply(&ctx, op, inputs);
+    }
     if let Op::Composite(c) = &op {
         let mut em = EagerEmitter {
             values: inputs.iter().map(|t| (*t).clone()).collect(),

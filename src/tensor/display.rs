@@ -66,6 +66,15 @@ impl Layout<'_> {
 
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(t) = &self.0.trace {
+            return write!(
+                f,
+                "Tensor(traced {}, shape={:?}, dtype={})",
+                t.value,
+                self.shape(),
+                self.dtype()
+            );
+        }
         let data = self.data();
         let values = data.to_f64_vec();
         let integral = values.iter().all(|v| v.fract() == 0.0 && v.abs() < 1e15);

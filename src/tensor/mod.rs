@@ -39,6 +39,9 @@ pub(crate) struct Inner {
     grad: Mutex<Option<Tensor>>,
     /// The recorded op that produced this tensor, and which of its outputs it is.
     pub(crate) creator: Option<(Arc<GradNode>, usize)>,
+    /// Set while `jit::to_static` traces: the tensor is a value of the graph being built and
+    /// has no data (`data` holds an empty placeholder).
+    pub(crate) trace: Option<crate::jit::Traced>,
 }
 
 impl Tensor {
@@ -56,7 +59,37 @@ impl Tensor {
             stop_gradient: AtomicBool::new(stop),
             grad: Mutex::new(None),
             creator,
+            trace: None,
         }))
+    }
+
+    /// A traced tensor: a value of the graph `to_static` is building.
+    pub(crate) fn traced(trace: crate::jit::Traced) -> Tensor {
+        let placeholder = TensorData::from_bytes(trace.dtype, vec![0], vec![]).expect("empty tensor");
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            data: RwLock::new(placeholder),
+            device: Device::CPU,
+            stop_gradient: AtomicBool::new(true),
+            grad: Mutex::new(None),
+            creator: None,
+            trace: Some(trace),
+        }))
+    }
+
+    /// True while this tensor is a value of a graph being traced (it has no data).
+    pub fn is_traced(&self) -> bool {
+        self.0.trace.is_some()
+    }
+
+    fn no_value(&self, op: &str) -> Error {
+        Error::invalid(
+            op,
+            format!(
+                "{} is traced by to_static: its value is only known when the graph runs",
+                self.tensor_type()
+            ),
+        )
     }
 
     /// A tensor from elements and a shape (`Tensor::from_vec(vec![1.0f32, 2.0], &[2])`).
@@ -79,14 +112,26 @@ impl Tensor {
         self.0.id
     }
 
-    /// The current value (cheap: shares the bytes).
+    /// The current value (cheap: shares the bytes). A traced tensor has no value: this returns
+    /// an empty placeholder; [`Tensor::try_data`] says so instead.
     pub fn data(&self) -> TensorData {
         self.0.data.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The current value, or an error for a traced tensor.
+    pub fn try_data(&self) -> Result<TensorData> {
+        if self.is_traced() {
+            return Err(self.no_value("data"));
+        }
+        Ok(self.data())
     }
 
     /// Replace the value in place (same dtype and shape), e.g. an optimizer step. Not recorded
     /// by autograd.
     pub fn set_data(&self, data: TensorData) -> Result<()> {
+        if self.is_traced() {
+            return Err(self.no_value("set_data"));
+        }
         let mut d = self.0.data.write().unwrap_or_else(|e| e.into_inner());
         if d.dtype() != data.dtype() || d.shape() != data.shape() {
             return Err(Error::invalid(
@@ -100,27 +145,33 @@ impl Tensor {
 
     /// Element type.
     pub fn dtype(&self) -> DType {
-        self.data().dtype()
+        match &self.0.trace {
+            Some(t) => t.dtype,
+            None => self.data().dtype(),
+        }
     }
 
-    /// Shape.
+    /// Shape. While tracing, symbolic dims read as their probe size (see `jit`).
     pub fn shape(&self) -> Vec<usize> {
-        self.data().shape().to_vec()
+        match &self.0.trace {
+            Some(t) => t.shape.clone(),
+            None => self.data().shape().to_vec(),
+        }
     }
 
     /// Number of axes.
     pub fn ndim(&self) -> usize {
-        self.data().shape().len()
+        self.shape().len()
     }
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.data().len()
+        self.shape().iter().product()
     }
 
     /// dtype and shape as an IR type.
     pub fn tensor_type(&self) -> TensorType {
-        self.data().tensor_type()
+        TensorType::of(self.dtype(), &self.shape())
     }
 
     /// The device the tensor lives on.
@@ -141,12 +192,12 @@ impl Tensor {
 
     /// The elements as `T` (must be the tensor's dtype).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        Ok(self.data().to_vec::<T>()?)
+        Ok(self.try_data()?.to_vec::<T>()?)
     }
 
     /// The single element of a one-element tensor, as f64.
     pub fn item(&self) -> Result<f64> {
-        let d = self.data();
+        let d = self.try_data()?;
         if d.len() != 1 {
             return Err(Error::invalid(
                 "item",
@@ -205,13 +256,16 @@ impl Tensor {
 
     /// A new leaf sharing this value, cut from the autograd graph.
     pub fn detach(&self) -> Tensor {
-        Tensor::from_data(self.data())
+        match &self.0.trace {
+            Some(t) => Tensor::traced(t.clone()),
+            None => Tensor::from_data(self.data()),
+        }
     }
 
     /// Save as a numpy `.npy` file.
     pub fn save_npy(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let p = path.as_ref();
-        oar_ir::npy::write_npy(p, &self.data()).map_err(|e| Error::Io {
+        oar_ir::npy::write_npy(p, &self.try_data()?).map_err(|e| Error::Io {
             path: p.display().to_string(),
             detail: e.to_string(),
         })

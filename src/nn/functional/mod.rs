@@ -125,8 +125,8 @@ pub fn batch_norm(
     };
     let mut outs = apply(Op::Composite(c), &[x, weight, bias, running_mean, running_var])?;
     if training {
-        running_mean.set_data(outs[1].data())?;
-        running_var.set_data(outs[2].data())?;
+        running_mean.assign(&outs[1])?;
+        running_var.assign(&outs[2])?;
     }
     Ok(outs.swap_remove(0))
 }
@@ -166,7 +166,9 @@ pub fn log_softmax(x: &Tensor, axis: i64) -> Result<Tensor> {
 /// Cross-entropy of `logits[N,C]` against integer `labels[N]`; a label outside `0..C` is an
 /// error naming it.
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    if let [_, classes] = logits.shape()[..] {
+    if let [_, classes] = logits.shape()[..]
+        && !labels.is_traced()
+    {
         loss::check_labels("cross_entropy", labels, classes)?;
     }
     composite1(Composite::CrossEntropy { reduction }, &[logits, labels])

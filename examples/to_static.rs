@@ -1,0 +1,113 @@
+//! One step to static: train a small CNN on the digits eagerly, trace its forward into a graph
+//! with a symbolic batch dim (`jit::save`), load it back as an eager layer (`jit::load`), keep
+//! training it, and save it again. `scripts/demo.sh` then inspects and runs the saved file with
+//! the `oar` CLI.
+
+use oar::io::DataLoader;
+use oar::io::datasets::{Digits, Split};
+use oar::jit::{InputSpec, TranslatedLayer};
+use oar::nn::functional::cross_entropy;
+use oar::nn::{BatchNorm2D, Conv2D, Flatten, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential};
+use oar::optimizer::{Adam, Optimizer};
+use oar::{DType, Result};
+use std::path::PathBuf;
+
+fn accuracy(model: &dyn Layer) -> Result<f64> {
+    let _g = oar::no_grad();
+    let (mut right, mut total) = (0, 0);
+    for batch in &DataLoader::new(Digits::new(Split::Test)?).batch_size(120) {
+        let (x, y) = batch?;
+        let pred = model.forward(&x)?.argmax(-1, false)?.to_vec::<i64>()?;
+        right += pred.iter().zip(y.to_vec::<i64>()?).filter(|(p, w)| **p == *w).count();
+        total += pred.len();
+    }
+    Ok(right as f64 / total as f64)
+}
+
+fn train(model: &mut dyn Layer, epochs: usize, lr: f64) -> Result<f64> {
+    model.train();
+    let mut opt = Adam::new(model.parameters(), lr);
+    let data = DataLoader::new(Digits::new(Split::Train)?)
+        .batch_size(64)
+        .shuffle(true)
+        .seed(1);
+    let mut last = 0.0;
+    for _ in 0..epochs {
+        for batch in &data {
+            let (x, y) = batch?;
+            let loss = cross_entropy(&model.forward(&x)?, &y, Reduction::Mean)?;
+            loss.backward()?;
+            opt.step()?;
+            opt.clear_grad();
+            last = loss.item()?;
+        }
+    }
+    model.eval();
+    Ok(last)
+}
+
+fn main() -> Result<()> {
+    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "target/demo".into()));
+    std::fs::create_dir_all(&dir).map_err(|e| oar::Error::Io {
+        path: dir.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    oar::seed(0);
+    let mut model = Sequential::new()
+        .add(Conv2D::new(1, 8, 3)?.padding(1))
+        .add(BatchNorm2D::new(8)?)
+        .add(ReLU)
+        .add(MaxPool2D::new(2))
+        .add(Flatten::new(1, -1))
+        .add(Linear::new(8 * 4 * 4, 10)?);
+    let loss = train(&mut model, 3, 1e-2)?;
+    println!(
+        "eager CNN: 3 epochs, last loss {loss:.4}, test accuracy {:.2}%",
+        accuracy(&model)? * 100.0
+    );
+
+    let spec = InputSpec::new(&[None, Some(1), Some(8), Some(8)], DType::F32, "image");
+    let path = dir.join("digits_cnn.oar");
+    oar::jit::save(&model, &path, &spec)?;
+    println!(
+        "jit::save → {} (graph input {})",
+        path.display(),
+        spec.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("×")
+    );
+
+    let mut loaded: TranslatedLayer = oar::jit::load(&path)?;
+    println!(
+        "jit::load → TranslatedLayer with {} trainable tensors; test accuracy {:.2}%",
+        loaded.parameters().len(),
+        accuracy(&loaded)? * 100.0
+    );
+    let loss = train(&mut loaded, 2, 2e-3)?;
+    let acc = accuracy(&loaded)?;
+    println!(
+        "fine-tuned the loaded model 2 more epochs: last loss {loss:.4}, test accuracy {:.2}%",
+        acc * 100.0
+    );
+    let tuned = dir.join("digits_cnn_tuned.oar");
+    loaded.save(&tuned)?;
+    println!("saved again → {}", tuned.display());
+
+    // An input file for `oar run`: the first 4 test digits.
+    let (x, y) = DataLoader::new(Digits::new(Split::Test)?)
+        .batch_size(4)
+        .iter()
+        .next()
+        .expect("a batch")?;
+    x.save_npy(dir.join("digits4.npy"))?;
+    println!(
+        "wrote {} (labels {:?})",
+        dir.join("digits4.npy").display(),
+        y.to_vec::<i64>()?
+    );
+    if acc < 0.9 {
+        return Err(oar::Error::invalid(
+            "to_static example",
+            format!("accuracy {acc} is too low"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! Run a graph with eager tensors, op by op, so autograd records it: how a loaded model
+//! (`TranslatedLayer`) is called and fine-tuned.
+
+use crate::error::{Error, Result};
+use crate::tensor::{Tensor, apply};
+use oar_ir::{Dim, Graph, Op, TensorData, ValueId};
+use std::collections::BTreeMap;
+
+/// Loops stop with an error after this many iterations instead of hanging.
+const MAX_WHILE_ITERATIONS: u64 = 1_000_000;
+
+/// Symbol sizes from the inputs' shapes, checking them against the graph's input types.
+fn bind_inputs(graph: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, usize>> {
+    let data = inputs
+        .iter()
+        .map(|(k, t)| t.try_data().map(|d| (k.clone(), d)))
+        .collect::<Result<BTreeMap<_, _>>>()?;
+    Ok(oar_ir::backend::check_inputs(graph, &data)?)
+}
+
+/// The op with symbolic dims in its attributes bound to sizes.
+fn bind_op(op: &Op, binds: &BTreeMap<String, usize>) -> Result<Op> {
+    let bind = |dims: &[Dim]| -> Result<Vec<Dim>> {
+        dims.iter()
+            .map(|d| match d {
+                Dim::Sym(s) => binds
+                    .get(s)
+                    .map(|&n| Dim::Static(n))
+                    .ok_or_else(|| Error::invalid(op.name(), format!("symbol {s} is not bound by any input"))),
+                _ => Ok(d.clone()),
+            })
+            .collect()
+    };
+    Ok(match op {
+        Op::Reshape { shape } => Op::Reshape { shape: bind(shape)? },
+        Op::Broadcast { shape } => Op::Broadcast { shape: bind(shape)? },
+        Op::Iota { shape, axis, dtype } => Op::Iota {
+            shape: bind(shape)?,
+            axis: *axis,
+            dtype: *dtype,
+        },
+        Op::Random {
+            dist,
+            shape,
+            dtype,
+            seed,
+        } => Op::Random {
+            dist: *dist,
+            shape: bind(shape)?,
+            dtype: *dtype,
+            seed: *seed,
+        },
+        other => other.clone(),
+    })
+}
+
+/// Evaluate `graph` eagerly; returns outputs in order.
+pub(crate) fn run_eager(
+    graph: &Graph,
+    inputs: &BTreeMap<String, Tensor>,
+    params: &BTreeMap<String, Tensor>,
+) -> Result<Vec<Tensor>> {
+    let binds = bind_inputs(graph, inputs)?;
+    let mut values: BTreeMap<ValueId, Tensor> = BTreeMap::new();
+    for id in graph.topo_order() {
+        let node = graph.node(id);
+        let args: Vec<Tensor> = node.inputs().iter().map(|v| values[v].clone()).collect();
+        let outs: Vec<Tensor> = match &node.op {
+            Op::Input { name, .. } => vec![inputs[name].clone()],
+            Op::Param { name, .. } => vec![
+                params
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| Error::invalid("call", format!("no value for parameter `{name}`")))?,
+            ],
+            Op::Constant(t) => vec![Tensor::from_data(t.clone())],
+            Op::Cond => {
+                let pred = args[0].item()? != 0.0;
+                let region = &node.regions[if pred { 0 } else { 1 }];
+                run_region(region, &args[1..], params)?
+            }
+            Op::While => {
+                let mut carried = args;
+                let mut n = 0u64;
+                while run_region(&node.regions[0], &carried, params)?[0].item()? != 0.0 {
+                    n += 1;
+                    if n > MAX_WHILE_ITERATIONS {
+                        return Err(Error::invalid(
+                            "while",
+                            format!("more than {MAX_WHILE_ITERATIONS} iterations"),
+                        ));
+                    }
+                    carried = run_region(&node.regions[1], &carried, params)?;
+                }
+                carried
+            }
+            op => {
+                let refs: Vec<&Tensor> = args.iter().collect();
+                apply(bind_op(op, &binds)?, &refs)?
+            }
+        };
+        for (i, t) in outs.into_iter().enumerate() {
+            values.insert(
+                ValueId {
+                    node: id,
+                    output: i as u32,
+                },
+                t,
+            );
+        }
+    }
+    Ok(graph.outputs().iter().map(|o| values[&o.value].clone()).collect())
+}
+
+fn run_region(region: &Graph, args: &[Tensor], params: &BTreeMap<String, Tensor>) -> Result<Vec<Tensor>> {
+    let inputs = region
+        .input_specs()
+        .into_iter()
+        .map(|(n, _)| n)
+        .zip(args.iter().cloned())
+        .collect();
+    run_eager(region, &inputs, params)
+}
+
+/// Eager tensors from weights.
+pub(crate) fn tensors_of(weights: &BTreeMap<String, TensorData>) -> BTreeMap<String, Tensor> {
+    weights
+        .iter()
+        .map(|(k, v)| (k.clone(), Tensor::from_data(v.clone())))
+        .collect()
+}

@@ -1,0 +1,374 @@
+//! Dynamic to static: trace eager code into an IR graph (`to_static`), run it on a backend,
+//! save it as a `.oar` model (`save`), and load it back as an eager, trainable layer (`load`).
+//!
+//! Tracing records every op of the function on traced tensors. Input specs may leave dims
+//! symbolic (`None` → the batch dim `N` on axis 0), so one graph serves every batch size.
+//! Layer parameters and buffers become named graph params; their in-place updates (batch-norm
+//! running statistics in training mode) become graph outputs named `@state/<param>`, written
+//! back after each call — the functional form of state.
+
+mod interp;
+mod trace;
+
+pub(crate) use trace::{Traced, current, trace_apply};
+
+use crate::error::{Error, Result};
+use crate::nn::Layer;
+use crate::tensor::Tensor;
+use oar_ir::file::Model;
+use oar_ir::{Composite, DType, Dim, Graph, Op, TensorData, Weights};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use trace::TraceCtx;
+
+/// Graph outputs carrying the new value of a param start with this.
+pub const STATE_PREFIX: &str = "@state/";
+
+/// The name, dtype and shape of one input; `None` dims are symbolic.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputSpec {
+    /// Input name in the graph.
+    pub name: String,
+    /// Dims; `Dim::Sym` for sizes known only at run time.
+    pub dims: Vec<Dim>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl InputSpec {
+    /// Paddle style: `InputSpec::new(&[None, Some(784)], DType::F32, "x")`. A `None` on axis 0
+    /// is the batch dim `N`; elsewhere it is `S<axis>`.
+    pub fn new(shape: &[Option<usize>], dtype: DType, name: &str) -> InputSpec {
+        let dims = shape
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match d {
+                Some(n) => Dim::Static(*n),
+                None if i == 0 => Dim::sym("N"),
+                None => Dim::Sym(format!("S{i}")),
+            })
+            .collect();
+        InputSpec::with_dims(dims, dtype, name)
+    }
+
+    /// A spec with explicit (possibly named symbolic) dims.
+    pub fn with_dims(dims: Vec<Dim>, dtype: DType, name: &str) -> InputSpec {
+        InputSpec {
+            name: name.to_string(),
+            dims,
+            dtype,
+        }
+    }
+}
+
+/// A traced function: an IR graph plus the live parameter tensors it reads.
+pub struct StaticFunction {
+    graph: Graph,
+    params: BTreeMap<String, Tensor>,
+    backend: String,
+}
+
+fn trace(
+    name: &str,
+    specs: &[InputSpec],
+    names: BTreeMap<u64, String>,
+    f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<StaticFunction> {
+    let mut symbols: Vec<String> = Vec::new();
+    for s in specs {
+        for d in &s.dims {
+            if let Dim::Sym(sym) = d
+                && !symbols.contains(sym)
+            {
+                symbols.push(sym.clone());
+            }
+        }
+    }
+    let probes = symbols
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| TraceCtx::probe(i).map(|p| (s, p)))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::invalid("to_static", "too many distinct symbolic dims (at most 8)"))?;
+    let ctx = TraceCtx::new(Graph::new(name), probes, names);
+    let inputs = specs
+        .iter()
+        .map(|s| trace::input(&ctx, &s.name, &s.dims, s.dtype))
+        .collect::<Result<Vec<_>>>()?;
+    let outputs = {
+        let _g = crate::autograd::no_grad();
+        let _current = trace::CurrentGuard::enter(&ctx);
+        f(&inputs)?
+    };
+    let values = outputs.iter().map(|t| ctx.value_of(t)).collect::<Result<Vec<_>>>()?;
+    let mut graph = ctx.graph.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (i, v) in values.into_iter().enumerate() {
+        let out = if outputs.len() == 1 {
+            "output".to_string()
+        } else {
+            format!("output_{i}")
+        };
+        graph.add_output(&out, v)?;
+    }
+    for (param, v) in ctx.updates.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        graph.add_output(&format!("{STATE_PREFIX}{param}"), *v)?;
+    }
+    oar_ir::verify(&graph)?;
+    let params = ctx.params.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(StaticFunction {
+        graph,
+        params,
+        backend: crate::backend::DEFAULT_BACKEND.to_string(),
+    })
+}
+
+/// Trace `f` on inputs described by `specs`. Eager tensors the function captures are baked
+/// in as constants; use [`to_static_layer`] so a layer's parameters stay named and trainable.
+pub fn to_static(f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>, specs: &[InputSpec]) -> Result<StaticFunction> {
+    trace("main", specs, BTreeMap::new(), f)
+}
+
+/// Trace a layer's `forward` on one input.
+pub fn to_static_layer(layer: &dyn Layer, spec: &InputSpec) -> Result<StaticFunction> {
+    let names = layer.state_dict().into_iter().map(|(n, t)| (t.id(), n)).collect();
+    trace("forward", std::slice::from_ref(spec), names, |xs| {
+        Ok(vec![layer.forward(&xs[0])?])
+    })
+}
+
+impl StaticFunction {
+    /// The traced graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Run on another registered backend.
+    pub fn with_backend(mut self, name: &str) -> Result<StaticFunction> {
+        crate::backend::get(name)?;
+        self.backend = name.to_string();
+        Ok(self)
+    }
+
+    /// The parameters' current values.
+    pub fn weights(&self) -> Weights {
+        self.params.iter().map(|(k, t)| (k.clone(), t.data())).collect()
+    }
+
+    /// Call with eager tensors, in the order of the input specs. Runs the graph on the
+    /// backend; when a gradient is needed (a parameter or input takes gradients and grad mode
+    /// is on), runs it op by op eagerly so autograd records it. State outputs are written back.
+    pub fn call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let specs = self.graph.input_specs();
+        if inputs.len() != specs.len() {
+            return Err(Error::invalid(
+                "call",
+                format!("the static function takes {} inputs, got {}", specs.len(), inputs.len()),
+            ));
+        }
+        let needs_grad = crate::is_grad_enabled()
+            && (self.params.values().any(Tensor::requires_grad) || inputs.iter().any(|t| t.requires_grad()));
+        let outs = if needs_grad {
+            let feeds = specs
+                .iter()
+                .map(|(n, _)| n.clone())
+                .zip(inputs.iter().map(|t| (*t).clone()))
+                .collect();
+            interp::run_eager(&self.graph, &feeds, &self.params)?
+        } else {
+            let feeds: BTreeMap<String, TensorData> = specs
+                .iter()
+                .map(|(n, _)| n.clone())
+                .zip(inputs.iter().map(|t| t.try_data()))
+                .map(|(n, d)| d.map(|d| (n, d)))
+                .collect::<Result<_>>()?;
+            let exe = crate::backend::get(&self.backend)?.compile(&self.graph, &self.weights())?;
+            exe.run(&feeds)?
+                .into_iter()
+                .map(|(_, t)| Tensor::from_data(t))
+                .collect()
+        };
+        write_back(&self.graph, outs, &self.params)
+    }
+
+    /// Save as a `.oar` model (graph + current weights).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let model = Model {
+            graph: self.graph.clone(),
+            weights: self.weights(),
+        };
+        model.save(path.as_ref()).map_err(|e| Error::Io {
+            path: path.as_ref().display().to_string(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+/// Split outputs into the function's results and state updates; apply the updates.
+fn write_back(graph: &Graph, outs: Vec<Tensor>, params: &BTreeMap<String, Tensor>) -> Result<Vec<Tensor>> {
+    let mut results = Vec::new();
+    for (o, t) in graph.outputs().iter().zip(outs) {
+        match o.name.strip_prefix(STATE_PREFIX) {
+            Some(p) => {
+                if let Some(param) = params.get(p) {
+                    param.set_data(t.detach().data())?;
+                }
+            }
+            None => results.push(t),
+        }
+    }
+    Ok(results)
+}
+
+/// Trace `layer.forward` on `spec` and save graph + weights as a `.oar` model.
+pub fn save(layer: &dyn Layer, path: impl AsRef<Path>, spec: &InputSpec) -> Result<()> {
+    to_static_layer(layer, spec)?.save(path)
+}
+
+/// A model loaded from a `.oar` file, usable as an ordinary eager layer: callable, trainable
+/// (float params that are not running statistics take gradients) and saveable again.
+pub struct TranslatedLayer {
+    graph: Graph,
+    params: BTreeMap<String, Tensor>,
+    buffers: BTreeSet<String>,
+    training: bool,
+}
+
+/// Load a `.oar` model as a [`TranslatedLayer`].
+pub fn load(path: impl AsRef<Path>) -> Result<TranslatedLayer> {
+    let model = Model::load(path.as_ref()).map_err(|e| Error::Io {
+        path: path.as_ref().display().to_string(),
+        detail: e.to_string(),
+    })?;
+    TranslatedLayer::new(model)
+}
+
+impl TranslatedLayer {
+    /// Wrap a model (graph + weights).
+    pub fn new(model: Model) -> Result<TranslatedLayer> {
+        let mut buffers: BTreeSet<String> = model
+            .graph
+            .outputs()
+            .iter()
+            .filter_map(|o| o.name.strip_prefix(STATE_PREFIX).map(str::to_string))
+            .collect();
+        // Running statistics of batch norm are state, not trainable weights.
+        let g = &model.graph;
+        for id in g.node_ids() {
+            if let Op::Composite(Composite::BatchNorm { .. }) = g.node(id).op {
+                for v in &g.node(id).inputs()[3..] {
+                    if let Op::Param { name, .. } = &g.node(v.node).op {
+                        buffers.insert(name.clone());
+                    }
+                }
+            }
+        }
+        let mut params = interp::tensors_of(&model.weights);
+        for (name, t) in &mut params {
+            if !buffers.contains(name) && t.dtype().is_float() {
+                t.set_stop_gradient(false)?;
+            }
+        }
+        Ok(TranslatedLayer {
+            graph: model.graph,
+            params,
+            buffers,
+            training: false,
+        })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Call with inputs in the graph's input order; returns the results (state updates are
+    /// applied to the buffers in training mode, dropped otherwise).
+    pub fn call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let specs = self.graph.input_specs();
+        if inputs.len() != specs.len() {
+            return Err(Error::invalid(
+                "TranslatedLayer",
+                format!("the model takes {} inputs, got {}", specs.len(), inputs.len()),
+            ));
+        }
+        let feeds = specs
+            .iter()
+            .map(|(n, _)| n.clone())
+            .zip(inputs.iter().map(|t| (*t).clone()))
+            .collect();
+        let outs = interp::run_eager(&self.graph, &feeds, &self.params)?;
+        let empty = BTreeMap::new();
+        write_back(&self.graph, outs, if self.training { &self.params } else { &empty })
+    }
+
+    /// Save the graph with the current weights.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let model = Model {
+            graph: self.graph.clone(),
+            weights: self.params.iter().map(|(k, t)| (k.clone(), t.data())).collect(),
+        };
+        model.save(path.as_ref()).map_err(|e| Error::Io {
+            path: path.as_ref().display().to_string(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+impl Layer for TranslatedLayer {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.call(&[x])?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::invalid("TranslatedLayer", "the model has no outputs"))
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .filter(|(k, t)| !self.buffers.contains(*k) && t.dtype().is_float())
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect()
+    }
+
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .filter(|(k, t)| self.buffers.contains(*k) || !t.dtype().is_float())
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect()
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+
+    fn is_training(&self) -> bool {
+        self.training
+    }
+}
+
+impl Tensor {
+    /// Set this tensor's value to `value`'s (same dtype and shape). Eagerly it copies the data;
+    /// while tracing, it records a state update of this parameter (a graph output).
+    pub fn assign(&self, value: &Tensor) -> Result<()> {
+        match &value.0.trace {
+            None => self.set_data(value.try_data()?),
+            Some(tr) => {
+                let ctx: &Arc<TraceCtx> = &tr.ctx;
+                let name = ctx.names.get(&self.id()).cloned().ok_or_else(|| {
+                    Error::invalid(
+                        "assign",
+                        "while tracing, only a layer's parameters and buffers can be assigned",
+                    )
+                })?;
+                ctx.value_of(self)?;
+                ctx.updates
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((name, tr.value));
+                Ok(())
+            }
+        }
+    }
+}

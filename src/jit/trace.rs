@@ -1,0 +1,261 @@
+//! Tracing: while `to_static` runs the user's function, every op on a traced tensor is
+//! recorded into a `Graph` instead of computed. Symbolic dims (the batch `N`) are traced with a
+//! probe size that no real model uses; dims equal to a probe become the symbol again in the
+//! graph, and the graph's symbolic types are checked against the traced (probe) types.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use oar_ir::ops::{SliceRange, infer_types};
+use oar_ir::{DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+thread_local! {
+    static CURRENT: std::cell::RefCell<Option<Arc<TraceCtx>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The trace running on this thread, if any: while it runs, every op is recorded, even one
+/// whose inputs are all eager (e.g. a parameter broadcast to the batch size).
+pub(crate) fn current() -> Option<Arc<TraceCtx>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Makes `ctx` the current trace until dropped.
+pub(crate) struct CurrentGuard(Option<Arc<TraceCtx>>);
+
+impl CurrentGuard {
+    pub(crate) fn enter(ctx: &Arc<TraceCtx>) -> CurrentGuard {
+        CurrentGuard(CURRENT.with(|c| c.replace(Some(ctx.clone()))))
+    }
+}
+
+impl Drop for CurrentGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| *c.borrow_mut() = self.0.take());
+    }
+}
+
+/// Probe sizes for symbolic dims: primes below 10 000, unlikely as real sizes or products.
+const PROBES: [usize; 8] = [9973, 9967, 9949, 9941, 9931, 9929, 9923, 9907];
+
+/// A traced tensor's link to the graph being built.
+#[derive(Clone)]
+pub(crate) struct Traced {
+    pub(crate) ctx: Arc<TraceCtx>,
+    pub(crate) value: ValueId,
+    pub(crate) dtype: DType,
+    /// Shape with symbolic dims at their probe size.
+    pub(crate) shape: Vec<usize>,
+}
+
+/// The state of one trace.
+pub(crate) struct TraceCtx {
+    pub(crate) graph: Mutex<Graph>,
+    /// Symbol → probe size.
+    pub(crate) probes: Vec<(String, usize)>,
+    /// Eager tensors the function may use that become named params (layer parameters and
+    /// buffers), by tensor id.
+    pub(crate) names: BTreeMap<u64, String>,
+    /// Eager tensors already in the graph, by tensor id.
+    captured: Mutex<BTreeMap<u64, ValueId>>,
+    /// Params the graph reads: name → live tensor.
+    pub(crate) params: Mutex<BTreeMap<String, Tensor>>,
+    /// In-place updates of params recorded by `assign` (batch-norm running stats).
+    pub(crate) updates: Mutex<Vec<(String, ValueId)>>,
+}
+
+impl TraceCtx {
+    pub(crate) fn new(graph: Graph, probes: Vec<(String, usize)>, names: BTreeMap<u64, String>) -> Arc<TraceCtx> {
+        Arc::new(TraceCtx {
+            graph: Mutex::new(graph),
+            probes,
+            names,
+            captured: Mutex::new(BTreeMap::new()),
+            params: Mutex::new(BTreeMap::new()),
+            updates: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The probe size for the `i`-th distinct symbol.
+    pub(crate) fn probe(i: usize) -> Option<usize> {
+        PROBES.get(i).copied()
+    }
+
+    fn symbol_of(&self, n: usize) -> Option<&str> {
+        self.probes.iter().find(|(_, p)| *p == n).map(|(s, _)| s.as_str())
+    }
+
+    /// Dims equal to a probe become their symbol.
+    pub(crate) fn symbolize_dims(&self, dims: &[usize]) -> Vec<Dim> {
+        dims.iter()
+            .map(|&d| self.symbol_of(d).map_or(Dim::Static(d), Dim::sym))
+            .collect()
+    }
+
+    fn symbolize_attr(&self, dims: &[Dim]) -> Vec<Dim> {
+        dims.iter()
+            .map(|d| match d {
+                Dim::Static(n) => self.symbol_of(*n).map_or(d.clone(), Dim::sym),
+                _ => d.clone(),
+            })
+            .collect()
+    }
+
+    /// The op with probe sizes in its attributes replaced by symbols.
+    fn symbolize_op(&self, op: Op) -> Op {
+        match op {
+            Op::Reshape { shape } => Op::Reshape {
+                shape: self.symbolize_attr(&shape),
+            },
+            Op::Broadcast { shape } => Op::Broadcast {
+                shape: self.symbolize_attr(&shape),
+            },
+            Op::Iota { shape, axis, dtype } => Op::Iota {
+                shape: self.symbolize_attr(&shape),
+                axis,
+                dtype,
+            },
+            Op::Random {
+                dist,
+                shape,
+                dtype,
+                seed,
+            } => Op::Random {
+                dist,
+                shape: self.symbolize_attr(&shape),
+                dtype,
+                seed,
+            },
+            Op::Slice { ranges } => Op::Slice {
+                ranges: ranges
+                    .into_iter()
+                    .map(|r| {
+                        let whole =
+                            r.start == 0 && r.step == 1 && r.end >= 0 && self.symbol_of(r.end as usize).is_some();
+                        if whole { SliceRange::FULL } else { r }
+                    })
+                    .collect(),
+            },
+            other => other,
+        }
+    }
+
+    /// The graph value of `t`, capturing eager tensors (named ones as params, others as
+    /// constants).
+    pub(crate) fn value_of(self: &Arc<Self>, t: &Tensor) -> Result<ValueId> {
+        if let Some(tr) = &t.0.trace {
+            if !Arc::ptr_eq(&tr.ctx, self) {
+                return Err(Error::invalid(
+                    "to_static",
+                    "a tensor traced by another to_static call was used here",
+                ));
+            }
+            return Ok(tr.value);
+        }
+        if let Some(&v) = self.captured.lock().unwrap_or_else(|e| e.into_inner()).get(&t.id()) {
+            return Ok(v);
+        }
+        let mut g = self.graph.lock().unwrap_or_else(|e| e.into_inner());
+        let v = if let Some(name) = self.names.get(&t.id()) {
+            self.params
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.clone(), t.clone());
+            g.add_param(name, t.tensor_type())?
+        } else if t.shape().iter().any(|&d| self.symbol_of(d).is_some()) {
+            // Made with a traced size (e.g. zeros of the batch size): keep it symbolic when it
+            // is a fill value, which is what such tensors are in practice.
+            let data = t.data();
+            let vals = data.to_f64_vec();
+            if vals.windows(2).any(|w| w[0].to_bits() != w[1].to_bits()) || vals.is_empty() {
+                return Err(Error::invalid(
+                    "to_static",
+                    format!(
+                        "a tensor of shape {:?} was created with a traced (symbolic) size; derive it from the inputs instead",
+                        t.shape()
+                    ),
+                ));
+            }
+            let s = g.add_scalar(data.dtype(), vals[0]);
+            g.add_op1(
+                Op::Broadcast {
+                    shape: self.symbolize_dims(&t.shape()),
+                },
+                &[s],
+            )?
+        } else {
+            g.add_constant(t.data())
+        };
+        self.captured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(t.id(), v);
+        Ok(v)
+    }
+}
+
+/// Record `op(inputs)` into the trace that one of the inputs belongs to.
+pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let values = inputs.iter().map(|t| ctx.value_of(t)).collect::<Result<Vec<_>>>()?;
+    let concrete_in: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
+    let concrete = infer_types(&op, &concrete_in, &[]).map_err(|detail| IrError::Type {
+        op: op.name().to_string(),
+        value: "(traced)".into(),
+        detail,
+    })?;
+    let name = op.name();
+    let sym_op = ctx.symbolize_op(op);
+    let outs = ctx
+        .graph
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .add_op(sym_op, &values)
+        .map_err(|e| {
+            let syms: Vec<&str> = ctx.probes.iter().map(|(s, _)| s.as_str()).collect();
+            Error::invalid(
+                "to_static",
+                format!("{e} (while tracing, the symbolic dims {syms:?} must stay on their own axes)"),
+            )
+        })?;
+    let g = ctx.graph.lock().unwrap_or_else(|e| e.into_inner());
+    let probe = |s: &str| ctx.probes.iter().find(|(n, _)| n == s).map(|(_, p)| *p);
+    let mut result = Vec::with_capacity(outs.len());
+    for (v, c) in outs.into_iter().zip(concrete) {
+        let sym = g.value_type(v);
+        if sym.shape.bind(&probe) != c.shape {
+            return Err(Error::invalid(
+                "to_static",
+                format!(
+                    "op `{name}` gives {sym} in the graph but {c} when traced: it mixes a symbolic dim with \
+                     other sizes (e.g. reshaping N×K into one axis); keep the symbolic dim on its own axis"
+                ),
+            ));
+        }
+        let shape = c.shape.as_static().unwrap_or_default();
+        result.push(Tensor::traced(Traced {
+            ctx: ctx.clone(),
+            value: v,
+            dtype: c.dtype,
+            shape,
+        }));
+    }
+    Ok(result)
+}
+
+/// A graph input as a traced tensor.
+pub(crate) fn input(ctx: &Arc<TraceCtx>, name: &str, dims: &[Dim], dtype: DType) -> Result<Tensor> {
+    let ty = TensorType::new(dtype, Shape(dims.to_vec()));
+    let v = ctx
+        .graph
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .add_input(name, ty.clone())?;
+    let probe = |s: &str| ctx.probes.iter().find(|(n, _)| n == s).map(|(_, p)| *p);
+    let shape = ty.shape.bind(&probe).as_static().unwrap_or_default();
+    Ok(Tensor::traced(Traced {
+        ctx: ctx.clone(),
+        value: v,
+        dtype,
+        shape,
+    }))
+}

@@ -1,0 +1,203 @@
+//! to_static: traced graphs agree with eager code (values, gradients, batch-norm state) for a
+//! layer zoo; one graph serves every batch size; save → load → fine-tune → save round trips.
+
+use oar::jit::{InputSpec, TranslatedLayer, load, save, to_static, to_static_layer};
+use oar::nn::functional::cross_entropy;
+use oar::nn::{
+    BatchNorm2D, Conv2D, Flatten, LSTM, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential, TransformerEncoderLayer,
+};
+use oar::optimizer::{Adam, Optimizer};
+use oar::{DType, Tensor};
+
+fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.cast(DType::F64).unwrap(), b.cast(DType::F64).unwrap());
+    a.to_vec::<f64>()
+        .unwrap()
+        .iter()
+        .zip(b.to_vec::<f64>().unwrap())
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f64::max)
+}
+
+fn mlp() -> Sequential {
+    Sequential::new()
+        .add(Linear::new(4, 8).unwrap())
+        .add(ReLU)
+        .add(Linear::new(8, 3).unwrap())
+}
+
+#[test]
+fn one_graph_serves_every_batch_size() {
+    oar::seed(1);
+    let model = mlp();
+    let f = to_static_layer(&model, &InputSpec::new(&[None, Some(4)], DType::F32, "x")).unwrap();
+    let g = f.graph();
+    assert_eq!(g.input_specs()[0].1.to_string(), "f32[N,4]");
+    assert_eq!(g.output_types()[0].to_string(), "f32[N,3]");
+    assert_eq!(g.params().len(), 4, "{g}");
+    let _ng = oar::no_grad();
+    for n in [1, 3, 7] {
+        let x = oar::randn(&[n, 4], DType::F32).unwrap();
+        let eager = model.forward(&x).unwrap();
+        let stat = f.call(&[&x]).unwrap().remove(0);
+        assert!(max_rel_diff(&stat, &eager) < 1e-6, "batch {n}");
+    }
+    // A shape that does not match the spec is a clear error.
+    let bad = oar::randn(&[2, 5], DType::F32).unwrap();
+    let e = f.call(&[&bad]).unwrap_err().to_string();
+    assert!(e.contains("f32[N,4]") && e.contains("f32[2,5]"), "{e}");
+}
+
+#[test]
+fn static_gradients_equal_eager_gradients() {
+    oar::seed(2);
+    let model = mlp();
+    let f = to_static_layer(&model, &InputSpec::new(&[None, Some(4)], DType::F32, "x")).unwrap();
+    let x = oar::randn(&[5, 4], DType::F32).unwrap();
+    let y = Tensor::from_vec(vec![0i64, 2, 1, 1, 0], &[5]).unwrap();
+    let loss = cross_entropy(&model.forward(&x).unwrap(), &y, Reduction::Mean).unwrap();
+    loss.backward().unwrap();
+    let eager: Vec<Tensor> = model.parameters().iter().map(|p| p.grad().unwrap()).collect();
+    model.clear_gradients();
+    let loss = cross_entropy(&f.call(&[&x]).unwrap()[0], &y, Reduction::Mean).unwrap();
+    loss.backward().unwrap();
+    for (p, e) in model.parameters().iter().zip(&eager) {
+        assert!(max_rel_diff(&p.grad().unwrap(), e) < 1e-6);
+    }
+}
+
+#[test]
+fn cnn_with_batch_norm_in_train_and_eval_mode() {
+    oar::seed(3);
+    let build = || {
+        Sequential::new()
+            .add(Conv2D::new(2, 4, 3).unwrap().padding(1))
+            .add(BatchNorm2D::new(4).unwrap())
+            .add(ReLU)
+            .add(MaxPool2D::new(2))
+            .add(Flatten::new(1, -1))
+            .add(Linear::new(4 * 3 * 3, 5).unwrap())
+    };
+    let eager = build();
+    let traced = build();
+    traced
+        .set_state_dict(&eager.state_dict().into_iter().map(|(k, t)| (k, t.data())).collect())
+        .unwrap();
+    let spec = InputSpec::new(&[None, Some(2), Some(6), Some(6)], DType::F32, "img");
+    let f = to_static_layer(&traced, &spec).unwrap();
+    assert!(
+        f.graph()
+            .outputs()
+            .iter()
+            .any(|o| o.name.starts_with(oar::jit::STATE_PREFIX))
+    );
+    let _ng = oar::no_grad();
+    for n in [2, 3] {
+        let x = oar::randn(&[n, 2, 6, 6], DType::F32).unwrap();
+        let a = eager.forward(&x).unwrap();
+        let b = f.call(&[&x]).unwrap().remove(0);
+        assert!(max_rel_diff(&a, &b) < 1e-5, "train-mode output, batch {n}");
+    }
+    // Running statistics were updated identically by both.
+    for ((k, a), (_, b)) in eager.named_buffers().iter().zip(traced.named_buffers()) {
+        assert!(max_rel_diff(a, &b) < 1e-6, "{k}");
+    }
+    let (mut eager, mut traced) = (eager, traced);
+    eager.eval();
+    traced.eval();
+    let f = to_static_layer(&traced, &spec).unwrap();
+    let x = oar::randn(&[3, 2, 6, 6], DType::F32).unwrap();
+    assert!(max_rel_diff(&eager.forward(&x).unwrap(), &f.call(&[&x]).unwrap()[0]) < 1e-5);
+}
+
+#[test]
+fn lstm_and_transformer_encoder_layer() {
+    oar::seed(4);
+    let lstm = LSTM::new(3, 5).unwrap();
+    let f = to_static_layer(&lstm, &InputSpec::new(&[None, Some(4), Some(3)], DType::F32, "seq")).unwrap();
+    let _ng = oar::no_grad();
+    for n in [1, 2] {
+        let x = oar::randn(&[n, 4, 3], DType::F32).unwrap();
+        assert!(max_rel_diff(&lstm.forward(&x).unwrap(), &f.call(&[&x]).unwrap()[0]) < 1e-5);
+    }
+    let mut enc = TransformerEncoderLayer::new(8, 2, 16).unwrap();
+    enc.eval();
+    let f = to_static_layer(&enc, &InputSpec::new(&[None, Some(5), Some(8)], DType::F32, "tokens")).unwrap();
+    let x = oar::randn(&[3, 5, 8], DType::F32).unwrap();
+    assert!(max_rel_diff(&enc.forward(&x).unwrap(), &f.call(&[&x]).unwrap()[0]) < 1e-5);
+}
+
+#[test]
+fn save_load_fine_tune_save() {
+    oar::seed(5);
+    let dir = tempfile::tempdir().unwrap();
+    let model = mlp();
+    let spec = InputSpec::new(&[None, Some(4)], DType::F32, "x");
+    save(&model, dir.path().join("m.oar"), &spec).unwrap();
+    let mut loaded: TranslatedLayer = load(dir.path().join("m.oar")).unwrap();
+    let x = oar::randn(&[16, 4], DType::F32).unwrap();
+    {
+        let _ng = oar::no_grad();
+        assert!(max_rel_diff(&loaded.forward(&x).unwrap(), &model.forward(&x).unwrap()) < 1e-6);
+    }
+    assert_eq!(loaded.parameters().len(), 4);
+    loaded.train();
+    let y = Tensor::from_vec((0..16).map(|i| i % 3).collect::<Vec<i64>>(), &[16]).unwrap();
+    let mut opt = Adam::new(loaded.parameters(), 0.05);
+    let loss_of = |m: &TranslatedLayer| cross_entropy(&m.forward(&x).unwrap(), &y, Reduction::Mean).unwrap();
+    let before = loss_of(&loaded).item().unwrap();
+    for _ in 0..30 {
+        let loss = loss_of(&loaded);
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        opt.clear_grad();
+    }
+    let after = loss_of(&loaded).item().unwrap();
+    assert!(
+        after < 0.7 * before,
+        "fine-tuning lowered the loss only from {before} to {after}"
+    );
+    loaded.save(dir.path().join("m2.oar")).unwrap();
+    let again = load(dir.path().join("m2.oar")).unwrap();
+    let _ng = oar::no_grad();
+    assert!(max_rel_diff(&again.forward(&x).unwrap(), &loaded.forward(&x).unwrap()) < 1e-7);
+}
+
+#[test]
+fn closures_and_errors() {
+    let f = to_static(
+        |xs| {
+            let y = (&xs[0] * &xs[1])?;
+            Ok(vec![y.sum(&[-1], false)?, y.exp()?])
+        },
+        &[
+            InputSpec::new(&[None, Some(3)], DType::F64, "a"),
+            InputSpec::new(&[Some(3)], DType::F64, "b"),
+        ],
+    )
+    .unwrap();
+    let a = Tensor::from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let b = Tensor::from_vec(vec![1.0, 0.0, -1.0], &[3]).unwrap();
+    let outs = f.call(&[&a, &b]).unwrap();
+    assert_eq!(outs[0].to_vec::<f64>().unwrap(), vec![-2.0, -2.0]);
+    assert_eq!(outs[1].shape(), vec![2, 3]);
+    // Merging the symbolic batch dim into another axis cannot be expressed: a clear error.
+    let e = to_static(
+        |xs| Ok(vec![xs[0].reshape(&[-1])?]),
+        &[InputSpec::new(&[None, Some(3)], DType::F32, "x")],
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("reshape") && e.contains("symbolic"), "{e}");
+    // Reading a traced value is an error, not a wrong number.
+    let e = to_static(
+        |xs| Ok(vec![Tensor::scalar(xs[0].item()? as f32)]),
+        &[InputSpec::new(&[Some(1)], DType::F32, "x")],
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("traced"), "{e}");
+}
