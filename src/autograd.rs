@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use oar_ir::emit::Emitter;
 use oar_ir::{Op, TensorData, TensorType};
+
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,13 +66,16 @@ pub(crate) struct GradNode {
     id: u64,
     op: Op,
     edges: Vec<Edge>,
-    /// Values the VJP needs (inputs, outputs); dropped after backward unless retained.
-    saved: Mutex<Option<(Vec<TensorData>, Vec<TensorData>)>>,
+    /// Values the VJP needs (inputs, outputs) as immutable snapshots — eager data, or traced
+    /// values while `to_static` records a training step; dropped after backward unless retained.
+    saved: Mutex<Option<(Vec<Tensor>, Vec<Tensor>)>>,
     output_types: Vec<TensorType>,
 }
 
 impl GradNode {
-    pub(crate) fn new(op: Op, inputs: &[&Tensor], outputs: &[TensorData]) -> GradNode {
+    /// Record `op`: gradients flow to `inputs`; `saved_inputs`/`saved_outputs` are the values
+    /// its VJP reads.
+    pub(crate) fn new(op: Op, inputs: &[&Tensor], saved_inputs: Vec<Tensor>, saved_outputs: Vec<Tensor>) -> GradNode {
         let edges = inputs
             .iter()
             .map(|t| match (&t.0.creator, t.requires_grad()) {
@@ -84,8 +88,8 @@ impl GradNode {
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
             op,
             edges,
-            saved: Mutex::new(Some((inputs.iter().map(|t| t.data()).collect(), outputs.to_vec()))),
-            output_types: outputs.iter().map(|d| d.tensor_type()).collect(),
+            output_types: saved_outputs.iter().map(Tensor::tensor_type).collect(),
+            saved: Mutex::new(Some((saved_inputs, saved_outputs))),
         }
     }
 }
@@ -117,7 +121,13 @@ impl Emitter for EagerEmitter {
     }
 
     fn value_type(&self, v: usize) -> TensorType {
-        self.values[v].tensor_type()
+        // While tracing, gradient rules must see symbolic dims (a mean over `N` divides by `N`,
+        // not by the probe size).
+        let t = &self.values[v];
+        match &t.0.trace {
+            Some(tr) => tr.ctx.symbolic_type(tr.value),
+            None => t.tensor_type(),
+        }
     }
 }
 
@@ -202,8 +212,8 @@ impl Tensor {
                 })?
             };
             let mut em = EagerEmitter { values: Vec::new() };
-            let ins: Vec<usize> = saved.0.into_iter().map(|d| em.push(Tensor::from_data(d))).collect();
-            let outs: Vec<usize> = saved.1.into_iter().map(|d| em.push(Tensor::from_data(d))).collect();
+            let ins: Vec<usize> = saved.0.into_iter().map(|t| em.push(t)).collect();
+            let outs: Vec<usize> = saved.1.into_iter().map(|t| em.push(t)).collect();
             let cts: Vec<Option<usize>> = cts.into_iter().map(|c| c.map(|t| em.push(t))).collect();
             let wants: Vec<bool> = node.edges.iter().map(|e| !matches!(e, Edge::None)).collect();
             let grads = oar_ir::autodiff::vjp(&mut em, &node.op, &ins, &outs, &cts, &wants)?;

@@ -67,12 +67,15 @@ pub struct StaticFunction {
     graph: Graph,
     params: BTreeMap<String, Tensor>,
     backend: String,
+    /// A whole training step: always run on the backend (its gradients are in the graph).
+    train_step: bool,
 }
 
 fn trace(
     name: &str,
     specs: &[InputSpec],
     names: BTreeMap<u64, String>,
+    train_step: bool,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<StaticFunction> {
     let mut symbols: Vec<String> = Vec::new();
@@ -97,7 +100,7 @@ fn trace(
         .map(|s| trace::input(&ctx, &s.name, &s.dims, s.dtype))
         .collect::<Result<Vec<_>>>()?;
     let outputs = {
-        let _g = crate::autograd::no_grad();
+        let _g = crate::autograd::set_grad_enabled(train_step);
         let _current = trace::CurrentGuard::enter(&ctx);
         f(&inputs)?
     };
@@ -120,21 +123,45 @@ fn trace(
         graph,
         params,
         backend: crate::backend::DEFAULT_BACKEND.to_string(),
+        train_step,
     })
 }
 
 /// Trace `f` on inputs described by `specs`. Eager tensors the function captures are baked
 /// in as constants; use [`to_static_layer`] so a layer's parameters stay named and trainable.
 pub fn to_static(f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>, specs: &[InputSpec]) -> Result<StaticFunction> {
-    trace("main", specs, BTreeMap::new(), f)
+    trace("main", specs, BTreeMap::new(), false, f)
 }
 
 /// Trace a layer's `forward` on one input.
 pub fn to_static_layer(layer: &dyn Layer, spec: &InputSpec) -> Result<StaticFunction> {
     let names = layer.state_dict().into_iter().map(|(n, t)| (t.id(), n)).collect();
-    trace("forward", std::slice::from_ref(spec), names, |xs| {
+    trace("forward", std::slice::from_ref(spec), names, false, |xs| {
         Ok(vec![layer.forward(&xs[0])?])
     })
+}
+
+/// Trace a whole training step — `loss_fn` (forward and loss), `backward()`, the optimizer's
+/// update — into one graph in functional form: parameters and optimizer state (`@opt/...`)
+/// are graph params, and their new values are `@state/...` outputs written back after each
+/// call. Calling it returns the loss. SGD, Momentum, Adam and AdamW are supported.
+pub fn to_static_train_step(
+    model: &dyn Layer,
+    opt: &mut dyn crate::optimizer::Optimizer,
+    specs: &[InputSpec],
+    loss_fn: impl FnOnce(&[Tensor]) -> Result<Tensor>,
+) -> Result<StaticFunction> {
+    let names = model.state_dict().into_iter().map(|(n, t)| (t.id(), n)).collect();
+    let result = trace("train_step", specs, names, true, |xs| {
+        let loss = loss_fn(xs)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.clear_grad();
+        Ok(vec![loss.detach()])
+    });
+    // Leave no traced gradient behind on the eager parameters, whatever happened.
+    opt.clear_grad();
+    result
 }
 
 impl StaticFunction {
@@ -166,7 +193,8 @@ impl StaticFunction {
                 format!("the static function takes {} inputs, got {}", specs.len(), inputs.len()),
             ));
         }
-        let needs_grad = crate::is_grad_enabled()
+        let needs_grad = !self.train_step
+            && crate::is_grad_enabled()
             && (self.params.values().any(Tensor::requires_grad) || inputs.iter().any(|t| t.requires_grad()));
         let outs = if needs_grad {
             let feeds = specs
@@ -189,6 +217,42 @@ impl StaticFunction {
                 .collect()
         };
         write_back(&self.graph, outs, &self.params)
+    }
+
+    /// Set the learning rate a traced training step uses from now on.
+    pub fn set_lr(&self, lr: f64) -> Result<()> {
+        let key = format!("{}@lr", crate::optimizer::OPT_PREFIX);
+        let t = self
+            .params
+            .get(&key)
+            .ok_or_else(|| Error::invalid("set_lr", "this static function is not a training step"))?;
+        t.set_data(TensorData::scalar(lr))
+    }
+
+    /// Copy the optimizer state the static steps have advanced back into `opt`, so eager
+    /// training can continue from here.
+    pub fn sync_optimizer(&self, opt: &mut dyn crate::optimizer::Optimizer) -> Result<()> {
+        let mut state: BTreeMap<String, TensorData> = opt
+            .state_dict()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with('@'))
+            .collect();
+        for (name, t) in &self.params {
+            let Some(key) = name.strip_prefix(crate::optimizer::OPT_PREFIX) else {
+                continue;
+            };
+            if key.starts_with('@') {
+                continue;
+            }
+            let d = t.data();
+            let d = if key.ends_with(".step") {
+                TensorData::scalar(d.to_f64_vec()[0].round() as i64)
+            } else {
+                d
+            };
+            state.insert(key.to_string(), d);
+        }
+        opt.set_state_dict(&state)
     }
 
     /// Save as a `.oar` model (graph + current weights).
@@ -356,7 +420,7 @@ impl Tensor {
             None => self.set_data(value.try_data()?),
             Some(tr) => {
                 let ctx: &Arc<TraceCtx> = &tr.ctx;
-                let name = ctx.names.get(&self.id()).cloned().ok_or_else(|| {
+                let name = ctx.name_of(self).ok_or_else(|| {
                     Error::invalid(
                         "assign",
                         "while tracing, only a layer's parameters and buffers can be assigned",

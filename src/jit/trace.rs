@@ -55,7 +55,7 @@ pub(crate) struct TraceCtx {
     pub(crate) probes: Vec<(String, usize)>,
     /// Eager tensors the function may use that become named params (layer parameters and
     /// buffers), by tensor id.
-    pub(crate) names: BTreeMap<u64, String>,
+    pub(crate) names: Mutex<BTreeMap<u64, String>>,
     /// Eager tensors already in the graph, by tensor id.
     captured: Mutex<BTreeMap<u64, ValueId>>,
     /// Params the graph reads: name → live tensor.
@@ -69,11 +69,42 @@ impl TraceCtx {
         Arc::new(TraceCtx {
             graph: Mutex::new(graph),
             probes,
-            names,
+            names: Mutex::new(names),
             captured: Mutex::new(BTreeMap::new()),
             params: Mutex::new(BTreeMap::new()),
             updates: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The name `t` takes as a graph param if the traced code uses it (optimizer state).
+    pub(crate) fn register_named(&self, t: &Tensor, name: &str) {
+        self.names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(t.id(), name.to_string());
+    }
+
+    /// The param name of an eager tensor, if it has one.
+    pub(crate) fn name_of(&self, t: &Tensor) -> Option<String> {
+        self.names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&t.id())
+            .cloned()
+    }
+
+    /// `t` as a traced tensor of this trace (capturing it if eager).
+    pub(crate) fn as_traced(self: &Arc<Self>, t: &Tensor) -> Result<Tensor> {
+        if t.is_traced() {
+            return Ok(t.clone());
+        }
+        let value = self.value_of(t)?;
+        Ok(Tensor::traced(Traced {
+            ctx: self.clone(),
+            value,
+            dtype: t.dtype(),
+            shape: t.shape(),
+        }))
     }
 
     /// The probe size for the `i`-th distinct symbol.
@@ -99,6 +130,53 @@ impl TraceCtx {
                 _ => d.clone(),
             })
             .collect()
+    }
+
+    /// The op with symbols in its attributes replaced by their probe sizes (ops built from
+    /// symbolic types, e.g. by gradient rules, before computing traced shapes).
+    fn concretize_op(&self, op: Op) -> Op {
+        let probe = |dims: Vec<Dim>| -> Vec<Dim> {
+            dims.into_iter()
+                .map(|d| match &d {
+                    Dim::Sym(s) => self
+                        .probes
+                        .iter()
+                        .find(|(n, _)| n == s)
+                        .map_or(d.clone(), |(_, p)| Dim::Static(*p)),
+                    _ => d,
+                })
+                .collect()
+        };
+        match op {
+            Op::Reshape { shape } => Op::Reshape { shape: probe(shape) },
+            Op::Broadcast { shape } => Op::Broadcast { shape: probe(shape) },
+            Op::Iota { shape, axis, dtype } => Op::Iota {
+                shape: probe(shape),
+                axis,
+                dtype,
+            },
+            Op::Random {
+                dist,
+                shape,
+                dtype,
+                seed,
+            } => Op::Random {
+                dist,
+                shape: probe(shape),
+                dtype,
+                seed,
+            },
+            other => other,
+        }
+    }
+
+    /// The graph (symbolic) type of a traced value.
+    pub(crate) fn symbolic_type(&self, v: ValueId) -> TensorType {
+        self.graph
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .value_type(v)
+            .clone()
     }
 
     /// The op with probe sizes in its attributes replaced by symbols.
@@ -156,12 +234,18 @@ impl TraceCtx {
             return Ok(v);
         }
         let mut g = self.graph.lock().unwrap_or_else(|e| e.into_inner());
-        let v = if let Some(name) = self.names.get(&t.id()) {
+        let name = self
+            .names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&t.id())
+            .cloned();
+        let v = if let Some(name) = name {
             self.params
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(name.clone(), t.clone());
-            g.add_param(name, t.tensor_type())?
+            g.add_param(&name, t.tensor_type())?
         } else if t.shape().iter().any(|&d| self.symbol_of(d).is_some()) {
             // Made with a traced size (e.g. zeros of the batch size): keep it symbolic when it
             // is a fill value, which is what such tensors are in practice.
@@ -196,6 +280,7 @@ impl TraceCtx {
 
 /// Record `op(inputs)` into the trace that one of the inputs belongs to.
 pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let op = ctx.concretize_op(op);
     let values = inputs.iter().map(|t| ctx.value_of(t)).collect::<Result<Vec<_>>>()?;
     let concrete_in: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
     let concrete = infer_types(&op, &concrete_in, &[]).map_err(|detail| IrError::Type {
@@ -204,6 +289,7 @@ pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Re
         detail,
     })?;
     let name = op.name();
+    let sym_op_for_tape = op.clone();
     let sym_op = ctx.symbolize_op(op);
     let outs = ctx
         .graph
@@ -219,7 +305,10 @@ pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Re
         })?;
     let g = ctx.graph.lock().unwrap_or_else(|e| e.into_inner());
     let probe = |s: &str| ctx.probes.iter().find(|(n, _)| n == s).map(|(_, p)| *p);
+    drop(g);
+    let record = crate::autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
     let mut result = Vec::with_capacity(outs.len());
+    let g = ctx.graph.lock().unwrap_or_else(|e| e.into_inner());
     for (v, c) in outs.into_iter().zip(concrete) {
         let sym = g.value_type(v);
         if sym.shape.bind(&probe) != c.shape {
@@ -238,6 +327,23 @@ pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Re
             dtype: c.dtype,
             shape,
         }));
+    }
+    drop(g);
+    if record {
+        // Tracing a training step: keep the tape, with traced values saved for the VJPs so
+        // `backward()` records the backward ops into the same graph.
+        let saved_in = inputs.iter().map(|t| ctx.as_traced(t)).collect::<Result<Vec<_>>>()?;
+        let node = Arc::new(crate::autograd::GradNode::new(
+            sym_op_for_tape,
+            inputs,
+            saved_in,
+            result.clone(),
+        ));
+        result = result
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| t.with_creator(node.clone(), i))
+            .collect();
     }
     Ok(result)
 }

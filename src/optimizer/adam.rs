@@ -1,8 +1,9 @@
 //! Adam and AdamW, with PyTorch's bias correction.
 
-use super::core::{Core, ParamState, impl_optimizer};
+use super::core::{Core, ParamState, TracedUpdate, impl_optimizer};
 use super::{LearningRate, Params};
 use crate::error::Result;
+use crate::tensor::Tensor;
 
 const SLOTS: &[&str] = &["moment1", "moment2"];
 
@@ -56,6 +57,26 @@ impl AdamHyper {
             *v = self.beta2 * *v + (1.0 - self.beta2) * g * g;
             *p -= step_size * *m / (v.sqrt() / bc2_sqrt + self.epsilon);
         }
+    }
+}
+
+impl AdamHyper {
+    /// The same update as [`AdamHyper::update`], with tensor ops (for static training steps).
+    fn traced_update(&self, u: &TracedUpdate) -> Result<(Tensor, Vec<Tensor>)> {
+        let (g, m, v) = (&u.grad, &u.slots[0], &u.slots[1]);
+        let bc1 = u.scalar(self.beta1)?.pow(&u.step)?.scale(-1.0, 1.0)?;
+        let bc2_sqrt = u.scalar(self.beta2)?.pow(&u.step)?.scale(-1.0, 1.0)?.sqrt()?;
+        let p = if self.decoupled != 0.0 {
+            (&u.param * &(&u.lr * -self.decoupled)?.scale(1.0, 1.0)?)?
+        } else {
+            u.param.clone()
+        };
+        let m = (&(m * self.beta1)? + &(g * (1.0 - self.beta1))?)?;
+        let v = (&(v * self.beta2)? + &(&(g * g)? * (1.0 - self.beta2))?)?;
+        let denom = (&(&v.sqrt()? / &bc2_sqrt)? + self.epsilon)?;
+        let step = (&(&u.lr / &bc1)? * &m)?;
+        let p = (&p - &(&step / &denom)?)?;
+        Ok((p, vec![m, v]))
     }
 }
 

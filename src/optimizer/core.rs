@@ -12,6 +12,8 @@ use std::sync::Arc;
 const LR_KEY: &str = "@lr";
 /// State-dict key of a scheduler's epoch.
 const EPOCH_KEY: &str = "@lr_scheduler.last_epoch";
+/// Prefix of the graph params that hold optimizer state in a static training step.
+pub const OPT_PREFIX: &str = "@opt/";
 /// Slot name of the per-parameter step counter.
 const STEP_SLOT: &str = "step";
 
@@ -26,6 +28,26 @@ pub(crate) struct ParamState {
 /// The dtype state is kept in for a parameter of `dtype` (f32 master state for half types).
 fn state_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 { DType::F64 } else { DType::F32 }
+}
+
+/// The values a traced update rule reads.
+pub(crate) struct TracedUpdate {
+    pub(crate) lr: Tensor,
+    pub(crate) param: Tensor,
+    pub(crate) grad: Tensor,
+    pub(crate) step: Tensor,
+    pub(crate) slots: Vec<Tensor>,
+}
+
+impl TracedUpdate {
+    /// A scalar of the parameter's dtype.
+    pub(crate) fn scalar(&self, v: f64) -> Result<Tensor> {
+        Ok(Tensor::from_data(TensorData::from_f64_slice(
+            self.param.dtype(),
+            vec![],
+            &[v],
+        )?))
+    }
 }
 
 pub(crate) struct Core {
@@ -132,6 +154,70 @@ impl Core {
                 state.slots.iter_mut().flatten().for_each(|x| *x = *x as f32 as f64);
             }
             self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)?;
+        }
+        Ok(())
+    }
+
+    /// True when a gradient is a traced value: `to_static` is recording a training step.
+    pub(crate) fn is_traced(&self) -> bool {
+        self.params.iter().any(|p| p.grad().is_some_and(|g| g.is_traced()))
+    }
+
+    /// The traced form of [`Core::step`]: the update is recorded with tensor ops, and the
+    /// learning rate, each parameter's step counter and its slots become named graph params
+    /// (`@opt/@lr`, `@opt/<param>.step`, `@opt/<param>.<slot>`) whose new values are graph
+    /// outputs. `update(lr, param, grad, step, slots)` returns the new param and slots; `lr`
+    /// and `step` are scalars of the param's dtype, `step` already counting this update.
+    pub(crate) fn traced_step(
+        &mut self,
+        update: impl Fn(&TracedUpdate) -> Result<(Tensor, Vec<Tensor>)>,
+    ) -> Result<()> {
+        let lr = self.lr.value();
+        self.check(lr)?;
+        if self.grad_clip.is_some() {
+            return Err(self.invalid("gradient clipping inside a static training step is not supported yet"));
+        }
+        let ctx = crate::jit::current().ok_or_else(|| self.invalid("traced gradients outside of to_static"))?;
+        let _g = crate::autograd::no_grad();
+        let lr_t = Tensor::scalar(lr);
+        ctx.register_named(&lr_t, &format!("{OPT_PREFIX}{LR_KEY}"));
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(grad) = p.grad() else { continue };
+            if p.stop_gradient() {
+                continue;
+            }
+            let name = &self.names[i];
+            let st = self.state[i].clone().unwrap_or_else(|| ParamState {
+                step: 0,
+                slots: vec![vec![0.0; p.numel()]; self.slots.len()],
+            });
+            let step = Tensor::scalar(st.step as f64);
+            ctx.register_named(&step, &format!("{OPT_PREFIX}{name}.{STEP_SLOT}"));
+            let mut slots = Vec::with_capacity(self.slots.len());
+            for (slot, vals) in self.slots.iter().zip(&st.slots) {
+                let t = Tensor::from_data(TensorData::from_f64_slice(state_dtype(p.dtype()), p.shape(), vals)?);
+                ctx.register_named(&t, &format!("{OPT_PREFIX}{name}.{slot}"));
+                slots.push(t);
+            }
+            let grad = if self.weight_decay != 0.0 {
+                (&grad + &(p * self.weight_decay)?)?
+            } else {
+                grad
+            };
+            let next = (&step + 1.0)?;
+            let args = TracedUpdate {
+                lr: lr_t.cast(p.dtype())?,
+                param: p.clone(),
+                grad,
+                step: next.cast(p.dtype())?,
+                slots: slots.iter().map(|s| s.cast(p.dtype())).collect::<Result<_>>()?,
+            };
+            let (new_p, new_slots) = update(&args)?;
+            p.assign(&new_p.cast(p.dtype())?)?;
+            step.assign(&next)?;
+            for (s, n) in slots.iter().zip(new_slots) {
+                s.assign(&n.cast(s.dtype())?)?;
+            }
         }
         Ok(())
     }
@@ -268,6 +354,9 @@ macro_rules! impl_optimizer {
             fn step(&mut self) -> $crate::Result<()> {
                 self.check_hyper()?;
                 let hyper = self.hyper();
+                if self.core.is_traced() {
+                    return self.core.traced_step(|u| hyper.traced_update(u));
+                }
                 self.core.step(|lr, p, g, st| hyper.update(lr, p, g, st))
             }
             fn clear_grad(&self) {

@@ -28,6 +28,7 @@ mod sgd;
 
 pub use adam::{Adam, AdamW};
 pub use clip::{ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue, GradClip, clip_grad_norm};
+pub use core::OPT_PREFIX;
 pub use sgd::{Momentum, SGD};
 
 use crate::error::Result;

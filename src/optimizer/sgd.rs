@@ -1,8 +1,9 @@
 //! Plain and momentum gradient descent.
 
-use super::core::{Core, ParamState, impl_optimizer};
+use super::core::{Core, ParamState, TracedUpdate, impl_optimizer};
 use super::{LearningRate, Params};
 use crate::error::Result;
+use crate::tensor::Tensor;
 
 /// Stochastic gradient descent: `p -= lr * g`.
 pub struct SGD {
@@ -33,6 +34,10 @@ struct SgdHyper;
 impl SgdHyper {
     fn update(&self, lr: f64, p: &mut [f64], g: &[f64], _: &mut ParamState) {
         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
+    }
+
+    fn traced_update(&self, u: &TracedUpdate) -> Result<(Tensor, Vec<Tensor>)> {
+        Ok(((&u.param - &(&u.lr * &u.grad)?)?, vec![]))
     }
 }
 
@@ -102,6 +107,16 @@ impl MomentumHyper {
                 lr * *v
             };
         }
+    }
+
+    fn traced_update(&self, u: &TracedUpdate) -> Result<(Tensor, Vec<Tensor>)> {
+        let v = (&(&u.slots[0] * self.mu)? + &u.grad)?;
+        let dir = if self.nesterov {
+            (&u.grad + &(&v * self.mu)?)?
+        } else {
+            v.clone()
+        };
+        Ok(((&u.param - &(&u.lr * &dir)?)?, vec![v]))
     }
 }
 

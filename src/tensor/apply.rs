@@ -11,12 +11,17 @@ use std::sync::Arc;
 
 /// Apply `op` to eager tensors.
 pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-    if let Some(ctx) = inputs
+    let trace = inputs
         .iter()
         .find_map(|t| t.0.trace.as_ref().map(|tr| tr.ctx.clone()))
-        .or_else(crate::jit::current)
+        .or_else(crate::jit::current);
+    let needs_grad = is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+    // A traced composite stays one node unless its gradient is needed (a traced training
+    // step): then, as in eager mode, it runs as its decomposition so the primitives' VJPs apply.
+    if let Some(ctx) = &trace
+        && !(needs_grad && matches!(op, Op::Composite(_)))
     {
-        return crate::jit::trace_apply(&ctx, op, inputs);
+        return crate::jit::trace_apply(ctx, op, inputs);
     }
     if let Op::Composite(c) = &op {
         let mut em = EagerEmitter {
@@ -39,7 +44,9 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     if !record {
         return Ok(outs.into_iter().map(Tensor::from_data).collect());
     }
-    let node = Arc::new(GradNode::new(op, inputs, &outs));
+    let saved_in = datas.into_iter().map(Tensor::from_data).collect();
+    let saved_out = outs.iter().cloned().map(Tensor::from_data).collect();
+    let node = Arc::new(GradNode::new(op, inputs, saved_in, saved_out));
     Ok(outs
         .into_iter()
         .enumerate()

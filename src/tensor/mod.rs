@@ -77,6 +77,21 @@ impl Tensor {
         }))
     }
 
+    /// The same traced value, recorded on the tape as output `index` of `node`.
+    pub(crate) fn with_creator(self, node: Arc<GradNode>, index: usize) -> Tensor {
+        let trace = self.0.trace.clone();
+        let float = self.dtype().is_float();
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            data: RwLock::new(self.data()),
+            device: Device::CPU,
+            stop_gradient: AtomicBool::new(!float),
+            grad: Mutex::new(None),
+            creator: Some((node, index)),
+            trace,
+        }))
+    }
+
     /// True while this tensor is a value of a graph being traced (it has no data).
     pub fn is_traced(&self) -> bool {
         self.0.trace.is_some()
