@@ -12,8 +12,8 @@ pub(super) fn rules() -> Vec<OarRewrite> {
         code_rule("permute-permute", permute_permute),
         code_rule("permute-identity", permute_identity),
         code_rule("reshape-reshape", reshape_reshape),
-        code_rule("reshape-identity", same_type_as_operand("reshape")),
-        code_rule("slice-identity", same_type_as_operand("slice")),
+        code_rule("reshape-identity", reshape_identity),
+        code_rule("slice-identity", slice_identity),
         code_rule("pad-identity", pad_identity),
     ]
 }
@@ -53,21 +53,20 @@ fn reshape_reshape(eg: &OarEGraph, _: Id, node: &OarLang) -> Option<Term> {
     Some(Term::Op(Op::Reshape { shape }, vec![Term::Class(inner[0])]))
 }
 
-/// A rule for a one-operand op named `name`: when its result has its operand's type, it is the
-/// operand (a reshape to the same shape, a slice keeping everything).
-fn same_type_as_operand(name: &'static str) -> super::RuleFn {
-    match name {
-        "reshape" => |eg, class, node| identity_if(eg, class, node, |op| matches!(op, Op::Reshape { .. })),
-        _ => |eg, class, node| {
-            identity_if(eg, class, node, |op| match op {
-                // A slice keeps the type only when it takes every element in order.
-                Op::Slice { ranges } => ranges.iter().all(|r| r.step == 1 && r.start == 0),
-                _ => false,
-            })
-        },
-    }
+/// `reshape(x, shape(x))` → `x`.
+fn reshape_identity(eg: &OarEGraph, class: Id, node: &OarLang) -> Option<Term> {
+    identity_if(eg, class, node, |op| matches!(op, Op::Reshape { .. }))
 }
 
+/// A slice that keeps the type and starts at 0 with step 1 takes every element in order → `x`.
+fn slice_identity(eg: &OarEGraph, class: Id, node: &OarLang) -> Option<Term> {
+    identity_if(eg, class, node, |op| match op {
+        Op::Slice { ranges } => ranges.iter().all(|r| r.step == 1 && r.start == 0),
+        _ => false,
+    })
+}
+
+/// The operand of `node`, when `pick` accepts its op and the result has the operand's type.
 fn identity_if(eg: &OarEGraph, class: Id, node: &OarLang, pick: fn(&Op) -> bool) -> Option<Term> {
     let (op, kids) = op_of(eg, node)?;
     (pick(&op) && ty(eg, kids[0]).is_some() && ty(eg, kids[0]) == ty(eg, class)).then_some(Term::Class(kids[0]))
