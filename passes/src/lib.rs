@@ -11,12 +11,14 @@ mod error;
 mod manager;
 mod regions;
 mod registry;
+pub mod simplify;
 
 pub use dce::Dce;
 pub use decompose::Decompose;
 pub use error::PassError;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
 pub use registry::{list_passes, pass_by_name};
+pub use simplify::{Simplify, SimplifyStats};
 
 use oar_ir::Graph;
 
