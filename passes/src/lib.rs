@@ -8,6 +8,8 @@
 mod dce;
 mod decompose;
 mod error;
+pub mod fuse;
+mod fuse_build;
 mod manager;
 mod regions;
 mod registry;
@@ -15,6 +17,7 @@ mod registry;
 pub use dce::Dce;
 pub use decompose::Decompose;
 pub use error::PassError;
+pub use fuse::Fuse;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
 pub use registry::{list_passes, pass_by_name};
 

@@ -1,9 +1,13 @@
 //! Passes by name, for pipelines given as text (`oar opt --passes dce,decompose`).
 
-use crate::{Dce, Decompose, Pass};
+use crate::{Dce, Decompose, Fuse, Pass};
 
 /// Every registered pass, as a constructor of its default configuration.
-const PASSES: &[fn() -> Box<dyn Pass>] = &[|| Box::new(Dce), || Box::new(Decompose::all())];
+const PASSES: &[fn() -> Box<dyn Pass>] = &[
+    || Box::new(Dce),
+    || Box::new(Decompose::all()),
+    || Box::new(Fuse::default()),
+];
 
 /// The pass registered under `name`, in its default configuration.
 pub fn pass_by_name(name: &str) -> Option<Box<dyn Pass>> {
