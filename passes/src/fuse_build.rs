@@ -343,7 +343,16 @@ impl<'a> KernelBuilder<'a> {
             let mut args = Vec::with_capacity(3);
             for &x in node.inputs() {
                 let m = broadcast_map(self.ty(x).shape.dims(), &out, &map);
-                args.push(self.expr(body, x, m)?);
+                match self.expr(body, x, m) {
+                    Ok(i) => args.push(i),
+                    // An operand of the same shape that must be materialized: materialize this
+                    // value instead, so the operand's kernel takes it as epilogue (var → +eps →
+                    // rsqrt becomes one reduction kernel), unless this is a kernel root.
+                    Err(Stop::Need(n)) if n == x && self.ty(x).shape.0 == out && !self.materialized.contains(&v) => {
+                        return Err(Stop::Need(v));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             let op = match &node.op {
                 Op::Unary(u) => ScalarOp::Unary(*u, args[0]),

@@ -11,6 +11,7 @@ mod error;
 pub mod fuse;
 mod fuse_build;
 mod manager;
+pub mod memory_plan;
 mod regions;
 mod registry;
 
@@ -18,6 +19,7 @@ pub use dce::Dce;
 pub use decompose::Decompose;
 pub use error::PassError;
 pub use fuse::Fuse;
+pub use memory_plan::memory_plan;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
 pub use registry::{list_passes, pass_by_name};
 

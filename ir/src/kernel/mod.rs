@@ -13,7 +13,10 @@
 //!
 //! The full contract (loop numbering, index maps, views, numerics) is in `docs/KERNELS.md`.
 
+mod plan;
 mod print;
+
+pub use plan::MemoryPlan;
 
 use crate::ops::{BinaryOp, Float, Op, ReduceOp, UnaryOp};
 use crate::{DType, Dim, TensorData, TensorType};
