@@ -96,7 +96,26 @@ pub fn fuse_primitives(g: &Graph) -> Result<KernelProgram, PassError> {
             materialized.extend((0..node.outputs().len() as u32).map(|output| ValueId { node: n, output }));
         }
     }
+    // A value with several users whose cone holds an anchor, read by something other than a
+    // same-shape elementwise op (a reduction, a broadcast, a contraction), ends up in a buffer
+    // anyway: decide it up front so no kernel claims its anchor first.
+    for &n in &order {
+        let v = ValueId::first(n);
+        let node = g.node(n);
+        if !matches!(role(g, node), Role::Elementwise | Role::Anchor) || g.users(v).len() < 2 {
+            continue;
+        }
+        let shape = &g.value_type(v).shape;
+        let foreign = g
+            .users(v)
+            .iter()
+            .any(|&(u, _)| role(g, g.node(u)) != Role::Elementwise || g.value_type(ValueId::first(u)).shape != *shape);
+        if foreign && has_epilogue_anchor(g, &materialized, v) {
+            materialized.insert(v);
+        }
+    }
     // Each round adds at least one value, so at most one round per value (plus one).
+    // (Quadratic in the worst case; fine for the graphs of today, see docs/KERNELS.md.)
     let limit = order.iter().map(|&n| g.node(n).outputs().len()).sum::<usize>() + 2;
     for _ in 0..limit {
         match build_all(g, &order, &materialized)? {
@@ -132,6 +151,41 @@ fn cone_cost(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId, seen: &mut
         .iter()
         .map(|&x| cone_cost(g, materialized, x, seen))
         .sum::<usize>()
+}
+
+/// True if `v` is an anchor or a same-shape elementwise function of one (a would-be epilogue).
+fn has_epilogue_anchor(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId) -> bool {
+    if materialized.contains(&v) {
+        return false;
+    }
+    let node = g.node(v.node);
+    match role(g, node) {
+        Role::Anchor => true,
+        Role::Elementwise => node
+            .inputs()
+            .iter()
+            .any(|&x| g.value_type(x).shape == g.value_type(v).shape && has_epilogue_anchor(g, materialized, x)),
+        _ => false,
+    }
+}
+
+/// The value to materialize for an anchor several kernels read: the top of the chain of
+/// single-user, same-shape elementwise values above it, so its kernel keeps them as epilogue.
+fn epilogue_head(g: &Graph, materialized: &BTreeSet<ValueId>, anchor: ValueId) -> ValueId {
+    let shape = &g.value_type(anchor).shape;
+    let mut v = anchor;
+    loop {
+        let users = g.users(v);
+        if users.len() != 1 || g.outputs().iter().any(|o| o.value == v) {
+            return v;
+        }
+        let u = ValueId::first(users[0].0);
+        let node = g.node(u.node);
+        if role(g, node) != Role::Elementwise || g.value_type(u).shape != *shape || materialized.contains(&u) {
+            return v;
+        }
+        v = u;
+    }
 }
 
 type Built = Result<KernelProgram, BTreeSet<ValueId>>;
@@ -178,16 +232,29 @@ fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueI
                 }
                 kernels.push(kernel);
             }
+            // Only the first (most upstream) request per round: materializing it often
+            // resolves later kernels' conflicts better than what they asked for.
             Err(Stop::Need(x)) => {
-                needs.insert(x);
+                if needs.is_empty() {
+                    needs.insert(x);
+                }
             }
         }
     }
-    needs.extend(anchor_claims.into_iter().filter(|&(_, c)| c > 1).map(|(a, _)| a));
+    // Sharing decisions first: they often resolve the walks' conflicts in a better way than
+    // materializing what the walks asked for (which only ever grows the set).
+    let mut shared: BTreeSet<ValueId> = anchor_claims
+        .into_iter()
+        .filter(|&(_, c)| c > 1)
+        .map(|(a, _)| epilogue_head(g, materialized, a))
+        .collect();
     for (x, count) in computed {
         if count > 1 && cone_cost(g, materialized, x, &mut BTreeSet::new()) > RECOMPUTE_LIMIT {
-            needs.insert(x);
+            shared.insert(x);
         }
+    }
+    if !shared.is_empty() {
+        return Ok(Err(shared));
     }
     if !needs.is_empty() {
         return Ok(Err(needs));

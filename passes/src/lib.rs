@@ -19,8 +19,8 @@ pub use dce::Dce;
 pub use decompose::Decompose;
 pub use error::PassError;
 pub use fuse::Fuse;
-pub use memory_plan::memory_plan;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
+pub use memory_plan::memory_plan;
 pub use registry::{list_passes, pass_by_name};
 
 use oar_ir::Graph;

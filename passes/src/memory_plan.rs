@@ -47,19 +47,18 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
         if b.kind != BufferKind::Temp {
             continue;
         }
-        let dims = b
-            .ty
-            .shape
-            .dims()
-            .iter()
-            .map(|d| match d {
-                Dim::Static(n) => Ok(*n),
-                Dim::Sym(s) => bindings
-                    .get(s)
-                    .copied()
-                    .ok_or_else(|| err(program, format!("b{i} ({}): symbol `{s}` is not bound", b.ty))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let dims =
+            b.ty.shape
+                .dims()
+                .iter()
+                .map(|d| match d {
+                    Dim::Static(n) => Ok(*n),
+                    Dim::Sym(s) => bindings
+                        .get(s)
+                        .copied()
+                        .ok_or_else(|| err(program, format!("b{i} ({}): symbol `{s}` is not bound", b.ty))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
         let bytes = checked_byte_len(b.ty.dtype, &dims).map_err(|e| err(program, format!("b{i}: {e}")))?;
         sizes.insert(BufferId(i as u32), bytes);
     }
@@ -73,7 +72,10 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
         }
         for b in kernel.reads() {
             if sizes.contains_key(&b) && !first.contains_key(&b) {
-                return Err(err(program, format!("{b} is read by `{}` before it is written", kernel.name)));
+                return Err(err(
+                    program,
+                    format!("{b} is read by `{}` before it is written", kernel.name),
+                ));
             }
             last.insert(b, k);
         }
@@ -91,7 +93,9 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
                     sizes.contains_key(&i)
                         && last.get(&i) == Some(&k)
                         && bi.ty == bo.ty
-                        && slot_of.get(&i).is_some_and(|&s| slots[s].last == k && !in_place.iter().any(|&(_, x)| x == i))
+                        && slot_of
+                            .get(&i)
+                            .is_some_and(|&s| slots[s].last == k && !in_place.iter().any(|&(_, x)| x == i))
                         && l.loads
                             .iter()
                             .filter(|ld| ld.buffer == i)

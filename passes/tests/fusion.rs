@@ -72,7 +72,10 @@ fn mlp_fuses_bias_and_relu_into_matmul_epilogues_with_symbolic_batch() {
     let x = g
         .add_input("x", TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(8)]))
         .unwrap();
-    let (w1, b1) = (param(&mut g, &mut w, "w1", &[8, 16]), param(&mut g, &mut w, "b1", &[16]));
+    let (w1, b1) = (
+        param(&mut g, &mut w, "w1", &[8, 16]),
+        param(&mut g, &mut w, "b1", &[16]),
+    );
     let (w2, b2) = (param(&mut g, &mut w, "w2", &[16, 4]), param(&mut g, &mut w, "b2", &[4]));
     let h = comp(&mut g, Composite::Linear, &[x, w1, b1]);
     let h = comp(&mut g, Composite::Relu, &[h]);
@@ -85,7 +88,10 @@ fn mlp_fuses_bias_and_relu_into_matmul_epilogues_with_symbolic_batch() {
     assert_eq!(p.kernels.len(), 2, "{p}");
     assert_eq!(p.kernel_counts(), (0, 2, 0));
     for epi in contraction_ops(&p) {
-        assert!(epi.iter().any(|o| o.starts_with("add")) && epi.iter().any(|o| o.starts_with("max")), "{epi:?}");
+        assert!(
+            epi.iter().any(|o| o.starts_with("add")) && epi.iter().any(|o| o.starts_with("max")),
+            "{epi:?}"
+        );
     }
     // N stays symbolic in the program; a different N runs the same program.
     assert!(p.buffers.iter().any(|b| b.ty.shape.0[0] == Dim::sym("N")));
@@ -109,7 +115,10 @@ fn conv_bn(g: &mut Graph, w: &mut Weights, x: ValueId, name: &str, c: usize) -> 
     let scale = param(g, w, &format!("{name}.scale"), &[c]);
     let bias = param(g, w, &format!("{name}.bias"), &[c]);
     let mean = param(g, w, &format!("{name}.mean"), &[c]);
-    w.insert(format!("{name}.var"), TensorData::from_vec(vec![c], vec![0.5f32; c]).unwrap());
+    w.insert(
+        format!("{name}.var"),
+        TensorData::from_vec(vec![c], vec![0.5f32; c]).unwrap(),
+    );
     let var = g.add_param(&format!("{name}.var"), f32t(&[c])).unwrap();
     comp(
         g,
@@ -159,15 +168,26 @@ fn layer_norm_is_three_kernels_and_softmax_three() {
     println!("{p}");
     // mean; var with `+eps, rsqrt` as epilogue; normalize with affine.
     assert_eq!(p.kernels.len(), 3, "{p}");
-    let KernelBody::Loop(var) = &p.kernels[1].body else { panic!("{p}") };
+    let KernelBody::Loop(var) = &p.kernels[1].body else {
+        panic!("{p}")
+    };
     assert_eq!(var.reduce.as_ref().unwrap().op, ReduceOp::Mean);
-    assert!(var.body.iter().any(|i| matches!(i.op, ScalarOp::Unary(UnaryOp::Rsqrt, _))), "{p}");
+    assert!(
+        var.body
+            .iter()
+            .any(|i| matches!(i.op, ScalarOp::Unary(UnaryOp::Rsqrt, _))),
+        "{p}"
+    );
 
     let mut g = Graph::new("softmax");
     let x = g.add_input("x", f32t(&[4, 5])).unwrap();
     let y = comp(&mut g, Composite::Softmax { axis: 1 }, &[x]);
     g.add_output("y", y).unwrap();
-    let p = check(&g, &Weights::new(), &BTreeMap::from([("x".to_string(), data(&[4, 5], 5))]));
+    let p = check(
+        &g,
+        &Weights::new(),
+        &BTreeMap::from([("x".to_string(), data(&[4, 5], 5))]),
+    );
     // max; sum of exp(x - max) (recomputed, not stored); exp(x - max) / sum.
     assert_eq!(p.kernels.len(), 3, "{p}");
 }
@@ -178,10 +198,16 @@ fn transformer_encoder_layer_matches_reference() {
     let mut g = Graph::new("encoder");
     let mut w = Weights::new();
     let x = g
-        .add_input("x", TensorType::new(DType::F32, vec![Dim::sym("B"), Dim::Static(s), Dim::Static(d)]))
+        .add_input(
+            "x",
+            TensorType::new(DType::F32, vec![Dim::sym("B"), Dim::Static(s), Dim::Static(d)]),
+        )
         .unwrap();
     let ln = |g: &mut Graph, w: &mut Weights, x, n: &str| {
-        let (gw, gb) = (param(g, w, &format!("{n}.g"), &[d]), param(g, w, &format!("{n}.b"), &[d]));
+        let (gw, gb) = (
+            param(g, w, &format!("{n}.g"), &[d]),
+            param(g, w, &format!("{n}.b"), &[d]),
+        );
         let c = Composite::LayerNorm {
             normalized_ndim: 1,
             epsilon: Float(1e-5),
@@ -189,7 +215,10 @@ fn transformer_encoder_layer_matches_reference() {
         g.add_op1(Op::Composite(c), &[x, gw, gb]).unwrap()
     };
     let lin = |g: &mut Graph, w: &mut Weights, x, n: &str, i: usize, o: usize| {
-        let (ww, wb) = (param(g, w, &format!("{n}.w"), &[i, o]), param(g, w, &format!("{n}.b"), &[o]));
+        let (ww, wb) = (
+            param(g, w, &format!("{n}.w"), &[i, o]),
+            param(g, w, &format!("{n}.b"), &[o]),
+        );
         g.add_op1(Op::Composite(Composite::Linear), &[x, ww, wb]).unwrap()
     };
     let h = ln(&mut g, &mut w, x, "ln1");
@@ -212,7 +241,10 @@ fn transformer_encoder_layer_matches_reference() {
     let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[b, s, d], 6))]));
     println!("{p}");
     let (loops, contractions, opaque) = p.kernel_counts();
-    println!("encoder layer: {} kernels ({loops} loop, {contractions} matmul, {opaque} opaque)", p.kernels.len());
+    println!(
+        "encoder layer: {} kernels ({loops} loop, {contractions} matmul, {opaque} opaque)",
+        p.kernels.len()
+    );
     assert_eq!(opaque, 0);
     // q, k, v, scores, attention, out proj, ff1, ff2.
     assert_eq!(contractions, 8, "{p}");
@@ -222,7 +254,11 @@ fn transformer_encoder_layer_matches_reference() {
     // The k transpose is folded into the scores matmul's operand map, not materialized.
     assert!(p.kernels.iter().all(|k| !k.name.contains("copy")), "{p}");
     // bias + GELU (erf) fused into ff1's epilogue.
-    assert!(contraction_ops(&p).iter().any(|e| e.iter().any(|o| o.starts_with("erf"))));
+    assert!(
+        contraction_ops(&p)
+            .iter()
+            .any(|e| e.iter().any(|o| o.starts_with("erf")))
+    );
 }
 
 trait ScalarMul {
@@ -278,7 +314,9 @@ fn elementwise_chain_with_transpose_broadcast_slice_and_view_is_one_kernel() {
     let p = check(&g, &Weights::new(), &inputs);
     println!("{p}");
     assert_eq!(p.kernels.len(), 1, "{p}");
-    let KernelBody::Loop(k) = &p.kernels[0].body else { panic!() };
+    let KernelBody::Loop(k) = &p.kernels[0].body else {
+        panic!()
+    };
     let maps: Vec<String> = k.loads.iter().map(|l| l.to_string()).collect();
     // a transposed and sliced: row 2*i0+1 of the transpose is column 2*i0+1 of a.
     assert!(maps.contains(&"b0 as [3,4][i1, 2*i0 + 1]".to_string()), "{maps:?}");
@@ -305,7 +343,11 @@ fn opaque_ops_get_their_own_kernels_and_the_program_is_complete() {
     let n = g.unary(UnaryOp::Neg, c).unwrap();
     g.add_output("arg", am).unwrap();
     g.add_output("neg", n).unwrap();
-    let p = check(&g, &Weights::new(), &BTreeMap::from([("a".to_string(), data(&[2, 3], 10))]));
+    let p = check(
+        &g,
+        &Weights::new(),
+        &BTreeMap::from([("a".to_string(), data(&[2, 3], 10))]),
+    );
     assert_eq!(p.kernel_counts(), (2, 0, 2), "{p}");
 }
 

@@ -66,19 +66,28 @@ impl<'p> Exec<'p> {
         let mut values = BTreeMap::new();
         for (i, b) in program.buffers.iter().enumerate() {
             let (t, missing) = match &b.kind {
-                BufferKind::Input { name } => (inputs.get(name), BackendError::MissingInput {
-                    name: name.clone(),
-                    expected: b.ty.to_string(),
-                }),
-                BufferKind::Param { name } => (weights.get(name), BackendError::Weight {
-                    name: name.clone(),
-                    detail: format!("no weight given (expected {})", b.ty),
-                }),
-                BufferKind::Constant(t) => (Some(t), BackendError::Runtime {
-                    op: "constant".into(),
-                    value: b.value.clone(),
-                    detail: "missing".into(),
-                }),
+                BufferKind::Input { name } => (
+                    inputs.get(name),
+                    BackendError::MissingInput {
+                        name: name.clone(),
+                        expected: b.ty.to_string(),
+                    },
+                ),
+                BufferKind::Param { name } => (
+                    weights.get(name),
+                    BackendError::Weight {
+                        name: name.clone(),
+                        detail: format!("no weight given (expected {})", b.ty),
+                    },
+                ),
+                BufferKind::Constant(t) => (
+                    Some(t),
+                    BackendError::Runtime {
+                        op: "constant".into(),
+                        value: b.value.clone(),
+                        detail: "missing".into(),
+                    },
+                ),
                 _ => continue,
             };
             let t = t.ok_or(missing)?;
@@ -148,7 +157,11 @@ impl<'p> Exec<'p> {
         let (dtype, shape) = self.buffer_shape(s, b)?;
         v.normalize();
         if v.dtype != dtype || v.shape() != shape.as_slice() {
-            return Err(s.err(format!("computed {}{:?} for {b} of {dtype}{shape:?}", v.dtype, v.shape())));
+            return Err(s.err(format!(
+                "computed {}{:?} for {b} of {dtype}{shape:?}",
+                v.dtype,
+                v.shape()
+            )));
         }
         if let Some((off, size)) = self.in_arena(b) {
             let t = v.to_tensor().map_err(|e| s.err(e))?;
@@ -204,9 +217,15 @@ impl<'p> Exec<'p> {
         for _ in 0..total {
             let mut lin = 0;
             for (a, e) in axes.iter().enumerate() {
-                let i = e.eval(&point).filter(|&i| i >= 0 && (i as usize) < view[a]).ok_or_else(|| {
-                    s.err(format!("{} index `{e}` at {point:?} is outside axis {a} of {view:?}", load.buffer))
-                })?;
+                let i = e
+                    .eval(&point)
+                    .filter(|&i| i >= 0 && (i as usize) < view[a])
+                    .ok_or_else(|| {
+                        s.err(format!(
+                            "{} index `{e}` at {point:?} is outside axis {a} of {view:?}",
+                            load.buffer
+                        ))
+                    })?;
                 lin += i as usize * strides[a];
             }
             index.push(lin);
@@ -237,7 +256,10 @@ impl<'p> Exec<'p> {
         let mut gathered: BTreeMap<usize, Value> = BTreeMap::new();
         for (i, inst) in body.iter().enumerate() {
             let s = site(&s.op, format!("%{i}"));
-            let arg = |a: usize| vals.get(a).ok_or_else(|| s.err(format!("operand %{a} is not defined before %{i}")));
+            let arg = |a: usize| {
+                vals.get(a)
+                    .ok_or_else(|| s.err(format!("operand %{a} is not defined before %{i}")))
+            };
             let mut v = match &inst.op {
                 ScalarOp::Load(l) => {
                     if !gathered.contains_key(l) {
@@ -264,7 +286,10 @@ impl<'p> Exec<'p> {
     }
 
     fn kernel(&mut self, k: &Kernel) -> Res<()> {
-        let s = site(&k.name, k.outputs.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","));
+        let s = site(
+            &k.name,
+            k.outputs.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","),
+        );
         let out = match &k.body {
             KernelBody::Loop(l) => {
                 let dims = resolve(&s, &l.shape, &self.binds)?;
