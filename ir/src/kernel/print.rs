@@ -110,7 +110,7 @@ impl Display for Kernel {
             KernelBody::Contraction(k) => {
                 writeln!(
                     f,
-                    "  {}: {} lhs {}{} rhs {}{} -> {outs} {}",
+                    "  {}: {} lhs {} : {} rhs {} : {} -> {outs} : {}",
                     self.name,
                     k.op,
                     k.lhs.load,
