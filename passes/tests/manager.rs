@@ -182,7 +182,11 @@ fn printing_goes_to_the_sink_for_the_chosen_passes() {
 #[test]
 fn registry_finds_passes_by_name() {
     let names: Vec<_> = list_passes().iter().map(|(n, _)| *n).collect();
-    assert_eq!(names, ["dce", "decompose"]);
+    // Other passes register themselves too; these must be there.
+    assert!(
+        ["dce", "decompose", "fuse"].iter().all(|n| names.contains(n)),
+        "{names:?}"
+    );
     assert!(list_passes().iter().all(|(_, d)| !d.is_empty()));
     assert_eq!(pass_by_name("dce").unwrap().name(), "dce");
     assert!(pass_by_name("nope").is_none());
