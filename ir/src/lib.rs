@@ -13,6 +13,7 @@ pub mod error;
 pub mod file;
 pub mod graph;
 pub mod graph_def;
+pub mod kernel;
 pub mod npy;
 pub mod ops;
 pub mod shape;

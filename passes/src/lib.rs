@@ -8,7 +8,10 @@
 mod dce;
 mod decompose;
 mod error;
+pub mod fuse;
+mod fuse_build;
 mod manager;
+pub mod memory_plan;
 mod regions;
 mod registry;
 pub mod simplify;
@@ -16,7 +19,9 @@ pub mod simplify;
 pub use dce::Dce;
 pub use decompose::Decompose;
 pub use error::PassError;
+pub use fuse::Fuse;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
+pub use memory_plan::memory_plan;
 pub use registry::{list_passes, pass_by_name};
 pub use simplify::{Simplify, SimplifyStats};
 

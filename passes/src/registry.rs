@@ -1,12 +1,13 @@
 //! Passes by name, for pipelines given as text (`oar opt --passes dce,decompose`).
 
-use crate::{Dce, Decompose, Pass, Simplify};
+use crate::{Dce, Decompose, Fuse, Pass, Simplify};
 
 /// Every registered pass, as a constructor of its default configuration.
 const PASSES: &[fn() -> Box<dyn Pass>] = &[
     || Box::new(Dce),
     || Box::new(Decompose::all()),
     || Box::new(Simplify::new()),
+    || Box::new(Fuse::default()),
 ];
 
 /// The pass registered under `name`, in its default configuration.

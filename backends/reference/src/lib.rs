@@ -12,6 +12,7 @@ mod control;
 mod elementwise;
 mod indexing;
 mod interp;
+mod kernels_exec;
 mod movement;
 mod nn;
 mod norm;
@@ -19,6 +20,8 @@ mod pool;
 pub mod random;
 mod reduce;
 mod value;
+
+pub use kernels_exec::{run_kernel_program, run_kernel_program_planned};
 
 use interp::Interp;
 use oar_ir::backend::check_inputs;

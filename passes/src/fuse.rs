@@ -1,0 +1,406 @@
+//! Fusion: turn a graph of primitives into a [`KernelProgram`].
+//!
+//! Which values get a buffer (are *materialized*) decides everything else: every other value
+//! is computed inline inside each kernel that reads it. The rule, applied to a fixpoint:
+//!
+//! 1. graph outputs, results and operands of opaque ops are materialized;
+//! 2. each materialized value is built as one kernel by walking back through inline values
+//!    (`fuse_build.rs`): elementwise ops become instructions, movement ops fold into index
+//!    maps, and one anchor (reduce, matmul or conv) read at the output point becomes the
+//!    kernel's reduction or contraction, with everything after it as the epilogue;
+//! 3. a walk that cannot express something asks for a value to be materialized; so does an
+//!    anchor claimed by two kernels (its work would be duplicated), and an inline value
+//!    computed more than once (by several kernels, or at several points) whose cone costs more
+//!    than [`RECOMPUTE_LIMIT`] — cheap producers (a subtraction, `exp(x - max)`) are
+//!    recomputed instead of stored;
+//! 4. repeat until no walk asks for anything (the materialized set only grows, so this ends).
+
+use crate::fuse_build::{Body, BufferTable, KernelBuilder, Phase, Role, Stop, identity, role};
+use crate::{Decompose, Pass, PassError};
+use oar_ir::kernel::{
+    AffineExpr, BufferKind, Contraction, ContractionKernel, Kernel, KernelBody, KernelProgram, LoopKernel,
+    OpaqueKernel, Operand, Reduction, ScalarOp,
+};
+use oar_ir::ops::UnaryOp;
+use oar_ir::{Graph, IrError, Op, ValueId};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// An inline value computed more than once is recomputed if its cone costs at most this
+/// (elementwise op 1, transcendental or division 4, movement 0), else it is materialized.
+pub const RECOMPUTE_LIMIT: usize = 8;
+
+/// The fusion pass for pipelines: fuses a copy of the graph, leaves the graph unchanged, and
+/// records the kernel count it would produce (see [`Fuse::last_kernel_count`]).
+#[derive(Debug, Default)]
+pub struct Fuse {
+    kernels: std::sync::Mutex<Option<usize>>,
+}
+
+impl Fuse {
+    /// Kernels produced by the last run, if it ran.
+    pub fn last_kernel_count(&self) -> Option<usize> {
+        *self.kernels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Pass for Fuse {
+    fn name(&self) -> &'static str {
+        "fuse"
+    }
+
+    fn description(&self) -> &'static str {
+        "check that the graph fuses into kernels (graph unchanged; see oar_passes::fuse::fuse)"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+        let program = fuse(graph)?;
+        *self.kernels.lock().unwrap_or_else(|e| e.into_inner()) = Some(program.kernels.len());
+        Ok(false)
+    }
+}
+
+fn err(graph: &Graph, detail: String) -> PassError {
+    PassError::ir(
+        "fuse",
+        IrError::Structure {
+            graph: graph.name().to_string(),
+            detail,
+        },
+    )
+}
+
+/// Fuse `graph` into kernels. Composite ops are decomposed first (on a copy), so any verified
+/// graph is accepted; control-flow regions stay inside opaque kernels.
+pub fn fuse(graph: &Graph) -> Result<KernelProgram, PassError> {
+    oar_ir::verify(graph).map_err(|e| PassError::ir("fuse", e))?;
+    let mut g = graph.clone();
+    Decompose::all().run(&mut g)?;
+    g.remove_dead_nodes();
+    fuse_primitives(&g)
+}
+
+/// Fuse a graph that holds primitives only (top level; regions are not looked into).
+pub fn fuse_primitives(g: &Graph) -> Result<KernelProgram, PassError> {
+    let order = g.topo_order();
+    let mut materialized: BTreeSet<ValueId> = g.outputs().iter().map(|o| o.value).collect();
+    for &n in &order {
+        let node = g.node(n);
+        if let Op::Composite(c) = &node.op {
+            return Err(err(
+                g,
+                format!("composite `{}` at %{}: run `decompose` first", c.name(), n.index()),
+            ));
+        }
+        if role(g, node) == Role::Opaque {
+            materialized.extend(node.inputs().iter().copied());
+            materialized.extend((0..node.outputs().len() as u32).map(|output| ValueId { node: n, output }));
+        }
+    }
+    // A value with several users whose cone holds an anchor, read by something other than a
+    // same-shape elementwise op (a reduction, a broadcast, a contraction), ends up in a buffer
+    // anyway: decide it up front so no kernel claims its anchor first.
+    for &n in &order {
+        let v = ValueId::first(n);
+        let node = g.node(n);
+        if !matches!(role(g, node), Role::Elementwise | Role::Anchor) || g.users(v).len() < 2 {
+            continue;
+        }
+        let shape = &g.value_type(v).shape;
+        let foreign = g
+            .users(v)
+            .iter()
+            .any(|&(u, _)| role(g, g.node(u)) != Role::Elementwise || g.value_type(ValueId::first(u)).shape != *shape);
+        if foreign && has_epilogue_anchor(g, &materialized, v) {
+            materialized.insert(v);
+        }
+    }
+    // Each round adds at least one value, so at most one round per value (plus one).
+    // (Quadratic in the worst case; fine for the graphs of today, see docs/KERNELS.md.)
+    let limit = order.iter().map(|&n| g.node(n).outputs().len()).sum::<usize>() + 2;
+    for _ in 0..limit {
+        match build_all(g, &order, &materialized)? {
+            Ok(program) => return Ok(program),
+            Err(needs) => {
+                let before = materialized.len();
+                materialized.extend(needs);
+                if materialized.len() == before {
+                    return Err(err(g, "fusion made no progress (internal error)".into()));
+                }
+            }
+        }
+    }
+    Err(err(g, "fusion did not converge (internal error)".into()))
+}
+
+/// Cost of recomputing the inline cone of `v` (stops at buffers; anchors are never recomputed).
+fn cone_cost(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId, seen: &mut BTreeSet<ValueId>) -> usize {
+    if !seen.insert(v) || materialized.contains(&v) {
+        return 0;
+    }
+    let node = g.node(v.node);
+    let own = match (&node.op, role(g, node)) {
+        (_, Role::Leaf) => return 0,
+        (_, Role::Anchor | Role::Opaque) => return 1000,
+        (_, Role::Movement) => 0,
+        (Op::Unary(u), _) if u.float_only() && !matches!(u, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round) => 4,
+        (Op::Binary(oar_ir::ops::BinaryOp::Div | oar_ir::ops::BinaryOp::Pow), _) => 4,
+        _ => 1,
+    };
+    own + node
+        .inputs()
+        .iter()
+        .map(|&x| cone_cost(g, materialized, x, seen))
+        .sum::<usize>()
+}
+
+/// True if `v` is an anchor or a same-shape elementwise function of one (a would-be epilogue).
+fn has_epilogue_anchor(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId) -> bool {
+    if materialized.contains(&v) {
+        return false;
+    }
+    let node = g.node(v.node);
+    match role(g, node) {
+        Role::Anchor => true,
+        Role::Elementwise => node
+            .inputs()
+            .iter()
+            .any(|&x| g.value_type(x).shape == g.value_type(v).shape && has_epilogue_anchor(g, materialized, x)),
+        _ => false,
+    }
+}
+
+/// The value to materialize for an anchor several kernels read: the top of the chain of
+/// single-user, same-shape elementwise values above it, so its kernel keeps them as epilogue.
+fn epilogue_head(g: &Graph, materialized: &BTreeSet<ValueId>, anchor: ValueId) -> ValueId {
+    let shape = &g.value_type(anchor).shape;
+    let mut v = anchor;
+    loop {
+        let users = g.users(v);
+        if users.len() != 1 || g.outputs().iter().any(|o| o.value == v) {
+            return v;
+        }
+        let u = ValueId::first(users[0].0);
+        let node = g.node(u.node);
+        if role(g, node) != Role::Elementwise || g.value_type(u).shape != *shape || materialized.contains(&u) {
+            return v;
+        }
+        v = u;
+    }
+}
+
+type Built = Result<KernelProgram, BTreeSet<ValueId>>;
+
+/// Build every kernel for this materialized set, or return the values that must be added.
+fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueId>) -> Result<Built, PassError> {
+    let mut table = BufferTable::default();
+    let mut kernels = Vec::new();
+    let mut needs = BTreeSet::new();
+    let mut anchor_claims: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let mut computed: BTreeMap<ValueId, usize> = BTreeMap::new();
+    for &n in order {
+        let node = g.node(n);
+        let outs: Vec<ValueId> = (0..node.outputs().len() as u32)
+            .map(|output| ValueId { node: n, output })
+            .collect();
+        if role(g, node) == Role::Leaf || !outs.iter().any(|v| materialized.contains(v)) {
+            continue;
+        }
+        let name = format!("k{}", kernels.len());
+        if role(g, node) == Role::Opaque {
+            let inputs = node.inputs().iter().map(|&v| table.of(g, v)).collect();
+            let outputs = outs.iter().map(|&v| table.of(g, v)).collect();
+            let regions = node.regions.iter().map(oar_ir::text::print_graph).collect();
+            kernels.push(Kernel {
+                name: format!("{name}_{}", node.op.name()),
+                body: KernelBody::Opaque(OpaqueKernel {
+                    op: node.op.clone(),
+                    inputs,
+                    regions,
+                }),
+                outputs,
+            });
+            continue;
+        }
+        let v = outs[0];
+        match build_one(g, materialized, &mut table, v, name) {
+            Ok((kernel, anchor, inlined)) => {
+                if let Some(a) = anchor {
+                    *anchor_claims.entry(a).or_default() += 1;
+                }
+                for (x, _) in inlined {
+                    *computed.entry(x).or_default() += 1;
+                }
+                kernels.push(kernel);
+            }
+            // Only the first (most upstream) request per round: materializing it often
+            // resolves later kernels' conflicts better than what they asked for.
+            Err(Stop::Need(x)) => {
+                if needs.is_empty() {
+                    needs.insert(x);
+                }
+            }
+        }
+    }
+    // Sharing decisions first: they often resolve the walks' conflicts in a better way than
+    // materializing what the walks asked for (which only ever grows the set).
+    let mut shared: BTreeSet<ValueId> = anchor_claims
+        .into_iter()
+        .filter(|&(_, c)| c > 1)
+        .map(|(a, _)| epilogue_head(g, materialized, a))
+        .collect();
+    for (x, count) in computed {
+        if count > 1 && cone_cost(g, materialized, x, &mut BTreeSet::new()) > RECOMPUTE_LIMIT {
+            shared.insert(x);
+        }
+    }
+    if !shared.is_empty() {
+        return Ok(Err(shared));
+    }
+    if !needs.is_empty() {
+        return Ok(Err(needs));
+    }
+    let mut outputs = Vec::new();
+    for o in g.outputs() {
+        let b = table.of(g, o.value);
+        if table.buffers[b.index()].kind == BufferKind::Temp {
+            table.buffers[b.index()].kind = BufferKind::Output;
+        }
+        outputs.push((o.name.clone(), b));
+    }
+    Ok(Ok(KernelProgram {
+        name: g.name().to_string(),
+        buffers: table.buffers,
+        kernels,
+        outputs,
+    }))
+}
+
+type OneKernel = (Kernel, Option<ValueId>, BTreeSet<(ValueId, Vec<AffineExpr>)>);
+
+/// Build the kernel writing materialized value `v`.
+fn build_one(
+    g: &Graph,
+    materialized: &BTreeSet<ValueId>,
+    table: &mut BufferTable,
+    v: ValueId,
+    name: String,
+) -> Result<OneKernel, Stop> {
+    let ty = g.value_type(v).clone();
+    let rank = ty.rank();
+    let mut kb = KernelBuilder::new(g, materialized, table, rank);
+    let mut body = Body::new(Phase::Output);
+    let top = kb.expand(&mut body, v, identity(rank))?;
+    if top + 1 != body.insts.len() {
+        // The root resolved to an earlier instruction (e.g. a reshape chain): store a copy.
+        body.insts.push(oar_ir::kernel::Inst {
+            op: ScalarOp::Cast(top),
+            dtype: ty.dtype,
+        });
+    }
+    let mut ops: Vec<&'static str> = body
+        .insts
+        .iter()
+        .filter_map(|i| match &i.op {
+            ScalarOp::Unary(u, _) => Some(u.name()),
+            ScalarOp::Binary(b, ..) => Some(b.name()),
+            ScalarOp::Where(..) => Some("where"),
+            ScalarOp::Cast(_) => Some("cast"),
+            _ => None,
+        })
+        .collect();
+    ops.dedup();
+    ops.truncate(4);
+    let anchor = kb.anchor;
+    let kind = match anchor.map(|a| (a, g.node(a.node))) {
+        None => KernelBody::Loop(LoopKernel {
+            shape: ty.shape.0.clone(),
+            loads: std::mem::take(&mut kb.loads),
+            reduce: None,
+            body: body.insts,
+        }),
+        Some((a, node)) => match &node.op {
+            Op::Reduce { op, axes, keepdim } => {
+                let x = node.inputs()[0];
+                let xdims = g.value_type(x).shape.0.clone();
+                let (mut out_axis, mut red) = (0, 0);
+                let mut map = Vec::with_capacity(xdims.len());
+                for a in 0..xdims.len() {
+                    if axes.contains(&a) {
+                        map.push(AffineExpr::loop_index(rank + red));
+                        red += 1;
+                        out_axis += usize::from(*keepdim);
+                    } else {
+                        map.push(AffineExpr::loop_index(out_axis));
+                        out_axis += 1;
+                    }
+                }
+                let mut rbody = Body::new(Phase::Reduce);
+                kb.expr(&mut rbody, x, map)?;
+                KernelBody::Loop(LoopKernel {
+                    shape: ty.shape.0.clone(),
+                    loads: std::mem::take(&mut kb.loads),
+                    reduce: Some(Reduction {
+                        op: *op,
+                        dims: axes.iter().map(|&a| xdims[a].clone()).collect(),
+                        body: rbody.insts,
+                    }),
+                    body: body.insts,
+                })
+            }
+            op => {
+                let contraction = match op {
+                    Op::Conv {
+                        stride,
+                        pad_before,
+                        pad_after,
+                        dilation,
+                        groups,
+                    } => Contraction::Conv {
+                        stride: stride.clone(),
+                        pad_before: pad_before.clone(),
+                        pad_after: pad_after.clone(),
+                        dilation: dilation.clone(),
+                        groups: *groups,
+                    },
+                    _ => Contraction::MatMul,
+                };
+                let [l, r] = [node.inputs()[0], node.inputs()[1]];
+                let lhs = Operand {
+                    shape: g.value_type(l).shape.0.clone(),
+                    load: kb.operand(l)?,
+                };
+                let rhs = Operand {
+                    shape: g.value_type(r).shape.0.clone(),
+                    load: kb.operand(r)?,
+                };
+                KernelBody::Contraction(ContractionKernel {
+                    op: contraction,
+                    lhs,
+                    rhs,
+                    acc_dtype: g.value_type(a).dtype,
+                    shape: ty.shape.0.clone(),
+                    loads: std::mem::take(&mut kb.loads),
+                    epilogue: body.insts,
+                })
+            }
+        },
+    };
+    let anchor_name = anchor.map(|a| g.node(a.node).op.name());
+    let label: Vec<&str> = anchor_name.into_iter().chain(ops).collect();
+    let name = if label.is_empty() {
+        format!("{name}_copy")
+    } else {
+        format!("{name}_{}", label.join("_"))
+    };
+    let out = kb.table.of(g, v);
+    let inlined = std::mem::take(&mut kb.inlined);
+    Ok((
+        Kernel {
+            name,
+            body: kind,
+            outputs: vec![out],
+        },
+        anchor,
+        inlined,
+    ))
+}

@@ -1,0 +1,174 @@
+//! Memory planning: pack the temporaries of a [`KernelProgram`] into one arena.
+//!
+//! Each temporary lives from the kernel that writes it to the last kernel that reads it.
+//! An elementwise loop kernel (no reduction) may write its output over an input temporary
+//! that dies at that kernel, when the input is read with the identity map and has the same
+//! dtype and shape (every element is read before it is overwritten, at the same index); such
+//! pairs share one slot. Slots are then placed greedily, largest first, at the lowest aligned
+//! offset that no slot with an overlapping lifetime uses (the offset-based arena of TFLite and
+//! XLA's heap simulator, without their refinements).
+
+use crate::PassError;
+use oar_ir::kernel::{BufferId, BufferKind, KernelBody, KernelProgram, MemoryPlan};
+use oar_ir::tensor_data::checked_byte_len;
+use oar_ir::{Dim, IrError};
+use std::collections::BTreeMap;
+
+/// Alignment of every arena offset, in bytes (a cache line; enough for any vector load).
+pub const ARENA_ALIGNMENT: usize = 64;
+
+fn err(program: &KernelProgram, detail: String) -> PassError {
+    PassError::ir(
+        "memory_plan",
+        IrError::Structure {
+            graph: program.name.clone(),
+            detail,
+        },
+    )
+}
+
+fn align(n: usize) -> usize {
+    n.div_ceil(ARENA_ALIGNMENT) * ARENA_ALIGNMENT
+}
+
+/// One slot: buffers sharing storage (an in-place chain), with their joint lifetime.
+struct Slot {
+    members: Vec<BufferId>,
+    first: usize,
+    last: usize,
+    size: usize,
+}
+
+/// Plan the temporaries of `program` for the symbol values in `bindings` (every symbol in a
+/// temporary's shape must be bound).
+pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) -> Result<MemoryPlan, PassError> {
+    let mut sizes = BTreeMap::new();
+    for (i, b) in program.buffers.iter().enumerate() {
+        if b.kind != BufferKind::Temp {
+            continue;
+        }
+        let dims =
+            b.ty.shape
+                .dims()
+                .iter()
+                .map(|d| match d {
+                    Dim::Static(n) => Ok(*n),
+                    Dim::Sym(s) => bindings
+                        .get(s)
+                        .copied()
+                        .ok_or_else(|| err(program, format!("b{i} ({}): symbol `{s}` is not bound", b.ty))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+        let bytes = checked_byte_len(b.ty.dtype, &dims).map_err(|e| err(program, format!("b{i}: {e}")))?;
+        sizes.insert(BufferId(i as u32), bytes);
+    }
+    // Lifetimes in kernel steps.
+    let mut first = BTreeMap::new();
+    let mut last: BTreeMap<BufferId, usize> = BTreeMap::new();
+    for (k, kernel) in program.kernels.iter().enumerate() {
+        for &b in &kernel.outputs {
+            first.entry(b).or_insert(k);
+            last.entry(b).or_insert(k);
+        }
+        for b in kernel.reads() {
+            if sizes.contains_key(&b) && !first.contains_key(&b) {
+                return Err(err(
+                    program,
+                    format!("{b} is read by `{}` before it is written", kernel.name),
+                ));
+            }
+            last.insert(b, k);
+        }
+    }
+    // In-place pairs: slot of each buffer.
+    let mut slot_of: BTreeMap<BufferId, usize> = BTreeMap::new();
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut in_place = Vec::new();
+    for (k, kernel) in program.kernels.iter().enumerate() {
+        for &b in &kernel.outputs {
+            let Some(&size) = sizes.get(&b) else { continue };
+            let reuse = match &kernel.body {
+                KernelBody::Loop(l) if l.reduce.is_none() => l.loads.iter().map(|ld| ld.buffer).find(|&i| {
+                    let (bi, bo) = (program.buffer(i), program.buffer(b));
+                    sizes.contains_key(&i)
+                        && last.get(&i) == Some(&k)
+                        && bi.ty == bo.ty
+                        && slot_of
+                            .get(&i)
+                            .is_some_and(|&s| slots[s].last == k && !in_place.iter().any(|&(_, x)| x == i))
+                        && l.loads
+                            .iter()
+                            .filter(|ld| ld.buffer == i)
+                            .all(|ld| ld.map.is_identity() && ld.map.view == bi.ty.shape.0)
+                }),
+                _ => None,
+            };
+            match reuse {
+                Some(i) => {
+                    let s = slot_of[&i];
+                    slots[s].members.push(b);
+                    slots[s].last = last[&b];
+                    slot_of.insert(b, s);
+                    in_place.push((b, i));
+                }
+                None => {
+                    slot_of.insert(b, slots.len());
+                    slots.push(Slot {
+                        members: vec![b],
+                        first: k,
+                        last: last[&b],
+                        size,
+                    });
+                }
+            }
+        }
+    }
+    // Greedy placement, largest first.
+    let mut by_size: Vec<usize> = (0..slots.len()).collect();
+    by_size.sort_by_key(|&s| (std::cmp::Reverse(slots[s].size), slots[s].first));
+    let mut placed: Vec<(usize, usize)> = Vec::new(); // (slot, offset)
+    let mut offsets = BTreeMap::new();
+    let mut arena_bytes = 0;
+    for s in by_size {
+        let slot = &slots[s];
+        let mut busy: Vec<(usize, usize)> = placed
+            .iter()
+            .filter(|&&(o, _)| slots[o].first <= slot.last && slot.first <= slots[o].last)
+            .map(|&(o, off)| (off, off + align(slots[o].size)))
+            .collect();
+        busy.sort();
+        let mut offset = 0;
+        for (start, end) in busy {
+            if offset + slot.size <= start {
+                break;
+            }
+            offset = offset.max(end);
+        }
+        placed.push((s, offset));
+        arena_bytes = arena_bytes.max(offset + slot.size);
+        for &m in &slot.members {
+            offsets.insert(m, offset);
+        }
+    }
+    let steps = program.kernels.len();
+    let peak_live_bytes = (0..steps)
+        .map(|t| {
+            slots
+                .iter()
+                .filter(|s| s.first <= t && t <= s.last)
+                .map(|s| s.size)
+                .sum::<usize>()
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(MemoryPlan {
+        bindings: bindings.clone(),
+        alignment: ARENA_ALIGNMENT,
+        peak_naive_bytes: sizes.values().sum(),
+        offsets,
+        sizes,
+        arena_bytes,
+        peak_live_bytes,
+        in_place,
+    })
+}

@@ -1,0 +1,366 @@
+//! Fusion: kernel counts and kinds for MLP, ResNet block, transformer layer and elementwise
+//! chains, and every fused program checked against the reference backend on the original graph.
+//! Tolerance: 1e-5 relative + 1e-6 absolute (the kernel interpreter uses the reference's op
+//! semantics; only reduction/contraction grouping can differ).
+
+use oar_backend_reference::{run_graph, run_kernel_program};
+use oar_ir::kernel::{KernelBody, KernelProgram, ScalarOp};
+use oar_ir::ops::{BinaryOp, Composite, ReduceOp, SliceRange, UnaryOp};
+use oar_ir::{DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
+use oar_passes::fuse::fuse;
+use std::collections::BTreeMap;
+
+/// Deterministic values in [-1, 1).
+fn data(shape: &[usize], seed: u64) -> TensorData {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) as f64 / (1u64 << 31) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect();
+    TensorData::from_vec(shape.to_vec(), v).unwrap()
+}
+
+fn f32t(dims: &[usize]) -> TensorType {
+    TensorType::of(DType::F32, dims)
+}
+
+fn param(g: &mut Graph, w: &mut Weights, name: &str, dims: &[usize]) -> ValueId {
+    w.insert(name.into(), data(dims, w.len() as u64 + 100));
+    g.add_param(name, f32t(dims)).unwrap()
+}
+
+fn comp(g: &mut Graph, c: Composite, ins: &[ValueId]) -> ValueId {
+    g.add_op1(Op::Composite(c), ins).unwrap()
+}
+
+/// Fuse, run both ways, compare; returns the program.
+fn check(g: &Graph, w: &Weights, inputs: &BTreeMap<String, TensorData>) -> KernelProgram {
+    let p = fuse(g).unwrap();
+    let want = run_graph(g, w, inputs).unwrap();
+    let got = run_kernel_program(&p, w, inputs).unwrap_or_else(|e| panic!("{e}\n{p}"));
+    assert_eq!(want.len(), got.len());
+    for ((n1, a), (n2, b)) in want.iter().zip(&got) {
+        assert_eq!(n1, n2);
+        assert_eq!(a.shape(), b.shape(), "{n1}");
+        for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+            assert!((x - y).abs() <= 1e-6 + 1e-5 * x.abs(), "{n1}: {x} vs {y}\n{p}");
+        }
+    }
+    // The description round-trips through serde.
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<KernelProgram>(&json).unwrap(), p);
+    p
+}
+
+fn contraction_ops(p: &KernelProgram) -> Vec<Vec<String>> {
+    p.kernels
+        .iter()
+        .filter_map(|k| match &k.body {
+            KernelBody::Contraction(c) => Some(c.epilogue.iter().map(|i| i.op.to_string()).collect()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn mlp_fuses_bias_and_relu_into_matmul_epilogues_with_symbolic_batch() {
+    let mut g = Graph::new("mlp");
+    let mut w = Weights::new();
+    let x = g
+        .add_input("x", TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(8)]))
+        .unwrap();
+    let (w1, b1) = (
+        param(&mut g, &mut w, "w1", &[8, 16]),
+        param(&mut g, &mut w, "b1", &[16]),
+    );
+    let (w2, b2) = (param(&mut g, &mut w, "w2", &[16, 4]), param(&mut g, &mut w, "b2", &[4]));
+    let h = comp(&mut g, Composite::Linear, &[x, w1, b1]);
+    let h = comp(&mut g, Composite::Relu, &[h]);
+    let y = comp(&mut g, Composite::Linear, &[h, w2, b2]);
+    let y = comp(&mut g, Composite::Relu, &[y]);
+    g.add_output("y", y).unwrap();
+    let inputs = BTreeMap::from([("x".to_string(), data(&[5, 8], 1))]);
+    let p = check(&g, &w, &inputs);
+    println!("{p}");
+    assert_eq!(p.kernels.len(), 2, "{p}");
+    assert_eq!(p.kernel_counts(), (0, 2, 0));
+    for epi in contraction_ops(&p) {
+        assert!(
+            epi.iter().any(|o| o.starts_with("add")) && epi.iter().any(|o| o.starts_with("max")),
+            "{epi:?}"
+        );
+    }
+    // N stays symbolic in the program; a different N runs the same program.
+    assert!(p.buffers.iter().any(|b| b.ty.shape.0[0] == Dim::sym("N")));
+    let inputs = BTreeMap::from([("x".to_string(), data(&[2, 8], 2))]);
+    check(&g, &w, &inputs);
+}
+
+fn conv_bn(g: &mut Graph, w: &mut Weights, x: ValueId, name: &str, c: usize) -> ValueId {
+    let k = param(g, w, &format!("{name}.w"), &[c, c, 3, 3]);
+    let y = g
+        .add_op1(
+            Op::Composite(Composite::Conv2d {
+                stride: [1, 1],
+                padding: [1, 1, 1, 1],
+                dilation: [1, 1],
+                groups: 1,
+            }),
+            &[x, k],
+        )
+        .unwrap();
+    let scale = param(g, w, &format!("{name}.scale"), &[c]);
+    let bias = param(g, w, &format!("{name}.bias"), &[c]);
+    let mean = param(g, w, &format!("{name}.mean"), &[c]);
+    w.insert(
+        format!("{name}.var"),
+        TensorData::from_vec(vec![c], vec![0.5f32; c]).unwrap(),
+    );
+    let var = g.add_param(&format!("{name}.var"), f32t(&[c])).unwrap();
+    comp(
+        g,
+        Composite::BatchNorm {
+            epsilon: Float(1e-5),
+            momentum: Float(0.9),
+            training: false,
+        },
+        &[y, scale, bias, mean, var],
+    )
+}
+
+#[test]
+fn resnet_basic_block_is_two_conv_kernels() {
+    let mut g = Graph::new("block");
+    let mut w = Weights::new();
+    let x = g.add_input("x", f32t(&[2, 4, 6, 6])).unwrap();
+    let h = conv_bn(&mut g, &mut w, x, "c1", 4);
+    let h = comp(&mut g, Composite::Relu, &[h]);
+    let h = conv_bn(&mut g, &mut w, h, "c2", 4);
+    let s = g.binary(BinaryOp::Add, h, x).unwrap();
+    let y = comp(&mut g, Composite::Relu, &[s]);
+    g.add_output("y", y).unwrap();
+    let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[2, 4, 6, 6], 3))]));
+    assert_eq!(p.kernel_counts(), (0, 2, 0), "{p}");
+    // The residual add reads x in the second conv's epilogue.
+    let epi = &contraction_ops(&p)[1];
+    assert!(epi.iter().filter(|o| o.starts_with("load")).count() >= 4, "{epi:?}");
+}
+
+#[test]
+fn layer_norm_is_three_kernels_and_softmax_three() {
+    let mut g = Graph::new("ln");
+    let mut w = Weights::new();
+    let x = g.add_input("x", f32t(&[2, 3, 8])).unwrap();
+    let (gw, gb) = (param(&mut g, &mut w, "g", &[8]), param(&mut g, &mut w, "b", &[8]));
+    let y = comp(
+        &mut g,
+        Composite::LayerNorm {
+            normalized_ndim: 1,
+            epsilon: Float(1e-5),
+        },
+        &[x, gw, gb],
+    );
+    g.add_output("y", y).unwrap();
+    let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[2, 3, 8], 4))]));
+    println!("{p}");
+    // mean; var with `+eps, rsqrt` as epilogue; normalize with affine.
+    assert_eq!(p.kernels.len(), 3, "{p}");
+    let KernelBody::Loop(var) = &p.kernels[1].body else {
+        panic!("{p}")
+    };
+    assert_eq!(var.reduce.as_ref().unwrap().op, ReduceOp::Mean);
+    assert!(
+        var.body
+            .iter()
+            .any(|i| matches!(i.op, ScalarOp::Unary(UnaryOp::Rsqrt, _))),
+        "{p}"
+    );
+
+    let mut g = Graph::new("softmax");
+    let x = g.add_input("x", f32t(&[4, 5])).unwrap();
+    let y = comp(&mut g, Composite::Softmax { axis: 1 }, &[x]);
+    g.add_output("y", y).unwrap();
+    let p = check(
+        &g,
+        &Weights::new(),
+        &BTreeMap::from([("x".to_string(), data(&[4, 5], 5))]),
+    );
+    // max; sum of exp(x - max) (recomputed, not stored); exp(x - max) / sum.
+    assert_eq!(p.kernels.len(), 3, "{p}");
+}
+
+#[test]
+fn transformer_encoder_layer_matches_reference() {
+    let (b, s, d, f) = (2, 4, 8, 16);
+    let mut g = Graph::new("encoder");
+    let mut w = Weights::new();
+    let x = g
+        .add_input(
+            "x",
+            TensorType::new(DType::F32, vec![Dim::sym("B"), Dim::Static(s), Dim::Static(d)]),
+        )
+        .unwrap();
+    let ln = |g: &mut Graph, w: &mut Weights, x, n: &str| {
+        let (gw, gb) = (
+            param(g, w, &format!("{n}.g"), &[d]),
+            param(g, w, &format!("{n}.b"), &[d]),
+        );
+        let c = Composite::LayerNorm {
+            normalized_ndim: 1,
+            epsilon: Float(1e-5),
+        };
+        g.add_op1(Op::Composite(c), &[x, gw, gb]).unwrap()
+    };
+    let lin = |g: &mut Graph, w: &mut Weights, x, n: &str, i: usize, o: usize| {
+        let (ww, wb) = (
+            param(g, w, &format!("{n}.w"), &[i, o]),
+            param(g, w, &format!("{n}.b"), &[o]),
+        );
+        g.add_op1(Op::Composite(Composite::Linear), &[x, ww, wb]).unwrap()
+    };
+    let h = ln(&mut g, &mut w, x, "ln1");
+    let q = lin(&mut g, &mut w, h, "q", d, d);
+    let k = lin(&mut g, &mut w, h, "k", d, d);
+    let v = lin(&mut g, &mut w, h, "v", d, d);
+    let kt = g.add_op1(Op::Permute { perm: vec![0, 2, 1] }, &[k]).unwrap();
+    let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+    let sc = g.binary_scalar_f32(sc, 1.0 / (d as f64).sqrt());
+    let a = comp(&mut g, Composite::Softmax { axis: 2 }, &[sc]);
+    let att = g.add_op1(Op::MatMul, &[a, v]).unwrap();
+    let o = lin(&mut g, &mut w, att, "o", d, d);
+    let r1 = g.binary(BinaryOp::Add, x, o).unwrap();
+    let h2 = ln(&mut g, &mut w, r1, "ln2");
+    let f1 = lin(&mut g, &mut w, h2, "ff1", d, f);
+    let f1 = comp(&mut g, Composite::Gelu { approximate: false }, &[f1]);
+    let f2 = lin(&mut g, &mut w, f1, "ff2", f, d);
+    let y = g.binary(BinaryOp::Add, r1, f2).unwrap();
+    g.add_output("y", y).unwrap();
+    let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[b, s, d], 6))]));
+    println!("{p}");
+    let (loops, contractions, opaque) = p.kernel_counts();
+    println!(
+        "encoder layer: {} kernels ({loops} loop, {contractions} matmul, {opaque} opaque)",
+        p.kernels.len()
+    );
+    assert_eq!(opaque, 0);
+    // q, k, v, scores, attention, out proj, ff1, ff2.
+    assert_eq!(contractions, 8, "{p}");
+    // ln1 3 + softmax 2 (the scores matmul takes the scale as epilogue; max and sum loops and the
+    // division) + ln2 3 = 9 at most.
+    assert!(loops <= 9, "{p}");
+    // The k transpose is folded into the scores matmul's operand map, not materialized.
+    assert!(p.kernels.iter().all(|k| !k.name.contains("copy")), "{p}");
+    // bias + GELU (erf) fused into ff1's epilogue.
+    assert!(
+        contraction_ops(&p)
+            .iter()
+            .any(|e| e.iter().any(|o| o.starts_with("erf")))
+    );
+}
+
+trait ScalarMul {
+    fn binary_scalar_f32(&mut self, x: ValueId, s: f64) -> ValueId;
+}
+impl ScalarMul for Graph {
+    fn binary_scalar_f32(&mut self, x: ValueId, s: f64) -> ValueId {
+        let c = self.add_scalar(DType::F32, s);
+        self.binary(BinaryOp::Mul, x, c).unwrap()
+    }
+}
+
+#[test]
+fn elementwise_chain_with_transpose_broadcast_slice_and_view_is_one_kernel() {
+    let mut g = Graph::new("chain");
+    let a = g.add_input("a", f32t(&[3, 4])).unwrap();
+    let b = g.add_input("b", f32t(&[3])).unwrap();
+    let flat = g.add_input("flat", f32t(&[12])).unwrap();
+    let at = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[a]).unwrap(); // [4,3]
+    let s = g.binary(BinaryOp::Add, at, b).unwrap(); // b broadcast along rows
+    let e = g.unary(UnaryOp::Exp, s).unwrap();
+    let v = g
+        .add_op1(
+            Op::Reshape {
+                shape: vec![Dim::Static(4), Dim::Static(3)],
+            },
+            &[flat],
+        )
+        .unwrap();
+    let m = g.binary(BinaryOp::Mul, e, v).unwrap();
+    let sl = g
+        .add_op1(
+            Op::Slice {
+                ranges: vec![
+                    SliceRange {
+                        start: 1,
+                        end: 4,
+                        step: 2,
+                    },
+                    SliceRange::FULL,
+                ],
+            },
+            &[m],
+        )
+        .unwrap(); // rows 1 and 3
+    let c = g.add_op1(Op::Cast { to: DType::F64 }, &[sl]).unwrap();
+    g.add_output("y", c).unwrap();
+    let inputs = BTreeMap::from([
+        ("a".to_string(), data(&[3, 4], 7)),
+        ("b".to_string(), data(&[3], 8)),
+        ("flat".to_string(), data(&[12], 9)),
+    ]);
+    let p = check(&g, &Weights::new(), &inputs);
+    println!("{p}");
+    assert_eq!(p.kernels.len(), 1, "{p}");
+    let KernelBody::Loop(k) = &p.kernels[0].body else {
+        panic!()
+    };
+    let maps: Vec<String> = k.loads.iter().map(|l| l.to_string()).collect();
+    // a transposed and sliced: row 2*i0+1 of the transpose is column 2*i0+1 of a.
+    assert!(maps.contains(&"b0 as [3,4][i1, 2*i0 + 1]".to_string()), "{maps:?}");
+    assert!(maps.contains(&"b1 as [3][i1]".to_string()), "{maps:?}");
+    assert!(maps.contains(&"b2 as [4,3][2*i0 + 1, i1]".to_string()), "{maps:?}");
+}
+
+#[test]
+fn opaque_ops_get_their_own_kernels_and_the_program_is_complete() {
+    let mut g = Graph::new("opaque");
+    let a = g.add_input("a", f32t(&[2, 3])).unwrap();
+    let e = g.unary(UnaryOp::Exp, a).unwrap();
+    let c = g.add_op1(Op::Concat { axis: 0 }, &[e, a]).unwrap(); // [4,3]
+    let am = g
+        .add_op1(
+            Op::ArgReduce {
+                op: oar_ir::ops::ArgReduceOp::ArgMax,
+                axis: 1,
+                keepdim: false,
+            },
+            &[c],
+        )
+        .unwrap();
+    let n = g.unary(UnaryOp::Neg, c).unwrap();
+    g.add_output("arg", am).unwrap();
+    g.add_output("neg", n).unwrap();
+    let p = check(
+        &g,
+        &Weights::new(),
+        &BTreeMap::from([("a".to_string(), data(&[2, 3], 10))]),
+    );
+    assert_eq!(p.kernel_counts(), (2, 0, 2), "{p}");
+}
+
+#[test]
+fn fuse_pass_is_registered_and_leaves_the_graph_alone() {
+    let mut g = Graph::new("t");
+    let a = g.add_input("a", f32t(&[2])).unwrap();
+    let e = g.unary(UnaryOp::Exp, a).unwrap();
+    g.add_output("y", e).unwrap();
+    let mut pm = oar_passes::PassManager::from_names(&["fuse"]).unwrap();
+    let report = pm.run(&mut g).unwrap();
+    assert!(!report.changed());
+    let f = oar_passes::Fuse::default();
+    oar_passes::Pass::run(&f, &mut g).unwrap();
+    assert_eq!(f.last_kernel_count(), Some(1));
+}
