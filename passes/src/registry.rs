@@ -1,9 +1,16 @@
 //! Passes by name, for pipelines given as text (`oar opt --passes dce,decompose`).
 
-use crate::{Dce, Decompose, Pass};
+use crate::{Canonicalize, Cse, Dce, Decompose, Fold, Pass, SpecializeShapes};
 
 /// Every registered pass, as a constructor of its default configuration.
-const PASSES: &[fn() -> Box<dyn Pass>] = &[|| Box::new(Dce), || Box::new(Decompose::all())];
+const PASSES: &[fn() -> Box<dyn Pass>] = &[
+    || Box::new(Dce),
+    || Box::new(Decompose::all()),
+    || Box::new(Canonicalize),
+    || Box::new(Fold::new()),
+    || Box::new(Cse),
+    || Box::new(SpecializeShapes::default()),
+];
 
 /// The pass registered under `name`, in its default configuration.
 pub fn pass_by_name(name: &str) -> Option<Box<dyn Pass>> {
