@@ -82,7 +82,7 @@ fn write_output(path: &Path, model: Model) -> CliResult<()> {
         return std::fs::write(path, oar_ir::text::print_graph(&model.graph))
             .map_err(|e| format!("{}: {e}", path.display()));
     }
-    if !path.extension().is_some_and(|e| e == "oar") {
+    if path.extension().is_none_or(|e| e != "oar") {
         return Err(format!("{}: the output must end in .oar or .oir", path.display()));
     }
     // Passes may have removed params (dce): keep only the weights still used.
