@@ -1,6 +1,6 @@
 //! Errors of passes and of the pass manager.
 
-use oar_ir::IrError;
+use oar_ir::{Float, IrError};
 
 /// Why a pass or a pipeline failed. Every variant names the pass (or the name asked for).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,6 +38,41 @@ pub enum PassError {
         name: String,
         /// The composite mnemonics.
         known: String,
+    },
+    /// A pass changed what the graph computes (found by the numerics check).
+    #[error(
+        "pass `{pass}` (#{index} in the pipeline){} changed the numerics: output `{output}` {detail}",
+        step.map(|s| format!(" at step {s}")).unwrap_or_default()
+    )]
+    Numerics {
+        /// The guilty pass.
+        pass: String,
+        /// Its 1-based position in the pipeline.
+        index: usize,
+        /// The smallest step count of the pass that breaks the numerics, for passes that count
+        /// their rewrites.
+        step: Option<usize>,
+        /// The first output that differs (or `<graph>` if the graph no longer runs).
+        output: String,
+        /// The largest absolute difference found (NaN if the outputs could not be compared).
+        max_abs_err: Float,
+        /// What differs, with the tolerance used.
+        detail: String,
+    },
+    /// The numerics check could not run the graph (before the pipeline, or on inputs that no
+    /// longer fit after a pass).
+    #[error("numerics check: {detail}")]
+    NumericsSetup {
+        /// Why.
+        detail: String,
+    },
+    /// Writing the IR to a dump file failed.
+    #[error("cannot write IR dump `{path}`: {detail}")]
+    Dump {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        detail: String,
     },
 }
 

@@ -5,25 +5,38 @@
 //! and after chosen passes through a caller-supplied sink, time each pass, and stop after pass
 //! N (to bisect a bad rewrite). Passes are found by name in a registry ([`pass_by_name`]).
 
+mod canonicalize;
+mod check_numerics;
+mod cse;
 mod dce;
 mod decompose;
 mod error;
+mod fold;
 pub mod fuse;
 mod fuse_build;
 mod manager;
 pub mod memory_plan;
 mod regions;
 mod registry;
+mod rewrite;
 pub mod simplify;
+mod specialize_shapes;
+mod steps;
 
+pub use canonicalize::Canonicalize;
+pub use check_numerics::{DEFAULT_ATOL, DEFAULT_RTOL, HALF_ATOL, HALF_RTOL, MAX_GENERATED_ELEMENTS, NumericsCheck};
+pub use cse::Cse;
 pub use dce::Dce;
 pub use decompose::Decompose;
 pub use error::PassError;
+pub use fold::{DEFAULT_FOLD_LIMIT_BYTES, Fold};
 pub use fuse::Fuse;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
 pub use memory_plan::memory_plan;
 pub use registry::{list_passes, pass_by_name};
 pub use simplify::{Simplify, SimplifyStats};
+pub use specialize_shapes::SpecializeShapes;
+pub use steps::{StepBudget, StepRun};
 
 use oar_ir::Graph;
 
@@ -35,4 +48,13 @@ pub trait Pass {
     fn description(&self) -> &'static str;
     /// Rewrite `graph` in place; returns whether anything changed.
     fn run(&self, graph: &mut Graph) -> Result<bool, PassError>;
+    /// Rewrite with at most `max_steps` rewrites (`None`: all), counting them, so a bad rewrite
+    /// can be found by step number. The default ignores the limit and does not count.
+    fn run_steps(&self, graph: &mut Graph, max_steps: Option<usize>) -> Result<StepRun, PassError> {
+        let _ = max_steps;
+        Ok(StepRun {
+            changed: self.run(graph)?,
+            steps: None,
+        })
+    }
 }

@@ -1,9 +1,11 @@
 //! The pass manager: runs a pipeline with verification, IR printing, timing and stop-after.
 
+use crate::check_numerics::{Checker, Mismatch, NumericsCheck};
 use crate::{Pass, PassError, pass_by_name, registry::list_passes};
-use oar_ir::Graph;
+use oar_ir::{Float, Graph};
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Receives the graph around a pass: `(pass name, "before" | "after", graph)`.
@@ -117,6 +119,8 @@ pub struct PassManager {
     print_after: PrintSelect,
     sink: Option<IrSink>,
     stop_after: Option<usize>,
+    dump_dir: Option<PathBuf>,
+    numerics: Option<NumericsCheck>,
 }
 
 impl PassManager {
@@ -196,6 +200,47 @@ impl PassManager {
         self
     }
 
+    /// Print graphs around the selected passes as IR text ([`oar_ir::text::print_graph`]), each
+    /// under a `// ----- IR after <pass> -----` header, to `out`.
+    pub fn ir_text_sink(&mut self, mut out: impl FnMut(&str) + 'static) -> &mut Self {
+        self.ir_sink(Box::new(move |pass, when, graph| {
+            out(&format!(
+                "// ----- IR {when} {pass} -----\n{}",
+                oar_ir::text::print_graph(graph)
+            ))
+        }))
+    }
+
+    /// Print graphs around the selected passes as IR text to standard error.
+    pub fn print_ir_to_stderr(&mut self) -> &mut Self {
+        self.ir_text_sink(|text| eprint!("{text}"))
+    }
+
+    /// Write the IR text of the input and of the graph after each pass to numbered files in
+    /// `dir` (`00-input.oir`, `01-canonicalize.oir`, ...); the directory is created if needed.
+    pub fn dump_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.dump_dir = Some(dir.into());
+        self
+    }
+
+    /// Check the numerics after every pass against the input graph on the reference backend;
+    /// the first pass that changes them fails the run with [`PassError::Numerics`].
+    pub fn check_numerics(&mut self, check: NumericsCheck) -> &mut Self {
+        self.numerics = Some(check);
+        self
+    }
+
+    fn dump(&self, index: usize, label: &str, graph: &Graph) -> Result<(), PassError> {
+        let Some(dir) = &self.dump_dir else { return Ok(()) };
+        let path = dir.join(format!("{index:02}-{label}.oir"));
+        let fail = |path: &Path, e: std::io::Error| PassError::Dump {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        };
+        std::fs::create_dir_all(dir).map_err(|e| fail(dir, e))?;
+        std::fs::write(&path, oar_ir::text::print_graph(graph)).map_err(|e| fail(&path, e))
+    }
+
     fn emit(&mut self, pass: &str, when: &str, graph: &Graph) {
         let wanted = match when {
             "before" => self.print_before.wants(pass),
@@ -214,9 +259,14 @@ impl PassManager {
                 source,
             })?;
         }
+        self.dump(0, "input", graph)?;
+        let checker = match &self.numerics {
+            Some(cfg) => Some(Checker::new(cfg, graph).map_err(|detail| PassError::NumericsSetup { detail })?),
+            None => None,
+        };
         let mut report = PassReport::default();
         let passes = std::mem::take(&mut self.passes);
-        let result = self.run_passes(&passes, graph, &mut report);
+        let result = self.run_passes(&passes, graph, &mut report, checker.as_ref());
         self.passes = passes;
         result.map(|()| report)
     }
@@ -226,6 +276,7 @@ impl PassManager {
         passes: &[Box<dyn Pass>],
         graph: &mut Graph,
         report: &mut PassReport,
+        checker: Option<&Checker>,
     ) -> Result<(), PassError> {
         for (i, pass) in passes.iter().enumerate() {
             if self.stop_after.is_some_and(|n| i >= n) {
@@ -235,8 +286,15 @@ impl PassManager {
             let name = pass.name();
             self.emit(name, "before", graph);
             let nodes_before = count_nodes(graph);
+            let before = checker.map(|_| graph.clone());
             let start = Instant::now();
-            let changed = pass.run(graph)?;
+            let (changed, steps) = match checker {
+                Some(_) => {
+                    let run = pass.run_steps(graph, None)?;
+                    (run.changed, run.steps)
+                }
+                None => (pass.run(graph)?, None),
+            };
             let duration = start.elapsed();
             report.records.push(PassRecord {
                 name,
@@ -252,7 +310,56 @@ impl PassManager {
                 })?;
             }
             self.emit(name, "after", graph);
+            self.dump(i + 1, name, graph)?;
+            if let (Some(checker), Some(before)) = (checker, before) {
+                check_pass(checker, pass.as_ref(), i + 1, &before, graph, steps)?;
+            }
         }
         Ok(())
     }
+}
+
+/// Compare `after` (what `pass` made of `before`) with the baseline; on a difference, find the
+/// smallest step count of the pass that already differs (passes that count steps only).
+fn check_pass(
+    checker: &Checker,
+    pass: &dyn Pass,
+    index: usize,
+    before: &Graph,
+    after: &Graph,
+    steps: Option<usize>,
+) -> Result<(), PassError> {
+    let setup = |detail: String| PassError::NumericsSetup {
+        detail: format!("after pass `{}` (#{index}): {detail}", pass.name()),
+    };
+    let Some(mismatch) = checker.compare(after).map_err(setup)? else {
+        return Ok(());
+    };
+    let mut guilty: (Option<usize>, Mismatch) = (steps, mismatch);
+    if let Some(n) = steps.filter(|&n| n > 0) {
+        // Invariant: running `hi` steps differs; fewer than `lo` steps do not.
+        let (mut lo, mut hi) = (1, n);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let mut g = before.clone();
+            pass.run_steps(&mut g, Some(mid))?;
+            match checker.compare(&g).map_err(setup)? {
+                Some(m) => {
+                    hi = mid;
+                    guilty = (Some(mid), m);
+                }
+                None => lo = mid + 1,
+            }
+        }
+        guilty.0 = Some(hi);
+    }
+    let (step, m) = guilty;
+    Err(PassError::Numerics {
+        pass: pass.name().to_string(),
+        index,
+        step,
+        output: m.output,
+        max_abs_err: Float(m.max_abs_err),
+        detail: m.detail,
+    })
 }

@@ -1,11 +1,15 @@
 //! Passes by name, for pipelines given as text (`oar opt --passes dce,decompose`).
 
-use crate::{Dce, Decompose, Fuse, Pass, Simplify};
+use crate::{Canonicalize, Cse, Dce, Decompose, Fold, Fuse, Pass, Simplify, SpecializeShapes};
 
 /// Every registered pass, as a constructor of its default configuration.
 const PASSES: &[fn() -> Box<dyn Pass>] = &[
     || Box::new(Dce),
     || Box::new(Decompose::all()),
+    || Box::new(Canonicalize),
+    || Box::new(Fold::new()),
+    || Box::new(Cse),
+    || Box::new(SpecializeShapes::default()),
     || Box::new(Simplify::new()),
     || Box::new(Fuse::default()),
 ];
