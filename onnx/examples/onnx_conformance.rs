@@ -6,7 +6,7 @@
 //! Inputs a node needs at import time (a Reshape shape fed as a graph input) are bound as
 //! constants on a retry; values compare with each case's rtol/atol (ONNX: 1e-3 / 1e-7) plus 1e-6 atol.
 
-use oar_ir::{DType, TensorData};
+use oar_ir::TensorData;
 use oar_onnx::proto::{ModelProto, TensorProto};
 use oar_onnx::{ImportOptions, OnnxError};
 use prost::Message;
@@ -59,8 +59,12 @@ fn run_case(dir: &Path) -> (Status, String) {
     let proto = ModelProto::decode(bytes.as_slice()).unwrap_or_default();
     let gp = proto.graph.unwrap_or_default();
     let inits: Vec<&str> = gp.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
-    let in_names: Vec<String> =
-        gp.input.iter().filter_map(|v| v.name.clone()).filter(|n| !inits.contains(&n.as_str())).collect();
+    let in_names: Vec<String> = gp
+        .input
+        .iter()
+        .filter_map(|v| v.name.clone())
+        .filter(|n| !inits.contains(&n.as_str()))
+        .collect();
     let mut sets: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
         .unwrap_or_default();
@@ -98,18 +102,22 @@ fn run_case(dir: &Path) -> (Status, String) {
             Err(e @ OnnxError::Unsupported(_)) => return (Status::Unsupported, e.to_string()),
             Err(e) => return (Status::Fail, format!("import: {e}")),
         };
-        let inputs: BTreeMap<String, TensorData> =
-            inputs.into_iter().filter(|(n, _)| model.graph.input_specs().iter().any(|(m, _)| m == n)).collect();
+        let inputs: BTreeMap<String, TensorData> = inputs
+            .into_iter()
+            .filter(|(n, _)| model.graph.input_specs().iter().any(|(m, _)| m == n))
+            .collect();
         let outs = match oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs) {
             Ok(o) => o,
             Err(e) => return (Status::Fail, format!("run: {e}")),
         };
         if outs.len() < wants.len() {
-            return (Status::Fail, format!("{} outputs, expected {}", outs.len(), wants.len()));
+            return (
+                Status::Fail,
+                format!("{} outputs, expected {}", outs.len(), wants.len()),
+            );
         }
         for (i, ((_, got), want)) in outs.iter().zip(&wants).enumerate() {
-            let want = if want.dtype() == DType::Bool || got.dtype() == want.dtype() { want.clone() } else { want.clone() };
-            if let Err(e) = close(got, &want, rtol, atol + 1e-6) {
+            if let Err(e) = close(got, want, rtol, atol + 1e-6) {
                 return (Status::Fail, format!("output {i}: {e}"));
             }
         }
@@ -120,10 +128,13 @@ fn run_case(dir: &Path) -> (Status, String) {
 /// The op type a case tests: the node type whose snake_case name prefixes the case name.
 fn case_op(dir: &Path, name: &str) -> String {
     let bytes = std::fs::read(dir.join("model.onnx")).unwrap_or_default();
-    let gp = ModelProto::decode(bytes.as_slice()).unwrap_or_default().graph.unwrap_or_default();
+    let gp = ModelProto::decode(bytes.as_slice())
+        .unwrap_or_default()
+        .graph
+        .unwrap_or_default();
     let snake = |s: &str| {
         let mut o = String::new();
-        for (i, c) in s.chars().enumerate() {
+        for (i, c) in s.char_indices() {
             if c.is_uppercase() && i > 0 && !s[..i].ends_with(|p: char| p.is_uppercase()) {
                 o.push('_');
             }
@@ -145,7 +156,11 @@ fn case_op(dir: &Path, name: &str) -> String {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |f: &str| args.iter().position(|a| a == f).and_then(|i| args.get(i + 1)).cloned();
-    let root = args.first().filter(|a| !a.starts_with("--")).cloned().unwrap_or("target/onnx-node-tests".into());
+    let root = args
+        .first()
+        .filter(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or("target/onnx-node-tests".into());
     let manifest = std::fs::read_to_string(Path::new(&root).join("manifest.txt")).unwrap_or_else(|e| {
         eprintln!("error: {root}/manifest.txt: {e} (run tools/gen_onnx_node_tests.py first)");
         std::process::exit(2);
@@ -172,16 +187,25 @@ fn main() {
     }
     let mut md = String::from("| op type | pass | fail | unsupported | failure examples |\n|---|---|---|---|---|\n");
     for (op, [p, f, u]) in &per_op {
-        let r = reasons.get(op).map(|r| r.join("<br>").replace('|', "\\|")).unwrap_or_default();
+        let r = reasons
+            .get(op)
+            .map(|r| r.join("<br>").replace('|', "\\|"))
+            .unwrap_or_default();
         md.push_str(&format!("| {op} | {p} | {f} | {u} | {r} |\n"));
     }
-    let summary = format!("onnx node tests: {} pass, {} fail, {} unsupported\n", totals[0], totals[1], totals[2]);
+    let summary = format!(
+        "onnx node tests: {} pass, {} fail, {} unsupported\n",
+        totals[0], totals[1], totals[2]
+    );
     print!("{summary}");
     let out = flag("--summary").unwrap_or_else(|| format!("{root}/summary.md"));
     let _ = std::fs::write(&out, format!("{summary}\n{md}"));
     let _ = std::fs::write(format!("{root}/results.tsv"), lines.join("\n") + "\n");
     if let Some(b) = flag("--baseline") {
-        let want: usize = std::fs::read_to_string(&b).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        let want: usize = std::fs::read_to_string(&b)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
         if totals[0] < want {
             eprintln!("error: {} node tests pass, baseline {b} says {want}", totals[0]);
             std::process::exit(1);

@@ -79,7 +79,11 @@ fn list_unsupported(nodes: &[UnsupportedNode]) -> String {
         .iter()
         .map(|((op, opset), names)| {
             let shown: Vec<&str> = names.iter().take(5).copied().collect();
-            let more = if names.len() > 5 { format!(", … {} more", names.len() - 5) } else { String::new() };
+            let more = if names.len() > 5 {
+                format!(", … {} more", names.len() - 5)
+            } else {
+                String::new()
+            };
             format!("{op} (opset {opset}; nodes {}{more})", shown.join(", "))
         })
         .collect::<Vec<_>>()

@@ -7,7 +7,9 @@
 use crate::error::OnnxError;
 use crate::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
-    attribute_proto::AttributeType, tensor_shape_proto::{Dimension, dimension}, type_proto,
+    attribute_proto::AttributeType,
+    tensor_shape_proto::{Dimension, dimension},
+    type_proto,
 };
 use crate::tensor::{dtype_to_onnx, tensor_to_proto};
 use oar_ir::file::Model;
@@ -142,7 +144,9 @@ impl Exporter<'_> {
     fn static_dims(&self, dims: &[Dim], what: &str) -> Result<Vec<i64>, OnnxError> {
         let sym = dims.iter().filter(|d| d.as_static().is_none()).count();
         if sym > 1 {
-            return Err(OnnxError::Export(format!("{what} with more than one symbolic dim: {dims:?}")));
+            return Err(OnnxError::Export(format!(
+                "{what} with more than one symbolic dim: {dims:?}"
+            )));
         }
         Ok(dims.iter().map(|d| d.as_static().map_or(-1, |n| n as i64)).collect())
     }
@@ -215,7 +219,11 @@ impl Exporter<'_> {
                     UnaryOp::Not => "Not",
                 };
                 let y = self.emit(name, ins, vec![]);
-                if *u == UnaryOp::Rsqrt { self.emit("Reciprocal", vec![y], vec![]) } else { y }
+                if *u == UnaryOp::Rsqrt {
+                    self.emit("Reciprocal", vec![y], vec![])
+                } else {
+                    y
+                }
             }
             Op::Binary(b) => {
                 let name = match b {
@@ -247,7 +255,11 @@ impl Exporter<'_> {
                     BinaryOp::Xor => "Xor",
                 };
                 let y = self.emit(name, ins, vec![]);
-                if *b == BinaryOp::Ne { self.emit("Not", vec![y], vec![]) } else { y }
+                if *b == BinaryOp::Ne {
+                    self.emit("Not", vec![y], vec![])
+                } else {
+                    y
+                }
             }
             Op::Where => self.emit("Where", ins, vec![]),
             Op::Cast { to } => self.emit("Cast", ins, vec![int("to", dtype_to_onnx(*to) as i64)]),
@@ -264,7 +276,11 @@ impl Exporter<'_> {
             }
             Op::ArgReduce { op, axis, keepdim } => {
                 let name = if *op == ArgReduceOp::ArgMax { "ArgMax" } else { "ArgMin" };
-                self.emit(name, ins, vec![int("axis", *axis as i64), int("keepdims", *keepdim as i64)])
+                self.emit(
+                    name,
+                    ins,
+                    vec![int("axis", *axis as i64), int("keepdims", *keepdim as i64)],
+                )
             }
             Op::Reshape { shape } => {
                 let s = self.static_dims(shape, "reshape")?;
@@ -273,7 +289,11 @@ impl Exporter<'_> {
             }
             Op::Permute { perm } => self.emit("Transpose", ins, vec![ints("perm", perm)]),
             Op::Broadcast { shape } => {
-                let s: Vec<i64> = self.static_dims(shape, "broadcast")?.iter().map(|&d| d.max(1)).collect();
+                let s: Vec<i64> = self
+                    .static_dims(shape, "broadcast")?
+                    .iter()
+                    .map(|&d| d.max(1))
+                    .collect();
                 let s = self.i64s(&s);
                 self.emit("Expand", vec![ins[0].clone(), s], vec![])
             }
@@ -303,11 +323,21 @@ impl Exporter<'_> {
                 groups,
             } => {
                 let pads: Vec<usize> = pad_before.iter().chain(pad_after).copied().collect();
-                let attrs = vec![ints("strides", stride), ints("pads", &pads), ints("dilations", dilation), int("group", *groups as i64)];
+                let attrs = vec![
+                    ints("strides", stride),
+                    ints("pads", &pads),
+                    ints("dilations", dilation),
+                    int("group", *groups as i64),
+                ];
                 self.emit("Conv", ins, attrs)
             }
             Op::Composite(c) => self.composite(c, ins, &ty(0))?,
-            other => return Err(OnnxError::Export(format!("op `{}` has no ONNX equivalent here", other.name()))),
+            other => {
+                return Err(OnnxError::Export(format!(
+                    "op `{}` has no ONNX equivalent here",
+                    other.name()
+                )));
+            }
         })
     }
 
@@ -327,7 +357,12 @@ impl Exporter<'_> {
                 groups,
             } => {
                 let pads = [padding[0], padding[1], padding[2], padding[3]];
-                let attrs = vec![ints("strides", stride), ints("pads", &pads), ints("dilations", dilation), int("group", *groups as i64)];
+                let attrs = vec![
+                    ints("strides", stride),
+                    ints("pads", &pads),
+                    ints("dilations", dilation),
+                    int("group", *groups as i64),
+                ];
                 self.emit("Conv", ins, attrs)
             }
             Composite::MaxPool2d {
@@ -336,7 +371,12 @@ impl Exporter<'_> {
                 padding,
                 ceil_mode,
             } => {
-                let attrs = vec![ints("kernel_shape", kernel), ints("strides", stride), ints("pads", padding), int("ceil_mode", *ceil_mode as i64)];
+                let attrs = vec![
+                    ints("kernel_shape", kernel),
+                    ints("strides", stride),
+                    ints("pads", padding),
+                    int("ceil_mode", *ceil_mode as i64),
+                ];
                 self.emit("MaxPool", ins, attrs)
             }
             Composite::AvgPool2d {
@@ -369,10 +409,21 @@ impl Exporter<'_> {
                 let mut ins = ins;
                 let axis = (x.rank() - normalized_ndim) as i64;
                 if ins.len() == 1 {
-                    let tail: Vec<usize> = x.shape.0[x.rank() - normalized_ndim..].iter().map(|d| d.as_static().unwrap_or(1)).collect();
-                    ins.push(self.constant(TensorData::full(x.dtype, tail, 1.0).map_err(|e| OnnxError::Export(e.to_string()))?));
+                    let tail: Vec<usize> = x.shape.0[x.rank() - normalized_ndim..]
+                        .iter()
+                        .map(|d| d.as_static().unwrap_or(1))
+                        .collect();
+                    ins.push(
+                        self.constant(
+                            TensorData::full(x.dtype, tail, 1.0).map_err(|e| OnnxError::Export(e.to_string()))?,
+                        ),
+                    );
                 }
-                self.emit("LayerNormalization", ins, vec![int("axis", axis), float("epsilon", epsilon.0)])
+                self.emit(
+                    "LayerNormalization",
+                    ins,
+                    vec![int("axis", axis), float("epsilon", epsilon.0)],
+                )
             }
             Composite::Softmax { axis } => self.emit("Softmax", ins, vec![int("axis", *axis as i64)]),
             Composite::LogSoftmax { axis } => self.emit("LogSoftmax", ins, vec![int("axis", *axis as i64)]),
@@ -384,7 +435,9 @@ impl Exporter<'_> {
             }
             Composite::Gelu { approximate: false } => {
                 // 0.5 * x * (1 + erf(x / sqrt(2))); Gelu itself needs opset 20.
-                let c = |v: f64, ex: &mut Self| ex.constant(TensorData::from_f64_slice(x.dtype, vec![], &[v]).expect("scalar"));
+                let c = |v: f64, ex: &mut Self| {
+                    ex.constant(TensorData::from_f64_slice(x.dtype, vec![], &[v]).expect("scalar"))
+                };
                 let r2 = c(std::f64::consts::SQRT_2, self);
                 let d = self.emit("Div", vec![ins[0].clone(), r2], vec![]);
                 let e = self.emit("Erf", vec![d], vec![]);
@@ -395,7 +448,12 @@ impl Exporter<'_> {
                 self.emit("Mul", vec![m, half], vec![])
             }
             Composite::Dropout { training: false, .. } => self.emit("Identity", ins, vec![]),
-            other => return Err(OnnxError::Export(format!("composite `{}` has no ONNX mapping", other.name()))),
+            other => {
+                return Err(OnnxError::Export(format!(
+                    "composite `{}` has no ONNX mapping",
+                    other.name()
+                )));
+            }
         })
     }
 }

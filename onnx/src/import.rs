@@ -7,7 +7,7 @@
 
 use crate::error::{OnnxError, UnsupportedNode};
 use crate::ops::{self, NodeCx};
-use crate::proto::{ModelProto, NodeProto, TypeProto, ValueInfoProto, type_proto, tensor_shape_proto::dimension};
+use crate::proto::{ModelProto, NodeProto, TypeProto, ValueInfoProto, tensor_shape_proto::dimension, type_proto};
 use crate::tensor::{dtype_from_onnx, onnx_type_name, tensor_from_proto};
 use oar_ir::file::Model;
 use oar_ir::{Dim, Graph, Op, Shape, TensorData, TensorType, ValueId, Weights};
@@ -15,8 +15,8 @@ use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-/// Newest default-domain opset this importer knows (the one `onnx` 1.23 ships).
-pub const MAX_OPSET: i64 = 25;
+/// Newest default-domain opset this importer knows (the one `onnx` 1.23.2 ships).
+pub const MAX_OPSET: i64 = 28;
 
 /// Options for [`from_bytes_with`].
 #[derive(Clone, Debug, Default)]
@@ -31,7 +31,9 @@ pub fn load(path: &Path) -> Result<Model, OnnxError> {
         path: path.display().to_string(),
         source,
     })?;
-    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    let dir = path
+        .parent()
+        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     from_bytes_with(&bytes, dir, &ImportOptions::default())
 }
 
@@ -55,7 +57,9 @@ pub fn model_opset(model: &ModelProto) -> Result<i64, OnnxError> {
         .and_then(|o| o.version)
         .ok_or_else(|| OnnxError::Invalid("the model imports no default-domain (ai.onnx) opset".into()))?;
     if !(1..=MAX_OPSET).contains(&v) {
-        return Err(OnnxError::Invalid(format!("opset {v} is not supported (this importer reads 1..={MAX_OPSET})")));
+        return Err(OnnxError::Invalid(format!(
+            "opset {v} is not supported (this importer reads 1..={MAX_OPSET})"
+        )));
     }
     Ok(v)
 }
@@ -70,7 +74,10 @@ pub(crate) fn node_label(node: &NodeProto, index: usize) -> String {
 
 fn import_model(model: &ModelProto, model_dir: Option<&Path>, options: &ImportOptions) -> Result<Model, OnnxError> {
     let opset = model_opset(model)?;
-    let gp = model.graph.as_ref().ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
+    let gp = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
     let unsupported: Vec<UnsupportedNode> = gp
         .node
         .iter()
@@ -133,7 +140,10 @@ fn import_model(model: &ModelProto, model_dir: Option<&Path>, options: &ImportOp
                 continue;
             }
             let v = values.get(name).copied().ok_or_else(|| {
-                OnnxError::Invalid(format!("node `{label}` ({}) reads `{name}`, which nothing defines before it", node.op_type()))
+                OnnxError::Invalid(format!(
+                    "node `{label}` ({}) reads `{name}`, which nothing defines before it",
+                    node.op_type()
+                ))
             })?;
             ins.push(Some(v));
         }
@@ -237,10 +247,17 @@ fn value_type(vi: &ValueInfoProto) -> Result<TensorType, OnnxError> {
     };
     let t = match vi.r#type.as_ref().and_then(|t: &TypeProto| t.value.as_ref()) {
         Some(type_proto::Value::TensorType(t)) => t,
-        _ => return Err(bad("only tensor inputs are supported (not sequences, maps or optionals)".into())),
+        _ => {
+            return Err(bad(
+                "only tensor inputs are supported (not sequences, maps or optionals)".into(),
+            ));
+        }
     };
     let dtype = declared_dtype(vi)?.ok_or_else(|| bad("no element type".into()))?;
-    let shape = t.shape.as_ref().ok_or_else(|| bad("the input has no shape (its rank must be known)".into()))?;
+    let shape = t
+        .shape
+        .as_ref()
+        .ok_or_else(|| bad("the input has no shape (its rank must be known)".into()))?;
     let mut dims = Vec::with_capacity(shape.dim.len().min(64));
     for (i, d) in shape.dim.iter().enumerate() {
         dims.push(match &d.value {

@@ -13,15 +13,101 @@ use std::collections::HashMap;
 
 /// Every default-domain op type the importer maps.
 pub const SUPPORTED_OPS: &[&str] = &[
-    "Abs", "Add", "And", "ArgMax", "ArgMin", "AveragePool", "BatchNormalization", "Cast", "CastLike", "Ceil",
-    "Celu", "Clip", "Concat", "Constant", "ConstantOfShape", "Conv", "Cos", "Cosh", "Div", "Dropout", "Elu", "Equal",
-    "Erf", "Exp", "Expand", "Flatten", "Floor", "Gather", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
-    "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Less",
-    "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max", "MaxPool", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "Not",
-    "Or", "Pad", "Pow", "PRelu", "Range", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
-    "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Relu", "Reshape", "Round",
-    "Selu", "Shape", "Sigmoid", "Sign", "Sin", "Sinh", "Size", "Slice", "Softmax", "Softplus", "Softsign", "Split",
-    "Sqrt", "Squeeze", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile", "Transpose", "Unsqueeze", "Where",
+    "Abs",
+    "Add",
+    "And",
+    "ArgMax",
+    "ArgMin",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "CastLike",
+    "Ceil",
+    "Celu",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Conv",
+    "Cos",
+    "Cosh",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Less",
+    "LessOrEqual",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Mean",
+    "Min",
+    "Mish",
+    "Mod",
+    "Mul",
+    "Neg",
+    "Not",
+    "Or",
+    "Pad",
+    "Pow",
+    "PRelu",
+    "Range",
+    "Reciprocal",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Relu",
+    "Reshape",
+    "Round",
+    "Selu",
+    "Shape",
+    "Sigmoid",
+    "Sign",
+    "Sin",
+    "Sinh",
+    "Size",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Softsign",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tan",
+    "Tanh",
+    "ThresholdedRelu",
+    "Tile",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
     "Xor",
 ];
 
@@ -91,7 +177,9 @@ impl<'a> NodeCx<'a> {
     }
     /// String attribute.
     pub fn attr_s(&self, name: &str) -> Option<String> {
-        self.attr(name).and_then(|a| a.s.as_ref()).map(|s| String::from_utf8_lossy(s).into_owned())
+        self.attr(name)
+            .and_then(|a| a.s.as_ref())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
     }
 
     /// Number of inputs (including omitted ones).
@@ -100,7 +188,8 @@ impl<'a> NodeCx<'a> {
     }
     /// Input `i`, which must be present.
     pub fn input(&self, i: usize) -> R<ValueId> {
-        self.opt_input(i).ok_or_else(|| self.err(format!("input {i} is required")))
+        self.opt_input(i)
+            .ok_or_else(|| self.err(format!("input {i} is required")))
     }
     /// Input `i` if present.
     pub fn opt_input(&self, i: usize) -> Option<ValueId> {
@@ -123,7 +212,9 @@ impl<'a> NodeCx<'a> {
     }
     /// Input `i` as a list of integers, when present (must be constant).
     pub fn const_ints(&self, i: usize) -> R<Option<Vec<i64>>> {
-        Ok(self.const_input(i)?.map(|t| t.to_f64_vec().into_iter().map(|v| v as i64).collect()))
+        Ok(self
+            .const_input(i)?
+            .map(|t| t.to_f64_vec().into_iter().map(|v| v as i64).collect()))
     }
     /// Input `i` as one float scalar, when present (must be constant).
     pub fn const_scalar(&self, i: usize) -> R<Option<f64>> {
@@ -141,7 +232,9 @@ impl<'a> NodeCx<'a> {
     /// Static shape of a value, or an error naming it.
     pub fn static_shape(&self, v: ValueId) -> R<Vec<usize>> {
         let t = self.ty(v);
-        t.shape.as_static().ok_or_else(|| self.err(format!("needs a static shape here, got {t}")))
+        t.shape
+            .as_static()
+            .ok_or_else(|| self.err(format!("needs a static shape here, got {t}")))
     }
     /// Normalize a possibly negative axis for rank `rank`.
     pub fn axis(&self, a: i64, rank: usize) -> R<usize> {
@@ -293,8 +386,12 @@ impl<'a> NodeCx<'a> {
             }
             "Cast" => {
                 let code = self.attr_i("to", 0) as i32;
-                let to = dtype_from_onnx(code)
-                    .ok_or_else(|| self.err(format!("cast to {} is not supported", crate::tensor::onnx_type_name(code))))?;
+                let to = dtype_from_onnx(code).ok_or_else(|| {
+                    self.err(format!(
+                        "cast to {} is not supported",
+                        crate::tensor::onnx_type_name(code)
+                    ))
+                })?;
                 let x = self.input(0)?;
                 self.cast(x, to)?
             }
@@ -324,7 +421,8 @@ impl<'a> NodeCx<'a> {
                 let (s, e) = (clampi(self.attr_i("start", 0)), clampi(self.attr_i("end", r)));
                 let dims: Vec<i64> = shape[s..e.max(s)].iter().map(|&d| d as i64).collect();
                 let n = dims.len();
-                self.g.add_constant(TensorData::from_vec(vec![n], dims).map_err(|e| self.err(e.to_string()))?)
+                self.g
+                    .add_constant(TensorData::from_vec(vec![n], dims).map_err(|e| self.err(e.to_string()))?)
             }
             "Size" => {
                 let x = self.input(0)?;
@@ -338,7 +436,11 @@ impl<'a> NodeCx<'a> {
 
     /// Cast unless already `to`.
     pub fn cast(&mut self, x: ValueId, to: DType) -> R<ValueId> {
-        if self.ty(x).dtype == to { Ok(x) } else { self.op(Op::Cast { to }, &[x]) }
+        if self.ty(x).dtype == to {
+            Ok(x)
+        } else {
+            self.op(Op::Cast { to }, &[x])
+        }
     }
 
     /// Non-negative integers as sizes.
@@ -358,8 +460,12 @@ impl<'a> NodeCx<'a> {
             "value" => tensor_from_proto(a.t.as_ref().ok_or_else(|| self.err("`value` has no tensor"))?, None)?,
             "value_float" => TensorData::scalar(a.f.unwrap_or(0.0)),
             "value_int" => TensorData::scalar(a.i.unwrap_or(0)),
-            "value_floats" => TensorData::from_vec(vec![a.floats.len()], a.floats.clone()).map_err(|e| self.err(e.to_string()))?,
-            "value_ints" => TensorData::from_vec(vec![a.ints.len()], a.ints.clone()).map_err(|e| self.err(e.to_string()))?,
+            "value_floats" => {
+                TensorData::from_vec(vec![a.floats.len()], a.floats.clone()).map_err(|e| self.err(e.to_string()))?
+            }
+            "value_ints" => {
+                TensorData::from_vec(vec![a.ints.len()], a.ints.clone()).map_err(|e| self.err(e.to_string()))?
+            }
             other => return Err(self.err(format!("Constant attribute `{other}` is not supported"))),
         };
         Ok(self.g.add_constant(t))
@@ -367,7 +473,11 @@ impl<'a> NodeCx<'a> {
 
     /// Reduction axes from the attribute (old opsets) or the second input (new ones).
     pub fn reduce_axes(&self, rank: usize, axes_input_from: i64) -> R<Vec<usize>> {
-        let axes = if self.opset >= axes_input_from { self.const_ints(1)? } else { self.attr_ints("axes") };
+        let axes = if self.opset >= axes_input_from {
+            self.const_ints(1)?
+        } else {
+            self.attr_ints("axes")
+        };
         let axes = axes.unwrap_or_default();
         if axes.is_empty() {
             if self.opset >= axes_input_from && self.attr_i("noop_with_empty_axes", 0) != 0 {

@@ -33,8 +33,19 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         "GlobalAveragePool" | "GlobalMaxPool" => {
             let x = cx.input(0)?;
             let axes: Vec<usize> = (2..cx.ty(x).rank()).collect();
-            let op = if op_type == "GlobalMaxPool" { ReduceOp::Max } else { ReduceOp::Mean };
-            cx.op(Op::Reduce { op, axes, keepdim: true }, &[x])?
+            let op = if op_type == "GlobalMaxPool" {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Mean
+            };
+            cx.op(
+                Op::Reduce {
+                    op,
+                    axes,
+                    keepdim: true,
+                },
+                &[x],
+            )?
         }
         "BatchNormalization" => {
             if cx.attr_i("training_mode", 0) != 0 {
@@ -66,7 +77,13 @@ fn softmax(cx: &mut NodeCx<'_>, log: bool) -> R<ValueId> {
     let rank = t.rank();
     let default = if cx.opset >= 13 { -1 } else { 1 };
     let axis = cx.axis(cx.attr_i("axis", default), rank)?;
-    let mk = |axis| if log { Composite::LogSoftmax { axis } } else { Composite::Softmax { axis } };
+    let mk = |axis| {
+        if log {
+            Composite::LogSoftmax { axis }
+        } else {
+            Composite::Softmax { axis }
+        }
+    };
     if cx.opset >= 13 || axis + 1 == rank {
         return cx.op(Op::Composite(mk(axis)), &[x]);
     }
@@ -104,7 +121,11 @@ fn activation(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
                 ),
             };
             // Celu: max(0,x) + min(0, alpha*(exp(x/alpha)-1)); Elu/Selu: x<0 ? alpha*(exp(x)-1) : x.
-            let inner = if op_type == "Celu" { cx.bin_c(B::Div, x, alpha)? } else { x };
+            let inner = if op_type == "Celu" {
+                cx.bin_c(B::Div, x, alpha)?
+            } else {
+                x
+            };
             let e = cx.un(U::Exp, inner)?;
             let em1 = cx.bin_c(B::Sub, e, 1.0)?;
             let neg = cx.bin_c(B::Mul, em1, alpha)?;
@@ -122,7 +143,11 @@ fn activation(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
             let y = cx.bin_c(B::Add, y, b)?;
             let y = cx.bin_c(B::Max, y, 0.0)?;
             let y = cx.bin_c(B::Min, y, 1.0)?;
-            if op_type == "HardSwish" { cx.bin(B::Mul, x, y)? } else { y }
+            if op_type == "HardSwish" {
+                cx.bin(B::Mul, x, y)?
+            } else {
+                y
+            }
         }
         "Softplus" | "Mish" => {
             // log(1 + exp(x)), computed as max(x,0) + log(1 + exp(-|x|)) to avoid overflow.
@@ -169,7 +194,10 @@ fn clip(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let dt = cx.ty(x).dtype;
     let (lo, hi) = if cx.opset < 11 {
-        (Some(cx.attr_f("min", f32::MIN) as f64), Some(cx.attr_f("max", f32::MAX) as f64))
+        (
+            Some(cx.attr_f("min", f32::MIN) as f64),
+            Some(cx.attr_f("max", f32::MAX) as f64),
+        )
     } else {
         let lo = cx.opt_input(1);
         let hi = cx.opt_input(2);
@@ -273,7 +301,9 @@ fn spatial_pads(
         "SAME_UPPER" | "SAME_LOWER" => {
             let (mut b, mut a) = (vec![0; n], vec![0; n]);
             for i in 0..n {
-                let size = in_sizes[i].as_static().ok_or_else(|| cx.err("auto_pad SAME needs static spatial dims"))?;
+                let size = in_sizes[i]
+                    .as_static()
+                    .ok_or_else(|| cx.err("auto_pad SAME needs static spatial dims"))?;
                 let out = size.div_ceil(stride[i]);
                 let span = (kernel[i] - 1) * dilation[i] + 1;
                 let total = ((out - 1) * stride[i] + span).saturating_sub(size);
@@ -339,7 +369,10 @@ fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
 fn pool(cx: &mut NodeCx<'_>, max: bool) -> R<ValueId> {
     let x = cx.input(0)?;
     let xs = cx.ty(x).shape.0;
-    let kernel = cx.usizes(&cx.attr_ints("kernel_shape").ok_or_else(|| cx.err("needs kernel_shape"))?)?;
+    let kernel = cx.usizes(
+        &cx.attr_ints("kernel_shape")
+            .ok_or_else(|| cx.err("needs kernel_shape"))?,
+    )?;
     let n = kernel.len();
     let stride = cx.usizes(&cx.attr_ints("strides").unwrap_or_else(|| vec![1; n]))?;
     let dilation = cx.usizes(&cx.attr_ints("dilations").unwrap_or_else(|| vec![1; n]))?;
@@ -356,7 +389,12 @@ fn pool(cx: &mut NodeCx<'_>, max: bool) -> R<ValueId> {
     let ceil_mode = cx.attr_i("ceil_mode", 0) != 0;
     // 1-D pooling runs as 2-D over [N, C, 1, L].
     let (k2, s2, p4, x2) = match n {
-        2 => ([kernel[0], kernel[1]], [stride[0], stride[1]], [pb[0], pb[1], pa[0], pa[1]], x),
+        2 => (
+            [kernel[0], kernel[1]],
+            [stride[0], stride[1]],
+            [pb[0], pb[1], pa[0], pa[1]],
+            x,
+        ),
         1 => {
             let x2 = cx.reshape(x, vec![xs[0].clone(), xs[1].clone(), Dim::Static(1), xs[2].clone()])?;
             ([1, kernel[0]], [1, stride[0]], [0, pb[0], 0, pa[0]], x2)
@@ -417,8 +455,14 @@ fn split(cx: &mut NodeCx<'_>) -> R<Vec<ValueId>> {
     let x = cx.input(0)?;
     let t = cx.ty(x);
     let axis = cx.axis(cx.attr_i("axis", 0), t.rank())?;
-    let size = t.shape.0[axis].as_static().ok_or_else(|| cx.err("split axis must be static"))?;
-    let sizes = if cx.opset >= 13 { cx.const_ints(1)? } else { cx.attr_ints("split") };
+    let size = t.shape.0[axis]
+        .as_static()
+        .ok_or_else(|| cx.err("split axis must be static"))?;
+    let sizes = if cx.opset >= 13 {
+        cx.const_ints(1)?
+    } else {
+        cx.attr_ints("split")
+    };
     let sizes: Vec<usize> = match sizes {
         Some(s) if !s.is_empty() => cx.usizes(&s)?,
         _ => {

@@ -22,7 +22,11 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
             let x = cx.input(0)?;
             let t = cx.ty(x);
             let axis = cx.attr_i("axis", 1);
-            let axis = if axis == t.rank() as i64 { t.rank() } else { cx.axis(axis, t.rank())? };
+            let axis = if axis == t.rank() as i64 {
+                t.rank()
+            } else {
+                cx.axis(axis, t.rank())?
+            };
             let a = product(cx, &t.shape.0[..axis])?;
             let b = product(cx, &t.shape.0[axis..])?;
             cx.reshape(x, vec![a, b])?
@@ -40,11 +44,19 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
             let x0 = cx.input(0)?;
             let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x0).rank())?;
             let ins = (0..cx.n_inputs()).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
-            if ins.len() == 1 { x0 } else { cx.op(Op::Concat { axis }, &ins)? }
+            if ins.len() == 1 {
+                x0
+            } else {
+                cx.op(Op::Concat { axis }, &ins)?
+            }
         }
         "Squeeze" | "Unsqueeze" => {
             let x = cx.input(0)?;
-            let axes = if cx.opset >= 13 { cx.const_ints(1)? } else { cx.attr_ints("axes") };
+            let axes = if cx.opset >= 13 {
+                cx.const_ints(1)?
+            } else {
+                cx.attr_ints("axes")
+            };
             let mut dims = cx.ty(x).shape.0;
             if op_type == "Squeeze" {
                 let rank = dims.len();
@@ -57,7 +69,12 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
                         return Err(cx.err(format!("cannot squeeze axis {a} of size {}", dims[a])));
                     }
                 }
-                dims = dims.into_iter().enumerate().filter(|(i, _)| !drop.contains(i)).map(|(_, d)| d).collect();
+                dims = dims
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| !drop.contains(i))
+                    .map(|(_, d)| d)
+                    .collect();
             } else {
                 let axes = axes.ok_or_else(|| cx.err("needs axes"))?;
                 let out_rank = dims.len() + axes.len();
@@ -74,7 +91,11 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
             let shape = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?;
             let shape = oar_ir::Shape(cx.usizes(&shape)?.into_iter().map(Dim::Static).collect());
             let out = oar_ir::broadcast_shapes(&cx.ty(x).shape, &shape).map_err(|e| cx.err(e))?;
-            if out == cx.ty(x).shape { x } else { cx.op(Op::Broadcast { shape: out.0 }, &[x])? }
+            if out == cx.ty(x).shape {
+                x
+            } else {
+                cx.op(Op::Broadcast { shape: out.0 }, &[x])?
+            }
         }
         "Tile" => {
             let x = cx.input(0)?;
@@ -86,7 +107,11 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
             }
             // x[d0, d1] → [1, d0, 1, d1] → broadcast [r0, d0, r1, d1] → reshape [r0*d0, r1*d1].
             let inter: Vec<Dim> = shape.iter().flat_map(|&d| [Dim::Static(1), Dim::Static(d)]).collect();
-            let wide: Vec<Dim> = shape.iter().zip(&reps).flat_map(|(&d, &r)| [Dim::Static(r), Dim::Static(d)]).collect();
+            let wide: Vec<Dim> = shape
+                .iter()
+                .zip(&reps)
+                .flat_map(|(&d, &r)| [Dim::Static(r), Dim::Static(d)])
+                .collect();
             let out: Vec<Dim> = shape.iter().zip(&reps).map(|(&d, &r)| Dim::Static(d * r)).collect();
             let y = cx.reshape(x, inter)?;
             let y = cx.op(Op::Broadcast { shape: wide }, &[y])?;
@@ -146,7 +171,12 @@ fn reshape_dims(cx: &NodeCx<'_>, x: ValueId, target: &[i64], allowzero: bool) ->
     let mut out: Vec<Option<Dim>> = Vec::with_capacity(target.len());
     for (i, &t) in target.iter().enumerate() {
         out.push(match t {
-            0 if !allowzero => Some(in_dims.get(i).cloned().ok_or_else(|| cx.err("0 in shape past the input rank"))?),
+            0 if !allowzero => Some(
+                in_dims
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| cx.err("0 in shape past the input rank"))?,
+            ),
             -1 => None,
             t if t >= 0 => Some(Dim::Static(t as usize)),
             t => return Err(cx.err(format!("bad reshape dim {t}"))),
@@ -188,7 +218,12 @@ fn slice(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let (starts, ends, axes, steps) = if cx.opset < 10 {
         (cx.attr_ints("starts"), cx.attr_ints("ends"), cx.attr_ints("axes"), None)
     } else {
-        (cx.const_ints(1)?, cx.const_ints(2)?, cx.const_ints(3)?, cx.const_ints(4)?)
+        (
+            cx.const_ints(1)?,
+            cx.const_ints(2)?,
+            cx.const_ints(3)?,
+            cx.const_ints(4)?,
+        )
     };
     let starts = starts.ok_or_else(|| cx.err("needs starts"))?;
     let ends = ends.ok_or_else(|| cx.err("needs ends"))?;
@@ -221,7 +256,11 @@ fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
         return Err(cx.err(format!("pad mode `{mode}` is not supported")));
     }
     let (pads, value, axes) = if cx.opset < 11 {
-        (cx.attr_ints("pads").or(cx.attr_ints("paddings")), cx.attr_f("value", 0.0) as f64, None)
+        (
+            cx.attr_ints("pads").or(cx.attr_ints("paddings")),
+            cx.attr_f("value", 0.0) as f64,
+            None,
+        )
     } else {
         (cx.const_ints(1)?, cx.const_scalar(2)?.unwrap_or(0.0), cx.const_ints(3)?)
     };
@@ -235,7 +274,9 @@ fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
     }
     let (mut before, mut after) = (vec![0; rank], vec![0; rank]);
     let n = axes.len();
-    let p = cx.usizes(&pads).map_err(|_| cx.err("negative pads are not supported"))?;
+    let p = cx
+        .usizes(&pads)
+        .map_err(|_| cx.err("negative pads are not supported"))?;
     for (k, &a) in axes.iter().enumerate() {
         before[a] = p[k];
         after[a] = p[k + n];

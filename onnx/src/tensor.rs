@@ -59,8 +59,8 @@ fn terr(name: &str, detail: impl Into<String>) -> OnnxError {
 pub fn tensor_from_proto(t: &TensorProto, model_dir: Option<&Path>) -> Result<TensorData, OnnxError> {
     let name = t.name.as_deref().unwrap_or("<unnamed>");
     let code = t.data_type.unwrap_or(0);
-    let dtype =
-        dtype_from_onnx(code).ok_or_else(|| terr(name, format!("element type {} is not supported", onnx_type_name(code))))?;
+    let dtype = dtype_from_onnx(code)
+        .ok_or_else(|| terr(name, format!("element type {} is not supported", onnx_type_name(code))))?;
     let mut shape = Vec::with_capacity(t.dims.len().min(64));
     for &d in &t.dims {
         shape.push(usize::try_from(d).map_err(|_| terr(name, format!("negative dim {d} in {:?}", t.dims)))?);
@@ -74,7 +74,10 @@ pub fn tensor_from_proto(t: &TensorProto, model_dir: Option<&Path>) -> Result<Te
         read_external(t, name, nbytes, model_dir)?
     } else if let Some(raw) = &t.raw_data {
         if raw.len() != nbytes {
-            return Err(terr(name, format!("raw_data has {} bytes, {dtype}{shape:?} needs {nbytes}", raw.len())));
+            return Err(terr(
+                name,
+                format!("raw_data has {} bytes, {dtype}{shape:?} needs {nbytes}", raw.len()),
+            ));
         }
         raw.clone()
     } else {
@@ -89,26 +92,37 @@ fn typed_bytes(t: &TensorProto, name: &str, dtype: DType, count: usize) -> Resul
         if have == count {
             Ok(())
         } else {
-            Err(terr(name, format!("{field} has {have} elements, the shape needs {count}")))
+            Err(terr(
+                name,
+                format!("{field} has {have} elements, the shape needs {count}"),
+            ))
         }
     };
     let mut out = Vec::with_capacity(count * dtype.size_bytes());
     match dtype {
         DType::F32 => {
             check(t.float_data.len(), "float_data")?;
-            t.float_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.float_data
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         }
         DType::F64 => {
             check(t.double_data.len(), "double_data")?;
-            t.double_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.double_data
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         }
         DType::I64 => {
             check(t.int64_data.len(), "int64_data")?;
-            t.int64_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.int64_data
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         }
         DType::I32 => {
             check(t.int32_data.len(), "int32_data")?;
-            t.int32_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.int32_data
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         }
         DType::I8 | DType::U8 | DType::Bool => {
             check(t.int32_data.len(), "int32_data")?;
@@ -121,7 +135,9 @@ fn typed_bytes(t: &TensorProto, name: &str, dtype: DType, count: usize) -> Resul
         }
         DType::F16 | DType::BF16 => {
             check(t.int32_data.len(), "int32_data")?;
-            t.int32_data.iter().for_each(|v| out.extend_from_slice(&(*v as u16).to_le_bytes()));
+            t.int32_data
+                .iter()
+                .for_each(|v| out.extend_from_slice(&(*v as u16).to_le_bytes()));
         }
     }
     Ok(out)
@@ -129,10 +145,19 @@ fn typed_bytes(t: &TensorProto, name: &str, dtype: DType, count: usize) -> Resul
 
 /// Read `nbytes` of external data, refusing paths that leave the model's directory.
 fn read_external(t: &TensorProto, name: &str, nbytes: usize, model_dir: Option<&Path>) -> Result<Vec<u8>, OnnxError> {
-    let entry = |key: &str| t.external_data.iter().find(|e| e.key.as_deref() == Some(key)).and_then(|e| e.value.clone());
+    let entry = |key: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key.as_deref() == Some(key))
+            .and_then(|e| e.value.clone())
+    };
     let location = entry("location").ok_or_else(|| terr(name, "external data has no `location`"))?;
     let rel = Path::new(&location);
-    if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
+    if rel.as_os_str().is_empty()
+        || !rel
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    {
         return Err(terr(
             name,
             format!("external data location `{location}` must be a relative path inside the model's directory"),
@@ -141,14 +166,20 @@ fn read_external(t: &TensorProto, name: &str, nbytes: usize, model_dir: Option<&
     let dir = model_dir.ok_or_else(|| terr(name, "external data needs the model's file path (load it from a file)"))?;
     let parse = |key: &str| -> Result<Option<u64>, OnnxError> {
         entry(key)
-            .map(|v| v.parse::<u64>().map_err(|_| terr(name, format!("external data {key} `{v}` is not a number"))))
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| terr(name, format!("external data {key} `{v}` is not a number")))
+            })
             .transpose()
     };
     let offset = parse("offset")?.unwrap_or(0);
     if let Some(len) = parse("length")?
         && len != nbytes as u64
     {
-        return Err(terr(name, format!("external data length {len} but the shape needs {nbytes} bytes")));
+        return Err(terr(
+            name,
+            format!("external data length {len} but the shape needs {nbytes} bytes"),
+        ));
     }
     let path = dir.join(rel);
     let io = |source| OnnxError::Io {
@@ -160,7 +191,10 @@ fn read_external(t: &TensorProto, name: &str, nbytes: usize, model_dir: Option<&
     if offset.checked_add(nbytes as u64).is_none_or(|end| end > size) {
         return Err(terr(
             name,
-            format!("external data {}: {nbytes} bytes at offset {offset} exceed the file ({size} bytes)", path.display()),
+            format!(
+                "external data {}: {nbytes} bytes at offset {offset} exceed the file ({size} bytes)",
+                path.display()
+            ),
         ));
     }
     f.seek(SeekFrom::Start(offset)).map_err(io)?;
