@@ -13,6 +13,10 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --workspace --quiet 2>&1 | tee target/test.log
+echo "== onnx node tests"
+python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt
+python3 tools/gen_onnx_node_tests.py target/onnx-node-tests > /dev/null
+cargo run -q -p oar-onnx --example onnx_conformance -- target/onnx-node-tests --baseline onnx/tests/onnx_baseline.txt
 echo "== demo"
 scripts/demo.sh > target/demo.log 2>&1 || { cat target/demo.log; exit 1; }
 tail -n 3 target/demo.log

@@ -29,4 +29,5 @@ pub use tensor::{
 
 pub use oar_backend_reference as reference;
 pub use oar_ir as ir;
+pub use oar_onnx as onnx;
 pub use oar_passes as passes;

@@ -1,5 +1,7 @@
 //! `oar`: inspect, run and draw oar models from the command line.
 
+mod export;
+mod import;
 mod inspect;
 mod opt;
 mod run;
@@ -107,6 +109,22 @@ enum Command {
         #[arg(long)]
         list_passes: bool,
     },
+    /// Convert an ONNX model into an oar model file.
+    Import {
+        /// The `.onnx` file (external data is read next to it).
+        file: PathBuf,
+        /// The `.oar` file to write.
+        #[arg(long, short = 'o')]
+        output: PathBuf,
+    },
+    /// Write an oar model as ONNX (opset 18).
+    Export {
+        /// A `.oar` model or a `.oir` IR text file.
+        file: PathBuf,
+        /// The `.onnx` file to write.
+        #[arg(long, short = 'o')]
+        output: PathBuf,
+    },
 }
 
 /// Errors are one line of text, printed as `error: ...`.
@@ -180,6 +198,8 @@ fn run(command: Command) -> CliResult<()> {
             stop_after,
             list_passes,
         }),
+        Command::Import { file, output } => import::import(&file, &output),
+        Command::Export { file, output } => export::export(&file, &output),
         Command::Backends => {
             for b in oar::backend::registry().list() {
                 println!("{:<12} {}", b.name(), b.description());

@@ -1,0 +1,527 @@
+//! ONNX node → oar ops: the conversion context, attribute access, and the op table.
+//!
+//! Elementwise, reduction and movement ops live here; NN ops (conv, pooling, norms, gemm,
+//! softmax) in `ops_nn.rs`. Each converter handles the opset differences of its op
+//! (attributes that became inputs, changed defaults).
+
+use crate::error::OnnxError;
+use crate::proto::{AttributeProto, NodeProto};
+use crate::tensor::{dtype_from_onnx, tensor_from_proto};
+use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceRange, UnaryOp};
+use oar_ir::{DType, Dim, Graph, Op, TensorData, TensorType, ValueId};
+use std::collections::HashMap;
+
+/// Every default-domain op type the importer maps.
+pub const SUPPORTED_OPS: &[&str] = &[
+    "Abs",
+    "Add",
+    "And",
+    "ArgMax",
+    "ArgMin",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "CastLike",
+    "Ceil",
+    "Celu",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Conv",
+    "Cos",
+    "Cosh",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Less",
+    "LessOrEqual",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Mean",
+    "Min",
+    "Mish",
+    "Mod",
+    "Mul",
+    "Neg",
+    "Not",
+    "Or",
+    "Pad",
+    "Pow",
+    "PRelu",
+    "Range",
+    "Reciprocal",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Relu",
+    "Reshape",
+    "Round",
+    "Selu",
+    "Shape",
+    "Sigmoid",
+    "Sign",
+    "Sin",
+    "Sinh",
+    "Size",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Softsign",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tan",
+    "Tanh",
+    "ThresholdedRelu",
+    "Tile",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+    "Xor",
+];
+
+/// True if the importer maps this node's op type.
+pub fn is_supported(node: &NodeProto) -> bool {
+    matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx")) && SUPPORTED_OPS.contains(&node.op_type())
+}
+
+/// One node being converted: the graph, the node, its inputs and the opset in effect.
+pub struct NodeCx<'a> {
+    /// The graph ops are added to.
+    pub g: &'a mut Graph,
+    node: &'a NodeProto,
+    label: &'a str,
+    /// Default-domain opset version.
+    pub opset: i64,
+    ins: Vec<Option<ValueId>>,
+    param_values: &'a HashMap<ValueId, TensorData>,
+}
+
+pub(crate) type R<T> = Result<T, OnnxError>;
+
+impl<'a> NodeCx<'a> {
+    /// A context for `node` with its resolved inputs (`None` for omitted optional inputs).
+    pub fn new(
+        g: &'a mut Graph,
+        node: &'a NodeProto,
+        label: &'a str,
+        opset: i64,
+        ins: Vec<Option<ValueId>>,
+        param_values: &'a HashMap<ValueId, TensorData>,
+    ) -> Self {
+        NodeCx {
+            g,
+            node,
+            label,
+            opset,
+            ins,
+            param_values,
+        }
+    }
+
+    /// An error about this node.
+    pub fn err(&self, detail: impl Into<String>) -> OnnxError {
+        OnnxError::Node {
+            node: self.label.to_string(),
+            op_type: self.node.op_type().to_string(),
+            opset: self.opset,
+            detail: detail.into(),
+        }
+    }
+
+    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
+    }
+    /// Integer attribute.
+    pub fn attr_i(&self, name: &str, default: i64) -> i64 {
+        self.attr(name).and_then(|a| a.i).unwrap_or(default)
+    }
+    /// Float attribute.
+    pub fn attr_f(&self, name: &str, default: f32) -> f32 {
+        self.attr(name).and_then(|a| a.f).unwrap_or(default)
+    }
+    /// Integer-list attribute.
+    pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.attr(name).map(|a| a.ints.clone())
+    }
+    /// String attribute.
+    pub fn attr_s(&self, name: &str) -> Option<String> {
+        self.attr(name)
+            .and_then(|a| a.s.as_ref())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+    }
+
+    /// Number of inputs (including omitted ones).
+    pub fn n_inputs(&self) -> usize {
+        self.ins.len()
+    }
+    /// Input `i`, which must be present.
+    pub fn input(&self, i: usize) -> R<ValueId> {
+        self.opt_input(i)
+            .ok_or_else(|| self.err(format!("input {i} is required")))
+    }
+    /// Input `i` if present.
+    pub fn opt_input(&self, i: usize) -> Option<ValueId> {
+        self.ins.get(i).copied().flatten()
+    }
+    /// The value of input `i` when known at import time (a constant or an initializer).
+    pub fn const_input(&self, i: usize) -> R<Option<TensorData>> {
+        let Some(v) = self.opt_input(i) else { return Ok(None) };
+        match &self.g.node(v.node).op {
+            Op::Constant(t) => Ok(Some(t.clone())),
+            _ => match self.param_values.get(&v) {
+                Some(t) => Ok(Some(t.clone())),
+                None => Err(OnnxError::NonConstant {
+                    node: self.label.to_string(),
+                    op_type: self.node.op_type().to_string(),
+                    input: self.node.input.get(i).cloned().unwrap_or_default(),
+                }),
+            },
+        }
+    }
+    /// Input `i` as a list of integers, when present (must be constant).
+    pub fn const_ints(&self, i: usize) -> R<Option<Vec<i64>>> {
+        Ok(self
+            .const_input(i)?
+            .map(|t| t.to_f64_vec().into_iter().map(|v| v as i64).collect()))
+    }
+    /// Input `i` as one float scalar, when present (must be constant).
+    pub fn const_scalar(&self, i: usize) -> R<Option<f64>> {
+        match self.const_input(i)? {
+            None => Ok(None),
+            Some(t) if t.len() == 1 => Ok(Some(t.to_f64_vec()[0])),
+            Some(t) => Err(self.err(format!("input {i} must be a scalar, got shape {:?}", t.shape()))),
+        }
+    }
+
+    /// Type of a value.
+    pub fn ty(&self, v: ValueId) -> TensorType {
+        self.g.value_type(v).clone()
+    }
+    /// Static shape of a value, or an error naming it.
+    pub fn static_shape(&self, v: ValueId) -> R<Vec<usize>> {
+        let t = self.ty(v);
+        t.shape
+            .as_static()
+            .ok_or_else(|| self.err(format!("needs a static shape here, got {t}")))
+    }
+    /// Normalize a possibly negative axis for rank `rank`.
+    pub fn axis(&self, a: i64, rank: usize) -> R<usize> {
+        let r = rank as i64;
+        let n = if a < 0 { a + r } else { a };
+        if (0..r.max(1)).contains(&n) && (n < r || (r == 0 && n == 0)) {
+            Ok(n as usize)
+        } else {
+            Err(self.err(format!("axis {a} is out of range for rank {rank}")))
+        }
+    }
+    /// Add one op.
+    pub fn op(&mut self, op: Op, inputs: &[ValueId]) -> R<ValueId> {
+        let name = op.name();
+        self.g.add_op1(op, inputs).map_err(|e| self.err(format!("{name}: {e}")))
+    }
+    /// A scalar constant of `dtype`.
+    pub fn scalar(&mut self, dtype: DType, v: f64) -> ValueId {
+        self.g.add_scalar(dtype, v)
+    }
+    /// `a op b`.
+    pub fn bin(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
+        self.op(Op::Binary(op), &[a, b])
+    }
+    /// `op(x)`.
+    pub fn un(&mut self, op: UnaryOp, x: ValueId) -> R<ValueId> {
+        self.op(Op::Unary(op), &[x])
+    }
+    /// `x op c` for a scalar constant `c` of x's dtype.
+    pub fn bin_c(&mut self, op: BinaryOp, x: ValueId, c: f64) -> R<ValueId> {
+        let s = self.scalar(self.ty(x).dtype, c);
+        self.bin(op, x, s)
+    }
+    /// Reshape to `dims`.
+    pub fn reshape(&mut self, x: ValueId, dims: Vec<Dim>) -> R<ValueId> {
+        if self.ty(x).shape.0 == dims {
+            return Ok(x);
+        }
+        self.op(Op::Reshape { shape: dims }, &[x])
+    }
+
+    /// Convert the node into oar ops; returns one value per ONNX output.
+    pub fn convert(mut self) -> R<Vec<ValueId>> {
+        let op_type = self.node.op_type().to_string();
+        if let Some(v) = self.elementwise(&op_type)? {
+            return Ok(vec![v]);
+        }
+        crate::ops_nn::convert(&mut self, &op_type)
+    }
+
+    /// Elementwise, reduction and movement ops; `None` if `op_type` is not one of them.
+    fn elementwise(&mut self, op_type: &str) -> R<Option<ValueId>> {
+        use BinaryOp as B;
+        use UnaryOp as U;
+        let unary = match op_type {
+            "Neg" => Some(U::Neg),
+            "Abs" => Some(U::Abs),
+            "Exp" => Some(U::Exp),
+            "Log" => Some(U::Log),
+            "Sqrt" => Some(U::Sqrt),
+            "Reciprocal" => Some(U::Recip),
+            "Sin" => Some(U::Sin),
+            "Cos" => Some(U::Cos),
+            "Tanh" => Some(U::Tanh),
+            "Erf" => Some(U::Erf),
+            "Floor" => Some(U::Floor),
+            "Ceil" => Some(U::Ceil),
+            "Round" => Some(U::Round),
+            "Sign" => Some(U::Sign),
+            "Not" => Some(U::Not),
+            _ => None,
+        };
+        if let Some(u) = unary {
+            let x = self.input(0)?;
+            return self.un(u, x).map(Some);
+        }
+        let binary = match op_type {
+            "Add" => Some(B::Add),
+            "Sub" => Some(B::Sub),
+            "Mul" => Some(B::Mul),
+            "Div" => Some(B::Div),
+            "Equal" => Some(B::Eq),
+            "Less" => Some(B::Lt),
+            "LessOrEqual" => Some(B::Le),
+            "Greater" => Some(B::Gt),
+            "GreaterOrEqual" => Some(B::Ge),
+            "And" => Some(B::And),
+            "Or" => Some(B::Or),
+            "Xor" => Some(B::Xor),
+            _ => None,
+        };
+        if let Some(b) = binary {
+            let (a, c) = (self.input(0)?, self.input(1)?);
+            if self.opset < 7 && self.attr_i("broadcast", 0) != 0 && self.attr("axis").is_some() {
+                return Err(self.err("legacy broadcast with `axis` (opset < 7) is not supported"));
+            }
+            return self.bin(b, a, c).map(Some);
+        }
+        let v = match op_type {
+            "Pow" => {
+                let (a, mut e) = (self.input(0)?, self.input(1)?);
+                let dt = self.ty(a).dtype;
+                if self.ty(e).dtype != dt {
+                    e = self.op(Op::Cast { to: dt }, &[e])?;
+                }
+                self.bin(B::Pow, a, e)?
+            }
+            "Mod" => {
+                let (a, b) = (self.input(0)?, self.input(1)?);
+                if self.attr_i("fmod", 0) != 0 {
+                    // fmod: remainder with the sign of the dividend = a - trunc(a / b) * b.
+                    let dt = self.ty(a).dtype;
+                    if !dt.is_float() {
+                        return Err(self.err("fmod=1 on integers is not supported"));
+                    }
+                    let r = self.bin(B::Rem, a, b)?;
+                    let zero = self.scalar(dt, 0.0);
+                    let rz = self.bin(B::Ne, r, zero)?;
+                    let sa = self.bin(B::Lt, a, zero)?;
+                    let sr = self.bin(B::Lt, r, zero)?;
+                    let differ = self.bin(B::Xor, sa, sr)?;
+                    let fix = self.bin(B::And, differ, rz)?;
+                    let r2 = self.bin(B::Sub, r, b)?;
+                    self.op(Op::Where, &[fix, r2, r])?
+                } else {
+                    self.bin(B::Rem, a, b)?
+                }
+            }
+            "Max" | "Min" | "Sum" | "Mean" => {
+                let b = match op_type {
+                    "Max" => B::Max,
+                    "Min" => B::Min,
+                    _ => B::Add,
+                };
+                let mut acc = self.input(0)?;
+                for i in 1..self.n_inputs() {
+                    let x = self.input(i)?;
+                    acc = self.bin(b, acc, x)?;
+                }
+                if op_type == "Mean" {
+                    let n = self.n_inputs() as f64;
+                    acc = self.bin_c(B::Div, acc, n)?;
+                }
+                acc
+            }
+            "Where" => {
+                let (c, a, b) = (self.input(0)?, self.input(1)?, self.input(2)?);
+                self.op(Op::Where, &[c, a, b])?
+            }
+            "Cast" => {
+                let code = self.attr_i("to", 0) as i32;
+                let to = dtype_from_onnx(code).ok_or_else(|| {
+                    self.err(format!(
+                        "cast to {} is not supported",
+                        crate::tensor::onnx_type_name(code)
+                    ))
+                })?;
+                let x = self.input(0)?;
+                self.cast(x, to)?
+            }
+            "CastLike" => {
+                let (x, like) = (self.input(0)?, self.input(1)?);
+                let to = self.ty(like).dtype;
+                self.cast(x, to)?
+            }
+            "Identity" => self.input(0)?,
+            "Constant" => self.constant()?,
+            "ConstantOfShape" => {
+                let dims = self.const_ints(0)?.ok_or_else(|| self.err("needs its shape input"))?;
+                let value = match self.attr("value").and_then(|a| a.t.as_ref()) {
+                    Some(t) => tensor_from_proto(t, None)?,
+                    None => TensorData::scalar(0.0f32),
+                };
+                let shape = self.usizes(&dims)?;
+                let v = value.to_f64_vec().first().copied().unwrap_or(0.0);
+                let t = TensorData::full(value.dtype(), shape, v).map_err(|e| self.err(e.to_string()))?;
+                self.g.add_constant(t)
+            }
+            "Shape" => {
+                let x = self.input(0)?;
+                let shape = self.static_shape(x)?;
+                let r = shape.len() as i64;
+                let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                let (s, e) = (clampi(self.attr_i("start", 0)), clampi(self.attr_i("end", r)));
+                let dims: Vec<i64> = shape[s..e.max(s)].iter().map(|&d| d as i64).collect();
+                let n = dims.len();
+                self.g
+                    .add_constant(TensorData::from_vec(vec![n], dims).map_err(|e| self.err(e.to_string()))?)
+            }
+            "Size" => {
+                let x = self.input(0)?;
+                let n: usize = self.static_shape(x)?.iter().product();
+                self.g.add_constant(TensorData::scalar(n as i64))
+            }
+            _ => return crate::ops_shape::convert(self, op_type),
+        };
+        Ok(Some(v))
+    }
+
+    /// Cast unless already `to`.
+    pub fn cast(&mut self, x: ValueId, to: DType) -> R<ValueId> {
+        if self.ty(x).dtype == to {
+            Ok(x)
+        } else {
+            self.op(Op::Cast { to }, &[x])
+        }
+    }
+
+    /// Non-negative integers as sizes.
+    pub fn usizes(&self, v: &[i64]) -> R<Vec<usize>> {
+        v.iter()
+            .map(|&d| usize::try_from(d).map_err(|_| self.err(format!("negative size {d} in {v:?}"))))
+            .collect()
+    }
+
+    fn constant(&mut self) -> R<ValueId> {
+        let a = self
+            .node
+            .attribute
+            .first()
+            .ok_or_else(|| self.err("Constant needs a value attribute"))?;
+        let t = match a.name.as_deref().unwrap_or("") {
+            "value" => tensor_from_proto(a.t.as_ref().ok_or_else(|| self.err("`value` has no tensor"))?, None)?,
+            "value_float" => TensorData::scalar(a.f.unwrap_or(0.0)),
+            "value_int" => TensorData::scalar(a.i.unwrap_or(0)),
+            "value_floats" => {
+                TensorData::from_vec(vec![a.floats.len()], a.floats.clone()).map_err(|e| self.err(e.to_string()))?
+            }
+            "value_ints" => {
+                TensorData::from_vec(vec![a.ints.len()], a.ints.clone()).map_err(|e| self.err(e.to_string()))?
+            }
+            other => return Err(self.err(format!("Constant attribute `{other}` is not supported"))),
+        };
+        Ok(self.g.add_constant(t))
+    }
+
+    /// Reduction axes from the attribute (old opsets) or the second input (new ones).
+    pub fn reduce_axes(&self, rank: usize, axes_input_from: i64) -> R<Vec<usize>> {
+        let axes = if self.opset >= axes_input_from {
+            self.const_ints(1)?
+        } else {
+            self.attr_ints("axes")
+        };
+        let axes = axes.unwrap_or_default();
+        if axes.is_empty() {
+            if self.opset >= axes_input_from && self.attr_i("noop_with_empty_axes", 0) != 0 {
+                return Ok(vec![]);
+            }
+            return Ok((0..rank).collect());
+        }
+        let mut out = axes.iter().map(|&a| self.axis(a, rank)).collect::<R<Vec<_>>>()?;
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// A reduction, with ONNX's `keepdims` (default 1).
+    pub fn reduce(&mut self, op: ReduceOp, x: ValueId, axes: Vec<usize>) -> R<ValueId> {
+        if axes.is_empty() {
+            return Ok(x);
+        }
+        let keepdim = self.attr_i("keepdims", 1) != 0;
+        self.op(Op::Reduce { op, axes, keepdim }, &[x])
+    }
+
+    /// ArgMax / ArgMin.
+    pub fn arg_reduce(&mut self, op: ArgReduceOp) -> R<ValueId> {
+        if self.attr_i("select_last_index", 0) != 0 {
+            return Err(self.err("select_last_index=1 is not supported"));
+        }
+        let x = self.input(0)?;
+        let axis = self.axis(self.attr_i("axis", 0), self.ty(x).rank())?;
+        let keepdim = self.attr_i("keepdims", 1) != 0;
+        self.op(Op::ArgReduce { op, axis, keepdim }, &[x])
+    }
+
+    /// Slice `x` on one axis.
+    pub fn slice_axis(&mut self, x: ValueId, axis: usize, start: i64, end: i64) -> R<ValueId> {
+        let mut ranges = vec![SliceRange::FULL; self.ty(x).rank()];
+        ranges[axis] = SliceRange::new(start, end);
+        self.op(Op::Slice { ranges }, &[x])
+    }
+}
+
+impl NodeCx<'_> {
+    /// Number of outputs the node declares.
+    pub fn node_outputs(&self) -> usize {
+        self.node.output.len()
+    }
+}

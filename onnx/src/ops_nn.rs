@@ -1,0 +1,492 @@
+//! NN ops: activations, Clip, Dropout, MatMul/Gemm, Conv, pooling, normalization, softmax, Split.
+//! Ops with an oar composite map onto it (Gemm → linear, Conv → conv2d, BatchNormalization →
+//! batch_norm, ...); the rest are built from primitives.
+
+use crate::ops::{NodeCx, R};
+use oar_ir::ops::{BinaryOp as B, ReduceOp, UnaryOp as U};
+use oar_ir::{Composite, DType, Dim, Float, Op, ValueId};
+
+/// Convert one of the remaining ops; returns one value per ONNX output.
+pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
+    let v = match op_type {
+        "Relu" => composite1(cx, Composite::Relu)?,
+        "Sigmoid" => composite1(cx, Composite::Sigmoid)?,
+        "Gelu" => {
+            let approximate = cx.attr_s("approximate").is_some_and(|s| s == "tanh");
+            composite1(cx, Composite::Gelu { approximate })?
+        }
+        "Softmax" | "LogSoftmax" => softmax(cx, op_type == "LogSoftmax")?,
+        "LeakyRelu" | "Elu" | "Selu" | "Celu" | "HardSigmoid" | "HardSwish" | "Softplus" | "Softsign" | "Mish"
+        | "ThresholdedRelu" | "PRelu" | "Tan" | "Sinh" | "Cosh" => activation(cx, op_type)?,
+        "Clip" => clip(cx)?,
+        "Dropout" => {
+            let x = cx.input(0)?;
+            let mask = cx.ty(x).shape.0;
+            let one = cx.scalar(DType::Bool, 1.0);
+            let m = cx.op(Op::Broadcast { shape: mask }, &[one])?;
+            return Ok(vec![x, m]);
+        }
+        "MatMul" => matmul(cx)?,
+        "Gemm" => gemm(cx)?,
+        "Conv" => conv(cx)?,
+        "MaxPool" | "AveragePool" => pool(cx, op_type == "MaxPool")?,
+        "GlobalAveragePool" | "GlobalMaxPool" => {
+            let x = cx.input(0)?;
+            let axes: Vec<usize> = (2..cx.ty(x).rank()).collect();
+            let op = if op_type == "GlobalMaxPool" {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Mean
+            };
+            cx.op(
+                Op::Reduce {
+                    op,
+                    axes,
+                    keepdim: true,
+                },
+                &[x],
+            )?
+        }
+        "BatchNormalization" => {
+            if cx.attr_i("training_mode", 0) != 0 {
+                return Err(cx.err("training_mode=1 is not supported (inference only)"));
+            }
+            let ins = (0..5).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
+            let op = Composite::BatchNorm {
+                epsilon: Float(cx.attr_f("epsilon", 1e-5) as f64),
+                momentum: Float(0.9),
+                training: false,
+            };
+            cx.op(Op::Composite(op), &ins)?
+        }
+        "LayerNormalization" => layer_norm(cx)?,
+        "Split" => return split(cx),
+        other => return Err(cx.err(format!("no converter for `{other}`"))),
+    };
+    Ok(vec![v])
+}
+
+fn composite1(cx: &mut NodeCx<'_>, c: Composite) -> R<ValueId> {
+    let x = cx.input(0)?;
+    cx.op(Op::Composite(c), &[x])
+}
+
+fn softmax(cx: &mut NodeCx<'_>, log: bool) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let t = cx.ty(x);
+    let rank = t.rank();
+    let default = if cx.opset >= 13 { -1 } else { 1 };
+    let axis = cx.axis(cx.attr_i("axis", default), rank)?;
+    let mk = |axis| {
+        if log {
+            Composite::LogSoftmax { axis }
+        } else {
+            Composite::Softmax { axis }
+        }
+    };
+    if cx.opset >= 13 || axis + 1 == rank {
+        return cx.op(Op::Composite(mk(axis)), &[x]);
+    }
+    // Before opset 13 the input is flattened to [prod(..axis), prod(axis..)] around the softmax.
+    let s = cx.static_shape(x)?;
+    let (a, b) = (s[..axis].iter().product::<usize>(), s[axis..].iter().product::<usize>());
+    let y = cx.reshape(x, vec![Dim::Static(a), Dim::Static(b)])?;
+    let y = cx.op(Op::Composite(mk(1)), &[y])?;
+    cx.reshape(y, t.shape.0)
+}
+
+fn activation(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let dt = cx.ty(x).dtype;
+    let zero = cx.scalar(dt, 0.0);
+    let y = match op_type {
+        "LeakyRelu" | "PRelu" => {
+            let neg = if op_type == "PRelu" {
+                let slope = cx.input(1)?;
+                cx.bin(B::Mul, x, slope)?
+            } else {
+                let a = cx.attr_f("alpha", 0.01) as f64;
+                cx.bin_c(B::Mul, x, a)?
+            };
+            let c = cx.bin(B::Lt, x, zero)?;
+            cx.op(Op::Where, &[c, neg, x])?
+        }
+        "Elu" | "Selu" | "Celu" => {
+            let (alpha, gamma) = match op_type {
+                "Elu" => (cx.attr_f("alpha", 1.0) as f64, 1.0),
+                "Celu" => (cx.attr_f("alpha", 1.0) as f64, 1.0),
+                _ => (
+                    cx.attr_f("alpha", 1.673_263_2) as f64,
+                    cx.attr_f("gamma", 1.050_701) as f64,
+                ),
+            };
+            // Celu: max(0,x) + min(0, alpha*(exp(x/alpha)-1)); Elu/Selu: x<0 ? alpha*(exp(x)-1) : x.
+            let inner = if op_type == "Celu" {
+                cx.bin_c(B::Div, x, alpha)?
+            } else {
+                x
+            };
+            let e = cx.un(U::Exp, inner)?;
+            let em1 = cx.bin_c(B::Sub, e, 1.0)?;
+            let neg = cx.bin_c(B::Mul, em1, alpha)?;
+            let c = cx.bin(B::Lt, x, zero)?;
+            let y = cx.op(Op::Where, &[c, neg, x])?;
+            if gamma == 1.0 { y } else { cx.bin_c(B::Mul, y, gamma)? }
+        }
+        "HardSigmoid" | "HardSwish" => {
+            let (a, b) = if op_type == "HardSwish" {
+                (1.0 / 6.0, 0.5)
+            } else {
+                (cx.attr_f("alpha", 0.2) as f64, cx.attr_f("beta", 0.5) as f64)
+            };
+            let y = cx.bin_c(B::Mul, x, a)?;
+            let y = cx.bin_c(B::Add, y, b)?;
+            let y = cx.bin_c(B::Max, y, 0.0)?;
+            let y = cx.bin_c(B::Min, y, 1.0)?;
+            if op_type == "HardSwish" {
+                cx.bin(B::Mul, x, y)?
+            } else {
+                y
+            }
+        }
+        "Softplus" | "Mish" => {
+            // log(1 + exp(x)), computed as max(x,0) + log(1 + exp(-|x|)) to avoid overflow.
+            let ax = cx.un(U::Abs, x)?;
+            let nax = cx.un(U::Neg, ax)?;
+            let e = cx.un(U::Exp, nax)?;
+            let e1 = cx.bin_c(B::Add, e, 1.0)?;
+            let l = cx.un(U::Log, e1)?;
+            let m = cx.bin(B::Max, x, zero)?;
+            let sp = cx.bin(B::Add, m, l)?;
+            if op_type == "Mish" {
+                let t = cx.un(U::Tanh, sp)?;
+                cx.bin(B::Mul, x, t)?
+            } else {
+                sp
+            }
+        }
+        "Softsign" => {
+            let ax = cx.un(U::Abs, x)?;
+            let d = cx.bin_c(B::Add, ax, 1.0)?;
+            cx.bin(B::Div, x, d)?
+        }
+        "ThresholdedRelu" => {
+            let c = cx.bin_c(B::Gt, x, cx.attr_f("alpha", 1.0) as f64)?;
+            cx.op(Op::Where, &[c, x, zero])?
+        }
+        "Tan" => {
+            let (s, c) = (cx.un(U::Sin, x)?, cx.un(U::Cos, x)?);
+            cx.bin(B::Div, s, c)?
+        }
+        _ => {
+            // Sinh / Cosh = (e^x ∓ e^-x) / 2.
+            let e = cx.un(U::Exp, x)?;
+            let nx = cx.un(U::Neg, x)?;
+            let en = cx.un(U::Exp, nx)?;
+            let s = cx.bin(if op_type == "Sinh" { B::Sub } else { B::Add }, e, en)?;
+            cx.bin_c(B::Mul, s, 0.5)?
+        }
+    };
+    Ok(y)
+}
+
+fn clip(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let dt = cx.ty(x).dtype;
+    let (lo, hi) = if cx.opset < 11 {
+        (
+            Some(cx.attr_f("min", f32::MIN) as f64),
+            Some(cx.attr_f("max", f32::MAX) as f64),
+        )
+    } else {
+        let lo = cx.opt_input(1);
+        let hi = cx.opt_input(2);
+        let mut y = x;
+        if let Some(lo) = lo {
+            y = cx.bin(B::Max, y, lo)?;
+        }
+        if let Some(hi) = hi {
+            y = cx.bin(B::Min, y, hi)?;
+        }
+        return Ok(y);
+    };
+    let mut y = x;
+    if let Some(lo) = lo {
+        let c = cx.scalar(dt, lo);
+        y = cx.bin(B::Max, y, c)?;
+    }
+    if let Some(hi) = hi {
+        let c = cx.scalar(dt, hi);
+        y = cx.bin(B::Min, y, c)?;
+    }
+    Ok(y)
+}
+
+fn matmul(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (mut a, mut b) = (cx.input(0)?, cx.input(1)?);
+    let (ta, tb) = (cx.ty(a), cx.ty(b));
+    // numpy rules for 1-D operands: [K] → [1, K] (then drop M), [K] → [K, 1] (then drop N).
+    if ta.rank() == 1 {
+        a = cx.reshape(a, vec![Dim::Static(1), ta.shape.0[0].clone()])?;
+    }
+    if tb.rank() == 1 {
+        b = cx.reshape(b, vec![tb.shape.0[0].clone(), Dim::Static(1)])?;
+    }
+    let y = cx.op(Op::MatMul, &[a, b])?;
+    let mut dims = cx.ty(y).shape.0;
+    let r = dims.len();
+    if tb.rank() == 1 {
+        dims.remove(r - 1);
+    }
+    if ta.rank() == 1 {
+        dims.remove(r - 2);
+    }
+    cx.reshape(y, dims)
+}
+
+fn gemm(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (mut a, mut b) = (cx.input(0)?, cx.input(1)?);
+    let (alpha, beta) = (cx.attr_f("alpha", 1.0) as f64, cx.attr_f("beta", 1.0) as f64);
+    if cx.attr_i("transA", 0) != 0 {
+        a = cx.op(Op::Permute { perm: vec![1, 0] }, &[a])?;
+    }
+    if cx.attr_i("transB", 0) != 0 {
+        b = cx.op(Op::Permute { perm: vec![1, 0] }, &[b])?;
+    }
+    let c = cx.opt_input(2);
+    let n = cx.ty(b).shape.0.get(1).cloned();
+    // linear(x, w[in,out], bias[out]) is exactly Gemm with alpha = beta = 1 and a 1-D C of size N.
+    if alpha == 1.0 && beta == 1.0 {
+        match c {
+            Some(c) if cx.ty(c).rank() == 1 && cx.ty(c).shape.0.first() == n.as_ref() => {
+                return cx.op(Op::Composite(Composite::Linear), &[a, b, c]);
+            }
+            None => return cx.op(Op::Composite(Composite::Linear), &[a, b]),
+            _ => {}
+        }
+    }
+    let mut y = cx.op(Op::MatMul, &[a, b])?;
+    if alpha != 1.0 {
+        y = cx.bin_c(B::Mul, y, alpha)?;
+    }
+    if let Some(mut c) = c {
+        if beta != 1.0 {
+            c = cx.bin_c(B::Mul, c, beta)?;
+        }
+        y = cx.bin(B::Add, y, c)?;
+    }
+    Ok(y)
+}
+
+/// Padding (before, after) per spatial axis from `pads` / `auto_pad`.
+fn spatial_pads(
+    cx: &NodeCx<'_>,
+    in_sizes: &[Dim],
+    kernel: &[usize],
+    stride: &[usize],
+    dilation: &[usize],
+) -> R<(Vec<usize>, Vec<usize>)> {
+    let n = kernel.len();
+    let auto = cx.attr_s("auto_pad").unwrap_or_else(|| "NOTSET".into());
+    match auto.as_str() {
+        "NOTSET" | "" => {
+            let p = cx.attr_ints("pads").unwrap_or_else(|| vec![0; 2 * n]);
+            if p.len() != 2 * n {
+                return Err(cx.err(format!("pads {p:?} do not match {n} spatial axes")));
+            }
+            let p = cx.usizes(&p)?;
+            Ok((p[..n].to_vec(), p[n..].to_vec()))
+        }
+        "VALID" => Ok((vec![0; n], vec![0; n])),
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let (mut b, mut a) = (vec![0; n], vec![0; n]);
+            for i in 0..n {
+                let size = in_sizes[i]
+                    .as_static()
+                    .ok_or_else(|| cx.err("auto_pad SAME needs static spatial dims"))?;
+                let out = size.div_ceil(stride[i]);
+                let span = (kernel[i] - 1) * dilation[i] + 1;
+                let total = ((out - 1) * stride[i] + span).saturating_sub(size);
+                let small = total / 2;
+                if auto == "SAME_UPPER" {
+                    (b[i], a[i]) = (small, total - small);
+                } else {
+                    (b[i], a[i]) = (total - small, small);
+                }
+            }
+            Ok((b, a))
+        }
+        other => Err(cx.err(format!("auto_pad `{other}` is not supported"))),
+    }
+}
+
+fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (x, w) = (cx.input(0)?, cx.input(1)?);
+    let wt = cx.ty(w);
+    let n = wt.rank().saturating_sub(2);
+    let kernel: Vec<usize> = match cx.attr_ints("kernel_shape") {
+        Some(k) => cx.usizes(&k)?,
+        None => wt.shape.0[2..].iter().map(|d| d.as_static().unwrap_or(0)).collect(),
+    };
+    let stride = cx.usizes(&cx.attr_ints("strides").unwrap_or_else(|| vec![1; n]))?;
+    let dilation = cx.usizes(&cx.attr_ints("dilations").unwrap_or_else(|| vec![1; n]))?;
+    if kernel.len() != n || stride.len() != n || dilation.len() != n {
+        return Err(cx.err("kernel_shape, strides and dilations must have one entry per spatial axis"));
+    }
+    let groups = usize::try_from(cx.attr_i("group", 1)).map_err(|_| cx.err("bad group"))?;
+    let xs = cx.ty(x).shape.0;
+    let (pb, pa) = spatial_pads(cx, xs.get(2..).unwrap_or(&[]), &kernel, &stride, &dilation)?;
+    let b = cx.opt_input(2);
+    if n == 2 {
+        let op = Composite::Conv2d {
+            stride: [stride[0], stride[1]],
+            padding: [pb[0], pb[1], pa[0], pa[1]],
+            dilation: [dilation[0], dilation[1]],
+            groups,
+        };
+        let ins: Vec<ValueId> = [Some(x), Some(w), b].into_iter().flatten().collect();
+        return cx.op(Op::Composite(op), &ins);
+    }
+    let op = Op::Conv {
+        stride,
+        pad_before: pb,
+        pad_after: pa,
+        dilation,
+        groups,
+    };
+    let y = cx.op(op, &[x, w])?;
+    match b {
+        None => Ok(y),
+        Some(b) => {
+            let mut dims = vec![Dim::Static(1); n + 2];
+            dims[1] = cx.ty(b).shape.0.first().cloned().unwrap_or(Dim::Static(1));
+            let b = cx.reshape(b, dims)?;
+            cx.bin(B::Add, y, b)
+        }
+    }
+}
+
+fn pool(cx: &mut NodeCx<'_>, max: bool) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let xs = cx.ty(x).shape.0;
+    let kernel = cx.usizes(
+        &cx.attr_ints("kernel_shape")
+            .ok_or_else(|| cx.err("needs kernel_shape"))?,
+    )?;
+    let n = kernel.len();
+    let stride = cx.usizes(&cx.attr_ints("strides").unwrap_or_else(|| vec![1; n]))?;
+    let dilation = cx.usizes(&cx.attr_ints("dilations").unwrap_or_else(|| vec![1; n]))?;
+    if dilation.iter().any(|&d| d != 1) {
+        return Err(cx.err("pooling with dilations is not supported"));
+    }
+    if cx.attr_i("storage_order", 0) != 0 {
+        return Err(cx.err("storage_order=1 is not supported"));
+    }
+    if stride.len() != n || xs.len() != n + 2 {
+        return Err(cx.err("strides and the input rank must match kernel_shape"));
+    }
+    let (pb, pa) = spatial_pads(cx, &xs[2..], &kernel, &stride, &dilation)?;
+    let ceil_mode = cx.attr_i("ceil_mode", 0) != 0;
+    // 1-D pooling runs as 2-D over [N, C, 1, L].
+    let (k2, s2, p4, x2) = match n {
+        2 => (
+            [kernel[0], kernel[1]],
+            [stride[0], stride[1]],
+            [pb[0], pb[1], pa[0], pa[1]],
+            x,
+        ),
+        1 => {
+            let x2 = cx.reshape(x, vec![xs[0].clone(), xs[1].clone(), Dim::Static(1), xs[2].clone()])?;
+            ([1, kernel[0]], [1, stride[0]], [0, pb[0], 0, pa[0]], x2)
+        }
+        _ => return Err(cx.err(format!("{n}-D pooling is not supported (1-D and 2-D are)"))),
+    };
+    let op = if max {
+        Composite::MaxPool2d {
+            kernel: k2,
+            stride: s2,
+            padding: p4,
+            ceil_mode,
+        }
+    } else {
+        Composite::AvgPool2d {
+            kernel: k2,
+            stride: s2,
+            padding: p4,
+            ceil_mode,
+            count_include_pad: cx.attr_i("count_include_pad", 0) != 0,
+        }
+    };
+    let y = cx.op(Op::Composite(op), &[x2])?;
+    if n == 1 {
+        let mut d = cx.ty(y).shape.0;
+        d.remove(2);
+        return cx.reshape(y, d);
+    }
+    Ok(y)
+}
+
+fn layer_norm(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let rank = cx.ty(x).rank();
+    let axis = cx.axis(cx.attr_i("axis", -1), rank)?;
+    let op = Composite::LayerNorm {
+        normalized_ndim: rank - axis,
+        epsilon: Float(cx.attr_f("epsilon", 1e-5) as f64),
+    };
+    let scale = cx.input(1)?;
+    let tail = cx.ty(x).shape.0[axis..].to_vec();
+    let fits = |cx: &NodeCx<'_>, v: ValueId| cx.ty(v).shape.0 == tail;
+    match cx.opt_input(2) {
+        Some(b) if fits(cx, scale) && fits(cx, b) => cx.op(Op::Composite(op), &[x, scale, b]),
+        b => {
+            // Scale/bias that broadcast rather than match exactly: normalize, then apply them.
+            let y = cx.op(Op::Composite(op), &[x])?;
+            let y = cx.bin(B::Mul, y, scale)?;
+            match b {
+                Some(b) => cx.bin(B::Add, y, b),
+                None => Ok(y),
+            }
+        }
+    }
+}
+
+fn split(cx: &mut NodeCx<'_>) -> R<Vec<ValueId>> {
+    let x = cx.input(0)?;
+    let t = cx.ty(x);
+    let axis = cx.axis(cx.attr_i("axis", 0), t.rank())?;
+    let size = t.shape.0[axis]
+        .as_static()
+        .ok_or_else(|| cx.err("split axis must be static"))?;
+    let sizes = if cx.opset >= 13 {
+        cx.const_ints(1)?
+    } else {
+        cx.attr_ints("split")
+    };
+    let sizes: Vec<usize> = match sizes {
+        Some(s) if !s.is_empty() => cx.usizes(&s)?,
+        _ => {
+            let n = if cx.opset >= 18 {
+                usize::try_from(cx.attr_i("num_outputs", 0)).unwrap_or(0)
+            } else {
+                cx.node_outputs()
+            };
+            if n == 0 {
+                return Err(cx.err("cannot tell how many parts to split into"));
+            }
+            // Equal parts; the last is smaller when the size does not divide (opset 18 rule).
+            let part = size.div_ceil(n);
+            (0..n).map(|i| part.min(size.saturating_sub(i * part))).collect()
+        }
+    };
+    if sizes.iter().sum::<usize>() != size {
+        return Err(cx.err(format!("split sizes {sizes:?} do not add up to {size}")));
+    }
+    let mut start = 0i64;
+    let mut outs = Vec::with_capacity(sizes.len());
+    for s in sizes {
+        outs.push(cx.slice_axis(x, axis, start, start + s as i64)?);
+        start += s as i64;
+    }
+    Ok(outs)
+}

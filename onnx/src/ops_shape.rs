@@ -1,0 +1,322 @@
+//! Movement ops (Reshape, Transpose, Slice, Concat, Split, Squeeze, Expand, Tile, Pad, Gather,
+//! Flatten, Range) and reductions.
+
+use crate::ops::{NodeCx, R};
+use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceRange, UnaryOp};
+use oar_ir::{Dim, Float, Op, TensorData, ValueId};
+
+/// Convert a movement or reduction op; `None` if `op_type` is not one.
+pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> {
+    let v = match op_type {
+        "Reshape" => {
+            let x = cx.input(0)?;
+            let target = if cx.opset < 5 {
+                cx.attr_ints("shape").unwrap_or_default()
+            } else {
+                cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?
+            };
+            let dims = reshape_dims(cx, x, &target, cx.attr_i("allowzero", 0) != 0)?;
+            cx.reshape(x, dims)?
+        }
+        "Flatten" => {
+            let x = cx.input(0)?;
+            let t = cx.ty(x);
+            let axis = cx.attr_i("axis", 1);
+            let axis = if axis == t.rank() as i64 {
+                t.rank()
+            } else {
+                cx.axis(axis, t.rank())?
+            };
+            let a = product(cx, &t.shape.0[..axis])?;
+            let b = product(cx, &t.shape.0[axis..])?;
+            cx.reshape(x, vec![a, b])?
+        }
+        "Transpose" => {
+            let x = cx.input(0)?;
+            let r = cx.ty(x).rank();
+            let perm = match cx.attr_ints("perm") {
+                Some(p) if !p.is_empty() => p.iter().map(|&a| cx.axis(a, r)).collect::<R<Vec<_>>>()?,
+                _ => (0..r).rev().collect(),
+            };
+            cx.op(Op::Permute { perm }, &[x])?
+        }
+        "Concat" => {
+            let x0 = cx.input(0)?;
+            let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x0).rank())?;
+            let ins = (0..cx.n_inputs()).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
+            if ins.len() == 1 {
+                x0
+            } else {
+                cx.op(Op::Concat { axis }, &ins)?
+            }
+        }
+        "Squeeze" | "Unsqueeze" => {
+            let x = cx.input(0)?;
+            let axes = if cx.opset >= 13 {
+                cx.const_ints(1)?
+            } else {
+                cx.attr_ints("axes")
+            };
+            let mut dims = cx.ty(x).shape.0;
+            if op_type == "Squeeze" {
+                let rank = dims.len();
+                let drop: Vec<usize> = match axes {
+                    Some(a) if !a.is_empty() => a.iter().map(|&a| cx.axis(a, rank)).collect::<R<_>>()?,
+                    _ => (0..rank).filter(|&i| dims[i] == Dim::Static(1)).collect(),
+                };
+                for &a in &drop {
+                    if dims[a] != Dim::Static(1) {
+                        return Err(cx.err(format!("cannot squeeze axis {a} of size {}", dims[a])));
+                    }
+                }
+                dims = dims
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| !drop.contains(i))
+                    .map(|(_, d)| d)
+                    .collect();
+            } else {
+                let axes = axes.ok_or_else(|| cx.err("needs axes"))?;
+                let out_rank = dims.len() + axes.len();
+                let mut ax = axes.iter().map(|&a| cx.axis(a, out_rank)).collect::<R<Vec<_>>>()?;
+                ax.sort_unstable();
+                for a in ax {
+                    dims.insert(a, Dim::Static(1));
+                }
+            }
+            cx.reshape(x, dims)?
+        }
+        "Expand" => {
+            let x = cx.input(0)?;
+            let shape = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?;
+            let shape = oar_ir::Shape(cx.usizes(&shape)?.into_iter().map(Dim::Static).collect());
+            let out = oar_ir::broadcast_shapes(&cx.ty(x).shape, &shape).map_err(|e| cx.err(e))?;
+            if out == cx.ty(x).shape {
+                x
+            } else {
+                cx.op(Op::Broadcast { shape: out.0 }, &[x])?
+            }
+        }
+        "Tile" => {
+            let x = cx.input(0)?;
+            let reps = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its repeats input"))?;
+            let shape = cx.static_shape(x)?;
+            let reps = cx.usizes(&reps)?;
+            if reps.len() != shape.len() {
+                return Err(cx.err(format!("repeats {reps:?} do not match rank {}", shape.len())));
+            }
+            // x[d0, d1] → [1, d0, 1, d1] → broadcast [r0, d0, r1, d1] → reshape [r0*d0, r1*d1].
+            let inter: Vec<Dim> = shape.iter().flat_map(|&d| [Dim::Static(1), Dim::Static(d)]).collect();
+            let wide: Vec<Dim> = shape
+                .iter()
+                .zip(&reps)
+                .flat_map(|(&d, &r)| [Dim::Static(r), Dim::Static(d)])
+                .collect();
+            let out: Vec<Dim> = shape.iter().zip(&reps).map(|(&d, &r)| Dim::Static(d * r)).collect();
+            let y = cx.reshape(x, inter)?;
+            let y = cx.op(Op::Broadcast { shape: wide }, &[y])?;
+            cx.reshape(y, out)?
+        }
+        "Slice" => slice(cx)?,
+        "Gather" => {
+            let (x, i) = (cx.input(0)?, cx.input(1)?);
+            let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x).rank())?;
+            let i = cx.cast(i, oar_ir::DType::I64)?;
+            cx.op(Op::Gather { axis }, &[x, i])?
+        }
+        "Pad" => pad(cx)?,
+        "Range" => {
+            let (s, l, d) = (cx.const_scalar(0)?, cx.const_scalar(1)?, cx.const_scalar(2)?);
+            let (s, l, d) = (s.unwrap_or(0.0), l.unwrap_or(0.0), d.unwrap_or(1.0));
+            let dt = cx.ty(cx.input(0)?).dtype;
+            let n = ((l - s) / d).ceil().max(0.0);
+            if !n.is_finite() || n > 1e8 {
+                return Err(cx.err(format!("range({s}, {l}, {d}) is too long")));
+            }
+            let vals: Vec<f64> = (0..n as usize).map(|k| s + k as f64 * d).collect();
+            let t = TensorData::from_f64_slice(dt, vec![vals.len()], &vals).map_err(|e| cx.err(e.to_string()))?;
+            cx.g.add_constant(t)
+        }
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
+        | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" => reduce(cx, op_type)?,
+        "ArgMax" => cx.arg_reduce(ArgReduceOp::ArgMax)?,
+        "ArgMin" => cx.arg_reduce(ArgReduceOp::ArgMin)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(v))
+}
+
+/// Product of dims: static when all are static, the symbol itself when exactly one is symbolic
+/// and the rest are 1.
+fn product(cx: &NodeCx<'_>, dims: &[Dim]) -> R<Dim> {
+    let mut n = 1usize;
+    let mut sym = None;
+    for d in dims {
+        match d {
+            Dim::Static(k) => n = n.checked_mul(*k).ok_or_else(|| cx.err("shape overflows"))?,
+            Dim::Sym(_) if sym.is_none() => sym = Some(d.clone()),
+            Dim::Sym(_) => return Err(cx.err(format!("cannot merge symbolic dims {dims:?}"))),
+        }
+    }
+    match sym {
+        None => Ok(Dim::Static(n)),
+        Some(s) if n == 1 => Ok(s),
+        Some(_) => Err(cx.err(format!("cannot merge symbolic dims {dims:?} into one"))),
+    }
+}
+
+/// ONNX reshape target → dims: `0` copies the input dim (unless `allowzero`), `-1` is inferred.
+fn reshape_dims(cx: &NodeCx<'_>, x: ValueId, target: &[i64], allowzero: bool) -> R<Vec<Dim>> {
+    let in_dims = cx.ty(x).shape.0;
+    let mut out: Vec<Option<Dim>> = Vec::with_capacity(target.len());
+    for (i, &t) in target.iter().enumerate() {
+        out.push(match t {
+            0 if !allowzero => Some(
+                in_dims
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| cx.err("0 in shape past the input rank"))?,
+            ),
+            -1 => None,
+            t if t >= 0 => Some(Dim::Static(t as usize)),
+            t => return Err(cx.err(format!("bad reshape dim {t}"))),
+        });
+    }
+    let holes = out.iter().filter(|d| d.is_none()).count();
+    if holes > 1 {
+        return Err(cx.err("more than one -1 in the reshape target"));
+    }
+    if holes == 1 {
+        // Cancel the symbolic dims copied through; the rest must be static.
+        let mut syms_in: Vec<&Dim> = in_dims.iter().filter(|d| matches!(d, Dim::Sym(_))).collect();
+        let mut known = 1usize;
+        for d in out.iter().flatten() {
+            match d {
+                Dim::Static(k) => known = known.saturating_mul(*k),
+                s => match syms_in.iter().position(|x| *x == s) {
+                    Some(p) => {
+                        syms_in.remove(p);
+                    }
+                    None => return Err(cx.err("cannot infer -1 with symbolic dims")),
+                },
+            }
+        }
+        let total: usize = in_dims.iter().filter_map(Dim::as_static).product();
+        let fill = match syms_in.as_slice() {
+            [] if known > 0 && total % known == 0 => Dim::Static(total / known),
+            [s] if known == total => (*s).clone(),
+            _ => return Err(cx.err(format!("cannot infer -1 reshaping {} to {target:?}", cx.ty(x)))),
+        };
+        return Ok(out.into_iter().map(|d| d.unwrap_or_else(|| fill.clone())).collect());
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+fn slice(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let rank = cx.ty(x).rank();
+    let (starts, ends, axes, steps) = if cx.opset < 10 {
+        (cx.attr_ints("starts"), cx.attr_ints("ends"), cx.attr_ints("axes"), None)
+    } else {
+        (
+            cx.const_ints(1)?,
+            cx.const_ints(2)?,
+            cx.const_ints(3)?,
+            cx.const_ints(4)?,
+        )
+    };
+    let starts = starts.ok_or_else(|| cx.err("needs starts"))?;
+    let ends = ends.ok_or_else(|| cx.err("needs ends"))?;
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err(cx.err("starts, ends, axes and steps differ in length"));
+    }
+    let mut ranges = vec![SliceRange::FULL; rank];
+    for k in 0..starts.len() {
+        let a = cx.axis(axes[k], rank)?;
+        if steps[k] < 1 {
+            return Err(cx.err(format!("step {} is not supported (oar slices take step ≥ 1)", steps[k])));
+        }
+        let end = if ends[k] >= i32::MAX as i64 { i64::MAX } else { ends[k] };
+        ranges[a] = SliceRange {
+            start: starts[k],
+            end,
+            step: steps[k],
+        };
+    }
+    cx.op(Op::Slice { ranges }, &[x])
+}
+
+fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let rank = cx.ty(x).rank();
+    let mode = cx.attr_s("mode").unwrap_or_else(|| "constant".into());
+    if mode != "constant" {
+        return Err(cx.err(format!("pad mode `{mode}` is not supported")));
+    }
+    let (pads, value, axes) = if cx.opset < 11 {
+        (
+            cx.attr_ints("pads").or(cx.attr_ints("paddings")),
+            cx.attr_f("value", 0.0) as f64,
+            None,
+        )
+    } else {
+        (cx.const_ints(1)?, cx.const_scalar(2)?.unwrap_or(0.0), cx.const_ints(3)?)
+    };
+    let pads = pads.ok_or_else(|| cx.err("needs pads"))?;
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| cx.axis(a, rank)).collect::<R<_>>()?,
+        None => (0..rank).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(cx.err(format!("pads {pads:?} do not match {} axes", axes.len())));
+    }
+    let (mut before, mut after) = (vec![0; rank], vec![0; rank]);
+    let n = axes.len();
+    let p = cx
+        .usizes(&pads)
+        .map_err(|_| cx.err("negative pads are not supported"))?;
+    for (k, &a) in axes.iter().enumerate() {
+        before[a] = p[k];
+        after[a] = p[k + n];
+    }
+    cx.op(
+        Op::Pad {
+            before,
+            after,
+            value: Float(value),
+        },
+        &[x],
+    )
+}
+
+fn reduce(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let from = if op_type == "ReduceSum" { 13 } else { 18 };
+    let axes = cx.reduce_axes(cx.ty(x).rank(), from)?;
+    let (pre, op, post): (Option<UnaryOp>, ReduceOp, Option<UnaryOp>) = match op_type {
+        "ReduceSum" => (None, ReduceOp::Sum, None),
+        "ReduceMean" => (None, ReduceOp::Mean, None),
+        "ReduceMax" => (None, ReduceOp::Max, None),
+        "ReduceMin" => (None, ReduceOp::Min, None),
+        "ReduceProd" => (None, ReduceOp::Prod, None),
+        "ReduceL1" => (Some(UnaryOp::Abs), ReduceOp::Sum, None),
+        "ReduceL2" => (None, ReduceOp::Sum, Some(UnaryOp::Sqrt)),
+        "ReduceLogSum" => (None, ReduceOp::Sum, Some(UnaryOp::Log)),
+        "ReduceLogSumExp" => (Some(UnaryOp::Exp), ReduceOp::Sum, Some(UnaryOp::Log)),
+        _ => (None, ReduceOp::Sum, None), // ReduceSumSquare
+    };
+    let mut y = x;
+    if let Some(u) = pre {
+        y = cx.un(u, y)?;
+    }
+    if matches!(op_type, "ReduceL2" | "ReduceSumSquare") {
+        y = cx.bin(BinaryOp::Mul, y, y)?;
+    }
+    y = cx.reduce(op, y, axes)?;
+    if let Some(u) = post {
+        y = cx.un(u, y)?;
+    }
+    Ok(y)
+}

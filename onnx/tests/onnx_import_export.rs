@@ -1,0 +1,279 @@
+//! Import, export and hostile-input tests for oar-onnx, with the reference backend as oracle.
+
+use oar_ir::file::Model;
+use oar_ir::{Composite, DType, Dim, Graph, Op, TensorData, TensorType, Weights};
+use oar_onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_shape_proto::{Dimension, dimension},
+    type_proto,
+};
+use oar_onnx::{OnnxError, tensor::tensor_to_proto};
+use prost::Message;
+use std::collections::BTreeMap;
+
+fn run(m: &Model, x: &TensorData) -> Vec<f64> {
+    let name = m.graph.input_specs()[0].0.clone();
+    let inputs = BTreeMap::from([(name, x.clone())]);
+    oar_backend_reference::run_graph(&m.graph, &m.weights, &inputs).unwrap()[0]
+        .1
+        .to_f64_vec()
+}
+
+/// linear(4→3) + relu + softmax over a symbolic batch.
+fn mlp() -> Model {
+    let mut g = Graph::new("mlp");
+    let x = g
+        .add_input("x", TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(4)]))
+        .unwrap();
+    let w = g.add_param("fc.weight", TensorType::of(DType::F32, &[4, 3])).unwrap();
+    let b = g.add_param("fc.bias", TensorType::of(DType::F32, &[3])).unwrap();
+    let h = g.add_op1(Op::Composite(Composite::Linear), &[x, w, b]).unwrap();
+    let h = g.add_op1(Op::Composite(Composite::Relu), &[h]).unwrap();
+    let y = g.add_op1(Op::Composite(Composite::Softmax { axis: 1 }), &[h]).unwrap();
+    g.add_output("y", y).unwrap();
+    let mut weights = Weights::new();
+    let wv: Vec<f32> = (0..12).map(|i| (i as f32 - 6.0) * 0.1).collect();
+    weights.insert("fc.weight".into(), TensorData::from_vec(vec![4, 3], wv).unwrap());
+    weights.insert(
+        "fc.bias".into(),
+        TensorData::from_vec(vec![3], vec![0.1f32, -0.2, 0.3]).unwrap(),
+    );
+    Model { graph: g, weights }
+}
+
+#[test]
+fn export_then_import_computes_the_same() {
+    let m = mlp();
+    let bytes = oar_onnx::to_bytes(&m).unwrap();
+    let back = oar_onnx::from_bytes(&bytes).unwrap();
+    assert_eq!(
+        back.graph.input_specs()[0].1.shape.0[0],
+        Dim::sym("N"),
+        "dim_param stays symbolic"
+    );
+    assert_eq!(back.weights.len(), 2);
+    let x = TensorData::from_vec(vec![2, 4], vec![1.0f32, 2.0, -1.0, 0.5, 0.0, -3.0, 2.0, 1.0]).unwrap();
+    let (a, b) = (run(&m, &x), run(&back, &x));
+    for (p, q) in a.iter().zip(&b) {
+        assert!((p - q).abs() < 1e-6, "{a:?} vs {b:?}");
+    }
+}
+
+fn vi(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Ok(n) => dimension::Value::DimValue(*n),
+                Err(s) => dimension::Value::DimParam(s.to_string()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, ins: &[&str], out: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        name: Some(format!("{op}_0")),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn model(nodes: Vec<NodeProto>, inits: Vec<oar_onnx::proto::TensorProto>, opset: i64) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        graph: Some(GraphProto {
+            node: nodes,
+            initializer: inits,
+            input: vec![vi("x", &[Err("batch"), Ok(2)])],
+            output: vec![vi("y", &[Err("batch"), Ok(2)])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn gemm_with_transposed_weight_matches_hand_computation() {
+    let w = TensorData::from_vec(vec![2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap(); // [out, in]
+    let b = TensorData::from_vec(vec![2], vec![0.5f32, -100.0]).unwrap();
+    let trans_b = AttributeProto {
+        name: Some("transB".into()),
+        i: Some(1),
+        ..Default::default()
+    };
+    let nodes = vec![
+        node("Gemm", &["x", "w", "b"], "h", vec![trans_b]),
+        node("Relu", &["h"], "y", vec![]),
+    ];
+    let m = model(nodes, vec![tensor_to_proto("w", &w), tensor_to_proto("b", &b)], 13);
+    let imported = oar_onnx::from_bytes(&m.encode_to_vec()).unwrap();
+    let x = TensorData::from_vec(vec![1, 2], vec![1.0f32, 1.0]).unwrap();
+    // x @ wᵀ = [1+2, 3+4] = [3, 7]; + b = [3.5, -93]; relu → [3.5, 0].
+    assert_eq!(run(&imported, &x), vec![3.5, 0.0]);
+}
+
+#[test]
+fn shape_chain_folds_to_a_constant_reshape() {
+    // y = Reshape(x, Concat(Gather(Shape(x), 0), [-1])) on a static input folds to reshape [2, 2].
+    let idx = TensorData::scalar(0i64);
+    let neg = TensorData::from_vec(vec![1], vec![-1i64]).unwrap();
+    let axes = TensorData::from_vec(vec![1], vec![0i64]).unwrap();
+    let nodes = vec![
+        node("Shape", &["x"], "s", vec![]),
+        node("Gather", &["s", "i"], "d0", vec![]),
+        node("Unsqueeze", &["d0", "ax"], "d0v", vec![]),
+        node(
+            "Concat",
+            &["d0v", "m1"],
+            "shape",
+            vec![AttributeProto {
+                name: Some("axis".into()),
+                i: Some(0),
+                ..Default::default()
+            }],
+        ),
+        node("Reshape", &["x", "shape"], "y", vec![]),
+    ];
+    let mut m = model(
+        nodes,
+        vec![
+            tensor_to_proto("i", &idx),
+            tensor_to_proto("m1", &neg),
+            tensor_to_proto("ax", &axes),
+        ],
+        13,
+    );
+    let g = m.graph.as_mut().unwrap();
+    g.input = vec![vi("x", &[Ok(2), Ok(2)])];
+    g.output = vec![vi("y", &[Ok(2), Ok(2)])];
+    let imported = oar_onnx::from_bytes(&m.encode_to_vec()).unwrap();
+    let ops: Vec<&str> = imported
+        .graph
+        .node_ids()
+        .map(|n| imported.graph.node(n).op.name())
+        .collect();
+    assert!(ops.iter().all(|o| ["input", "reshape"].contains(o)), "{ops:?}");
+}
+
+#[test]
+fn unsupported_ops_are_listed_in_one_error() {
+    let nodes = vec![
+        node("Foo", &["x"], "a", vec![]),
+        node("Relu", &["a"], "b", vec![]),
+        node("Bar", &["b"], "c", vec![]),
+        node("Foo", &["c"], "y", vec![]),
+    ];
+    let m = model(nodes, vec![], 17);
+    let err = oar_onnx::from_bytes(&m.encode_to_vec()).unwrap_err();
+    match &err {
+        OnnxError::Unsupported(list) => assert_eq!(list.len(), 3),
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("Foo (opset 17") && msg.contains("Bar (opset 17"), "{msg}");
+}
+
+#[test]
+fn external_data_outside_the_model_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = tensor_to_proto("w", &TensorData::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap());
+    w.raw_data = None;
+    w.data_location = Some(1);
+    w.external_data = vec![oar_onnx::proto::StringStringEntryProto {
+        key: Some("location".into()),
+        value: Some("../../etc/passwd".into()),
+    }];
+    let m = model(vec![node("Add", &["x", "w"], "y", vec![])], vec![w], 13);
+    let path = dir.path().join("m.onnx");
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    let e = oar_onnx::load(&path).unwrap_err().to_string();
+    assert!(e.contains("must be a relative path inside"), "{e}");
+
+    // A good external file next to the model loads.
+    let mut w2 = tensor_to_proto("w", &TensorData::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap());
+    let raw = w2.raw_data.take().unwrap();
+    std::fs::write(dir.path().join("w.bin"), &raw).unwrap();
+    w2.data_location = Some(1);
+    w2.external_data = vec![oar_onnx::proto::StringStringEntryProto {
+        key: Some("location".into()),
+        value: Some("w.bin".into()),
+    }];
+    let m = model(vec![node("Add", &["x", "w"], "y", vec![])], vec![w2], 13);
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    let loaded = oar_onnx::load(&path).unwrap();
+    let x = TensorData::from_vec(vec![1, 2], vec![10.0f32, 20.0]).unwrap();
+    assert_eq!(run(&loaded, &x), vec![11.0, 22.0]);
+}
+
+#[test]
+fn oversized_dims_are_an_error_not_an_allocation() {
+    let mut t = tensor_to_proto("w", &TensorData::from_vec(vec![1], vec![1.0f32]).unwrap());
+    t.dims = vec![1 << 40, 1 << 40];
+    let m = model(vec![node("Add", &["x", "w"], "y", vec![])], vec![t], 13);
+    let e = oar_onnx::from_bytes(&m.encode_to_vec()).unwrap_err();
+    assert!(matches!(e, OnnxError::Tensor { .. }), "{e}");
+}
+
+#[test]
+fn mutated_models_never_panic() {
+    let bytes = oar_onnx::to_bytes(&mlp()).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let x = TensorData::from_vec(vec![1, 4], vec![1.0f32; 4]).unwrap();
+    let mut ok = 0;
+    for i in 0..600 {
+        let mut b = bytes.clone();
+        match i % 4 {
+            0 => b.truncate((next() as usize) % b.len()),
+            1 => {
+                for _ in 0..1 + next() % 4 {
+                    let p = (next() as usize) % b.len();
+                    b[p] ^= 1 << (next() % 8);
+                }
+            }
+            2 => {
+                let p = (next() as usize) % b.len();
+                b[p] = 0xff;
+            }
+            _ => {
+                let p = (next() as usize) % b.len();
+                b.splice(p..p, [0xff, 0xff, 0xff, 0xff, 0x0f]);
+            }
+        }
+        let r = std::panic::catch_unwind(|| {
+            if let Ok(m) = oar_onnx::from_bytes(&b) {
+                let name = m.graph.input_specs().first().map(|s| s.0.clone()).unwrap_or_default();
+                let _ = oar_backend_reference::run_graph(&m.graph, &m.weights, &BTreeMap::from([(name, x.clone())]));
+                return true;
+            }
+            false
+        });
+        ok += r.unwrap_or_else(|_| panic!("mutation {i} panicked")) as usize;
+    }
+    assert!(ok < 600, "some mutations must be rejected");
+}
