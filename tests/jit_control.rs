@@ -13,10 +13,7 @@ fn vals(t: &Tensor) -> Vec<f64> {
 }
 
 fn count_ops(g: &oar::ir::Graph, name: &str) -> usize {
-    g.node_ids()
-        .into_iter()
-        .filter(|&id| g.node(id).op.name() == name)
-        .count()
+    g.node_ids().filter(|&id| g.node(id).op.name() == name).count()
 }
 
 /// `x * 2` if the mean of `x` is positive, else `x - 1`; then halve while max |x| > 1.
