@@ -248,15 +248,17 @@ fn expand_if(ei: &ExprIf, scan: &Scan) -> TokenStream2 {
     };
     if let Some(sp) = scan.exit {
         let check = quote_spanned!(sp=> ::oar::jit::__macro::early_exit_allowed(&__oar_c););
+        let truth = quote_spanned!(cond.span()=> ::oar::jit::__macro::truth(&__oar_c));
         return quote!({
             let __oar_c = #cond;
             #check
-            if ::oar::jit::__macro::truth(&__oar_c) #then_b else #else_e
+            if #truth #then_b else #else_e
         });
     }
     let carried = scan.carried();
     let xs: Vec<&Ident> = carried.iter().map(|(x, _)| x).collect();
     let checks = carry_checks(&carried);
+    let kind = quote_spanned!(cond.span()=> ::oar::jit::__macro::kind(&__oar_c));
     let branch = |body: TokenStream2, span: Span| {
         let value_check = quote_spanned!(span=> ::oar::jit::__macro::carry_check(&__oar_c, &__oar_v););
         quote!(|| -> ::oar::Result<::std::vec::Vec<::oar::Tensor>> {
@@ -279,7 +281,7 @@ fn expand_if(ei: &ExprIf, scan: &Scan) -> TokenStream2 {
         #[allow(unused_imports)]
         use ::oar::jit::__macro::{CarryOther as _, CarryTensor as _};
         let __oar_c = #cond;
-        match ::oar::jit::__macro::kind(&__oar_c) {
+        match #kind {
             ::oar::jit::__macro::Kind::Bool(__oar_b) => if __oar_b #then_b else #else_e,
             ::oar::jit::__macro::Kind::Tensor(__oar_p) => {
                 #checks
@@ -299,21 +301,23 @@ fn expand_while(ew: &ExprWhile, scan: &Scan) -> TokenStream2 {
     let label = &ew.label;
     if let Some(sp) = scan.exit {
         let check = quote_spanned!(sp=> ::oar::jit::__macro::early_exit_allowed(&__oar_c););
+        let truth = quote_spanned!(cond.span()=> ::oar::jit::__macro::truth(&__oar_c));
         return quote!(#label while {
             let __oar_c = #cond;
             #check
-            ::oar::jit::__macro::truth(&__oar_c)
+            #truth
         } #body);
     }
     let carried = scan.carried();
     let xs: Vec<&Ident> = carried.iter().map(|(x, _)| x).collect();
     let idx: Vec<usize> = (0..xs.len()).collect();
     let checks = carry_checks(&carried);
+    let kind = quote_spanned!(cond.span()=> ::oar::jit::__macro::kind(&__oar_c));
     quote!(#label loop {
         #[allow(unused_imports)]
         use ::oar::jit::__macro::{CarryOther as _, CarryTensor as _};
         let __oar_c = #cond;
-        match ::oar::jit::__macro::kind(&__oar_c) {
+        match #kind {
             ::oar::jit::__macro::Kind::Bool(__oar_b) => {
                 if !__oar_b {
                     break;

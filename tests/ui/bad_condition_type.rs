@@ -2,10 +2,11 @@ use oar::{Result, Tensor};
 
 #[oar::to_static]
 fn f(x: &Tensor, k: i32) -> Result<Tensor> {
+    let mut y = x.clone();
     if k {
-        return Ok(x.clone());
+        y = y.scale(2.0, 0.0)?;
     }
-    Ok(x.clone())
+    Ok(y)
 }
 
 fn main() {}

@@ -6,7 +6,7 @@ fn f(x: &Tensor) -> Result<Tensor> {
     if x.sum(&[], false)? {
         steps = 1;
     }
-    Ok(x.scale(steps as f64)?)
+    Ok(x.scale(steps as f64, 0.0)?)
 }
 
 fn main() {}
