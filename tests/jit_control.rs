@@ -227,3 +227,43 @@ fn branch_type_mismatch_is_a_clear_error() {
         .to_string();
     assert!(e.contains("iterations"), "{e}");
 }
+
+/// A layer whose `forward` (a method) branches on its input and reads a parameter in a branch.
+struct Gate {
+    w: Tensor,
+}
+
+impl oar::nn::Layer for Gate {
+    #[oar::to_static]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut y = x.clone();
+        if x.sum(&[], false)?.greater_than(&Tensor::scalar(0.0f32))? {
+            y = (&y * &self.w)?;
+        }
+        Ok(y)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("w".into(), self.w.clone())]
+    }
+}
+
+#[test]
+fn method_on_a_layer_with_a_parameter_in_a_branch() {
+    let layer = Gate {
+        w: Tensor::from_vec(vec![2.0f32, -3.0], &[2]).unwrap(),
+    };
+    let f = oar::jit::to_static_layer(&layer, &InputSpec::new(&[None, Some(2)], DType::F32, "x")).unwrap();
+    assert_eq!(count_ops(f.graph(), "cond"), 1, "{}", f.graph());
+    assert!(f.weights().contains_key("w"));
+    let _ng = oar::no_grad();
+    for (x, want) in [
+        (vec![1.0f32, 2.0, 3.0, 4.0], vec![2.0f32, -6.0, 6.0, -12.0]),
+        (vec![-1.0f32, 0.0, 0.0, -4.0], vec![-1.0f32, 0.0, 0.0, -4.0]),
+    ] {
+        let xt = Tensor::from_vec(x, &[2, 2]).unwrap();
+        use oar::nn::Layer;
+        assert_eq!(layer.forward(&xt).unwrap().to_vec::<f32>().unwrap(), want);
+        assert_eq!(f.call(&[&xt]).unwrap()[0].to_vec::<f32>().unwrap(), want);
+    }
+}

@@ -2,6 +2,10 @@
 //! recorded into a `Graph` instead of computed. Symbolic dims (the batch `N`) are traced with a
 //! probe size that no real model uses; dims equal to a probe become the symbol again in the
 //! graph, and the graph's symbolic types are checked against the traced (probe) types.
+//!
+//! Regions (`jit::cond` branches, `jit::while_loop` bodies) are traced by a nested `TraceCtx`
+//! with a `parent`: while it is current, ops on the parent's tensors are recorded into the
+//! region, and those tensors enter it as region inputs (`captures`).
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
