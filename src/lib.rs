@@ -21,6 +21,7 @@ pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, with_no_grad};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use oar_ir::DType;
+pub use oar_macros::to_static;
 pub use serialization::{load, load_layer, save, save_layer};
 pub use tensor::{
     Tensor, add, arange, concat, divide, full, linspace, matmul, maximum, minimum, multiply, normal, ones, rand, randn,

@@ -7,8 +7,11 @@
 //! running statistics in training mode) become graph outputs named `@state/<param>`, written
 //! back after each call — the functional form of state.
 
+mod control;
 mod interp;
 mod trace;
+
+pub use control::{__macro, MAX_EAGER_ITERATIONS, cond, while_loop};
 
 pub(crate) use trace::{Traced, current, trace_apply};
 

@@ -2,6 +2,10 @@
 //! recorded into a `Graph` instead of computed. Symbolic dims (the batch `N`) are traced with a
 //! probe size that no real model uses; dims equal to a probe become the symbol again in the
 //! graph, and the graph's symbolic types are checked against the traced (probe) types.
+//!
+//! Regions (`jit::cond` branches, `jit::while_loop` bodies) are traced by a nested `TraceCtx`
+//! with a `parent`: while it is current, ops on the parent's tensors are recorded into the
+//! region, and those tensors enter it as region inputs (`captures`).
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -62,6 +66,12 @@ pub(crate) struct TraceCtx {
     pub(crate) params: Mutex<BTreeMap<String, Tensor>>,
     /// In-place updates of params recorded by `assign` (batch-norm running stats).
     pub(crate) updates: Mutex<Vec<(String, ValueId)>>,
+    /// For a region (the branch of a `cond`, the body of a `while`): the trace it is nested
+    /// in. Regions take values only through their inputs, so a traced tensor of an enclosing
+    /// trace used here becomes a region input (`captures`).
+    pub(crate) parent: Option<Arc<TraceCtx>>,
+    /// Region inputs standing for values of the parent graph: (parent value, region input).
+    pub(crate) captures: Mutex<Vec<(ValueId, ValueId)>>,
 }
 
 impl TraceCtx {
@@ -73,6 +83,8 @@ impl TraceCtx {
             captured: Mutex::new(BTreeMap::new()),
             params: Mutex::new(BTreeMap::new()),
             updates: Mutex::new(Vec::new()),
+            parent: None,
+            captures: Mutex::new(Vec::new()),
         })
     }
 
@@ -105,6 +117,54 @@ impl TraceCtx {
             dtype: t.dtype(),
             shape: t.shape(),
         }))
+    }
+
+    /// A trace for a region nested in `parent` (same symbols and named params).
+    pub(crate) fn new_region(parent: &Arc<TraceCtx>, graph: Graph) -> Arc<TraceCtx> {
+        Arc::new(TraceCtx {
+            graph: Mutex::new(graph),
+            probes: parent.probes.clone(),
+            names: Mutex::new(parent.names.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+            captured: Mutex::new(BTreeMap::new()),
+            params: Mutex::new(BTreeMap::new()),
+            updates: Mutex::new(Vec::new()),
+            parent: Some(parent.clone()),
+            captures: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// True if `other` is this trace or one it is nested in.
+    pub(crate) fn is_within(&self, other: &Arc<TraceCtx>) -> bool {
+        if std::ptr::eq(self, Arc::as_ptr(other)) {
+            return true;
+        }
+        self.parent.as_ref().is_some_and(|p| p.is_within(other))
+    }
+
+    /// The region input standing for `outer`, a value of the parent graph (added on first use).
+    pub(crate) fn capture_outer(&self, outer: ValueId) -> Result<ValueId> {
+        let parent = self
+            .parent
+            .as_ref()
+            .ok_or_else(|| Error::invalid("to_static", "only a region trace captures outer values"))?;
+        let mut caps = self.captures.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, inner)) = caps.iter().find(|(o, _)| *o == outer) {
+            return Ok(inner);
+        }
+        let ty = parent
+            .graph
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .value_type(outer)
+            .clone();
+        let name = format!("capture{}", caps.len());
+        let inner = self
+            .graph
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add_input(&name, ty)?;
+        caps.push((outer, inner));
+        Ok(inner)
     }
 
     /// The probe size for the `i`-th distinct symbol.
@@ -222,13 +282,20 @@ impl TraceCtx {
     /// constants).
     pub(crate) fn value_of(self: &Arc<Self>, t: &Tensor) -> Result<ValueId> {
         if let Some(tr) = &t.0.trace {
-            if !Arc::ptr_eq(&tr.ctx, self) {
-                return Err(Error::invalid(
-                    "to_static",
-                    "a tensor traced by another to_static call was used here",
-                ));
+            if Arc::ptr_eq(&tr.ctx, self) {
+                return Ok(tr.value);
             }
-            return Ok(tr.value);
+            // A value of an enclosing trace used inside a region: it enters as a region input.
+            if let Some(parent) = &self.parent
+                && self.is_within(&tr.ctx)
+            {
+                let outer = parent.value_of(t)?;
+                return self.capture_outer(outer);
+            }
+            return Err(Error::invalid(
+                "to_static",
+                "a tensor traced by another to_static call (or inside a finished cond/while branch) was used here",
+            ));
         }
         if let Some(&v) = self.captured.lock().unwrap_or_else(|e| e.into_inner()).get(&t.id()) {
             return Ok(v);
@@ -280,6 +347,12 @@ impl TraceCtx {
 
 /// Record `op(inputs)` into the trace that one of the inputs belongs to.
 pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    // Inside a region (a cond branch, a while body), ops on the enclosing trace's tensors are
+    // recorded into the region, which the current trace then is.
+    let ctx = &match current() {
+        Some(cur) if cur.is_within(ctx) => cur,
+        _ => ctx.clone(),
+    };
     let op = ctx.concretize_op(op);
     let values = inputs.iter().map(|t| ctx.value_of(t)).collect::<Result<Vec<_>>>()?;
     let concrete_in: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
