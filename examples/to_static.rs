@@ -1,15 +1,47 @@
-//! One step to static: train a small CNN on the digits eagerly, trace its forward into a graph
-//! with a symbolic batch dim (`jit::save`), load it back as an eager layer (`jit::load`), keep
-//! training it, and save it again. `scripts/demo.sh` then inspects and runs the saved file with
-//! the `oar` CLI.
+//! One step to static: a CNN whose `forward` carries `#[oar::to_static]` trains on the digits
+//! eagerly; `jit::save` traces that forward into a graph with a symbolic batch dim and writes
+//! it with the weights; `jit::load` brings it back as an eager layer that keeps training and is
+//! saved again. `scripts/demo.sh` then inspects and runs the saved file with the `oar` CLI.
 
 use oar::io::DataLoader;
 use oar::io::datasets::{Digits, Split};
 use oar::jit::{InputSpec, TranslatedLayer};
-use oar::nn::functional::cross_entropy;
-use oar::nn::{BatchNorm2D, Conv2D, Flatten, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential};
+use oar::nn::functional::{self as F, cross_entropy};
+use oar::nn::{BatchNorm2D, Conv2D, Layer, Linear, Reduction};
 use oar::optimizer::{Adam, Optimizer};
-use oar::{DType, Result};
+use oar::{DType, Result, Tensor};
+
+/// conv 3×3 → batch norm → relu → max-pool 2 → linear.
+struct DigitsCnn {
+    conv: Conv2D,
+    bn: BatchNorm2D,
+    fc: Linear,
+}
+
+impl Layer for DigitsCnn {
+    #[oar::to_static]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = F::relu(&self.bn.forward(&self.conv.forward(x)?)?)?;
+        let h = F::max_pool2d(&h, 2, None, 0, false)?.flatten(1, -1)?;
+        self.fc.forward(&h)
+    }
+
+    fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+        vec![
+            ("conv".into(), &self.conv),
+            ("bn".into(), &self.bn),
+            ("fc".into(), &self.fc),
+        ]
+    }
+
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        vec![
+            ("conv".into(), &mut self.conv),
+            ("bn".into(), &mut self.bn),
+            ("fc".into(), &mut self.fc),
+        ]
+    }
+}
 use std::path::PathBuf;
 
 fn accuracy(model: &dyn Layer) -> Result<f64> {
@@ -53,13 +85,11 @@ fn main() -> Result<()> {
         detail: e.to_string(),
     })?;
     oar::seed(0);
-    let mut model = Sequential::new()
-        .add(Conv2D::new(1, 8, 3)?.padding(1))
-        .add(BatchNorm2D::new(8)?)
-        .add(ReLU)
-        .add(MaxPool2D::new(2))
-        .add(Flatten::new(1, -1))
-        .add(Linear::new(8 * 4 * 4, 10)?);
+    let mut model = DigitsCnn {
+        conv: Conv2D::new(1, 8, 3)?.padding(1),
+        bn: BatchNorm2D::new(8)?,
+        fc: Linear::new(8 * 4 * 4, 10)?,
+    };
     let loss = train(&mut model, 3, 1e-2)?;
     println!(
         "eager CNN: 3 epochs, last loss {loss:.4}, test accuracy {:.2}%",

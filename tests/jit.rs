@@ -201,3 +201,64 @@ fn closures_and_errors() {
     .to_string();
     assert!(e.contains("traced"), "{e}");
 }
+
+/// Gradients of `sum(f(x) * r)` w.r.t. every parameter and the input: eager vs the traced graph.
+fn grads_agree(model: &dyn Layer, spec: &InputSpec, x: &Tensor, what: &str) {
+    let f = to_static_layer(model, spec).unwrap();
+    let r = oar::randn(&model.forward(x).unwrap().shape(), DType::F32).unwrap();
+    let run = |y: Tensor| (&y * &r).unwrap().sum(&[], false).unwrap().backward().unwrap();
+    let x1 = x.detach().requires_grad_(true).unwrap();
+    run(model.forward(&x1).unwrap());
+    let eager: Vec<Tensor> = model.parameters().iter().map(|p| p.grad().unwrap()).collect();
+    model.clear_gradients();
+    let x2 = x.detach().requires_grad_(true).unwrap();
+    run(f.call(&[&x2]).unwrap().remove(0));
+    for ((name, p), e) in model.named_parameters().iter().zip(&eager) {
+        let d = max_rel_diff(
+            &p.grad().unwrap_or_else(|| panic!("{what}: no static grad for {name}")),
+            e,
+        );
+        assert!(d < 1e-5, "{what}: gradient of {name} differs by {d}");
+    }
+    assert!(
+        max_rel_diff(&x2.grad().unwrap(), &x1.grad().unwrap()) < 1e-5,
+        "{what}: input gradient"
+    );
+    model.clear_gradients();
+}
+
+#[test]
+fn gradients_agree_on_the_layer_zoo() {
+    oar::seed(6);
+    let mut cnn = Sequential::new()
+        .add(Conv2D::new(2, 3, 3).unwrap().stride(2).padding(1))
+        .add(BatchNorm2D::new(3).unwrap())
+        .add(ReLU)
+        .add(Flatten::new(1, -1))
+        .add(Linear::new(3 * 3 * 3, 4).unwrap());
+    cnn.eval();
+    let x = oar::randn(&[2, 2, 5, 5], DType::F32).unwrap();
+    grads_agree(
+        &cnn,
+        &InputSpec::new(&[None, Some(2), Some(5), Some(5)], DType::F32, "x"),
+        &x,
+        "cnn",
+    );
+    let lstm = LSTM::new(3, 4).unwrap();
+    let x = oar::randn(&[2, 3, 3], DType::F32).unwrap();
+    grads_agree(
+        &lstm,
+        &InputSpec::new(&[None, Some(3), Some(3)], DType::F32, "x"),
+        &x,
+        "lstm",
+    );
+    let mut enc = TransformerEncoderLayer::new(8, 2, 16).unwrap();
+    enc.eval();
+    let x = oar::randn(&[2, 4, 8], DType::F32).unwrap();
+    grads_agree(
+        &enc,
+        &InputSpec::new(&[None, Some(4), Some(8)], DType::F32, "x"),
+        &x,
+        "transformer",
+    );
+}
