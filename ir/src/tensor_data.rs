@@ -47,6 +47,31 @@ pub trait Element: Copy + Send + Sync + 'static + fmt::Debug + PartialEq {
     fn to_f64(self) -> f64;
     /// Convert from f64 with Rust `as` semantics (saturating for ints; nonzero → true).
     fn from_f64(v: f64) -> Self;
+    /// All values as little-endian bytes (one copy for plain-old-data types).
+    fn slice_to_le_bytes(values: &[Self]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(std::mem::size_of_val(values));
+        values.iter().for_each(|v| v.write_le(&mut out));
+        out
+    }
+    /// Values from little-endian bytes (one copy for plain-old-data types).
+    fn vec_from_le_bytes(bytes: &[u8]) -> Vec<Self> {
+        bytes.chunks_exact(Self::DTYPE.size_bytes()).map(Self::read_le).collect()
+    }
+}
+
+/// On little-endian targets the in-memory layout of these types is the file layout, so
+/// conversions are a single `memcpy` instead of a loop over elements.
+macro_rules! pod_bytes {
+    () => {
+        #[cfg(target_endian = "little")]
+        fn slice_to_le_bytes(values: &[Self]) -> Vec<u8> {
+            bytemuck::cast_slice(values).to_vec()
+        }
+        #[cfg(target_endian = "little")]
+        fn vec_from_le_bytes(bytes: &[u8]) -> Vec<Self> {
+            bytemuck::pod_collect_to_vec(bytes)
+        }
+    };
 }
 
 macro_rules! element {
@@ -65,6 +90,7 @@ macro_rules! element {
             fn from_f64(v: f64) -> Self {
                 v as $t
             }
+            pod_bytes!();
         }
     };
 }
@@ -91,6 +117,7 @@ macro_rules! half_element {
             fn from_f64(v: f64) -> Self {
                 <$t>::from_f64(v)
             }
+            pod_bytes!();
         }
     };
 }
@@ -192,11 +219,7 @@ impl TensorData {
 
     /// A tensor from elements; checks the count.
     pub fn from_vec<T: Element>(shape: Vec<usize>, values: Vec<T>) -> Result<Self, TensorDataError> {
-        let mut bytes = Vec::with_capacity(values.len() * T::DTYPE.size_bytes());
-        for v in values {
-            v.write_le(&mut bytes);
-        }
-        Self::from_bytes(T::DTYPE, shape, bytes)
+        Self::from_bytes(T::DTYPE, shape, T::slice_to_le_bytes(&values))
     }
 
     /// A scalar (shape `[]`).
@@ -268,11 +291,7 @@ impl TensorData {
                 requested: T::DTYPE,
             });
         }
-        Ok(self
-            .bytes
-            .chunks_exact(self.dtype.size_bytes())
-            .map(T::read_le)
-            .collect())
+        Ok(T::vec_from_le_bytes(&self.bytes))
     }
 
     /// Every element converted to f64 (any dtype).
