@@ -16,6 +16,7 @@ pub mod nn;
 pub mod optimizer;
 pub mod serialization;
 pub mod tensor;
+pub mod vision;
 
 pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, with_no_grad};
 pub use device::Device;

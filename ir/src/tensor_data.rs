@@ -55,7 +55,10 @@ pub trait Element: Copy + Send + Sync + 'static + fmt::Debug + PartialEq {
     }
     /// Values from little-endian bytes (one copy for plain-old-data types).
     fn vec_from_le_bytes(bytes: &[u8]) -> Vec<Self> {
-        bytes.chunks_exact(Self::DTYPE.size_bytes()).map(Self::read_le).collect()
+        bytes
+            .chunks_exact(Self::DTYPE.size_bytes())
+            .map(Self::read_le)
+            .collect()
     }
 }
 

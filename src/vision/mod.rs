@@ -1,0 +1,3 @@
+//! Computer vision: the model zoo (`paddle.vision.models`).
+
+pub mod models;
