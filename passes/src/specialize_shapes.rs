@@ -42,12 +42,11 @@ impl SpecializeShapes {
     /// `op` with every bound symbol in its attributes replaced.
     fn op(&self, op: &Op) -> Op {
         let mut op = op.clone();
-        match &mut op {
-            Op::Input { ty, .. } | Op::Param { ty, .. } => *ty = self.ty(ty),
-            Op::Reshape { shape } | Op::Broadcast { shape } | Op::Iota { shape, .. } | Op::Random { shape, .. } => {
-                *shape = self.dims(shape)
-            }
-            _ => {}
+        if let Op::Input { ty, .. } | Op::Param { ty, .. } = &mut op {
+            *ty = self.ty(ty);
+        }
+        if let Some(shape) = op.shape_attr_mut() {
+            *shape = self.dims(shape);
         }
         op
     }

@@ -18,40 +18,20 @@ fn bind_inputs(graph: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<BTree
     Ok(oar_ir::backend::check_inputs(graph, &data)?)
 }
 
-/// The op with symbolic dims in its attributes bound to sizes.
+/// The op with symbolic dims in its shape attribute bound to sizes.
 fn bind_op(op: &Op, binds: &BTreeMap<String, usize>) -> Result<Op> {
-    let bind = |dims: &[Dim]| -> Result<Vec<Dim>> {
-        dims.iter()
-            .map(|d| match d {
-                Dim::Sym(s) => binds
-                    .get(s)
-                    .map(|&n| Dim::Static(n))
-                    .ok_or_else(|| Error::invalid(op.name(), format!("symbol {s} is not bound by any input"))),
-                _ => Ok(d.clone()),
-            })
-            .collect()
-    };
-    Ok(match op {
-        Op::Reshape { shape } => Op::Reshape { shape: bind(shape)? },
-        Op::Broadcast { shape } => Op::Broadcast { shape: bind(shape)? },
-        Op::Iota { shape, axis, dtype } => Op::Iota {
-            shape: bind(shape)?,
-            axis: *axis,
-            dtype: *dtype,
-        },
-        Op::Random {
-            dist,
-            shape,
-            dtype,
-            seed,
-        } => Op::Random {
-            dist: *dist,
-            shape: bind(shape)?,
-            dtype: *dtype,
-            seed: *seed,
-        },
-        other => other.clone(),
-    })
+    let mut bound = op.clone();
+    if let Some(shape) = bound.shape_attr_mut() {
+        for d in shape.iter_mut() {
+            if let Dim::Sym(s) = d {
+                let n = binds
+                    .get(s.as_str())
+                    .ok_or_else(|| Error::invalid(op.name(), format!("symbol {s} is not bound by any input")))?;
+                *d = Dim::Static(*n);
+            }
+        }
+    }
+    Ok(bound)
 }
 
 /// Evaluate `graph` eagerly; returns outputs in order.

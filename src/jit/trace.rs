@@ -192,42 +192,19 @@ impl TraceCtx {
             .collect()
     }
 
-    /// The op with symbols in its attributes replaced by their probe sizes (ops built from
-    /// symbolic types, e.g. by gradient rules, before computing traced shapes).
-    fn concretize_op(&self, op: Op) -> Op {
-        let probe = |dims: Vec<Dim>| -> Vec<Dim> {
-            dims.into_iter()
-                .map(|d| match &d {
-                    Dim::Sym(s) => self
-                        .probes
-                        .iter()
-                        .find(|(n, _)| n == s)
-                        .map_or(d.clone(), |(_, p)| Dim::Static(*p)),
-                    _ => d,
-                })
-                .collect()
-        };
-        match op {
-            Op::Reshape { shape } => Op::Reshape { shape: probe(shape) },
-            Op::Broadcast { shape } => Op::Broadcast { shape: probe(shape) },
-            Op::Iota { shape, axis, dtype } => Op::Iota {
-                shape: probe(shape),
-                axis,
-                dtype,
-            },
-            Op::Random {
-                dist,
-                shape,
-                dtype,
-                seed,
-            } => Op::Random {
-                dist,
-                shape: probe(shape),
-                dtype,
-                seed,
-            },
-            other => other,
+    /// The op with symbols in its shape attribute replaced by their probe sizes (ops built
+    /// from symbolic types, e.g. by gradient rules, before computing traced shapes).
+    fn concretize_op(&self, mut op: Op) -> Op {
+        if let Some(shape) = op.shape_attr_mut() {
+            for d in shape.iter_mut() {
+                if let Dim::Sym(s) = d
+                    && let Some((_, p)) = self.probes.iter().find(|(n, _)| n == s)
+                {
+                    *d = Dim::Static(*p);
+                }
+            }
         }
+        op
     }
 
     /// The graph (symbolic) type of a traced value.
@@ -239,43 +216,21 @@ impl TraceCtx {
             .clone()
     }
 
-    /// The op with probe sizes in its attributes replaced by symbols.
-    fn symbolize_op(&self, op: Op) -> Op {
-        match op {
-            Op::Reshape { shape } => Op::Reshape {
-                shape: self.symbolize_attr(&shape),
-            },
-            Op::Broadcast { shape } => Op::Broadcast {
-                shape: self.symbolize_attr(&shape),
-            },
-            Op::Iota { shape, axis, dtype } => Op::Iota {
-                shape: self.symbolize_attr(&shape),
-                axis,
-                dtype,
-            },
-            Op::Random {
-                dist,
-                shape,
-                dtype,
-                seed,
-            } => Op::Random {
-                dist,
-                shape: self.symbolize_attr(&shape),
-                dtype,
-                seed,
-            },
-            Op::Slice { ranges } => Op::Slice {
-                ranges: ranges
-                    .into_iter()
-                    .map(|r| {
-                        let whole =
-                            r.start == 0 && r.step == 1 && r.end >= 0 && self.symbol_of(r.end as usize).is_some();
-                        if whole { SliceRange::FULL } else { r }
-                    })
-                    .collect(),
-            },
-            other => other,
+    /// The op with probe sizes in its attributes replaced by symbols (shape attributes, and
+    /// slices that run to a probe-sized end, which take the whole symbolic axis).
+    fn symbolize_op(&self, mut op: Op) -> Op {
+        if let Some(shape) = op.shape_attr_mut() {
+            *shape = self.symbolize_attr(shape);
         }
+        if let Op::Slice { ranges } = &mut op {
+            for r in ranges.iter_mut() {
+                let whole = r.start == 0 && r.step == 1 && r.end >= 0 && self.symbol_of(r.end as usize).is_some();
+                if whole {
+                    *r = SliceRange::FULL;
+                }
+            }
+        }
+        op
     }
 
     /// The graph value of `t`, capturing eager tensors (named ones as params, others as

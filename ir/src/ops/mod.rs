@@ -282,6 +282,17 @@ impl Op {
         !matches!(self, Op::Composite(_))
     }
 
+    /// The op's target-shape attribute (reshape, broadcast, iota, random), if it has one: the
+    /// dims that binding or renaming symbols rewrites.
+    pub fn shape_attr_mut(&mut self) -> Option<&mut Vec<Dim>> {
+        match self {
+            Op::Reshape { shape } | Op::Broadcast { shape } | Op::Iota { shape, .. } | Op::Random { shape, .. } => {
+                Some(shape)
+            }
+            _ => None,
+        }
+    }
+
     /// Number of regions (sub-graphs) the op holds.
     pub fn num_regions(&self) -> usize {
         match self {
