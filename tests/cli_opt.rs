@@ -1,38 +1,13 @@
 //! End-to-end tests of `oar opt`: listing passes, running a pipeline with IR dumps, printing
 //! and timing, the numerics check, shape specialization, and one-line errors.
 
+mod common;
+
+use common::{assert_clean_error, oar, stderr, stdout};
 use oar::ir::file::Model;
 use oar::ir::{Composite, DType, Dim, Graph, Op, TensorData, TensorType};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn oar(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args(args)
-        .output()
-        .expect("run oar")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A failing command prints exactly one `error:` line and no panic.
-fn assert_clean_error(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success: {err}");
-    assert_eq!(err.lines().count(), 1, "one line expected: {err}");
-    assert!(
-        err.starts_with("error: ") && err.contains(needle),
-        "{err:?} should mention {needle:?}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
-}
 
 /// y = relu(linear(x, w, b)) * (2 + 3), with x: f32[N, 3]; the constant arithmetic folds, and
 /// the duplicated relu merges.

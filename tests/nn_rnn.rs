@@ -1,9 +1,12 @@
 //! LSTM / GRU layers and cells against a plain-f64 reference written here (no oar ops), plus
 //! finite-difference gradients, parameter names, train/eval dropout and typed errors.
 
-use oar::ir::{DType, TensorData};
+mod common;
+
+use common::check_grad;
+use oar::Tensor;
+use oar::ir::DType;
 use oar::nn::{Direction, GRU, GRUCell, LSTM, LSTMCell, Layer};
-use oar::{Tensor, no_grad};
 use std::collections::BTreeMap;
 
 const TOL: f64 = 1e-12;
@@ -292,32 +295,6 @@ fn init_is_uniform_within_one_over_sqrt_hidden() {
         let v = p.to_vec::<f32>().unwrap();
         assert!(v.iter().all(|&x| (x as f64).abs() <= k), "{name}");
         assert!(v.iter().any(|&x| (x as f64).abs() > k / 2.0), "{name} spans the range");
-    }
-}
-
-/// Central differences of `loss` against the backward gradient for `entries` of `p`.
-fn check_grad(p: &Tensor, entries: &[usize], loss: &dyn Fn() -> Tensor, what: &str) {
-    p.clear_grad();
-    loss().backward().unwrap();
-    let g = vals(&p.grad().unwrap());
-    let orig = vals(p);
-    let h = 1e-6;
-    for &k in entries {
-        let eval = |d: f64| {
-            let mut v = orig.clone();
-            v[k] += d;
-            p.set_data(TensorData::from_vec(p.shape(), v).unwrap()).unwrap();
-            let _g = no_grad();
-            loss().item().unwrap()
-        };
-        let numeric = (eval(h) - eval(-h)) / (2.0 * h);
-        p.set_data(TensorData::from_vec(p.shape(), orig.clone()).unwrap())
-            .unwrap();
-        assert!(
-            (numeric - g[k]).abs() <= 1e-6 + 1e-5 * numeric.abs(),
-            "{what}[{k}]: backward {} vs finite difference {numeric}",
-            g[k]
-        );
     }
 }
 

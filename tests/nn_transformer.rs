@@ -2,10 +2,13 @@
 //! pre-norm) against a composition of functional ops; dropout in train/eval; Paddle names;
 //! finite-difference gradients; typed errors.
 
+mod common;
+
+use common::check_grad;
+use oar::Tensor;
 use oar::ir::{DType, TensorData};
 use oar::nn::functional as F;
 use oar::nn::{Activation, Layer, MultiHeadAttention, TransformerEncoder, TransformerEncoderLayer};
-use oar::{Tensor, no_grad};
 use std::collections::BTreeMap;
 
 fn t(v: &[f64], shape: &[usize]) -> Tensor {
@@ -166,33 +169,6 @@ fn mha_self_attention_names_and_shapes() {
     let w = vals(&params(&mha)["k_proj.weight"]);
     assert!(w.iter().all(|x| x.abs() <= 0.5f64.sqrt() + 1e-7) && w.iter().any(|x| x.abs() > 0.2));
     assert!(vals(&params(&mha)["k_proj.bias"]).iter().all(|&x| x == 0.0));
-}
-
-/// Central differences of `loss` against backward for `entries` of `p` (step 1e-6, tolerance
-/// 1e-6 + 1e-5·|numeric|).
-fn check_grad(p: &Tensor, entries: &[usize], loss: &dyn Fn() -> Tensor, what: &str) {
-    p.clear_grad();
-    loss().backward().unwrap();
-    let g = vals(&p.grad().unwrap());
-    let orig = vals(p);
-    let h = 1e-6;
-    for &k in entries {
-        let eval = |d: f64| {
-            let mut v = orig.clone();
-            v[k] += d;
-            p.set_data(TensorData::from_vec(p.shape(), v).unwrap()).unwrap();
-            let _g = no_grad();
-            loss().item().unwrap()
-        };
-        let numeric = (eval(h) - eval(-h)) / (2.0 * h);
-        p.set_data(TensorData::from_vec(p.shape(), orig.clone()).unwrap())
-            .unwrap();
-        assert!(
-            (numeric - g[k]).abs() <= 1e-6 + 1e-5 * numeric.abs(),
-            "{what}[{k}]: backward {} vs finite difference {numeric}",
-            g[k]
-        );
-    }
 }
 
 #[test]
