@@ -4,11 +4,10 @@
 use crate::error::{Error, Result};
 use crate::nn::Layer;
 use crate::tensor::Tensor;
-use oar_ir::{DType, TensorData};
-use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
+use oar_ir::TensorData;
+use oar_ir::file::{decode_weights, encode_weights, write_atomically};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A value `oar::save` can write: a [`Tensor`] or a [`TensorData`].
 pub trait ToTensorData {
@@ -35,67 +34,16 @@ fn io_err(path: &Path, detail: impl std::fmt::Display) -> Error {
     }
 }
 
-/// The safetensors dtype of an oar dtype (bool is one byte, 0 or 1, in both).
-fn to_st_dtype(d: DType) -> StDtype {
-    match d {
-        DType::F32 => StDtype::F32,
-        DType::F64 => StDtype::F64,
-        DType::F16 => StDtype::F16,
-        DType::BF16 => StDtype::BF16,
-        DType::I8 => StDtype::I8,
-        DType::U8 => StDtype::U8,
-        DType::I32 => StDtype::I32,
-        DType::I64 => StDtype::I64,
-        DType::Bool => StDtype::BOOL,
-    }
-}
-
 /// Encode named tensors as safetensors bytes.
 pub fn to_safetensors_bytes<V: ToTensorData>(state: &BTreeMap<String, V>) -> Result<Vec<u8>> {
-    let datas: Vec<(&str, TensorData)> = state.iter().map(|(k, v)| (k.as_str(), v.to_tensor_data())).collect();
-    let mut views = Vec::with_capacity(datas.len());
-    for (name, d) in &datas {
-        if *name == "__metadata__" {
-            return Err(Error::invalid(
-                "save",
-                "a tensor cannot be named `__metadata__` (reserved by safetensors)",
-            ));
-        }
-        let view = TensorView::new(to_st_dtype(d.dtype()), d.shape().to_vec(), d.bytes())
-            .map_err(|e| Error::invalid("save", format!("`{name}`: {e}")))?;
-        views.push((*name, view));
-    }
-    safetensors::serialize(views, None).map_err(|e| Error::invalid("save", e.to_string()))
+    let weights = state.iter().map(|(k, v)| (k.clone(), v.to_tensor_data())).collect();
+    encode_weights(&weights).map_err(|e| Error::invalid("save", e))
 }
 
 /// Decode safetensors bytes; `what` names the source in errors.
 pub fn from_safetensors_bytes(bytes: &[u8], what: &Path) -> Result<BTreeMap<String, TensorData>> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| io_err(what, format!("not a valid safetensors file: {e}")))?;
-    let mut out = BTreeMap::new();
-    for (name, view) in st.iter() {
-        let dtype = DType::ALL
-            .into_iter()
-            .find(|&o| to_st_dtype(o) == view.dtype())
-            .ok_or_else(|| {
-                io_err(
-                    what,
-                    format!("`{name}` has dtype {:?}, which oar does not support", view.dtype()),
-                )
-            })?;
-        if dtype == DType::Bool && view.data().iter().any(|&b| b > 1) {
-            return Err(io_err(
-                what,
-                format!("`{name}` is bool but holds bytes other than 0 and 1"),
-            ));
-        }
-        let d = TensorData::from_bytes(dtype, view.shape().to_vec(), view.data().to_vec())
-            .map_err(|e| io_err(what, format!("`{name}`: {e}")))?;
-        out.insert(name.to_string(), d);
-    }
-    Ok(out)
+    decode_weights(bytes).map_err(|e| io_err(what, format!("not a readable safetensors file: {e}")))
 }
-
-static SAVE_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Write named tensors (`layer.state_dict()`, `optimizer.state_dict()`) to `path` as
 /// safetensors. The file is written to a temporary file in the same directory and renamed over
@@ -103,30 +51,7 @@ static SAVE_COUNTER: AtomicU64 = AtomicU64::new(0);
 pub fn save<V: ToTensorData>(state: &BTreeMap<String, V>, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let bytes = to_safetensors_bytes(state).map_err(|e| io_err(path, e))?;
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| io_err(path, "the path does not name a file"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    // Process id and a counter: concurrent saves (threads or processes) never share a temp file.
-    tmp_name.push(format!(
-        ".{}.{}.tmp",
-        std::process::id(),
-        SAVE_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let tmp = path.with_file_name(tmp_name);
-    let written = (|| {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        // Best effort: the temp file is garbage now; the original error is what matters.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written.map_err(|e| io_err(path, e))
+    write_atomically(path, &bytes).map_err(|e| io_err(path, e))
 }
 
 /// Read a safetensors file written by [`save`] (or any safetensors tool) into named values.

@@ -170,31 +170,7 @@ impl Model {
             path: shown.clone(),
             source,
         };
-        let file_name = path.file_name().ok_or_else(|| {
-            io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "the path does not name a file",
-            ))
-        })?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(file_name);
-        // Unique per process and per call, so concurrent saves never share a temp file.
-        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        let written = (|| {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if written.is_err() {
-            // Best effort: the temp file is garbage now; the original error is what matters.
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map_err(io)
+        write_atomically(path, &bytes).map_err(io)
     }
 
     /// Read and check a model file.
@@ -408,7 +384,35 @@ fn from_st_dtype(d: StDtype) -> Option<DType> {
     DType::ALL.into_iter().find(|&o| to_st_dtype(o) == d)
 }
 
-fn encode_weights(weights: &Weights) -> Result<Vec<u8>, String> {
+/// Write `bytes` to `path` through a temp file in the same directory and a rename, so a crash
+/// never leaves a half-written file over a good one. Shared by every oar file writer.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path does not name a file"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file_name);
+    // Unique per process and per call, so concurrent saves never share a temp file.
+    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let written = (|| {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        // Best effort: the temp file is garbage now; the original error is what matters.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Named tensors as a safetensors blob (every oar dtype; `__metadata__` is reserved).
+pub fn encode_weights(weights: &Weights) -> Result<Vec<u8>, String> {
     let mut views = Vec::with_capacity(weights.len());
     for (name, t) in weights {
         if name == "__metadata__" {
@@ -421,7 +425,9 @@ fn encode_weights(weights: &Weights) -> Result<Vec<u8>, String> {
     safetensors::serialize(views, None).map_err(|e| e.to_string())
 }
 
-fn decode_weights(blob: &[u8]) -> Result<Weights, String> {
+/// Named tensors from a safetensors blob; dtypes oar lacks and bool bytes other than 0/1 are
+/// errors, every size is checked against the blob.
+pub fn decode_weights(blob: &[u8]) -> Result<Weights, String> {
     let st = SafeTensors::deserialize(blob).map_err(|e| e.to_string())?;
     let mut weights = Weights::new();
     for (name, view) in st.iter() {
