@@ -5,24 +5,9 @@ use oar_ir::Graph;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-fn parse_binds(binds: &[String]) -> CliResult<BTreeMap<String, usize>> {
-    binds
-        .iter()
-        .map(|b| {
-            let (k, v) = b
-                .split_once('=')
-                .ok_or_else(|| format!("--bind `{b}`: expected SYM=SIZE"))?;
-            let n = v
-                .parse::<usize>()
-                .map_err(|_| format!("--bind `{b}`: `{v}` is not a size"))?;
-            Ok((k.to_string(), n))
-        })
-        .collect()
-}
-
 pub(crate) fn inspect(file: &Path, binds: &[String], summary_only: bool) -> CliResult<()> {
     let model = load(file)?;
-    let binds = parse_binds(binds)?;
+    let binds: BTreeMap<String, usize> = crate::parse_binds(binds)?;
     if !summary_only {
         println!("{}", oar_ir::text::print_graph(&model.graph));
     }

@@ -61,54 +61,7 @@ enum Command {
     /// List the registered backends.
     Backends,
     /// Run a pass pipeline over a model (print, dump, time and numerically check each pass).
-    Opt {
-        /// A `.oar` model or a `.oir` IR text file.
-        #[arg(required_unless_present = "list_passes")]
-        file: Option<PathBuf>,
-        /// Passes to run, in order, comma-separated (see --list-passes).
-        #[arg(long = "passes", short = 'p', value_delimiter = ',', value_name = "PASS,...")]
-        passes: Vec<String>,
-        /// Output: `.oar` (graph and weights) or `.oir` (IR text); default: IR text on stdout.
-        #[arg(long, short = 'o')]
-        output: Option<PathBuf>,
-        /// Print the IR (to stderr) before every pass.
-        #[arg(long)]
-        print_before_all: bool,
-        /// Print the IR (to stderr) after every pass.
-        #[arg(long)]
-        print_after_all: bool,
-        /// Print the IR before each run of this pass (repeatable).
-        #[arg(long, value_name = "PASS")]
-        print_before: Vec<String>,
-        /// Print the IR after each run of this pass (repeatable).
-        #[arg(long, value_name = "PASS")]
-        print_after: Vec<String>,
-        /// Write the IR of every stage to numbered files (00-input.oir, 01-<pass>.oir, ...).
-        #[arg(long, value_name = "DIR")]
-        dump_dir: Option<PathBuf>,
-        /// Report the time, node counts and changes of each pass (to stderr).
-        #[arg(long)]
-        time_passes: bool,
-        /// Run the graph on the reference backend before and after each pass (random inputs,
-        /// the model's weights) and name the first pass (and step) that changes the outputs.
-        #[arg(long)]
-        check_numerics: bool,
-        /// Relative tolerance of --check-numerics (default 1e-4).
-        #[arg(long)]
-        rtol: Option<f64>,
-        /// Absolute tolerance of --check-numerics (default 1e-5).
-        #[arg(long)]
-        atol: Option<f64>,
-        /// Bind a symbolic dim (`N=8`) for specialize-shapes and --check-numerics (repeatable).
-        #[arg(long = "bind", value_name = "SYM=SIZE")]
-        binds: Vec<String>,
-        /// Run only the first N passes.
-        #[arg(long, value_name = "N")]
-        stop_after: Option<usize>,
-        /// List the registered passes with their descriptions.
-        #[arg(long)]
-        list_passes: bool,
-    },
+    Opt(opt::OptArgs),
     /// Convert an ONNX model into an oar model file.
     Import {
         /// The `.onnx` file (external data is read next to it).
@@ -125,6 +78,23 @@ enum Command {
         #[arg(long, short = 'o')]
         output: PathBuf,
     },
+}
+
+/// `--bind SYM=SIZE` values, parsed.
+pub(crate) fn parse_binds<C: FromIterator<(String, usize)>>(binds: &[String]) -> CliResult<C> {
+    binds
+        .iter()
+        .map(|b| {
+            let (k, v) = b
+                .split_once('=')
+                .filter(|(k, _)| !k.is_empty())
+                .ok_or_else(|| format!("--bind `{b}`: expected SYM=SIZE"))?;
+            let n = v
+                .parse::<usize>()
+                .map_err(|_| format!("--bind `{b}`: `{v}` is not a size"))?;
+            Ok((k.to_string(), n))
+        })
+        .collect()
 }
 
 /// Errors are one line of text, printed as `error: ...`.
@@ -165,39 +135,7 @@ fn run(command: Command) -> CliResult<()> {
                 }
             }
         }
-        Command::Opt {
-            file,
-            passes,
-            output,
-            print_before_all,
-            print_after_all,
-            print_before,
-            print_after,
-            dump_dir,
-            time_passes,
-            check_numerics,
-            rtol,
-            atol,
-            binds,
-            stop_after,
-            list_passes,
-        } => opt::opt(opt::OptArgs {
-            file,
-            passes,
-            output,
-            print_before_all,
-            print_after_all,
-            print_before,
-            print_after,
-            dump_dir,
-            time_passes,
-            check_numerics,
-            rtol,
-            atol,
-            binds,
-            stop_after,
-            list_passes,
-        }),
+        Command::Opt(args) => opt::opt(args),
         Command::Import { file, output } => import::import(&file, &output),
         Command::Export { file, output } => export::export(&file, &output),
         Command::Backends => {

@@ -9,39 +9,55 @@ use oar_passes::{NumericsCheck, PassError, PassManager, SpecializeShapes, list_p
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The options of `oar opt` (see the subcommand's help in main.rs).
+/// The options of `oar opt`.
+#[derive(clap::Args)]
 pub(crate) struct OptArgs {
+    /// A `.oar` model or a `.oir` IR text file.
+    #[arg(required_unless_present = "list_passes")]
     pub file: Option<PathBuf>,
+    /// Passes to run, in order, comma-separated (see --list-passes).
+    #[arg(long = "passes", short = 'p', value_delimiter = ',', value_name = "PASS,...")]
     pub passes: Vec<String>,
+    /// Output: `.oar` (graph and weights) or `.oir` (IR text); default: IR text on stdout.
+    #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+    /// Print the IR (to stderr) before every pass.
+    #[arg(long)]
     pub print_before_all: bool,
+    /// Print the IR (to stderr) after every pass.
+    #[arg(long)]
     pub print_after_all: bool,
+    /// Print the IR before each run of this pass (repeatable).
+    #[arg(long, value_name = "PASS")]
     pub print_before: Vec<String>,
+    /// Print the IR after each run of this pass (repeatable).
+    #[arg(long, value_name = "PASS")]
     pub print_after: Vec<String>,
+    /// Write the IR of every stage to numbered files (00-input.oir, 01-<pass>.oir, ...).
+    #[arg(long, value_name = "DIR")]
     pub dump_dir: Option<PathBuf>,
+    /// Report the time, node counts and changes of each pass (to stderr).
+    #[arg(long)]
     pub time_passes: bool,
+    /// Run the graph on the reference backend before and after each pass (random inputs,
+    /// the model's weights) and name the first pass (and step) that changes the outputs.
+    #[arg(long)]
     pub check_numerics: bool,
+    /// Relative tolerance of --check-numerics (default 1e-4).
+    #[arg(long)]
     pub rtol: Option<f64>,
+    /// Absolute tolerance of --check-numerics (default 1e-5).
+    #[arg(long)]
     pub atol: Option<f64>,
+    /// Bind a symbolic dim (`N=8`) for specialize-shapes and --check-numerics (repeatable).
+    #[arg(long = "bind", value_name = "SYM=SIZE")]
     pub binds: Vec<String>,
+    /// Run only the first N passes.
+    #[arg(long, value_name = "N")]
     pub stop_after: Option<usize>,
+    /// List the registered passes with their descriptions.
+    #[arg(long)]
     pub list_passes: bool,
-}
-
-fn parse_binds(binds: &[String]) -> CliResult<Vec<(String, usize)>> {
-    binds
-        .iter()
-        .map(|b| {
-            let (k, v) = b
-                .split_once('=')
-                .filter(|(k, _)| !k.is_empty())
-                .ok_or_else(|| format!("--bind `{b}`: expected SYM=SIZE"))?;
-            let n = v
-                .parse::<usize>()
-                .map_err(|_| format!("--bind `{b}`: `{v}` is not a size"))?;
-            Ok((k.to_string(), n))
-        })
-        .collect()
 }
 
 /// The pipeline for `names`; `specialize-shapes` gets the `--bind` sizes.
@@ -108,7 +124,7 @@ pub(crate) fn opt(args: OptArgs) -> CliResult<()> {
         .file
         .as_deref()
         .ok_or("no input file (usage: oar opt FILE -p PASS,... [-o OUT])")?;
-    let binds = parse_binds(&args.binds)?;
+    let binds = crate::parse_binds::<Vec<_>>(&args.binds)?;
     let mut pm = pipeline(&args.passes, &binds)?;
     let mut model = load(file)?;
     pm.verify_each(true);
