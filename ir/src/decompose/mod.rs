@@ -17,26 +17,7 @@ use crate::ops::infer_types;
 use crate::{Composite, Emitter, IrError, Op, TensorType};
 
 /// The mnemonics of every composite op, in declaration order (for keep-lists and listings).
-pub const COMPOSITE_NAMES: &[&str] = &[
-    "linear",
-    "conv2d",
-    "max_pool2d",
-    "avg_pool2d",
-    "adaptive_avg_pool2d",
-    "adaptive_max_pool2d",
-    "batch_norm",
-    "layer_norm",
-    "softmax",
-    "log_softmax",
-    "cross_entropy",
-    "relu",
-    "gelu",
-    "silu",
-    "sigmoid",
-    "dropout",
-    "embedding",
-    "sdpa",
-];
+pub const COMPOSITE_NAMES: &[&str] = Composite::NAMES;
 
 /// Apply the primitive ops computing `op(inputs)` through `e` (a [`Graph`](crate::Graph) records
 /// them, an eager context computes them); returns the op's outputs.

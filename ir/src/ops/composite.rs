@@ -147,6 +147,29 @@ pub enum Composite {
 }
 
 impl Composite {
+    /// Every composite's mnemonic, in declaration order (kept equal to [`Composite::name`] by
+    /// a test in `decompose`).
+    pub const NAMES: &'static [&'static str] = &[
+        "linear",
+        "conv2d",
+        "max_pool2d",
+        "avg_pool2d",
+        "adaptive_avg_pool2d",
+        "adaptive_max_pool2d",
+        "batch_norm",
+        "layer_norm",
+        "softmax",
+        "log_softmax",
+        "cross_entropy",
+        "relu",
+        "gelu",
+        "silu",
+        "sigmoid",
+        "dropout",
+        "embedding",
+        "sdpa",
+    ];
+
     /// The mnemonic used in the text format.
     pub fn name(&self) -> &'static str {
         use Composite::*;

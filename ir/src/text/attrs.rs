@@ -198,28 +198,11 @@ fn all_mnemonics() -> Vec<&'static str> {
         "conv",
         "cond",
         "while",
-        "linear",
-        "conv2d",
-        "max_pool2d",
-        "avg_pool2d",
-        "adaptive_avg_pool2d",
-        "adaptive_max_pool2d",
-        "batch_norm",
-        "layer_norm",
-        "softmax",
-        "log_softmax",
-        "cross_entropy",
-        "relu",
-        "gelu",
-        "silu",
-        "sigmoid",
-        "dropout",
-        "embedding",
-        "sdpa",
         "input",
         "param",
         "constant",
     ];
+    v.extend(crate::Composite::NAMES);
     v.extend(UnaryOp::ALL.iter().map(|u| u.name()));
     v.extend(BinaryOp::ALL.iter().map(|b| b.name()));
     v.extend(ReduceOp::ALL.iter().map(|r| r.name()));
