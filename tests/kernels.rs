@@ -1,27 +1,11 @@
 //! The eager CPU kernels (gemm matmul, im2col+gemm conv) against the reference interpreter.
 
-use oar::ir::{DType, Graph, Op, TensorData, Weights};
+use oar::ir::{DType, Op, TensorData};
 use oar::tensor::apply_op;
 use oar::{Tensor, seed};
-use std::collections::BTreeMap;
 
 fn reference(op: &Op, inputs: &[TensorData]) -> TensorData {
-    let mut g = Graph::new("k");
-    let mut feeds = BTreeMap::new();
-    let args: Vec<_> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            feeds.insert(format!("x{i}"), t.clone());
-            g.add_input(&format!("x{i}"), t.tensor_type()).unwrap()
-        })
-        .collect();
-    let y = g.add_op1(op.clone(), &args).unwrap();
-    g.add_output("y", y).unwrap();
-    oar::reference::run_graph(&g, &Weights::new(), &feeds)
-        .unwrap()
-        .remove(0)
-        .1
+    oar::reference::run_op(op, inputs).unwrap().remove(0)
 }
 
 /// Max |a - b| ≤ tol · (1 + |b|) elementwise, same shape.

@@ -10,8 +10,7 @@
 use crate::regions::rewrite_regions;
 use crate::rewrite::{is_constant, replace_node};
 use crate::{Pass, PassError, StepBudget, StepRun};
-use oar_ir::{Composite, Graph, IrError, NodeId, Op, Weights};
-use std::collections::BTreeMap;
+use oar_ir::{Composite, Graph, IrError, NodeId, Op};
 
 /// Default cap on the bytes a folded op may produce (1 MiB).
 pub const DEFAULT_FOLD_LIMIT_BYTES: usize = 1 << 20;
@@ -90,20 +89,14 @@ impl Fold {
 /// backend; `None` if the backend refuses or the results do not match the node's types.
 fn evaluate(graph: &Graph, node: NodeId) -> Option<Vec<oar_ir::TensorData>> {
     let n = graph.node(node);
-    let mut g = Graph::new("fold");
     let mut operands = Vec::with_capacity(n.inputs().len());
     for v in n.inputs() {
         let Op::Constant(t) = &graph.node(v.node).op else {
             return None;
         };
-        operands.push(g.add_constant(t.clone()));
+        operands.push(t.clone());
     }
-    let outs = g.add_op(n.op.clone(), &operands).ok()?;
-    for (i, v) in outs.iter().enumerate() {
-        g.add_output(&format!("r{i}"), *v).ok()?;
-    }
-    let results = oar_backend_reference::run_graph(&g, &Weights::new(), &BTreeMap::new()).ok()?;
-    let values: Vec<_> = results.into_iter().map(|(_, t)| t).collect();
+    let values = oar_backend_reference::run_op(&n.op, &operands).ok()?;
     let types_match =
         values.len() == n.outputs().len() && values.iter().zip(n.outputs()).all(|(t, ty)| t.tensor_type() == *ty);
     types_match.then_some(values)

@@ -5,8 +5,7 @@ mod conv;
 mod matmul;
 
 use crate::error::Result;
-use oar_ir::{Graph, Op, TensorData, Weights};
-use std::collections::BTreeMap;
+use oar_ir::{Op, TensorData};
 
 /// Run one op on concrete inputs.
 pub(crate) fn run(op: &Op, inputs: &[TensorData]) -> Result<Vec<TensorData>> {
@@ -24,18 +23,5 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData]) -> Result<Vec<TensorData>> {
 }
 
 fn run_reference(op: &Op, inputs: &[TensorData]) -> Result<Vec<TensorData>> {
-    let mut g = Graph::new(op.name());
-    let mut feeds = BTreeMap::new();
-    let mut args = Vec::with_capacity(inputs.len());
-    for (i, t) in inputs.iter().enumerate() {
-        let name = format!("x{i}");
-        args.push(g.add_input(&name, t.tensor_type())?);
-        feeds.insert(name, t.clone());
-    }
-    let outs = g.add_op(op.clone(), &args)?;
-    for (i, v) in outs.iter().enumerate() {
-        g.add_output(&format!("y{i}"), *v)?;
-    }
-    let res = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds)?;
-    Ok(res.into_iter().map(|(_, t)| t).collect())
+    Ok(oar_backend_reference::run_op(op, inputs)?)
 }

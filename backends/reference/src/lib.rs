@@ -122,6 +122,26 @@ fn check_weights(graph: &Graph, weights: &Weights) -> Result<(), BackendError> {
     Ok(())
 }
 
+/// Run one op (no regions) on concrete inputs, as a one-node graph: what eager mode and
+/// constant folding use when they need the oracle's answer for a single op.
+pub fn run_op(op: &Op, inputs: &[TensorData]) -> Result<Vec<TensorData>, BackendError> {
+    let mut g = Graph::new(op.name());
+    let mut feeds = BTreeMap::new();
+    let mut args = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        let name = format!("x{i}");
+        args.push(g.add_input(&name, t.tensor_type())?);
+        feeds.insert(name, t.clone());
+    }
+    for (i, v) in g.add_op(op.clone(), &args)?.into_iter().enumerate() {
+        g.add_output(&format!("y{i}"), v)?;
+    }
+    Ok(run_graph(&g, &Weights::new(), &feeds)?
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect())
+}
+
 /// Run a graph once (verify, check inputs, evaluate). Outputs in graph output order.
 pub fn run_graph(
     graph: &Graph,
