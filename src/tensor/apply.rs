@@ -39,8 +39,7 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         detail,
     })?;
     let outs = crate::kernels::run(&op, &datas)?;
-    let record =
-        is_grad_enabled() && inputs.iter().any(|t| t.requires_grad()) && outs.iter().any(|o| o.dtype().is_float());
+    let record = needs_grad && outs.iter().any(|o| o.dtype().is_float());
     if !record {
         return Ok(outs.into_iter().map(Tensor::from_data).collect());
     }
