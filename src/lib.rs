@@ -25,8 +25,9 @@ pub use oar_ir::DType;
 pub use oar_macros::to_static;
 pub use serialization::{load, load_layer, save, save_layer};
 pub use tensor::{
-    Tensor, add, arange, concat, divide, full, linspace, matmul, maximum, minimum, multiply, normal, ones, rand, randn,
-    seed, stack, subtract, uniform, where_, zeros,
+    Tensor, abs, add, arange, cast, ceil, concat, cos, divide, erf, exp, floor, full, linspace, log, matmul, max,
+    maximum, mean, min, minimum, multiply, normal, ones, prod, rand, randn, reshape, round, rsqrt, seed, sign, sin,
+    sqrt, stack, subtract, sum, tanh, transpose, uniform, where_, zeros,
 };
 
 pub use oar_backend_reference as reference;

@@ -25,6 +25,16 @@ fn ops_compute_immediately() {
     assert_eq!(a.t().unwrap().to_vec::<f64>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
     assert_eq!(a.get(-1).unwrap().to_vec::<f64>().unwrap(), vec![3.0, 4.0]);
     let s = oar::stack(&[&b, &b], 0).unwrap();
+    // Paddle-style free functions are the methods.
+    assert_eq!(
+        oar::sum(&a, &[0], false).unwrap().to_vec::<f64>().unwrap(),
+        vec![4.0, 6.0]
+    );
+    assert_eq!(oar::sqrt(&a).unwrap().to_vec::<f64>().unwrap()[3], 2.0);
+    assert_eq!(
+        oar::transpose(&a, &[1, 0]).unwrap().to_vec::<f64>().unwrap(),
+        vec![1.0, 3.0, 2.0, 4.0]
+    );
     assert_eq!(s.shape(), vec![2, 2]);
     // Errors are typed and name the op and the shapes.
     let e = a.matmul(&t(&[1.0, 2.0, 3.0], &[3, 1])).unwrap_err().to_string();

@@ -441,3 +441,72 @@ free_binary! {
     /// elementwise min
     minimum,
 }
+
+macro_rules! free_unary {
+    ($($(#[$m:meta])* $name:ident,)*) => {
+        $($(#[$m])* pub fn $name(x: &Tensor) -> Result<Tensor> { x.$name() })*
+    };
+}
+
+free_unary! {
+    /// `e^x` (`paddle.exp`)
+    exp,
+    /// natural log
+    log,
+    /// square root
+    sqrt,
+    /// `1/sqrt(x)`
+    rsqrt,
+    /// `|x|`
+    abs,
+    /// sine
+    sin,
+    /// cosine
+    cos,
+    /// hyperbolic tangent
+    tanh,
+    /// error function
+    erf,
+    /// round toward -inf
+    floor,
+    /// round toward +inf
+    ceil,
+    /// round half to even
+    round,
+    /// -1, 0 or 1
+    sign,
+}
+
+macro_rules! free_reduce {
+    ($($(#[$m:meta])* $name:ident,)*) => {
+        $($(#[$m])* pub fn $name(x: &Tensor, axes: &[i64], keepdim: bool) -> Result<Tensor> { x.$name(axes, keepdim) })*
+    };
+}
+
+free_reduce! {
+    /// Sum over `axes` (empty: all) (`paddle.sum`)
+    sum,
+    /// Mean over `axes` (empty: all)
+    mean,
+    /// Max over `axes` (empty: all)
+    max,
+    /// Min over `axes` (empty: all)
+    min,
+    /// Product over `axes` (empty: all)
+    prod,
+}
+
+/// `x.reshape(shape)` (`paddle.reshape`).
+pub fn reshape(x: &Tensor, shape: &[i64]) -> Result<Tensor> {
+    x.reshape(shape)
+}
+
+/// `x.transpose(perm)` (`paddle.transpose`).
+pub fn transpose(x: &Tensor, perm: &[i64]) -> Result<Tensor> {
+    x.transpose(perm)
+}
+
+/// `x.cast(dtype)` (`paddle.cast`).
+pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    x.cast(dtype)
+}

@@ -14,7 +14,10 @@ pub fn apply_op(op: oar_ir::Op, inputs: &[&Tensor]) -> crate::Result<Vec<Tensor>
 }
 pub(crate) use create::with_rng;
 pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
-pub use methods::{add, concat, divide, matmul, maximum, minimum, multiply, stack, subtract, where_};
+pub use methods::{
+    abs, add, cast, ceil, concat, cos, divide, erf, exp, floor, log, matmul, max, maximum, mean, min, minimum,
+    multiply, prod, reshape, round, rsqrt, sign, sin, sqrt, stack, subtract, sum, tanh, transpose, where_,
+};
 #[allow(unused_imports)]
 pub(crate) use methods::{norm_axes, norm_axis};
 
