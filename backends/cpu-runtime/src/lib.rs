@@ -1,0 +1,21 @@
+//! oar-cpu-runtime: what a model compiled by oar's CPU backend needs at run time.
+//!
+//! - [`program`]: the compiled model's description ([`CpuProgram`]: a static kernel program,
+//!   its memory plan and one step per kernel) and its blob encoding for AOT binaries.
+//! - [`Model`]: runs a program with a table of generated kernel functions — generated loop
+//!   kernels split across threads, matmul/conv through `gemm` with generated epilogues, and the
+//!   reference interpreter for the few kernels the code generator leaves alone.
+//! - [`math`]: scalar functions generated code calls (`exp`, `tanh`, `erf`, ...).
+//!
+//! Built as an rlib (linked into the JIT) and as a static library (linked into AOT executables
+//! and shared libraries, which then depend on nothing beyond libc).
+
+pub mod capi;
+mod contraction;
+pub mod exe;
+pub mod math;
+mod model;
+pub mod program;
+
+pub use model::Model;
+pub use program::{CpuProgram, KernelFn, LoopCall, Step, decode_blob, encode_blob};

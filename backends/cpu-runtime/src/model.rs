@@ -1,0 +1,339 @@
+//! Running a [`CpuProgram`]: buffers, the arena, steps, threads.
+
+use crate::contraction;
+use crate::program::{CpuProgram, KernelFn, LoopCall, Step, const_name, static_shape};
+use oar_ir::kernel::{Buffer, BufferId, BufferKind, IndexMap, Kernel, KernelBody, KernelProgram, Load};
+use oar_ir::{BackendError, TensorData, TensorType, Weights};
+use std::collections::BTreeMap;
+
+/// Work (outer extent × cost) below which a loop runs on the calling thread.
+const PARALLEL_MIN_WORK: u64 = 1 << 15;
+
+/// A compiled model, ready to run: program, kernel functions and weights.
+pub struct Model {
+    prog: CpuProgram,
+    funcs: Vec<KernelFn>,
+    /// Params and constants by buffer (checked against the program's types).
+    leaves: BTreeMap<BufferId, TensorData>,
+    threads: usize,
+}
+
+// Safety: kernel functions are plain machine code that only touch the buffers passed to them;
+// everything else is owned data.
+unsafe impl Send for Model {}
+unsafe impl Sync for Model {}
+
+fn weight_err(name: &str, detail: String) -> BackendError {
+    BackendError::Weight {
+        name: name.to_string(),
+        detail,
+    }
+}
+
+impl Model {
+    /// A model from a program, its function table (`prog.n_funcs` entries) and weights
+    /// (parameters by name, constants under [`const_name`]).
+    pub fn new(prog: CpuProgram, funcs: Vec<KernelFn>, weights: &Weights) -> Result<Model, BackendError> {
+        if funcs.len() != prog.n_funcs as usize {
+            return Err(BackendError::Runtime {
+                op: "load".into(),
+                value: prog.program.name.clone(),
+                detail: format!(
+                    "{} kernel functions given, the program has {}",
+                    funcs.len(),
+                    prog.n_funcs
+                ),
+            });
+        }
+        let mut leaves = BTreeMap::new();
+        for (i, b) in prog.program.buffers.iter().enumerate() {
+            let id = BufferId(i as u32);
+            let name = match &b.kind {
+                BufferKind::Param { name } => name.clone(),
+                BufferKind::Constant(_) => const_name(id),
+                _ => continue,
+            };
+            let t = match &b.kind {
+                BufferKind::Constant(t) if weights.get(&name).is_none() => t,
+                _ => weights
+                    .get(&name)
+                    .ok_or_else(|| weight_err(&name, format!("no weight given (expected {})", b.ty)))?,
+            };
+            if t.tensor_type() != b.ty {
+                return Err(weight_err(&name, format!("expected {}, got {}", b.ty, t.tensor_type())));
+            }
+            leaves.insert(id, t.clone());
+        }
+        Ok(Model {
+            prog,
+            funcs,
+            leaves,
+            threads: rayon::current_num_threads().max(1),
+        })
+    }
+
+    /// The program this model runs.
+    pub fn program(&self) -> &CpuProgram {
+        &self.prog
+    }
+
+    /// Limit the threads kernels are split across (1: run everything on the calling thread).
+    pub fn set_threads(&mut self, n: usize) {
+        self.threads = n.max(1);
+    }
+
+    /// Graph inputs `(name, type)`, in buffer order.
+    pub fn inputs(&self) -> Vec<(String, TensorType)> {
+        self.prog
+            .program
+            .buffers
+            .iter()
+            .filter_map(|b| match &b.kind {
+                BufferKind::Input { name } => Some((name.clone(), b.ty.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Graph outputs `(name, type)`, in order.
+    pub fn outputs(&self) -> Vec<(String, TensorType)> {
+        let p = &self.prog.program;
+        p.outputs
+            .iter()
+            .map(|(n, b)| (n.clone(), p.buffer(*b).ty.clone()))
+            .collect()
+    }
+
+    /// Check inputs by name against the program (names, dtypes, shapes).
+    fn check_inputs(&self, inputs: &BTreeMap<String, TensorData>) -> Result<(), BackendError> {
+        let specs = self.inputs();
+        let known = || {
+            specs
+                .iter()
+                .map(|(n, t)| format!("{n}: {t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        for name in inputs.keys() {
+            if !specs.iter().any(|(n, _)| n == name) {
+                return Err(BackendError::UnknownInput {
+                    name: name.clone(),
+                    known: known(),
+                });
+            }
+        }
+        for (name, ty) in &specs {
+            let t = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
+                name: name.clone(),
+                expected: ty.to_string(),
+            })?;
+            if &t.tensor_type() != ty {
+                return Err(BackendError::InputMismatch {
+                    name: name.clone(),
+                    expected: ty.to_string(),
+                    got: t.tensor_type().to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Run with inputs by name; outputs by name in graph order.
+    pub fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
+        self.check_inputs(inputs)?;
+        let p = &self.prog.program;
+        let plan = &self.prog.plan;
+        // The arena, 64-byte aligned (u128 storage is 16-aligned; offset the base to 64).
+        let mut arena = vec![0u128; plan.arena_bytes.div_ceil(16) + 4];
+        let arena_base = {
+            let ptr = arena.as_mut_ptr() as *mut u8;
+            unsafe { ptr.add(ptr.align_offset(64)) }
+        };
+        let mut outs: BTreeMap<BufferId, Vec<u8>> = BTreeMap::new();
+        let mut bufs: Vec<*mut u8> = vec![std::ptr::null_mut(); p.buffers.len()];
+        for (i, b) in p.buffers.iter().enumerate() {
+            let id = BufferId(i as u32);
+            bufs[i] = match &b.kind {
+                BufferKind::Input { name } => inputs[name].bytes().as_ptr() as *mut u8,
+                BufferKind::Param { .. } | BufferKind::Constant(_) => self.leaves[&id].bytes().as_ptr() as *mut u8,
+                BufferKind::Temp => {
+                    let off = *plan.offsets.get(&id).ok_or_else(|| BackendError::Runtime {
+                        op: "arena".into(),
+                        value: b.value.clone(),
+                        detail: format!("temporary {id} has no place in the memory plan"),
+                    })?;
+                    unsafe { arena_base.add(off) }
+                }
+                BufferKind::Output => {
+                    let n = byte_len(b);
+                    let v = outs.entry(id).or_insert_with(|| vec![0u8; n.max(1)]);
+                    v.as_mut_ptr()
+                }
+            };
+        }
+        for step in &self.prog.steps {
+            match step {
+                Step::Loop { call, .. } => self.call(call, &bufs),
+                Step::Contraction { kernel, epilogue } => {
+                    let k = &p.kernels[*kernel as usize];
+                    let KernelBody::Contraction(c) = &k.body else {
+                        return Err(bad_step(k, "contraction step on a non-contraction kernel"));
+                    };
+                    unsafe { contraction::run(c, k.outputs[0], p, &bufs, self.threads)? };
+                    if let Some(call) = epilogue {
+                        self.call(call, &bufs);
+                    }
+                }
+                Step::Interpret { kernel, .. } => {
+                    let k = &p.kernels[*kernel as usize];
+                    unsafe { interpret(p, k, &bufs)? };
+                }
+            }
+        }
+        let mut result = Vec::with_capacity(p.outputs.len());
+        for (name, id) in &p.outputs {
+            let b = p.buffer(*id);
+            let bytes = match &b.kind {
+                BufferKind::Output => {
+                    let mut v = outs[id].clone();
+                    v.truncate(byte_len(b));
+                    v
+                }
+                _ => unsafe { std::slice::from_raw_parts(bufs[id.index()], byte_len(b)).to_vec() },
+            };
+            let t =
+                TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), bytes).map_err(|e| BackendError::Runtime {
+                    op: "output".into(),
+                    value: name.clone(),
+                    detail: e.to_string(),
+                })?;
+            result.push((name.clone(), t));
+        }
+        drop(arena);
+        Ok(result)
+    }
+
+    /// Call a generated function over `0..extent`, split across threads when it is worth it.
+    fn call(&self, call: &LoopCall, bufs: &[*mut u8]) {
+        let f = self.funcs[call.func as usize];
+        let n = call.extent;
+        if n == 0 {
+            return;
+        }
+        let work = n.saturating_mul(call.cost.max(1));
+        let threads = self.threads as u64;
+        if threads <= 1 || n == 1 || work < PARALLEL_MIN_WORK {
+            unsafe { f(bufs.as_ptr(), 0, n as i64) };
+            return;
+        }
+        let chunks = threads.min(n).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
+        let base = bufs.as_ptr() as usize;
+        rayon::scope(|s| {
+            for c in 0..chunks {
+                let lo = n * c / chunks;
+                let hi = n * (c + 1) / chunks;
+                s.spawn(move |_| unsafe { f(base as *const *mut u8, lo as i64, hi as i64) });
+            }
+        });
+    }
+}
+
+fn bad_step(k: &Kernel, detail: &str) -> BackendError {
+    BackendError::Runtime {
+        op: k.name.clone(),
+        value: String::new(),
+        detail: detail.to_string(),
+    }
+}
+
+/// Bytes of a static buffer.
+pub(crate) fn byte_len(b: &Buffer) -> usize {
+    static_shape(&b.ty).iter().product::<usize>() * b.ty.dtype.size_bytes()
+}
+
+/// Run one kernel on the reference interpreter: copy its operands out of the buffers, run a
+/// one-kernel program, copy the results back.
+unsafe fn interpret(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(), BackendError> {
+    let mut map: BTreeMap<BufferId, BufferId> = BTreeMap::new();
+    let mut buffers = Vec::new();
+    let mut feeds = BTreeMap::new();
+    for id in k.reads() {
+        if map.contains_key(&id) {
+            continue;
+        }
+        let b = p.buffer(id);
+        let name = format!("b{}", id.0);
+        let bytes = unsafe { std::slice::from_raw_parts(bufs[id.index()], byte_len(b)) }.to_vec();
+        let t =
+            TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), bytes).map_err(|e| bad_step(k, &e.to_string()))?;
+        feeds.insert(name.clone(), t);
+        map.insert(id, BufferId(buffers.len() as u32));
+        buffers.push(Buffer {
+            kind: BufferKind::Input { name },
+            ty: b.ty.clone(),
+            value: b.value.clone(),
+        });
+    }
+    let mut outputs = Vec::new();
+    for &id in &k.outputs {
+        let b = p.buffer(id);
+        let new = BufferId(buffers.len() as u32);
+        map.insert(id, new);
+        buffers.push(Buffer {
+            kind: BufferKind::Output,
+            ty: b.ty.clone(),
+            value: b.value.clone(),
+        });
+        outputs.push((format!("b{}", id.0), new));
+    }
+    let kernel = remap_kernel(k, &map);
+    let mini = KernelProgram {
+        name: k.name.clone(),
+        buffers,
+        kernels: vec![kernel],
+        outputs,
+    };
+    let results = oar_backend_reference::run_kernel_program(&mini, &Weights::new(), &feeds)?;
+    for (&id, (_, t)) in k.outputs.iter().zip(&results) {
+        let n = byte_len(p.buffer(id));
+        if t.bytes().len() != n {
+            return Err(bad_step(k, "interpreted kernel produced a result of the wrong size"));
+        }
+        unsafe { std::ptr::copy_nonoverlapping(t.bytes().as_ptr(), bufs[id.index()], n) };
+    }
+    Ok(())
+}
+
+fn remap_kernel(k: &Kernel, map: &BTreeMap<BufferId, BufferId>) -> Kernel {
+    let load = |l: &Load| Load {
+        buffer: map[&l.buffer],
+        map: IndexMap {
+            view: l.map.view.clone(),
+            axes: l.map.axes.clone(),
+        },
+    };
+    let body = match &k.body {
+        KernelBody::Loop(l) => {
+            let mut l = l.clone();
+            l.loads = l.loads.iter().map(load).collect();
+            KernelBody::Loop(l)
+        }
+        KernelBody::Contraction(c) => {
+            let mut c = c.clone();
+            c.lhs.load = load(&c.lhs.load);
+            c.rhs.load = load(&c.rhs.load);
+            c.loads = c.loads.iter().map(load).collect();
+            KernelBody::Contraction(c)
+        }
+        KernelBody::Opaque(o) => {
+            let mut o = o.clone();
+            o.inputs = o.inputs.iter().map(|b| map[b]).collect();
+            KernelBody::Opaque(o)
+        }
+    };
+    Kernel {
+        name: k.name.clone(),
+        body,
+        outputs: k.outputs.iter().map(|b| map[b]).collect(),
+    }
+}

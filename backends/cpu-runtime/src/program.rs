@@ -1,0 +1,114 @@
+//! What the CPU backend's compiler hands its runtime: a fully static kernel program, its
+//! memory plan, and one [`Step`] per kernel saying how it runs (a generated function, a gemm
+//! contraction with a generated epilogue, or the reference interpreter).
+//!
+//! The same [`CpuProgram`] drives the in-process JIT and AOT binaries: an AOT object embeds it
+//! as a blob ([`encode_blob`]) next to a table of kernel function pointers.
+
+use oar_ir::Weights;
+use oar_ir::kernel::{BufferId, KernelProgram, MemoryPlan};
+use serde::{Deserialize, Serialize};
+
+/// A generated kernel function: `f(bufs, lo, hi)` runs outer iterations `lo..hi` of its loop
+/// nest. `bufs[b]` is the base address of buffer `b` (a [`BufferId`] of the program).
+pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, lo: i64, hi: i64);
+
+/// One call of a generated function over an outer range `0..extent`, which the runtime may
+/// split across threads (the function is correct for any sub-range).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopCall {
+    /// Index into the kernel function table.
+    pub func: u32,
+    /// Number of outer iterations.
+    pub extent: u64,
+    /// Scalar operations per outer iteration (an estimate; decides splitting across threads).
+    pub cost: u64,
+}
+
+/// How one kernel of the program runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Step {
+    /// A loop kernel compiled to a function.
+    Loop {
+        /// Index into `program.kernels`.
+        kernel: u32,
+        /// The generated function.
+        call: LoopCall,
+    },
+    /// matmul / conv computed by the runtime (gemm) into the output buffer, then the epilogue
+    /// (if not the identity) applied in place by a generated function that reads the
+    /// contraction result from the output buffer.
+    Contraction {
+        /// Index into `program.kernels`.
+        kernel: u32,
+        /// The generated epilogue.
+        epilogue: Option<LoopCall>,
+    },
+    /// Run by the reference interpreter (opaque ops, dtypes the code generator does not handle).
+    Interpret {
+        /// Index into `program.kernels`.
+        kernel: u32,
+        /// Why it was not compiled (for `oar compile --emit clif` listings and reports).
+        reason: String,
+    },
+}
+
+/// A compiled model without its machine code: a program with every dim static, where
+/// constants live in the weights under [`const_name`] names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CpuProgram {
+    /// The static kernel program.
+    pub program: KernelProgram,
+    /// Where temporaries live in the arena.
+    pub plan: MemoryPlan,
+    /// One step per kernel, in order.
+    pub steps: Vec<Step>,
+    /// Number of generated functions (the function table's length).
+    pub n_funcs: u32,
+}
+
+/// The weight name a program constant is stored under.
+pub fn const_name(b: BufferId) -> String {
+    format!("@const/{}", b.0)
+}
+
+const MAGIC: &[u8; 8] = b"OARCPU01";
+
+/// Serialize a program and its weights into one blob (`OARCPU01`, program JSON length, JSON,
+/// safetensors weights). `weights` may be empty (weights shipped beside the binary).
+pub fn encode_blob(program: &CpuProgram, weights: &Weights) -> Result<Vec<u8>, String> {
+    let json = serde_json::to_vec(program).map_err(|e| format!("encoding the program: {e}"))?;
+    let w = oar_ir::file::encode_weights(weights)?;
+    let mut out = Vec::with_capacity(16 + json.len() + w.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&w);
+    Ok(out)
+}
+
+/// Read a blob written by [`encode_blob`].
+pub fn decode_blob(blob: &[u8]) -> Result<(CpuProgram, Weights), String> {
+    if blob.len() < 16 || &blob[..8] != MAGIC {
+        return Err("not an oar CPU program blob (bad magic)".into());
+    }
+    let n = u64::from_le_bytes(blob[8..16].try_into().expect("8 bytes")) as usize;
+    let json = blob
+        .get(16..16usize.saturating_add(n))
+        .ok_or_else(|| format!("program blob truncated: {} bytes, header says {n} of JSON", blob.len()))?;
+    let program: CpuProgram = serde_json::from_slice(json).map_err(|e| format!("decoding the program: {e}"))?;
+    let rest = &blob[16 + n..];
+    let weights = if rest.is_empty() {
+        Weights::new()
+    } else {
+        oar_ir::file::decode_weights(rest)?
+    };
+    Ok((program, weights))
+}
+
+/// A tensor's static shape (every buffer of a [`CpuProgram`] is static).
+pub fn static_shape(t: &oar_ir::TensorType) -> Vec<usize> {
+    t.shape
+        .as_static()
+        .expect("CpuProgram buffers have static shapes (checked when lowering)")
+}

@@ -1,0 +1,1 @@
+//! Ahead-of-time compilation: object files, executables, shared libraries with a C header.

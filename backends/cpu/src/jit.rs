@@ -1,0 +1,83 @@
+//! In-process JIT: generated kernels in executable memory, resolved against the runtime's
+//! math symbols.
+
+use crate::CpuError;
+use crate::codegen;
+use crate::lower::Lowered;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_jit::{JITBuilder, JITModule};
+use oar_cpu_runtime::KernelFn;
+
+/// The host ISA with oar's code generation settings (speed, SIMD features the host has).
+pub fn host_isa() -> Result<OwnedTargetIsa, CpuError> {
+    let mut flags = settings::builder();
+    let set = |f: &mut settings::Builder, k: &str, v: &str| {
+        f.set(k, v)
+            .map_err(|e| CpuError::Module(format!("cranelift flag {k}={v}: {e}")))
+    };
+    set(&mut flags, "opt_level", "speed")?;
+    set(&mut flags, "is_pic", "true")?;
+    set(
+        &mut flags,
+        "enable_verifier",
+        if cfg!(debug_assertions) { "true" } else { "false" },
+    )?;
+    let isa = cranelift_native::builder()
+        .map_err(|e| CpuError::Module(format!("host ISA: {e}")))?
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| CpuError::Module(format!("host ISA: {e}")))?;
+    Ok(isa)
+}
+
+/// Machine code for a lowered program, kept alive as long as its functions are used.
+pub struct JitCode {
+    module: Option<JITModule>,
+    /// The function table, in `Lowered::funcs` order.
+    pub funcs: Vec<KernelFn>,
+}
+
+// Safety: the module is only kept to own the executable memory; it is never touched again
+// until it is dropped, and the function pointers are plain code.
+unsafe impl Send for JitCode {}
+unsafe impl Sync for JitCode {}
+
+impl Drop for JitCode {
+    fn drop(&mut self) {
+        if let Some(m) = self.module.take() {
+            // Safety: nothing else holds the function pointers once the JitCode is dropped
+            // (executables keep the JitCode in an Arc next to their Model).
+            unsafe { m.free_memory() };
+        }
+    }
+}
+
+/// Compile every function of `lowered` into executable memory.
+pub fn jit(lowered: &Lowered) -> Result<JitCode, CpuError> {
+    let isa = host_isa()?;
+    let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
+    for (name, ptr) in oar_cpu_runtime::math::symbols() {
+        builder.symbol(name, ptr);
+    }
+    let mut module = JITModule::new(builder);
+    let mut ids = Vec::with_capacity(lowered.funcs.len());
+    for spec in &lowered.funcs {
+        let (id, _) = codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, false)?;
+        ids.push(id);
+    }
+    module
+        .finalize_definitions()
+        .map_err(|e| CpuError::Module(format!("finalizing JIT code: {e}")))?;
+    let funcs = ids
+        .into_iter()
+        .map(|id| {
+            let p = module.get_finalized_function(id);
+            // Safety: every function was defined with the KernelFn signature.
+            unsafe { std::mem::transmute::<*const u8, KernelFn>(p) }
+        })
+        .collect();
+    Ok(JitCode {
+        module: Some(module),
+        funcs,
+    })
+}

@@ -1,0 +1,178 @@
+//! oar-backend-cpu: oar's CPU backend.
+//!
+//! A graph is specialized to concrete shapes, optimized, fused into kernels
+//! (`oar_passes::fuse`), and each loop kernel (and each matmul/conv epilogue) is compiled to
+//! machine code with Cranelift ([`codegen`]). The runtime ([`oar_cpu_runtime`]) runs the
+//! kernels, calls `gemm` for matmul and convolution, and interprets the few kernels the code
+//! generator leaves alone (opaque ops such as gather or control flow, unusual dtypes).
+//!
+//! - In process: [`CpuBackend`] registers as `cpu`; compiled code is cached by graph text and
+//!   symbol bindings within the process.
+//! - Ahead of time: [`aot`] writes an object file, a standalone executable, or a shared
+//!   library with a C header.
+
+pub mod aot;
+pub mod codegen;
+pub mod jit;
+pub mod lower;
+
+use oar_cpu_runtime::Model;
+use oar_ir::backend::check_inputs;
+use oar_ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Why the CPU backend could not compile a graph.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    /// A pass (specialization, optimization, fusion, memory planning) failed.
+    #[error(transparent)]
+    Pass(#[from] oar_passes::PassError),
+    /// Some dims are still symbolic; compiled code needs every size.
+    #[error("the graph still has symbolic dims {}: bind them (e.g. `--bind {}=1`)", .0.join(", "), .0[0])]
+    Symbolic(Vec<String>),
+    /// The code generator failed on a kernel.
+    #[error("code generation for kernel `{kernel}`: {detail}")]
+    Codegen {
+        /// Kernel (function) name.
+        kernel: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// Cranelift's module layer (JIT memory, object writing) failed.
+    #[error("cranelift: {0}")]
+    Module(String),
+    /// Writing, linking or reading files failed.
+    #[error("{0}")]
+    Io(String),
+    /// A backend error (inputs, weights, running).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+impl From<CpuError> for BackendError {
+    fn from(e: CpuError) -> BackendError {
+        match e {
+            CpuError::Backend(b) => b,
+            other => BackendError::Runtime {
+                op: "compile".into(),
+                value: "cpu".into(),
+                detail: other.to_string(),
+            },
+        }
+    }
+}
+
+/// A lowered program with its machine code: shared by every executable of the same graph
+/// and bindings in this process.
+pub struct Compiled {
+    /// What was compiled.
+    pub lowered: lower::Lowered,
+    /// The machine code.
+    pub code: jit::JitCode,
+}
+
+type CacheKey = (String, BTreeMap<String, usize>);
+
+/// Most compiled programs kept in the process-wide cache.
+const CACHE_CAPACITY: usize = 64;
+
+fn cache() -> &'static Mutex<HashMap<CacheKey, Arc<Compiled>>> {
+    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<Compiled>>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Lower and JIT-compile `graph` for `bindings`, or reuse an earlier compilation of the same
+/// graph text and bindings in this process.
+pub fn compile_cached(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Arc<Compiled>, CpuError> {
+    let key = (oar_ir::text::print_graph(graph), bindings.clone());
+    if let Some(c) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(c.clone());
+    }
+    let lowered = lower::lower(graph, bindings)?;
+    let code = jit::jit(&lowered)?;
+    let compiled = Arc::new(Compiled { lowered, code });
+    let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+    if c.len() >= CACHE_CAPACITY {
+        c.clear();
+    }
+    c.insert(key, compiled.clone());
+    Ok(compiled)
+}
+
+/// Number of programs in the process-wide compile cache (for tests and reports).
+pub fn cache_len() -> usize {
+    cache().lock().unwrap_or_else(|e| e.into_inner()).len()
+}
+
+/// The CPU backend (registry name `cpu`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    /// The backend.
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn description(&self) -> &str {
+        "Cranelift-compiled fused kernels with gemm matmul/conv, multithreaded (JIT in process; AOT via `oar compile`)"
+    }
+
+    fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
+        oar_ir::verify(graph)?;
+        let exe = CpuExecutable {
+            graph: graph.clone(),
+            weights: weights.clone(),
+            models: Mutex::new(HashMap::new()),
+        };
+        // Static graphs compile now, so errors show at compile time; symbolic ones per binding.
+        let symbolic = graph.input_specs().iter().any(|(_, t)| !t.shape.is_static());
+        if !symbolic {
+            exe.model(&BTreeMap::new())?;
+        }
+        Ok(Box::new(exe))
+    }
+}
+
+/// A graph compiled for the CPU: one model per distinct binding of its symbolic dims.
+struct CpuExecutable {
+    graph: Graph,
+    weights: Weights,
+    models: Mutex<HashMap<BTreeMap<String, usize>, Arc<(Arc<Compiled>, Model)>>>,
+}
+
+impl CpuExecutable {
+    fn model(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<(Arc<Compiled>, Model)>, BackendError> {
+        if let Some(m) = self.models.lock().unwrap_or_else(|e| e.into_inner()).get(bindings) {
+            return Ok(m.clone());
+        }
+        let compiled = compile_cached(&self.graph, bindings)?;
+        let mut weights = compiled.lowered.consts.clone();
+        for (k, v) in &self.weights {
+            weights.insert(k.clone(), v.clone());
+        }
+        let model = Model::new(compiled.lowered.cpu.clone(), compiled.code.funcs.clone(), &weights)?;
+        let entry = Arc::new((compiled, model));
+        let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        if models.len() >= CACHE_CAPACITY {
+            models.clear();
+        }
+        models.insert(bindings.clone(), entry.clone());
+        Ok(entry)
+    }
+}
+
+impl Executable for CpuExecutable {
+    fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
+        let bindings = check_inputs(&self.graph, inputs)?;
+        let entry = self.model(&bindings)?;
+        entry.1.run(inputs)
+    }
+}
