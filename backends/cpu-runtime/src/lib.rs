@@ -12,6 +12,7 @@
 
 pub mod capi;
 mod contraction;
+mod conv;
 pub mod exe;
 pub mod math;
 mod model;
