@@ -142,6 +142,7 @@ pub(crate) struct Mat<T> {
 ///
 /// # Safety
 /// Every element the strides address for these sizes is valid; `dst` overlaps neither operand.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm_raw<T: Elem>(
     m: usize,
     n: usize,

@@ -2,9 +2,8 @@
 //! `Op::Conv`) for the contraction runtime.
 //!
 //! Three paths, all on contiguous operands (a strided operand is copied first):
-//! - **direct** when each output channel reads one input channel (`C/groups == 1`: depthwise
-//!   convolutions as in MobileNet): a loop over output rows whose inner loop runs over the
-//!   output width and auto-vectorizes (compiled for AVX-512 / AVX2+FMA when the host has them);
+//! - **direct** ([`crate::conv_direct`]) when each output channel reads one input channel
+//!   (`C/groups == 1`: depthwise convolutions as in MobileNet), one plane at a time;
 //! - **1×1** (unit kernel, stride 1, no padding): one gemm per (batch, group, column tile) on
 //!   the input as it is;
 //! - **im2col + gemm** otherwise: for each (batch, group, tile of output positions) the patch
@@ -14,6 +13,7 @@
 //! there are enough units for every thread.
 
 use crate::contraction::{Elem, Mat, SendPtr, View, gemm_raw, par_units, useful_threads};
+use crate::conv_direct::{Direct, Scratch, gather_step};
 use gemm::Parallelism;
 
 /// Patch-matrix elements per im2col tile (per thread).
@@ -35,6 +35,15 @@ pub(crate) struct ConvSpec<'a> {
     pub groups: usize,
 }
 
+/// What one kernel position of the last spatial axis reads: output columns `lo..hi` read the
+/// input (the others the padding), at input column `ow · stride + shift`.
+#[derive(Clone, Copy, Debug)]
+struct Tap {
+    lo: usize,
+    hi: usize,
+    shift: isize,
+}
+
 /// The spatial geometry of one convolution.
 struct Geo {
     /// Input spatial shape, kernel shape, output spatial shape.
@@ -46,9 +55,8 @@ struct Geo {
     /// Per outer axis `i < sp - 1`: input index of (kernel index `kk`, output index `yy`) at
     /// `kk · sout[i] + yy`, -1 in the padding.
     tabs: Vec<Vec<isize>>,
-    /// Per kernel position `kw` of the last axis: output columns `lo..hi` read the input, at
-    /// input column `ow · stride + shift`.
-    cols: Vec<(usize, usize, isize)>,
+    /// Per kernel position of the last axis: which output columns read the input, and where.
+    cols: Vec<Tap>,
     /// Last-axis stride.
     step: usize,
     /// Elements of one input plane and of the kernel window.
@@ -70,11 +78,7 @@ impl Geo {
         self.kd[self.sp() - 1]
     }
 
-    /// Output rows (positions of every spatial axis but the last) and kernel rows.
-    fn rows(&self) -> usize {
-        self.sout[..self.sp() - 1].iter().product()
-    }
-
+    /// Kernel rows (positions of every spatial axis but the last).
     fn krows(&self) -> usize {
         self.kd[..self.sp() - 1].iter().product()
     }
@@ -198,7 +202,11 @@ pub(crate) unsafe fn conv<T: Elem>(
             } else {
                 (((width - 1 - shift) as usize) / step + 1).min(ow)
             };
-            (lo.min(hi), hi, shift)
+            Tap {
+                lo: lo.min(hi),
+                hi,
+                shift,
+            }
         })
         .collect();
     let geo = Geo {
@@ -234,24 +242,25 @@ pub(crate) unsafe fn conv<T: Elem>(
     let (xp, wp, out) = (SendPtr(xp as *mut T), SendPtr(wp as *mut T), SendPtr(out));
     if cg == 1 {
         // Direct: one output plane per unit.
-        let simd = Simd::detect();
-        par_units(
-            n * o,
-            threads,
-            || (),
-            |_, u| {
-                let (b, oc) = (u / o, u % o);
-                let xplane = (xp.get() as *const T).wrapping_add((b * c + oc / og) * s_in);
-                // Safety: plane `(b, oc / og)` of x, weights of `oc`, output plane `u`: all in
-                // bounds (contiguous operands of the checked shapes); units write disjoint planes.
-                unsafe {
-                    let wk = std::slice::from_raw_parts((wp.get() as *const T).add(oc * ks), ks);
-                    let xs = std::slice::from_raw_parts(xplane, s_in);
-                    let dst = std::slice::from_raw_parts_mut(out.get().add(u * ys), ys);
-                    direct_plane(simd, &geo, xs, wk, dst);
-                }
-            },
+        let direct = Direct::new(
+            &geo.sin,
+            &geo.kd,
+            &geo.sout,
+            spec.stride,
+            spec.pad_before,
+            spec.dilation,
         );
+        par_units(n * o, threads, Scratch::default, |scratch, u| {
+            let (b, oc) = (u / o, u % o);
+            // Safety: plane `(b, oc / og)` of x, weights of `oc`, output plane `u`: all in
+            // bounds (contiguous operands of the checked shapes); units write disjoint planes.
+            unsafe {
+                let x = std::slice::from_raw_parts((xp.get() as *const T).add((b * c + oc / og) * s_in), s_in);
+                let wk = std::slice::from_raw_parts((wp.get() as *const T).add(oc * ks), ks);
+                let dst = std::slice::from_raw_parts_mut(out.get().add(u * ys), ys);
+                direct.plane(x, wk, dst, scratch);
+            }
+        });
         return Ok(());
     }
     let pointwise = geo.kd.iter().all(|&k| k == 1)
@@ -372,7 +381,7 @@ fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut
     for ci in 0..cg {
         let plane = &x[ci * g.s_in..][..g.s_in];
         for ko in 0..krows {
-            for (kx, &(lo, hi, shift)) in g.cols.iter().enumerate() {
+            for (kx, &Tap { lo, hi, shift, .. }) in g.cols.iter().enumerate() {
                 let row = &mut cols[(ci * g.ks + ko * kw + kx) * yc..][..yc];
                 let mut y = y0;
                 while y < y1 {
@@ -388,101 +397,11 @@ fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut
                             let mid = &mut seg[a - c0..b - c0];
                             if a < b {
                                 let first = (off as isize + (a * g.step) as isize + shift) as usize;
-                                if g.step == 1 {
-                                    mid.copy_from_slice(&plane[first..first + (b - a)]);
-                                } else {
-                                    for (j, v) in mid.iter_mut().enumerate() {
-                                        *v = plane[first + j * g.step];
-                                    }
-                                }
+                                gather_step(mid, &plane[first..first + (b - a - 1) * g.step + 1], g.step);
                             }
                         }
                     }
                     y += c1 - c0;
-                }
-            }
-        }
-    }
-}
-
-/// The vector instructions the direct kernel is compiled for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Simd {
-    Avx512,
-    Avx2Fma,
-    Baseline,
-}
-
-impl Simd {
-    fn detect() -> Simd {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Simd::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Simd::Avx2Fma;
-            }
-        }
-        Simd::Baseline
-    }
-}
-
-/// One output plane of a convolution whose output channel reads one input plane `x` with
-/// kernel `w` (`ks` taps).
-fn direct_plane<T: Elem>(simd: Simd, g: &Geo, x: &[T], w: &[T], out: &mut [T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Safety: the features were detected on this host.
-        match simd {
-            Simd::Avx512 => return unsafe { direct_avx512(g, x, w, out) },
-            Simd::Avx2Fma => return unsafe { direct_avx2(g, x, w, out) },
-            Simd::Baseline => {}
-        }
-    }
-    let _ = simd;
-    direct_generic::<T, false>(g, x, w, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn direct_avx512<T: Elem>(g: &Geo, x: &[T], w: &[T], out: &mut [T]) {
-    direct_generic::<T, true>(g, x, w, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn direct_avx2<T: Elem>(g: &Geo, x: &[T], w: &[T], out: &mut [T]) {
-    direct_generic::<T, true>(g, x, w, out)
-}
-
-/// The direct kernel: for each output row and each tap, `out_row[lo..hi] += w · x_row[...]`,
-/// contiguous over the output width (so it vectorizes).
-#[inline(always)]
-fn direct_generic<T: Elem, const FMA: bool>(g: &Geo, x: &[T], w: &[T], out: &mut [T]) {
-    let (ow, kw, krows) = (g.ow(), g.kw(), g.krows());
-    out.fill(T::ZERO);
-    for r in 0..g.rows() {
-        let orow = &mut out[r * ow..(r + 1) * ow];
-        for ko in 0..krows {
-            let Some(off) = g.row_offset(r, ko) else { continue };
-            for (kx, &(lo, hi, shift)) in g.cols.iter().enumerate() {
-                if lo >= hi {
-                    continue;
-                }
-                let wv = w[ko * kw + kx];
-                let first = (off as isize + (lo * g.step) as isize + shift) as usize;
-                let dst = &mut orow[lo..hi];
-                if g.step == 1 {
-                    let src = &x[first..first + (hi - lo)];
-                    for (o, &v) in dst.iter_mut().zip(src) {
-                        *o = if FMA { wv.fused(v, *o) } else { *o + wv * v };
-                    }
-                } else {
-                    let src = &x[first..=first + (hi - lo - 1) * g.step];
-                    for (o, &v) in dst.iter_mut().zip(src.iter().step_by(g.step)) {
-                        *o = if FMA { wv.fused(v, *o) } else { *o + wv * v };
-                    }
                 }
             }
         }

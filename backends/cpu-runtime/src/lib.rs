@@ -13,6 +13,7 @@
 pub mod capi;
 mod contraction;
 mod conv;
+mod conv_direct;
 pub mod exe;
 pub mod math;
 mod model;
