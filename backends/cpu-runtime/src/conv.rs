@@ -240,7 +240,12 @@ pub(crate) unsafe fn conv<T: Elem>(
     let flops = total.saturating_mul(cg).saturating_mul(ks);
     let threads = useful_threads(flops, threads);
     let (xp, wp, out) = (SendPtr(xp as *mut T), SendPtr(wp as *mut T), SendPtr(out));
-    if cg == 1 {
+    // The direct path's scratch, next to the planes' own sizes.
+    let direct_fits = || {
+        Direct::scratch_elems(&geo.kd, &geo.sout, spec.stride, spec.dilation)
+            .is_some_and(|e| e <= s_in.saturating_add(ys).saturating_mul(4).saturating_add(1 << 16))
+    };
+    if cg == 1 && direct_fits() {
         // Direct: one output plane per unit.
         let direct = Direct::new(
             &geo.sin,

@@ -55,6 +55,24 @@ impl<T> Default for Scratch<T> {
 }
 
 impl Direct {
+    /// Scratch elements [`Direct::plane`] needs (padded plane and accumulator), `None` on
+    /// overflow: the caller takes another path when this is far beyond the planes' own sizes
+    /// (huge padding or strides).
+    pub fn scratch_elems(kd: &[usize], sout: &[usize], stride: &[usize], dil: &[usize]) -> Option<usize> {
+        let (mut padded, mut acc) = (1usize, 0usize);
+        for i in (0..sout.len()).rev() {
+            let ext = (sout[i] - 1)
+                .checked_mul(stride[i])?
+                .checked_add((kd[i] - 1).checked_mul(dil[i])?)?
+                .checked_add(1)?;
+            let q = ext.div_ceil(stride[i]);
+            acc = acc.checked_add((sout[i] - 1).checked_mul(padded)?)?;
+            padded = padded.checked_mul(q)?;
+        }
+        let phases = stride.iter().try_fold(1usize, |a, &s| a.checked_mul(s))?;
+        padded.checked_mul(phases)?.checked_add(acc + 1)
+    }
+
     /// The geometry for input `sin`, kernel `kd`, output `sout` (every output dim ≥ 1, already
     /// checked to be the convolution's).
     pub fn new(sin: &[usize], kd: &[usize], sout: &[usize], stride: &[usize], pad: &[usize], dil: &[usize]) -> Direct {

@@ -548,6 +548,13 @@ fn conv_depthwise() {
             &[2, 1, 2, 2],
             conv_op(&[1, 3], &[0, 2], &[0, 2], &[1, 1], 2),
         ));
+        // Huge strides and padding (the direct path's padded planes would be huge: im2col).
+        check(&conv_plain(
+            dtype,
+            &[1, 2, 5, 5],
+            &[2, 1, 1, 2],
+            conv_op(&[100_000, 1], &[200_000, 1], &[200_000, 0], &[1, 3], 2),
+        ));
         // Wider than the padding reach: the kernel window misses the input in some rows.
         check(&conv_plain(
             dtype,
