@@ -423,7 +423,7 @@ unsafe fn typed<T: Elem>(
     }
 }
 
-/// Collapse axes `dims` of a view (in order) into one `(size, stride)` if their elements are
+/// Collapse the axes of a view (`shape`, `strides`) into one `(size, stride)` if their elements are
 /// evenly spaced; unit axes drop out.
 fn collapse(shape: &[usize], strides: &[isize]) -> Option<(usize, isize)> {
     let mut size = 1usize;
