@@ -1,7 +1,206 @@
 //! matmul and conv of [`ContractionKernel`]s on buffers, through `gemm`.
+//!
+//! Each operand is read as a *strided view* of its buffer: the operand's index map (a row-major
+//! view of the buffer indexed by affine functions of the operand's own axes) composes into
+//! `offset + Σ stride_a · i_a`, so transposes (`k^T` in attention), broadcasts (stride 0) and
+//! slices (an offset and a step) cost nothing. matmul hands the strides to `gemm` directly;
+//! convolution (in [`crate::conv`]) makes its operands contiguous first (a copy, only when they
+//! are not already) and picks a direct depthwise kernel, a 1×1 gemm or im2col + gemm.
+//!
+//! Only the contraction is computed here; the kernel's epilogue runs afterwards, in place, as
+//! generated code. Every shape is checked first: a malformed kernel is an error, never a panic
+//! or an out-of-bounds access.
 
-use oar_ir::BackendError;
-use oar_ir::kernel::{BufferId, ContractionKernel, KernelProgram};
+use crate::conv::{ConvSpec, conv};
+use gemm::Parallelism;
+use oar_ir::kernel::{BufferId, Contraction, ContractionKernel, KernelProgram, Operand};
+use oar_ir::{BackendError, DType, Dim};
+use std::ops::{Add, AddAssign, Mul};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Multiply-adds below which a contraction runs on the calling thread.
+const PARALLEL_MIN_FLOPS: usize = 1 << 16;
+/// Multiply-adds of one product above which `gemm` splits it across threads itself.
+const GEMM_PARALLEL_MIN_FLOPS: usize = 1 << 20;
+
+/// A float type the contraction kernels handle (f32, f64).
+pub(crate) trait Elem:
+    Copy + Send + Sync + Default + PartialEq + Add<Output = Self> + Mul<Output = Self> + AddAssign + 'static
+{
+    /// 0
+    const ZERO: Self;
+    /// 1
+    const ONE: Self;
+    /// `self · a + b`, fused (only called where the `fma` target feature is enabled).
+    fn fused(self, a: Self, b: Self) -> Self;
+}
+
+impl Elem for f32 {
+    const ZERO: f32 = 0.0;
+    const ONE: f32 = 1.0;
+    #[inline(always)]
+    fn fused(self, a: f32, b: f32) -> f32 {
+        self.mul_add(a, b)
+    }
+}
+
+impl Elem for f64 {
+    const ZERO: f64 = 0.0;
+    const ONE: f64 = 1.0;
+    #[inline(always)]
+    fn fused(self, a: f64, b: f64) -> f64 {
+        self.mul_add(a, b)
+    }
+}
+
+/// An operand as a strided view of its buffer: element `i` is at `offset + Σ strides[a]·i[a]`
+/// (in elements). Every element of `shape` is in bounds (checked when the view is built).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct View {
+    /// Element offset of index 0.
+    pub offset: isize,
+    /// The logical shape.
+    pub shape: Vec<usize>,
+    /// Element stride per axis (0 for a broadcast, negative for a reversal).
+    pub strides: Vec<isize>,
+}
+
+impl View {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True if the view is the dense row-major layout of its shape (strides of unit axes are
+    /// ignored: they are never multiplied by anything but 0).
+    pub fn is_dense(&self) -> bool {
+        let mut expect = 1isize;
+        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if n != 1 && s != expect {
+                return false;
+            }
+            expect = expect.saturating_mul(n as isize);
+        }
+        true
+    }
+}
+
+/// A raw pointer that may cross threads (the code sharing it writes disjoint parts).
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr<T>(pub *mut T);
+
+// Safety: used only to hand buffer base pointers to worker tasks that touch disjoint elements
+// (or only read).
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    #[inline(always)]
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Run `f(state, unit)` for every unit in `0..n`, spread over up to `tasks` rayon tasks that
+/// take units one at a time; each task makes its own `state` with `init` (scratch memory).
+pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, f: impl Fn(&mut S, usize) + Sync) {
+    let tasks = tasks.min(n);
+    if tasks <= 1 {
+        let mut s = init();
+        for u in 0..n {
+            f(&mut s, u);
+        }
+        return;
+    }
+    let next = AtomicUsize::new(0);
+    rayon::scope(|scope| {
+        for _ in 0..tasks {
+            scope.spawn(|_| {
+                let mut s = init();
+                loop {
+                    let u = next.fetch_add(1, Ordering::Relaxed);
+                    if u >= n {
+                        break;
+                    }
+                    f(&mut s, u);
+                }
+            });
+        }
+    });
+}
+
+/// A matrix operand of [`gemm_raw`]: base pointer, row stride, column stride (elements).
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<T> {
+    pub ptr: *const T,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+/// `dst[m×n] (row stride dst_rs, column stride 1) = lhs[m×k] · rhs[k×n]`.
+///
+/// # Safety
+/// Every element the strides address for these sizes is valid; `dst` overlaps neither operand.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_raw<T: Elem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_rs: isize,
+    lhs: Mat<T>,
+    rhs: Mat<T>,
+    parallelism: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Strides of unit axes are never used; keep them tidy so gemm's layout checks see the
+    // contiguous case.
+    let tidy = |n: usize, s: isize| if n == 1 { 1 } else { s };
+    let (lhs_rs, lhs_cs) = (tidy(m, lhs.rs), tidy(k, lhs.cs));
+    let (rhs_rs, rhs_cs) = (tidy(k, rhs.rs), tidy(n, rhs.cs));
+    let dst_rs = if m == 1 { n as isize } else { dst_rs };
+    // Safety: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs,
+            false,
+            lhs.ptr,
+            lhs_cs,
+            lhs_rs,
+            rhs.ptr,
+            rhs_cs,
+            rhs_rs,
+            T::ZERO,
+            T::ONE,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// How `gemm` may split one product, given the threads available.
+pub(crate) fn gemm_parallelism(flops: usize, threads: usize) -> Parallelism {
+    if threads > 1 && flops >= GEMM_PARALLEL_MIN_FLOPS {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// Threads worth using for `flops` multiply-adds.
+pub(crate) fn useful_threads(flops: usize, threads: usize) -> usize {
+    if flops < PARALLEL_MIN_FLOPS { 1 } else { threads.max(1) }
+}
 
 /// Compute `k`'s contraction (not its epilogue) into buffer `out`.
 ///
@@ -14,9 +213,357 @@ pub(crate) unsafe fn run(
     bufs: &[*mut u8],
     threads: usize,
 ) -> Result<(), BackendError> {
-    let _ = (k, out, program, bufs, threads);
-    Err(BackendError::Unsupported {
-        backend: "cpu".into(),
-        op: "contraction (not yet implemented)".into(),
+    let op = match k.op {
+        Contraction::MatMul => "matmul",
+        Contraction::Conv { .. } => "conv",
+    };
+    let fail = |detail: String| BackendError::Runtime {
+        op: op.into(),
+        value: out.to_string(),
+        detail,
+    };
+    let prep = prepare(k, out, program, bufs).map_err(fail)?;
+    let Prepared {
+        dtype,
+        lhs,
+        rhs,
+        out_shape,
+    } = prep;
+    let ptr = |b: BufferId| bufs[b.index()];
+    // Safety: `prepare` checked every operand view against its buffer's size, the output
+    // shape against the output buffer, the dtypes and the pointers' alignment.
+    unsafe {
+        match dtype {
+            DType::F32 => typed::<f32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::F64 => typed::<f64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            other => Err(format!("{other} contractions are not supported (only f32 and f64)")),
+        }
+    }
+    .map_err(fail)
+}
+
+/// Views of both operands and what they read.
+struct Prepared {
+    dtype: DType,
+    lhs: (View, BufferId),
+    rhs: (View, BufferId),
+    out_shape: Vec<usize>,
+}
+
+/// Check a contraction against the program and resolve its operand views.
+fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut u8]) -> Result<Prepared, String> {
+    if bufs.len() != p.buffers.len() {
+        return Err(format!(
+            "{} buffer pointers for {} buffers",
+            bufs.len(),
+            p.buffers.len()
+        ));
+    }
+    let ob = p
+        .buffers
+        .get(out.index())
+        .ok_or_else(|| format!("{out} is not a buffer"))?;
+    let dtype = ob.ty.dtype;
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(format!("{dtype} contractions are not supported (only f32 and f64)"));
+    }
+    if k.acc_dtype != dtype {
+        return Err(format!("accumulates in {} but writes {dtype}", k.acc_dtype));
+    }
+    let out_shape = static_dims(&k.shape, "output shape")?;
+    let ob_shape = static_dims(&ob.ty.shape.0, "output buffer")?;
+    if checked_len(&out_shape)? != checked_len(&ob_shape)? {
+        return Err(format!(
+            "output shape {out_shape:?} does not fit {out} of shape {ob_shape:?}"
+        ));
+    }
+    let lhs = operand_view(&k.lhs, p, "lhs")?;
+    let rhs = operand_view(&k.rhs, p, "rhs")?;
+    for (what, (_, b)) in [("lhs", &lhs), ("rhs", &rhs)] {
+        let t = p.buffer(*b).ty.dtype;
+        if t != dtype {
+            return Err(format!("{what} {b} is {t}, the output {dtype}"));
+        }
+        if *b == out {
+            return Err(format!("{what} reads the output buffer {out}"));
+        }
+    }
+    let align = dtype.size_bytes();
+    for (b, n) in [
+        (lhs.1, lhs.0.len()),
+        (rhs.1, rhs.0.len()),
+        (out, checked_len(&out_shape)?),
+    ] {
+        // (An empty buffer may have a dangling pointer; nothing is read through it.)
+        if n > 0 && bufs[b.index()] as usize % align != 0 {
+            return Err(format!("{b} is not aligned to {align} bytes"));
+        }
+    }
+    Ok(Prepared {
+        dtype,
+        lhs,
+        rhs,
+        out_shape,
     })
+}
+
+fn static_dims(dims: &[Dim], what: &str) -> Result<Vec<usize>, String> {
+    dims.iter()
+        .map(|d| d.as_static().ok_or_else(|| format!("{what} has a symbolic dim `{d}`")))
+        .collect()
+}
+
+fn checked_len(shape: &[usize]) -> Result<usize, String> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format!("{shape:?} has too many elements"))
+}
+
+/// The strided view an operand's load describes, checked against its buffer.
+pub(crate) fn operand_view(op: &Operand, p: &KernelProgram, what: &str) -> Result<(View, BufferId), String> {
+    let b = op.load.buffer;
+    let buf = p
+        .buffers
+        .get(b.index())
+        .ok_or_else(|| format!("{what} reads {b}, which is not a buffer"))?;
+    let shape = static_dims(&op.shape, &format!("{what} shape"))?;
+    let n = checked_len(&shape)?;
+    let view = static_dims(&op.load.map.view, &format!("{what} view"))?;
+    let buf_len = checked_len(&static_dims(&buf.ty.shape.0, &format!("{what} buffer {b}"))?)?;
+    if checked_len(&view)? != buf_len {
+        return Err(format!(
+            "{what}: {b} of {buf_len} elements cannot be viewed as {view:?}"
+        ));
+    }
+    let axes = &op.load.map.axes;
+    if axes.len() != view.len() {
+        return Err(format!(
+            "{what}: {} index expressions for a view of rank {}",
+            axes.len(),
+            view.len()
+        ));
+    }
+    // Row-major strides of the view (their products are bounded by the buffer length).
+    let mut vstride = vec![1i128; view.len()];
+    for a in (0..view.len().saturating_sub(1)).rev() {
+        vstride[a] = vstride[a + 1] * view[a + 1] as i128;
+    }
+    let rank = shape.len();
+    let mut offset = 0i128;
+    let mut strides = vec![0i128; rank];
+    for (v, e) in axes.iter().enumerate() {
+        let (mut lo, mut hi) = (e.offset as i128, e.offset as i128);
+        for &(l, c) in &e.terms {
+            if l >= rank {
+                return Err(format!("{what}: index `{e}` names loop i{l} of a rank-{rank} operand"));
+            }
+            let span = c as i128 * (shape[l] as i128 - 1).max(0);
+            lo += span.min(0);
+            hi += span.max(0);
+            strides[l] += c as i128 * vstride[v];
+        }
+        if n > 0 && (lo < 0 || hi >= view[v] as i128) {
+            return Err(format!(
+                "{what}: index `{e}` over {shape:?} leaves axis {v} of {b} viewed as {view:?}"
+            ));
+        }
+        offset += e.offset as i128 * vstride[v];
+    }
+    let to_isize = |x: i128| isize::try_from(x).map_err(|_| format!("{what}: stride {x} out of range"));
+    Ok((
+        View {
+            offset: if n > 0 { to_isize(offset)? } else { 0 },
+            shape,
+            strides: strides.into_iter().map(to_isize).collect::<Result<_, _>>()?,
+        },
+        b,
+    ))
+}
+
+/// The contraction for one element type.
+unsafe fn typed<T: Elem>(
+    k: &ContractionKernel,
+    lhs: &(View, BufferId),
+    rhs: &(View, BufferId),
+    out_shape: &[usize],
+    ptr: impl Fn(BufferId) -> *mut u8,
+    out: BufferId,
+    threads: usize,
+) -> Result<(), String> {
+    let (pa, pb) = (ptr(lhs.1) as *const T, ptr(rhs.1) as *const T);
+    let po = ptr(out) as *mut T;
+    // Safety: the caller checked the views and buffers.
+    unsafe {
+        match &k.op {
+            Contraction::MatMul => matmul(&lhs.0, pa, &rhs.0, pb, po, out_shape, threads),
+            Contraction::Conv {
+                stride,
+                pad_before,
+                pad_after,
+                dilation,
+                groups,
+            } => conv(
+                &lhs.0,
+                pa,
+                &rhs.0,
+                pb,
+                po,
+                out_shape,
+                &ConvSpec {
+                    stride,
+                    pad_before,
+                    pad_after,
+                    dilation,
+                    groups: *groups,
+                },
+                threads,
+            ),
+        }
+    }
+}
+
+/// Collapse the axes of a view (`shape`, `strides`) into one `(size, stride)` if their elements are
+/// evenly spaced; unit axes drop out.
+fn collapse(shape: &[usize], strides: &[isize]) -> Option<(usize, isize)> {
+    let mut size = 1usize;
+    let mut stride = 1isize;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n == 1 {
+            continue;
+        }
+        if size == 1 {
+            stride = s;
+        } else if s != stride.checked_mul(size as isize)? {
+            return None;
+        }
+        size *= n;
+    }
+    Some((size, stride))
+}
+
+/// `a[.., M, K] x b[.., K, N] -> out[.., M, N]` with numpy batch broadcasting; `out` dense.
+///
+/// # Safety
+/// The views are in bounds of the buffers at `pa`, `pb`; `out` holds `out_shape`'s elements.
+pub(crate) unsafe fn matmul<T: Elem>(
+    a: &View,
+    pa: *const T,
+    b: &View,
+    pb: *const T,
+    out: *mut T,
+    out_shape: &[usize],
+    threads: usize,
+) -> Result<(), String> {
+    let (ra, rb, ro) = (a.shape.len(), b.shape.len(), out_shape.len());
+    if ra < 2 || rb < 2 || ro != ra.max(rb) {
+        return Err(format!(
+            "matmul needs operands of rank ≥ 2 and an output of the larger rank: {:?} x {:?} -> {out_shape:?}",
+            a.shape, b.shape
+        ));
+    }
+    let (m, k, n) = (a.shape[ra - 2], a.shape[ra - 1], b.shape[rb - 1]);
+    if b.shape[rb - 2] != k || out_shape[ro - 2] != m || out_shape[ro - 1] != n {
+        return Err(format!(
+            "matmul shapes do not agree: {:?} x {:?} -> {out_shape:?}",
+            a.shape, b.shape
+        ));
+    }
+    // Batch strides of each operand over the output's batch axes (0 where broadcast).
+    let nbat = ro - 2;
+    let batch = &out_shape[..nbat];
+    let mut sa = vec![0isize; nbat];
+    let mut sb = vec![0isize; nbat];
+    for (d, &od) in batch.iter().enumerate() {
+        let dim = |v: &View, r: usize| {
+            (d + r - 2 >= nbat)
+                .then(|| d + r - 2 - nbat)
+                .map(|ax| (v.shape[ax], v.strides[ax]))
+        };
+        let (da, db) = (dim(a, ra), dim(b, rb));
+        let size = |x: Option<(usize, isize)>| x.map_or(1, |(s, _)| s);
+        let want = match (size(da), size(db)) {
+            (1, y) => y,
+            (x, 1) => x,
+            (x, y) if x == y => x,
+            _ => 0,
+        };
+        if want != od || (size(da) != od && size(da) != 1) || (size(db) != od && size(db) != 1) {
+            return Err(format!(
+                "matmul batch dims do not broadcast: {:?} x {:?} -> {out_shape:?}",
+                a.shape, b.shape
+            ));
+        }
+        if let Some((_, st)) = da.filter(|&(s, _)| s != 1) {
+            sa[d] = st;
+        }
+        if let Some((_, st)) = db.filter(|&(s, _)| s != 1) {
+            sb[d] = st;
+        }
+    }
+    let nb: usize = batch.iter().product();
+    if nb == 0 || m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (a_rs, a_cs) = (a.strides[ra - 2], a.strides[ra - 1]);
+    let (b_rs, b_cs) = (b.strides[rb - 2], b.strides[rb - 1]);
+    let flops = nb.saturating_mul(m).saturating_mul(n).saturating_mul(k);
+    let threads = useful_threads(flops, threads);
+    // rhs shared by every batch and lhs batches evenly spaced rows: one product of nb·M rows.
+    if nb > 1 && sb.iter().all(|&s| s == 0) {
+        let mut shape: Vec<usize> = batch.to_vec();
+        shape.push(m);
+        let mut strides = sa.clone();
+        strides.push(a_rs);
+        if let Some((rows, rs)) = collapse(&shape, &strides) {
+            let lhs = Mat {
+                ptr: pa.wrapping_offset(a.offset),
+                rs,
+                cs: a_cs,
+            };
+            let rhs = Mat {
+                ptr: pb.wrapping_offset(b.offset),
+                rs: b_rs,
+                cs: b_cs,
+            };
+            // Safety: the same elements the batched products would read and write.
+            unsafe { gemm_raw(rows, n, k, out, n as isize, lhs, rhs, gemm_parallelism(flops, threads)) };
+            return Ok(());
+        }
+    }
+    let offset = |flat: usize, strides: &[isize]| -> isize {
+        let mut rem = flat;
+        let mut off = 0isize;
+        for d in (0..nbat).rev() {
+            off += (rem % batch[d]) as isize * strides[d];
+            rem /= batch[d];
+        }
+        off
+    };
+    let (pa, pb, out) = (SendPtr(pa as *mut T), SendPtr(pb as *mut T), SendPtr(out));
+    let one = |bi: usize, par: Parallelism| {
+        let lhs = Mat {
+            ptr: (pa.get() as *const T).wrapping_offset(a.offset + offset(bi, &sa)),
+            rs: a_rs,
+            cs: a_cs,
+        };
+        let rhs = Mat {
+            ptr: (pb.get() as *const T).wrapping_offset(b.offset + offset(bi, &sb)),
+            rs: b_rs,
+            cs: b_cs,
+        };
+        // Safety: batch `bi`'s operands are in bounds (views checked); its output block is
+        // `m·n` elements at `bi·m·n`, disjoint from every other batch's.
+        unsafe { gemm_raw(m, n, k, out.get().add(bi * m * n), n as isize, lhs, rhs, par) };
+    };
+    let per = m.saturating_mul(n).saturating_mul(k);
+    if nb >= threads || per < GEMM_PARALLEL_MIN_FLOPS {
+        // Threads over batches, one single-threaded product each.
+        par_units(nb, threads, || (), |_, bi| one(bi, Parallelism::None));
+    } else {
+        for bi in 0..nb {
+            one(bi, gemm_parallelism(per, threads));
+        }
+    }
+    Ok(())
 }

@@ -12,6 +12,8 @@
 
 pub mod capi;
 mod contraction;
+mod conv;
+mod conv_direct;
 pub mod exe;
 pub mod math;
 mod model;

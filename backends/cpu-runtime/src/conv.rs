@@ -1,0 +1,414 @@
+//! N-d convolution `x[N, C, *S] ⋆ w[O, C/groups, *K] -> out[N, O, *Y]` (cross-correlation, as
+//! `Op::Conv`) for the contraction runtime.
+//!
+//! Three paths, all on contiguous operands (a strided operand is copied first):
+//! - **direct** ([`crate::conv_direct`]) when each output channel reads one input channel
+//!   (`C/groups == 1`: depthwise convolutions as in MobileNet), one plane at a time;
+//! - **1×1** (unit kernel, stride 1, no padding): one gemm per (batch, group, column tile) on
+//!   the input as it is;
+//! - **im2col + gemm** otherwise: for each (batch, group, tile of output positions) the patch
+//!   matrix of the tile is built in per-thread scratch and multiplied by the group's weights.
+//!
+//! Threads split the (batch, group, tile) units; tiles are sized so scratch stays small and
+//! there are enough units for every thread.
+
+use crate::contraction::{Elem, Mat, SendPtr, View, gemm_raw, par_units, useful_threads};
+use crate::conv_direct::{Direct, Scratch, gather_step};
+use gemm::Parallelism;
+
+/// Patch-matrix elements per im2col tile (per thread).
+const TILE_ELEMS: usize = 1 << 17;
+/// Smallest tile of output positions (gemm's n) worth a call.
+const MIN_TILE: usize = 64;
+
+/// Convolution attributes (one entry per spatial axis), as in `Op::Conv`.
+pub(crate) struct ConvSpec<'a> {
+    /// Stride.
+    pub stride: &'a [usize],
+    /// Padding before.
+    pub pad_before: &'a [usize],
+    /// Padding after.
+    pub pad_after: &'a [usize],
+    /// Dilation.
+    pub dilation: &'a [usize],
+    /// Groups.
+    pub groups: usize,
+}
+
+/// What one kernel position of the last spatial axis reads: output columns `lo..hi` read the
+/// input (the others the padding), at input column `ow · stride + shift`.
+#[derive(Clone, Copy, Debug)]
+struct Tap {
+    lo: usize,
+    hi: usize,
+    shift: isize,
+}
+
+/// The spatial geometry of one convolution.
+struct Geo {
+    /// Input spatial shape, kernel shape, output spatial shape.
+    sin: Vec<usize>,
+    kd: Vec<usize>,
+    sout: Vec<usize>,
+    /// Row-major strides of the input spatial shape.
+    in_str: Vec<usize>,
+    /// Per outer axis `i < sp - 1`: input index of (kernel index `kk`, output index `yy`) at
+    /// `kk · sout[i] + yy`, -1 in the padding.
+    tabs: Vec<Vec<isize>>,
+    /// Per kernel position of the last axis: which output columns read the input, and where.
+    cols: Vec<Tap>,
+    /// Last-axis stride.
+    step: usize,
+    /// Elements of one input plane and of the kernel window.
+    s_in: usize,
+    ks: usize,
+}
+
+impl Geo {
+    fn sp(&self) -> usize {
+        self.sin.len()
+    }
+
+    /// Output width (last spatial axis) and kernel width.
+    fn ow(&self) -> usize {
+        self.sout[self.sp() - 1]
+    }
+
+    fn kw(&self) -> usize {
+        self.kd[self.sp() - 1]
+    }
+
+    /// Kernel rows (positions of every spatial axis but the last).
+    fn krows(&self) -> usize {
+        self.kd[..self.sp() - 1].iter().product()
+    }
+
+    /// Offset within an input plane of the input row that kernel row `ko` reads for output row
+    /// `r` (at last-axis index 0), or `None` where it lies in the padding.
+    #[inline]
+    fn row_offset(&self, mut r: usize, mut ko: usize) -> Option<usize> {
+        let mut off = 0;
+        for i in (0..self.sp() - 1).rev() {
+            let (yy, kk) = (r % self.sout[i], ko % self.kd[i]);
+            r /= self.sout[i];
+            ko /= self.kd[i];
+            let pos = self.tabs[i][kk * self.sout[i] + yy];
+            if pos < 0 {
+                return None;
+            }
+            off += pos as usize * self.in_str[i];
+        }
+        Some(off)
+    }
+}
+
+/// Output size of a window along one axis (`None` when no window fits).
+fn window_out(input: usize, before: usize, after: usize, k: usize, stride: usize, dil: usize) -> Option<usize> {
+    let span = k.checked_sub(1)?.checked_mul(dil)?.checked_add(1)?;
+    let padded = input.checked_add(before)?.checked_add(after)?;
+    (padded >= span && stride > 0).then(|| (padded - span) / stride + 1)
+}
+
+/// `out = conv(x, w)`.
+///
+/// # Safety
+/// The views are in bounds of the buffers at `px`, `pw`; `out` holds `out_shape`'s elements
+/// and overlaps neither operand.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv<T: Elem>(
+    x: &View,
+    px: *const T,
+    w: &View,
+    pw: *const T,
+    out: *mut T,
+    out_shape: &[usize],
+    spec: &ConvSpec,
+    threads: usize,
+) -> Result<(), String> {
+    let (xs, ws) = (&x.shape, &w.shape);
+    let sp = xs.len().saturating_sub(2);
+    let bad = |what: &str| format!("conv {what}: x {xs:?}, w {ws:?} -> {out_shape:?}");
+    if sp == 0 || ws.len() != xs.len() || out_shape.len() != xs.len() {
+        return Err(bad("needs x[N,C,*S], w[O,C/groups,*K] and an output of equal rank ≥ 3"));
+    }
+    let attrs = [spec.stride, spec.pad_before, spec.pad_after, spec.dilation];
+    if attrs.iter().any(|a| a.len() != sp) {
+        return Err(bad("attributes need one entry per spatial axis"));
+    }
+    let (n, c, o, cg, g) = (xs[0], xs[1], ws[0], ws[1], spec.groups);
+    if g == 0 || c % g != 0 || o % g != 0 || cg != c / g || spec.stride.contains(&0) || spec.dilation.contains(&0) {
+        return Err(bad(&format!("channels, groups ({g}), stride or dilation")));
+    }
+    let og = o / g;
+    let (sin, kd) = (xs[2..].to_vec(), ws[2..].to_vec());
+    let mut sout = Vec::with_capacity(sp);
+    for i in 0..sp {
+        let y = window_out(
+            sin[i],
+            spec.pad_before[i],
+            spec.pad_after[i],
+            kd[i],
+            spec.stride[i],
+            spec.dilation[i],
+        )
+        .ok_or_else(|| bad(&format!("window does not fit on spatial axis {i}")))?;
+        sout.push(y);
+    }
+    if out_shape[0] != n || out_shape[1] != o || out_shape[2..] != sout[..] {
+        return Err(bad(&format!("output should be {:?}", [&[n, o][..], &sout].concat())));
+    }
+    let ys: usize = sout.iter().product();
+    let total = n * o * ys;
+    if total == 0 {
+        return Ok(());
+    }
+    let ks: usize = kd.iter().product();
+    let s_in: usize = sin.iter().product();
+    if cg == 0 || s_in == 0 {
+        // No input channels, or an empty input the padding alone covers: every tap reads 0.
+        // Safety: `out` holds `total` elements.
+        unsafe { std::slice::from_raw_parts_mut(out, total).fill(T::ZERO) };
+        return Ok(());
+    }
+    let mut in_str = vec![1usize; sp];
+    for i in (0..sp - 1).rev() {
+        in_str[i] = in_str[i + 1] * sin[i + 1];
+    }
+    let pos = |i: usize, kk: usize, yy: usize| -> isize {
+        (yy * spec.stride[i] + kk * spec.dilation[i]) as isize - spec.pad_before[i] as isize
+    };
+    let tabs = (0..sp - 1)
+        .map(|i| {
+            (0..kd[i] * sout[i])
+                .map(|j| {
+                    let p = pos(i, j / sout[i], j % sout[i]);
+                    if p >= 0 && (p as usize) < sin[i] { p } else { -1 }
+                })
+                .collect()
+        })
+        .collect();
+    let l = sp - 1;
+    let (step, width, ow) = (spec.stride[l], sin[l] as isize, sout[l]);
+    let cols = (0..kd[l])
+        .map(|kw| {
+            let shift = pos(l, kw, 0);
+            let lo = if shift >= 0 {
+                0
+            } else {
+                (-shift as usize).div_ceil(step)
+            };
+            let hi = if width - 1 - shift < 0 {
+                0
+            } else {
+                (((width - 1 - shift) as usize) / step + 1).min(ow)
+            };
+            Tap {
+                lo: lo.min(hi),
+                hi,
+                shift,
+            }
+        })
+        .collect();
+    let geo = Geo {
+        sin,
+        kd,
+        sout,
+        in_str,
+        tabs,
+        cols,
+        step,
+        s_in,
+        ks,
+    };
+    // Contiguous operands.
+    let xbuf: Vec<T>;
+    let xp = if x.is_dense() {
+        px.wrapping_offset(x.offset)
+    } else {
+        // Safety: the view is in bounds.
+        xbuf = unsafe { pack(px, x) };
+        xbuf.as_ptr()
+    };
+    let wbuf: Vec<T>;
+    let wp = if w.is_dense() {
+        pw.wrapping_offset(w.offset)
+    } else {
+        // Safety: the view is in bounds.
+        wbuf = unsafe { pack(pw, w) };
+        wbuf.as_ptr()
+    };
+    let flops = total.saturating_mul(cg).saturating_mul(ks);
+    let threads = useful_threads(flops, threads);
+    let (xp, wp, out) = (SendPtr(xp as *mut T), SendPtr(wp as *mut T), SendPtr(out));
+    // The direct path's scratch, next to the planes' own sizes.
+    let direct_fits = || {
+        Direct::scratch_elems(&geo.kd, &geo.sout, spec.stride, spec.dilation)
+            .is_some_and(|e| e <= s_in.saturating_add(ys).saturating_mul(4).saturating_add(1 << 16))
+    };
+    if cg == 1 && direct_fits() {
+        // Direct: one output plane per unit.
+        let direct = Direct::new(
+            &geo.sin,
+            &geo.kd,
+            &geo.sout,
+            spec.stride,
+            spec.pad_before,
+            spec.dilation,
+        );
+        par_units(n * o, threads, Scratch::default, |scratch, u| {
+            let (b, oc) = (u / o, u % o);
+            // Safety: plane `(b, oc / og)` of x, weights of `oc`, output plane `u`: all in
+            // bounds (contiguous operands of the checked shapes); units write disjoint planes.
+            unsafe {
+                let x = std::slice::from_raw_parts((xp.get() as *const T).add((b * c + oc / og) * s_in), s_in);
+                let wk = std::slice::from_raw_parts((wp.get() as *const T).add(oc * ks), ks);
+                let dst = std::slice::from_raw_parts_mut(out.get().add(u * ys), ys);
+                direct.plane(x, wk, dst, scratch);
+            }
+        });
+        return Ok(());
+    }
+    let pointwise = geo.kd.iter().all(|&k| k == 1)
+        && spec.stride.iter().all(|&s| s == 1)
+        && spec.pad_before.iter().chain(spec.pad_after).all(|&p| p == 0);
+    let kdim = cg * ks;
+    // Column tiles: bounded scratch, and enough units for the threads.
+    let max_tile = if pointwise {
+        ys
+    } else {
+        (TILE_ELEMS / kdim).max(MIN_TILE)
+    };
+    let want_tiles = threads.div_ceil(n * g).min(ys.div_ceil(MIN_TILE));
+    let ntiles = ys.div_ceil(max_tile).max(want_tiles).max(1);
+    let tile = ys.div_ceil(ntiles).next_multiple_of(16).min(ys);
+    let ntiles = ys.div_ceil(tile);
+    let units = n * g * ntiles;
+    // gemm splits a product itself only when there are fewer units than threads.
+    let par = if units < threads && threads > 1 {
+        Parallelism::Rayon(threads.div_ceil(units))
+    } else {
+        Parallelism::None
+    };
+    par_units(
+        units,
+        threads,
+        || {
+            if pointwise {
+                Vec::new()
+            } else {
+                vec![T::ZERO; kdim * tile]
+            }
+        },
+        |scratch, u| {
+            let (b, grp, t) = (u / (g * ntiles), (u / ntiles) % g, u % ntiles);
+            let (y0, y1) = (t * tile, ((t + 1) * tile).min(ys));
+            let yc = y1 - y0;
+            let xg = (xp.get() as *const T).wrapping_add((b * c + grp * cg) * s_in);
+            let rhs = if pointwise {
+                Mat {
+                    ptr: xg.wrapping_add(y0),
+                    rs: s_in as isize,
+                    cs: 1,
+                }
+            } else {
+                let cols = &mut scratch[..kdim * yc];
+                // Safety: the group's `cg` input planes of batch `b`, in bounds.
+                unsafe { im2col(&geo, std::slice::from_raw_parts(xg, cg * s_in), cg, y0, y1, cols) };
+                Mat {
+                    ptr: cols.as_ptr(),
+                    rs: yc as isize,
+                    cs: 1,
+                }
+            };
+            let lhs = Mat {
+                ptr: (wp.get() as *const T).wrapping_add(grp * og * kdim),
+                rs: kdim as isize,
+                cs: 1,
+            };
+            // Safety: output rows `(b, grp·og ..)` columns `y0..y1`: in bounds, disjoint per
+            // unit; operands in bounds as above.
+            unsafe {
+                let dst = out.get().add((b * o + grp * og) * ys + y0);
+                gemm_raw(og, yc, kdim, dst, ys as isize, lhs, rhs, par);
+            }
+        },
+    );
+    Ok(())
+}
+
+/// A dense row-major copy of a strided view.
+///
+/// # Safety
+/// Every element of the view is in bounds of `base`.
+pub(crate) unsafe fn pack<T: Copy>(base: *const T, v: &View) -> Vec<T> {
+    let n = v.len();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let r = v.shape.len();
+    if r == 0 {
+        // Safety: the caller's contract.
+        out.push(unsafe { *base.offset(v.offset) });
+        return out;
+    }
+    let (last_n, last_s) = (v.shape[r - 1], v.strides[r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let mut off = v.offset;
+    loop {
+        for j in 0..last_n {
+            // Safety: the caller's contract.
+            out.push(unsafe { *base.offset(off + j as isize * last_s) });
+        }
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return out;
+            }
+            d -= 1;
+            idx[d] += 1;
+            off += v.strides[d];
+            if idx[d] < v.shape[d] {
+                break;
+            }
+            off -= v.strides[d] * v.shape[d] as isize;
+            idx[d] = 0;
+        }
+    }
+}
+
+/// The patch matrix of output positions `y0..y1` (flat over the output plane) for `cg` input
+/// planes: row `ci · ks + kf` (kernel position `kf`, row-major over the kernel) holds, for each
+/// position, the input element that tap reads (0 in the padding).
+fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut [T]) {
+    let yc = y1 - y0;
+    let (ow, kw, krows) = (g.ow(), g.kw(), g.krows());
+    for ci in 0..cg {
+        let plane = &x[ci * g.s_in..][..g.s_in];
+        for ko in 0..krows {
+            for (kx, &Tap { lo, hi, shift, .. }) in g.cols.iter().enumerate() {
+                let row = &mut cols[(ci * g.ks + ko * kw + kx) * yc..][..yc];
+                let mut y = y0;
+                while y < y1 {
+                    let (r, c0) = (y / ow, y % ow);
+                    let c1 = ow.min(c0 + (y1 - y));
+                    let seg = &mut row[y - y0..y - y0 + (c1 - c0)];
+                    match g.row_offset(r, ko) {
+                        None => seg.fill(T::ZERO),
+                        Some(off) => {
+                            let (a, b) = (lo.clamp(c0, c1), hi.clamp(c0, c1));
+                            seg[..a - c0].fill(T::ZERO);
+                            seg[b - c0..].fill(T::ZERO);
+                            let mid = &mut seg[a - c0..b - c0];
+                            if a < b {
+                                let first = (off as isize + (a * g.step) as isize + shift) as usize;
+                                gather_step(mid, &plane[first..first + (b - a - 1) * g.step + 1], g.step);
+                            }
+                        }
+                    }
+                    y += c1 - c0;
+                }
+            }
+        }
+    }
+}

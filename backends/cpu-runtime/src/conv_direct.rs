@@ -1,0 +1,311 @@
+//! Direct convolution of one input plane into one output plane: the path for convolutions whose
+//! output channels each read a single input channel (`C/groups == 1`: depthwise convolutions as
+//! in MobileNet, or a single input channel), where im2col would only copy.
+//!
+//! The input plane is zero-padded and split into stride phases (a polyphase decomposition:
+//! sub-plane `p` holds the padded elements whose coordinates are `≡ p` modulo the stride, per
+//! axis). In that layout every kernel tap reads one contiguous run for the whole output plane
+//! (computed with the sub-plane's row pitch; the few extra columns are dropped at the end), so
+//! the work is a handful of long multiply-add loops, several taps per pass, that vectorize
+//! (compiled for AVX-512 or AVX2+FMA when the host has them).
+
+use crate::contraction::Elem;
+
+/// Output elements per pass over the taps (the accumulator block stays in L1).
+const BLOCK: usize = 2048;
+/// Taps added per pass.
+const TAPS_PER_PASS: usize = 8;
+
+/// The geometry of a direct convolution (per plane; the same for every plane of a call).
+pub(crate) struct Direct {
+    /// Input and output spatial shapes, strides, padding before.
+    sin: Vec<usize>,
+    sout: Vec<usize>,
+    stride: Vec<usize>,
+    pad: Vec<usize>,
+    /// Per axis, the padded extent the taps read: `(O-1)·stride + (K-1)·dilation + 1`.
+    ext: Vec<usize>,
+    /// Sub-plane shape (`ceil(ext / stride)`), its row-major strides and size.
+    qstr: Vec<usize>,
+    qn: usize,
+    /// Number of sub-planes (`Π stride`).
+    nphase: usize,
+    /// Per kernel position (row-major over the kernel): where its run starts.
+    taps: Vec<usize>,
+    /// Length of every run: the output plane in sub-plane pitch.
+    len: usize,
+    simd: Simd,
+}
+
+/// Per-thread scratch of [`Direct::plane`].
+pub(crate) struct Scratch<T> {
+    padded: Vec<T>,
+    acc: Vec<T>,
+    idx: Vec<usize>,
+}
+
+impl<T> Default for Scratch<T> {
+    fn default() -> Self {
+        Scratch {
+            padded: Vec::new(),
+            acc: Vec::new(),
+            idx: Vec::new(),
+        }
+    }
+}
+
+impl Direct {
+    /// Scratch elements [`Direct::plane`] needs (padded plane and accumulator), `None` on
+    /// overflow: the caller takes another path when this is far beyond the planes' own sizes
+    /// (huge padding or strides).
+    pub fn scratch_elems(kd: &[usize], sout: &[usize], stride: &[usize], dil: &[usize]) -> Option<usize> {
+        let (mut padded, mut acc) = (1usize, 0usize);
+        for i in (0..sout.len()).rev() {
+            let ext = (sout[i] - 1)
+                .checked_mul(stride[i])?
+                .checked_add((kd[i] - 1).checked_mul(dil[i])?)?
+                .checked_add(1)?;
+            let q = ext.div_ceil(stride[i]);
+            acc = acc.checked_add((sout[i] - 1).checked_mul(padded)?)?;
+            padded = padded.checked_mul(q)?;
+        }
+        let phases = stride.iter().try_fold(1usize, |a, &s| a.checked_mul(s))?;
+        padded.checked_mul(phases)?.checked_add(acc + 1)
+    }
+
+    /// The geometry for input `sin`, kernel `kd`, output `sout` (every output dim ≥ 1, already
+    /// checked to be the convolution's).
+    pub fn new(sin: &[usize], kd: &[usize], sout: &[usize], stride: &[usize], pad: &[usize], dil: &[usize]) -> Direct {
+        let sp = sin.len();
+        let ext: Vec<usize> = (0..sp)
+            .map(|i| (sout[i] - 1) * stride[i] + (kd[i] - 1) * dil[i] + 1)
+            .collect();
+        let q: Vec<usize> = (0..sp).map(|i| ext[i].div_ceil(stride[i])).collect();
+        let mut qstr = vec![1usize; sp];
+        for i in (0..sp - 1).rev() {
+            qstr[i] = qstr[i + 1] * q[i + 1];
+        }
+        let qn = qstr[0] * q[0];
+        let nphase = stride.iter().product();
+        let ks: usize = kd.iter().product();
+        let taps = (0..ks)
+            .map(|mut k| {
+                let (mut phase, mut off, mut scale) = (0, 0, 1);
+                for i in (0..sp).rev() {
+                    let at = (k % kd[i]) * dil[i];
+                    k /= kd[i];
+                    phase += (at % stride[i]) * scale;
+                    scale *= stride[i];
+                    off += (at / stride[i]) * qstr[i];
+                }
+                phase * qn + off
+            })
+            .collect();
+        let len = (0..sp).map(|i| (sout[i] - 1) * qstr[i]).sum::<usize>() + 1;
+        Direct {
+            sin: sin.to_vec(),
+            sout: sout.to_vec(),
+            stride: stride.to_vec(),
+            pad: pad.to_vec(),
+            ext,
+            qstr,
+            qn,
+            nphase,
+            taps,
+            len,
+            simd: Simd::detect(),
+        }
+    }
+
+    /// `out = x ⋆ w` for one plane: `x` of the input spatial shape, `w` of the kernel's,
+    /// `out` of the output's.
+    pub fn plane<T: Elem>(&self, x: &[T], w: &[T], out: &mut [T], s: &mut Scratch<T>) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Safety: the features were detected on this host.
+            match self.simd {
+                Simd::Avx512 => return unsafe { self.plane_avx512(x, w, out, s) },
+                Simd::Avx2Fma => return unsafe { self.plane_avx2(x, w, out, s) },
+                Simd::Baseline => {}
+            }
+        }
+        self.plane_impl::<T, false>(x, w, out, s)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn plane_avx512<T: Elem>(&self, x: &[T], w: &[T], out: &mut [T], s: &mut Scratch<T>) {
+        self.plane_impl::<T, true>(x, w, out, s)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn plane_avx2<T: Elem>(&self, x: &[T], w: &[T], out: &mut [T], s: &mut Scratch<T>) {
+        self.plane_impl::<T, true>(x, w, out, s)
+    }
+
+    #[inline(always)]
+    fn plane_impl<T: Elem, const FMA: bool>(&self, x: &[T], w: &[T], out: &mut [T], s: &mut Scratch<T>) {
+        self.pad_and_split(x, &mut s.padded, &mut s.idx);
+        s.acc.clear();
+        s.acc.resize(self.len, T::ZERO);
+        add_taps::<T, FMA>(&self.taps, &s.padded, w, &mut s.acc);
+        // Keep the real output columns.
+        let sp = self.sout.len();
+        let ow = self.sout[sp - 1];
+        let idx = &mut s.idx;
+        idx.clear();
+        idx.resize(sp - 1, 0);
+        for orow in out.chunks_exact_mut(ow) {
+            let at: usize = idx.iter().zip(&self.qstr).map(|(i, s)| i * s).sum();
+            orow.copy_from_slice(&s.acc[at..at + ow]);
+            next_index(idx, &self.sout[..sp - 1]);
+        }
+    }
+
+    /// The zero-padded input plane, split into stride phases.
+    #[inline(always)]
+    fn pad_and_split<T: Elem>(&self, x: &[T], buf: &mut Vec<T>, idx: &mut Vec<usize>) {
+        let sp = self.sin.len();
+        let l = sp - 1;
+        buf.clear();
+        buf.resize(self.nphase * self.qn, T::ZERO);
+        let (w, sl, pl) = (self.sin[l], self.stride[l], self.pad[l]);
+        // Input columns `iw < lim` are read by some tap.
+        let lim = w.min(self.ext[l].saturating_sub(pl));
+        idx.clear();
+        idx.resize(l, 0);
+        for xr in x.chunks_exact(w) {
+            let (mut phase, mut off, mut inside) = (0, 0, true);
+            for (i, &at) in idx.iter().enumerate() {
+                let ip = at + self.pad[i];
+                inside &= ip < self.ext[i];
+                phase = phase * self.stride[i] + ip % self.stride[i];
+                off += ip / self.stride[i] * self.qstr[i];
+            }
+            next_index(idx, &self.sin[..l]);
+            if !inside {
+                continue;
+            }
+            for c in 0..sl {
+                // Columns of phase `c`: `(iw + pl) % sl == c`.
+                let iw0 = (c + sl - pl % sl) % sl;
+                if iw0 >= lim {
+                    continue;
+                }
+                let at = (phase * sl + c) * self.qn + off + (iw0 + pl) / sl;
+                let n = (lim - iw0).div_ceil(sl);
+                gather_step(&mut buf[at..at + n], &xr[iw0..lim], sl);
+            }
+        }
+    }
+}
+
+/// `dst[j] = src[j · step]` for every `j` of `dst` (`src` holds them all).
+#[inline(always)]
+pub(crate) fn gather_step<T: Copy>(dst: &mut [T], src: &[T], step: usize) {
+    match step {
+        1 => dst.copy_from_slice(&src[..dst.len()]),
+        2 => {
+            // Pairs: a constant step without bounds checks, which vectorizes.
+            let n = dst.len();
+            if n == 0 {
+                return;
+            }
+            let pairs = src[..(2 * n - 1).min(src.len())].chunks_exact(2);
+            if let Some(&v) = pairs.remainder().first() {
+                dst[n - 1] = v;
+            }
+            for (d, pair) in dst.iter_mut().zip(pairs) {
+                *d = pair[0];
+            }
+        }
+        _ => {
+            for (d, &v) in dst.iter_mut().zip(src.iter().step_by(step)) {
+                *d = v;
+            }
+        }
+    }
+}
+
+/// Advance a row-major multi-index over `dims` (wrapping to zeros at the end).
+fn next_index(idx: &mut [usize], dims: &[usize]) {
+    for i in (0..idx.len()).rev() {
+        idx[i] += 1;
+        if idx[i] < dims[i] {
+            return;
+        }
+        idx[i] = 0;
+    }
+}
+
+/// The vector instructions the tap loops are compiled for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Simd {
+    Avx512,
+    Avx2Fma,
+    Baseline,
+}
+
+impl Simd {
+    fn detect() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Simd::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Simd::Avx2Fma;
+            }
+        }
+        Simd::Baseline
+    }
+}
+
+/// `acc[j] = Σ_t w[t] · src[taps[t] + j]`, block by block, up to [`TAPS_PER_PASS`] taps per
+/// pass over a block.
+#[inline(always)]
+fn add_taps<T: Elem, const FMA: bool>(taps: &[usize], src: &[T], w: &[T], acc: &mut [T]) {
+    for (b, blk) in acc.chunks_mut(BLOCK).enumerate() {
+        let j0 = b * BLOCK;
+        for (ts, ws) in taps.chunks(TAPS_PER_PASS).zip(w.chunks(TAPS_PER_PASS)) {
+            macro_rules! pass {
+                ($n:literal) => {
+                    fused::<T, $n, FMA>(
+                        blk,
+                        std::array::from_fn(|t| &src[ts[t] + j0..]),
+                        std::array::from_fn(|t| ws[t]),
+                    )
+                };
+            }
+            match ts.len() {
+                1 => pass!(1),
+                2 => pass!(2),
+                3 => pass!(3),
+                4 => pass!(4),
+                5 => pass!(5),
+                6 => pass!(6),
+                7 => pass!(7),
+                _ => pass!(8),
+            }
+        }
+    }
+}
+
+/// `dst[i] += Σ_t ws[t] · srcs[t][i]` (each source at least as long as `dst`).
+#[inline(always)]
+fn fused<T: Elem, const N: usize, const FMA: bool>(dst: &mut [T], srcs: [&[T]; N], ws: [T; N]) {
+    let n = dst.len();
+    let srcs = srcs.map(|s| &s[..n]);
+    for i in 0..n {
+        let mut a = dst[i];
+        for t in 0..N {
+            a = if FMA {
+                ws[t].fused(srcs[t][i], a)
+            } else {
+                a + ws[t] * srcs[t][i]
+            };
+        }
+        dst[i] = a;
+    }
+}
