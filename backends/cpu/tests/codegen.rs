@@ -127,7 +127,6 @@ fn jit_isa() -> cranelift_codegen::isa::OwnedTargetIsa {
 
 /// Lower and JIT-compile `g` (the module is leaked: tests keep their code to the end).
 fn compile(g: &Graph) -> Arc<Compiled> {
-    use cranelift_module::Module;
     let lowered = lower(g, &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}\n{}", oar_ir::text::print_graph(g)));
     let mut builder = cranelift_jit::JITBuilder::with_isa(jit_isa(), cranelift_module::default_libcall_names());
     for (name, ptr) in oar_cpu_runtime::math::symbols() {

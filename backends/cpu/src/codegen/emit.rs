@@ -32,6 +32,8 @@ pub(super) struct Em<'a, 'f> {
     pub b: &'a mut FunctionBuilder<'f>,
     pub plan: &'a Plan,
     pub math: HashMap<String, FuncRef>,
+    /// Fused multiply-add is native (polynomials use it).
+    pub fma: bool,
     kernel: &'a LoopKernel,
     /// Base address per access.
     bases: Vec<Value>,
@@ -62,12 +64,14 @@ impl<'a, 'f> Em<'a, 'f> {
         plan: &'a Plan,
         kernel: &'a LoopKernel,
         math: HashMap<String, FuncRef>,
+        fma: bool,
     ) -> Self {
         let nred = kernel.reduce.as_ref().map_or(0, |r| r.body.len());
         Em {
             b,
             plan,
             math,
+            fma,
             kernel,
             bases: Vec::new(),
             off1: Vec::new(),
@@ -140,14 +144,16 @@ impl<'a, 'f> Em<'a, 'f> {
         }
         self.off1 = (0..plan.acc.len())
             .map(|a| {
-                let mut off = self.b.ins().iconst(types::I64, plan.acc[a].c0);
+                let mut off = None;
                 for (d, l) in plan.outer.iter().enumerate() {
-                    if l.coef[a] != 0 {
-                        let t = self.b.ins().imul_imm_s(idx[d], l.coef[a]);
-                        off = self.b.ins().iadd(off, t);
-                    }
+                    off = self.axpy(off, idx[d], l.coef[a]);
                 }
-                off
+                let c0 = plan.acc[a].c0;
+                match off {
+                    None => self.b.ins().iconst(types::I64, c0),
+                    Some(o) if c0 == 0 => o,
+                    Some(o) => self.b.ins().iadd_imm_s(o, c0),
+                }
             })
             .collect();
         let jrange = plan.vloop.as_ref().map(|v| {
@@ -421,21 +427,34 @@ impl<'a, 'f> Em<'a, 'f> {
     fn offset(&mut self, a: usize, level: usize) -> Value {
         let plan = self.plan;
         let inner = plan.inner();
-        let mut off = self.off1[a];
+        let mut off = Some(self.off1[a]);
         for (d, l) in inner.iter().enumerate().take(level.saturating_sub(1)) {
-            if l.coef[a] != 0 {
-                let i = self.idx[d].expect("loop index set");
-                let t = self.b.ins().imul_imm_s(i, l.coef[a]);
-                off = self.b.ins().iadd(off, t);
-            }
+            let i = self.idx[d].expect("loop index set");
+            off = self.axpy(off, i, l.coef[a]);
         }
-        off
+        off.expect("the outer offset")
+    }
+
+    /// `acc + c·x` (skipping zero terms and unit factors; `None` is 0).
+    fn axpy(&mut self, acc: Option<Value>, x: Value, c: i64) -> Option<Value> {
+        if c == 0 {
+            return acc;
+        }
+        let t = if c == 1 { x } else { self.b.ins().imul_imm_s(x, c) };
+        Some(match acc {
+            None => t,
+            Some(a) => self.b.ins().iadd(a, t),
+        })
     }
 
     /// Address of access `a` at element offset `off` (+ `extra` elements).
     fn addr(&mut self, a: usize, off: Value) -> Value {
         let size = self.plan.acc[a].dtype.size_bytes() as i64;
-        let bytes = self.b.ins().imul_imm_s(off, size);
+        let bytes = if size == 1 {
+            off
+        } else {
+            self.b.ins().ishl_imm_s(off, size.trailing_zeros() as i64)
+        };
         self.b.ins().iadd(self.bases[a], bytes)
     }
 

@@ -104,6 +104,7 @@ pub fn define_function<M: Module>(
         let fref = module.declare_func_in_func(f, &mut ctx.func);
         math.insert(name, fref);
     }
+    let fma = module.isa().has_native_fma();
     let mut fctx = FunctionBuilderContext::new();
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
@@ -112,7 +113,7 @@ pub fn define_function<M: Module>(
         b.switch_to_block(entry);
         let params = b.block_params(entry).to_vec();
         {
-            let mut em = emit::Em::new(&mut b, &plan, &spec.kernel, math);
+            let mut em = emit::Em::new(&mut b, &plan, &spec.kernel, math, fma);
             em.build(params[0], params[1], params[2]);
         }
         b.ins().return_(&[]);

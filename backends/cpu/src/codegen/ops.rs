@@ -373,10 +373,10 @@ impl Em<'_, '_> {
                     }
                 }
                 Pow => match cy {
-                    Some(e) if e == 0.0 => self.fconst(t, 1.0),
-                    Some(e) if e == 1.0 => x,
-                    Some(e) if e == 2.0 => self.b.ins().fmul(x, x),
-                    Some(e) if e == -1.0 => {
+                    Some(0.0) => self.fconst(t, 1.0),
+                    Some(1.0) => x,
+                    Some(2.0) => self.b.ins().fmul(x, x),
+                    Some(-1.0) => {
                         let one = self.fconst(t, 1.0);
                         self.b.ins().fdiv(one, x)
                     }

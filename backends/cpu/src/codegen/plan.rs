@@ -8,11 +8,11 @@ use oar_ir::DType;
 use oar_ir::kernel::{Buffer, BufferId, Inst, LoopKernel, ScalarOp};
 use oar_ir::ops::{BinaryOp, ReduceOp, UnaryOp};
 
-/// Elements per block of the vector loop when it is split to give the outer loop enough
-/// iterations to spread across threads.
-const BLOCK: u64 = 2048;
-/// Outer extents below this get the vector loop split into blocks.
+/// Outer extents below this get the vector loop split into blocks (so the runtime can share
+/// the work across threads).
 const MIN_OUTER: u64 = 64;
+/// Least work (scalar operations) of one block.
+const MIN_BLOCK_WORK: u64 = 8192;
 
 /// One buffer access: a load of the kernel or the output store.
 #[derive(Clone, Debug)]
@@ -541,7 +541,27 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         }
     };
     let lanes = if vec { lanes } else { 1 };
-    let unroll: u8 = if vec { 2 } else { 1 };
+    // Two vectors per iteration hide latency in cheap bodies; long polynomial bodies already
+    // have independent work and would only spill.
+    let heavy = |body: &[Inst]| {
+        body.iter().any(|i| {
+            matches!(
+                i.op,
+                ScalarOp::Unary(
+                    UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos,
+                    _
+                ) | ScalarOp::Binary(BinaryOp::Pow | BinaryOp::Rem, ..)
+            )
+        })
+    };
+    let is_heavy = heavy(&k.body) || k.reduce.as_ref().is_some_and(|r| heavy(&r.body));
+    // Across outputs, four vectors cover a 64-byte line of f32 outputs per reduction step.
+    let unroll: u8 = match (vec, is_heavy, mode) {
+        (false, ..) => 1,
+        (true, true, _) => 1,
+        (true, false, Mode::ReduceOuter) => 4,
+        (true, false, _) => 2,
+    };
     let (outer, vloop, red_loops) = match mode {
         Mode::ReduceInner => (outl, None, redl),
         _ => {
@@ -550,18 +570,28 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         }
     };
     let outer_n: u64 = outer.iter().map(|l| l.n).product();
+    let red_points: u64 = red_loops.iter().map(|l| l.n).product::<u64>().max(per_red.min(1));
+    // Work per element of the vector loop.
+    let per_elem = match mode {
+        Mode::Elementwise => cost_body,
+        Mode::ReduceInner => 0,
+        Mode::ReduceOuter => red_points * (cost_red + 1) + cost_body,
+    };
+    // Split the vector loop into blocks when the outer loops alone are too few to share
+    // across threads, keeping each block worth at least MIN_BLOCK_WORK.
+    let step = lanes as u64 * unroll as u64;
     let (block, nblocks) = match &vloop {
-        Some(v) if outer_n < MIN_OUTER && v.n >= 2 * BLOCK => {
-            let step = lanes as u64 * unroll as u64;
-            let nb = v.n.div_ceil(BLOCK);
-            let b = v.n.div_ceil(nb).div_ceil(step) * step;
-            (b, v.n.div_ceil(b))
+        Some(v) if outer_n < MIN_OUTER && v.n > step => {
+            let want = MIN_OUTER.div_ceil(outer_n.max(1));
+            let by_count = v.n.div_ceil(want);
+            let by_work = MIN_BLOCK_WORK.div_ceil(per_elem.max(1));
+            let b = by_count.max(by_work).div_ceil(step) * step;
+            if b < v.n { (b, v.n.div_ceil(b)) } else { (v.n, 1) }
         }
         Some(v) => (v.n, 1),
         None => (0, 1),
     };
     let extent = outer_n * nblocks;
-    let red_points: u64 = red_loops.iter().map(|l| l.n).product::<u64>().max(per_red.min(1));
     let cost = match mode {
         Mode::Elementwise => block * cost_body,
         Mode::ReduceInner => red_points * (cost_red + 1) + cost_body,
