@@ -954,3 +954,110 @@ fn kernels_compile_for_baseline_x86_64() {
     assert!(n > 100);
     module.finish();
 }
+
+// ---------------------------------------------------------------- model blocks
+
+fn param(g: &mut Graph, w: &mut Weights, name: &str, dims: &[usize]) -> ValueId {
+    w.insert(name.into(), f32_data(dims, w.len() as u64 + 100));
+    g.add_param(name, TensorType::of(DType::F32, dims)).unwrap()
+}
+
+/// Every loop kernel and every matmul/conv epilogue of a transformer encoder layer and a
+/// ResNet basic block is generated code; when the runtime runs contractions, the whole block
+/// matches the reference (until then the run is skipped).
+#[test]
+fn transformer_layer_and_resnet_block_kernels_are_all_compiled() {
+    let tol = Tol { rel: 1e-4, abs: 1e-5 };
+    // Transformer encoder layer (one head).
+    let (b, s, d, f) = (2, 16, 32, 64);
+    let mut g = Graph::new("encoder");
+    let mut w = Weights::new();
+    let x = input(&mut g, "x", DType::F32, &[b, s, d]);
+    let ln = |g: &mut Graph, w: &mut Weights, x, n: &str| {
+        let (gw, gb) = (param(g, w, &format!("{n}.g"), &[d]), param(g, w, &format!("{n}.b"), &[d]));
+        let c = Composite::LayerNorm {
+            normalized_ndim: 1,
+            epsilon: Float(1e-5),
+        };
+        g.add_op1(Op::Composite(c), &[x, gw, gb]).unwrap()
+    };
+    let lin = |g: &mut Graph, w: &mut Weights, x, n: &str, i: usize, o: usize| {
+        let (ww, wb) = (param(g, w, &format!("{n}.w"), &[i, o]), param(g, w, &format!("{n}.b"), &[o]));
+        g.add_op1(Op::Composite(Composite::Linear), &[x, ww, wb]).unwrap()
+    };
+    let h = ln(&mut g, &mut w, x, "ln1");
+    let q = lin(&mut g, &mut w, h, "q", d, d);
+    let k = lin(&mut g, &mut w, h, "k", d, d);
+    let v = lin(&mut g, &mut w, h, "v", d, d);
+    let kt = g.add_op1(Op::Permute { perm: vec![0, 2, 1] }, &[k]).unwrap();
+    let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+    let scale = g.add_scalar(DType::F32, 1.0 / (d as f64).sqrt());
+    let sc = g.add_op1(Op::Binary(BinaryOp::Mul), &[sc, scale]).unwrap();
+    let a = g.add_op1(Op::Composite(Composite::Softmax { axis: 2 }), &[sc]).unwrap();
+    let att = g.add_op1(Op::MatMul, &[a, v]).unwrap();
+    let o = lin(&mut g, &mut w, att, "o", d, d);
+    let r1 = g.add_op1(Op::Binary(BinaryOp::Add), &[x, o]).unwrap();
+    let h2 = ln(&mut g, &mut w, r1, "ln2");
+    let f1 = lin(&mut g, &mut w, h2, "ff1", d, f);
+    let f1 = g
+        .add_op1(Op::Composite(Composite::Gelu { approximate: false }), &[f1])
+        .unwrap();
+    let f2 = lin(&mut g, &mut w, f1, "ff2", f, d);
+    let y = g.add_op1(Op::Binary(BinaryOp::Add), &[r1, f2]).unwrap();
+    g.add_output("y", y).unwrap();
+    let encoder = (g, w, feeds(&[("x", f32_data(&[b, s, d], 6))]));
+    // ResNet basic block: conv-bn-relu-conv-bn (+x) relu.
+    let c = 8;
+    let mut g = Graph::new("block");
+    let mut w = Weights::new();
+    let x = input(&mut g, "x", DType::F32, &[1, c, 10, 10]);
+    let conv_bn = |g: &mut Graph, w: &mut Weights, x, n: &str| {
+        let k = param(g, w, &format!("{n}.w"), &[c, c, 3, 3]);
+        let y = g
+            .add_op1(
+                Op::Composite(Composite::Conv2d {
+                    stride: [1, 1],
+                    padding: [1, 1, 1, 1],
+                    dilation: [1, 1],
+                    groups: 1,
+                }),
+                &[x, k],
+            )
+            .unwrap();
+        let ps: Vec<ValueId> = ["scale", "bias", "mean"]
+            .iter()
+            .map(|p| param(g, w, &format!("{n}.{p}"), &[c]))
+            .collect();
+        w.insert(format!("{n}.var"), TensorData::from_vec(vec![c], vec![0.5f32; c]).unwrap());
+        let var = g.add_param(&format!("{n}.var"), TensorType::of(DType::F32, &[c])).unwrap();
+        let bn = Composite::BatchNorm {
+            epsilon: Float(1e-5),
+            momentum: Float(0.9),
+            training: false,
+        };
+        g.add_op1(Op::Composite(bn), &[y, ps[0], ps[1], ps[2], var]).unwrap()
+    };
+    let h = conv_bn(&mut g, &mut w, x, "c1");
+    let h = g.add_op1(Op::Composite(Composite::Relu), &[h]).unwrap();
+    let h = conv_bn(&mut g, &mut w, h, "c2");
+    let h = g.add_op1(Op::Binary(BinaryOp::Add), &[h, x]).unwrap();
+    let h = g.add_op1(Op::Composite(Composite::Relu), &[h]).unwrap();
+    g.add_output("y", h).unwrap();
+    let block = (g, w, feeds(&[("x", f32_data(&[1, c, 10, 10], 7))]));
+    for (g, w, x) in [encoder, block] {
+        let c = compile(&g);
+        assert_compiled(&c);
+        let steps = &c.lowered.cpu.steps;
+        assert!(steps.iter().any(|s| matches!(s, Step::Contraction { epilogue: Some(_), .. })));
+        let mut weights = c.lowered.consts.clone();
+        weights.extend(w.clone());
+        let m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &weights).unwrap();
+        match m.run(&x) {
+            Err(oar_ir::BackendError::Unsupported { .. }) => continue,
+            Err(e) => panic!("{e}"),
+            Ok(_) => {
+                check_with(&g, &w, &x, tol, true);
+            }
+        }
+    }
+}
