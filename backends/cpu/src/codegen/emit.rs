@@ -261,7 +261,7 @@ impl<'a, 'f> Em<'a, 'f> {
         let start = self.b.ins().iconst(types::I64, 0);
         let end = self.b.ins().iconst(types::I64, n);
         if plan.mode == Mode::ReduceInner && last {
-            // The innermost loop of ReduceInner: vector configurations, then scalar.
+            // Vector configurations, then scalars.
             self.vector_loop(start, end, pos, |s, l, u| {
                 s.emit_level(Body::Red, level, l, u, None);
                 let slots = if l > 1 { vector } else { scalar };

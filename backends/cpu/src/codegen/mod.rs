@@ -38,8 +38,10 @@
 //! Reductions: float sums, means and products of f32 accumulate in f64 (like the reference,
 //! which accumulates in f64), f64 ones in f64. The order differs from the reference's
 //! sequential one: in the vectorized loop element `i` of a row goes to partial accumulator
-//! `i mod (lanes·unroll)`; partials are combined pairwise, their lanes in order, then the
-//! scalar remainder's partial is added. Integer reductions wrap (order does not matter);
+//! `i mod (lanes·unroll)` (every element is added in f64: the result is almost always the
+//! reference's correctly rounded sum); partials are combined pairwise, their lanes in order,
+//! then the scalar remainder's partial is added. Across output elements each lane
+//! accumulates its own element sequentially. Integer reductions wrap (order does not matter);
 //! max/min propagate NaN.
 
 mod emit;
