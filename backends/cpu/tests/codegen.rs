@@ -1182,3 +1182,32 @@ fn random_programs_match_the_reference() {
         check(&g, &feeds(&refs), Tol { rel: 1e-5, abs: 1e-5 });
     }
 }
+
+#[test]
+fn stride_two_loads_like_pooling() {
+    for dt in [DType::F32, DType::F64, DType::I32, DType::I64] {
+        for n in [8usize, 9, 37, 64] {
+            let mut g = Graph::new("pool");
+            let x = input(&mut g, "x", dt, &[3, n]);
+            let even = g
+                .add_op1(
+                    Op::Slice {
+                        ranges: vec![slice(0, 3, 1), slice(0, n as i64 - 1, 2)],
+                    },
+                    &[x],
+                )
+                .unwrap();
+            let odd = g
+                .add_op1(
+                    Op::Slice {
+                        ranges: vec![slice(0, 3, 1), slice(1, n as i64, 2)],
+                    },
+                    &[x],
+                )
+                .unwrap();
+            let y = g.add_op1(Op::Binary(BinaryOp::Max), &[even, odd]).unwrap();
+            g.add_output("y", y).unwrap();
+            check(&g, &feeds(&[("x", data(dt, &[3, n], n as u64, true))]), EXACT);
+        }
+    }
+}

@@ -492,6 +492,15 @@ impl<'a, 'f> Em<'a, 'f> {
             if vc == 1 {
                 let p = self.offset_addr(base, u * lanes as i64 * size);
                 out.push(self.b.ins().load(vt, flags, p, 0));
+            } else if vc == 2 {
+                // Every other element: two overlapping vector loads that stay within the
+                // elements read (the last is at 2·(lanes-1)), then one shuffle.
+                let first = u * lanes as i64 * 2;
+                let p0 = self.offset_addr(base, first * size);
+                let p1 = self.offset_addr(base, (first + lanes as i64 - 1) * size);
+                let v0 = self.b.ins().load(vt, flags, p0, 0);
+                let v1 = self.b.ins().load(vt, flags, p1, 0);
+                out.push(self.even_lanes(v0, v1, vt));
             } else {
                 let mut v = None;
                 for lane in 0..lanes as i64 {

@@ -188,6 +188,21 @@ impl Em<'_, '_> {
         self.bitcast(types::F32X4, s)
     }
 
+    /// Lanes `0, 2` of `a` then `1, 3` of `b` (4 lanes), or lane 0 of `a` then lane 1 of `b`
+    /// (2 lanes): the even elements of a stride-2 run loaded as `a` at its start and `b`
+    /// `lanes - 1` elements later.
+    pub(super) fn even_lanes(&mut self, a: Value, b: Value, t: Type) -> Value {
+        let (ab, bb) = (self.bitcast(types::I8X16, a), self.bitcast(types::I8X16, b));
+        let mask: Vec<u8> = if t.lane_count() == 4 {
+            (0..4).chain(8..12).chain(20..24).chain(28..32).collect()
+        } else {
+            (0..8).chain(24..32).collect()
+        };
+        let imm = self.b.func.dfg.immediates.push(ConstantData::from(mask));
+        let s = self.b.ins().shuffle(ab, bb, imm);
+        self.bitcast(t, s)
+    }
+
     /// An f32 (scalar or f32x4) as f64 (scalar, or the two f64x2 halves).
     pub(super) fn promote(&mut self, x: Value) -> (Value, Option<Value>) {
         let t = self.b.func.dfg.value_type(x);
