@@ -870,23 +870,35 @@ fn inline_exp_tanh_erf_match_libm_over_wide_ranges() {
 
 // ---------------------------------------------------------------- CLIF and other ISAs
 
+/// `(function name, CLIF text)` of every generated function of `g`.
+fn clif_of(g: &Graph) -> Vec<(String, String)> {
+    let lowered = oar_backend_cpu::lower::lower(g, &BTreeMap::new()).unwrap();
+    let builder = cranelift_jit::JITBuilder::with_isa(jit_isa(), cranelift_module::default_libcall_names());
+    let mut module = cranelift_jit::JITModule::new(builder);
+    lowered
+        .funcs
+        .iter()
+        .map(|spec| {
+            let (_, clif) =
+                oar_backend_cpu::codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, true)
+                    .unwrap();
+            (spec.name.clone(), clif.unwrap())
+        })
+        .collect()
+}
+
 #[test]
 fn clif_text_names_the_function_and_uses_vectors() {
-    use cranelift_module::Module;
     let mut g = Graph::new("clif");
     let x = input(&mut g, "x", DType::F32, &[8, 64]);
     let e = g.add_op1(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
     g.add_output("y", e).unwrap();
-    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
-    let builder = cranelift_jit::JITBuilder::with_isa(jit_isa(), cranelift_module::default_libcall_names());
-    let mut module = cranelift_jit::JITModule::new(builder);
-    let spec = &lowered.funcs[0];
-    let (_, clif) =
-        oar_backend_cpu::codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, true).unwrap();
-    let clif = clif.unwrap();
-    assert!(clif.contains(&spec.name), "{clif}");
-    assert!(clif.contains("f32x4"), "{clif}");
-    module.clear_context(&mut module.make_context());
+    for (name, clif) in clif_of(&g) {
+        assert!(clif.contains(&format!("function %{name}(")), "{clif}");
+        assert!(clif.contains("load.f32x4") && clif.contains("store"), "{clif}");
+        // The inline exp: no call per element.
+        assert!(!clif.contains("call"), "{clif}");
+    }
 }
 
 /// Every kernel of these graphs also compiles for a plain SSE4.2 x86-64 (no AVX), the floor
@@ -1208,6 +1220,47 @@ fn stride_two_loads_like_pooling() {
             let y = g.add_op1(Op::Binary(BinaryOp::Max), &[even, odd]).unwrap();
             g.add_output("y", y).unwrap();
             check(&g, &feeds(&[("x", data(dt, &[3, n], n as u64, true))]), EXACT);
+        }
+    }
+}
+
+#[test]
+fn bool_buffers_in_vector_kernels() {
+    // Contiguous, transposed (gathered) and broadcast bool loads; bool stores of 4- and
+    // 8-byte lane masks.
+    for dt in [DType::F32, DType::F64, DType::I32, DType::I64] {
+        for n in [3usize, 9, 33] {
+            let mut g = Graph::new("masks");
+            let a = input(&mut g, "a", dt, &[5, n]);
+            let b = input(&mut g, "b", dt, &[5, n]);
+            let m = input(&mut g, "m", DType::Bool, &[5, n]);
+            let mt = input(&mut g, "mt", DType::Bool, &[n, 5]);
+            let mb = input(&mut g, "mb", DType::Bool, &[n]);
+            let mt = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[mt]).unwrap();
+            let both = g.add_op1(Op::Binary(BinaryOp::And), &[m, mt]).unwrap();
+            let either = g.add_op1(Op::Binary(BinaryOp::Or), &[both, mb]).unwrap();
+            let y = g.add_op1(Op::Where, &[either, a, b]).unwrap();
+            g.add_output("y", y).unwrap();
+            let lt = g.add_op1(Op::Binary(BinaryOp::Lt), &[a, b]).unwrap();
+            let z = g.add_op1(Op::Binary(BinaryOp::Xor), &[lt, m]).unwrap();
+            let z = g.add_op1(Op::Unary(UnaryOp::Not), &[z]).unwrap();
+            g.add_output("z", z).unwrap();
+            check(
+                &g,
+                &feeds(&[
+                    ("a", data(dt, &[5, n], 1, true)),
+                    ("b", data(dt, &[5, n], 2, true)),
+                    ("m", data(DType::Bool, &[5, n], 3, false)),
+                    ("mt", data(DType::Bool, &[n, 5], 4, false)),
+                    ("mb", data(DType::Bool, &[n], 5, false)),
+                ]),
+                EXACT,
+            );
+            if dt == DType::F32 && n == 33 {
+                // Bytes widen to lane masks and narrow back, in vector code.
+                let text: String = clif_of(&g).into_iter().map(|(_, c)| c).collect();
+                assert!(text.contains("uwiden_low") && text.contains("snarrow"), "{text}");
+            }
         }
     }
 }

@@ -489,6 +489,29 @@ impl<'a, 'f> Em<'a, 'f> {
         let vt = ty_of(dt, lanes);
         let mut out = Vec::new();
         for u in 0..unroll as i64 {
+            if dt == DType::Bool {
+                // Bytes to lane masks.
+                let v = if vc == 1 {
+                    let p = self.offset_addr(base, u * lanes as i64);
+                    self.load_bool_vector(p, lanes, flags)
+                } else {
+                    let lane_ty = vt.lane_type();
+                    let mut v = None;
+                    for lane in 0..lanes as i64 {
+                        let p = self.offset_addr(base, (u * lanes as i64 + lane) * vc);
+                        let x = self.b.ins().load(types::I8, flags, p, 0);
+                        let w = self.b.ins().uextend(lane_ty, x);
+                        let m = self.b.ins().ineg(w);
+                        v = Some(match v {
+                            None => self.b.ins().splat(vt, m),
+                            Some(acc) => self.b.ins().insertlane(acc, m, lane as u8),
+                        });
+                    }
+                    v.expect("lanes > 0")
+                };
+                out.push(v);
+                continue;
+            }
             if vc == 1 {
                 let p = self.offset_addr(base, u * lanes as i64 * size);
                 out.push(self.b.ins().load(vt, flags, p, 0));
@@ -538,7 +561,51 @@ impl<'a, 'f> Em<'a, 'f> {
             let x = v.v[u.min(v.v.len() - 1)];
             let x = self.widen(x, dt, v.lanes, lanes);
             let p = self.offset_addr(base, u as i64 * lanes as i64 * size);
+            if dt == DType::Bool && lanes > 1 {
+                self.store_bool_vector(x, p, flags);
+            } else {
+                self.b.ins().store(flags, x, p, 0);
+            }
+        }
+    }
+
+    /// `lanes` bool bytes at `p` as a lane mask.
+    fn load_bool_vector(&mut self, p: Value, lanes: u8, flags: MemFlagsData) -> Value {
+        let mt = ty_of(DType::Bool, lanes);
+        // 4 bytes (i32x4 masks) or 2 bytes (i64x2), zero-extended lane by lane.
+        let (bytes_ty, widenings) = if lanes == 4 { (types::I32, 2) } else { (types::I16, 3) };
+        let x = self.b.ins().load(bytes_ty, flags, p, 0);
+        let wide = if bytes_ty == types::I32 {
+            x
+        } else {
+            self.b.ins().uextend(types::I32, x)
+        };
+        let v = self.b.ins().scalar_to_vector(types::I32X4, wide);
+        let mut v = self.b.ins().bitcast(types::I8X16, super::ops::le(), v);
+        for _ in 0..widenings {
+            v = self.b.ins().uwiden_low(v);
+        }
+        let zero = self.iconst(mt, 0);
+        self.b.ins().icmp(IntCC::NotEqual, v, zero)
+    }
+
+    /// A lane mask stored as bool bytes at `p`.
+    fn store_bool_vector(&mut self, m: Value, p: Value, flags: MemFlagsData) {
+        let t = self.b.func.dfg.value_type(m);
+        let one = self.iconst(t, 1);
+        let bits = self.b.ins().band(m, one);
+        if t.lane_count() == 4 {
+            let h = self.b.ins().snarrow(bits, bits);
+            let b = self.b.ins().snarrow(h, h);
+            let w = self.b.ins().bitcast(types::I32X4, super::ops::le(), b);
+            let x = self.b.ins().extractlane(w, 0);
             self.b.ins().store(flags, x, p, 0);
+        } else {
+            for lane in 0..t.lane_count() as u8 {
+                let x = self.b.ins().extractlane(bits, lane);
+                let x = self.b.ins().ireduce(types::I8, x);
+                self.b.ins().store(flags, x, p, lane as i32);
+            }
         }
     }
 

@@ -17,8 +17,11 @@
 //! - elementwise kernels: the outer loops are flattened into the outer index the runtime splits
 //!   across threads; the last output loop runs inside, as 128-bit vectors (f32x4, i32x4, f64x2,
 //!   i64x2; two vectors per iteration, then one, then scalars) with contiguous loads as vector
-//!   loads, broadcast loads splatted and strided loads gathered lane by lane. When the outer
-//!   loops are few, the last loop is also split into blocks that join the outer index.
+//!   loads, broadcast loads splatted, stride-2 loads as two loads and a shuffle, other strided
+//!   loads gathered lane by lane; bools are lane masks in vector code (bool buffers are widened
+//!   from / narrowed to bytes). When the outer loops are few, the last loop is also split into
+//!   blocks that join the outer index. Mixed lane widths (f32 with f64, i8 data) run as
+//!   scalar code.
 //! - reductions over a contiguous innermost axis: one output element per outer iteration,
 //!   the reduction loops inside, the innermost vectorized with two vector accumulators;
 //! - reductions over a strided axis whose output axis is contiguous: vectorized across output

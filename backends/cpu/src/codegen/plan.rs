@@ -246,7 +246,7 @@ fn vectorizable(body: &[Inst], w: usize) -> bool {
             return false;
         }
         match &inst.op {
-            ScalarOp::Load(_) => dt != DType::Bool,
+            ScalarOp::Load(_) => true,
             ScalarOp::Cast(a) => {
                 let from = body[*a].dtype;
                 // f64 -> i64 has no vector conversion on x64; narrow/wide changes lane counts.
@@ -488,12 +488,26 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     let loads_ok = |used: &[bool], w: usize| {
         used.iter()
             .zip(&acc)
-            .all(|(u, a)| !*u || (a.dtype.size_bytes() == w && a.dtype != DType::Bool))
+            .all(|(u, a)| !*u || a.dtype.size_bytes() == w || a.dtype == DType::Bool)
     };
     let lanes_of = |w: usize| -> u8 { if w == 4 { 4 } else { 2 } };
-    // Elementwise / across outputs: the output's lane width everywhere.
-    let w_out = out_dt.size_bytes();
-    let outer_ok = lane_dtype(out_dt)
+    // Elementwise / across outputs: the output's lane width everywhere (a bool output takes
+    // the width of the values it is computed from; bools are lane masks of that width).
+    let w_out = if out_dt == DType::Bool {
+        k.body
+            .iter()
+            .chain(k.reduce.iter().flat_map(|r| &r.body))
+            .map(|i| i.dtype)
+            .chain(acc.iter().zip(&any_used).filter(|(_, u)| **u).map(|(a, _)| a.dtype))
+            .filter(|d| *d != DType::Bool)
+            .map(|d| d.size_bytes())
+            .max()
+            .unwrap_or(4)
+    } else {
+        out_dt.size_bytes()
+    };
+    let outer_ok = matches!(w_out, 4 | 8)
+        && (lane_dtype(out_dt) || out_dt == DType::Bool)
         && loads_ok(&any_used, w_out)
         && vectorizable(&k.body, w_out)
         && k.reduce.as_ref().is_none_or(|r| vectorizable(&r.body, w_out));
