@@ -16,16 +16,19 @@
 //! across them. Then ([`plan`]):
 //! - elementwise kernels: the outer loops are flattened into the outer index the runtime splits
 //!   across threads; the last output loop runs inside, as 128-bit vectors (f32x4, i32x4, f64x2,
-//!   i64x2; two vectors per iteration, then one, then scalars) with contiguous loads as vector
+//!   i64x2; two vectors per iteration — one for bodies with transcendentals, which have
+//!   enough independent work —, then one, then scalars) with contiguous loads as vector
 //!   loads, broadcast loads splatted, stride-2 loads as two loads and a shuffle, other strided
 //!   loads gathered lane by lane; bools are lane masks in vector code (bool buffers are widened
 //!   from / narrowed to bytes). When the outer loops are few, the last loop is also split into
 //!   blocks that join the outer index. Mixed lane widths (f32 with f64, i8 data) run as
 //!   scalar code.
 //! - reductions over a contiguous innermost axis: one output element per outer iteration,
-//!   the reduction loops inside, the innermost vectorized with two vector accumulators;
+//!   the reduction loops inside, the innermost vectorized with one vector accumulator per
+//!   unrolled vector, combined at the end;
 //! - reductions over a strided axis whose output axis is contiguous: vectorized across output
-//!   elements (one accumulator lane per output element), the reduction loops inside.
+//!   elements (one accumulator lane per output element, four vectors = one 64-byte line of
+//!   f32 outputs per reduction step), the reduction loops inside.
 //!
 //! Instructions are hoisted to the outermost loop they depend on (per-channel constants of a
 //! batch-norm epilogue are computed once per channel, not per element).
@@ -42,8 +45,8 @@
 //! which accumulates in f64), f64 ones in f64. The order differs from the reference's
 //! sequential one: in the vectorized loop element `i` of a row goes to partial accumulator
 //! `i mod (lanes·unroll)` (every element is added in f64: the result is almost always the
-//! reference's correctly rounded sum); partials are combined pairwise, their lanes in order,
-//! then the scalar remainder's partial is added. Across output elements each lane
+//! reference's correctly rounded sum); partials are combined in order, then their lanes in
+//! order, then the scalar remainder's partial is added. Across output elements each lane
 //! accumulates its own element sequentially. Integer reductions wrap (order does not matter);
 //! max/min propagate NaN.
 
@@ -67,7 +70,8 @@ pub fn analyze(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<(u64
     Ok((p.extent, p.cost))
 }
 
-/// Declare and define `spec` in `module`; returns its id and, if `want_clif`, its CLIF text.
+/// Declare and define `spec` in `module`; returns its id and, if `want_clif`, its CLIF text
+/// (as generated, before Cranelift's optimizations; the function is named after the spec).
 pub fn define_function<M: Module>(
     module: &mut M,
     spec: &FuncSpec,
