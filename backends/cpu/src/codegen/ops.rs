@@ -339,7 +339,6 @@ impl Em<'_, '_> {
 
     /// A binary op on `x`, `y` of dtype `dt` (the operands'); `cx`, `cy` are the operands'
     /// values when they are constants.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn binary(
         &mut self,
         op: BinaryOp,
