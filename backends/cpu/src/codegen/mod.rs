@@ -7,29 +7,137 @@
 //!   `extern "C" fn(bufs: *const *mut u8, lo: i64, hi: i64)` computing outer iterations
 //!   `lo..hi`; `bufs[b]` is buffer `b`'s base address. Math calls go to the runtime's
 //!   `oar_rt_*` functions (imported by name).
+//!
+//! # The loop nest
+//!
+//! Every dim is static. Each load's index map (view shape + affine axes) is composed into one
+//! affine element offset `c0 + Σ c_l·i_l`; the output is row-major over the kernel shape.
+//! Unit loops are dropped and adjacent loops are merged when every access is contiguous
+//! across them. Then ([`plan`]):
+//! - elementwise kernels: the outer loops are flattened into the outer index the runtime splits
+//!   across threads; the last output loop runs inside, as 128-bit vectors (f32x4, i32x4, f64x2,
+//!   i64x2; two vectors per iteration — one for bodies with transcendentals, which have
+//!   enough independent work —, then one, then scalars) with contiguous loads as vector
+//!   loads, broadcast loads splatted, stride-2 loads as two loads and a shuffle, other strided
+//!   loads gathered lane by lane; bools are lane masks in vector code (bool buffers are widened
+//!   from / narrowed to bytes). When the outer loops are few, the last loop is also split into
+//!   blocks that join the outer index. Mixed lane widths (f32 with f64, i8 data) run as
+//!   scalar code.
+//! - reductions over a contiguous innermost axis: one output element per outer iteration,
+//!   the reduction loops inside, the innermost vectorized with one vector accumulator per
+//!   unrolled vector, combined at the end;
+//! - reductions over a strided axis whose output axis is contiguous: vectorized across output
+//!   elements (one accumulator lane per output element, four vectors = one 64-byte line of
+//!   f32 outputs per reduction step), the reduction loops inside.
+//!
+//! Instructions are hoisted to the outermost loop they depend on (per-channel constants of a
+//! batch-norm epilogue are computed once per channel, not per element).
+//!
+//! # Numerics
+//!
+//! Every instruction's result is in its dtype, as in the reference backend (`+ - * / sqrt` and
+//! `rsqrt`, computed in f64 and rounded once, are bit-identical to it; transcendental calls go
+//! to the runtime's functions, which round the f64 result once like the reference; f32 `exp`,
+//! `tanh` and `erf` are inline polynomials within 3 ulp, see [`vmath`]; set `OAR_CPU_LIBM=1`
+//! to call the runtime for them too).
+//!
+//! Reductions: float sums, means and products of f32 accumulate in f64 (like the reference,
+//! which accumulates in f64), f64 ones in f64. The order differs from the reference's
+//! sequential one: in the vectorized loop element `i` of a row goes to partial accumulator
+//! `i mod (lanes·unroll)` (every element is added in f64: the result is almost always the
+//! reference's correctly rounded sum); partials are combined in order, then their lanes in
+//! order, then the scalar remainder's partial is added. Across output elements each lane
+//! accumulates its own element sequentially. Integer reductions wrap (order does not matter);
+//! max/min propagate NaN.
+
+mod emit;
+mod ops;
+mod plan;
+mod vmath;
 
 use crate::CpuError;
 use crate::lower::FuncSpec;
-use cranelift_module::{FuncId, Module};
+use cranelift_codegen::ir::{AbiParam, InstBuilder, UserFuncName, types};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{FuncId, Linkage, Module, ModuleError};
 use oar_ir::kernel::{Buffer, BufferId, LoopKernel};
+use std::collections::HashMap;
 
 /// Whether `k` (writing `out`) can be compiled: `(outer extent, cost per outer iteration)`,
 /// or the reason it cannot.
 pub fn analyze(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<(u64, u64), String> {
-    let _ = (k, out, buffers);
-    Err("code generation not implemented yet".into())
+    let p = plan::plan(k, out, buffers)?;
+    Ok((p.extent, p.cost))
 }
 
-/// Declare and define `spec` in `module`; returns its id and, if `want_clif`, its CLIF text.
+/// Declare and define `spec` in `module`; returns its id and, if `want_clif`, its CLIF text
+/// (as generated, before Cranelift's optimizations; the function is named after the spec).
 pub fn define_function<M: Module>(
     module: &mut M,
     spec: &FuncSpec,
     buffers: &[Buffer],
     want_clif: bool,
 ) -> Result<(FuncId, Option<String>), CpuError> {
-    let _ = (module, buffers, want_clif);
-    Err(CpuError::Codegen {
+    let err = |detail: String| CpuError::Codegen {
         kernel: spec.name.clone(),
-        detail: "not implemented".into(),
-    })
+        detail,
+    };
+    let plan = plan::plan(&spec.kernel, spec.out, buffers).map_err(err)?;
+    let ptr = module.target_config().pointer_type();
+    if ptr != types::I64 {
+        return Err(err(format!("64-bit targets only (pointer type {ptr})")));
+    }
+    let mut sig = module.make_signature();
+    sig.params = vec![AbiParam::new(ptr), AbiParam::new(types::I64), AbiParam::new(types::I64)];
+    let id = module
+        .declare_function(&spec.name, Linkage::Export, &sig)
+        .map_err(|e| err(e.to_string()))?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    ctx.func.name = UserFuncName::testcase(&spec.name);
+    // Runtime math functions.
+    let mut calls = Vec::new();
+    ops::math_calls(&spec.kernel.body, plan.poly, &mut calls);
+    if let Some(r) = &spec.kernel.reduce {
+        ops::math_calls(&r.body, plan.poly, &mut calls);
+    }
+    let mut math = HashMap::new();
+    for (name, arity, dt) in calls {
+        let t = ops::scalar_ty(dt);
+        let mut msig = module.make_signature();
+        msig.params = vec![AbiParam::new(t); arity];
+        msig.returns = vec![AbiParam::new(t)];
+        let f = module
+            .declare_function(&name, Linkage::Import, &msig)
+            .map_err(|e| err(e.to_string()))?;
+        let fref = module.declare_func_in_func(f, &mut ctx.func);
+        math.insert(name, fref);
+    }
+    let fma = module.isa().has_native_fma();
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let params = b.block_params(entry).to_vec();
+        {
+            let mut em = emit::Em::new(&mut b, &plan, &spec.kernel, math, fma);
+            em.build(params[0], params[1], params[2]);
+        }
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    let clif = want_clif.then(|| ctx.func.display().to_string());
+    module.define_function(id, &mut ctx).map_err(|e| {
+        let detail = match &e {
+            ModuleError::Compilation(cranelift_codegen::CodegenError::Verifier(v)) => {
+                cranelift_codegen::print_errors::pretty_verifier_error(&ctx.func, None, v.clone())
+            }
+            other => other.to_string(),
+        };
+        err(detail)
+    })?;
+    Ok((id, clif))
 }

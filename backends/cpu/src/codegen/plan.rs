@@ -1,0 +1,675 @@
+//! How a loop kernel becomes a loop nest: validation, one affine element offset per access,
+//! loop collapsing, the outer (parallel) loop, vectorization and hoisting levels.
+//!
+//! Everything here is decided from the kernel alone, so [`super::analyze`] and
+//! [`super::define_function`] always agree.
+
+use oar_ir::DType;
+use oar_ir::kernel::{Buffer, BufferId, Inst, LoopKernel, ScalarOp};
+use oar_ir::ops::{BinaryOp, ReduceOp, UnaryOp};
+
+/// Outer extents below this get the vector loop split into blocks (so the runtime can share
+/// the work across threads).
+const MIN_OUTER: u64 = 64;
+/// Least work (scalar operations) of one block.
+const MIN_BLOCK_WORK: u64 = 8192;
+
+/// One buffer access: a load of the kernel or the output store.
+#[derive(Clone, Debug)]
+pub(super) struct Access {
+    /// The buffer.
+    pub buffer: BufferId,
+    /// Its element type.
+    pub dtype: DType,
+    /// Constant part of the element offset.
+    pub c0: i64,
+}
+
+/// One loop of the nest: its extent and, per access (loads then the output), the element
+/// stride along it.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Lp {
+    pub n: u64,
+    pub coef: Vec<i64>,
+}
+
+/// The loop structure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// No reduction: outer loops, then the (vector) loop over the last output axis.
+    Elementwise,
+    /// Reduction, one output element per outer iteration: the reduction loops nest inside,
+    /// the innermost one vectorized when its loads are contiguous.
+    ReduceInner,
+    /// Reduction vectorized across the last output axis: outer loops, the vector loop over the
+    /// last output axis, then the reduction loops inside it, one accumulator per lane.
+    ReduceOuter,
+}
+
+/// What the reduction computes.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Red {
+    pub op: ReduceOp,
+    /// The reduction body's result (and the reduction's) dtype.
+    pub dtype: DType,
+    /// Number of elements reduced per output element.
+    pub count: u64,
+    /// No element at all (an empty reduction axis): the result is the identity (mean: NaN).
+    pub empty: bool,
+}
+
+/// A kernel's loop nest, ready to emit.
+#[derive(Clone, Debug)]
+pub(super) struct Plan {
+    /// Loads (in kernel order) then the output.
+    pub acc: Vec<Access>,
+    /// Loops flattened into the outer index, outermost first (in the reduction modes, the
+    /// output loops; otherwise all output loops but the last).
+    pub outer: Vec<Lp>,
+    /// The last output loop (elementwise and [`Mode::ReduceOuter`]).
+    pub vloop: Option<Lp>,
+    /// Block size of `vloop` (its extent when not split); the block index is the last
+    /// (innermost) component of the outer index.
+    pub block: u64,
+    /// Number of blocks of `vloop`.
+    pub nblocks: u64,
+    /// Reduction loops, outermost first (empty without reduction).
+    pub red: Vec<Lp>,
+    pub mode: Mode,
+    /// Lanes of the vector loop (1: scalar code only).
+    pub lanes: u8,
+    /// Vectors per iteration of the main vector loop.
+    pub unroll: u8,
+    pub reduce: Option<Red>,
+    /// Outer extent (what the runtime splits) and scalar operations per outer iteration.
+    pub extent: u64,
+    pub cost: u64,
+    /// Hoisting level of every instruction of the epilogue / body and of the reduction body
+    /// (0: function entry, 1: outer iteration, 2..: inner loops in nesting order).
+    pub lvl_body: Vec<usize>,
+    pub lvl_red: Vec<usize>,
+    /// Level of the vector loop.
+    pub vlevel: usize,
+    /// Use the inline polynomial exp/tanh/erf for f32 (else runtime calls).
+    pub poly: bool,
+}
+
+impl Plan {
+    /// Index of the output access.
+    pub fn out(&self) -> usize {
+        self.acc.len() - 1
+    }
+
+    /// Inner loops in nesting order (level `2 + i`).
+    pub fn inner(&self) -> Vec<&Lp> {
+        match self.mode {
+            Mode::Elementwise => self.vloop.iter().collect(),
+            Mode::ReduceInner => self.red.iter().collect(),
+            Mode::ReduceOuter => self.vloop.iter().chain(self.red.iter()).collect(),
+        }
+    }
+
+    /// Lanes of values computed at `level` (1 below the vector loop).
+    pub fn lanes_at(&self, level: usize) -> u8 {
+        let vec = match self.mode {
+            Mode::ReduceInner => level == self.vlevel,
+            _ => level >= self.vlevel,
+        };
+        if vec { self.lanes } else { 1 }
+    }
+
+    /// The stride of access `a` along the vector loop.
+    pub fn vcoef(&self, a: usize) -> i64 {
+        match self.mode {
+            Mode::ReduceInner => self.red.last().map_or(0, |l| l.coef[a]),
+            _ => self.vloop.as_ref().map_or(0, |l| l.coef[a]),
+        }
+    }
+}
+
+fn static_dims(dims: &[oar_ir::Dim], what: &str) -> Result<Vec<u64>, String> {
+    dims.iter()
+        .map(|d| {
+            d.as_static()
+                .map(|n| n as u64)
+                .ok_or_else(|| format!("{what} has the symbolic dim {d}"))
+        })
+        .collect()
+}
+
+fn supported(dt: DType) -> Result<(), String> {
+    match dt {
+        DType::F16 | DType::BF16 => Err(format!("{dt} arithmetic is not compiled")),
+        _ => Ok(()),
+    }
+}
+
+/// Check an SSA body: operands defined before use, dtypes as the reference expects, no op the
+/// code generator leaves to the interpreter.
+fn check_body(body: &[Inst], loads: &[Access], acc: Option<DType>, what: &str) -> Result<(), String> {
+    if body.is_empty() {
+        return Err(format!("empty {what}"));
+    }
+    for (i, inst) in body.iter().enumerate() {
+        let dt = inst.dtype;
+        supported(dt)?;
+        let arg = |a: usize| -> Result<DType, String> {
+            if a < i {
+                Ok(body[a].dtype)
+            } else {
+                Err(format!("{what} %{i} uses %{a} before it is defined"))
+            }
+        };
+        let bad = |d: &str| Err(format!("{what} %{i}: {d}"));
+        match &inst.op {
+            ScalarOp::Load(l) => match loads.get(*l) {
+                Some(a) if a.dtype == dt => {}
+                Some(a) => return bad(&format!("load of a {} buffer as {dt}", a.dtype)),
+                None => return bad(&format!("no load l{l}")),
+            },
+            ScalarOp::Const(_) => {}
+            ScalarOp::Acc => match acc {
+                Some(a) if a == dt => {}
+                Some(a) => return bad(&format!("acc is {a}, not {dt}")),
+                None => return bad("acc outside an epilogue"),
+            },
+            ScalarOp::Unary(op, a) => {
+                let at = arg(*a)?;
+                if at != dt {
+                    return bad("unary op changes the dtype");
+                }
+                let ok = if dt.is_float() {
+                    *op != UnaryOp::Not
+                } else if dt.is_int() {
+                    !op.float_only()
+                } else {
+                    *op == UnaryOp::Not
+                };
+                if !ok {
+                    return bad(&format!("{} is not defined for {dt}", op.name()));
+                }
+            }
+            ScalarOp::Binary(op, a, b) => {
+                let (at, bt) = (arg(*a)?, arg(*b)?);
+                if at != bt {
+                    return bad("operand dtypes differ");
+                }
+                if op.is_comparison() {
+                    if dt != DType::Bool {
+                        return bad("a comparison must give bool");
+                    }
+                } else {
+                    if at != dt {
+                        return bad("binary op changes the dtype");
+                    }
+                    let ok = if dt.is_float() {
+                        !op.is_logical()
+                    } else if dt.is_int() {
+                        !matches!(op, BinaryOp::Div | BinaryOp::Rem | BinaryOp::Pow)
+                    } else {
+                        op.is_logical()
+                    };
+                    if !ok {
+                        return bad(&format!("{} on {dt} is left to the interpreter", op.name()));
+                    }
+                }
+            }
+            ScalarOp::Where(c, a, b) => {
+                if arg(*c)? != DType::Bool || arg(*a)? != dt || arg(*b)? != dt {
+                    return bad("where needs a bool condition and operands of its dtype");
+                }
+            }
+            ScalarOp::Cast(a) => {
+                arg(*a)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which loads an SSA body reads.
+fn loads_used(body: &[Inst], n: usize) -> Vec<bool> {
+    let mut used = vec![false; n];
+    for i in body {
+        if let ScalarOp::Load(l) = i.op {
+            used[l] = true;
+        }
+    }
+    used
+}
+
+/// Whether the body can run on `lanes`-wide vectors of `w`-byte lanes (bools as lane masks).
+fn vectorizable(body: &[Inst], w: usize) -> bool {
+    body.iter().all(|inst| {
+        let dt = inst.dtype;
+        if dt != DType::Bool && dt.size_bytes() != w {
+            return false;
+        }
+        match &inst.op {
+            ScalarOp::Load(_) => true,
+            ScalarOp::Cast(a) => {
+                let from = body[*a].dtype;
+                // f64 -> i64 has no vector conversion on x64; narrow/wide changes lane counts.
+                !(from.is_float() && dt == DType::I64)
+                    && (from == DType::Bool || dt == DType::Bool || from.size_bytes() == dt.size_bytes())
+            }
+            ScalarOp::Binary(op, a, _) if body[*a].dtype == DType::I64 => {
+                // i64x2 multiply/min/max lower to long sequences without AVX-512; keep them scalar.
+                !matches!(op, BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min)
+            }
+            ScalarOp::Unary(UnaryOp::Abs | UnaryOp::Sign, a) => body[*a].dtype != DType::I64,
+            ScalarOp::Unary(..) | ScalarOp::Binary(..) | ScalarOp::Const(_) | ScalarOp::Acc | ScalarOp::Where(..) => {
+                true
+            }
+        }
+    })
+}
+
+/// Scalar-operation cost of one evaluation of a body.
+fn body_cost(body: &[Inst]) -> u64 {
+    body.iter()
+        .map(|i| match &i.op {
+            ScalarOp::Const(_) | ScalarOp::Acc => 0,
+            ScalarOp::Unary(op, _) => match op {
+                UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf => 20,
+                UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => 4,
+                _ => 1,
+            },
+            ScalarOp::Binary(op, ..) => match op {
+                BinaryOp::Pow | BinaryOp::Rem => 20,
+                BinaryOp::Div => 4,
+                _ => 1,
+            },
+            _ => 1,
+        })
+        .sum()
+}
+
+fn poly_enabled() -> bool {
+    !matches!(std::env::var("OAR_CPU_LIBM").as_deref(), Ok("1") | Ok("true"))
+}
+
+/// Plan `k` writing `out`.
+pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<Plan, String> {
+    let ob = buffers
+        .get(out.index())
+        .ok_or_else(|| format!("output {out} is not a buffer of the program"))?;
+    supported(ob.ty.dtype)?;
+    let shape = static_dims(&k.shape, "the kernel shape")?;
+    let oshape = static_dims(ob.ty.shape.dims(), "the output")?;
+    if shape != oshape {
+        return Err(format!("kernel shape {shape:?} differs from the output's {oshape:?}"));
+    }
+    let rank = shape.len();
+    let (rdims, red) = match &k.reduce {
+        Some(r) => {
+            let d = static_dims(&r.dims, "the reduction")?;
+            let dt = r.body.last().map(|i| i.dtype).ok_or("empty reduction body")?;
+            let count: u64 = d.iter().product();
+            if matches!(r.op, ReduceOp::Max | ReduceOp::Min) && count == 0 {
+                return Err(format!(
+                    "{} over an empty axis (an error the interpreter reports)",
+                    r.op.name()
+                ));
+            }
+            if r.op == ReduceOp::Mean && !dt.is_float() {
+                return Err(format!("reduce_mean of {dt}"));
+            }
+            if dt == DType::Bool {
+                return Err("reduction of bool".into());
+            }
+            (
+                d,
+                Some(Red {
+                    op: r.op,
+                    dtype: dt,
+                    count,
+                    empty: count == 0,
+                }),
+            )
+        }
+        None => (Vec::new(), None),
+    };
+    let nloops = rank + rdims.len();
+    let extents: Vec<u64> = shape.iter().chain(&rdims).copied().collect();
+    // Accesses: compose each load's view and affine axes into one element offset.
+    let mut acc = Vec::new();
+    let mut coefs: Vec<Vec<i64>> = Vec::new();
+    let nonempty = extents.iter().all(|&n| n > 0);
+    for (li, ld) in k.loads.iter().enumerate() {
+        let b = buffers
+            .get(ld.buffer.index())
+            .ok_or_else(|| format!("load l{li} reads {}, not a buffer of the program", ld.buffer))?;
+        supported(b.ty.dtype)?;
+        let bdims = static_dims(b.ty.shape.dims(), "a loaded buffer")?;
+        let view = static_dims(&ld.map.view, "a load's view")?;
+        if view.iter().product::<u64>() != bdims.iter().product::<u64>() || view.len() != ld.map.axes.len() {
+            return Err(format!("load l{li}: {} cannot be viewed as {view:?}", ld.buffer));
+        }
+        let mut strides = vec![1i64; view.len()];
+        for a in (0..view.len().saturating_sub(1)).rev() {
+            strides[a] = strides[a + 1] * view[a + 1] as i64;
+        }
+        let mut c0 = 0i64;
+        let mut coef = vec![0i64; nloops];
+        for (a, e) in ld.map.axes.iter().enumerate() {
+            let (mut lo, mut hi) = (e.offset, e.offset);
+            c0 += strides[a] * e.offset;
+            for &(l, c) in &e.terms {
+                if l >= nloops {
+                    return Err(format!("load l{li} names loop i{l} of {nloops}"));
+                }
+                coef[l] += strides[a] * c;
+                let span = c * (extents[l] as i64 - 1).max(0);
+                if span < 0 {
+                    lo += span;
+                } else {
+                    hi += span;
+                }
+            }
+            if nonempty && (lo < 0 || hi >= view[a] as i64) {
+                return Err(format!("load l{li}: index `{e}` leaves axis {a} of {view:?}"));
+            }
+        }
+        acc.push(Access {
+            buffer: ld.buffer,
+            dtype: b.ty.dtype,
+            c0,
+        });
+        coefs.push(coef);
+    }
+    {
+        let mut coef = vec![0i64; nloops];
+        let mut s = 1i64;
+        for l in (0..rank).rev() {
+            coef[l] = s;
+            s *= shape[l] as i64;
+        }
+        acc.push(Access {
+            buffer: out,
+            dtype: ob.ty.dtype,
+            c0: 0,
+        });
+        coefs.push(coef);
+    }
+    // Bodies.
+    let loads = &acc[..k.loads.len()];
+    let acc_dt = red.map(|r| r.dtype);
+    check_body(&k.body, loads, acc_dt, "body")?;
+    if let Some(r) = &k.reduce {
+        check_body(&r.body, loads, None, "reduction body")?;
+    }
+    let out_dt = k.body.last().map(|i| i.dtype).ok_or("empty body")?;
+    if out_dt != ob.ty.dtype {
+        return Err(format!("the body computes {out_dt}, the output is {}", ob.ty.dtype));
+    }
+    let used_body = loads_used(&k.body, k.loads.len());
+    for (l, u) in used_body.iter().enumerate() {
+        if *u && coefs[l][rank..].iter().any(|&c| c != 0) {
+            return Err(format!("the epilogue's load l{l} depends on a reduction loop"));
+        }
+    }
+    let poly = poly_enabled();
+    let numel: u64 = shape.iter().product();
+    let per_red = red.map_or(0, |r| r.count);
+    let cost_red = k.reduce.as_ref().map_or(0, |r| body_cost(&r.body));
+    let cost_body = body_cost(&k.body) + 1;
+    let n_acc = acc.len();
+    let mk = |idx: &[usize]| -> Vec<Lp> {
+        idx.iter()
+            .map(|&l| Lp {
+                n: extents[l],
+                coef: coefs.iter().map(|c| c[l]).collect(),
+            })
+            .collect()
+    };
+    if numel == 0 {
+        return Ok(Plan {
+            acc,
+            outer: Vec::new(),
+            vloop: None,
+            block: 0,
+            nblocks: 0,
+            red: Vec::new(),
+            mode: if red.is_some() {
+                Mode::ReduceInner
+            } else {
+                Mode::Elementwise
+            },
+            lanes: 1,
+            unroll: 1,
+            reduce: red,
+            extent: 0,
+            cost: 0,
+            lvl_body: vec![0; k.body.len()],
+            lvl_red: vec![0; k.reduce.as_ref().map_or(0, |r| r.body.len())],
+            vlevel: 2,
+            poly,
+        });
+    }
+    // Drop unit loops and collapse adjacent loops that are contiguous for every access.
+    let collapse = |loops: Vec<Lp>| -> Vec<Lp> {
+        let mut out: Vec<Lp> = Vec::new();
+        for l in loops.into_iter().filter(|l| l.n != 1) {
+            if let Some(prev) = out.last_mut()
+                && prev.coef.iter().zip(&l.coef).all(|(&p, &c)| p == c * l.n as i64)
+            {
+                prev.n *= l.n;
+                prev.coef = l.coef;
+                continue;
+            }
+            out.push(l);
+        }
+        out
+    };
+    let unit = || Lp {
+        n: 1,
+        coef: vec![0; n_acc],
+    };
+    let mut outl = collapse(mk(&(0..rank).collect::<Vec<_>>()));
+    if outl.is_empty() {
+        outl.push(unit());
+    }
+    let mut redl = if red.is_some_and(|r| !r.empty) {
+        collapse(mk(&(rank..nloops).collect::<Vec<_>>()))
+    } else {
+        Vec::new()
+    };
+    if red.is_some_and(|r| !r.empty) && redl.is_empty() {
+        redl.push(unit());
+    }
+    // Vectorization: one lane width for every value (bools become lane masks).
+    let used_red = k
+        .reduce
+        .as_ref()
+        .map_or(vec![false; k.loads.len()], |r| loads_used(&r.body, k.loads.len()));
+    let any_used: Vec<bool> = used_red.iter().zip(&used_body).map(|(a, b)| *a || *b).collect();
+    let lane_dtype = |dt: DType| matches!(dt, DType::F32 | DType::F64 | DType::I32 | DType::I64);
+    let loads_ok = |used: &[bool], w: usize| {
+        used.iter()
+            .zip(&acc)
+            .all(|(u, a)| !*u || a.dtype.size_bytes() == w || a.dtype == DType::Bool)
+    };
+    let lanes_of = |w: usize| -> u8 { if w == 4 { 4 } else { 2 } };
+    // Elementwise / across outputs: the output's lane width everywhere (a bool output takes
+    // the width of the values it is computed from; bools are lane masks of that width).
+    let w_out = if out_dt == DType::Bool {
+        k.body
+            .iter()
+            .chain(k.reduce.iter().flat_map(|r| &r.body))
+            .map(|i| i.dtype)
+            .chain(acc.iter().zip(&any_used).filter(|(_, u)| **u).map(|(a, _)| a.dtype))
+            .filter(|d| *d != DType::Bool)
+            .map(|d| d.size_bytes())
+            .max()
+            .unwrap_or(4)
+    } else {
+        out_dt.size_bytes()
+    };
+    let outer_ok = matches!(w_out, 4 | 8)
+        && (lane_dtype(out_dt) || out_dt == DType::Bool)
+        && loads_ok(&any_used, w_out)
+        && vectorizable(&k.body, w_out)
+        && k.reduce.as_ref().is_none_or(|r| vectorizable(&r.body, w_out));
+    // Along the reduction: the reduction body only (the epilogue runs once per output).
+    let (inner_ok, w_red) = match (&k.reduce, red) {
+        (Some(r), Some(rd)) => {
+            let w = rd.dtype.size_bytes();
+            (
+                lane_dtype(rd.dtype) && loads_ok(&used_red, w) && vectorizable(&r.body, w),
+                w,
+            )
+        }
+        _ => (false, 4),
+    };
+    let contiguous = |l: &Lp, used: &[bool], with_out: bool| {
+        used.iter()
+            .enumerate()
+            .filter(|(_, u)| **u)
+            .all(|(a, _)| matches!(l.coef[a], 0 | 1))
+            && (!with_out || l.coef[n_acc - 1] == 1)
+    };
+    let (mode, vec, lanes) = match red {
+        None => {
+            let l = lanes_of(w_out);
+            (
+                Mode::Elementwise,
+                outer_ok && outl.last().is_some_and(|v| v.n >= l as u64),
+                l,
+            )
+        }
+        Some(_) => {
+            let vo = outl.last().expect("at least one output loop");
+            let (li, lo) = (lanes_of(w_red), lanes_of(w_out));
+            if inner_ok
+                && redl
+                    .last()
+                    .is_some_and(|l| l.n >= li as u64 && contiguous(l, &used_red, false))
+            {
+                (Mode::ReduceInner, true, li)
+            } else if outer_ok && vo.n >= lo as u64 && contiguous(vo, &any_used, true) {
+                (Mode::ReduceOuter, true, lo)
+            } else {
+                (Mode::ReduceInner, false, 1)
+            }
+        }
+    };
+    let lanes = if vec { lanes } else { 1 };
+    // Two vectors per iteration hide latency in cheap bodies; long polynomial bodies already
+    // have independent work and would only spill.
+    let heavy = |body: &[Inst]| {
+        body.iter().any(|i| {
+            matches!(
+                i.op,
+                ScalarOp::Unary(
+                    UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos,
+                    _
+                ) | ScalarOp::Binary(BinaryOp::Pow | BinaryOp::Rem, ..)
+            )
+        })
+    };
+    let is_heavy = heavy(&k.body) || k.reduce.as_ref().is_some_and(|r| heavy(&r.body));
+    // Across outputs, four vectors cover a 64-byte line of f32 outputs per reduction step.
+    let unroll: u8 = match (vec, is_heavy, mode) {
+        (false, ..) => 1,
+        (true, true, _) => 1,
+        (true, false, Mode::ReduceOuter) => 4,
+        (true, false, _) => 2,
+    };
+    let (outer, vloop, red_loops) = match mode {
+        Mode::ReduceInner => (outl, None, redl),
+        _ => {
+            let v = outl.pop().expect("at least one output loop");
+            (outl, Some(v), redl)
+        }
+    };
+    let outer_n: u64 = outer.iter().map(|l| l.n).product();
+    let red_points: u64 = red_loops.iter().map(|l| l.n).product::<u64>().max(per_red.min(1));
+    // Work per element of the vector loop.
+    let per_elem = match mode {
+        Mode::Elementwise => cost_body,
+        Mode::ReduceInner => 0,
+        Mode::ReduceOuter => red_points * (cost_red + 1) + cost_body,
+    };
+    // Split the vector loop into blocks when the outer loops alone are too few to share
+    // across threads, keeping each block worth at least MIN_BLOCK_WORK.
+    let step = lanes as u64 * unroll as u64;
+    let (block, nblocks) = match &vloop {
+        Some(v) if outer_n < MIN_OUTER && v.n > step => {
+            let want = MIN_OUTER.div_ceil(outer_n.max(1));
+            let by_count = v.n.div_ceil(want);
+            let by_work = MIN_BLOCK_WORK.div_ceil(per_elem.max(1));
+            let b = by_count.max(by_work).div_ceil(step) * step;
+            if b < v.n { (b, v.n.div_ceil(b)) } else { (v.n, 1) }
+        }
+        Some(v) => (v.n, 1),
+        None => (0, 1),
+    };
+    let extent = outer_n * nblocks;
+    let cost = match mode {
+        Mode::Elementwise => block * cost_body,
+        Mode::ReduceInner => red_points * (cost_red + 1) + cost_body,
+        Mode::ReduceOuter => block * (red_points * (cost_red + 1) + cost_body),
+    }
+    .max(1);
+    // Hoisting levels.
+    let inner: Vec<&Lp> = match mode {
+        Mode::Elementwise => vloop.iter().collect(),
+        Mode::ReduceInner => red_loops.iter().collect(),
+        Mode::ReduceOuter => vloop.iter().chain(red_loops.iter()).collect(),
+    };
+    let vlevel = match mode {
+        Mode::ReduceInner => 1 + inner.len(),
+        _ => 2,
+    };
+    let load_level: Vec<usize> = (0..k.loads.len())
+        .map(|a| {
+            if let Some(d) = inner.iter().rposition(|l| l.coef[a] != 0) {
+                2 + d
+            } else if outer.iter().any(|l| l.coef[a] != 0) {
+                1
+            } else {
+                0
+            }
+        })
+        .collect();
+    let levels = |body: &[Inst], acc_level: usize| -> Vec<usize> {
+        let mut lv: Vec<usize> = Vec::with_capacity(body.len());
+        for inst in body {
+            let l = match &inst.op {
+                ScalarOp::Load(l) => load_level[*l],
+                ScalarOp::Const(_) => 0,
+                ScalarOp::Acc => acc_level,
+                ScalarOp::Unary(_, a) | ScalarOp::Cast(a) => lv[*a],
+                ScalarOp::Binary(_, a, b) => lv[*a].max(lv[*b]),
+                ScalarOp::Where(c, a, b) => lv[*c].max(lv[*a]).max(lv[*b]),
+            };
+            lv.push(l);
+        }
+        lv
+    };
+    let acc_level = match mode {
+        Mode::ReduceOuter => 2,
+        _ => 1,
+    };
+    let lvl_body = levels(&k.body, acc_level);
+    let lvl_red = k.reduce.as_ref().map_or(Vec::new(), |r| levels(&r.body, 0));
+    Ok(Plan {
+        acc,
+        outer,
+        vloop,
+        block,
+        nblocks,
+        red: red_loops,
+        mode,
+        lanes,
+        unroll,
+        reduce: red,
+        extent,
+        cost,
+        lvl_body,
+        lvl_red,
+        vlevel,
+        poly,
+    })
+}

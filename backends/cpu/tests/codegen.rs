@@ -1,0 +1,1266 @@
+//! The Cranelift code generator against the reference backend: every unary/binary op for
+//! every supported dtype, every cast pair, where, views (broadcast, transpose, slice,
+//! reshape), every reduction over first/middle/last/all axes, remainders, empty tensors,
+//! NaN/inf, in-place plans, thread splits, softmax / layer_norm / GELU, and the inline f32
+//! exp/tanh/erf over wide ranges.
+//!
+//! Tolerances: bit-exact for everything but f32 exp/tanh/erf (inline polynomials: 1e-6
+//! relative, plus 1e-40 absolute for subnormal results) and float reductions (the
+//! accumulation order differs: 1e-6 relative to the sum of magnitudes, f64 accumulation for
+//! f32) and composite models (1e-5 relative + 1e-6 absolute). Every kernel named "compiled"
+//! is checked to run as generated code (no `Step::Interpret`).
+
+use oar_backend_cpu::lower::{Lowered, lower};
+use oar_backend_reference::run_graph;
+use oar_cpu_runtime::{KernelFn, Model, Step};
+use oar_ir::ops::{BinaryOp, Composite, ReduceOp, SliceRange, UnaryOp};
+use oar_ir::{DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+// ---------------------------------------------------------------- data
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 11
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        self.next() as f64 / (1u64 << 53) as f64
+    }
+}
+
+const FLOAT_SPECIALS: [f64; 16] = [
+    f64::NAN,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    0.0,
+    -0.0,
+    1e30,
+    -1e30,
+    1e-40,
+    -1e-42,
+    88.72,
+    -103.5,
+    0.5,
+    2.5,
+    -2.5,
+    1.0,
+    -0.625,
+];
+
+/// Random values of `dtype`: floats in [-4, 4] with specials mixed in (if `specials`), ints
+/// across their range, bools.
+fn data(dtype: DType, shape: &[usize], seed: u64, specials: bool) -> TensorData {
+    let n: usize = shape.iter().product();
+    let mut r = Rng(seed.wrapping_mul(0x9e3779b97f4a7c15) ^ 0x1234_5678);
+    let v: Vec<f64> = (0..n)
+        .map(|i| match dtype {
+            DType::F32 | DType::F64 => {
+                if specials && i % 7 == 3 {
+                    FLOAT_SPECIALS[(r.next() % FLOAT_SPECIALS.len() as u64) as usize]
+                } else {
+                    r.unit() * 8.0 - 4.0
+                }
+            }
+            DType::I8 => (r.next() % 256) as f64 - 128.0,
+            DType::U8 => (r.next() % 256) as f64,
+            DType::I32 => match i % 11 {
+                3 => i32::MIN as f64,
+                5 => i32::MAX as f64,
+                7 => 0.0,
+                _ => (r.next() % 2001) as f64 - 1000.0,
+            },
+            DType::I64 => match i % 11 {
+                3 => -9.0e18,
+                5 => 9.0e18,
+                7 => 0.0,
+                _ => (r.next() % 2001) as f64 - 1000.0,
+            },
+            DType::Bool => (r.next() % 2) as f64,
+            _ => unreachable!(),
+        })
+        .collect();
+    TensorData::from_f64_slice(dtype, shape.to_vec(), &v).unwrap()
+}
+
+fn f32_data(shape: &[usize], seed: u64) -> TensorData {
+    data(DType::F32, shape, seed, false)
+}
+
+// ---------------------------------------------------------------- running
+
+/// How closely the compiled result must match the reference.
+#[derive(Clone, Copy, Debug)]
+struct Tol {
+    rel: f64,
+    abs: f64,
+}
+
+const EXACT: Tol = Tol { rel: 0.0, abs: 0.0 };
+
+/// A lowered graph with its machine code.
+struct Compiled {
+    lowered: Lowered,
+    funcs: Vec<KernelFn>,
+}
+
+/// The host ISA as `oar_backend_cpu::jit::host_isa` configures it, but not PIC (cranelift-jit
+/// refuses PIC code).
+fn jit_isa() -> cranelift_codegen::isa::OwnedTargetIsa {
+    use cranelift_codegen::settings::{self, Configurable};
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").unwrap();
+    flags.set("is_pic", "false").unwrap();
+    flags.set("enable_verifier", "true").unwrap();
+    cranelift_native::builder()
+        .unwrap()
+        .finish(settings::Flags::new(flags))
+        .unwrap()
+}
+
+/// Lower and JIT-compile `g` (the module is leaked: tests keep their code to the end).
+fn compile(g: &Graph) -> Arc<Compiled> {
+    let lowered = lower(g, &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}\n{}", oar_ir::text::print_graph(g)));
+    let mut builder = cranelift_jit::JITBuilder::with_isa(jit_isa(), cranelift_module::default_libcall_names());
+    for (name, ptr) in oar_cpu_runtime::math::symbols() {
+        builder.symbol(name, ptr);
+    }
+    let mut module = cranelift_jit::JITModule::new(builder);
+    let ids: Vec<_> = lowered
+        .funcs
+        .iter()
+        .map(|spec| {
+            oar_backend_cpu::codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, false)
+                .unwrap_or_else(|e| panic!("{e}\n{}", lowered.cpu.program))
+                .0
+        })
+        .collect();
+    module.finalize_definitions().unwrap();
+    let funcs = ids
+        .into_iter()
+        .map(|id| unsafe { std::mem::transmute::<*const u8, KernelFn>(module.get_finalized_function(id)) })
+        .collect();
+    Box::leak(Box::new(module));
+    Arc::new(Compiled { lowered, funcs })
+}
+
+/// The kernels that were interpreted, with the reason.
+fn interpreted(c: &Compiled) -> Vec<String> {
+    c.lowered
+        .cpu
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Interpret { kernel, reason } => Some(format!("kernel {kernel}: {reason}")),
+            _ => None,
+        })
+        .collect()
+}
+
+fn assert_compiled(c: &Compiled) {
+    let i = interpreted(c);
+    assert!(i.is_empty(), "interpreted: {i:?}\n{}", c.lowered.cpu.program);
+}
+
+fn close(a: f64, b: f64, tol: Tol) -> bool {
+    if a.is_nan() || b.is_nan() {
+        return a.is_nan() && b.is_nan();
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return a == b;
+    }
+    (a - b).abs() <= tol.abs + tol.rel * a.abs()
+}
+
+fn run_model(
+    c: &Compiled,
+    w: &Weights,
+    inputs: &BTreeMap<String, TensorData>,
+    threads: usize,
+) -> Vec<(String, TensorData)> {
+    let mut weights = c.lowered.consts.clone();
+    for (k, v) in w {
+        weights.insert(k.clone(), v.clone());
+    }
+    let mut m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &weights).unwrap();
+    m.set_threads(threads);
+    // Inputs the optimized program no longer reads are not fed.
+    let used: BTreeMap<String, TensorData> = m
+        .inputs()
+        .into_iter()
+        .map(|(n, _)| (n.clone(), inputs[&n].clone()))
+        .collect();
+    m.run(&used).unwrap()
+}
+
+/// Compile `g`, run it (1 thread and `threads` threads) and the reference, compare.
+fn check_with(
+    g: &Graph,
+    w: &Weights,
+    inputs: &BTreeMap<String, TensorData>,
+    tol: Tol,
+    compiled: bool,
+) -> Arc<Compiled> {
+    let c = compile(g);
+    if compiled {
+        assert_compiled(&c);
+    }
+    let want = run_graph(g, w, inputs).unwrap();
+    for threads in [1, 5] {
+        let got = run_model(&c, w, inputs, threads);
+        assert_eq!(want.len(), got.len());
+        for ((n1, a), (n2, b)) in want.iter().zip(&got) {
+            assert_eq!(n1, n2);
+            assert_eq!(a.dtype(), b.dtype(), "{n1}");
+            assert_eq!(a.shape(), b.shape(), "{n1}");
+            let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
+            for (i, (x, y)) in av.iter().zip(&bv).enumerate() {
+                if !close(*x, *y, tol) {
+                    let ins: Vec<String> = inputs
+                        .iter()
+                        .map(|(k, t)| format!("{k}[{i}]={:?}", t.to_f64_vec().get(i)))
+                        .collect();
+                    panic!(
+                        "{n1}[{i}]: reference {x:e} vs compiled {y:e} (threads {threads}, {ins:?})\n{}\n{}",
+                        oar_ir::text::print_graph(g),
+                        c.lowered.cpu.program
+                    );
+                }
+            }
+        }
+    }
+    c
+}
+
+fn check(g: &Graph, inputs: &BTreeMap<String, TensorData>, tol: Tol) -> Arc<Compiled> {
+    check_with(g, &Weights::new(), inputs, tol, true)
+}
+
+fn feeds(pairs: &[(&str, TensorData)]) -> BTreeMap<String, TensorData> {
+    pairs.iter().map(|(n, t)| (n.to_string(), t.clone())).collect()
+}
+
+fn input(g: &mut Graph, name: &str, dtype: DType, shape: &[usize]) -> ValueId {
+    g.add_input(name, TensorType::of(dtype, shape)).unwrap()
+}
+
+const SHAPES: [&[usize]; 6] = [&[1], &[3], &[5], &[17], &[33, 3], &[1000]];
+const NUMERIC: [DType; 6] = [DType::F32, DType::F64, DType::I8, DType::U8, DType::I32, DType::I64];
+
+// ---------------------------------------------------------------- elementwise
+
+fn unary_ok(op: UnaryOp, dt: DType) -> bool {
+    if dt.is_float() {
+        op != UnaryOp::Not
+    } else if dt.is_int() {
+        !op.float_only()
+    } else {
+        op == UnaryOp::Not
+    }
+}
+
+#[test]
+fn every_unary_op_for_every_dtype() {
+    for &op in UnaryOp::ALL {
+        for dt in NUMERIC.into_iter().chain([DType::Bool]) {
+            if !unary_ok(op, dt) {
+                continue;
+            }
+            let poly = dt == DType::F32 && matches!(op, UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Erf);
+            let tol = if poly { Tol { rel: 1e-6, abs: 1e-40 } } else { EXACT };
+            for (s, shape) in SHAPES.iter().enumerate() {
+                let mut g = Graph::new("unary");
+                let x = input(&mut g, "x", dt, shape);
+                let y = g.add_op1(Op::Unary(op), &[x]).unwrap();
+                g.add_output("y", y).unwrap();
+                check(&g, &feeds(&[("x", data(dt, shape, s as u64, true))]), tol);
+            }
+        }
+    }
+}
+
+fn binary_ok(op: BinaryOp, dt: DType) -> bool {
+    if op.is_comparison() {
+        return true;
+    }
+    if dt.is_float() {
+        !op.is_logical()
+    } else if dt.is_int() {
+        true
+    } else {
+        op.is_logical()
+    }
+}
+
+#[test]
+fn every_binary_op_for_every_dtype_with_broadcasting() {
+    for &op in BinaryOp::ALL {
+        for dt in NUMERIC.into_iter().chain([DType::Bool]) {
+            if !binary_ok(op, dt) {
+                continue;
+            }
+            // Integer div/rem/pow can fail at run time: the interpreter runs them.
+            let compiled = !(dt.is_int() && matches!(op, BinaryOp::Div | BinaryOp::Rem | BinaryOp::Pow));
+            for (i, (sa, sb)) in [
+                (&[17usize][..], &[17usize][..]),
+                (&[5, 17], &[17]),
+                (&[6, 9], &[6, 1]),
+                (&[3], &[1]),
+                (&[1000], &[1000]),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mut g = Graph::new("binary");
+                let a = input(&mut g, "a", dt, sa);
+                let b = input(&mut g, "b", dt, sb);
+                let y = g.add_op1(Op::Binary(op), &[a, b]).unwrap();
+                g.add_output("y", y).unwrap();
+                let mut bd = data(dt, sb, 100 + i as u64, true);
+                if !compiled {
+                    // Keep the integer ops defined (non-zero divisors, small exponents).
+                    let v: Vec<f64> = bd.to_f64_vec().iter().map(|&x| (x.abs() % 5.0) + 1.0).collect();
+                    bd = TensorData::from_f64_slice(dt, sb.to_vec(), &v).unwrap();
+                }
+                let c = check_with(
+                    &g,
+                    &Weights::new(),
+                    &feeds(&[("a", data(dt, sa, i as u64, true)), ("b", bd)]),
+                    EXACT,
+                    compiled,
+                );
+                if !compiled {
+                    assert!(!interpreted(&c).is_empty());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pow_with_constant_exponents() {
+    for dt in [DType::F32, DType::F64] {
+        for e in [0.0, 1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 2.5] {
+            let mut g = Graph::new("pow");
+            let x = input(&mut g, "x", dt, &[37]);
+            let c = g.add_scalar(dt, e);
+            let y = g.add_op1(Op::Binary(BinaryOp::Pow), &[x, c]).unwrap();
+            g.add_output("y", y).unwrap();
+            // x³ and x⁴ of f32 round once in f64 like the reference's pow.
+            check(&g, &feeds(&[("x", data(dt, &[37], 7, true))]), EXACT);
+        }
+    }
+}
+
+#[test]
+fn max_min_with_constants_propagate_nan() {
+    for dt in [DType::F32, DType::F64] {
+        for op in [BinaryOp::Max, BinaryOp::Min] {
+            for (c0, swap) in [(0.0, false), (6.0, true), (-1.5, false)] {
+                let mut g = Graph::new("clip");
+                let x = input(&mut g, "x", dt, &[41]);
+                let c = g.add_scalar(dt, c0);
+                let ins = if swap { [c, x] } else { [x, c] };
+                let y = g.add_op1(Op::Binary(op), &ins).unwrap();
+                g.add_output("y", y).unwrap();
+                check(&g, &feeds(&[("x", data(dt, &[41], 3, true))]), EXACT);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_cast_pair() {
+    let all = [
+        DType::F32,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
+    for from in all {
+        for to in all {
+            for shape in [&[9usize][..], &[1000]] {
+                let mut g = Graph::new("cast");
+                let x = input(&mut g, "x", from, shape);
+                let y = g.add_op1(Op::Cast { to }, &[x]).unwrap();
+                g.add_output("y", y).unwrap();
+                let mut t = data(from, shape, 11, true);
+                if from.is_float() {
+                    // Values around every integer type's range.
+                    let extra = [
+                        127.9,
+                        -128.9,
+                        255.5,
+                        256.0,
+                        -1.0,
+                        3e9,
+                        -3e9,
+                        1e19,
+                        -1e19,
+                        2147483647.0,
+                        9.3e18,
+                    ];
+                    let mut v = t.to_f64_vec();
+                    for (i, e) in extra.iter().enumerate() {
+                        let k = (i * 5 + 1) % v.len();
+                        v[k] = *e;
+                    }
+                    t = TensorData::from_f64_slice(from, shape.to_vec(), &v).unwrap();
+                }
+                if from == DType::I64 {
+                    // i64 -> f32 rounds once (not through f64).
+                    let mut v: Vec<i64> = t.to_vec().unwrap();
+                    v[0] = (1i64 << 60) + (1 << 36) + 1;
+                    t = TensorData::from_vec(shape.to_vec(), v).unwrap();
+                }
+                check(&g, &feeds(&[("x", t)]), EXACT);
+            }
+        }
+    }
+}
+
+#[test]
+fn where_with_comparisons_and_broadcast() {
+    for dt in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool] {
+        let mut g = Graph::new("where");
+        let a = input(&mut g, "a", dt, &[7, 19]);
+        let b = input(&mut g, "b", dt, &[19]);
+        let c = input(&mut g, "c", DType::Bool, &[7, 1]);
+        let lt = g.add_op1(Op::Binary(BinaryOp::Lt), &[a, b]).unwrap();
+        let both = g.add_op1(Op::Binary(BinaryOp::Xor), &[lt, c]).unwrap();
+        let y = g.add_op1(Op::Where, &[both, a, b]).unwrap();
+        g.add_output("y", y).unwrap();
+        check(
+            &g,
+            &feeds(&[
+                ("a", data(dt, &[7, 19], 1, true)),
+                ("b", data(dt, &[19], 2, true)),
+                ("c", data(DType::Bool, &[7, 1], 3, false)),
+            ]),
+            EXACT,
+        );
+    }
+}
+
+#[test]
+fn comparisons_feed_casts_in_vector_code() {
+    // f32 -> bool mask -> f32 / i32 inside one vectorized kernel.
+    let mut g = Graph::new("mask");
+    let x = input(&mut g, "x", DType::F32, &[2, 1001]);
+    let z = g.add_scalar(DType::F32, 0.25);
+    let gt = g.add_op1(Op::Binary(BinaryOp::Gt), &[x, z]).unwrap();
+    let f = g.add_op1(Op::Cast { to: DType::F32 }, &[gt]).unwrap();
+    let y = g.add_op1(Op::Binary(BinaryOp::Mul), &[x, f]).unwrap();
+    let i = g.add_op1(Op::Cast { to: DType::I32 }, &[y]).unwrap();
+    let nb = g.add_op1(Op::Unary(UnaryOp::Not), &[gt]).unwrap();
+    let ib = g.add_op1(Op::Cast { to: DType::I32 }, &[nb]).unwrap();
+    let s = g.add_op1(Op::Binary(BinaryOp::Add), &[i, ib]).unwrap();
+    g.add_output("y", y).unwrap();
+    g.add_output("s", s).unwrap();
+    check(&g, &feeds(&[("x", data(DType::F32, &[2, 1001], 5, true))]), EXACT);
+}
+
+fn slice(start: i64, end: i64, step: i64) -> SliceRange {
+    SliceRange { start, end, step }
+}
+
+#[test]
+fn views_broadcast_transpose_slice_reshape() {
+    for (m, n) in [(3usize, 5usize), (17, 33), (64, 100)] {
+        let mut g = Graph::new("views");
+        let x = input(&mut g, "x", DType::F32, &[m, n]);
+        let y = input(&mut g, "y", DType::F32, &[n, m]);
+        let b = input(&mut g, "b", DType::F32, &[n]);
+        let z = input(&mut g, "z", DType::F32, &[m * n]);
+        // transpose
+        let yt = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[y]).unwrap();
+        let s = g.add_op1(Op::Binary(BinaryOp::Add), &[x, yt]).unwrap();
+        // broadcast
+        let s = g.add_op1(Op::Binary(BinaryOp::Mul), &[s, b]).unwrap();
+        // reshape of a buffer (a view)
+        let zr = g
+            .add_op1(
+                Op::Reshape {
+                    shape: vec![Dim::Static(m), Dim::Static(n)],
+                },
+                &[z],
+            )
+            .unwrap();
+        let s = g.add_op1(Op::Binary(BinaryOp::Sub), &[s, zr]).unwrap();
+        g.add_output("s", s).unwrap();
+        // strided slice with a step, of a transposed input
+        let sl = g
+            .add_op1(
+                Op::Slice {
+                    ranges: vec![slice(1, n as i64, 2), slice(0, m as i64, 1)],
+                },
+                &[y],
+            )
+            .unwrap();
+        let e = g.add_op1(Op::Unary(UnaryOp::Exp), &[sl]).unwrap();
+        g.add_output("e", e).unwrap();
+        // explicit broadcast to a new leading axis
+        let bb = g
+            .add_op1(
+                Op::Broadcast {
+                    shape: vec![Dim::Static(4), Dim::Static(n)],
+                },
+                &[b],
+            )
+            .unwrap();
+        let bb = g.add_op1(Op::Unary(UnaryOp::Neg), &[bb]).unwrap();
+        g.add_output("bb", bb).unwrap();
+        check(
+            &g,
+            &feeds(&[
+                ("x", f32_data(&[m, n], 1)),
+                ("y", f32_data(&[n, m], 2)),
+                ("b", f32_data(&[n], 3)),
+                ("z", f32_data(&[m * n], 4)),
+            ]),
+            Tol { rel: 1e-6, abs: 0.0 },
+        );
+    }
+}
+
+#[test]
+fn four_d_broadcasts_like_batch_norm() {
+    // [N, C, H, W] with per-channel parameters: hoisted per-channel math, remainders.
+    for (n, c, h, w) in [(2usize, 3usize, 5usize, 7usize), (1, 16, 14, 14), (2, 4, 1, 1)] {
+        let mut g = Graph::new("bn");
+        let x = input(&mut g, "x", DType::F32, &[n, c, h, w]);
+        let scale = input(&mut g, "scale", DType::F32, &[c, 1, 1]);
+        let var = input(&mut g, "var", DType::F32, &[c, 1, 1]);
+        let eps = g.add_scalar(DType::F32, 1e-5);
+        let v = g.add_op1(Op::Binary(BinaryOp::Add), &[var, eps]).unwrap();
+        let r = g.add_op1(Op::Unary(UnaryOp::Rsqrt), &[v]).unwrap();
+        let k = g.add_op1(Op::Binary(BinaryOp::Mul), &[scale, r]).unwrap();
+        let y = g.add_op1(Op::Binary(BinaryOp::Mul), &[x, k]).unwrap();
+        let zero = g.add_scalar(DType::F32, 0.0);
+        let y = g.add_op1(Op::Binary(BinaryOp::Max), &[y, zero]).unwrap();
+        g.add_output("y", y).unwrap();
+        let vd: Vec<f32> = (0..c).map(|i| 0.5 + i as f32).collect();
+        check(
+            &g,
+            &feeds(&[
+                ("x", data(DType::F32, &[n, c, h, w], 1, true)),
+                ("scale", f32_data(&[c, 1, 1], 2)),
+                ("var", TensorData::from_vec(vec![c, 1, 1], vd).unwrap()),
+            ]),
+            EXACT,
+        );
+    }
+}
+
+#[test]
+fn large_elementwise_splits_across_threads() {
+    // One long row (blocked into the outer loop) and a wide 2-D case.
+    for shape in [&[100_003usize][..], &[3, 50_001], &[257, 129]] {
+        let mut g = Graph::new("big");
+        let x = input(&mut g, "x", DType::F32, shape);
+        let t = g.add_op1(Op::Unary(UnaryOp::Tanh), &[x]).unwrap();
+        let two = g.add_scalar(DType::F32, 2.0);
+        let y = g.add_op1(Op::Binary(BinaryOp::Mul), &[t, two]).unwrap();
+        g.add_output("y", y).unwrap();
+        check(&g, &feeds(&[("x", f32_data(shape, 9))]), Tol { rel: 1e-6, abs: 1e-40 });
+    }
+}
+
+#[test]
+fn empty_tensors() {
+    let mut g = Graph::new("empty");
+    let x = input(&mut g, "x", DType::F32, &[0, 5]);
+    let y = g.add_op1(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+    g.add_output("y", y).unwrap();
+    for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Mean] {
+        let r = g
+            .add_op1(
+                Op::Reduce {
+                    op,
+                    axes: vec![0],
+                    keepdim: false,
+                },
+                &[x],
+            )
+            .unwrap();
+        g.add_output(op.name(), r).unwrap();
+    }
+    check(&g, &feeds(&[("x", f32_data(&[0, 5], 1))]), EXACT);
+}
+
+#[test]
+fn in_place_plans_read_before_they_write() {
+    // An opaque concat makes `t` a temporary; `t * 2 + 1` then writes over it in place.
+    let mut g = Graph::new("inplace");
+    let x = input(&mut g, "x", DType::F32, &[9, 37]);
+    let t = g.add_op1(Op::Concat { axis: 1 }, &[x, x]).unwrap();
+    let two = g.add_scalar(DType::F32, 2.0);
+    let one = g.add_scalar(DType::F32, 1.0);
+    let u = g.add_op1(Op::Binary(BinaryOp::Mul), &[t, two]).unwrap();
+    let u = g.add_op1(Op::Binary(BinaryOp::Add), &[u, one]).unwrap();
+    let e = g.add_op1(Op::Unary(UnaryOp::Exp), &[u]).unwrap();
+    let v = g.add_op1(Op::Concat { axis: 0 }, &[e, u]).unwrap();
+    g.add_output("v", v).unwrap();
+    let c = check_with(
+        &g,
+        &Weights::new(),
+        &feeds(&[("x", f32_data(&[9, 37], 3))]),
+        Tol { rel: 1e-6, abs: 0.0 },
+        false,
+    );
+    assert!(!c.lowered.cpu.plan.in_place.is_empty(), "{:?}", c.lowered.cpu.plan);
+    // The elementwise kernels are compiled; only the concats are interpreted.
+    for r in interpreted(&c) {
+        assert!(r.contains("concat"), "{r}");
+    }
+}
+
+// ---------------------------------------------------------------- reductions
+
+fn reduce_graph(op: ReduceOp, dt: DType, shape: &[usize], axes: &[usize], keepdim: bool) -> Graph {
+    let mut g = Graph::new("reduce");
+    let x = input(&mut g, "x", dt, shape);
+    let r = g
+        .add_op1(
+            Op::Reduce {
+                op,
+                axes: axes.to_vec(),
+                keepdim,
+            },
+            &[x],
+        )
+        .unwrap();
+    g.add_output("r", r).unwrap();
+    g
+}
+
+#[test]
+fn every_reduction_over_first_middle_last_and_all_axes() {
+    let cases: [(&[usize], &[&[usize]]); 5] = [
+        (&[1000], &[&[0]]),
+        (&[3, 5, 17], &[&[0], &[1], &[2], &[0, 1, 2], &[0, 2], &[1, 2]]),
+        (&[33, 7], &[&[0], &[1]]),
+        (&[4, 1, 6], &[&[1], &[0, 2]]),
+        (&[2, 9, 33], &[&[0], &[2], &[1, 2]]),
+    ];
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Prod,
+        ReduceOp::Mean,
+    ] {
+        for dt in NUMERIC {
+            if op == ReduceOp::Mean && !dt.is_float() {
+                continue;
+            }
+            let tol = if dt.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod) {
+                Tol { rel: 1e-6, abs: 1e-6 }
+            } else {
+                EXACT
+            };
+            for (si, (shape, axes_list)) in cases.iter().enumerate() {
+                for axes in axes_list.iter() {
+                    for keepdim in [false, true] {
+                        let g = reduce_graph(op, dt, shape, axes, keepdim);
+                        eprintln!("case {op:?} {dt} {shape:?} {axes:?} {keepdim}");
+                        let mut x = data(dt, shape, si as u64, false);
+                        if dt.is_float() && op == ReduceOp::Prod {
+                            // Keep products finite and away from underflow.
+                            let v: Vec<f64> = x.to_f64_vec().iter().map(|v| 1.0 + v / 400.0).collect();
+                            x = TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap();
+                        }
+                        check(&g, &feeds(&[("x", x)]), tol);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn float_reductions_propagate_nan_and_inf() {
+    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean] {
+        for dt in [DType::F32, DType::F64] {
+            for (shape, axes) in [(&[5usize, 37][..], &[1usize][..]), (&[37, 5], &[0]), (&[41], &[0])] {
+                let g = reduce_graph(op, dt, shape, axes, false);
+                check(
+                    &g,
+                    &feeds(&[("x", data(dt, shape, 4, true))]),
+                    Tol { rel: 1e-6, abs: 1e-6 },
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn long_f32_sums_stay_within_1e_5() {
+    // 1e5 elements along a contiguous axis, a strided axis, and everything.
+    for (shape, axes) in [
+        (&[100_000usize][..], &[0usize][..]),
+        (&[4, 25_000], &[1]),
+        (&[25_000, 8], &[0]),
+        (&[50, 40, 50], &[0, 2]),
+    ] {
+        for op in [ReduceOp::Sum, ReduceOp::Mean] {
+            let g = reduce_graph(op, DType::F32, shape, axes, true);
+            check(&g, &feeds(&[("x", f32_data(shape, 21))]), Tol { rel: 1e-5, abs: 1e-5 });
+        }
+    }
+}
+
+#[test]
+fn reduction_epilogues_and_bodies_fuse() {
+    // sum((x - m)^2) / n with an rsqrt epilogue: layer-norm's variance kernel.
+    let mut g = Graph::new("var");
+    let x = input(&mut g, "x", DType::F32, &[6, 1000]);
+    let m = g
+        .add_op1(
+            Op::Reduce {
+                op: ReduceOp::Mean,
+                axes: vec![1],
+                keepdim: true,
+            },
+            &[x],
+        )
+        .unwrap();
+    let d = g.add_op1(Op::Binary(BinaryOp::Sub), &[x, m]).unwrap();
+    let d2 = g.add_op1(Op::Binary(BinaryOp::Mul), &[d, d]).unwrap();
+    let v = g
+        .add_op1(
+            Op::Reduce {
+                op: ReduceOp::Mean,
+                axes: vec![1],
+                keepdim: true,
+            },
+            &[d2],
+        )
+        .unwrap();
+    let eps = g.add_scalar(DType::F32, 1e-5);
+    let v = g.add_op1(Op::Binary(BinaryOp::Add), &[v, eps]).unwrap();
+    let r = g.add_op1(Op::Unary(UnaryOp::Rsqrt), &[v]).unwrap();
+    g.add_output("r", r).unwrap();
+    check(
+        &g,
+        &feeds(&[("x", f32_data(&[6, 1000], 5))]),
+        Tol { rel: 1e-6, abs: 1e-7 },
+    );
+}
+
+#[test]
+fn max_over_an_empty_axis_is_an_error_like_the_reference() {
+    let g = reduce_graph(ReduceOp::Max, DType::F32, &[0, 3], &[0], false);
+    let c = compile(&g);
+    assert_eq!(interpreted(&c).len(), 1);
+    let x = feeds(&[("x", f32_data(&[0, 3], 1))]);
+    assert!(run_graph(&g, &Weights::new(), &x).is_err());
+    let mut weights = c.lowered.consts.clone();
+    weights.extend(Weights::new());
+    let m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &weights).unwrap();
+    assert!(m.run(&x).is_err());
+}
+
+// ---------------------------------------------------------------- composites
+
+fn composite(c: Composite, shape: &[usize]) -> (Graph, BTreeMap<String, TensorData>, Weights) {
+    let mut g = Graph::new(c.name());
+    let x = input(&mut g, "x", DType::F32, shape);
+    let mut w = Weights::new();
+    let mut ins = vec![x];
+    if let Composite::LayerNorm { normalized_ndim, .. } = c {
+        let d = &shape[shape.len() - normalized_ndim..];
+        for (name, seed) in [("gamma", 7), ("beta", 8)] {
+            w.insert(name.into(), f32_data(d, seed));
+            ins.push(g.add_param(name, TensorType::of(DType::F32, d)).unwrap());
+        }
+    }
+    let y = g.add_op1(Op::Composite(c), &ins).unwrap();
+    g.add_output("y", y).unwrap();
+    let mut x = f32_data(shape, 3);
+    let v: Vec<f32> = x.to_vec::<f32>().unwrap().iter().map(|v| v * 3.0).collect();
+    x = TensorData::from_vec(shape.to_vec(), v).unwrap();
+    (g, feeds(&[("x", x)]), w)
+}
+
+#[test]
+fn softmax_layer_norm_and_gelu_are_compiled() {
+    let tol = Tol { rel: 1e-5, abs: 1e-6 };
+    for shape in [&[4usize, 7][..], &[2, 3, 128], &[3, 1000]] {
+        let last = shape.len() - 1;
+        for c in [
+            Composite::Softmax { axis: last },
+            Composite::Softmax { axis: 0 },
+            Composite::LogSoftmax { axis: last },
+            Composite::LayerNorm {
+                normalized_ndim: 1,
+                epsilon: Float(1e-5),
+            },
+            Composite::Gelu { approximate: false },
+            Composite::Gelu { approximate: true },
+        ] {
+            let (g, x, w) = composite(c, shape);
+            check_with(&g, &w, &x, tol, true);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- inline math accuracy
+
+fn dense(lo: f32, hi: f32, n: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..n).map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32).collect();
+    v.extend([
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        f32::MAX,
+        f32::MIN,
+        1e-30,
+        -1e-30,
+        1e-42,
+        88.72283,
+        88.7229,
+        -87.33,
+        -103.97,
+        -104.5,
+        0.625,
+        -0.625,
+        0.62499994,
+        1.0,
+        -1.0,
+        3.92,
+        4.0,
+        -4.0,
+    ]);
+    v
+}
+
+#[test]
+fn inline_exp_tanh_erf_match_libm_over_wide_ranges() {
+    for (op, lo, hi) in [
+        (UnaryOp::Exp, -110.0, 95.0),
+        (UnaryOp::Exp, -1.0, 1.0),
+        (UnaryOp::Tanh, -12.0, 12.0),
+        (UnaryOp::Tanh, -1e-3, 1e-3),
+        (UnaryOp::Erf, -6.0, 6.0),
+        (UnaryOp::Erf, -1e-3, 1e-3),
+    ] {
+        let v = dense(lo, hi, 200_001);
+        let n = v.len();
+        let mut g = Graph::new("math");
+        let x = input(&mut g, "x", DType::F32, &[n]);
+        let y = g.add_op1(Op::Unary(op), &[x]).unwrap();
+        g.add_output("y", y).unwrap();
+        let t = TensorData::from_vec(vec![n], v).unwrap();
+        check(&g, &feeds(&[("x", t)]), Tol { rel: 1e-6, abs: 1e-40 });
+    }
+}
+
+// ---------------------------------------------------------------- CLIF and other ISAs
+
+/// `(function name, CLIF text)` of every generated function of `g`.
+fn clif_of(g: &Graph) -> Vec<(String, String)> {
+    let lowered = oar_backend_cpu::lower::lower(g, &BTreeMap::new()).unwrap();
+    let builder = cranelift_jit::JITBuilder::with_isa(jit_isa(), cranelift_module::default_libcall_names());
+    let mut module = cranelift_jit::JITModule::new(builder);
+    lowered
+        .funcs
+        .iter()
+        .map(|spec| {
+            let (_, clif) =
+                oar_backend_cpu::codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, true)
+                    .unwrap();
+            (spec.name.clone(), clif.unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn clif_text_names_the_function_and_uses_vectors() {
+    let mut g = Graph::new("clif");
+    let x = input(&mut g, "x", DType::F32, &[8, 64]);
+    let e = g.add_op1(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+    g.add_output("y", e).unwrap();
+    for (name, clif) in clif_of(&g) {
+        assert!(clif.contains(&format!("function %{name}(")), "{clif}");
+        assert!(clif.contains("load.f32x4") && clif.contains("store"), "{clif}");
+        // The inline exp: no call per element.
+        assert!(!clif.contains("call"), "{clif}");
+    }
+}
+
+/// Every kernel of these graphs also compiles for a plain SSE4.2 x86-64 (no AVX), the floor
+/// of what AOT binaries assume.
+#[test]
+fn kernels_compile_for_baseline_x86_64() {
+    use cranelift_codegen::settings::{self, Configurable};
+    use std::str::FromStr;
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").unwrap();
+    flags.set("is_pic", "true").unwrap();
+    flags.enable("enable_verifier").unwrap();
+    let mut isa_b =
+        cranelift_codegen::isa::lookup(target_lexicon::Triple::from_str("x86_64-unknown-linux-gnu").unwrap()).unwrap();
+    isa_b.enable("sse42").unwrap();
+    let isa = isa_b.finish(settings::Flags::new(flags)).unwrap();
+    let mut graphs = Vec::new();
+    for &op in UnaryOp::ALL {
+        for dt in NUMERIC.into_iter().chain([DType::Bool]) {
+            if unary_ok(op, dt) {
+                let mut g = Graph::new("u");
+                let x = input(&mut g, "x", dt, &[64]);
+                let y = g.add_op1(Op::Unary(op), &[x]).unwrap();
+                g.add_output("y", y).unwrap();
+                graphs.push(g);
+            }
+        }
+    }
+    for &op in BinaryOp::ALL {
+        for dt in NUMERIC.into_iter().chain([DType::Bool]) {
+            if binary_ok(op, dt) {
+                let mut g = Graph::new("b");
+                let a = input(&mut g, "a", dt, &[64]);
+                let b = input(&mut g, "b", dt, &[64]);
+                let y = g.add_op1(Op::Binary(op), &[a, b]).unwrap();
+                g.add_output("y", y).unwrap();
+                graphs.push(g);
+            }
+        }
+    }
+    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
+        for dt in NUMERIC {
+            for axes in [&[0usize][..], &[1]] {
+                graphs.push(reduce_graph(op, dt, &[16, 16], axes, false));
+            }
+        }
+    }
+    for from in NUMERIC.into_iter().chain([DType::Bool]) {
+        for to in NUMERIC.into_iter().chain([DType::Bool]) {
+            let mut g = Graph::new("c");
+            let x = input(&mut g, "x", from, &[64]);
+            let y = g.add_op1(Op::Cast { to }, &[x]).unwrap();
+            g.add_output("y", y).unwrap();
+            graphs.push(g);
+        }
+    }
+    let builder =
+        cranelift_object::ObjectBuilder::new(isa, "kernels", cranelift_module::default_libcall_names()).unwrap();
+    let mut module = cranelift_object::ObjectModule::new(builder);
+    let mut n = 0;
+    for g in &graphs {
+        let lowered = oar_backend_cpu::lower::lower(g, &BTreeMap::new()).unwrap();
+        for spec in &lowered.funcs {
+            let mut spec = spec.clone();
+            spec.name = format!("{}_{n}", spec.name);
+            n += 1;
+            oar_backend_cpu::codegen::define_function(&mut module, &spec, &lowered.cpu.program.buffers, false)
+                .unwrap_or_else(|e| panic!("{e}\n{}", oar_ir::text::print_graph(g)));
+        }
+    }
+    assert!(n > 100);
+    module.finish();
+}
+
+// ---------------------------------------------------------------- model blocks
+
+fn param(g: &mut Graph, w: &mut Weights, name: &str, dims: &[usize]) -> ValueId {
+    w.insert(name.into(), f32_data(dims, w.len() as u64 + 100));
+    g.add_param(name, TensorType::of(DType::F32, dims)).unwrap()
+}
+
+/// Every loop kernel and every matmul/conv epilogue of a transformer encoder layer and a
+/// ResNet basic block is generated code; when the runtime runs contractions, the whole block
+/// matches the reference (until then the run is skipped).
+#[test]
+fn transformer_layer_and_resnet_block_kernels_are_all_compiled() {
+    let tol = Tol { rel: 1e-4, abs: 1e-5 };
+    // Transformer encoder layer (one head).
+    let (b, s, d, f) = (2, 16, 32, 64);
+    let mut g = Graph::new("encoder");
+    let mut w = Weights::new();
+    let x = input(&mut g, "x", DType::F32, &[b, s, d]);
+    let ln = |g: &mut Graph, w: &mut Weights, x, n: &str| {
+        let (gw, gb) = (
+            param(g, w, &format!("{n}.g"), &[d]),
+            param(g, w, &format!("{n}.b"), &[d]),
+        );
+        let c = Composite::LayerNorm {
+            normalized_ndim: 1,
+            epsilon: Float(1e-5),
+        };
+        g.add_op1(Op::Composite(c), &[x, gw, gb]).unwrap()
+    };
+    let lin = |g: &mut Graph, w: &mut Weights, x, n: &str, i: usize, o: usize| {
+        let (ww, wb) = (
+            param(g, w, &format!("{n}.w"), &[i, o]),
+            param(g, w, &format!("{n}.b"), &[o]),
+        );
+        g.add_op1(Op::Composite(Composite::Linear), &[x, ww, wb]).unwrap()
+    };
+    let h = ln(&mut g, &mut w, x, "ln1");
+    let q = lin(&mut g, &mut w, h, "q", d, d);
+    let k = lin(&mut g, &mut w, h, "k", d, d);
+    let v = lin(&mut g, &mut w, h, "v", d, d);
+    let kt = g.add_op1(Op::Permute { perm: vec![0, 2, 1] }, &[k]).unwrap();
+    let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+    let scale = g.add_scalar(DType::F32, 1.0 / (d as f64).sqrt());
+    let sc = g.add_op1(Op::Binary(BinaryOp::Mul), &[sc, scale]).unwrap();
+    let a = g.add_op1(Op::Composite(Composite::Softmax { axis: 2 }), &[sc]).unwrap();
+    let att = g.add_op1(Op::MatMul, &[a, v]).unwrap();
+    let o = lin(&mut g, &mut w, att, "o", d, d);
+    let r1 = g.add_op1(Op::Binary(BinaryOp::Add), &[x, o]).unwrap();
+    let h2 = ln(&mut g, &mut w, r1, "ln2");
+    let f1 = lin(&mut g, &mut w, h2, "ff1", d, f);
+    let f1 = g
+        .add_op1(Op::Composite(Composite::Gelu { approximate: false }), &[f1])
+        .unwrap();
+    let f2 = lin(&mut g, &mut w, f1, "ff2", f, d);
+    let y = g.add_op1(Op::Binary(BinaryOp::Add), &[r1, f2]).unwrap();
+    g.add_output("y", y).unwrap();
+    let encoder = (g, w, feeds(&[("x", f32_data(&[b, s, d], 6))]));
+    // ResNet basic block: conv-bn-relu-conv-bn (+x) relu.
+    let c = 8;
+    let mut g = Graph::new("block");
+    let mut w = Weights::new();
+    let x = input(&mut g, "x", DType::F32, &[1, c, 10, 10]);
+    let conv_bn = |g: &mut Graph, w: &mut Weights, x, n: &str| {
+        let k = param(g, w, &format!("{n}.w"), &[c, c, 3, 3]);
+        let y = g
+            .add_op1(
+                Op::Composite(Composite::Conv2d {
+                    stride: [1, 1],
+                    padding: [1, 1, 1, 1],
+                    dilation: [1, 1],
+                    groups: 1,
+                }),
+                &[x, k],
+            )
+            .unwrap();
+        let ps: Vec<ValueId> = ["scale", "bias", "mean"]
+            .iter()
+            .map(|p| param(g, w, &format!("{n}.{p}"), &[c]))
+            .collect();
+        w.insert(
+            format!("{n}.var"),
+            TensorData::from_vec(vec![c], vec![0.5f32; c]).unwrap(),
+        );
+        let var = g
+            .add_param(&format!("{n}.var"), TensorType::of(DType::F32, &[c]))
+            .unwrap();
+        let bn = Composite::BatchNorm {
+            epsilon: Float(1e-5),
+            momentum: Float(0.9),
+            training: false,
+        };
+        g.add_op1(Op::Composite(bn), &[y, ps[0], ps[1], ps[2], var]).unwrap()
+    };
+    let h = conv_bn(&mut g, &mut w, x, "c1");
+    let h = g.add_op1(Op::Composite(Composite::Relu), &[h]).unwrap();
+    let h = conv_bn(&mut g, &mut w, h, "c2");
+    let h = g.add_op1(Op::Binary(BinaryOp::Add), &[h, x]).unwrap();
+    let h = g.add_op1(Op::Composite(Composite::Relu), &[h]).unwrap();
+    g.add_output("y", h).unwrap();
+    let block = (g, w, feeds(&[("x", f32_data(&[1, c, 10, 10], 7))]));
+    for (g, w, x) in [encoder, block] {
+        let c = compile(&g);
+        assert_compiled(&c);
+        let steps = &c.lowered.cpu.steps;
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s, Step::Contraction { epilogue: Some(_), .. }))
+        );
+        let mut weights = c.lowered.consts.clone();
+        weights.extend(w.clone());
+        let m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &weights).unwrap();
+        match m.run(&x) {
+            Err(oar_ir::BackendError::Unsupported { .. }) => continue,
+            Err(e) => panic!("{e}"),
+            Ok(_) => {
+                check_with(&g, &w, &x, tol, true);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- random programs
+
+/// Random f32 programs mixing broadcasts, transposes, unary/binary ops, comparisons with
+/// where, and keepdim reductions feeding back into elementwise ops: hoisting levels, loop
+/// collapsing, every loop mode and their vector/scalar paths meet in unplanned ways.
+#[test]
+fn random_programs_match_the_reference() {
+    let dims = [1usize, 2, 3, 5, 8, 17, 33, 64];
+    let mut r = Rng(42);
+    for case in 0..200 {
+        let rank = 1 + (r.next() % 4) as usize;
+        let shape: Vec<usize> = (0..rank)
+            .map(|_| dims[(r.next() % dims.len() as u64) as usize])
+            .collect();
+        let mut g = Graph::new("random");
+        let mut ins = Vec::new();
+        let mut vals: Vec<ValueId> = Vec::new();
+        for i in 0..3 {
+            // Full, broadcast (some axes 1) or transposed (reversed, permuted back) inputs.
+            let kind = r.next() % 3;
+            let name = format!("x{i}");
+            let v = match kind {
+                0 => {
+                    let s: Vec<usize> = shape.iter().map(|&d| if r.next() % 2 == 0 { 1 } else { d }).collect();
+                    ins.push((name.clone(), f32_data(&s, case * 10 + i)));
+                    input(&mut g, &name, DType::F32, &s)
+                }
+                1 if rank > 1 => {
+                    let s: Vec<usize> = shape.iter().rev().copied().collect();
+                    ins.push((name.clone(), f32_data(&s, case * 10 + i)));
+                    let x = input(&mut g, &name, DType::F32, &s);
+                    let perm: Vec<usize> = (0..rank).rev().collect();
+                    g.add_op1(Op::Permute { perm }, &[x]).unwrap()
+                }
+                _ => {
+                    ins.push((name.clone(), f32_data(&shape, case * 10 + i)));
+                    input(&mut g, &name, DType::F32, &shape)
+                }
+            };
+            vals.push(v);
+        }
+        let pick = |r: &mut Rng, vals: &[ValueId]| vals[(r.next() % vals.len() as u64) as usize];
+        let mut cur = pick(&mut r, &vals);
+        for _ in 0..6 {
+            let other = pick(&mut r, &vals);
+            cur = match r.next() % 7 {
+                0 => {
+                    let op = [
+                        UnaryOp::Neg,
+                        UnaryOp::Abs,
+                        UnaryOp::Exp,
+                        UnaryOp::Tanh,
+                        UnaryOp::Floor,
+                        UnaryOp::Sign,
+                    ][(r.next() % 6) as usize];
+                    g.add_op1(Op::Unary(op), &[cur]).unwrap()
+                }
+                1 | 2 => {
+                    let op = [
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Max,
+                        BinaryOp::Min,
+                    ][(r.next() % 5) as usize];
+                    g.add_op1(Op::Binary(op), &[cur, other]).unwrap()
+                }
+                3 => {
+                    let c = g.add_op1(Op::Binary(BinaryOp::Gt), &[cur, other]).unwrap();
+                    g.add_op1(Op::Where, &[c, other, cur]).unwrap()
+                }
+                _ => {
+                    // Reduce over some axes (keepdim), then combine with the unreduced value.
+                    let cur_rank = g.value_type(cur).rank();
+                    let axes: Vec<usize> = (0..cur_rank).filter(|_| r.next() % 2 == 0).collect();
+                    let axes = if axes.is_empty() { vec![cur_rank - 1] } else { axes };
+                    let op = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean][(r.next() % 4) as usize];
+                    let red = g
+                        .add_op1(
+                            Op::Reduce {
+                                op,
+                                axes,
+                                keepdim: true,
+                            },
+                            &[cur],
+                        )
+                        .unwrap();
+                    g.add_op1(Op::Binary(BinaryOp::Sub), &[cur, red]).unwrap()
+                }
+            };
+            if r.next() % 4 == 0 {
+                vals.push(cur);
+            }
+        }
+        g.add_output("y", cur).unwrap();
+        let refs: Vec<(&str, TensorData)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        check(&g, &feeds(&refs), Tol { rel: 1e-5, abs: 1e-5 });
+    }
+}
+
+#[test]
+fn stride_two_loads_like_pooling() {
+    for dt in [DType::F32, DType::F64, DType::I32, DType::I64] {
+        for n in [8usize, 9, 37, 64] {
+            let mut g = Graph::new("pool");
+            let x = input(&mut g, "x", dt, &[3, n]);
+            let even = g
+                .add_op1(
+                    Op::Slice {
+                        ranges: vec![slice(0, 3, 1), slice(0, n as i64 - 1, 2)],
+                    },
+                    &[x],
+                )
+                .unwrap();
+            let odd = g
+                .add_op1(
+                    Op::Slice {
+                        ranges: vec![slice(0, 3, 1), slice(1, n as i64, 2)],
+                    },
+                    &[x],
+                )
+                .unwrap();
+            let y = g.add_op1(Op::Binary(BinaryOp::Max), &[even, odd]).unwrap();
+            g.add_output("y", y).unwrap();
+            check(&g, &feeds(&[("x", data(dt, &[3, n], n as u64, true))]), EXACT);
+        }
+    }
+}
+
+#[test]
+fn bool_buffers_in_vector_kernels() {
+    // Contiguous, transposed (gathered) and broadcast bool loads; bool stores of 4- and
+    // 8-byte lane masks.
+    for dt in [DType::F32, DType::F64, DType::I32, DType::I64] {
+        for n in [3usize, 9, 33] {
+            let mut g = Graph::new("masks");
+            let a = input(&mut g, "a", dt, &[5, n]);
+            let b = input(&mut g, "b", dt, &[5, n]);
+            let m = input(&mut g, "m", DType::Bool, &[5, n]);
+            let mt = input(&mut g, "mt", DType::Bool, &[n, 5]);
+            let mb = input(&mut g, "mb", DType::Bool, &[n]);
+            let mt = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[mt]).unwrap();
+            let both = g.add_op1(Op::Binary(BinaryOp::And), &[m, mt]).unwrap();
+            let either = g.add_op1(Op::Binary(BinaryOp::Or), &[both, mb]).unwrap();
+            let y = g.add_op1(Op::Where, &[either, a, b]).unwrap();
+            g.add_output("y", y).unwrap();
+            let lt = g.add_op1(Op::Binary(BinaryOp::Lt), &[a, b]).unwrap();
+            let z = g.add_op1(Op::Binary(BinaryOp::Xor), &[lt, m]).unwrap();
+            let z = g.add_op1(Op::Unary(UnaryOp::Not), &[z]).unwrap();
+            g.add_output("z", z).unwrap();
+            check(
+                &g,
+                &feeds(&[
+                    ("a", data(dt, &[5, n], 1, true)),
+                    ("b", data(dt, &[5, n], 2, true)),
+                    ("m", data(DType::Bool, &[5, n], 3, false)),
+                    ("mt", data(DType::Bool, &[n, 5], 4, false)),
+                    ("mb", data(DType::Bool, &[n], 5, false)),
+                ]),
+                EXACT,
+            );
+            if dt == DType::F32 && n == 33 {
+                // Bytes widen to lane masks and narrow back, in vector code.
+                let text: String = clif_of(&g).into_iter().map(|(_, c)| c).collect();
+                assert!(text.contains("uwiden_low") && text.contains("snarrow"), "{text}");
+            }
+        }
+    }
+}
