@@ -78,11 +78,8 @@ pub unsafe extern "C" fn oar_rt_exe_main(
         };
         main_with(args, blob, table)
     }));
-    match r {
-        Ok(code) => code,
-        // The panic hook printed the message.
-        Err(_) => 1,
-    }
+    // On a panic the hook printed the message.
+    r.unwrap_or(1)
 }
 
 fn main_with(args: Vec<OsString>, blob: &[u8], table: &[KernelFn]) -> c_int {
