@@ -30,6 +30,58 @@ graph @ew {
 }
 "#;
 
+/// An MLP: linear, relu, linear, softmax (matmul contractions with fused epilogues).
+const MLP: &str = r#"
+graph @mlp {
+  %x = input "x" : f32[N,6]
+  %w1 = param "w1" : f32[6,16]
+  %b1 = param "b1" : f32[16]
+  %w2 = param "w2" : f32[16,4]
+  %b2 = param "b2" : f32[4]
+  %0 = linear(%x, %w1, %b1) : f32[N,16]
+  %1 = relu(%0) : f32[N,16]
+  %2 = linear(%1, %w2, %b2) : f32[N,4]
+  %3 = softmax(%2) {axis = 1} : f32[N,4]
+  output "probs" = %3
+}
+"#;
+
+/// A small CNN: conv (padded), relu, max pool, depthwise conv, relu, flatten, linear.
+const CNN: &str = r#"
+graph @cnn {
+  %x = input "x" : f32[N,1,8,8]
+  %w1 = param "w1" : f32[4,1,3,3]
+  %b1 = param "b1" : f32[4]
+  %w2 = param "w2" : f32[4,1,3,3]
+  %w3 = param "w3" : f32[16,5]
+  %b3 = param "b3" : f32[5]
+  %0 = conv2d(%x, %w1, %b1) {stride = [1, 1], padding = [1, 1, 1, 1], dilation = [1, 1], groups = 1} : f32[N,4,8,8]
+  %1 = relu(%0) : f32[N,4,8,8]
+  %2 = max_pool2d(%1) {kernel = [2, 2], stride = [2, 2], padding = [0, 0, 0, 0], ceil_mode = false} : f32[N,4,4,4]
+  %3 = conv2d(%2, %w2) {stride = [1, 1], padding = [0, 0, 0, 0], dilation = [1, 1], groups = 4} : f32[N,4,2,2]
+  %4 = relu(%3) : f32[N,4,2,2]
+  %5 = reshape(%4) : f32[N,16]
+  %6 = linear(%5, %w3, %b3) : f32[N,5]
+  output "logits" = %6
+}
+"#;
+
+/// A graph from text with deterministic weights in [-1, 1) for its params.
+fn with_weights(text: &str) -> (Graph, Weights) {
+    let g = oar_ir::text::parse_graph(text).unwrap();
+    let w = g
+        .params()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, v))| {
+            let shape = g.value_type(v).shape.as_static().unwrap();
+            let n = shape.iter().product();
+            (name, TensorData::from_vec(shape, values(n, 10 + i as u64)).unwrap())
+        })
+        .collect();
+    (g, w)
+}
+
 fn ew_graph() -> (Graph, Weights) {
     let g = oar_ir::text::parse_graph(EW).unwrap();
     let w = Weights::from([(
@@ -684,4 +736,56 @@ fn unbound_symbolic_dim_is_a_typed_error() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("nope.a"), "{e}");
+}
+
+/// The exe and the library (through the C example) of an MLP and a CNN match the reference
+/// backend and the JIT.
+#[test]
+fn mlp_and_cnn_match_reference_and_jit() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, input, shape) in [(MLP, "x", vec![3usize, 6]), (CNN, "x", vec![3, 1, 8, 8])] {
+        let (g, w) = with_weights(text);
+        let name = g.name().to_string();
+        let n = shape.iter().product();
+        let inputs = BTreeMap::from([(input.to_string(), TensorData::from_vec(shape, values(n, 7)).unwrap())]);
+        let want = reference(&g, &w, &inputs);
+        let jit = CpuBackend::new().compile(&g, &w).unwrap().run(&inputs).unwrap();
+
+        let exe = dir.path().join(&name);
+        let report = compile(&g, &w, Emit::Exe, &exe, WeightsMode::Embedded);
+        assert!(
+            report.functions > 0,
+            "{name}: no generated functions: {:?}",
+            report.interpreted
+        );
+        let files = write_inputs(dir.path(), &inputs);
+        let out = dir.path().join(format!("{name}-out"));
+        ok(&run(
+            &exe,
+            &[files[input].to_str().unwrap(), "-o", out.to_str().unwrap()],
+        ));
+        for (o, t) in &want {
+            let got = oar_ir::npy::read_npy(&out.join(format!("{o}.npy"))).unwrap();
+            assert_close(&got, t, &format!("{name} exe {o} vs reference"));
+            let j = &jit.iter().find(|(n, _)| n == o).unwrap().1;
+            assert_close(&got, j, &format!("{name} exe {o} vs JIT"));
+        }
+
+        let so = dir.path().join(format!("{name}.so"));
+        compile(&g, &w, Emit::So, &so, WeightsMode::External);
+        let prog = dir.path().join(format!("run_{name}"));
+        build_c(&example(), dir.path(), &format!("{name}.h"), &so, &prog);
+        let bins = raw_inputs(dir.path(), &inputs, &[input]);
+        let s = ok(&run(&prog, &[&bins[0]]));
+        let got = parse_c_outputs(&s);
+        for (o, t) in &want {
+            let g = TensorData::from_f64_slice(t.dtype(), t.shape().to_vec(), &got[o].1).unwrap();
+            assert_close(&g, t, &format!("{name} library {o} vs reference"));
+        }
+        let clif = dir.path().join(format!("{name}.clif"));
+        let report = compile(&g, &w, Emit::Clif, &clif, WeightsMode::Embedded);
+        let s = std::fs::read_to_string(&clif).unwrap();
+        assert_eq!(s.matches("\nfunction ").count(), report.functions, "{s}");
+        assert!(s.contains("gemm contraction"), "{s}");
+    }
 }
