@@ -666,7 +666,8 @@ fn object_and_clif_listing() {
     assert_close(&m, &want[1].1, "m through the object");
 
     let clif = dir.path().join("ew.clif");
-    let report = compile(&g, &w, Emit::Clif, &clif, WeightsMode::Embedded);
+    // A listing needs no weights.
+    let report = compile(&g, &Weights::new(), Emit::Clif, &clif, WeightsMode::Embedded);
     let s = std::fs::read_to_string(&clif).unwrap();
     assert!(s.starts_with("; oar model `ew`:"), "{s}");
     let kernel_lines = s.lines().filter(|l| l.starts_with(";   kernel ")).count();

@@ -115,7 +115,6 @@ pub fn compile(graph: &Graph, weights: &Weights, opts: &AotOptions) -> Result<Ao
     oar_ir::verify(graph).map_err(|e| CpuError::Backend(e.into()))?;
     let lowered = lower(graph, &opts.bindings)?;
     let meta = signature(graph, &opts.bindings, opts.weights == WeightsMode::External)?;
-    let params = collect_params(&lowered, weights)?;
     let interpreted = lowered
         .cpu
         .steps
@@ -141,6 +140,7 @@ pub fn compile(graph: &Graph, weights: &Weights, opts: &AotOptions) -> Result<Ao
         report.files.push((out.clone(), text.len() as u64));
         return Ok(report);
     }
+    let params = collect_params(&lowered, weights)?;
     let mut embedded = lowered.consts.clone();
     let mut external = Weights::new();
     for (k, v) in params {
