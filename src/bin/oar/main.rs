@@ -1,5 +1,6 @@
 //! `oar`: inspect, run and draw oar models from the command line.
 
+mod compile;
 mod export;
 mod import;
 mod inspect;
@@ -70,6 +71,9 @@ enum Command {
         #[arg(long, short = 'o')]
         output: PathBuf,
     },
+    /// Compile a model ahead of time for the host CPU: executable, shared library + C header,
+    /// object file, or CLIF listing.
+    Compile(compile::CompileArgs),
     /// Write an oar model as ONNX (opset 18).
     Export {
         /// A `.oar` model or a `.oir` IR text file.
@@ -138,6 +142,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Opt(args) => opt::opt(args),
         Command::Import { file, output } => import::import(&file, &output),
         Command::Export { file, output } => export::export(&file, &output),
+        Command::Compile(args) => compile::compile(args),
         Command::Backends => {
             for b in oar::backend::registry().list() {
                 println!("{:<12} {}", b.name(), b.description());

@@ -1,0 +1,70 @@
+//! `oar compile`: ahead-of-time compilation of a model for the host CPU (a standalone
+//! executable, a shared library with a C header, an object file, or a CLIF listing).
+
+use crate::{CliResult, load, parse_binds};
+use oar_backend_cpu::aot::{self, AotOptions, Emit, WeightsMode};
+use std::path::PathBuf;
+
+/// The options of `oar compile`.
+#[derive(clap::Args)]
+pub(crate) struct CompileArgs {
+    /// A `.oar` model or a `.oir` IR text file.
+    pub file: PathBuf,
+    /// The target (only `cpu`: the host CPU).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    pub target: String,
+    /// What to write: a standalone executable, a shared library (+ C header), an object file
+    /// (+ C header; link it with the runtime library), or the CLIF text of every kernel.
+    #[arg(long, default_value = "exe", value_parser = ["exe", "so", "obj", "clif"])]
+    pub emit: String,
+    /// The file to write.
+    #[arg(long, short = 'o')]
+    pub output: PathBuf,
+    /// Bind a symbolic dim (`N=1`); every symbolic dim must be bound (repeatable).
+    #[arg(long = "bind", value_name = "SYM=SIZE")]
+    pub binds: Vec<String>,
+    /// Where the parameters go: inside the binary, or in OUTPUT.weights (safetensors) read
+    /// when the model loads.
+    #[arg(long, default_value = "embedded", value_parser = ["embedded", "external"])]
+    pub weights: String,
+    /// The runtime static library to link with (default: $OAR_CPU_RUNTIME_LIB, or the one
+    /// cargo built beside this program).
+    #[arg(long, value_name = "LIB.a")]
+    pub runtime_lib: Option<PathBuf>,
+}
+
+pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
+    let model = load(&args.file)?;
+    let emit: Emit = args.emit.parse()?;
+    let weights: WeightsMode = args.weights.parse()?;
+    let opts = AotOptions {
+        emit,
+        output: args.output.clone(),
+        bindings: parse_binds(&args.binds)?,
+        weights,
+        runtime_lib: args.runtime_lib.clone(),
+    };
+    let report =
+        aot::compile(&model.graph, &model.weights, &opts).map_err(|e| format!("{}: {e}", args.file.display()))?;
+    for (path, size) in &report.files {
+        println!("wrote {} ({})", path.display(), human(*size));
+    }
+    println!(
+        "{} kernels: {} generated functions, {} interpreted",
+        report.kernels,
+        report.functions,
+        report.interpreted.len()
+    );
+    for (k, reason) in &report.interpreted {
+        println!("  interpreted `{k}`: {reason}");
+    }
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
