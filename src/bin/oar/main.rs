@@ -1,5 +1,6 @@
 //! `oar`: inspect, run and draw oar models from the command line.
 
+mod conformance;
 mod export;
 mod import;
 mod inspect;
@@ -70,6 +71,8 @@ enum Command {
         #[arg(long, short = 'o')]
         output: PathBuf,
     },
+    /// Run the backend conformance suite (ops, patterns, models) against the reference backend.
+    Conformance(conformance::ConformanceArgs),
     /// Write an oar model as ONNX (opset 18).
     Export {
         /// A `.oar` model or a `.oir` IR text file.
@@ -138,6 +141,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Opt(args) => opt::opt(args),
         Command::Import { file, output } => import::import(&file, &output),
         Command::Export { file, output } => export::export(&file, &output),
+        Command::Conformance(args) => conformance::conformance(args),
         Command::Backends => {
             for b in oar::backend::registry().list() {
                 println!("{:<12} {}", b.name(), b.description());

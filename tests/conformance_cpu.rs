@@ -1,0 +1,41 @@
+//! The CPU backend (`cpu`) on the conformance suite: every case passes against the reference
+//! backend, except the ones listed in [`ALLOWED`] with their reasons.
+
+use oar::conformance::{SuiteFilter, run_suite};
+use oar::ir::Backend;
+use std::sync::Arc;
+
+/// Cases the CPU backend may fail, error on or not support, each with the reason. An entry
+/// that passes is an error too (delete it), so this list stays honest.
+const ALLOWED: &[(&str, &str)] = &[];
+
+/// The `cpu` backend from the global registry, registering it first if needed.
+fn cpu() -> Arc<dyn Backend> {
+    oar::backend::get("cpu").unwrap_or_else(|_| {
+        oar::backend::register(Arc::new(oar_backend_cpu::CpuBackend::new()));
+        oar::backend::get("cpu").expect("just registered")
+    })
+}
+
+#[test]
+fn cpu_backend_passes_the_conformance_suite() {
+    let report = run_suite(&*cpu(), &SuiteFilter::all());
+    println!("{report}");
+    let unexpected: Vec<String> = report
+        .not_passed()
+        .filter(|r| !ALLOWED.iter().any(|(n, _)| *n == r.full_name()))
+        .map(|r| format!("  {} [{}]: {:?}", r.full_name(), r.status.label(), r.status))
+        .collect();
+    let stale: Vec<&str> = ALLOWED
+        .iter()
+        .filter(|(n, _)| report.get(n).is_none_or(|r| r.status.is_pass()))
+        .map(|(n, _)| *n)
+        .collect();
+    assert!(
+        unexpected.is_empty() && stale.is_empty(),
+        "{}\ncases that did not pass on `cpu` ({}):\n{}\nallowed exceptions that now pass or no longer exist: {stale:?}",
+        report.summary(),
+        unexpected.len(),
+        unexpected.join("\n")
+    );
+}
