@@ -3,6 +3,9 @@
 //! panics are reported as such; and every `Op` variant, every unary/binary/reduce/arg-reduce op
 //! and every composite has a case.
 
+mod common;
+
+use common::{assert_clean_error, oar as oar_cli, stdout};
 use oar::conformance::{Section, Status, Suite, SuiteFilter, required_op_keys, run_suite};
 use oar::ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, ScatterReduce, UnaryOp};
 use oar::ir::{Backend, BackendError, DType, Executable, Graph, Op, ValueId, Weights};
@@ -164,7 +167,8 @@ fn unsupported_errors_and_panics_are_reported() {
             "ERROR" => {
                 assert!(
                     text.contains("run: op `cond` at %3: no branches today")
-                        || text.contains("compile panicked: iota is not implemented"),
+                        || (text.contains("compile: panicked at tests/conformance_reference.rs:")
+                            && text.contains("iota is not implemented")),
                     "{text}"
                 );
                 assert!(!report.is_success());
@@ -358,4 +362,39 @@ fn elementwise_ops_cover_every_dtype_they_accept() {
             assert!(names.contains(&format!("ops/cast/{d}->{to}")));
         }
     }
+}
+
+#[test]
+fn cli_runs_lists_and_reports_errors() {
+    let o = oar_cli(&[
+        "conformance",
+        "--backend",
+        "reference",
+        "--section",
+        "ops",
+        "--filter",
+        "unary/exp/",
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("unary/exp/f32 ") && out.contains("OK: backend `reference`"),
+        "{out}"
+    );
+    assert!(!out.contains("patterns"), "{out}");
+    let o = oar_cli(&["conformance", "--list", "--section", "models"]);
+    let out = stdout(&o);
+    assert!(o.status.success() && out.lines().count() == 5, "{out}");
+    assert!(out.lines().all(|l| l.starts_with("models/")), "{out}");
+    assert_clean_error(
+        &oar_cli(&["conformance", "--backend", "nonexistent", "--filter", "unary/exp/f32"]),
+        "no backend named `nonexistent`",
+    );
+    assert_clean_error(
+        &oar_cli(&["conformance", "--filter", "no such case"]),
+        "no conformance case",
+    );
+    let o = oar_cli(&["conformance", "--section", "layers"]);
+    assert!(!o.status.success());
+    assert!(common::stderr(&o).contains("unknown section `layers`"));
 }

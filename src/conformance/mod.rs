@@ -43,10 +43,11 @@ pub use build::SUITE_SEED;
 pub use coverage::{op_keys, required_op_keys};
 
 use oar_ir::{Backend, BackendError, DType, Graph, TensorData, Weights};
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 use std::time::Instant;
 
 /// The three parts of the suite, reported in this order.
@@ -640,15 +641,44 @@ impl fmt::Display for SuiteReport {
     }
 }
 
-/// Run `f`, turning a panic into an error message.
+thread_local! {
+    /// True while this thread runs backend code under [`catch`]: panics are recorded, not printed.
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+    /// The last panic recorded while quiet (message and location).
+    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Install (once) a panic hook that records panics of threads inside [`catch`] instead of
+/// printing them, and hands every other panic to the hook that was there before.
+fn install_quiet_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if QUIET.with(Cell::get) {
+                LAST_PANIC.with(|l| *l.borrow_mut() = Some(info.to_string().replace('\n', " ")));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Run `f`, turning a panic into an error message (with its location) without printing it.
 fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| p.downcast_ref::<&str>().copied())
-            .unwrap_or("(no message)");
-        format!("panicked: {msg}")
+    install_quiet_hook();
+    let was_quiet = QUIET.with(|q| q.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was_quiet));
+    result.map_err(|p| {
+        LAST_PANIC.with(|l| l.borrow_mut().take()).unwrap_or_else(|| {
+            let msg = p
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            format!("panicked: {msg}")
+        })
     })
 }
 
@@ -659,10 +689,10 @@ fn execute(backend: &dyn Backend, data: &CaseData) -> Result<Vec<(String, Tensor
         e => Status::Error(format!("{stage}: {e}")),
     };
     let exe = catch(|| backend.compile(&data.graph, &data.weights))
-        .map_err(|p| Status::Error(format!("compile {p}")))?
+        .map_err(|p| Status::Error(format!("compile: {p}")))?
         .map_err(|e| status("compile", e))?;
     catch(|| exe.run(&data.inputs))
-        .map_err(|p| Status::Error(format!("run {p}")))?
+        .map_err(|p| Status::Error(format!("run: {p}")))?
         .map_err(|e| status("run", e))
 }
 

@@ -138,11 +138,11 @@ pub(crate) fn cases(full: bool) -> Vec<Case> {
     let mut v = vec![
         model("mlp/b4_d64", mlp, size(&[4, 64], 10, 0)),
         model("lenet/b2_28x28", lenet_model, size(&[2, 1, 28, 28], 10, 0)),
-        model("resnet18/b1_32x32", resnet18_model, size(&[1, 3, 32, 32], 10, 0)),
+        model("resnet18/b2_32x32", resnet18_model, size(&[2, 3, 32, 32], 10, 0)),
         model(
-            "mobilenet_v2/b1_64x64",
+            "mobilenet_v2/b2_64x64",
             mobilenet_v2_model,
-            size(&[1, 3, 64, 64], 10, 0),
+            size(&[2, 3, 64, 64], 10, 0),
         ),
         model(
             "transformer_encoder/b2_l8_d32_x2",
