@@ -13,6 +13,7 @@ pub fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         let r = Registry::new();
         r.register(Arc::new(oar_backend_reference::ReferenceBackend::new()));
+        r.register(Arc::new(oar_backend_cpu::CpuBackend::new()));
         r
     })
 }

@@ -31,6 +31,7 @@ pub use tensor::{
     sqrt, stack, subtract, sum, tanh, transpose, uniform, where_, zeros,
 };
 
+pub use oar_backend_cpu as cpu;
 pub use oar_backend_reference as reference;
 pub use oar_ir as ir;
 pub use oar_onnx as onnx;
