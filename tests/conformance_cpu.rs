@@ -2,24 +2,15 @@
 //! backend, except the ones listed in [`ALLOWED`] with their reasons.
 
 use oar::conformance::{SuiteFilter, run_suite};
-use oar::ir::Backend;
-use std::sync::Arc;
 
 /// Cases the CPU backend may fail, error on or not support, each with the reason. An entry
 /// that passes is an error too (delete it), so this list stays honest.
 const ALLOWED: &[(&str, &str)] = &[];
 
-/// The `cpu` backend from the global registry, registering it first if needed.
-fn cpu() -> Arc<dyn Backend> {
-    oar::backend::get("cpu").unwrap_or_else(|_| {
-        oar::backend::register(Arc::new(oar_backend_cpu::CpuBackend::new()));
-        oar::backend::get("cpu").expect("just registered")
-    })
-}
-
 #[test]
 fn cpu_backend_passes_the_conformance_suite() {
-    let report = run_suite(&*cpu(), &SuiteFilter::all());
+    let cpu = oar::backend::get("cpu").expect("`cpu` is a built-in backend");
+    let report = run_suite(&*cpu, &SuiteFilter::all());
     println!("{report}");
     let unexpected: Vec<String> = report
         .not_passed()
