@@ -117,7 +117,7 @@ pub(crate) fn compare(
         max_rel = max_rel.max(e.max_rel);
         if let Some((i, gv, wv, _)) = e.worst {
             let how = match t {
-                Some(t) => format!("rtol {:.0e}, atol {:.0e}", t.rtol, t.atol),
+                Some(t) => format!("rtol {:e}, atol {:e}", t.rtol, t.atol),
                 None => "exact".to_string(),
             };
             return Status::Fail(Mismatch {

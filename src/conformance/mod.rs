@@ -130,7 +130,7 @@ impl Tolerance {
 
 impl fmt::Display for Tolerance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rtol {:.0e} atol {:.0e}", self.rtol, self.atol)
+        write!(f, "rtol {:e} atol {:e}", self.rtol, self.atol)
     }
 }
 
@@ -588,6 +588,15 @@ impl SuiteReport {
 
     fn write_table(&self, f: &mut impl fmt::Write, not_passed_only: bool) -> fmt::Result {
         writeln!(f, "conformance: backend `{}` against `{}`", self.backend, self.oracle)?;
+        writeln!(
+            f,
+            "tolerance |got - want| <= atol + rtol*|want|: f32 {}, f64 {}, f16 {}, bf16 {}; \
+             integers and bools exact; a case's own tolerance is shown in its row",
+            Tolerance::F32,
+            Tolerance::F64,
+            Tolerance::F16,
+            Tolerance::BF16
+        )?;
         let width = self.results.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
         for s in Section::ALL {
             let all = self.results.iter().filter(|r| r.section == s).count();
