@@ -101,6 +101,61 @@ fn a_perturbed_op_fails_exactly_its_case() {
     }
 }
 
+/// Returns a wrong first element from the second run of each executable on.
+struct Stateful;
+
+struct StatefulExe {
+    inner: Box<dyn Executable>,
+    runs: std::sync::atomic::AtomicUsize,
+}
+
+impl Executable for StatefulExe {
+    fn run(
+        &self,
+        inputs: &std::collections::BTreeMap<String, oar::ir::TensorData>,
+    ) -> Result<Vec<(String, oar::ir::TensorData)>, BackendError> {
+        let mut out = self.inner.run(inputs)?;
+        if self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            let (_, t) = &mut out[0];
+            let mut v = t.to_f64_vec();
+            v[0] += 1.0;
+            *t = oar::ir::TensorData::from_f64_slice(t.dtype(), t.shape().to_vec(), &v).unwrap();
+        }
+        Ok(out)
+    }
+}
+
+impl Backend for Stateful {
+    fn name(&self) -> &str {
+        "stateful"
+    }
+    fn description(&self) -> &str {
+        "wrong from the second run on"
+    }
+    fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
+        Ok(Box::new(StatefulExe {
+            inner: ReferenceBackend::new().compile(graph, weights)?,
+            runs: Default::default(),
+        }))
+    }
+}
+
+#[test]
+fn state_leaking_into_a_second_run_fails() {
+    let report = run_suite(&Stateful, &SuiteFilter::matching("ops/unary/exp/f64"));
+    assert_eq!(report.results.len(), 1);
+    for r in &report.results {
+        match &r.status {
+            Status::Fail(m) => assert!(
+                m.detail.starts_with("second run of the same executable: `y0`[0"),
+                "{}",
+                m.detail
+            ),
+            other => panic!("{}: {other:?}", r.full_name()),
+        }
+    }
+}
+
 /// Refuses `while` (unsupported), fails to run `cond` (an error), panics on `iota`.
 struct Picky;
 

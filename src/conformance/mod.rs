@@ -27,6 +27,8 @@
 //!   [`Tolerance`]): `|got − want| ≤ atol + rtol·|want|` with f32 `rtol 1e-4, atol 1e-5`
 //!   (the absolute floor covers values near zero), f64 `1e-9 / 1e-12`, f16 `2e-3 / 1e-4`
 //!   (two ulps), bf16 `1.6e-2 / 1e-3`; integers and bools exactly. NaN matches NaN.
+//! - **Runs.** Each case is compiled once and run twice on the backend (state leaking from one
+//!   run into the next fails the case); the oracle runs it once.
 //! - **Status** of a case: pass, fail (which output, where, max abs/rel error), error (the
 //!   backend's message, including panics), or unsupported ([`BackendError::Unsupported`]).
 //!   A report succeeds when nothing failed or errored; unsupported cases are listed, not
@@ -440,7 +442,7 @@ pub struct CaseResult {
     pub status: Status,
     /// The tolerance override the case states, if any (else per-dtype defaults).
     pub tolerance: Option<Tolerance>,
-    /// Seconds the backend spent compiling and running.
+    /// Seconds the backend spent compiling and running (twice).
     pub seconds: f64,
 }
 
@@ -691,8 +693,8 @@ fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     })
 }
 
-/// Compile and run `data` on `backend`.
-fn execute(backend: &dyn Backend, data: &CaseData) -> Result<Vec<(String, TensorData)>, Status> {
+/// Compile `data` on `backend` and run it `runs` times (the same executable each time).
+fn execute(backend: &dyn Backend, data: &CaseData, runs: usize) -> Result<Vec<Vec<(String, TensorData)>>, Status> {
     let status = |stage: &str, e: BackendError| match e {
         BackendError::Unsupported { .. } => Status::Unsupported(e.to_string()),
         e => Status::Error(format!("{stage}: {e}")),
@@ -700,9 +702,13 @@ fn execute(backend: &dyn Backend, data: &CaseData) -> Result<Vec<(String, Tensor
     let exe = catch(|| backend.compile(&data.graph, &data.weights))
         .map_err(|p| Status::Error(format!("compile: {p}")))?
         .map_err(|e| status("compile", e))?;
-    catch(|| exe.run(&data.inputs))
-        .map_err(|p| Status::Error(format!("run: {p}")))?
-        .map_err(|e| status("run", e))
+    (0..runs)
+        .map(|_| {
+            catch(|| exe.run(&data.inputs))
+                .map_err(|p| Status::Error(format!("run: {p}")))?
+                .map_err(|e| status("run", e))
+        })
+        .collect()
 }
 
 fn run_case(case: &Case, backend: &dyn Backend, oracle: &dyn Backend) -> CaseResult {
@@ -711,20 +717,42 @@ fn run_case(case: &Case, backend: &dyn Backend, oracle: &dyn Backend) -> CaseRes
         let data = case
             .build()
             .map_err(|e| Status::Error(format!("building the case: {e}")))?;
-        let want = execute(oracle, &data).map_err(|s| {
-            Status::Error(format!(
-                "oracle `{}`: {}",
-                oracle.name(),
-                match s {
-                    Status::Error(e) | Status::Unsupported(e) => e,
-                    other => format!("{other:?}"),
-                }
-            ))
-        })?;
+        let want = execute(oracle, &data, 1)
+            .map_err(|s| {
+                Status::Error(format!(
+                    "oracle `{}`: {}",
+                    oracle.name(),
+                    match s {
+                        Status::Error(e) | Status::Unsupported(e) => e,
+                        other => format!("{other:?}"),
+                    }
+                ))
+            })?
+            .remove(0);
+        // Two runs of one executable: state left over from the first run (an accumulator not
+        // reset, a buffer reused too early) shows up in the second.
         let start = Instant::now();
-        let got = execute(backend, &data);
+        let got = execute(backend, &data, 2);
         seconds = start.elapsed().as_secs_f64();
-        Ok(compare::compare(&got?, &want, &|d| case.tolerance(d)))
+        let tol = |d| case.tolerance(d);
+        let mut status = Status::Pass {
+            max_abs: 0.0,
+            max_rel: 0.0,
+        };
+        for (run, got) in got?.iter().enumerate() {
+            status = match compare::compare(got, &want, &tol) {
+                Status::Fail(mut m) if run > 0 => {
+                    m.detail = format!("second run of the same executable: {}", m.detail);
+                    return Ok(Status::Fail(m));
+                }
+                Status::Pass { .. } if run > 0 => status,
+                s => s,
+            };
+            if !status.is_pass() {
+                break;
+            }
+        }
+        Ok(status)
     })()
     .unwrap_or_else(|s: Status| s);
     CaseResult {
