@@ -1,6 +1,7 @@
 //! `oar`: inspect, run and draw oar models from the command line.
 
 mod compile;
+mod conformance;
 mod export;
 mod import;
 mod inspect;
@@ -74,6 +75,8 @@ enum Command {
     /// Compile a model ahead of time for the host CPU: executable, shared library + C header,
     /// object file, or CLIF listing.
     Compile(compile::CompileArgs),
+    /// Run the backend conformance suite (ops, patterns, models) against the reference backend.
+    Conformance(conformance::ConformanceArgs),
     /// Write an oar model as ONNX (opset 18).
     Export {
         /// A `.oar` model or a `.oir` IR text file.
@@ -143,6 +146,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Import { file, output } => import::import(&file, &output),
         Command::Export { file, output } => export::export(&file, &output),
         Command::Compile(args) => compile::compile(args),
+        Command::Conformance(args) => conformance::conformance(args),
         Command::Backends => {
             for b in oar::backend::registry().list() {
                 println!("{:<12} {}", b.name(), b.description());
