@@ -184,8 +184,12 @@ impl<'a> NodeCx<'a> {
     }
     /// String-list attribute.
     pub fn attr_strings(&self, name: &str) -> Option<Vec<String>> {
-        self.attr(name)
-            .map(|a| a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        self.attr(name).map(|a| {
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
     }
     /// Integer-list attribute.
     pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {

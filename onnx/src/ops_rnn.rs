@@ -124,9 +124,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
     let batch = xdims[1].clone();
     let rs = cx.static_shape(r)?;
     if rs.len() != 3 || rs[0] != nd || rs[1] % gates != 0 || rs[1] / gates != rs[2] {
-        return Err(cx.err(format!(
-            "R must be [{nd}, {gates}·hidden, hidden], got {rs:?}"
-        )));
+        return Err(cx.err(format!("R must be [{nd}, {gates}·hidden, hidden], got {rs:?}")));
     }
     let hidden = rs[2];
     let hs = cx.attr_i("hidden_size", hidden as i64);
@@ -136,10 +134,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
     let ws = cx.static_shape(w)?;
     let input = xdims[2].clone();
     if ws.len() != 3 || ws[0] != nd || ws[1] != gates * hidden || Dim::Static(ws[2]) != input {
-        return Err(cx.err(format!(
-            "W must be [{nd}, {}, {input}], got {ws:?}",
-            gates * hidden
-        )));
+        return Err(cx.err(format!("W must be [{nd}, {}, {input}], got {ws:?}", gates * hidden)));
     }
     if cx.opt_input(4).is_some() {
         let lens = cx
@@ -226,14 +221,20 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         let peep = match p {
             Some(p) => {
                 let pd = dir_slice(cx, p, vec![Dim::Static(3 * hidden)])?;
-                let part = |cx: &mut NodeCx<'_>, k: usize| cx.slice_axis(pd, 0, (k * hidden) as i64, ((k + 1) * hidden) as i64);
+                let part = |cx: &mut NodeCx<'_>, k: usize| {
+                    cx.slice_axis(pd, 0, (k * hidden) as i64, ((k + 1) * hidden) as i64)
+                };
                 Some((part(cx, 0)?, part(cx, 1)?, part(cx, 2)?))
             }
             None => None,
         };
         let a = &acts[d * acts.len() / nd..(d + 1) * acts.len() / nd];
         let mut outs: Vec<Option<ValueId>> = vec![None; seq];
-        let order: Vec<usize> = if reverse { (0..seq).rev().collect() } else { (0..seq).collect() };
+        let order: Vec<usize> = if reverse {
+            (0..seq).rev().collect()
+        } else {
+            (0..seq).collect()
+        };
         for t in order {
             let xt = cx.slice_axis(xw, 0, t as i64, t as i64 + 1)?;
             let xt = cx.reshape(xt, vec![batch.clone(), Dim::Static(gh)])?;
@@ -245,7 +246,8 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
                     let hr = cx.op(Op::MatMul, &[h, rt])?;
                     let g = cx.bin(B::Add, xt, hr)?;
                     let c_prev = c.expect("LSTM has a cell state");
-                    let (mut gi, mut go, mut gf, gc) = (gate(cx, g, 0)?, gate(cx, g, 1)?, gate(cx, g, 2)?, gate(cx, g, 3)?);
+                    let (mut gi, mut go, mut gf, gc) =
+                        (gate(cx, g, 0)?, gate(cx, g, 1)?, gate(cx, g, 2)?, gate(cx, g, 3)?);
                     if let Some((pi, _, pf)) = peep {
                         let t = cx.bin(B::Mul, c_prev, pi)?;
                         gi = cx.bin(B::Add, gi, t)?;
@@ -381,7 +383,11 @@ fn activations(cx: &NodeCx<'_>, kind: Kind, nd: usize) -> R<Vec<Act>> {
                     beta = bi.next().map_or(db, |&b| f64::from(b));
                 }
             }
-            Ok(Act { name: lower, alpha, beta })
+            Ok(Act {
+                name: lower,
+                alpha,
+                beta,
+            })
         })
         .collect()
 }
