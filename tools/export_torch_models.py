@@ -3,6 +3,7 @@
 
     python3 tools/export_torch_models.py --size small --out onnx/tests/models   # committed fixtures
     python3 tools/export_torch_models.py --size full  --out target/models       # benchmark sizes
+    python3 tools/export_torch_models.py --size small --out onnx/tests/models/dynamo --exporter dynamo
 
 For each model NAME in (resnet18, mobilenet_v2, transformer_encoder, lstm) this writes
     DIR/NAME.onnx           the model (weights inside the file)
@@ -10,9 +11,12 @@ For each model NAME in (resnet18, mobilenet_v2, transformer_encoder, lstm) this 
     DIR/NAME.output_0.npy   onnxruntime's output on that input (CPUExecutionProvider)
 and DIR/manifest.json (sizes, op types, max |torch - ort| per model).
 
-Exporter: torch.onnx.export with dynamo=False (the TorchScript-based exporter; the dynamo
-exporter needs onnxscript, which is not installed), opset 17, constant folding on, static
-shapes (no dynamic axes). Weights are random (fixed seeds), models are in eval mode.
+Exporter: by default torch.onnx.export(dynamo=False), the TorchScript-based exporter, at
+opset 17 with constant folding (it needs nothing beyond torch); `--exporter dynamo` uses the
+torch.export-based exporter (torch's default since 2.9) at opset 18, which needs
+`pip install onnxscript` (0.7.2 made the committed dynamo fixtures). Static shapes (no dynamic
+axes). Weights are random (fixed seeds), models are in eval mode, BatchNorm statistics are
+randomized (both exporters fold BatchNorm into the preceding Conv).
 
 Sizes:
   full   resnet18 (torchvision, 224x224, batch 1); mobilenet_v2 (torchvision, width 1.0, 224x224,
@@ -21,10 +25,10 @@ Sizes:
   small  resnet18 structure from torchvision BasicBlocks with widths 16/32/64/128 (64x64, batch 2);
          mobilenet_v2 (torchvision, width_mult 0.25, 100 classes, 64x64, batch 1); transformer
          encoder (2 layers, d_model 64, 4 heads, ffn 128, seq 16, batch 2); LSTM (2 layers, input 16,
-         hidden 32, seq 12, batch 2) + Linear head (5). All files together stay well under 20 MB.
+         hidden 32, seq 12, batch 2) + Linear head (5). Both small sets together are under 10 MB.
 
 Needs torch and torchvision (CPU use only), onnx and onnxruntime. Deterministic up to the
-libraries' own versions (torch 2.15, onnxruntime 1.32 when the fixtures were made).
+libraries' own versions (torch 2.15, torchvision 0.29, onnxruntime 1.32 made the fixtures).
 """
 
 import argparse
@@ -41,6 +45,7 @@ import torchvision
 from torchvision.models.resnet import BasicBlock, conv1x1
 
 OPSET = 17
+DYNAMO_OPSET = 18
 NAMES = ("resnet18", "mobilenet_v2", "transformer_encoder", "lstm")
 
 
@@ -145,23 +150,36 @@ def build(name, size):
     return m.eval(), x
 
 
-def export(name, size, out_dir):
+def export(name, size, out_dir, exporter):
     model, x = build(name, size)
     path = os.path.join(out_dir, f"{name}.onnx")
     with torch.no_grad():
         want = model(x).numpy()
     # Exported with autograd on: under no_grad, eval-mode nn.TransformerEncoderLayer takes its
     # fused fast path (aten::_transformer_encoder_layer_fwd), which has no ONNX export.
-    torch.onnx.export(
-        model,
-        (x,),
-        path,
-        dynamo=False,
-        opset_version=OPSET,
-        do_constant_folding=True,
-        input_names=["input_0"],
-        output_names=["output_0"],
-    )
+    if exporter == "dynamo":
+        # torch.export-based exporter (needs onnxscript); weights stay in the one file.
+        torch.onnx.export(
+            model,
+            (x,),
+            path,
+            dynamo=True,
+            opset_version=DYNAMO_OPSET,
+            external_data=False,
+            input_names=["input_0"],
+            output_names=["output_0"],
+        )
+    else:
+        torch.onnx.export(
+            model,
+            (x,),
+            path,
+            dynamo=False,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            input_names=["input_0"],
+            output_names=["output_0"],
+        )
     proto = onnx.load(path)
     onnx.checker.check_model(proto)
     xin = x.numpy().astype(np.float32)
@@ -188,20 +206,27 @@ def main():
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--size", choices=["small", "full"], default="small")
     ap.add_argument("--models", nargs="*", default=list(NAMES), choices=NAMES)
+    ap.add_argument(
+        "--exporter",
+        choices=["torchscript", "dynamo"],
+        default="torchscript",
+        help="torch.onnx.export(dynamo=False) at opset 17 (default, the committed fixtures) or the "
+        "torch.export-based exporter (dynamo=True, opset 18; needs `pip install onnxscript`)",
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     manifest = {
         "size": args.size,
-        "opset": OPSET,
-        "exporter": "torch.onnx.export(dynamo=False)",
+        "opset": DYNAMO_OPSET if args.exporter == "dynamo" else OPSET,
+        "exporter": f"torch.onnx.export(dynamo={args.exporter == 'dynamo'})",
         "torch": torch.__version__.split("+")[0],
         "torchvision": torchvision.__version__.split("+")[0],
         "onnxruntime": ort.__version__,
         "models": [],
     }
     for name in args.models:
-        info = export(name, args.size, args.out)
+        info = export(name, args.size, args.out, args.exporter)
         manifest["models"].append(info)
         print(
             f"{name}: {info['bytes'] / 1e6:.2f} MB, {info['params']} params, in {info['input_shape']}"

@@ -1,6 +1,7 @@
 //! Real PyTorch exports (`tools/export_torch_models.py --size small`, committed under
-//! `onnx/tests/models/`) imported with oar-onnx and run on oar's backends, against the
-//! onnxruntime outputs committed next to them.
+//! `onnx/tests/models/`; the same models from the dynamo exporter under `models/dynamo/`)
+//! imported with oar-onnx and run on oar's backends, against the onnxruntime outputs committed
+//! next to them.
 //!
 //! Tolerance: every element must satisfy `|oar - ort| <= 1e-4 * max(|ort|, FLOOR)` with the
 //! absolute floor `FLOOR = 1e-2` (so values near zero are held to 1e-6 absolute): 1e-4
@@ -23,6 +24,13 @@ fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/models")
 }
 
+/// Where `--size full` exports live: `$OAR_ONNX_FULL_MODELS`, else `<repo>/target/models`.
+fn full_dir() -> PathBuf {
+    std::env::var_os("OAR_ONNX_FULL_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models"))
+}
+
 struct Case {
     model: Model,
     inputs: BTreeMap<String, TensorData>,
@@ -30,7 +38,10 @@ struct Case {
 }
 
 fn case(name: &str) -> Case {
-    let d = dir();
+    case_in(&dir(), name)
+}
+
+fn case_in(d: &Path, name: &str) -> Case {
     let model = oar_onnx::load(&d.join(format!("{name}.onnx"))).unwrap_or_else(|e| panic!("{name}: import: {e}"));
     let x = read_npy(&d.join(format!("{name}.input_0.npy"))).unwrap();
     let want = read_npy(&d.join(format!("{name}.output_0.npy"))).unwrap();
@@ -60,7 +71,11 @@ fn max_rel_err(name: &str, got: &TensorData, want: &TensorData) -> f64 {
 }
 
 fn check_reference(name: &str) {
-    let c = case(name);
+    check_reference_in(&dir(), name);
+}
+
+fn check_reference_in(d: &Path, name: &str) {
+    let c = case_in(d, name);
     let out = oar_backend_reference::run_graph(&c.model.graph, &c.model.weights, &c.inputs)
         .unwrap_or_else(|e| panic!("{name}: reference run: {e}"));
     assert_eq!(out.len(), 1, "{name}: one output");
@@ -86,6 +101,33 @@ fn transformer_encoder_matches_onnxruntime() {
 #[test]
 fn lstm_matches_onnxruntime() {
     check_reference("lstm");
+}
+
+/// The same four models from torch's newer, torch.export-based exporter (`--exporter dynamo`,
+/// opset 18), committed under `tests/models/dynamo/`: different graphs (ReduceMean instead of
+/// GlobalAveragePool, Reshape instead of Flatten, other attention plumbing).
+#[test]
+fn dynamo_exports_match_onnxruntime() {
+    for name in MODELS {
+        check_reference_in(&dir().join("dynamo"), name);
+    }
+}
+
+/// The full-size exports (`python3 tools/export_torch_models.py --size full --out target/models`,
+/// not committed) on the reference backend: `cargo test -p oar-onnx --release --test
+/// torch_models -- --ignored`.
+#[test]
+#[ignore = "needs the full-size exports in target/models (or $OAR_ONNX_FULL_MODELS)"]
+fn full_size_models_match_onnxruntime() {
+    let d = full_dir();
+    assert!(
+        d.join("resnet18.onnx").exists(),
+        "{} has no full-size exports: run `python3 tools/export_torch_models.py --size full --out target/models`",
+        d.display()
+    );
+    for name in MODELS {
+        check_reference_in(&d, name);
+    }
 }
 
 /// The same models on the `cpu` backend. A model the backend cannot compile or run yet (an
@@ -130,9 +172,14 @@ fn torch_models_on_cpu_backend() {
 /// The committed fixtures stay within the 20 MB budget.
 #[test]
 fn committed_models_fit_the_size_budget() {
-    let total: u64 = std::fs::read_dir(dir())
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
+    fn size(p: &Path) -> u64 {
+        let m = std::fs::metadata(p).unwrap();
+        if m.is_dir() {
+            std::fs::read_dir(p).unwrap().map(|e| size(&e.unwrap().path())).sum()
+        } else {
+            m.len()
+        }
+    }
+    let total = size(&dir());
     assert!(total <= 20_000_000, "onnx/tests/models holds {total} bytes (> 20 MB)");
 }
