@@ -133,6 +133,21 @@ fn main() -> Result<()> {
         dir.join("digits4.npy").display(),
         y.to_vec::<i64>()?
     );
+    // The whole held-out split for the compiled executable: images, labels and their count
+    // (the batch size `oar compile --bind N=...` specializes the executable to).
+    let test = Digits::new(Split::Test)?;
+    let n = oar::io::Dataset::len(&test);
+    let (x, y) = DataLoader::new(test).batch_size(n).iter().next().expect("a batch")?;
+    x.save_npy(dir.join("digits_test.npy"))?;
+    y.save_npy(dir.join("digits_test_labels.npy"))?;
+    std::fs::write(dir.join("digits_test.count"), n.to_string()).map_err(|e| oar::Error::Io {
+        path: dir.join("digits_test.count").display().to_string(),
+        detail: e.to_string(),
+    })?;
+    println!(
+        "wrote {} ({n} held-out digits) and their labels",
+        dir.join("digits_test.npy").display()
+    );
     if acc < 0.9 {
         return Err(oar::Error::invalid(
             "to_static example",

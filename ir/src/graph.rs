@@ -234,6 +234,31 @@ impl Graph {
         Ok(ValueId::first(id))
     }
 
+    /// Turn every parameter into a graph input named `prefix` + its name, appended after the
+    /// existing inputs in parameter (node) order, so a compiled graph can take new weight
+    /// values on every call without being compiled again.
+    pub fn params_as_inputs(&mut self, prefix: &str) -> Result<(), IrError> {
+        for (name, v) in self.params() {
+            let input = format!("{prefix}{name}");
+            if self.input_names.contains_key(&input) {
+                return Err(IrError::DuplicateInput {
+                    graph: self.name.clone(),
+                    name: input,
+                });
+            }
+            let node = v.node;
+            let ty = self.value_type(v).clone();
+            self.dag[node].op = Op::Input {
+                name: input.clone(),
+                ty,
+            };
+            self.param_names.remove(&name);
+            self.inputs.push(node);
+            self.input_names.insert(input, node);
+        }
+        Ok(())
+    }
+
     /// Add (or find) a named parameter; the same name must always have the same type.
     pub fn add_param(&mut self, name: &str, ty: TensorType) -> Result<ValueId, IrError> {
         if let Some(&node) = self.param_names.get(name) {

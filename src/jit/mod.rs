@@ -72,7 +72,13 @@ pub struct StaticFunction {
     backend: String,
     /// A whole training step: always run on the backend (its gradients are in the graph).
     train_step: bool,
+    /// The graph compiled with its parameters as inputs (named `PARAM_INPUT_PREFIX` + name), so
+    /// calls feed the current weights without compiling again: `(backend, executable)`.
+    compiled: std::sync::Mutex<Option<(String, std::sync::Arc<dyn oar_ir::Executable>)>>,
 }
+
+/// Input-name prefix of parameters fed as inputs to a compiled static function.
+const PARAM_INPUT_PREFIX: &str = "@param/";
 
 fn trace(
     name: &str,
@@ -127,6 +133,7 @@ fn trace(
         params,
         backend: crate::backend::DEFAULT_BACKEND.to_string(),
         train_step,
+        compiled: std::sync::Mutex::new(None),
     })
 }
 
@@ -213,13 +220,41 @@ impl StaticFunction {
                 .zip(inputs.iter().map(|t| t.try_data()))
                 .map(|(n, d)| d.map(|d| (n, d)))
                 .collect::<Result<_>>()?;
-            let exe = crate::backend::get(&self.backend)?.compile(&self.graph, &self.weights())?;
-            exe.run(&feeds)?
+            self.run_compiled(feeds)?
                 .into_iter()
                 .map(|(_, t)| Tensor::from_data(t))
                 .collect()
         };
         write_back(&self.graph, outs, &self.params)
+    }
+
+    /// Run on the backend: the graph is compiled once per backend with its parameters as
+    /// inputs, and every call feeds the parameters' current values. (Graphs with regions are
+    /// compiled with their weights on every call: region bodies may read parameters.)
+    fn run_compiled(&self, mut feeds: BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>> {
+        let has_regions = self.graph.node_ids().any(|n| !self.graph.node(n).regions.is_empty());
+        if has_regions {
+            let exe = crate::backend::get(&self.backend)?.compile(&self.graph, &self.weights())?;
+            return Ok(exe.run(&feeds)?);
+        }
+        let exe = {
+            let mut slot = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+            match &*slot {
+                Some((b, exe)) if *b == self.backend => exe.clone(),
+                _ => {
+                    let mut g = self.graph.clone();
+                    g.params_as_inputs(PARAM_INPUT_PREFIX)?;
+                    let exe: std::sync::Arc<dyn oar_ir::Executable> =
+                        crate::backend::get(&self.backend)?.compile(&g, &Weights::new())?.into();
+                    *slot = Some((self.backend.clone(), exe.clone()));
+                    exe
+                }
+            }
+        };
+        for (name, t) in &self.params {
+            feeds.insert(format!("{PARAM_INPUT_PREFIX}{name}"), t.data());
+        }
+        Ok(exe.run(&feeds)?)
     }
 
     /// Set the learning rate a traced training step uses from now on.

@@ -1,0 +1,102 @@
+//! Training throughput: one step (forward, cross-entropy, backward, AdamW) of an MLP and of
+//! LeNet-5, batch 64, traced with `jit::to_static_train_step` and run compiled on the `cpu`
+//! backend, next to the same step in oar's eager mode. `bench/train_step.sh` runs this and
+//! `bench/train_step_torch.py` (PyTorch eager, same shapes) in one run and prints the ratios.
+//!
+//! Prints one line per model: `name static_ms eager_ms` (medians).
+
+use oar::jit::{InputSpec, to_static_train_step};
+use oar::nn::functional::cross_entropy;
+use oar::nn::{Conv2D, Flatten, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential};
+use oar::optimizer::{AdamW, Optimizer};
+use oar::{DType, Result, Tensor};
+use std::time::Instant;
+
+const BATCH: usize = 64;
+
+fn mlp() -> Result<Sequential> {
+    Ok(Sequential::new()
+        .add(Linear::new(784, 256)?)
+        .add(ReLU)
+        .add(Linear::new(256, 128)?)
+        .add(ReLU)
+        .add(Linear::new(128, 10)?))
+}
+
+/// LeNet-5 on 1×28×28 (as in PyTorch's and Paddle's tutorials: conv 5×5 pad 2, max-pool, conv 5×5).
+fn lenet() -> Result<Sequential> {
+    Ok(Sequential::new()
+        .add(Conv2D::new(1, 6, 5)?.padding(2))
+        .add(ReLU)
+        .add(MaxPool2D::new(2))
+        .add(Conv2D::new(6, 16, 5)?)
+        .add(ReLU)
+        .add(MaxPool2D::new(2))
+        .add(Flatten::new(1, -1))
+        .add(Linear::new(16 * 5 * 5, 120)?)
+        .add(ReLU)
+        .add(Linear::new(120, 84)?)
+        .add(ReLU)
+        .add(Linear::new(84, 10)?))
+}
+
+fn median_ms(mut f: impl FnMut() -> Result<()>, runs: usize) -> Result<f64> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let mut t = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let s = Instant::now();
+        f()?;
+        t.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[runs / 2])
+}
+
+fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: usize) -> Result<()> {
+    oar::seed(0);
+    let x = oar::randn(x_shape, DType::F32)?;
+    let y = Tensor::from_vec((0..BATCH as i64).map(|i| i % 10).collect::<Vec<i64>>(), &[BATCH])?;
+
+    let eager = make()?;
+    let mut opt = AdamW::new(eager.named_parameters(), 1e-3);
+    let eager_ms = median_ms(
+        || {
+            let loss = cross_entropy(&eager.forward(&x)?, &y, Reduction::Mean)?;
+            loss.backward()?;
+            opt.step()?;
+            opt.clear_grad();
+            Ok(())
+        },
+        runs,
+    )?;
+
+    let model = make()?;
+    let mut opt = AdamW::new(model.named_parameters(), 1e-3);
+    let mut dims: Vec<Option<usize>> = vec![None];
+    dims.extend(x_shape[1..].iter().map(|&d| Some(d)));
+    let specs = [
+        InputSpec::new(&dims, DType::F32, "x"),
+        InputSpec::new(&[None], DType::I64, "y"),
+    ];
+    let step = to_static_train_step(&model, &mut opt, &specs, |xs| {
+        cross_entropy(&model.forward(&xs[0])?, &xs[1], Reduction::Mean)
+    })?
+    .with_backend("cpu")?;
+    let static_ms = median_ms(
+        || {
+            step.call(&[&x, &y])?;
+            Ok(())
+        },
+        runs,
+    )?;
+    println!("{name} {static_ms:.4} {eager_ms:.4}");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    bench("mlp", mlp, &[BATCH, 784], 41)?;
+    bench("lenet", lenet, &[BATCH, 1, 28, 28], 21)?;
+    Ok(())
+}
