@@ -120,7 +120,8 @@ def randomize_bn(model, gen):
 
 
 def build(name, size):
-    """(model, input tensor) for one model at one size; seeded per model."""
+    """(model in eval mode, tuple of input tensors) for one model at one size; seeded per model.
+    bench/cpu_models_ref.py rebuilds the full-size modules through this."""
     seed = 1000 + NAMES.index(name)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -147,11 +148,11 @@ def build(name, size):
         x = torch.randn(batch, seq, inp, generator=gen)
     else:
         raise ValueError(name)
-    return m.eval(), x
+    return m.eval(), (x,)
 
 
 def export(name, size, out_dir, exporter):
-    model, x = build(name, size)
+    model, (x,) = build(name, size)
     path = os.path.join(out_dir, f"{name}.onnx")
     with torch.no_grad():
         want = model(x).numpy()
