@@ -468,6 +468,7 @@ impl Exporter<'_> {
                 self.emit("Mul", vec![hx, t1], vec![])
             }
             Composite::Dropout { training: false, .. } => self.emit("Identity", ins, vec![]),
+            Composite::Embedding => self.emit("Gather", vec![ins[1].clone(), ins[0].clone()], vec![int("axis", 0)]),
             other => {
                 return Err(OnnxError::Export(format!(
                     "composite `{}` has no ONNX mapping",

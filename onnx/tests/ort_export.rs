@@ -273,6 +273,35 @@ fn mix() -> Model {
     b.done()
 }
 
+/// Token classifier: embedding (i64 ids over a symbolic batch) → layer_norm → mean over the
+/// sequence → linear.
+fn embed() -> Model {
+    let mut b = B::new("embed");
+    let ids =
+        b.g.add_input("ids", TensorType::new(DType::I64, vec![Dim::sym("B"), Dim::Static(6)]))
+            .unwrap();
+    let table = b.param("emb.weight", &[11, 8], 1.0);
+    let e = b.c(Composite::Embedding, &[ids, table]);
+    let e = b.c(
+        Composite::LayerNorm {
+            normalized_ndim: 1,
+            epsilon: Float(1e-5),
+        },
+        &[e],
+    );
+    let m = b.op(
+        Op::Reduce {
+            op: ReduceOp::Mean,
+            axes: vec![1],
+            keepdim: false,
+        },
+        &[e],
+    );
+    let y = b.linear("head", m, 8, 3);
+    b.g.add_output("logits", y).unwrap();
+    b.done()
+}
+
 /// Run `model.onnx` in onnxruntime via tools/ort_run.py; outputs in graph order.
 fn run_ort(dir: &Path, inputs: &BTreeMap<String, TensorData>) -> Vec<TensorData> {
     let mut cmd = Command::new("python3");
@@ -347,6 +376,12 @@ fn exported_cnn_matches_onnxruntime() {
 fn exported_primitives_match_onnxruntime() {
     let x = tensor(9, &[3, 4, 5], 2.0);
     check("mix", &mix(), BTreeMap::from([("x".into(), x)]), 1e-5);
+}
+
+#[test]
+fn exported_embedding_matches_onnxruntime() {
+    let ids = TensorData::from_vec(vec![3, 6], (0..18).map(|i| (i * 7 % 11) as i64).collect()).unwrap();
+    check("embed", &embed(), BTreeMap::from([("ids".into(), ids)]), 1e-5);
 }
 
 /// The committed PyTorch exports, imported into oar and exported again, run in onnxruntime.
