@@ -12,6 +12,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
+python3 -c "import onnx, onnxruntime" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt onnxruntime==1.32.0
 cargo test --workspace --quiet 2>&1 | tee target/test.log
 echo "== onnx node tests"
 python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt

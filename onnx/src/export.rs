@@ -447,7 +447,28 @@ impl Exporter<'_> {
                 let half = c(0.5, self);
                 self.emit("Mul", vec![m, half], vec![])
             }
+            Composite::Gelu { approximate: true } => {
+                // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))); Gelu itself needs opset 20.
+                let c = |v: f64, ex: &mut Self| {
+                    ex.constant(TensorData::from_f64_slice(x.dtype, vec![], &[v]).expect("scalar"))
+                };
+                let x0 = ins[0].clone();
+                let x2 = self.emit("Mul", vec![x0.clone(), x0.clone()], vec![]);
+                let x3 = self.emit("Mul", vec![x2, x0.clone()], vec![]);
+                let k = c(0.044715, self);
+                let x3k = self.emit("Mul", vec![x3, k], vec![]);
+                let s = self.emit("Add", vec![x0.clone(), x3k], vec![]);
+                let r = c((2.0 / std::f64::consts::PI).sqrt(), self);
+                let a = self.emit("Mul", vec![s, r], vec![]);
+                let t = self.emit("Tanh", vec![a], vec![]);
+                let one = c(1.0, self);
+                let t1 = self.emit("Add", vec![t, one], vec![]);
+                let half = c(0.5, self);
+                let hx = self.emit("Mul", vec![x0, half], vec![]);
+                self.emit("Mul", vec![hx, t1], vec![])
+            }
             Composite::Dropout { training: false, .. } => self.emit("Identity", ins, vec![]),
+            Composite::Embedding => self.emit("Gather", vec![ins[1].clone(), ins[0].clone()], vec![int("axis", 0)]),
             other => {
                 return Err(OnnxError::Export(format!(
                     "composite `{}` has no ONNX mapping",

@@ -10,6 +10,7 @@ mod export;
 mod import;
 mod ops;
 mod ops_nn;
+mod ops_rnn;
 mod ops_shape;
 pub mod tensor;
 

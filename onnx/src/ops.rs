@@ -47,6 +47,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
+    "GRU",
     "HardSigmoid",
     "HardSwish",
     "Identity",
@@ -56,6 +57,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LessOrEqual",
     "Log",
     "LogSoftmax",
+    "LSTM",
     "MatMul",
     "Max",
     "MaxPool",
@@ -84,6 +86,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "RNN",
     "Round",
     "Selu",
     "Shape",
@@ -170,6 +173,23 @@ impl<'a> NodeCx<'a> {
     /// Float attribute.
     pub fn attr_f(&self, name: &str, default: f32) -> f32 {
         self.attr(name).and_then(|a| a.f).unwrap_or(default)
+    }
+    /// Float attribute, when present.
+    pub fn attr_f_opt(&self, name: &str) -> Option<f32> {
+        self.attr(name).and_then(|a| a.f)
+    }
+    /// Float-list attribute.
+    pub fn attr_floats(&self, name: &str) -> Option<Vec<f32>> {
+        self.attr(name).map(|a| a.floats.clone())
+    }
+    /// String-list attribute.
+    pub fn attr_strings(&self, name: &str) -> Option<Vec<String>> {
+        self.attr(name).map(|a| {
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
     }
     /// Integer-list attribute.
     pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {

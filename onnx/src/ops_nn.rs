@@ -61,6 +61,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         }
         "LayerNormalization" => layer_norm(cx)?,
         "Split" => return split(cx),
+        "LSTM" | "GRU" | "RNN" => return crate::ops_rnn::convert(cx, op_type),
         other => return Err(cx.err(format!("no converter for `{other}`"))),
     };
     Ok(vec![v])
