@@ -5,19 +5,7 @@ use oar::conformance::{SuiteFilter, run_suite};
 
 /// Cases the CPU backend may fail, error on or not support, each with the reason. An entry
 /// that passes is an error too (delete it), so this list stays honest.
-const ALLOWED: &[(&str, &str)] = &[
-    ("ops/iota/i64/[3,5]/axis1", SIMPLIFY_IOTA),
-    ("ops/iota/f32/[3,5]/axis0", SIMPLIFY_IOTA),
-    ("ops/iota/i32/[2,3,4]/axis2", SIMPLIFY_IOTA),
-    ("ops/iota/u8/[4,4]/axis0", SIMPLIFY_IOTA),
-    ("ops/iota/f16/[2,9]/axis1", SIMPLIFY_IOTA),
-    ("patterns/ewise/iota_causal_mask", SIMPLIFY_IOTA),
-];
-
-/// `oar opt --passes simplify` on a graph with an `iota` panics (index out of bounds at
-/// passes/src/simplify/rules/movement.rs:72, `kids[0]` of a node without operands), and the
-/// cpu backend runs simplify while compiling.
-const SIMPLIFY_IOTA: &str = "the simplify pass panics on iota (passes/src/simplify/rules/movement.rs:72)";
+const ALLOWED: &[(&str, &str)] = &[];
 
 #[test]
 fn cpu_backend_passes_the_conformance_suite() {

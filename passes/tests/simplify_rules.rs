@@ -556,3 +556,27 @@ fn registered_by_name() {
         assert!(names.iter().any(|n| n == r), "{r} missing from {names:?}");
     }
 }
+
+/// Rules that look through an operand must not assume one exists: `iota` has none (a regression
+/// test for an index-out-of-bounds panic), and iota-derived masks keep their values.
+#[test]
+fn operandless_generators_survive_simplify() {
+    let (mut g, v) = graph_with(&[("x", f32x(&[3, 5]))]);
+    let iota = g
+        .add_op1(
+            Op::Iota {
+                shape: [3, 5].iter().map(|&n| Dim::Static(n)).collect(),
+                axis: 1,
+                dtype: DType::F32,
+            },
+            &[],
+        )
+        .unwrap();
+    let one = full(&mut g, DType::F32, &[3, 5], 1.0);
+    let scaled = bin(&mut g, BinaryOp::Mul, iota, one);
+    let y = bin(&mut g, BinaryOp::Add, scaled, v[0]);
+    g.add_output("y", y).unwrap();
+    let s = simplify(&g);
+    assert_eq!(count(&s, "iota"), 1);
+    assert_eq!(count(&s, "mul"), 0, "x * 1 must fold away");
+}

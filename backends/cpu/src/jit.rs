@@ -10,14 +10,16 @@ use cranelift_jit::{JITBuilder, JITModule};
 use oar_cpu_runtime::KernelFn;
 
 /// The host ISA with oar's code generation settings (speed, SIMD features the host has).
-pub fn host_isa() -> Result<OwnedTargetIsa, CpuError> {
+/// `pic`: position-independent code, needed for objects linked into shared libraries;
+/// cranelift-jit needs it off.
+pub fn host_isa(pic: bool) -> Result<OwnedTargetIsa, CpuError> {
     let mut flags = settings::builder();
     let set = |f: &mut settings::Builder, k: &str, v: &str| {
         f.set(k, v)
             .map_err(|e| CpuError::Module(format!("cranelift flag {k}={v}: {e}")))
     };
     set(&mut flags, "opt_level", "speed")?;
-    set(&mut flags, "is_pic", "true")?;
+    set(&mut flags, "is_pic", if pic { "true" } else { "false" })?;
     set(
         &mut flags,
         "enable_verifier",
@@ -54,7 +56,7 @@ impl Drop for JitCode {
 
 /// Compile every function of `lowered` into executable memory.
 pub fn jit(lowered: &Lowered) -> Result<JitCode, CpuError> {
-    let isa = host_isa()?;
+    let isa = host_isa(false)?;
     let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
     for (name, ptr) in oar_cpu_runtime::math::symbols() {
         builder.symbol(name, ptr);

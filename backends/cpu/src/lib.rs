@@ -141,15 +141,18 @@ impl Backend for CpuBackend {
     }
 }
 
+/// A compiled program and the model that runs it, for one binding of symbolic dims.
+type BoundModel = Arc<(Arc<Compiled>, Model)>;
+
 /// A graph compiled for the CPU: one model per distinct binding of its symbolic dims.
 struct CpuExecutable {
     graph: Graph,
     weights: Weights,
-    models: Mutex<HashMap<BTreeMap<String, usize>, Arc<(Arc<Compiled>, Model)>>>,
+    models: Mutex<HashMap<BTreeMap<String, usize>, BoundModel>>,
 }
 
 impl CpuExecutable {
-    fn model(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<(Arc<Compiled>, Model)>, BackendError> {
+    fn model(&self, bindings: &BTreeMap<String, usize>) -> Result<BoundModel, BackendError> {
         if let Some(m) = self.models.lock().unwrap_or_else(|e| e.into_inner()).get(bindings) {
             return Ok(m.clone());
         }

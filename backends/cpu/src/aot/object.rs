@@ -27,7 +27,7 @@ fn module_err(what: &str) -> impl Fn(cranelift_module::ModuleError) -> CpuError 
 }
 
 fn new_module(name: &str) -> Result<ObjectModule, CpuError> {
-    let builder = ObjectBuilder::new(host_isa()?, name, cranelift_module::default_libcall_names())
+    let builder = ObjectBuilder::new(host_isa(true)?, name, cranelift_module::default_libcall_names())
         .map_err(module_err("object module"))?;
     Ok(ObjectModule::new(builder))
 }

@@ -69,7 +69,8 @@ fn slice_identity(eg: &OarEGraph, class: Id, node: &OarLang) -> Option<Term> {
 /// The operand of `node`, when `pick` accepts its op and the result has the operand's type.
 fn identity_if(eg: &OarEGraph, class: Id, node: &OarLang, pick: fn(&Op) -> bool) -> Option<Term> {
     let (op, kids) = op_of(eg, node)?;
-    (pick(&op) && ty(eg, kids[0]).is_some() && ty(eg, kids[0]) == ty(eg, class)).then_some(Term::Class(kids[0]))
+    let x = *kids.first()?;
+    (pick(&op) && ty(eg, x).is_some() && ty(eg, x) == ty(eg, class)).then_some(Term::Class(x))
 }
 
 /// `pad(x, 0, 0)` → `x`.
