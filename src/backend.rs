@@ -4,8 +4,8 @@
 use oar_ir::backend::{Backend, BackendError, Registry};
 use std::sync::{Arc, OnceLock};
 
-/// The backend used when none is named.
-pub const DEFAULT_BACKEND: &str = "reference";
+/// The backend used when none is named: the Cranelift-compiled CPU backend.
+pub const DEFAULT_BACKEND: &str = "cpu";
 
 /// The global registry, with the built-in backends registered.
 pub fn registry() -> &'static Registry {

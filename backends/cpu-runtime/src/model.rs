@@ -15,6 +15,9 @@ pub struct Model {
     funcs: Vec<KernelFn>,
     /// Params and constants by buffer (checked against the program's types).
     leaves: BTreeMap<BufferId, TensorData>,
+    /// Weights the regions of interpreted `cond`/`while` kernels read by name (empty when the
+    /// program has no such kernel).
+    region_weights: Weights,
     threads: usize,
 }
 
@@ -64,10 +67,24 @@ impl Model {
             }
             leaves.insert(id, t.clone());
         }
+        let has_regions = prog
+            .program
+            .kernels
+            .iter()
+            .any(|k| matches!(&k.body, KernelBody::Opaque(o) if !o.regions.is_empty()));
+        let mut region_weights = Weights::new();
+        if has_regions {
+            for (name, t) in weights {
+                if !name.starts_with("@const/") {
+                    region_weights.insert(name.clone(), t.clone());
+                }
+            }
+        }
         Ok(Model {
             prog,
             funcs,
             leaves,
+            region_weights,
             threads: rayon::current_num_threads().max(1),
         })
     }
@@ -186,7 +203,7 @@ impl Model {
                 }
                 Step::Interpret { kernel, .. } => {
                     let k = &p.kernels[*kernel as usize];
-                    unsafe { interpret(p, k, &bufs)? };
+                    unsafe { interpret(p, k, &bufs, &self.region_weights)? };
                 }
             }
         }
@@ -253,7 +270,12 @@ pub(crate) fn byte_len(b: &Buffer) -> usize {
 
 /// Run one kernel on the reference interpreter: copy its operands out of the buffers, run a
 /// one-kernel program, copy the results back.
-unsafe fn interpret(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(), BackendError> {
+unsafe fn interpret(
+    p: &KernelProgram,
+    k: &Kernel,
+    bufs: &[*mut u8],
+    region_weights: &Weights,
+) -> Result<(), BackendError> {
     let mut map: BTreeMap<BufferId, BufferId> = BTreeMap::new();
     let mut buffers = Vec::new();
     let mut feeds = BTreeMap::new();
@@ -293,7 +315,7 @@ unsafe fn interpret(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(
         kernels: vec![kernel],
         outputs,
     };
-    let results = oar_backend_reference::run_kernel_program(&mini, &Weights::new(), &feeds)?;
+    let results = oar_backend_reference::run_kernel_program(&mini, region_weights, &feeds)?;
     for (&id, (_, t)) in k.outputs.iter().zip(&results) {
         let n = byte_len(p.buffer(id));
         if t.bytes().len() != n {
