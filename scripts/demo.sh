@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # The main job: train in eager mode, convert to a static graph and save it, load it back and
-# keep training, then inspect and run the saved model with the oar CLI.
+# keep training, compile the saved model to a native executable, run it on the held-out digits
+# (accuracy and latency), then inspect the model with the oar CLI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/demo
-cargo build --release --quiet --bin oar --example mlp_digits --example to_static --example demo
+cargo build --release --quiet --bin oar --example mlp_digits --example to_static --example demo --example score
 echo "== 1. train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
 ./target/release/examples/mlp_digits
 echo
 echo "== 2. convert: examples/to_static.rs (eager CNN → jit::save → jit::load → fine-tune → save)"
 ./target/release/examples/to_static "$out"
 echo
-echo "== 3. inspect: oar inspect $out/digits_cnn_tuned.oar"
+n=$(cat "$out/digits_test.count")
+echo "== 3. compile: oar compile $out/digits_cnn_tuned.oar --target cpu --emit exe --bind N=$n -o $out/digits_cnn"
+./target/release/oar compile "$out/digits_cnn_tuned.oar" --target cpu --emit exe --bind "N=$n" -o "$out/digits_cnn"
+echo
+echo "== 4. run the native executable on the $n held-out digits"
+"$out/digits_cnn" --input "image=$out/digits_test.npy" --output-dir "$out/exe_out" --bench 20
+./target/release/examples/score "$out/exe_out/output.npy" "$out/digits_test_labels.npy"
+echo
+echo "== 5. inspect: oar inspect $out/digits_cnn_tuned.oar"
 ./target/release/oar inspect "$out/digits_cnn_tuned.oar"
 echo
-echo "== 4. run: oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
+echo "== 6. run (JIT, cpu backend): oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
 ./target/release/oar run "$out/digits_cnn_tuned.oar" --input "image=$out/digits4.npy" --output "$out/out"
 echo
-echo "== 5. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
+echo "== 7. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
 ./target/release/examples/demo "$out"
 ./target/release/oar dot "$out/digits_cnn_tuned.oar" -o "$out/digits_cnn.dot"
 echo "wrote $out/out/output.npy and $out/digits_cnn.dot"
