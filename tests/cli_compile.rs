@@ -163,3 +163,53 @@ fn compile_errors_are_one_clear_line() {
     assert!(!o.status.success() && stderr(&o).contains("dll"), "{}", stderr(&o));
     assert!(!Path::new(out).exists());
 }
+
+/// The ONNX path end to end: `oar import resnet18.onnx` (the committed reduced-width torchvision
+/// ResNet-18), then `oar compile --emit exe`, then the executable on the committed input; its
+/// output matches onnxruntime's committed output within 1e-4 relative (+1e-5 absolute).
+#[test]
+fn import_onnx_resnet18_then_compile_and_run() {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("onnx/tests/models");
+    let dir = tempfile::tempdir().unwrap();
+    let oar_file = dir.path().join("resnet18.oar");
+    let o = oar(&[
+        "import",
+        models.join("resnet18.onnx").to_str().unwrap(),
+        "-o",
+        oar_file.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let exe = dir.path().join("resnet18");
+    let o = oar(&[
+        "compile",
+        oar_file.to_str().unwrap(),
+        "--target",
+        "cpu",
+        "--emit",
+        "exe",
+        "-o",
+        exe.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = dir.path().join("out");
+    let input = models.join("resnet18.input_0.npy");
+    let r = Command::new(&exe)
+        .args([
+            "--input",
+            &format!("input_0={}", input.display()),
+            "--output-dir",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let got = oar::ir::npy::read_npy(&out.join("output_0.npy")).unwrap();
+    let want = oar::ir::npy::read_npy(&models.join("resnet18.output_0.npy")).unwrap();
+    assert_eq!(got.tensor_type(), want.tensor_type());
+    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs() + 1e-5,
+            "output_0[{i}]: got {a}, onnxruntime {b}"
+        );
+    }
+}
