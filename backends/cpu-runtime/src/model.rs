@@ -18,6 +18,9 @@ pub struct Model {
     /// Weights the regions of interpreted `cond`/`while` kernels read by name (empty when the
     /// program has no such kernel).
     region_weights: Weights,
+    /// Arenas of finished runs, reused so a run does not fault in fresh pages (one per
+    /// concurrent run at most).
+    arenas: std::sync::Mutex<Vec<Vec<u128>>>,
     threads: usize,
 }
 
@@ -85,6 +88,7 @@ impl Model {
             funcs,
             leaves,
             region_weights,
+            arenas: std::sync::Mutex::new(Vec::new()),
             threads: rayon::current_num_threads().max(1),
         })
     }
@@ -161,7 +165,14 @@ impl Model {
         let p = &self.prog.program;
         let plan = &self.prog.plan;
         // The arena, 64-byte aligned (u128 storage is 16-aligned; offset the base to 64).
-        let mut arena = vec![0u128; plan.arena_bytes.div_ceil(16) + 4];
+        let arena_len = plan.arena_bytes.div_ceil(16) + 4;
+        let mut arena = self
+            .arenas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .filter(|a| a.len() == arena_len)
+            .unwrap_or_else(|| vec![0u128; arena_len]);
         let arena_base = {
             let ptr = arena.as_mut_ptr() as *mut u8;
             unsafe { ptr.add(ptr.align_offset(64)) }
@@ -208,11 +219,17 @@ impl Model {
             }
         }
         let mut result = Vec::with_capacity(p.outputs.len());
-        for (name, id) in &p.outputs {
+        for (i, (name, id)) in p.outputs.iter().enumerate() {
             let b = p.buffer(*id);
             let bytes = match &b.kind {
                 BufferKind::Output => {
-                    let mut v = outs[id].clone();
+                    // Hand the buffer over unless a later output reads the same one.
+                    let shared = p.outputs[i + 1..].iter().any(|(_, o)| o == id);
+                    let mut v = if shared {
+                        outs[id].clone()
+                    } else {
+                        outs.remove(id).unwrap_or_default()
+                    };
                     v.truncate(byte_len(b));
                     v
                 }
@@ -226,7 +243,7 @@ impl Model {
                 })?;
             result.push((name.clone(), t));
         }
-        drop(arena);
+        self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         Ok(result)
     }
 
