@@ -1,8 +1,9 @@
 //! Eager CPU kernel throughput: matmul and conv (im2col + gemm), median of several runs.
 //! Run through `bench/kernels.sh`, which also times numpy on the same shapes and prints ratios.
 
-use oar::ir::{DType, Op};
+use oar::ir::{DType, Graph, Op, TensorType, Weights};
 use oar::tensor::apply_op;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
@@ -28,6 +29,30 @@ fn main() -> oar::Result<()> {
         });
         println!(
             "matmul f32 {n}x{n}x{n}: {:.3} ms, {:.1} GFLOP/s",
+            s * 1e3,
+            2.0 * (n * n * n) as f64 / s / 1e9
+        );
+    }
+    // The same matmuls as a compiled graph on the `cpu` backend (gemm through the runtime's
+    // contraction step), inputs passed by name each run as a user would.
+    let cpu = oar::backend::get("cpu")?;
+    for n in [256usize, 512, 1024] {
+        let mut g = Graph::new("matmul");
+        let ty = TensorType::of(DType::F32, &[n, n]);
+        let a = g.add_input("a", ty.clone())?;
+        let b = g.add_input("b", ty)?;
+        let y = g.add_op1(Op::MatMul, &[a, b])?;
+        g.add_output("y", y)?;
+        let exe = cpu.compile(&g, &Weights::new())?;
+        let inputs = BTreeMap::from([
+            ("a".to_string(), oar::randn(&[n, n], DType::F32)?.data()),
+            ("b".to_string(), oar::randn(&[n, n], DType::F32)?.data()),
+        ]);
+        let s = median_secs(7, || {
+            exe.run(&inputs).expect("compiled matmul");
+        });
+        println!(
+            "cpu-backend matmul f32 {n}x{n}x{n}: {:.3} ms, {:.1} GFLOP/s",
             s * 1e3,
             2.0 * (n * n * n) as f64 / s / 1e9
         );

@@ -11,4 +11,6 @@ np=$(python3 bench/kernels_numpy.py)
 echo "== oar";   echo "$oar"
 echo "== numpy"; echo "$np"
 echo "== ratio (oar time / numpy time)"
-paste <(echo "$oar" | grep '^matmul') <(echo "$np") | awk -F'[:,]' '{ split($2, a, " "); split($4, b, " "); printf "%s: %.2f\n", $1, a[1] / b[1] }'
+ratio() { awk -F'[:,]' '{ split($2, a, " "); split($4, b, " "); printf "%s: %.2f\n", $1, a[1] / b[1] }'; }
+paste <(echo "$oar" | grep '^matmul') <(echo "$np") | ratio
+paste <(echo "$oar" | grep '^cpu-backend matmul') <(echo "$np") | ratio
