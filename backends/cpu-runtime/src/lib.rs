@@ -17,6 +17,7 @@ mod conv_direct;
 pub mod exe;
 pub mod math;
 mod model;
+pub mod native;
 pub mod program;
 
 pub use model::Model;

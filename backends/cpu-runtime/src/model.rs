@@ -212,6 +212,10 @@ impl Model {
                         self.call(call, &bufs);
                     }
                 }
+                Step::Native { kernel } => {
+                    let k = &p.kernels[*kernel as usize];
+                    unsafe { crate::native::run(p, k, &bufs)? };
+                }
                 Step::Interpret { kernel, .. } => {
                     let k = &p.kernels[*kernel as usize];
                     unsafe { interpret(p, k, &bufs, &self.region_weights)? };

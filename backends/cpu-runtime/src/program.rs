@@ -44,6 +44,11 @@ pub enum Step {
         /// The generated epilogue.
         epilogue: Option<LoopCall>,
     },
+    /// A data-movement op (`pad`, `gather`, `concat`) run by the runtime's native copies.
+    Native {
+        /// Index into `program.kernels`.
+        kernel: u32,
+    },
     /// Run by the reference interpreter (opaque ops, dtypes the code generator does not handle).
     Interpret {
         /// Index into `program.kernels`.

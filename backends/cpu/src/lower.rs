@@ -121,6 +121,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                     }
                 }
             },
+            KernelBody::Opaque(o) if oar_cpu_runtime::native::supports(o, &program) => Step::Native { kernel },
             KernelBody::Opaque(o) => Step::Interpret {
                 kernel,
                 reason: format!("opaque op `{}`", o.op.name()),

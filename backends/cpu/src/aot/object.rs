@@ -183,6 +183,10 @@ fn step_listing(lowered: &Lowered) -> String {
                     None => String::new(),
                 }
             ),
+            Step::Native { kernel } => format!(
+                "kernel {kernel} `{}`: native copy in the runtime",
+                p.kernels[*kernel as usize].name
+            ),
             Step::Interpret { kernel, reason } => format!(
                 "kernel {kernel} `{}`: interpreted by the reference backend ({reason})",
                 p.kernels[*kernel as usize].name

@@ -1,0 +1,161 @@
+//! Data-movement ops the runtime runs natively instead of through the reference interpreter:
+//! `pad` (constant), `gather` and `concat`. They are byte copies of contiguous runs, so one
+//! implementation serves every dtype.
+
+use crate::program::static_shape;
+use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
+use oar_ir::{BackendError, DType, Op, TensorData};
+
+/// Whether [`run`] computes this opaque kernel.
+pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
+    let dt = |i: usize| o.inputs.get(i).map(|b| p.buffer(*b).ty.dtype);
+    match &o.op {
+        Op::Pad { .. } => o.inputs.len() == 1,
+        Op::Concat { .. } => !o.inputs.is_empty(),
+        Op::Gather { .. } => o.inputs.len() == 2 && matches!(dt(1), Some(DType::I32 | DType::I64)),
+        _ => false,
+    }
+}
+
+fn err(k: &Kernel, detail: String) -> BackendError {
+    BackendError::Runtime {
+        op: k.name.clone(),
+        value: String::new(),
+        detail,
+    }
+}
+
+/// A read-only view of an input buffer, copied first when it overlaps the output (the memory
+/// plan may place them in the same arena bytes).
+fn input(src: *const u8, len: usize, out: *const u8, out_len: usize, copy: &mut Vec<u8>) -> &[u8] {
+    let (s, o) = (src as usize, out as usize);
+    // Safety: the caller passes live buffers of these lengths.
+    let view = unsafe { std::slice::from_raw_parts(src, len) };
+    if s < o + out_len && o < s + len {
+        *copy = view.to_vec();
+        copy
+    } else {
+        // Safety: no overlap with the output, which is the only buffer written.
+        unsafe { std::slice::from_raw_parts(src, len) }
+    }
+}
+
+/// Run `k` (an opaque kernel [`supports`] accepts) on the program's buffers.
+///
+/// # Safety
+/// `bufs` holds a live pointer for every buffer of `p`, each as long as its static type.
+pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(), BackendError> {
+    let KernelBody::Opaque(o) = &k.body else {
+        return Err(err(k, "native step on a non-opaque kernel".into()));
+    };
+    let out_id = k.outputs[0];
+    let out_ty = &p.buffer(out_id).ty;
+    let size = out_ty.dtype.size_bytes();
+    let out_shape = static_shape(out_ty);
+    let out_len = out_shape.iter().product::<usize>() * size;
+    let out_ptr = bufs[out_id.index()];
+    let shape_of = |i: usize| static_shape(&p.buffer(o.inputs[i]).ty);
+    let len_of = |i: usize| shape_of(i).iter().product::<usize>() * size;
+    let mut copy = Vec::new();
+    match &o.op {
+        Op::Pad { before, value, .. } => {
+            let x_shape = shape_of(0);
+            let x = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
+            // Safety: the output buffer is live, `out_len` bytes, and not aliased by `x`.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let fill = TensorData::full(out_ty.dtype, vec![], value.0).map_err(|e| err(k, e.to_string()))?;
+            if fill.bytes().iter().all(|&b| b == 0) {
+                out.fill(0);
+            } else {
+                for c in out.chunks_exact_mut(size) {
+                    c.copy_from_slice(fill.bytes());
+                }
+            }
+            let rank = x_shape.len();
+            if x.is_empty() {
+                return Ok(());
+            }
+            // Copy the input's innermost rows into place.
+            let row = x_shape.last().copied().unwrap_or(1) * size;
+            let mut out_strides = vec![size; rank.max(1)];
+            for a in (0..rank.saturating_sub(1)).rev() {
+                out_strides[a] = out_strides[a + 1] * out_shape[a + 1];
+            }
+            let outer: Vec<usize> = x_shape[..rank.saturating_sub(1)].to_vec();
+            let mut idx = vec![0usize; outer.len()];
+            for src in x.chunks_exact(row.max(1)) {
+                let mut off = before.get(rank.wrapping_sub(1)).copied().unwrap_or(0) * size;
+                for (a, &i) in idx.iter().enumerate() {
+                    off += (i + before[a]) * out_strides[a];
+                }
+                out[off..off + row].copy_from_slice(src);
+                for a in (0..idx.len()).rev() {
+                    idx[a] += 1;
+                    if idx[a] < outer[a] {
+                        break;
+                    }
+                    idx[a] = 0;
+                }
+            }
+        }
+        Op::Concat { axis } => {
+            // Safety: as above; inputs that overlap the output are copied first.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let outer: usize = out_shape[..*axis].iter().product();
+            let out_row = out_shape[*axis..].iter().product::<usize>() * size;
+            let mut at = 0;
+            for i in 0..o.inputs.len() {
+                let s = shape_of(i);
+                let row = s[*axis..].iter().product::<usize>() * size;
+                let mut c = Vec::new();
+                let x = input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, &mut c);
+                for r in 0..outer {
+                    out[r * out_row + at..r * out_row + at + row].copy_from_slice(&x[r * row..(r + 1) * row]);
+                }
+                at += row;
+            }
+        }
+        Op::Gather { axis } => {
+            let data_shape = shape_of(0);
+            let data = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
+            let idx_ty = &p.buffer(o.inputs[1]).ty;
+            let n_idx: usize = static_shape(idx_ty).iter().product();
+            // Safety: the index buffer is live and `n_idx` elements of its dtype long; it is
+            // read before the output is written (copied out here).
+            let idx_bytes =
+                unsafe { std::slice::from_raw_parts(bufs[o.inputs[1].index()], n_idx * idx_ty.dtype.size_bytes()) };
+            let indices: Vec<i64> = match idx_ty.dtype {
+                DType::I32 => idx_bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_ne_bytes(c.try_into().unwrap()) as i64)
+                    .collect(),
+                _ => idx_bytes
+                    .chunks_exact(8)
+                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                    .collect(),
+            };
+            let n = data_shape[*axis] as i64;
+            let outer: usize = data_shape[..*axis].iter().product();
+            let block = data_shape[*axis + 1..].iter().product::<usize>() * size;
+            // Safety: the output buffer is live, `out_len` bytes, and not aliased by `data`.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let mut w = 0;
+            for r in 0..outer {
+                for &i in &indices {
+                    let j = if i < 0 { i + n } else { i };
+                    if !(0..n).contains(&j) {
+                        return Err(err(
+                            k,
+                            format!("gather index {i} out of range for axis {axis} of size {n}"),
+                        ));
+                    }
+                    let src = (r * n as usize + j as usize) * block;
+                    out[w..w + block].copy_from_slice(&data[src..src + block]);
+                    w += block;
+                }
+            }
+        }
+        other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
+    }
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! Data-movement ops run natively by the runtime (`Step::Native`): they are chosen for pad,
+//! gather and concat, and a bad gather index is a typed error naming the kernel and index
+//! (values of these ops are checked against the reference by the conformance suite).
+
+use oar_backend_cpu::CpuBackend;
+use oar_ir::backend::Backend;
+use oar_ir::{TensorData, Weights};
+use std::collections::BTreeMap;
+
+const G: &str = r#"
+graph @moves {
+  %x = input "x" : f32[2,3]
+  %i = input "i" : i64[2]
+  %0 = pad(%x) {before = [1, 0], after = [0, 2], value = -inf} : f32[3,5]
+  %1 = gather(%0, %i) {axis = 1} : f32[3,2]
+  %2 = concat(%1, %1) {axis = 0} : f32[6,2]
+  output "y" = %2
+}
+"#;
+
+fn inputs(idx: [i64; 2]) -> BTreeMap<String, TensorData> {
+    BTreeMap::from([
+        (
+            "x".to_string(),
+            TensorData::from_vec(vec![2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap(),
+        ),
+        ("i".to_string(), TensorData::from_vec(vec![2], idx.to_vec()).unwrap()),
+    ])
+}
+
+#[test]
+fn pad_gather_concat_run_natively_and_match_the_reference() {
+    let g = oar_ir::text::parse_graph(G).unwrap();
+    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
+    let native = lowered
+        .cpu
+        .steps
+        .iter()
+        .filter(|s| matches!(s, oar_cpu_runtime::Step::Native { .. }))
+        .count();
+    assert_eq!(native, 3, "{:?}", lowered.cpu.steps);
+    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
+    let got = exe.run(&inputs([-1, 0])).unwrap();
+    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &inputs([-1, 0])).unwrap();
+    assert_eq!(got[0].1.to_f64_vec(), want[0].1.to_f64_vec());
+    // Row 0 is padding, columns -1 (padding) and 0: [-inf, -inf], then [-inf, 1], [-inf, 4].
+    assert_eq!(
+        got[0].1.to_f64_vec()[..6],
+        [
+            f64::NEG_INFINITY,
+            f64::NEG_INFINITY,
+            f64::NEG_INFINITY,
+            1.0,
+            f64::NEG_INFINITY,
+            4.0
+        ]
+    );
+}
+
+#[test]
+fn gather_index_out_of_range_is_a_typed_error() {
+    let g = oar_ir::text::parse_graph(G).unwrap();
+    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
+    let e = exe.run(&inputs([0, 5])).unwrap_err().to_string();
+    assert!(e.contains("gather index 5 out of range for axis 1 of size 5"), "{e}");
+}
