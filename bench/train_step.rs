@@ -74,16 +74,20 @@ fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: 
 
     let model = make()?;
     let mut opt = AdamW::new(model.named_parameters(), 1e-3);
-    let mut dims: Vec<Option<usize>> = vec![None];
-    dims.extend(x_shape[1..].iter().map(|&d| Some(d)));
+    // A static batch: conv's weight gradient convolves over the batch axis, and conv
+    // channels must be static, so a symbolic batch cannot trace through LeNet's backward.
+    let dims: Vec<Option<usize>> = x_shape.iter().map(|&d| Some(d)).collect();
     let specs = [
         InputSpec::new(&dims, DType::F32, "x"),
-        InputSpec::new(&[None], DType::I64, "y"),
+        InputSpec::new(&[Some(x_shape[0])], DType::I64, "y"),
     ];
     let step = to_static_train_step(&model, &mut opt, &specs, |xs| {
         cross_entropy(&model.forward(&xs[0])?, &xs[1], Reduction::Mean)
     })?
     .with_backend("cpu")?;
+    if let Ok(dir) = std::env::var("OAR_BENCH_SAVE") {
+        step.save(std::path::Path::new(&dir).join(format!("{name}_train_step.oar")))?;
+    }
     let static_ms = median_ms(
         || {
             step.call(&[&x, &y])?;

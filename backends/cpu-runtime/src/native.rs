@@ -71,29 +71,41 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(),
                     c.copy_from_slice(fill.bytes());
                 }
             }
-            let rank = x_shape.len();
             if x.is_empty() {
                 return Ok(());
             }
-            // Copy the input's innermost rows into place.
-            let row = x_shape.last().copied().unwrap_or(1) * size;
-            let mut out_strides = vec![size; rank.max(1)];
+            // Runs: everything from the last padded axis `q` inward is contiguous in both the
+            // input and the output, so each run copies x_shape[q..] at once.
+            let rank = x_shape.len();
+            let q = (0..rank)
+                .rev()
+                .find(|&a| before[a] != 0 || out_shape[a] != x_shape[a])
+                .unwrap_or(0);
+            let run_len = x_shape[q..].iter().product::<usize>() * size;
+            let inner = x_shape[q + 1.min(rank)..].iter().product::<usize>().max(1) * size;
+            let mut out_strides = vec![size; rank];
             for a in (0..rank.saturating_sub(1)).rev() {
                 out_strides[a] = out_strides[a + 1] * out_shape[a + 1];
             }
-            let outer: Vec<usize> = x_shape[..rank.saturating_sub(1)].to_vec();
-            let mut idx = vec![0usize; outer.len()];
-            for src in x.chunks_exact(row.max(1)) {
-                let mut off = before.get(rank.wrapping_sub(1)).copied().unwrap_or(0) * size;
-                for (a, &i) in idx.iter().enumerate() {
-                    off += (i + before[a]) * out_strides[a];
+            let outer = &x_shape[..q];
+            let base: usize =
+                (0..q).map(|a| before[a] * out_strides[a]).sum::<usize>() + before.get(q).copied().unwrap_or(0) * inner;
+            let mut idx = vec![0usize; q];
+            let mut off = base;
+            for src in x.chunks_exact(run_len.max(1)) {
+                match run_len {
+                    4 => out[off..off + 4].copy_from_slice(&src[..4]),
+                    8 => out[off..off + 8].copy_from_slice(&src[..8]),
+                    n => out[off..off + n].copy_from_slice(src),
                 }
-                out[off..off + row].copy_from_slice(src);
-                for a in (0..idx.len()).rev() {
+                // Advance the odometer over the outer axes, keeping `off` in step.
+                for a in (0..q).rev() {
                     idx[a] += 1;
+                    off += out_strides[a];
                     if idx[a] < outer[a] {
                         break;
                     }
+                    off -= out_strides[a] * outer[a];
                     idx[a] = 0;
                 }
             }
