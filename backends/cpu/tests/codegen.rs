@@ -901,6 +901,43 @@ fn clif_text_names_the_function_and_uses_vectors() {
     }
 }
 
+/// An optimizer-style update: a f64 scalar (a step count) cast to f32 and raised to a power is
+/// loop-invariant, so the f32 loop still vectorizes (the scalar part runs once, splatted), and
+/// the results match the reference.
+#[test]
+fn loop_invariant_scalars_of_another_width_keep_the_loop_vectorized() {
+    let mut g = Graph::new("update");
+    let p = input(&mut g, "p", DType::F32, &[4, 37]);
+    let v = input(&mut g, "v", DType::F32, &[4, 37]);
+    let t = input(&mut g, "t", DType::F64, &[]);
+    let t32 = g.add_op1(Op::Cast { to: DType::F32 }, &[t]).unwrap();
+    let beta = g.add_constant(TensorData::from_vec(vec![], vec![0.9f32]).unwrap());
+    let bt = g.add_op1(Op::Binary(BinaryOp::Pow), &[beta, t32]).unwrap();
+    let s = g.add_op1(Op::Unary(UnaryOp::Sqrt), &[v]).unwrap();
+    let d = g.add_op1(Op::Binary(BinaryOp::Div), &[s, bt]).unwrap();
+    let y = g.add_op1(Op::Binary(BinaryOp::Sub), &[p, d]).unwrap();
+    g.add_output("y", y).unwrap();
+    for (_, clif) in clif_of(&g) {
+        assert!(
+            clif.contains("load.f32x4") && clif.contains("splat.f32x4"),
+            "the loop is vectorized: {clif}"
+        );
+        assert!(clif.contains("load.f64"), "the f64 scalar is loaded once: {clif}");
+    }
+    let pv = TensorData::from_vec(vec![4, 37], (0..148).map(|i| i as f32 * 0.25 - 7.0).collect()).unwrap();
+    let vv = TensorData::from_vec(
+        vec![4, 37],
+        (0..148).map(|i| (i as f32 * 0.37).sin().abs() + 0.1).collect(),
+    )
+    .unwrap();
+    let tv = TensorData::from_vec(vec![], vec![3.0f64]).unwrap();
+    check(
+        &g,
+        &feeds(&[("p", pv), ("v", vv), ("t", tv)]),
+        Tol { rel: 1e-6, abs: 1e-6 },
+    );
+}
+
 /// Every kernel of these graphs also compiles for a plain SSE4.2 x86-64 (no AVX), the floor
 /// of what AOT binaries assume.
 #[test]

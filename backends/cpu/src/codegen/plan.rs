@@ -238,9 +238,45 @@ fn loads_used(body: &[Inst], n: usize) -> Vec<bool> {
     used
 }
 
-/// Whether the body can run on `lanes`-wide vectors of `w`-byte lanes (bools as lane masks).
-fn vectorizable(body: &[Inst], w: usize) -> bool {
-    body.iter().all(|inst| {
+/// Which instructions of a body are loop-invariant everywhere: constants, loads of a single
+/// element (`uniform_load`), and what is computed from them only. They are hoisted out of every
+/// loop and computed once as scalars, so they need not fit the vector lane width.
+fn uniform(body: &[Inst], uniform_load: &[bool]) -> Vec<bool> {
+    let mut u: Vec<bool> = Vec::with_capacity(body.len());
+    for inst in body {
+        let v = match &inst.op {
+            ScalarOp::Load(l) => uniform_load[*l],
+            ScalarOp::Const(_) => true,
+            ScalarOp::Acc => false,
+            ScalarOp::Unary(_, a) | ScalarOp::Cast(a) => u[*a],
+            ScalarOp::Binary(_, a, b) => u[*a] && u[*b],
+            ScalarOp::Where(c, a, b) => u[*c] && u[*a] && u[*b],
+        };
+        u.push(v);
+    }
+    u
+}
+
+/// Loads read by the varying (non-[`uniform`]) instructions of a body.
+fn varying_loads(body: &[Inst], uni: &[bool], n: usize) -> Vec<bool> {
+    let mut used = vec![false; n];
+    for (i, inst) in body.iter().enumerate() {
+        if let ScalarOp::Load(l) = inst.op
+            && !uni[i]
+        {
+            used[l] = true;
+        }
+    }
+    used
+}
+
+/// Whether the body's varying instructions can run on vectors of `w`-byte lanes (bools as lane
+/// masks); `uni` marks the loop-invariant ones, which run once as scalars and are splatted.
+fn vectorizable(body: &[Inst], w: usize, uni: &[bool]) -> bool {
+    body.iter().zip(uni).all(|(inst, &u)| {
+        if u {
+            return true;
+        }
         let dt = inst.dtype;
         if dt != DType::Bool && dt.size_bytes() != w {
             return false;
@@ -484,6 +520,23 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         .as_ref()
         .map_or(vec![false; k.loads.len()], |r| loads_used(&r.body, k.loads.len()));
     let any_used: Vec<bool> = used_red.iter().zip(&used_body).map(|(a, b)| *a || *b).collect();
+    // Loads of one element for every iteration (all coefficients 0) are loop-invariant.
+    let uniform_load: Vec<bool> = (0..k.loads.len())
+        .map(|a| outl.iter().chain(&redl).all(|l| l.coef[a] == 0))
+        .collect();
+    let uni_body = uniform(&k.body, &uniform_load);
+    let uni_red = k
+        .reduce
+        .as_ref()
+        .map_or(Vec::new(), |r| uniform(&r.body, &uniform_load));
+    let varying_red = k.reduce.as_ref().map_or(vec![false; k.loads.len()], |r| {
+        varying_loads(&r.body, &uni_red, k.loads.len())
+    });
+    let varying_any: Vec<bool> = varying_loads(&k.body, &uni_body, k.loads.len())
+        .iter()
+        .zip(&varying_red)
+        .map(|(a, b)| *a || *b)
+        .collect();
     let lane_dtype = |dt: DType| matches!(dt, DType::F32 | DType::F64 | DType::I32 | DType::I64);
     let loads_ok = |used: &[bool], w: usize| {
         used.iter()
@@ -508,15 +561,15 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     };
     let outer_ok = matches!(w_out, 4 | 8)
         && (lane_dtype(out_dt) || out_dt == DType::Bool)
-        && loads_ok(&any_used, w_out)
-        && vectorizable(&k.body, w_out)
-        && k.reduce.as_ref().is_none_or(|r| vectorizable(&r.body, w_out));
+        && loads_ok(&varying_any, w_out)
+        && vectorizable(&k.body, w_out, &uni_body)
+        && k.reduce.as_ref().is_none_or(|r| vectorizable(&r.body, w_out, &uni_red));
     // Along the reduction: the reduction body only (the epilogue runs once per output).
     let (inner_ok, w_red) = match (&k.reduce, red) {
         (Some(r), Some(rd)) => {
             let w = rd.dtype.size_bytes();
             (
-                lane_dtype(rd.dtype) && loads_ok(&used_red, w) && vectorizable(&r.body, w),
+                lane_dtype(rd.dtype) && loads_ok(&varying_red, w) && vectorizable(&r.body, w, &uni_red),
                 w,
             )
         }
