@@ -1,0 +1,285 @@
+//! An example out-of-tree oar backend: every fused loop and contraction kernel becomes a C
+//! function ([`emit`]), one C file per program is compiled with `cc -O2 -shared -fPIC` (cached
+//! by source hash in the temp dir), loaded with `libloading` and called; opaque kernels (and
+//! f16/bf16 kernels, which portable C cannot express) run on oar's reference interpreter, one
+//! kernel at a time. See `docs/BACKENDS.md` in the oar repository for the contract.
+
+pub mod emit;
+
+use oar::ir::backend::check_inputs;
+use oar::ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelProgram};
+use oar::ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
+use oar::passes::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+/// The backend (registry name `vendor-c`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VendorCBackend;
+
+/// A kernel's entry point: buffer pointers in, 0 (ok) or 1 (integer division by zero) out.
+type KernelFn = unsafe extern "C" fn(*const *mut u8) -> i32;
+
+fn runtime_err(op: &str, value: &str, detail: impl Into<String>) -> BackendError {
+    BackendError::Runtime {
+        op: op.into(),
+        value: value.into(),
+        detail: detail.into(),
+    }
+}
+
+impl Backend for VendorCBackend {
+    fn name(&self) -> &str {
+        "vendor-c"
+    }
+
+    fn description(&self) -> &str {
+        "example vendor backend: fused kernels emitted as C, compiled with cc, loaded with libloading"
+    }
+
+    fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
+        oar::ir::verify(graph)?;
+        let exe = CExecutable {
+            graph: graph.clone(),
+            weights: weights.clone(),
+            programs: Mutex::default(),
+        };
+        if graph.input_specs().iter().all(|(_, t)| t.shape.is_static()) {
+            exe.program(&BTreeMap::new())?; // static graphs report compile errors now
+        }
+        Ok(Box::new(exe))
+    }
+}
+
+/// A fused program and its compiled kernels (`None`: run on the reference interpreter).
+struct Compiled {
+    program: KernelProgram,
+    fns: Vec<Option<KernelFn>>,
+    _lib: Option<libloading::Library>,
+}
+
+struct CExecutable {
+    graph: Graph,
+    weights: Weights,
+    /// One compiled program per binding of the graph's symbolic dims.
+    programs: Mutex<HashMap<BTreeMap<String, usize>, Arc<Compiled>>>,
+}
+
+impl CExecutable {
+    fn program(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<Compiled>, BackendError> {
+        if let Some(c) = self.programs.lock().unwrap_or_else(|e| e.into_inner()).get(bindings) {
+            return Ok(c.clone());
+        }
+        let compiled = Arc::new(compile_program(&self.graph, bindings)?);
+        self.programs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(bindings.clone(), compiled.clone());
+        Ok(compiled)
+    }
+}
+
+/// The standard pipeline: bind symbolic dims, simplify, fuse (which decomposes composites).
+pub fn fuse_graph(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, BackendError> {
+    let pass_err = |e: oar::passes::PassError| runtime_err("compile", graph.name(), e.to_string());
+    let mut g = graph.clone();
+    let mut pm = PassManager::new();
+    pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
+        .add(Canonicalize)
+        .add(Fold::new())
+        .add(Cse)
+        .add(Simplify::new())
+        .add(Dce);
+    pm.run(&mut g).map_err(pass_err)?;
+    oar::passes::fuse::fuse(&g).map_err(pass_err)
+}
+
+fn compile_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Compiled, BackendError> {
+    let program = fuse_graph(graph, bindings)?;
+    let (source, symbols) = emit::emit_program(&program);
+    if symbols.iter().all(|s| s.is_err()) {
+        let fns = vec![None; program.kernels.len()];
+        return Ok(Compiled {
+            program,
+            fns,
+            _lib: None,
+        });
+    }
+    let so = compile_c(&source).map_err(|e| runtime_err("cc", graph.name(), e))?;
+    // Safety: the library is our own generated code, with no initializers.
+    let lib =
+        unsafe { libloading::Library::new(&so) }.map_err(|e| runtime_err("dlopen", graph.name(), e.to_string()))?;
+    let mut fns = Vec::with_capacity(symbols.len());
+    for sym in &symbols {
+        fns.push(match sym {
+            Ok(name) => {
+                // Safety: every emitted function has the `KernelFn` signature.
+                let f = unsafe { lib.get::<KernelFn>(name.as_bytes()) }
+                    .map_err(|e| runtime_err("dlsym", name, e.to_string()))?;
+                Some(*f)
+            }
+            Err(_) => None,
+        });
+    }
+    Ok(Compiled {
+        program,
+        fns,
+        _lib: Some(lib),
+    })
+}
+
+/// Compile one C file into a shared library, or reuse the one built from the same source.
+pub fn compile_c(source: &str) -> Result<PathBuf, String> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut h);
+    let dir = std::env::temp_dir().join("oar-vendor-c");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let so = dir.join(format!("{:016x}.so", h.finish()));
+    if so.exists() {
+        return Ok(so);
+    }
+    let tmp = dir.join(format!("{:016x}-{}", h.finish(), std::process::id()));
+    let c = tmp.with_extension("c");
+    std::fs::write(&c, source).map_err(|e| format!("{}: {e}", c.display()))?;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-o"])
+        .arg(tmp.with_extension("so"))
+        .arg(&c)
+        .arg("-lm")
+        .output()
+        .map_err(|e| format!("running `{cc}`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{cc}` failed on {}:\n{}",
+            c.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // Rename last, so a concurrent process never loads a half-written library.
+    std::fs::rename(tmp.with_extension("so"), &so).map_err(|e| format!("{}: {e}", so.display()))?;
+    let _ = std::fs::remove_file(&c);
+    Ok(so)
+}
+
+fn dims(b: &Buffer) -> Vec<usize> {
+    b.ty.shape.dims().iter().map(|d| d.as_static().unwrap_or(0)).collect()
+}
+
+fn byte_len(b: &Buffer) -> usize {
+    dims(b).iter().product::<usize>() * b.ty.dtype.size_bytes()
+}
+
+impl Executable for CExecutable {
+    fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
+        let bindings = check_inputs(&self.graph, inputs)?;
+        let c = self.program(&bindings)?;
+        let p = &c.program;
+        // "Allocate" and "copy in": one 8-byte-aligned host allocation per buffer.
+        let mut bufs: Vec<Vec<u64>> = Vec::with_capacity(p.buffers.len());
+        for b in &p.buffers {
+            let mut v = vec![0u64; byte_len(b).div_ceil(8).max(1)];
+            let leaf = match &b.kind {
+                BufferKind::Input { name } => inputs.get(name),
+                BufferKind::Param { name } => Some(self.weights.get(name).ok_or_else(|| BackendError::Weight {
+                    name: name.clone(),
+                    detail: format!("no weight given (expected {})", b.ty),
+                })?),
+                BufferKind::Constant(t) => Some(t),
+                BufferKind::Temp | BufferKind::Output => None,
+            };
+            if let Some(t) = leaf {
+                if t.dtype() != b.ty.dtype || t.shape() != dims(b) {
+                    let name = format!("{} ({})", b.value, t.tensor_type());
+                    return Err(BackendError::Weight {
+                        name,
+                        detail: format!("expected {}", b.ty),
+                    });
+                }
+                bytemuck_copy(&mut v, t.bytes());
+            }
+            bufs.push(v);
+        }
+        // "Launch" every kernel in order; this host runtime is synchronous.
+        for (ki, k) in p.kernels.iter().enumerate() {
+            match c.fns[ki] {
+                Some(f) => {
+                    let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
+                    // Safety: each pointer is a live buffer of the size the kernel was generated for.
+                    if unsafe { f(ptrs.as_ptr()) } != 0 {
+                        return Err(runtime_err(
+                            &k.name,
+                            &p.buffer(k.outputs[0]).value,
+                            "integer division by zero or negative power",
+                        ));
+                    }
+                }
+                None => interpret(p, k, &mut bufs, &self.weights)?,
+            }
+        }
+        // "Copy out".
+        p.outputs
+            .iter()
+            .map(|(name, id)| {
+                let b = p.buffer(*id);
+                let bytes = bytes_of(&bufs[id.index()])[..byte_len(b)].to_vec();
+                let t = TensorData::from_bytes(b.ty.dtype, dims(b), bytes)
+                    .map_err(|e| runtime_err("output", name, e.to_string()))?;
+                Ok((name.clone(), t))
+            })
+            .collect()
+    }
+}
+
+fn bytes_of(v: &[u64]) -> &[u8] {
+    // Safety: u64 has no padding and u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len() * 8) }
+}
+
+fn bytemuck_copy(dst: &mut [u64], src: &[u8]) {
+    // Safety: `dst` holds at least `src.len()` bytes (sized from the same buffer type).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            src.as_ptr(),
+            dst.as_mut_ptr().cast::<u8>(),
+            src.len().min(dst.len() * 8),
+        )
+    }
+}
+
+/// Run one kernel on the reference interpreter: a program with the same buffers where the
+/// kernel's operands are inputs and its results the outputs.
+fn interpret(p: &KernelProgram, k: &Kernel, bufs: &mut [Vec<u64>], weights: &Weights) -> Result<(), BackendError> {
+    let reads = k.reads();
+    let mut feeds = BTreeMap::new();
+    let mut buffers = p.buffers.clone();
+    for (i, b) in buffers.iter_mut().enumerate() {
+        let id = BufferId(i as u32);
+        b.kind = if reads.contains(&id) {
+            let bytes = bytes_of(&bufs[i])[..byte_len(b)].to_vec();
+            let t = TensorData::from_bytes(b.ty.dtype, dims(b), bytes)
+                .map_err(|e| runtime_err(&k.name, &b.value, e.to_string()))?;
+            feeds.insert(format!("b{i}"), t);
+            BufferKind::Input { name: format!("b{i}") }
+        } else if k.outputs.contains(&id) {
+            BufferKind::Output
+        } else {
+            BufferKind::Temp
+        };
+    }
+    let outputs = k.outputs.iter().map(|id| (format!("b{}", id.0), *id)).collect();
+    let one = KernelProgram {
+        name: k.name.clone(),
+        buffers,
+        kernels: vec![k.clone()],
+        outputs,
+    };
+    let results = oar::reference::run_kernel_program(&one, weights, &feeds)?;
+    for (id, (_, t)) in k.outputs.iter().zip(&results) {
+        bytemuck_copy(&mut bufs[id.index()], t.bytes());
+    }
+    Ok(())
+}
