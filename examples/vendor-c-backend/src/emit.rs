@@ -7,29 +7,13 @@
 //! exactly as the reference interpreter does, so fused kernels match it bit for bit (up to
 //! libm). Kernels this generator declines (opaque ops, f16/bf16) come back with a reason.
 
-use oar::ir::kernel::{Contraction, IndexMap, Inst, KernelBody, KernelProgram, Load, ScalarOp};
-use oar::ir::ops::{BinaryOp, ReduceOp, UnaryOp};
+use oar::ir::kernel::{Contraction, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load, ScalarOp};
+use oar::ir::ops::ReduceOp;
 use oar::ir::{DType, Dim};
 use std::fmt::Write;
 
 /// Helpers every generated file starts with.
-const PRELUDE: &str = r#"#include <math.h>
-#include <stdint.h>
-static inline double fmaxn(double a, double b) { return isnan(a) || isnan(b) ? NAN : (a > b ? a : b); }
-static inline double fminn(double a, double b) { return isnan(a) || isnan(b) ? NAN : (a < b ? a : b); }
-static inline double frem(double a, double b) { double r = fmod(a, b);
-  return r != 0.0 && ((r < 0.0) != (b < 0.0)) ? r + b : (r == 0.0 ? copysign(0.0, b) : r); }
-static inline double fsign(double v) { return v > 0.0 ? 1.0 : (v < 0.0 ? -1.0 : v); }
-static inline int64_t isign(int64_t v) { return (v > 0) - (v < 0); }
-static inline int64_t idiv(int64_t a, int64_t b, int *e) { if (!b) { *e = 1; return 0; }
-  return b == -1 ? (int64_t)(0 - (uint64_t)a) : a / b; }
-static inline int64_t irem(int64_t a, int64_t b, int *e) { if (!b) { *e = 1; return 0; }
-  if (b == -1) return 0; int64_t r = a % b; return r != 0 && ((r < 0) != (b < 0)) ? r + b : r; }
-static inline int64_t ipow(int64_t a, int64_t x, int *e) { if (x < 0) { *e = 1; return 0; }
-  int64_t r = 1; while (x > 0) { if (x & 1) r *= a; a *= a; x >>= 1; } return r; }
-static inline int64_t f2i(double v, double lo, double hi, int64_t ilo, int64_t ihi) {
-  return isnan(v) ? 0 : (v >= hi ? ihi : (v <= lo ? ilo : (int64_t)v)); }
-"#;
+const PRELUDE: &str = include_str!("prelude.c");
 
 type R<T> = Result<T, String>;
 
@@ -47,13 +31,8 @@ pub fn c_type(d: DType) -> R<&'static str> {
 }
 
 fn static_dims(dims: &[Dim]) -> R<Vec<i64>> {
-    dims.iter()
-        .map(|d| {
-            d.as_static()
-                .map(|n| n as i64)
-                .ok_or_else(|| format!("symbolic dim {d}"))
-        })
-        .collect()
+    let dim = |d: &Dim| d.as_static().map(|n| n as i64).ok_or(format!("symbolic dim {d}"));
+    dims.iter().map(dim).collect()
 }
 
 /// The flat element index of `map` when loop `l` has the value of the C expression `vars[l]`.
@@ -89,81 +68,31 @@ fn const_literal(d: DType, c: f64) -> String {
     }
 }
 
-fn unary(op: UnaryOp, d: DType, x: &str) -> R<String> {
-    use UnaryOp::*;
-    Ok(match (op, d) {
-        (Not, DType::Bool) => format!("!{x}"),
-        (Neg, _) if d.is_int() => format!("-(int64_t){x}"),
-        (Abs, _) if d.is_int() => format!("({x} < 0 ? -(int64_t){x} : (int64_t){x})"),
-        (Sign, _) if d.is_int() => format!("isign({x})"),
-        (Not, _) if d.is_int() => format!("~(int64_t){x}"),
-        (Not, _) => return Err(format!("not on {d}")),
-        (_, _) if !d.is_float() => return Err(format!("{} on {d}", op.name())),
-        (Neg, _) => format!("-(double){x}"),
-        (Rsqrt, _) => format!("1.0 / sqrt((double){x})"),
-        (Recip, _) => format!("1.0 / (double){x}"),
-        (Sign, _) => format!("fsign({x})"),
-        (Abs, _) => format!("fabs({x})"),
-        (Round, _) => format!("nearbyint({x})"),
-        (Exp | Log | Sqrt | Sin | Cos | Tanh | Erf | Floor | Ceil, _) => format!("{}((double){x})", op.name()),
-    })
-}
-
-fn infix(op: BinaryOp) -> &'static str {
-    match op {
-        BinaryOp::Add => "+",
-        BinaryOp::Sub => "-",
-        BinaryOp::Mul => "*",
-        BinaryOp::Div => "/",
-        BinaryOp::And => "&",
-        BinaryOp::Or => "|",
-        _ => "^",
+/// A call of the prelude's helper for `op` on operands of dtype `d`, if the table has one.
+fn helper(table: &str, op: &str, d: DType, args: &str) -> R<String> {
+    let kind = if d.is_float() {
+        "f"
+    } else if d == DType::Bool {
+        "b"
+    } else {
+        "i"
+    };
+    if !PRELUDE.contains(&format!("{table}_{kind}({op},")) {
+        return Err(format!("no C helper for `{op}` on {d}"));
     }
-}
-
-fn binary(op: BinaryOp, d: DType, x: &str, y: &str) -> R<String> {
-    use BinaryOp::*;
-    let c = |s: &str| format!("({x} {s} {y})");
-    let i = |s: &str| format!("((int64_t){x} {s} (int64_t){y})");
-    let f = |s: &str| format!("((double){x} {s} (double){y})");
-    Ok(match op {
-        Eq => c("=="),
-        Ne => c("!="),
-        Lt => c("<"),
-        Le => c("<="),
-        Gt => c(">"),
-        Ge => c(">="),
-        And | Or | Xor if !d.is_float() => c(infix(op)),
-        _ if d == DType::Bool => return Err(format!("{} on bool", op.name())),
-        Add | Sub | Mul if d.is_int() => i(infix(op)),
-        Div if d.is_int() => format!("idiv({x}, {y}, &e)"),
-        Rem if d.is_int() => format!("irem({x}, {y}, &e)"),
-        Pow if d.is_int() => format!("ipow({x}, {y}, &e)"),
-        Max | Min if d.is_int() => format!("({x} {} {y} ? {x} : {y})", if op == Max { ">" } else { "<" }),
-        Add | Sub | Mul | Div => f(infix(op)),
-        Pow => format!("pow({x}, {y})"),
-        Max => format!("fmaxn({x}, {y})"),
-        Min => format!("fminn({x}, {y})"),
-        Rem => format!("frem({x}, {y})"),
-        And | Or | Xor => return Err(format!("{} on {d}", op.name())),
-    })
+    Ok(format!("{op}_{kind}({args})"))
 }
 
 fn cast(from: DType, to: DType, x: &str) -> String {
-    let (lo, hi, ilo, ihi) = match to {
-        DType::I8 => ("-128.0", "127.0", "-128", "127"),
-        DType::U8 => ("0.0", "255.0", "0", "255"),
-        DType::I32 => ("-2147483648.0", "2147483647.0", "-2147483647LL - 1", "2147483647LL"),
-        _ => (
-            "-9223372036854775808.0",
-            "9223372036854775807.0",
-            "INT64_MIN",
-            "INT64_MAX",
-        ),
+    let (lo, hi) = match to {
+        DType::I8 => ("-128", "127"),
+        DType::U8 => ("0", "255"),
+        DType::I32 => ("INT32_MIN", "INT32_MAX"),
+        _ => ("INT64_MIN", "INT64_MAX"),
     };
     match to {
         DType::Bool => format!("({x} != 0)"),
-        _ if from.is_float() && !to.is_float() => format!("f2i({x}, {lo}, {hi}, {ilo}, {ihi})"),
+        _ if from.is_float() && !to.is_float() => format!("f2i({x}, {lo}, {hi})"),
         _ => x.to_string(),
     }
 }
@@ -172,28 +101,18 @@ fn cast(from: DType, to: DType, x: &str) -> String {
 fn body(out: &mut String, p: &KernelProgram, insts: &[Inst], loads: &[Load], vars: &[String], pre: &str) -> R<String> {
     let v = |n: usize| format!("{pre}{n}");
     for (n, inst) in insts.iter().enumerate() {
-        let dt = |a: usize| {
-            insts
-                .get(a)
-                .map(|i| i.dtype)
-                .ok_or_else(|| format!("operand %{a} out of range"))
-        };
+        let dt = |a: usize| insts.get(a).map(|i| i.dtype).ok_or("operand out of range");
         let expr = match &inst.op {
             ScalarOp::Load(l) => load(p, loads.get(*l).ok_or("load out of range")?, vars)?,
             ScalarOp::Const(c) => const_literal(inst.dtype, c.0),
             ScalarOp::Acc => "acc".into(),
-            ScalarOp::Unary(op, a) => unary(*op, dt(*a)?, &v(*a))?,
-            ScalarOp::Binary(op, a, b) => binary(*op, dt(*a)?, &v(*a), &v(*b))?,
+            ScalarOp::Unary(op, a) => helper("U", op.name(), dt(*a)?, &v(*a))?,
+            ScalarOp::Binary(op, a, b) => helper("B", op.name(), dt(*a)?, &format!("{}, {}, &e", v(*a), v(*b)))?,
             ScalarOp::Where(c, a, b) => format!("({} ? {} : {})", v(*c), v(*a), v(*b)),
             ScalarOp::Cast(a) => cast(dt(*a)?, inst.dtype, &v(*a)),
         };
-        let _ = writeln!(
-            out,
-            "    {} {} = ({}) ({expr});",
-            c_type(inst.dtype)?,
-            v(n),
-            c_type(inst.dtype)?
-        );
+        let ty = c_type(inst.dtype)?;
+        let _ = writeln!(out, "    {ty} {pre}{n} = ({ty}) ({expr});");
     }
     Ok(v(insts.len().checked_sub(1).ok_or("empty body")?))
 }
@@ -201,11 +120,8 @@ fn body(out: &mut String, p: &KernelProgram, insts: &[Inst], loads: &[Load], var
 /// Open `for` loops over `extents` named `{name}{first + k}`.
 fn open_loops(out: &mut String, name: &str, first: usize, extents: &[i64]) {
     for (k, n) in extents.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "  for (int64_t {name}{0} = 0; {name}{0} < {n}; {name}{0}++) {{",
-            first + k
-        );
+        let i = format!("{name}{}", first + k);
+        let _ = writeln!(out, "  for (int64_t {i} = 0; {i} < {n}; {i}++) {{");
     }
 }
 
@@ -235,8 +151,8 @@ fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
                 ReduceOp::Sum => ("0", "a + v"),
                 ReduceOp::Mean if float => ("0", "a + v"),
                 ReduceOp::Prod => ("1", "a * v"),
-                ReduceOp::Max if float => ("-INFINITY", "fmaxn(a, v)"),
-                ReduceOp::Min if float => ("INFINITY", "fminn(a, v)"),
+                ReduceOp::Max if float => ("-INFINITY", "max_f(a, v, &e)"),
+                ReduceOp::Min if float => ("INFINITY", "min_f(a, v, &e)"),
                 ReduceOp::Max => ("INT64_MIN", "(v > a ? v : a)"),
                 ReduceOp::Min => ("INT64_MAX", "(v < a ? v : a)"),
                 ReduceOp::Mean => return Err(format!("mean of {rdt}")),
@@ -255,25 +171,15 @@ fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
                 "  {{ {acc_c} v = {v}; a = {comb}; }}\n{}",
                 "  }\n".repeat(dims.len())
             );
-            let mean = if red.op == ReduceOp::Mean {
-                format!(" / {count}.0")
-            } else {
-                String::new()
-            };
-            let _ = writeln!(s, "  {0} acc = ({0}) (a{mean});", c_type(rdt)?);
+            let n = if red.op == ReduceOp::Mean { count } else { 1 };
+            let _ = writeln!(s, "  {0} acc = ({0}) (a / {n});", c_type(rdt)?);
         }
         KernelBody::Contraction(c) => {
-            let (ls, rs) = (static_dims(&c.lhs.shape)?, static_dims(&c.rhs.shape)?);
             let (acc_ty, float) = (c_type(c.acc_dtype)?, c.acc_dtype.is_float());
             let _ = writeln!(s, "  {} a = 0;", if float { "double" } else { "int64_t" });
-            let (lv, rv) = contraction_loops(&mut s, &c.op, &ls, &rs, rank)?;
+            let (lv, rv, depth) = contraction_loops(&mut s, c, rank)?;
             let (x, w) = (load(p, &c.lhs.load, &lv)?, load(p, &c.rhs.load, &rv)?);
             let prod = if float { "(double)" } else { "(int64_t)" };
-            let depth = if matches!(c.op, Contraction::MatMul) {
-                1
-            } else {
-                rs.len() - 1
-            };
             let _ = writeln!(s, "  a += {prod}{x} * {prod}{w};\n{}", "  }\n".repeat(depth));
             let _ = writeln!(s, "  {acc_ty} acc = ({acc_ty}) a;");
         }
@@ -281,44 +187,29 @@ fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
     }
     let v = body(&mut s, p, epilogue, loads, &ivars, "v")?;
     let out_map = IndexMap::identity(p.buffer(out_buf).ty.shape.dims());
-    let _ = writeln!(
-        s,
-        "  (({out_ty} *)b[{}])[{}] = {v};",
-        out_buf.0,
-        flat_index(&out_map, &ivars)?
-    );
+    let at = flat_index(&out_map, &ivars)?;
+    let _ = writeln!(s, "  (({out_ty} *)b[{}])[{at}] = {v};", out_buf.0);
     let _ = writeln!(s, "{}  return e;\n}}", "  }\n".repeat(rank));
     Ok(s)
 }
 
-/// Open the inner loops of a contraction; returns the C index expressions of each operand axis.
-fn contraction_loops(
-    s: &mut String,
-    op: &Contraction,
-    ls: &[i64],
-    rs: &[i64],
-    rank: usize,
-) -> R<(Vec<String>, Vec<String>)> {
+/// Open the inner loops of a contraction; returns the C index expression of each operand axis
+/// and the number of loops opened.
+fn contraction_loops(s: &mut String, c: &ContractionKernel, rank: usize) -> R<(Vec<String>, Vec<String>, usize)> {
+    let (ls, rs) = (static_dims(&c.lhs.shape)?, static_dims(&c.rhs.shape)?);
+    // Batch axes broadcast (numpy, right-aligned): index modulo the operand's size.
     let batch = |sh: &[i64]| -> Vec<String> {
-        let skip = rank - sh.len();
         (0..sh.len() - 2)
-            .map(|j| {
-                if sh[j] == 1 {
-                    "0".into()
-                } else {
-                    format!("i{}", skip + j)
-                }
-            })
+            .map(|j| format!("(i{} % {})", rank - sh.len() + j, sh[j]))
             .collect()
     };
-    match op {
+    match &c.op {
         Contraction::MatMul => {
             let _ = writeln!(s, "  for (int64_t kk = 0; kk < {}; kk++) {{", ls[ls.len() - 1]);
-            let mut lv = batch(ls);
+            let (mut lv, mut rv) = (batch(&ls), batch(&rs));
             lv.extend([format!("i{}", rank - 2), "kk".into()]);
-            let mut rv = batch(rs);
             rv.extend(["kk".into(), format!("i{}", rank - 1)]);
-            Ok((lv, rv))
+            Ok((lv, rv, 1))
         }
         Contraction::Conv {
             stride,
@@ -329,25 +220,17 @@ fn contraction_loops(
         } => {
             let (cg, og) = (rs[1], rs[0] / *groups as i64);
             let _ = writeln!(s, "  int64_t g = i1 / {og};\n  for (int64_t c = 0; c < {cg}; c++) {{");
-            let (mut lv, mut rv) = (
-                vec!["i0".into(), format!("g * {cg} + c")],
-                vec!["i1".into(), "c".into()],
-            );
+            let mut lv: Vec<String> = vec!["i0".into(), format!("g * {cg} + c")];
+            let mut rv: Vec<String> = vec!["i1".into(), "c".into()];
             for d in 0..rs.len() - 2 {
+                let (st, pb, dl, n) = (stride[d], pad_before[d], dilation[d], ls[d + 2]);
                 let _ = writeln!(s, "  for (int64_t k{d} = 0; k{d} < {}; k{d}++) {{", rs[d + 2]);
-                let _ = writeln!(
-                    s,
-                    "  int64_t s{d} = i{} * {} - {} + k{d} * {};\n  if (s{d} < 0 || s{d} >= {}) continue;",
-                    d + 2,
-                    stride[d],
-                    pad_before[d],
-                    dilation[d],
-                    ls[d + 2]
-                );
+                let _ = writeln!(s, "  int64_t s{d} = i{} * {st} - {pb} + k{d} * {dl};", d + 2);
+                let _ = writeln!(s, "  if (s{d} < 0 || s{d} >= {n}) continue;");
                 lv.push(format!("s{d}"));
                 rv.push(format!("k{d}"));
             }
-            Ok((lv, rv))
+            Ok((lv, rv, rs.len() - 1))
         }
     }
 }

@@ -74,10 +74,8 @@ impl CExecutable {
             return Ok(c.clone());
         }
         let compiled = Arc::new(compile_program(&self.graph, bindings)?);
-        self.programs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(bindings.clone(), compiled.clone());
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        programs.insert(bindings.clone(), compiled.clone());
         Ok(compiled)
     }
 }
@@ -100,34 +98,31 @@ pub fn fuse_graph(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<K
 fn compile_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Compiled, BackendError> {
     let program = fuse_graph(graph, bindings)?;
     let (source, symbols) = emit::emit_program(&program);
-    if symbols.iter().all(|s| s.is_err()) {
-        let fns = vec![None; program.kernels.len()];
-        return Ok(Compiled {
-            program,
-            fns,
-            _lib: None,
-        });
-    }
-    let so = compile_c(&source).map_err(|e| runtime_err("cc", graph.name(), e))?;
-    // Safety: the library is our own generated code, with no initializers.
-    let lib =
-        unsafe { libloading::Library::new(&so) }.map_err(|e| runtime_err("dlopen", graph.name(), e.to_string()))?;
-    let mut fns = Vec::with_capacity(symbols.len());
+    let (mut fns, mut lib) = (Vec::new(), None);
     for sym in &symbols {
-        fns.push(match sym {
-            Ok(name) => {
-                // Safety: every emitted function has the `KernelFn` signature.
-                let f = unsafe { lib.get::<KernelFn>(name.as_bytes()) }
-                    .map_err(|e| runtime_err("dlsym", name, e.to_string()))?;
-                Some(*f)
-            }
-            Err(_) => None,
-        });
+        let Ok(name) = sym else {
+            fns.push(None); // interpreted
+            continue;
+        };
+        if lib.is_none() {
+            let so = compile_c(&source).map_err(|e| runtime_err("cc", graph.name(), e))?;
+            // Safety: the library is our own generated code, with no initializers.
+            let l = unsafe { libloading::Library::new(&so) };
+            lib = Some(l.map_err(|e| runtime_err("dlopen", graph.name(), e.to_string()))?);
+        }
+        // Safety: every emitted function has the `KernelFn` signature.
+        let f = lib.as_ref().map(|l| unsafe { l.get::<KernelFn>(name.as_bytes()) });
+        fns.push(Some(
+            *f.into_iter()
+                .flatten()
+                .next()
+                .ok_or_else(|| runtime_err("dlsym", name, "missing"))?,
+        ));
     }
     Ok(Compiled {
         program,
         fns,
-        _lib: Some(lib),
+        _lib: lib,
     })
 }
 
@@ -153,11 +148,8 @@ pub fn compile_c(source: &str) -> Result<PathBuf, String> {
         .output()
         .map_err(|e| format!("running `{cc}`: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "`{cc}` failed on {}:\n{}",
-            c.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("`{cc}` failed on {}:\n{err}", c.display()));
     }
     // Rename last, so a concurrent process never loads a half-written library.
     std::fs::rename(tmp.with_extension("so"), &so).map_err(|e| format!("{}: {e}", so.display()))?;
@@ -199,7 +191,7 @@ impl Executable for CExecutable {
                         detail: format!("expected {}", b.ty),
                     });
                 }
-                bytemuck_copy(&mut v, t.bytes());
+                copy_in(&mut v, t.bytes());
             }
             bufs.push(v);
         }
@@ -210,11 +202,8 @@ impl Executable for CExecutable {
                     let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
                     // Safety: each pointer is a live buffer of the size the kernel was generated for.
                     if unsafe { f(ptrs.as_ptr()) } != 0 {
-                        return Err(runtime_err(
-                            &k.name,
-                            &p.buffer(k.outputs[0]).value,
-                            "integer division by zero or negative power",
-                        ));
+                        let what = "integer division by zero or negative power";
+                        return Err(runtime_err(&k.name, &p.buffer(k.outputs[0]).value, what));
                     }
                 }
                 None => interpret(p, k, &mut bufs, &self.weights)?,
@@ -239,15 +228,10 @@ fn bytes_of(v: &[u64]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len() * 8) }
 }
 
-fn bytemuck_copy(dst: &mut [u64], src: &[u8]) {
-    // Safety: `dst` holds at least `src.len()` bytes (sized from the same buffer type).
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            src.as_ptr(),
-            dst.as_mut_ptr().cast::<u8>(),
-            src.len().min(dst.len() * 8),
-        )
-    }
+fn copy_in(dst: &mut [u64], src: &[u8]) {
+    let n = src.len().min(dst.len() * 8);
+    // Safety: both ranges hold `n` bytes and do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), n) }
 }
 
 /// Run one kernel on the reference interpreter: a program with the same buffers where the
@@ -279,7 +263,7 @@ fn interpret(p: &KernelProgram, k: &Kernel, bufs: &mut [Vec<u64>], weights: &Wei
     };
     let results = oar::reference::run_kernel_program(&one, weights, &feeds)?;
     for (id, (_, t)) in k.outputs.iter().zip(&results) {
-        bytemuck_copy(&mut bufs[id.index()], t.bytes());
+        copy_in(&mut bufs[id.index()], t.bytes());
     }
     Ok(())
 }
