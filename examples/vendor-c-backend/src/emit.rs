@@ -70,12 +70,10 @@ fn const_literal(d: DType, c: f64) -> String {
 
 /// A call of the prelude's helper for `op` on operands of dtype `d`, if the table has one.
 fn helper(table: &str, op: &str, d: DType, args: &str) -> R<String> {
-    let kind = if d.is_float() {
-        "f"
-    } else if d == DType::Bool {
-        "b"
-    } else {
-        "i"
+    let kind = match d {
+        DType::Bool => "b",
+        _ if d.is_float() => "f",
+        _ => "i",
     };
     if !PRELUDE.contains(&format!("{table}_{kind}({op},")) {
         return Err(format!("no C helper for `{op}` on {d}"));
@@ -117,6 +115,10 @@ fn body(out: &mut String, p: &KernelProgram, insts: &[Inst], loads: &[Load], var
     Ok(v(insts.len().checked_sub(1).ok_or("empty body")?))
 }
 
+fn loop_vars(n: usize) -> Vec<String> {
+    (0..n).map(|l| format!("i{l}")).collect()
+}
+
 /// Open `for` loops over `extents` named `{name}{first + k}`.
 fn open_loops(out: &mut String, name: &str, first: usize, extents: &[i64]) {
     for (k, n) in extents.iter().enumerate() {
@@ -129,8 +131,7 @@ fn open_loops(out: &mut String, name: &str, first: usize, extents: &[i64]) {
 fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
     let k = &p.kernels[ki];
     let out_buf = *k.outputs.first().ok_or("no output")?;
-    let out_dt = p.buffer(out_buf).ty.dtype;
-    let out_ty = c_type(out_dt)?;
+    let out_ty = c_type(p.buffer(out_buf).ty.dtype)?;
     let mut s = format!("int oar_k{ki}(void **b) {{\n  int e = 0; (void)e;\n");
     let (shape, loads, epilogue) = match &k.body {
         KernelBody::Loop(l) => (&l.shape, &l.loads, &l.body),
@@ -139,38 +140,29 @@ fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
     };
     let shape = static_dims(shape)?;
     let rank = shape.len();
-    let ivars: Vec<String> = (0..rank).map(|l| format!("i{l}")).collect();
+    let ivars = loop_vars(rank);
     open_loops(&mut s, "i", 0, &shape);
     match &k.body {
         KernelBody::Loop(l) if l.reduce.is_some() => {
             let red = l.reduce.as_ref().ok_or("no reduction")?;
             let dims = static_dims(&red.dims)?;
             let rdt = red.body.last().ok_or("empty reduction")?.dtype;
-            let float = rdt.is_float();
+            let (float, count) = (rdt.is_float(), dims.iter().product::<i64>());
+            // Accumulate in double / int64_t (as the reference does), in loop order.
             let (init, comb) = match red.op {
-                ReduceOp::Sum => ("0", "a + v"),
-                ReduceOp::Mean if float => ("0", "a + v"),
-                ReduceOp::Prod => ("1", "a * v"),
-                ReduceOp::Max if float => ("-INFINITY", "max_f(a, v, &e)"),
-                ReduceOp::Min if float => ("INFINITY", "min_f(a, v, &e)"),
-                ReduceOp::Max => ("INT64_MIN", "(v > a ? v : a)"),
-                ReduceOp::Min => ("INT64_MAX", "(v < a ? v : a)"),
-                ReduceOp::Mean => return Err(format!("mean of {rdt}")),
+                ReduceOp::Sum | ReduceOp::Mean => ("0", "add"),
+                ReduceOp::Prod => ("1", "mul"),
+                _ if count == 0 => return Err(format!("{} of nothing", red.op.name())), // an error
+                ReduceOp::Max => (if float { "-INFINITY" } else { "INT64_MIN" }, "max"),
+                ReduceOp::Min => (if float { "INFINITY" } else { "INT64_MAX" }, "min"),
             };
-            let count: i64 = dims.iter().product();
-            if rdt == DType::Bool || (count == 0 && matches!(red.op, ReduceOp::Max | ReduceOp::Min)) {
-                return Err(format!("{} over {count} elements of {rdt}", red.op.name()));
-            }
+            let comb = helper("B", comb, rdt, "a, v, &e")?;
             let acc_c = if float { "double" } else { "int64_t" };
             let _ = writeln!(s, "  {acc_c} a = {init};");
             open_loops(&mut s, "i", rank, &dims);
-            let all: Vec<String> = (0..rank + dims.len()).map(|l| format!("i{l}")).collect();
-            let v = body(&mut s, p, &red.body, &l.loads, &all, "r")?;
-            let _ = writeln!(
-                s,
-                "  {{ {acc_c} v = {v}; a = {comb}; }}\n{}",
-                "  }\n".repeat(dims.len())
-            );
+            let v = body(&mut s, p, &red.body, &l.loads, &loop_vars(rank + dims.len()), "r")?;
+            let _ = writeln!(s, "  {{ {acc_c} v = {v}; a = {comb}; }}");
+            s.push_str(&"  }\n".repeat(dims.len()));
             let n = if red.op == ReduceOp::Mean { count } else { 1 };
             let _ = writeln!(s, "  {0} acc = ({0}) (a / {n});", c_type(rdt)?);
         }
@@ -193,23 +185,21 @@ fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
     Ok(s)
 }
 
+/// A matmul operand's batch axes: broadcast (numpy, right-aligned), so index modulo its size.
+fn batch(sh: &[i64], rank: usize) -> impl Iterator<Item = String> + '_ {
+    (0..sh.len() - 2).map(move |j| format!("(i{} % {})", rank - sh.len() + j, sh[j]))
+}
+
 /// Open the inner loops of a contraction; returns the C index expression of each operand axis
 /// and the number of loops opened.
 fn contraction_loops(s: &mut String, c: &ContractionKernel, rank: usize) -> R<(Vec<String>, Vec<String>, usize)> {
     let (ls, rs) = (static_dims(&c.lhs.shape)?, static_dims(&c.rhs.shape)?);
-    // Batch axes broadcast (numpy, right-aligned): index modulo the operand's size.
-    let batch = |sh: &[i64]| -> Vec<String> {
-        (0..sh.len() - 2)
-            .map(|j| format!("(i{} % {})", rank - sh.len() + j, sh[j]))
-            .collect()
-    };
     match &c.op {
         Contraction::MatMul => {
             let _ = writeln!(s, "  for (int64_t kk = 0; kk < {}; kk++) {{", ls[ls.len() - 1]);
-            let (mut lv, mut rv) = (batch(&ls), batch(&rs));
-            lv.extend([format!("i{}", rank - 2), "kk".into()]);
-            rv.extend(["kk".into(), format!("i{}", rank - 1)]);
-            Ok((lv, rv, 1))
+            let lv = batch(&ls, rank).chain([format!("i{}", rank - 2), "kk".into()]);
+            let rv = batch(&rs, rank).chain(["kk".into(), format!("i{}", rank - 1)]);
+            Ok((lv.collect(), rv.collect(), 1))
         }
         Contraction::Conv {
             stride,

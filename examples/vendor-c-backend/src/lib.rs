@@ -7,7 +7,7 @@
 pub mod emit;
 
 use oar::ir::backend::check_inputs;
-use oar::ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelProgram};
+use oar::ir::kernel::{Buffer, BufferId, BufferKind, KernelProgram};
 use oar::ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
 use oar::passes::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
 use std::collections::{BTreeMap, HashMap};
@@ -165,6 +165,21 @@ fn byte_len(b: &Buffer) -> usize {
     dims(b).iter().product::<usize>() * b.ty.dtype.size_bytes()
 }
 
+/// The current contents of buffer `id` as a tensor.
+fn tensor(p: &KernelProgram, bufs: &[Vec<u64>], id: BufferId) -> Result<TensorData, BackendError> {
+    let b = p.buffer(id);
+    // Safety: u64 has no padding and u8 has alignment 1; the buffer holds `byte_len(b)` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(bufs[id.index()].as_ptr().cast::<u8>(), byte_len(b)) };
+    TensorData::from_bytes(b.ty.dtype, dims(b), bytes.to_vec())
+        .map_err(|e| runtime_err("read", &b.value, e.to_string()))
+}
+
+fn copy_in(dst: &mut [u64], src: &[u8]) {
+    let n = src.len().min(dst.len() * 8);
+    // Safety: both ranges hold `n` bytes and do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), n) }
+}
+
 impl Executable for CExecutable {
     fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
         let bindings = check_inputs(&self.graph, inputs)?;
@@ -176,94 +191,41 @@ impl Executable for CExecutable {
             let mut v = vec![0u64; byte_len(b).div_ceil(8).max(1)];
             let leaf = match &b.kind {
                 BufferKind::Input { name } => inputs.get(name),
-                BufferKind::Param { name } => Some(self.weights.get(name).ok_or_else(|| BackendError::Weight {
-                    name: name.clone(),
-                    detail: format!("no weight given (expected {})", b.ty),
-                })?),
+                BufferKind::Param { name } => self.weights.get(name),
                 BufferKind::Constant(t) => Some(t),
                 BufferKind::Temp | BufferKind::Output => None,
             };
-            if let Some(t) = leaf {
-                if t.dtype() != b.ty.dtype || t.shape() != dims(b) {
-                    let name = format!("{} ({})", b.value, t.tensor_type());
-                    return Err(BackendError::Weight {
-                        name,
-                        detail: format!("expected {}", b.ty),
-                    });
-                }
+            if let Some(t) = leaf.filter(|t| t.dtype() == b.ty.dtype && t.shape() == dims(b)) {
                 copy_in(&mut v, t.bytes());
+            } else if let BufferKind::Param { name } = &b.kind {
+                let detail = format!("no weight of type {} given", b.ty);
+                return Err(BackendError::Weight {
+                    name: name.clone(),
+                    detail,
+                });
             }
             bufs.push(v);
         }
         // "Launch" every kernel in order; this host runtime is synchronous.
         for (ki, k) in p.kernels.iter().enumerate() {
-            match c.fns[ki] {
-                Some(f) => {
-                    let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
-                    // Safety: each pointer is a live buffer of the size the kernel was generated for.
-                    if unsafe { f(ptrs.as_ptr()) } != 0 {
-                        let what = "integer division by zero or negative power";
-                        return Err(runtime_err(&k.name, &p.buffer(k.outputs[0]).value, what));
-                    }
+            if let Some(f) = c.fns[ki] {
+                let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
+                // Safety: each pointer is a live buffer of the size the kernel was generated for.
+                if unsafe { f(ptrs.as_ptr()) } != 0 {
+                    let what = "integer division by zero or negative power";
+                    return Err(runtime_err(&k.name, &p.buffer(k.outputs[0]).value, what));
                 }
-                None => interpret(p, k, &mut bufs, &self.weights)?,
+            } else {
+                let results = oar::reference::run_kernel(p, ki, &self.weights, &mut |id| tensor(p, &bufs, id))?;
+                for (id, t) in k.outputs.iter().zip(&results) {
+                    copy_in(&mut bufs[id.index()], t.bytes());
+                }
             }
         }
         // "Copy out".
         p.outputs
             .iter()
-            .map(|(name, id)| {
-                let b = p.buffer(*id);
-                let bytes = bytes_of(&bufs[id.index()])[..byte_len(b)].to_vec();
-                let t = TensorData::from_bytes(b.ty.dtype, dims(b), bytes)
-                    .map_err(|e| runtime_err("output", name, e.to_string()))?;
-                Ok((name.clone(), t))
-            })
+            .map(|(name, id)| Ok((name.clone(), tensor(p, &bufs, *id)?)))
             .collect()
     }
-}
-
-fn bytes_of(v: &[u64]) -> &[u8] {
-    // Safety: u64 has no padding and u8 has alignment 1.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len() * 8) }
-}
-
-fn copy_in(dst: &mut [u64], src: &[u8]) {
-    let n = src.len().min(dst.len() * 8);
-    // Safety: both ranges hold `n` bytes and do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), n) }
-}
-
-/// Run one kernel on the reference interpreter: a program with the same buffers where the
-/// kernel's operands are inputs and its results the outputs.
-fn interpret(p: &KernelProgram, k: &Kernel, bufs: &mut [Vec<u64>], weights: &Weights) -> Result<(), BackendError> {
-    let reads = k.reads();
-    let mut feeds = BTreeMap::new();
-    let mut buffers = p.buffers.clone();
-    for (i, b) in buffers.iter_mut().enumerate() {
-        let id = BufferId(i as u32);
-        b.kind = if reads.contains(&id) {
-            let bytes = bytes_of(&bufs[i])[..byte_len(b)].to_vec();
-            let t = TensorData::from_bytes(b.ty.dtype, dims(b), bytes)
-                .map_err(|e| runtime_err(&k.name, &b.value, e.to_string()))?;
-            feeds.insert(format!("b{i}"), t);
-            BufferKind::Input { name: format!("b{i}") }
-        } else if k.outputs.contains(&id) {
-            BufferKind::Output
-        } else {
-            BufferKind::Temp
-        };
-    }
-    let outputs = k.outputs.iter().map(|id| (format!("b{}", id.0), *id)).collect();
-    let one = KernelProgram {
-        name: k.name.clone(),
-        buffers,
-        kernels: vec![k.clone()],
-        outputs,
-    };
-    let results = oar::reference::run_kernel_program(&one, weights, &feeds)?;
-    for (id, (_, t)) in k.outputs.iter().zip(&results) {
-        copy_in(&mut bufs[id.index()], t.bytes());
-    }
-    Ok(())
 }

@@ -28,3 +28,31 @@ fn vendor_c_backend_passes_the_conformance_kit() {
         unexpected.join("\n")
     );
 }
+
+/// The kit passing must not come from interpreting everything: every loop and contraction
+/// kernel of an MLP with softmax is emitted as C.
+#[test]
+fn loop_and_contraction_kernels_are_emitted_as_c() {
+    use oar::jit::{InputSpec, to_static};
+    use oar::nn::{Layer, Linear, ReLU, Sequential};
+    let model = Sequential::new()
+        .add(Linear::new(8, 16).unwrap())
+        .add(ReLU)
+        .add(Linear::new(16, 4).unwrap());
+    let spec = InputSpec::new(&[None, Some(8)], oar::DType::F32, "x");
+    let f = to_static(
+        |xs| Ok(vec![oar::nn::functional::softmax(&model.forward(&xs[0])?, -1)?]),
+        &[spec],
+    )
+    .unwrap();
+    let program = oar_example_vendor_c::fuse_graph(f.graph(), &[("N".to_string(), 3)].into()).unwrap();
+    let (source, symbols) = oar_example_vendor_c::emit::emit_program(&program);
+    let (loops, contractions, _) = program.kernel_counts();
+    assert!(loops >= 2 && contractions == 2, "{program}");
+    assert_eq!(
+        symbols.iter().filter(|s| s.is_ok()).count(),
+        loops + contractions,
+        "{symbols:?}"
+    );
+    assert!(source.contains("int oar_k0(void **b)"), "{source}");
+}
