@@ -6,6 +6,11 @@
 
 pub mod emit;
 
+/// The Rust blocks of `docs/BACKENDS.md`, compiled and run as doc tests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/BACKENDS.md")]
+pub struct BackendsDoc;
+
 use oar::ir::backend::check_inputs;
 use oar::ir::kernel::{Buffer, BufferId, BufferKind, KernelProgram};
 use oar::ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
