@@ -18,7 +18,7 @@ fn head(model: &Sequential, x: &Tensor) -> Result<Tensor> {
 }
 
 fn values(t: &Tensor) -> Vec<f64> {
-    t.to_vec::<f64>().unwrap()
+    t.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
 }
 
 fn assert_close(a: &[f64], b: &[f64], what: &str) {

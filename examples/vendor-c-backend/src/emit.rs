@@ -1,11 +1,7 @@
-//! C code generation: one C function per loop or contraction kernel of a [`KernelProgram`].
-//!
-//! Every function has the signature `int oar_k<N>(void **b)`: `b[i]` is buffer `i` of the
-//! program, dense and row-major; it returns 0, or 1 after an integer division by zero or an
-//! integer power with a negative exponent. Floats are computed in `double` and rounded to the
-//! instruction's dtype, integers in `int64_t` (wrapping, `-fwrapv`) and wrapped to theirs,
-//! exactly as the reference interpreter does, so fused kernels match it bit for bit (up to
-//! libm). Kernels this generator declines (opaque ops, f16/bf16) come back with a reason.
+//! C code generation: one function `int oar_k<N>(void **b)` per loop or contraction kernel
+//! (`b[i]` = buffer `i`, dense row-major; returns 1 after an integer division by zero). Each
+//! instruction is computed by the op table in `prelude.c` and rounded or wrapped to its dtype,
+//! as the reference interpreter does. Declined kernels (opaque, f16/bf16) come back with a reason.
 
 use oar::ir::kernel::{Contraction, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load, ScalarOp};
 use oar::ir::ops::ReduceOp;
@@ -81,18 +77,13 @@ fn helper(table: &str, op: &str, d: DType, args: &str) -> R<String> {
     Ok(format!("{op}_{kind}({args})"))
 }
 
-fn cast(from: DType, to: DType, x: &str) -> String {
-    let (lo, hi) = match to {
-        DType::I8 => ("-128", "127"),
-        DType::U8 => ("0", "255"),
-        DType::I32 => ("INT32_MIN", "INT32_MAX"),
-        _ => ("INT64_MIN", "INT64_MAX"),
-    };
-    match to {
+fn cast(from: DType, to: DType, x: &str) -> R<String> {
+    let limits = c_type(to)?.trim_end_matches("_t").to_uppercase(); // INT8_MIN, INT8_MAX, ...
+    Ok(match to {
         DType::Bool => format!("({x} != 0)"),
-        _ if from.is_float() && !to.is_float() => format!("f2i({x}, {lo}, {hi})"),
+        _ if from.is_float() && !to.is_float() => format!("f2i({x}, {limits}_MIN, {limits}_MAX)"),
         _ => x.to_string(),
-    }
+    })
 }
 
 /// Emit `insts` as C statements defining `{pre}0`, `{pre}1`, ...; returns the last name.
@@ -107,7 +98,7 @@ fn body(out: &mut String, p: &KernelProgram, insts: &[Inst], loads: &[Load], var
             ScalarOp::Unary(op, a) => helper("U", op.name(), dt(*a)?, &v(*a))?,
             ScalarOp::Binary(op, a, b) => helper("B", op.name(), dt(*a)?, &format!("{}, {}, &e", v(*a), v(*b)))?,
             ScalarOp::Where(c, a, b) => format!("({} ? {} : {})", v(*c), v(*a), v(*b)),
-            ScalarOp::Cast(a) => cast(dt(*a)?, inst.dtype, &v(*a)),
+            ScalarOp::Cast(a) => cast(dt(*a)?, inst.dtype, &v(*a))?,
         };
         let ty = c_type(inst.dtype)?;
         let _ = writeln!(out, "    {ty} {pre}{n} = ({ty}) ({expr});");
@@ -127,8 +118,9 @@ fn open_loops(out: &mut String, name: &str, first: usize, extents: &[i64]) {
     }
 }
 
-/// The C function for kernel `ki`, or why it is left to the interpreter.
-fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
+/// Append the C function for kernel `ki` to `out` and return its name, or say why it is left
+/// to the interpreter.
+fn emit_kernel(p: &KernelProgram, ki: usize, out: &mut String) -> R<String> {
     let k = &p.kernels[ki];
     let out_buf = *k.outputs.first().ok_or("no output")?;
     let out_ty = c_type(p.buffer(out_buf).ty.dtype)?;
@@ -182,7 +174,8 @@ fn emit_kernel(p: &KernelProgram, ki: usize) -> R<String> {
     let at = flat_index(&out_map, &ivars)?;
     let _ = writeln!(s, "  (({out_ty} *)b[{}])[{at}] = {v};", out_buf.0);
     let _ = writeln!(s, "{}  return e;\n}}", "  }\n".repeat(rank));
-    Ok(s)
+    out.push_str(&s);
+    Ok(format!("oar_k{ki}"))
 }
 
 /// A matmul operand's batch axes: broadcast (numpy, right-aligned), so index modulo its size.
@@ -226,14 +219,8 @@ fn contraction_loops(s: &mut String, c: &ContractionKernel, rank: usize) -> R<(V
 }
 
 /// The C file for `p` and, per kernel, `Ok(symbol)` or why it is interpreted instead.
-pub fn emit_program(p: &KernelProgram) -> (String, Vec<Result<String, String>>) {
+pub fn emit_program(p: &KernelProgram) -> (String, Vec<R<String>>) {
     let mut src = PRELUDE.to_string();
-    let syms = (0..p.kernels.len())
-        .map(|ki| {
-            let f = emit_kernel(p, ki)?;
-            src.push_str(&f);
-            Ok(format!("oar_k{ki}"))
-        })
-        .collect();
-    (src, syms)
+    let symbols = (0..p.kernels.len()).map(|ki| emit_kernel(p, ki, &mut src)).collect();
+    (src, symbols)
 }

@@ -14,11 +14,8 @@ pub struct BackendsDoc;
 use oar::ir::backend::check_inputs;
 use oar::ir::kernel::{Buffer, BufferId, BufferKind, KernelProgram};
 use oar::ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
-use oar::passes::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 /// The backend (registry name `vendor-c`).
@@ -28,12 +25,9 @@ pub struct VendorCBackend;
 /// A kernel's entry point: buffer pointers in, 0 (ok) or 1 (integer division by zero) out.
 type KernelFn = unsafe extern "C" fn(*const *mut u8) -> i32;
 
-fn runtime_err(op: &str, value: &str, detail: impl Into<String>) -> BackendError {
-    BackendError::Runtime {
-        op: op.into(),
-        value: value.into(),
-        detail: detail.into(),
-    }
+fn runtime_err(op: &str, value: &str, detail: impl ToString) -> BackendError {
+    let (op, value, detail) = (op.to_string(), value.to_string(), detail.to_string());
+    BackendError::Runtime { op, value, detail }
 }
 
 impl Backend for VendorCBackend {
@@ -47,12 +41,13 @@ impl Backend for VendorCBackend {
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
         oar::ir::verify(graph)?;
+        let (graph, weights, programs) = (graph.clone(), weights.clone(), Mutex::default());
         let exe = CExecutable {
-            graph: graph.clone(),
-            weights: weights.clone(),
-            programs: Mutex::default(),
+            graph,
+            weights,
+            programs,
         };
-        if graph.input_specs().iter().all(|(_, t)| t.shape.is_static()) {
+        if exe.graph.input_specs().iter().all(|(_, t)| t.shape.is_static()) {
             exe.program(&BTreeMap::new())?; // static graphs report compile errors now
         }
         Ok(Box::new(exe))
@@ -85,44 +80,28 @@ impl CExecutable {
     }
 }
 
-/// The standard pipeline: bind symbolic dims, simplify, fuse (which decomposes composites).
-pub fn fuse_graph(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, BackendError> {
-    let pass_err = |e: oar::passes::PassError| runtime_err("compile", graph.name(), e.to_string());
-    let mut g = graph.clone();
-    let mut pm = PassManager::new();
-    pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
-        .add(Canonicalize)
-        .add(Fold::new())
-        .add(Cse)
-        .add(Simplify::new())
-        .add(Dce);
-    pm.run(&mut g).map_err(pass_err)?;
-    oar::passes::fuse::fuse(&g).map_err(pass_err)
-}
-
+/// Fuse with the standard pipeline, emit one C file, compile and load it.
 fn compile_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Compiled, BackendError> {
-    let program = fuse_graph(graph, bindings)?;
+    let program = oar::lowering::kernel_program(graph, bindings)?;
     let (source, symbols) = emit::emit_program(&program);
     let (mut fns, mut lib) = (Vec::new(), None);
     for sym in &symbols {
         let Ok(name) = sym else {
-            fns.push(None); // interpreted
+            fns.push(None); // run on the reference interpreter
             continue;
         };
-        if lib.is_none() {
-            let so = compile_c(&source).map_err(|e| runtime_err("cc", graph.name(), e))?;
-            // Safety: the library is our own generated code, with no initializers.
-            let l = unsafe { libloading::Library::new(&so) };
-            lib = Some(l.map_err(|e| runtime_err("dlopen", graph.name(), e.to_string()))?);
-        }
+        let lib = match &mut lib {
+            Some(l) => l,
+            slot @ None => {
+                let so = compile_c(&source).map_err(|e| runtime_err("cc", graph.name(), e))?;
+                // Safety: the library is our own generated code, with no initializers.
+                let l = unsafe { libloading::Library::new(&so) };
+                slot.insert(l.map_err(|e| runtime_err("dlopen", graph.name(), e))?)
+            }
+        };
         // Safety: every emitted function has the `KernelFn` signature.
-        let f = lib.as_ref().map(|l| unsafe { l.get::<KernelFn>(name.as_bytes()) });
-        fns.push(Some(
-            *f.into_iter()
-                .flatten()
-                .next()
-                .ok_or_else(|| runtime_err("dlsym", name, "missing"))?,
-        ));
+        let f = unsafe { lib.get::<KernelFn>(name.as_bytes()) }.map_err(|e| runtime_err("dlsym", name, e))?;
+        fns.push(Some(*f));
     }
     Ok(Compiled {
         program,
@@ -132,7 +111,7 @@ fn compile_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<
 }
 
 /// Compile one C file into a shared library, or reuse the one built from the same source.
-pub fn compile_c(source: &str) -> Result<PathBuf, String> {
+pub fn compile_c(source: &str) -> Result<std::path::PathBuf, String> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     source.hash(&mut h);
     let dir = std::env::temp_dir().join("oar-vendor-c");
@@ -145,11 +124,9 @@ pub fn compile_c(source: &str) -> Result<PathBuf, String> {
     let c = tmp.with_extension("c");
     std::fs::write(&c, source).map_err(|e| format!("{}: {e}", c.display()))?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
+    let out = std::process::Command::new(&cc)
         .args(["-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-o"])
-        .arg(tmp.with_extension("so"))
-        .arg(&c)
-        .arg("-lm")
+        .args([tmp.with_extension("so"), c.clone(), "-lm".into()])
         .output()
         .map_err(|e| format!("running `{cc}`: {e}"))?;
     if !out.status.success() {
@@ -170,13 +147,12 @@ fn byte_len(b: &Buffer) -> usize {
     dims(b).iter().product::<usize>() * b.ty.dtype.size_bytes()
 }
 
-/// The current contents of buffer `id` as a tensor.
+/// The current contents of buffer `id` as a tensor ("copy out").
 fn tensor(p: &KernelProgram, bufs: &[Vec<u64>], id: BufferId) -> Result<TensorData, BackendError> {
     let b = p.buffer(id);
     // Safety: u64 has no padding and u8 has alignment 1; the buffer holds `byte_len(b)` bytes.
     let bytes = unsafe { std::slice::from_raw_parts(bufs[id.index()].as_ptr().cast::<u8>(), byte_len(b)) };
-    TensorData::from_bytes(b.ty.dtype, dims(b), bytes.to_vec())
-        .map_err(|e| runtime_err("read", &b.value, e.to_string()))
+    TensorData::from_bytes(b.ty.dtype, dims(b), bytes.to_vec()).map_err(|e| runtime_err("read", &b.value, e))
 }
 
 fn copy_in(dst: &mut [u64], src: &[u8]) {
@@ -187,10 +163,9 @@ fn copy_in(dst: &mut [u64], src: &[u8]) {
 
 impl Executable for CExecutable {
     fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
-        let bindings = check_inputs(&self.graph, inputs)?;
-        let c = self.program(&bindings)?;
+        let c = self.program(&check_inputs(&self.graph, inputs)?)?;
         let p = &c.program;
-        // "Allocate" and "copy in": one 8-byte-aligned host allocation per buffer.
+        // "Allocate": one 8-byte-aligned host allocation per buffer; leaves copied in.
         let mut bufs: Vec<Vec<u64>> = Vec::with_capacity(p.buffers.len());
         for b in &p.buffers {
             let mut v = vec![0u64; byte_len(b).div_ceil(8).max(1)];
@@ -227,7 +202,6 @@ impl Executable for CExecutable {
                 }
             }
         }
-        // "Copy out".
         p.outputs
             .iter()
             .map(|(name, id)| Ok((name.clone(), tensor(p, &bufs, *id)?)))

@@ -10,9 +10,7 @@ fn main() -> ExitCode {
     match args.split_first() {
         Some((cmd, rest)) if cmd == "conformance" => oar::conformance::kit_main(Arc::new(VendorCBackend), rest),
         _ => {
-            eprintln!(
-                "usage: oar-example-vendor-c conformance [--section ops|patterns|models] [--filter TEXT] [--failures-only] [--full]"
-            );
+            eprintln!("usage: oar-example-vendor-c conformance [OPTIONS of `oar conformance`]");
             ExitCode::from(2)
         }
     }

@@ -36,5 +36,6 @@ B_b(and, a & b) B_b(or, a | b) B_b(xor, a ^ b)
 B_b(eq, a == b) B_b(ne, a != b) B_b(lt, a < b) B_b(le, a <= b) B_b(gt, a > b) B_b(ge, a >= b)
 
 /* Rust's saturating float -> int `as` (NaN -> 0); (double)INT64_MAX rounds up to 2^63. */
+#define UINT8_MIN 0
 static inline int64_t f2i(double v, int64_t lo, int64_t hi) {
   return isnan(v) ? 0 : (v >= (double)hi ? hi : (v <= (double)lo ? lo : (int64_t)v)); }
