@@ -120,7 +120,8 @@ pub fn compile_c(source: &str) -> Result<std::path::PathBuf, String> {
     if so.exists() {
         return Ok(so);
     }
-    let tmp = dir.join(format!("{:016x}-{}", h.finish(), std::process::id()));
+    let writer = (std::process::id(), std::thread::current().id()); // concurrent compiles of one source
+    let tmp = dir.join(format!("{:016x}-{}-{:?}", h.finish(), writer.0, writer.1));
     let c = tmp.with_extension("c");
     std::fs::write(&c, source).map_err(|e| format!("{}: {e}", c.display()))?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -192,8 +193,8 @@ impl Executable for CExecutable {
                 let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
                 // Safety: each pointer is a live buffer of the size the kernel was generated for.
                 if unsafe { f(ptrs.as_ptr()) } != 0 {
-                    let what = "integer division by zero or negative power";
-                    return Err(runtime_err(&k.name, &p.buffer(k.outputs[0]).value, what));
+                    let value = &p.buffer(k.outputs[0]).value;
+                    return Err(runtime_err(&k.name, value, "integer division by zero or exponent < 0"));
                 }
             } else {
                 let results = oar::reference::run_kernel(p, ki, &self.weights, &mut |id| tensor(p, &bufs, id))?;
@@ -202,9 +203,7 @@ impl Executable for CExecutable {
                 }
             }
         }
-        p.outputs
-            .iter()
-            .map(|(name, id)| Ok((name.clone(), tensor(p, &bufs, *id)?)))
-            .collect()
+        let output = |(name, id): &(String, BufferId)| Ok((name.clone(), tensor(p, &bufs, *id)?));
+        p.outputs.iter().map(output).collect()
     }
 }
