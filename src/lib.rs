@@ -13,6 +13,7 @@ pub mod error;
 pub mod io;
 pub mod jit;
 mod kernels;
+pub mod lowering;
 pub mod nn;
 pub mod optimizer;
 pub mod serialization;

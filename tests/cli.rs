@@ -99,5 +99,6 @@ fn errors_are_one_clear_line() {
     );
     assert_clean_error(&oar(&["run", m]), "missing input `x`");
     assert_clean_error(&oar(&["run", m, "--backend", "tpu9000"]), "tpu9000");
+    assert_clean_error(&oar(&["run", m, "--target", "tpu9000"]), "(registered: reference, cpu");
     assert_clean_error(&oar(&["inspect", m, "--bind", "N"]), "SYM=SIZE");
 }

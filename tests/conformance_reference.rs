@@ -445,6 +445,17 @@ fn cli_runs_lists_and_reports_errors() {
         &oar_cli(&["conformance", "--backend", "nonexistent", "--filter", "unary/exp/f32"]),
         "no backend named `nonexistent`",
     );
+    // `--target` is an alias of `--backend`; an unknown name lists the registered backends.
+    let o = oar_cli(&["conformance", "--target", "reference", "--filter", "unary/exp/f32"]);
+    assert!(
+        o.status.success() && stdout(&o).contains("OK: backend `reference`"),
+        "{}",
+        stdout(&o)
+    );
+    assert_clean_error(
+        &oar_cli(&["conformance", "--target", "nonexistent", "--filter", "unary/exp/f32"]),
+        "(registered: reference, cpu",
+    );
     assert_clean_error(
         &oar_cli(&["conformance", "--filter", "no such case"]),
         "no conformance case",

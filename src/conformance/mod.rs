@@ -37,12 +37,14 @@
 mod build;
 mod compare;
 mod coverage;
+mod kit;
 mod models;
 mod ops;
 mod patterns;
 
 pub use build::SUITE_SEED;
 pub use coverage::{op_keys, required_op_keys};
+pub use kit::kit_main;
 
 use oar_ir::{Backend, BackendError, DType, Graph, TensorData, Weights};
 use std::cell::{Cell, RefCell};

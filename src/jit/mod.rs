@@ -180,7 +180,14 @@ impl StaticFunction {
         &self.graph
     }
 
-    /// Run on another registered backend.
+    /// The backend it runs on (its registry name; [`crate::backend::DEFAULT_BACKEND`] unless
+    /// [`StaticFunction::with_backend`] picked another).
+    pub fn backend(&self) -> &str {
+        &self.backend
+    }
+
+    /// Run on another registered backend (any name in [`crate::backend::registry`], including
+    /// one a vendor crate registered); an unknown name is an error listing the registered ones.
     pub fn with_backend(mut self, name: &str) -> Result<StaticFunction> {
         crate::backend::get(name)?;
         self.backend = name.to_string();

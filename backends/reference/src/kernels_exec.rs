@@ -15,7 +15,8 @@ use crate::value::{Data, Res, Site, Value};
 use crate::{elementwise, movement, reduce};
 use ndarray::{ArrayD, IxDyn};
 use oar_ir::kernel::{
-    BufferId, BufferKind, Contraction, IndexMap, Inst, Kernel, KernelBody, KernelProgram, Load, MemoryPlan, ScalarOp,
+    Buffer, BufferId, BufferKind, Contraction, IndexMap, Inst, Kernel, KernelBody, KernelProgram, Load, MemoryPlan,
+    ScalarOp,
 };
 use oar_ir::{BackendError, DType, Graph, TensorData, Weights};
 use std::collections::BTreeMap;
@@ -393,4 +394,47 @@ fn constant(dtype: DType, c: f64) -> Value {
         Data::I(ArrayD::from_elem(d, c as i64))
     };
     Value { dtype, data }
+}
+
+/// Run kernel `index` of `program` alone, for a compiled backend that delegates the kernels it
+/// does not generate code for (opaque ops, unusual dtypes): `read(b)` gives the current
+/// contents of each buffer the kernel reads; the results come back one per `kernel.outputs`.
+/// `weights` are what `cond`/`while` regions read by name.
+pub fn run_kernel(
+    program: &KernelProgram,
+    index: usize,
+    weights: &Weights,
+    read: &mut dyn FnMut(BufferId) -> Result<TensorData, BackendError>,
+) -> Result<Vec<TensorData>, BackendError> {
+    let k = program.kernels.get(index).ok_or_else(|| {
+        site("run_kernel", &program.name).err(format!("no kernel {index} ({} kernels)", program.kernels.len()))
+    })?;
+    let (reads, mut feeds) = (k.reads(), BTreeMap::new());
+    let mut buffers = Vec::with_capacity(program.buffers.len());
+    for (i, b) in program.buffers.iter().enumerate() {
+        let id = BufferId(i as u32);
+        let kind = if reads.contains(&id) {
+            feeds.insert(id.to_string(), read(id)?);
+            BufferKind::Input { name: id.to_string() }
+        } else if k.outputs.contains(&id) {
+            BufferKind::Output
+        } else {
+            BufferKind::Temp // neither read nor written: never touched
+        };
+        buffers.push(Buffer {
+            kind,
+            ty: b.ty.clone(),
+            value: b.value.clone(),
+        });
+    }
+    let one = KernelProgram {
+        name: k.name.clone(),
+        buffers,
+        kernels: vec![k.clone()],
+        outputs: k.outputs.iter().map(|id| (id.to_string(), *id)).collect(),
+    };
+    Ok(run_kernel_program(&one, weights, &feeds)?
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect())
 }

@@ -21,7 +21,7 @@ pub mod random;
 mod reduce;
 mod value;
 
-pub use kernels_exec::{run_kernel_program, run_kernel_program_planned};
+pub use kernels_exec::{run_kernel, run_kernel_program, run_kernel_program_planned};
 
 use interp::Interp;
 use oar_ir::backend::check_inputs;

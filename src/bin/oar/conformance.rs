@@ -6,8 +6,8 @@ use oar::conformance::{Section, Suite, SuiteFilter};
 /// Options of `oar conformance`.
 #[derive(clap::Args)]
 pub(crate) struct ConformanceArgs {
-    /// Backend to test (see `oar backends`).
-    #[arg(long, short = 'b', default_value = oar::backend::DEFAULT_BACKEND)]
+    /// Backend to test (see `oar backends`); `--target` is an alias.
+    #[arg(long, short = 'b', visible_alias = "target", default_value = oar::backend::DEFAULT_BACKEND)]
     backend: String,
     /// Only this section: ops, patterns or models.
     #[arg(long)]

@@ -48,8 +48,8 @@ enum Command {
         /// Directory for the outputs (NAME.npy each); without it outputs are only summarized.
         #[arg(long, short = 'o')]
         output: Option<PathBuf>,
-        /// Backend to run on (see `oar backends`).
-        #[arg(long, short = 'b', default_value = oar::backend::DEFAULT_BACKEND)]
+        /// Backend to run on (see `oar backends`); `--target` is an alias.
+        #[arg(long, short = 'b', visible_alias = "target", default_value = oar::backend::DEFAULT_BACKEND)]
         backend: String,
     },
     /// Write the graph in Graphviz dot format.

@@ -1,0 +1,47 @@
+//! The example backend passes oar's whole conformance kit against the reference backend.
+
+/// Cases this backend may fail, each with the reason. An entry that passes is an error too.
+const ALLOWED: &[(&str, &str)] = &[];
+
+#[test]
+fn vendor_c_backend_passes_the_conformance_kit() {
+    let report = oar::conformance::run_suite(&oar_example_vendor_c::VendorCBackend, &Default::default());
+    println!("{}", report.table(true));
+    let unexpected: Vec<String> = report
+        .not_passed()
+        .filter(|r| !ALLOWED.iter().any(|(n, _)| *n == r.full_name()))
+        .map(|r| format!("  {} [{}]: {:?}", r.full_name(), r.status.label(), r.status))
+        .collect();
+    let stale: Vec<&str> = ALLOWED
+        .iter()
+        .filter(|(n, _)| report.get(n).is_none_or(|r| r.status.is_pass()))
+        .map(|(n, _)| *n)
+        .collect();
+    assert!(
+        unexpected.is_empty() && stale.is_empty(),
+        "{}\nnot passed ({}):\n{}\nallowed entries that now pass or no longer exist: {stale:?}",
+        report.summary(),
+        unexpected.len(),
+        unexpected.join("\n")
+    );
+}
+
+/// The kit passing must not come from interpreting everything: every loop and contraction
+/// kernel of an MLP with softmax is emitted as C.
+#[test]
+fn loop_and_contraction_kernels_are_emitted_as_c() {
+    use oar::nn::{Layer, Linear, ReLU, Sequential, functional::softmax};
+    let mlp = Sequential::new().add(Linear::new(8, 16).unwrap()).add(ReLU);
+    let mlp = mlp.add(Linear::new(16, 4).unwrap());
+    let spec = oar::jit::InputSpec::new(&[None, Some(8)], oar::DType::F32, "x");
+    let f = oar::jit::to_static(|xs| Ok(vec![softmax(&mlp.forward(&xs[0])?, -1)?]), &[spec]).unwrap();
+    let program = oar::lowering::kernel_program(f.graph(), &[("N".to_string(), 3)].into()).unwrap();
+    let (source, symbols) = oar_example_vendor_c::emit::emit_program(&program);
+    let (loops, contractions, _) = program.kernel_counts();
+    let emitted = symbols.iter().filter(|s| s.is_ok()).count();
+    assert!(
+        loops >= 2 && contractions == 2 && emitted == loops + contractions,
+        "{program}\n{symbols:?}"
+    );
+    assert!(source.contains("int oar_k0(void **b)"), "{source}");
+}
