@@ -108,7 +108,7 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     // Row/column parts that do not change along K.
     let prep = match &kind {
         Kind::MatMul(m) => Prep::MatMul(matmul_prep(&mut e, m, &bz)),
-        Kind::Conv(v) => Prep::Conv(conv_prep(&mut e, v, &bz, &col)),
+        Kind::Conv(v) => Prep::Conv(Box::new(conv_prep(&mut e, v, &bz, &col))),
     };
     let kt = e.reg(Class::R64);
     e.ins(format!("mov.u64 {kt}, 0"));
@@ -192,7 +192,7 @@ enum Kind {
 
 enum Prep {
     MatMul(MatMulPrep),
-    Conv(ConvPrep),
+    Conv(Box<ConvPrep>),
 }
 
 struct MatMulGeo {
@@ -455,10 +455,10 @@ fn fetch_conv_x(e: &mut Emitter, x: &LoadSrc, p: &ConvPrep, k: &str, kk: u64, ac
     let ch = e.reg(Class::R64);
     e.ins(format!("add.u64 {ch}, {}, {c}", p.c0));
     let mut idx = vec![p.n.clone(), ch];
-    for d in 0..g.in_spatial.len() {
+    for (d, kp) in kpos.iter().enumerate() {
         let s = e.reg(Class::R64);
         e.ins(format!("mul.lo.s64 {s}, {}, {}", p.p[d], g.stride[d]));
-        e.ins(format!("mad.lo.s64 {s}, {}, {}, {s}", kpos[d], g.dilation[d]));
+        e.ins(format!("mad.lo.s64 {s}, {kp}, {}, {s}", g.dilation[d]));
         e.ins(format!("sub.s64 {s}, {s}, {}", g.pad[d]));
         e.ins(format!("setp.ge.and.s64 {inb}, {s}, 0, {inb}"));
         e.ins(format!("setp.lt.and.s64 {inb}, {s}, {}, {inb}", g.in_spatial[d]));

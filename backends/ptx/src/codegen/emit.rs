@@ -242,7 +242,7 @@ impl Emitter {
             DType::F16 | DType::BF16 => {
                 let h = self.reg(Class::B16);
                 self.ins(format!("ld.{space}.b16 {h}, [{a}]"));
-                self.from_half(dt, &v, &h);
+                self.widen_half(dt, &v, &h);
             }
             DType::I8 => self.ins(format!("ld.{space}.s8 {v}, [{a}]")),
             DType::U8 | DType::Bool => self.ins(format!("ld.{space}.u8 {v}, [{a}]")),
@@ -270,7 +270,7 @@ impl Emitter {
     }
 
     /// f16/bf16 bits `h` → f32 register `f`. (bf16 by shifting: `cvt.f32.bf16` needs sm_90.)
-    fn from_half(&mut self, dt: DType, f: &str, h: &str) {
+    fn widen_half(&mut self, dt: DType, f: &str, h: &str) {
         if dt == DType::F16 {
             self.ins(format!("cvt.f32.f16 {f}, {h}"));
         } else {
@@ -288,7 +288,7 @@ impl Emitter {
                 let h = self.reg(Class::B16);
                 let ty = if dt == DType::F16 { "f16" } else { "bf16" };
                 self.ins(format!("cvt.rn.{ty}.f32 {h}, {v}"));
-                self.from_half(dt, v, &h);
+                self.widen_half(dt, v, &h);
             }
             DType::I8 => {
                 self.ins(format!("shl.b32 {v}, {v}, 24"));
