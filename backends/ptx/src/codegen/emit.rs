@@ -5,7 +5,7 @@
 //! to their dtype after every instruction, as the graph op would); f64 in `.f64`; i8, u8, i32
 //! and bool in `.b32` (i8/u8 kept wrapped, bool as 0/1); i64 in `.b64`.
 
-use super::math;
+use super::{math, math64};
 use oar_ir::DType;
 use oar_ir::kernel::{IndexMap, Inst, ScalarOp};
 use oar_ir::ops::{BinaryOp, UnaryOp};
@@ -483,10 +483,12 @@ fn unary(e: &mut Emitter, op: UnaryOp, dt: DType, x: &str) -> GenResult<String> 
         Not => return Err(format!("not on {dt}")),
         Exp | Log | Sin | Cos | Tanh | Erf => {
             if cls == Class::F64 {
-                return Err(format!("{} on f64 (no f64 expansion yet)", op.name()));
+                let v = math64::unary_f64(e, op, x);
+                e.ins(format!("mov.f64 {r}, {v}"));
+            } else {
+                let v = math::unary_f32(e, op, x);
+                e.ins(format!("mov.f32 {r}, {v}"));
             }
-            let v = math::unary_f32(e, op, x);
-            e.ins(format!("mov.f32 {r}, {v}"));
         }
     }
     e.normalize(dt, &r);
@@ -551,10 +553,11 @@ fn binary(e: &mut Emitter, op: BinaryOp, dt: DType, a: &str, b: &str) -> GenResu
                 }
             }
             Rem => float_rem(e, cls, &r, a, b),
+            Pow if cls == Class::F64 => {
+                let v = math64::pow_f64(e, a, b);
+                e.ins(format!("mov.f64 {r}, {v}"));
+            }
             Pow => {
-                if cls == Class::F64 {
-                    return Err("pow on f64 (no f64 expansion yet)".into());
-                }
                 let v = math::pow_f32(e, a, b);
                 e.ins(format!("mov.f32 {r}, {v}"));
             }

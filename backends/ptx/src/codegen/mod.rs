@@ -1,11 +1,12 @@
 //! PTX code generation from a [`KernelProgram`]: one `.entry` per loop or contraction kernel,
-//! all in one module; kernels the generator does not handle (opaque ops, f64 transcendentals,
-//! integer contractions) become host steps run by the reference interpreter.
+//! all in one module; kernels the generator does not handle (opaque ops, integer
+//! contractions) become host steps run by the reference interpreter.
 
 pub mod contraction;
 pub mod emit;
 pub mod loops;
 pub mod math;
+pub mod math64;
 
 use oar_ir::kernel::{BufferId, KernelBody, KernelProgram};
 use std::fmt;
