@@ -18,6 +18,14 @@
 use super::emit::{Class, Emitter};
 use oar_ir::ops::UnaryOp;
 
+/// ln 2 in two parts (fdlibm): the high part has trailing zero bits, so `k·LN2_HI` is exact.
+const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76);
+/// π/2 in three parts (fdlibm), each with trailing zero bits.
+const PIO2_1: f64 = f64::from_bits(0x3FF9_21FB_5440_0000);
+const PIO2_2: f64 = f64::from_bits(0x3DD0_B461_1A60_0000);
+const PIO2_3: f64 = f64::from_bits(0x3BA3_198A_2E00_0000);
+
 fn imm(v: f64) -> String {
     format!("0d{:016X}", v.to_bits())
 }
@@ -60,14 +68,8 @@ fn exp(e: &mut Emitter, x: &str) -> String {
     e.ins(format!("cvt.rni.f64.f64 {k}, {t}"));
     e.ins(format!("max.f64 {k}, {k}, {}", imm(-1100.0)));
     e.ins(format!("min.f64 {k}, {k}, {}", imm(1100.0)));
-    e.ins(format!(
-        "fma.rn.f64 {r}, {k}, {}, {x}",
-        imm(-6.93147180369123816490e-01)
-    ));
-    e.ins(format!(
-        "fma.rn.f64 {r}, {k}, {}, {r}",
-        imm(-1.90821492927058770002e-10)
-    ));
+    e.ins(format!("fma.rn.f64 {r}, {k}, {}, {x}", imm(-LN2_HI)));
+    e.ins(format!("fma.rn.f64 {r}, {k}, {}, {r}", imm(-LN2_LO)));
     let mut fact = 1.0f64;
     let c: Vec<f64> = (0..14)
         .map(|n| {
@@ -129,14 +131,8 @@ fn log(e: &mut Emitter, x: &str) -> String {
     e.ins(format!("add.rn.f64 {l}, {l}, {l}"));
     let ef = e.reg(Class::F64);
     e.ins(format!("cvt.rn.f64.s64 {ef}, {ex}"));
-    e.ins(format!(
-        "fma.rn.f64 {l}, {ef}, {}, {l}",
-        imm(1.90821492927058770002e-10)
-    ));
-    e.ins(format!(
-        "fma.rn.f64 {l}, {ef}, {}, {l}",
-        imm(6.93147180369123816490e-01)
-    ));
+    e.ins(format!("fma.rn.f64 {l}, {ef}, {}, {l}", imm(LN2_LO)));
+    e.ins(format!("fma.rn.f64 {l}, {ef}, {}, {l}", imm(LN2_HI)));
     // log 0 = −inf, log(x < 0) = NaN, log inf = inf, NaN stays NaN.
     let p = e.reg(Class::Pred);
     e.ins(format!("setp.eq.f64 {p}, {x}, 0d0000000000000000"));
@@ -159,18 +155,9 @@ fn sin_cos(e: &mut Emitter, x: &str, cos: bool) -> String {
     );
     e.ins(format!("mul.rn.f64 {t}, {x}, {}", imm(std::f64::consts::FRAC_2_PI)));
     e.ins(format!("cvt.rni.f64.f64 {k}, {t}"));
-    e.ins(format!(
-        "fma.rn.f64 {r}, {k}, {}, {x}",
-        imm(-1.57079632673412561417e+00)
-    ));
-    e.ins(format!(
-        "fma.rn.f64 {r}, {k}, {}, {r}",
-        imm(-6.07710050630396597660e-11)
-    ));
-    e.ins(format!(
-        "fma.rn.f64 {r}, {k}, {}, {r}",
-        imm(-2.02226624871116645580e-21)
-    ));
+    e.ins(format!("fma.rn.f64 {r}, {k}, {}, {x}", imm(-PIO2_1)));
+    e.ins(format!("fma.rn.f64 {r}, {k}, {}, {r}", imm(-PIO2_2)));
+    e.ins(format!("fma.rn.f64 {r}, {k}, {}, {r}", imm(-PIO2_3)));
     e.ins(format!("mul.rn.f64 {r2}, {r}, {r}"));
     let fact = |n: u32| (1..=n).map(f64::from).product::<f64>();
     let sc: Vec<f64> = (0..11)
