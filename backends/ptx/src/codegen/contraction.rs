@@ -1,4 +1,5 @@
-//! Contraction kernels as tiled GEMMs: a 16×16 thread block computes a 16×16 output tile,
+//! Contraction kernels (any dtype but bool; floats accumulate with `fma.rn`, integers with
+//! wrapping `mad.lo`) as tiled GEMMs: a 16×16 thread block computes a 16×16 output tile,
 //! staging 16×16 tiles of both operands in shared memory per step of the K loop; the fused
 //! epilogue runs on each thread's result before the store.
 //!
@@ -28,7 +29,7 @@ struct Geometry {
 /// Generate a contraction kernel writing `out`.
 pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buffers: &[Buffer]) -> GenResult<Entry> {
     let acc_dt = c.acc_dtype;
-    if !acc_dt.is_float() {
+    if acc_dt == DType::Bool {
         return Err(format!("contraction in {acc_dt}"));
     }
     let out_dt = buffers[out.index()].ty.dtype;
@@ -46,7 +47,13 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     let (lsrc, rsrc) = (src(&c.lhs.load)?, src(&c.rhs.load)?);
     let loads = c.loads.iter().map(src).collect::<GenResult<Vec<_>>>()?;
     let cls = class_of(acc_dt);
-    let esize = if cls == Class::F64 { 8 } else { 4 };
+    // Shared-memory element type and the multiply-add (integers wrap, like the reference).
+    let (fty, esize, madd) = match cls {
+        Class::F64 => ("f64", 8, "fma.rn.f64"),
+        Class::R64 => ("b64", 8, "mad.lo.s64"),
+        Class::R32 => ("b32", 4, "mad.lo.s32"),
+        _ => ("f32", 4, "fma.rn.f32"),
+    };
     let tile_bytes = TILE * TILE * esize;
     e.raw(format!("\t.shared .align 8 .b8 tile_a[{tile_bytes}];"));
     e.raw(format!("\t.shared .align 8 .b8 tile_b[{tile_bytes}];"));
@@ -90,12 +97,11 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     }
     let (rows, cols, kk) = (g.rows, g.cols, g.k);
     let acc = e.reg(cls);
-    let zero = if cls == Class::F64 {
-        "0d0000000000000000"
-    } else {
-        "0f00000000"
+    let zero = match cls {
+        Class::F64 => "0d0000000000000000",
+        Class::F32 => "0f00000000",
+        _ => "0",
     };
-    let fty = if cls == Class::F64 { "f64" } else { "f32" };
     e.ins(format!("mov.{fty} {acc}, {zero}"));
     let (sa, sb) = (e.reg(Class::R64), e.reg(Class::R64));
     e.ins(format!("mov.u64 {sa}, tile_a"));
@@ -139,7 +145,7 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     for i in 0..TILE {
         e.ins(format!("ld.shared.{fty} {a}, [{pa}+{}]", i * esize));
         e.ins(format!("ld.shared.{fty} {b}, [{pb}+{}]", i * TILE * esize));
-        e.ins(format!("fma.rn.{fty} {acc}, {a}, {b}, {acc}"));
+        e.ins(format!("{madd} {acc}, {a}, {b}, {acc}"));
     }
     e.ins("bar.sync 0");
     e.ins(format!("add.u64 {kt}, {kt}, {TILE}"));
@@ -288,7 +294,12 @@ fn guarded_load(e: &mut Emitter, src: &LoadSrc, idx: &[String], inb: &str, acc_d
     let a = e.address(src, idx)?;
     let x = e.load_value(src.dtype, &a, "global");
     let x = convert_to(e, src.dtype, acc_dt, &x)?;
-    let mov = if class_of(acc_dt) == Class::F64 { "f64" } else { "f32" };
+    let mov = match class_of(acc_dt) {
+        Class::F64 => "f64",
+        Class::R64 => "b64",
+        Class::R32 => "b32",
+        _ => "f32",
+    };
     e.ins(format!("mov.{mov} {v}, {x}"));
     e.put_label(&skip);
     Ok(v)

@@ -1,6 +1,6 @@
 //! PTX code generation from a [`KernelProgram`]: one `.entry` per loop or contraction kernel,
-//! all in one module; kernels the generator does not handle (opaque ops, integer
-//! contractions) become host steps run by the reference interpreter.
+//! all in one module; kernels the generator does not handle (opaque ops, and any body it
+//! rejects) become host steps run by the reference interpreter.
 
 pub mod contraction;
 pub mod emit;
