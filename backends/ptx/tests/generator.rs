@@ -385,3 +385,60 @@ fn without_a_driver_compile_is_a_typed_unavailable_error() {
         Err(BackendError::Unavailable { .. })
     ));
 }
+
+#[test]
+fn iota_pad_and_concat_are_generated_kernels() {
+    let opaque = |op: Op, inputs: Vec<BufferId>, buffers: Vec<Buffer>, out: u32| KernelProgram {
+        name: "t".into(),
+        buffers,
+        kernels: vec![Kernel {
+            name: format!("k0_{}", op.name()),
+            body: KernelBody::Opaque(OpaqueKernel {
+                op,
+                inputs,
+                regions: vec![],
+            }),
+            outputs: vec![BufferId(out)],
+        }],
+        outputs: vec![("y".into(), BufferId(out))],
+    };
+    let pad = opaque(
+        Op::Pad {
+            before: vec![1, 0],
+            after: vec![0, 2],
+            value: Float(-1.5),
+        },
+        vec![BufferId(0)],
+        vec![input("x", DType::F32, &[2, 3]), buf(BufferKind::Output, DType::F32, &[3, 5])],
+        1,
+    );
+    let m = generate(&pad, Arch::Sm80);
+    assert!(m.host_steps().is_empty(), "{:?}", m.host_steps());
+    let t = m.text();
+    assert!(t.contains("setp.lt.and.s64") && t.contains("0fBFC00000"), "bounds checks and the fill value");
+    let concat = opaque(
+        Op::Concat { axis: 1 },
+        vec![BufferId(0), BufferId(1)],
+        vec![
+            input("a", DType::I64, &[2, 3]),
+            input("b", DType::I64, &[2, 4]),
+            buf(BufferKind::Output, DType::I64, &[2, 7]),
+        ],
+        2,
+    );
+    let m = generate(&concat, Arch::Sm80);
+    assert_eq!(m.entries[0].params, vec![BufferId(2), BufferId(0), BufferId(1)]);
+    assert!(m.text().contains("setp.lt.and.u64") && m.text().contains("ld.global.b64"));
+    let iota = opaque(
+        Op::Iota {
+            shape: dims(&[4, 2]),
+            axis: 0,
+            dtype: DType::F32,
+        },
+        vec![],
+        vec![buf(BufferKind::Output, DType::F32, &[4, 2])],
+        0,
+    );
+    let m = generate(&iota, Arch::Sm80);
+    assert!(m.text().contains("cvt.rn.f32.s64"));
+}

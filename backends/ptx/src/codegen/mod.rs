@@ -7,6 +7,7 @@ pub mod emit;
 pub mod loops;
 pub mod math;
 pub mod math64;
+pub mod opaque;
 
 use oar_ir::kernel::{BufferId, KernelBody, KernelProgram};
 use std::fmt;
@@ -165,6 +166,7 @@ pub fn generate(program: &KernelProgram, arch: Arch) -> PtxModule {
         let generated = match (&k.body, k.outputs.as_slice()) {
             (KernelBody::Loop(l), [out]) => loops::loop_kernel(&name, l, *out, &program.buffers),
             (KernelBody::Contraction(c), [out]) => contraction::contraction_kernel(&name, c, *out, &program.buffers),
+            (KernelBody::Opaque(o), [out]) => opaque::opaque_kernel(&name, o, *out, &program.buffers),
             (KernelBody::Opaque(o), _) => Err(format!("opaque op `{}` (runs on the host)", o.op.name())),
             _ => Err("a loop or contraction kernel writing several buffers".into()),
         };

@@ -1,0 +1,134 @@
+//! The opaque ops that are plain functions of the output index — iota, constant pad and
+//! concat — as generated kernels (one thread per output element, grid-stride, like
+//! elementwise loops). Every other opaque op runs on the host.
+
+use super::emit::{self, Class, Emitter, GenResult, LoadSrc, static_dims};
+use super::loops::{ELEMENTWISE_BLOCK, MAX_GRID};
+use super::{Entry, Launch, params_of};
+use oar_ir::DType;
+use oar_ir::kernel::{Buffer, BufferId, IndexMap, OpaqueKernel};
+use oar_ir::ops::Op;
+
+/// Generate `k` writing `out`, if its op is one of those above.
+pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buffer]) -> GenResult<Entry> {
+    if !matches!(k.op, Op::Iota { .. } | Op::Pad { .. } | Op::Concat { .. }) {
+        return Err(format!("opaque op `{}` (runs on the host)", k.op.name()));
+    }
+    let shape = static_dims(buffers[out.index()].ty.shape.dims())?;
+    let out_dt = buffers[out.index()].ty.dtype;
+    let total: u64 = shape.iter().map(|&d| d as u64).product();
+    let params = params_of(out, k.inputs.iter().copied());
+    let mut e = Emitter::default();
+    let bases: Vec<String> = (0..params.len()).map(|i| e.param_ptr(name, i)).collect();
+    let base_of = |b: BufferId| bases[params.iter().position(|&p| p == b).unwrap_or(0)].clone();
+    let (ctaid, ntid, tid, nctaid) = (
+        e.special64("%ctaid.x"),
+        e.special64("%ntid.x"),
+        e.special64("%tid.x"),
+        e.special64("%nctaid.x"),
+    );
+    let (n, stride) = (e.reg(Class::R64), e.reg(Class::R64));
+    e.ins(format!("mad.lo.u64 {n}, {ctaid}, {ntid}, {tid}"));
+    e.ins(format!("mul.lo.u64 {stride}, {ntid}, {nctaid}"));
+    let (top, end) = (e.label("elem"), e.label("elem_end"));
+    let done = e.reg(Class::Pred);
+    e.put_label(&top);
+    e.ins(format!("setp.ge.u64 {done}, {n}, {total}"));
+    e.ins(format!("@{done} bra {end}"));
+    let idx = e.decompose(&n, &shape);
+    let v = match &k.op {
+        Op::Iota { axis, .. } => {
+            let i = idx.get(*axis).ok_or("iota axis out of range")?;
+            emit::cast(&mut e, DType::I64, out_dt, i)?
+        }
+        Op::Pad { before, value, .. } => {
+            let &[x] = k.inputs.as_slice() else {
+                return Err("pad takes one operand".into());
+            };
+            let xs = static_dims(buffers[x.index()].ty.shape.dims())?;
+            if before.len() != xs.len() || xs.len() != shape.len() {
+                return Err("pad rank mismatch".into());
+            }
+            let v = e.constant(out_dt, value.0);
+            let inb = e.reg(Class::Pred);
+            e.ins(format!("setp.eq.u64 {inb}, {n}, {n}"));
+            let mut src_idx = Vec::new();
+            for (d, o) in idx.iter().enumerate() {
+                let s = e.reg(Class::R64);
+                e.ins(format!("sub.s64 {s}, {o}, {}", before[d]));
+                e.ins(format!("setp.ge.and.s64 {inb}, {s}, 0, {inb}"));
+                e.ins(format!("setp.lt.and.s64 {inb}, {s}, {}, {inb}", xs[d]));
+                src_idx.push(s);
+            }
+            let src = LoadSrc::new(
+                base_of(x),
+                out_dt,
+                &IndexMap::identity(buffers[x.index()].ty.shape.dims()),
+            )?;
+            guarded_copy(&mut e, &src, &src_idx, &inb, out_dt, &v)?;
+            v
+        }
+        Op::Concat { axis } => {
+            let v = e.constant(out_dt, 0.0);
+            let mut off = 0usize;
+            for &x in &k.inputs {
+                let xs = static_dims(buffers[x.index()].ty.shape.dims())?;
+                let nx = *xs.get(*axis).ok_or("concat axis out of range")?;
+                let o = &idx[*axis];
+                let inb = e.reg(Class::Pred);
+                e.ins(format!("setp.ge.u64 {inb}, {o}, {off}"));
+                e.ins(format!("setp.lt.and.u64 {inb}, {o}, {}, {inb}", off + nx));
+                let s = e.reg(Class::R64);
+                e.ins(format!("sub.u64 {s}, {o}, {off}"));
+                let mut src_idx = idx.clone();
+                src_idx[*axis] = s;
+                let src = LoadSrc::new(
+                    base_of(x),
+                    out_dt,
+                    &IndexMap::identity(buffers[x.index()].ty.shape.dims()),
+                )?;
+                guarded_copy(&mut e, &src, &src_idx, &inb, out_dt, &v)?;
+                off += nx;
+            }
+            v
+        }
+        _ => unreachable!("checked above"),
+    };
+    let a = e.reg(Class::R64);
+    e.ins(format!(
+        "mad.lo.u64 {a}, {n}, {}, {}",
+        out_dt.size_bytes(),
+        base_of(out)
+    ));
+    e.store_value(out_dt, &a, &v, "global");
+    e.ins(format!("add.u64 {n}, {n}, {stride}"));
+    e.ins(format!("bra {top}"));
+    e.put_label(&end);
+    let blocks = total.div_ceil(u64::from(ELEMENTWISE_BLOCK)).clamp(1, MAX_GRID) as u32;
+    Ok(Entry {
+        name: name.to_string(),
+        text: e.finish(name, params.len()),
+        params,
+        launch: Launch {
+            grid: (blocks, 1, 1),
+            block: (ELEMENTWISE_BLOCK, 1, 1),
+        },
+    })
+}
+
+/// `v = src[idx]` when `inb`.
+fn guarded_copy(e: &mut Emitter, src: &LoadSrc, idx: &[String], inb: &str, dt: DType, v: &str) -> GenResult<()> {
+    let skip = e.label("skip");
+    e.ins(format!("@!{inb} bra {skip}"));
+    let a = e.address(src, idx)?;
+    let x = e.load_value(dt, &a, "global");
+    let ty = match emit::class_of(dt) {
+        Class::F32 => "f32",
+        Class::F64 => "f64",
+        Class::R64 => "b64",
+        _ => "b32",
+    };
+    e.ins(format!("mov.{ty} {v}, {x}"));
+    e.put_label(&skip);
+    Ok(())
+}
