@@ -409,13 +409,19 @@ fn iota_pad_and_concat_are_generated_kernels() {
             value: Float(-1.5),
         },
         vec![BufferId(0)],
-        vec![input("x", DType::F32, &[2, 3]), buf(BufferKind::Output, DType::F32, &[3, 5])],
+        vec![
+            input("x", DType::F32, &[2, 3]),
+            buf(BufferKind::Output, DType::F32, &[3, 5]),
+        ],
         1,
     );
     let m = generate(&pad, Arch::Sm80);
     assert!(m.host_steps().is_empty(), "{:?}", m.host_steps());
     let t = m.text();
-    assert!(t.contains("setp.lt.and.s64") && t.contains("0fBFC00000"), "bounds checks and the fill value");
+    assert!(
+        t.contains("setp.lt.and.s64") && t.contains("0fBFC00000"),
+        "bounds checks and the fill value"
+    );
     let concat = opaque(
         Op::Concat { axis: 1 },
         vec![BufferId(0), BufferId(1)],
@@ -441,4 +447,16 @@ fn iota_pad_and_concat_are_generated_kernels() {
     );
     let m = generate(&iota, Arch::Sm80);
     assert!(m.text().contains("cvt.rn.f32.s64"));
+    let argmax = opaque(
+        Op::ArgReduce {
+            op: oar_ir::ops::ArgReduceOp::ArgMax,
+            axis: 1,
+            keepdim: false,
+        },
+        vec![BufferId(0)],
+        vec![input("x", DType::F16, &[3, 5]), buf(BufferKind::Output, DType::I64, &[3])],
+        1,
+    );
+    let t = generate(&argmax, Arch::Sm80).text();
+    assert!(t.contains("setp.nan.f32") && t.contains("st.global.b64"), "NaN wins; i64 result");
 }

@@ -1,17 +1,21 @@
-//! The opaque ops that are plain functions of the output index — iota, constant pad and
-//! concat — as generated kernels (one thread per output element, grid-stride, like
-//! elementwise loops). Every other opaque op runs on the host.
+//! The opaque ops that are plain functions of the output index — iota, constant pad, concat,
+//! and argmax/argmin (each thread scans its row sequentially) — as generated kernels (one
+//! thread per output element, grid-stride, like elementwise loops). Every other opaque op runs
+//! on the host.
 
 use super::emit::{self, Class, Emitter, GenResult, LoadSrc, static_dims};
 use super::loops::{ELEMENTWISE_BLOCK, MAX_GRID};
 use super::{Entry, Launch, params_of};
 use oar_ir::DType;
 use oar_ir::kernel::{Buffer, BufferId, IndexMap, OpaqueKernel};
-use oar_ir::ops::Op;
+use oar_ir::ops::{ArgReduceOp, Op};
 
 /// Generate `k` writing `out`, if its op is one of those above.
 pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buffer]) -> GenResult<Entry> {
-    if !matches!(k.op, Op::Iota { .. } | Op::Pad { .. } | Op::Concat { .. }) {
+    if !matches!(
+        k.op,
+        Op::Iota { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::ArgReduce { .. }
+    ) {
         return Err(format!("opaque op `{}` (runs on the host)", k.op.name()));
     }
     let shape = static_dims(buffers[out.index()].ty.shape.dims())?;
@@ -92,6 +96,23 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
             }
             v
         }
+        Op::ArgReduce { op, axis, keepdim } => {
+            let &[x] = k.inputs.as_slice() else {
+                return Err("argmax/argmin take one operand".into());
+            };
+            let x_dt = buffers[x.index()].ty.dtype;
+            let xs = static_dims(buffers[x.index()].ty.shape.dims())?;
+            arg_reduce(
+                &mut e,
+                &base_of(x),
+                x_dt,
+                &xs,
+                &idx,
+                *axis,
+                *keepdim,
+                *op == ArgReduceOp::ArgMax,
+            )?
+        }
         _ => unreachable!("checked above"),
     };
     let a = e.reg(Class::R64);
@@ -131,4 +152,85 @@ fn guarded_copy(e: &mut Emitter, src: &LoadSrc, idx: &[String], inb: &str, dt: D
     e.ins(format!("mov.{ty} {v}, {x}"));
     e.put_label(&skip);
     Ok(())
+}
+
+/// The first index along `axis` of the largest (`max`) or smallest element of the row at
+/// output index `out_idx`, as i64. Floats: NaN beats everything except an earlier NaN; bool:
+/// true beats false (as the reference).
+#[allow(clippy::too_many_arguments)]
+fn arg_reduce(
+    e: &mut Emitter,
+    base: &str,
+    dt: DType,
+    xs: &[usize],
+    out_idx: &[String],
+    axis: usize,
+    keepdim: bool,
+    max: bool,
+) -> GenResult<String> {
+    let n = *xs.get(axis).ok_or("axis out of range")?;
+    if n == 0 {
+        return Err("argmax/argmin over an empty axis (an error, reported by the host)".into());
+    }
+    let mut strides = vec![1u64; xs.len()];
+    for d in (0..xs.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * xs[d + 1] as u64;
+    }
+    // Flat index of the row's first element.
+    let row = e.reg(Class::R64);
+    e.ins(format!("mov.u64 {row}, 0"));
+    for (d, stride) in strides.iter().enumerate() {
+        if d == axis {
+            continue;
+        }
+        let o = if keepdim || d < axis { d } else { d - 1 };
+        let i = out_idx.get(o).ok_or("argmax output rank mismatch")?;
+        e.ins(format!("mad.lo.u64 {row}, {i}, {stride}, {row}"));
+    }
+    let size = dt.size_bytes();
+    let a = e.reg(Class::R64);
+    e.ins(format!("mad.lo.u64 {a}, {row}, {size}, {base}"));
+    let best = e.load_value(dt, &a, "global");
+    let (bi, j) = (e.reg(Class::R64), e.reg(Class::R64));
+    e.ins(format!("mov.u64 {bi}, 0"));
+    e.ins(format!("mov.u64 {j}, 1"));
+    let (top, end) = (e.label("arg"), e.label("arg_end"));
+    let done = e.reg(Class::Pred);
+    e.put_label(&top);
+    e.ins(format!("setp.ge.u64 {done}, {j}, {n}"));
+    e.ins(format!("@{done} bra {end}"));
+    e.ins(format!("add.u64 {a}, {a}, {}", strides[axis] * size as u64));
+    let v = e.load_value(dt, &a, "global");
+    let cmp = if max { "gt" } else { "lt" };
+    let better = e.reg(Class::Pred);
+    let cls = emit::class_of(dt);
+    let mov = match cls {
+        Class::F32 => "f32",
+        Class::F64 => "f64",
+        Class::R64 => "b64",
+        _ => "b32",
+    };
+    if dt.is_float() {
+        let t = if cls == Class::F64 { "f64" } else { "f32" };
+        let (vn, bn) = (e.reg(Class::Pred), e.reg(Class::Pred));
+        e.ins(format!("setp.{cmp}.{t} {better}, {v}, {best}"));
+        e.ins(format!("setp.nan.{t} {vn}, {v}, {v}"));
+        e.ins(format!("or.pred {better}, {better}, {vn}"));
+        e.ins(format!("setp.nan.{t} {bn}, {best}, {best}"));
+        e.ins(format!("not.pred {bn}, {bn}"));
+        e.ins(format!("and.pred {better}, {better}, {bn}"));
+    } else {
+        let t = match dt {
+            DType::Bool => "u32",
+            DType::I64 => "s64",
+            _ => "s32",
+        };
+        e.ins(format!("setp.{cmp}.{t} {better}, {v}, {best}"));
+    }
+    e.ins(format!("@{better} mov.{mov} {best}, {v}"));
+    e.ins(format!("@{better} mov.u64 {bi}, {j}"));
+    e.ins(format!("add.u64 {j}, {j}, 1"));
+    e.ins(format!("bra {top}"));
+    e.put_label(&end);
+    emit::cast(e, DType::I64, DType::I64, &bi)
 }
