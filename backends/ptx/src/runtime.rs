@@ -206,11 +206,26 @@ impl GpuProgram {
                 upload(mem.ptrs[i], t.bytes(), &b.value)?;
             }
         }
+        // One error word per entry that can report a bad index (gather), zeroed.
+        let n_entries = self.module.entries.len();
+        let checks = self.module.entries.iter().any(|e| e.error_word);
+        let errors = if checks {
+            // SAFETY: plain allocation in the current context.
+            let ptr = unsafe { cu::malloc_sync(4 * n_entries) }.map_err(|e| drv("error words", "alloc", e))?;
+            mem.ptrs.push(ptr);
+            upload(ptr, &vec![0u8; 4 * n_entries], "error words")?;
+            Some(ptr)
+        } else {
+            None
+        };
         for step in &self.module.steps {
             match step {
                 Step::Launch { kernel, entry } => {
                     let e = &self.module.entries[*entry];
                     let mut args: Vec<u64> = e.params.iter().map(|b| mem.ptrs[b.index()]).collect();
+                    if let (true, Some(base)) = (e.error_word, errors) {
+                        args.push(base + 4 * *entry as u64);
+                    }
                     let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
                     let name = &p.kernels[*kernel].name;
                     // SAFETY: the entry takes exactly `params.len()` u64 pointers, each a live
@@ -235,6 +250,30 @@ impl GpuProgram {
             }
         }
         cu::ctx::synchronize().map_err(|e| drv(&p.name, "synchronize", e))?;
+        if let Some(base) = errors {
+            let mut words = vec![0u32; n_entries];
+            // SAFETY: `base` holds `n_entries` u32 words.
+            unsafe { cu::memcpy_dtoh_sync(&mut words, base) }.map_err(|e| drv("error words", "download", e))?;
+            if let Some(i) = words.iter().position(|&w| w != 0) {
+                let k = self.module.steps.iter().find_map(|s| match s {
+                    Step::Launch { kernel, entry } if *entry == i => Some(&p.kernels[*kernel]),
+                    _ => None,
+                });
+                let (op, value) = match k {
+                    Some(Kernel {
+                        body: KernelBody::Opaque(o),
+                        name,
+                        ..
+                    }) => (o.op.name().to_string(), name.clone()),
+                    _ => ("ptx".to_string(), self.module.entries[i].name.clone()),
+                };
+                return Err(BackendError::Runtime {
+                    op,
+                    value,
+                    detail: "index out of range".into(),
+                });
+            }
+        }
         let mut out = Vec::with_capacity(p.outputs.len());
         for (name, id) in &p.outputs {
             out.push((name.clone(), download(p.buffer(*id), mem.ptrs[id.index()])?));

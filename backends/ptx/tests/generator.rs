@@ -337,28 +337,54 @@ fn conv_is_an_implicit_gemm_per_group() {
 }
 
 #[test]
-fn opaque_kernels_run_on_the_host() {
-    let p = KernelProgram {
+fn gather_checks_its_indices_and_scatter_runs_on_the_host() {
+    let program = |op: Op, inputs: Vec<BufferId>, buffers: Vec<Buffer>, out: u32| KernelProgram {
         name: "t".into(),
-        buffers: vec![
+        buffers,
+        kernels: vec![Kernel {
+            name: format!("k0_{}", op.name()),
+            body: KernelBody::Opaque(OpaqueKernel {
+                op,
+                inputs,
+                regions: vec![],
+            }),
+            outputs: vec![BufferId(out)],
+        }],
+        outputs: vec![("y".into(), BufferId(out))],
+    };
+    let gather = program(
+        Op::Gather { axis: 0 },
+        vec![BufferId(0), BufferId(1)],
+        vec![
             input("x", DType::F32, &[4, 3]),
             input("i", DType::I64, &[2]),
             buf(BufferKind::Output, DType::F32, &[2, 3]),
         ],
-        kernels: vec![Kernel {
-            name: "k0_gather".into(),
-            body: KernelBody::Opaque(OpaqueKernel {
-                op: Op::Gather { axis: 0 },
-                inputs: vec![BufferId(0), BufferId(1)],
-                regions: vec![],
-            }),
-            outputs: vec![BufferId(2)],
-        }],
-        outputs: vec![("y".into(), BufferId(2))],
-    };
-    let m = generate(&p, Arch::Sm80);
+        2,
+    );
+    let m = generate(&gather, Arch::Sm80);
+    assert!(m.host_steps().is_empty());
+    let e = &m.entries[0];
+    assert!(e.error_word, "gather reports bad indices through an error word");
+    assert!(e.text.contains(&format!("{}_p3", e.name)), "one parameter after the 3 buffers");
+    assert!(e.text.contains("st.global.b32"), "sets the error word");
+    let scatter = program(
+        Op::Scatter {
+            axis: 0,
+            reduce: oar_ir::ops::ScatterReduce::Add,
+        },
+        vec![BufferId(0), BufferId(1), BufferId(2)],
+        vec![
+            input("x", DType::F32, &[4, 3]),
+            input("i", DType::I64, &[2]),
+            input("u", DType::F32, &[2, 3]),
+            buf(BufferKind::Output, DType::F32, &[4, 3]),
+        ],
+        3,
+    );
+    let m = generate(&scatter, Arch::Sm80);
     assert!(m.entries.is_empty());
-    assert!(matches!(&m.steps[0], Step::Host { reason, .. } if reason.contains("opaque op `gather`")));
+    assert!(matches!(&m.steps[0], Step::Host { reason, .. } if reason.contains("opaque op `scatter`")));
 }
 
 #[test]
@@ -454,9 +480,15 @@ fn iota_pad_and_concat_are_generated_kernels() {
             keepdim: false,
         },
         vec![BufferId(0)],
-        vec![input("x", DType::F16, &[3, 5]), buf(BufferKind::Output, DType::I64, &[3])],
+        vec![
+            input("x", DType::F16, &[3, 5]),
+            buf(BufferKind::Output, DType::I64, &[3]),
+        ],
         1,
     );
     let t = generate(&argmax, Arch::Sm80).text();
-    assert!(t.contains("setp.nan.f32") && t.contains("st.global.b64"), "NaN wins; i64 result");
+    assert!(
+        t.contains("setp.nan.f32") && t.contains("st.global.b64"),
+        "NaN wins; i64 result"
+    );
 }

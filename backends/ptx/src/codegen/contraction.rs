@@ -188,6 +188,7 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
         text: e.finish(name, params.len()),
         params,
         launch,
+        error_word: false,
     })
 }
 

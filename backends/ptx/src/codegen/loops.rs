@@ -58,6 +58,7 @@ pub fn loop_kernel(name: &str, k: &LoopKernel, out: BufferId, buffers: &[Buffer]
         text,
         params,
         launch,
+        error_word: false,
     })
 }
 

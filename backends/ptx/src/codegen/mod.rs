@@ -69,6 +69,9 @@ pub struct Entry {
     pub params: Vec<BufferId>,
     /// How to launch it.
     pub launch: Launch,
+    /// Whether it takes one more `.u64` parameter after the buffers: a 4-byte error word it
+    /// sets to nonzero when an index is out of range (gather), which the runtime checks.
+    pub error_word: bool,
 }
 
 /// How one kernel of the program runs.

@@ -14,7 +14,7 @@ use oar_ir::ops::{ArgReduceOp, Op};
 pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buffer]) -> GenResult<Entry> {
     if !matches!(
         k.op,
-        Op::Iota { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::ArgReduce { .. }
+        Op::Iota { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::ArgReduce { .. } | Op::Gather { .. }
     ) {
         return Err(format!("opaque op `{}` (runs on the host)", k.op.name()));
     }
@@ -25,6 +25,8 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
     let mut e = Emitter::default();
     let bases: Vec<String> = (0..params.len()).map(|i| e.param_ptr(name, i)).collect();
     let base_of = |b: BufferId| bases[params.iter().position(|&p| p == b).unwrap_or(0)].clone();
+    let error_word = matches!(k.op, Op::Gather { .. });
+    let err = error_word.then(|| e.param_ptr(name, params.len()));
     let (ctaid, ntid, tid, nctaid) = (
         e.special64("%ctaid.x"),
         e.special64("%ntid.x"),
@@ -113,6 +115,21 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
                 *op == ArgReduceOp::ArgMax,
             )?
         }
+        Op::Gather { axis } => {
+            let &[data, indices] = k.inputs.as_slice() else {
+                return Err("gather takes two operands".into());
+            };
+            let err = err.as_deref().ok_or("gather without an error word")?;
+            gather(
+                &mut e,
+                buffers,
+                (&base_of(data), data),
+                (&base_of(indices), indices),
+                &idx,
+                *axis,
+                err,
+            )?
+        }
         _ => unreachable!("checked above"),
     };
     let a = e.reg(Class::R64);
@@ -128,12 +145,13 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
     let blocks = total.div_ceil(u64::from(ELEMENTWISE_BLOCK)).clamp(1, MAX_GRID) as u32;
     Ok(Entry {
         name: name.to_string(),
-        text: e.finish(name, params.len()),
+        text: e.finish(name, params.len() + usize::from(error_word)),
         params,
         launch: Launch {
             grid: (blocks, 1, 1),
             block: (ELEMENTWISE_BLOCK, 1, 1),
         },
+        error_word,
     })
 }
 
@@ -233,4 +251,53 @@ fn arg_reduce(
     e.ins(format!("bra {top}"));
     e.put_label(&end);
     emit::cast(e, DType::I64, DType::I64, &bi)
+}
+
+/// `data[o[..axis], indices[o[axis..axis+r]], o[axis+r..]]`; a negative index counts from the
+/// end; an index out of range sets the error word (and reads element 0 of the row instead).
+fn gather(
+    e: &mut Emitter,
+    buffers: &[Buffer],
+    (dbase, data): (&str, BufferId),
+    (ibase, indices): (&str, BufferId),
+    o: &[String],
+    axis: usize,
+    err: &str,
+) -> GenResult<String> {
+    let ds = static_dims(buffers[data.index()].ty.shape.dims())?;
+    let is = static_dims(buffers[indices.index()].ty.shape.dims())?;
+    let (ddt, idt) = (buffers[data.index()].ty.dtype, buffers[indices.index()].ty.dtype);
+    if !idt.is_int() || axis >= ds.len() || o.len() != ds.len() - 1 + is.len() {
+        return Err("gather shapes or index dtype".into());
+    }
+    let isrc = LoadSrc::new(
+        ibase.to_string(),
+        idt,
+        &IndexMap::identity(buffers[indices.index()].ty.shape.dims()),
+    )?;
+    let ia = e.address(&isrc, &o[axis..axis + is.len()])?;
+    let kv = e.load_value(idt, &ia, "global");
+    let k = emit::cast(e, idt, DType::I64, &kv)?;
+    let n = ds[axis];
+    let (neg, bad) = (e.reg(Class::Pred), e.reg(Class::Pred));
+    let kn = e.reg(Class::R64);
+    e.ins(format!("setp.lt.s64 {neg}, {k}, 0"));
+    e.ins(format!("add.s64 {kn}, {k}, {n}"));
+    e.ins(format!("selp.b64 {k}, {kn}, {k}, {neg}"));
+    e.ins(format!("setp.lt.s64 {bad}, {k}, 0"));
+    e.ins(format!("setp.ge.or.s64 {bad}, {k}, {n}, {bad}"));
+    let one = e.reg(Class::R32);
+    e.ins(format!("mov.b32 {one}, 1"));
+    e.ins(format!("@{bad} st.global.b32 [{err}], {one}"));
+    e.ins(format!("@{bad} mov.b64 {k}, 0"));
+    let mut di: Vec<String> = o[..axis].to_vec();
+    di.push(k);
+    di.extend(o[axis + is.len()..].iter().cloned());
+    let dsrc = LoadSrc::new(
+        dbase.to_string(),
+        ddt,
+        &IndexMap::identity(buffers[data.index()].ty.shape.dims()),
+    )?;
+    let a = e.address(&dsrc, &di)?;
+    Ok(e.load_value(ddt, &a, "global"))
 }
