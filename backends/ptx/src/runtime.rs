@@ -206,7 +206,8 @@ impl GpuProgram {
                 upload(mem.ptrs[i], t.bytes(), &b.value)?;
             }
         }
-        // One error word per entry that can report a bad index (gather), zeroed.
+        // One error word per entry that can fail (gather indices, integer division by zero,
+        // negative integer powers), zeroed.
         let n_entries = self.module.entries.len();
         let checks = self.module.entries.iter().any(|e| e.error_word);
         let errors = if checks {
@@ -259,18 +260,23 @@ impl GpuProgram {
                     Step::Launch { kernel, entry } if *entry == i => Some(&p.kernels[*kernel]),
                     _ => None,
                 });
-                let (op, value) = match k {
+                let (op, value, detail) = match k {
                     Some(Kernel {
                         body: KernelBody::Opaque(o),
                         name,
                         ..
-                    }) => (o.op.name().to_string(), name.clone()),
-                    _ => ("ptx".to_string(), self.module.entries[i].name.clone()),
+                    }) => (o.op.name().to_string(), name.clone(), "index out of range"),
+                    Some(k) => (
+                        "kernel".to_string(),
+                        k.name.clone(),
+                        "integer division by zero or integer power with a negative exponent",
+                    ),
+                    None => ("ptx".to_string(), self.module.entries[i].name.clone(), "error word set"),
                 };
                 return Err(BackendError::Runtime {
                     op,
                     value,
-                    detail: "index out of range".into(),
+                    detail: detail.into(),
                 });
             }
         }

@@ -366,7 +366,10 @@ fn gather_checks_its_indices_and_scatter_runs_on_the_host() {
     assert!(m.host_steps().is_empty());
     let e = &m.entries[0];
     assert!(e.error_word, "gather reports bad indices through an error word");
-    assert!(e.text.contains(&format!("{}_p3", e.name)), "one parameter after the 3 buffers");
+    assert!(
+        e.text.contains(&format!("{}_p3", e.name)),
+        "one parameter after the 3 buffers"
+    );
     assert!(e.text.contains("st.global.b32"), "sets the error word");
     let scatter = program(
         Op::Scatter {
@@ -491,4 +494,41 @@ fn iota_pad_and_concat_are_generated_kernels() {
         t.contains("setp.nan.f32") && t.contains("st.global.b64"),
         "NaN wins; i64 result"
     );
+}
+
+#[test]
+fn integer_division_sets_the_error_word() {
+    let k = LoopKernel {
+        shape: dims(&[8]),
+        loads: vec![
+            Load {
+                buffer: BufferId(0),
+                map: IndexMap::identity(&dims(&[8])),
+            },
+            Load {
+                buffer: BufferId(1),
+                map: IndexMap::identity(&dims(&[8])),
+            },
+        ],
+        reduce: None,
+        body: vec![
+            inst(ScalarOp::Load(0), DType::I32),
+            inst(ScalarOp::Load(1), DType::I32),
+            inst(ScalarOp::Binary(BinaryOp::Div, 0, 1), DType::I32),
+        ],
+    };
+    let p = program(
+        vec![
+            input("a", DType::I32, &[8]),
+            input("b", DType::I32, &[8]),
+            buf(BufferKind::Output, DType::I32, &[8]),
+        ],
+        KernelBody::Loop(k),
+        2,
+    );
+    let m = generate(&p, Arch::Sm80);
+    assert!(m.entries[0].error_word);
+    assert!(m.text().contains("setp.eq.s32") && m.text().contains("st.global.b32"));
+    // Float division cannot fail: no error word.
+    assert!(!generate(&exp_add_bias(DType::F32), Arch::Sm80).entries[0].error_word);
 }

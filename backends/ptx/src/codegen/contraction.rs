@@ -46,6 +46,10 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     let src = |l: &oar_ir::kernel::Load| LoadSrc::new(base_of(l.buffer), buffers[l.buffer.index()].ty.dtype, &l.map);
     let (lsrc, rsrc) = (src(&c.lhs.load)?, src(&c.rhs.load)?);
     let loads = c.loads.iter().map(src).collect::<GenResult<Vec<_>>>()?;
+    let error_word = emit::may_fail(&c.epilogue);
+    if error_word {
+        e.err = Some(e.param_ptr(name, params.len()));
+    }
     let cls = class_of(acc_dt);
     // Shared-memory element type and the multiply-add (integers wrap, like the reference).
     let (fty, esize, madd) = match cls {
@@ -185,10 +189,10 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     e.put_label(&skip);
     Ok(Entry {
         name: name.to_string(),
-        text: e.finish(name, params.len()),
+        text: e.finish(name, params.len() + usize::from(error_word)),
         params,
         launch,
-        error_word: false,
+        error_word,
     })
 }
 

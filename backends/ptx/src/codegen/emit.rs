@@ -121,6 +121,9 @@ pub struct Emitter {
     counts: [u32; 6],
     text: String,
     labels: u32,
+    /// The register holding this entry's error word address, when it has one: integer
+    /// division by zero and negative integer powers set it (the reference reports both).
+    pub err: Option<String>,
 }
 
 impl Emitter {
@@ -566,6 +569,13 @@ fn binary(e: &mut Emitter, op: BinaryOp, dt: DType, a: &str, b: &str) -> GenResu
         e.normalize(dt, &r);
         return Ok(r);
     }
+    if let (Div | Rem | Pow, Some(err)) = (op, e.err.clone()) {
+        let (p, one) = (e.reg(Class::Pred), e.reg(Class::R32));
+        let c = if op == Pow { "lt" } else { "eq" };
+        e.ins(format!("setp.{c}.{t} {p}, {b}, 0"));
+        e.ins(format!("mov.b32 {one}, 1"));
+        e.ins(format!("@{p} st.global.b32 [{err}], {one}"));
+    }
     match op {
         Add => e.ins(format!("add.{t} {r}, {a}, {b}")),
         Sub => e.ins(format!("sub.{t} {r}, {a}, {b}")),
@@ -689,4 +699,15 @@ pub fn cast(e: &mut Emitter, from: DType, to: DType, x: &str) -> GenResult<Strin
     }
     e.normalize(to, &r);
     Ok(r)
+}
+
+/// Whether a body has an integer op that can fail (`div`/`rem` by zero, `pow` with a negative
+/// exponent), so its entry needs an error word.
+pub fn may_fail(body: &[Inst]) -> bool {
+    body.iter().any(|i| match i.op {
+        ScalarOp::Binary(BinaryOp::Div | BinaryOp::Rem | BinaryOp::Pow, a, _) => {
+            body.get(a).is_some_and(|x| x.dtype.is_int())
+        }
+        _ => false,
+    })
 }

@@ -30,12 +30,17 @@ pub fn loop_kernel(name: &str, k: &LoopKernel, out: BufferId, buffers: &[Buffer]
         .map(|l| LoadSrc::new(base_of(l.buffer), buffers[l.buffer.index()].ty.dtype, &l.map))
         .collect::<GenResult<Vec<_>>>()?;
     let out_base = base_of(out);
+    let error_word = emit::may_fail(&k.body) || k.reduce.as_ref().is_some_and(|r| emit::may_fail(&r.body));
+    if error_word {
+        e.err = Some(e.param_ptr(name, params.len()));
+    }
+    let n_params = params.len() + usize::from(error_word);
     let (text, launch) = match &k.reduce {
         None => {
             elementwise(&mut e, k, &shape, total, &loads, &out_base, out_dt)?;
             let blocks = total.div_ceil(u64::from(ELEMENTWISE_BLOCK)).clamp(1, MAX_GRID) as u32;
             (
-                e.finish(name, params.len()),
+                e.finish(name, n_params),
                 Launch {
                     grid: (blocks, 1, 1),
                     block: (ELEMENTWISE_BLOCK, 1, 1),
@@ -45,7 +50,7 @@ pub fn loop_kernel(name: &str, k: &LoopKernel, out: BufferId, buffers: &[Buffer]
         Some(_) => {
             reduction(&mut e, k, &shape, total, &loads, &out_base, out_dt)?;
             (
-                e.finish(name, params.len()),
+                e.finish(name, n_params),
                 Launch {
                     grid: (total.clamp(1, MAX_GRID) as u32, 1, 1),
                     block: (REDUCE_BLOCK, 1, 1),
@@ -58,7 +63,7 @@ pub fn loop_kernel(name: &str, k: &LoopKernel, out: BufferId, buffers: &[Buffer]
         text,
         params,
         launch,
-        error_word: false,
+        error_word,
     })
 }
 
