@@ -93,3 +93,33 @@ fn compile_ptx_errors_are_one_clear_line() {
     let o = oar(&["compile", m, "--emit", "ptx", "-o", out]);
     assert_clean_error(&o, "--target ptx");
 }
+
+#[test]
+fn ptx_is_listed_and_running_without_a_gpu_is_one_clear_error() {
+    let o = oar(&["backends"]);
+    assert!(stdout(&o).contains("ptx "), "{}", stdout(&o));
+    if oar_backend_ptx::runtime::gpu().is_ok() {
+        eprintln!("a GPU is present: the no-driver error path is not exercised here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let graph = oar::ir::text::parse_graph(
+        "graph @g {\n  %w = param \"w\" : f32[3]\n  %0 = exp(%w) : f32[3]\n  output \"y\" = %0\n}\n",
+    )
+    .unwrap();
+    let w = TensorData::from_vec(vec![3], vec![0.0f32, 1.0, 2.0]).unwrap();
+    let path = dir.path().join("g.oar");
+    Model {
+        graph,
+        weights: Weights::from([("w".to_string(), w)]),
+    }
+    .save(&path)
+    .unwrap();
+    let o = oar(&["run", path.to_str().unwrap(), "--backend", "ptx"]);
+    let msg = if oar_backend_ptx::runtime::driver_present() {
+        "ptx"
+    } else {
+        "no CUDA driver (libcuda.so not found)"
+    };
+    assert_clean_error(&o, msg);
+}
