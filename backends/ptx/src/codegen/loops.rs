@@ -10,8 +10,13 @@ use oar_ir::ops::ReduceOp;
 
 /// Threads per block for elementwise kernels.
 pub const ELEMENTWISE_BLOCK: u32 = 256;
-/// Threads per block for reductions (8 warps).
+/// Most threads per block for reductions (8 warps); short rows get fewer (down to one warp).
 pub const REDUCE_BLOCK: u32 = 256;
+
+/// Threads per block for a reduction of `n` elements per row: a power of two in 32..=256.
+pub fn reduce_block(n: u64) -> u32 {
+    n.next_power_of_two().clamp(32, u64::from(REDUCE_BLOCK)) as u32
+}
 /// Most blocks launched (grid-stride loops cover the rest).
 pub const MAX_GRID: u64 = 65535;
 
@@ -53,7 +58,7 @@ pub fn loop_kernel(name: &str, k: &LoopKernel, out: BufferId, buffers: &[Buffer]
                 e.finish(name, n_params),
                 Launch {
                     grid: (total.clamp(1, MAX_GRID) as u32, 1, 1),
-                    block: (REDUCE_BLOCK, 1, 1),
+                    block: (reduce_block(reduce_len(k)?), 1, 1),
                 },
             )
         }
@@ -105,6 +110,12 @@ fn elementwise(
     e.ins(format!("bra {top}"));
     e.put_label(&end);
     Ok(())
+}
+
+/// Elements reduced per output element.
+fn reduce_len(k: &LoopKernel) -> GenResult<u64> {
+    let r = k.reduce.as_ref().ok_or("reduction kernel without a reduction")?;
+    Ok(static_dims(&r.dims)?.iter().map(|&d| d as u64).product())
 }
 
 /// The body's value, converted when the buffer's dtype differs (fusion keeps them equal).
@@ -219,7 +230,7 @@ fn reduction(
         return Err("reduction over bool".into());
     }
     let cls = class_of(acc_dt);
-    let warps = REDUCE_BLOCK / 32;
+    let warps = reduce_block(rtotal) / 32;
     e.raw(format!("\t.shared .align 8 .b8 red_smem[{}];", warps * 8));
     let (row, rstride) = (e.special64("%ctaid.x"), e.special64("%nctaid.x"));
     let (tid, ntid) = (e.special64("%tid.x"), e.special64("%ntid.x"));
