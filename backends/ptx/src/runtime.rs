@@ -1,11 +1,12 @@
 //! The CUDA runtime of the PTX backend, on the driver API through `cudarc` (loaded
 //! dynamically, so nothing here needs CUDA to build).
 //!
-//! A [`GpuProgram`] is a loaded module plus the program it came from. Each run allocates one
-//! device buffer per program buffer, uploads inputs, parameters and constants, launches the
-//! kernels in order on the default stream (host steps synchronize, download their operands,
-//! run the reference interpreter and upload the results), downloads the outputs and frees
-//! everything. Simple on purpose: no arena, no streams, no graph capture yet.
+//! A [`GpuProgram`] is a loaded module plus the program it came from, with its parameters and
+//! constants uploaded once. Each run allocates a device buffer per other program buffer,
+//! uploads the inputs, launches the kernels in order on the default stream (host steps
+//! synchronize, download their operands, run the reference interpreter and upload the
+//! results), checks the error words, downloads the outputs and frees its buffers. Simple on
+//! purpose: no arena, no streams, no graph capture yet.
 
 use crate::codegen::{Arch, PtxModule, Step};
 use cudarc::driver::result as cu;
@@ -106,6 +107,8 @@ pub struct GpuProgram {
     cu_module: sys::CUmodule,
     funcs: Vec<sys::CUfunction>,
     weights: Weights,
+    /// Parameters and constants, uploaded once at load (`ptrs` by buffer, 0 for the others).
+    resident: DeviceBuffers,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in the (shared) primary
@@ -167,12 +170,32 @@ impl GpuProgram {
                     .map_err(|err| drv(&e.name, "get function", err))?,
             );
         }
+        let mut resident = DeviceBuffers::default();
+        for b in &program.buffers {
+            let t = match &b.kind {
+                BufferKind::Param { name } => weights.get(name),
+                BufferKind::Constant(t) => Some(t),
+                _ => None,
+            };
+            let ptr = match t {
+                Some(t) => {
+                    // SAFETY: plain allocation in the current context.
+                    let ptr = unsafe { cu::malloc_sync(byte_len(b).max(1)) }.map_err(|e| drv(&b.value, "alloc", e))?;
+                    resident.free.push(ptr);
+                    upload(ptr, t.bytes(), &b.value)?;
+                    ptr
+                }
+                None => 0,
+            };
+            resident.ptrs.push(ptr);
+        }
         Ok(GpuProgram {
             program,
             module,
             cu_module,
             funcs,
             weights: weights.clone(),
+            resident,
         })
     }
 
@@ -187,23 +210,22 @@ impl GpuProgram {
         g.bind()?;
         let p = &self.program;
         let mut mem = DeviceBuffers::default();
-        for b in &p.buffers {
+        for (i, b) in p.buffers.iter().enumerate() {
+            let resident = self.resident.ptrs[i];
+            if resident != 0 {
+                mem.ptrs.push(resident);
+                continue;
+            }
             // SAFETY: plain allocation in the current context.
             let ptr = unsafe { cu::malloc_sync(byte_len(b).max(1)) }.map_err(|e| drv(&b.value, "alloc", e))?;
             mem.ptrs.push(ptr);
-        }
-        for (i, b) in p.buffers.iter().enumerate() {
-            let t = match &b.kind {
-                BufferKind::Input { name } => Some(inputs.get(name).ok_or_else(|| BackendError::MissingInput {
+            mem.free.push(ptr);
+            if let BufferKind::Input { name } = &b.kind {
+                let t = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
                     name: name.clone(),
                     expected: b.ty.to_string(),
-                })?),
-                BufferKind::Param { name } => self.weights.get(name),
-                BufferKind::Constant(t) => Some(t),
-                BufferKind::Temp | BufferKind::Output => None,
-            };
-            if let Some(t) = t {
-                upload(mem.ptrs[i], t.bytes(), &b.value)?;
+                })?;
+                upload(ptr, t.bytes(), &b.value)?;
             }
         }
         // One error word per entry that can fail (gather indices, integer division by zero,
@@ -213,7 +235,7 @@ impl GpuProgram {
         let errors = if checks {
             // SAFETY: plain allocation in the current context.
             let ptr = unsafe { cu::malloc_sync(4 * n_entries) }.map_err(|e| drv("error words", "alloc", e))?;
-            mem.ptrs.push(ptr);
+            mem.free.push(ptr);
             upload(ptr, &vec![0u8; 4 * n_entries], "error words")?;
             Some(ptr)
         } else {
@@ -342,16 +364,21 @@ impl GpuProgram {
     }
 }
 
-/// Device allocations of one run, freed on drop (also on errors).
+/// Device buffers by program buffer (`ptrs`), and the allocations this value owns and frees on
+/// drop (`free`; also on errors).
 #[derive(Default)]
 struct DeviceBuffers {
     ptrs: Vec<sys::CUdeviceptr>,
+    free: Vec<sys::CUdeviceptr>,
 }
 
 impl Drop for DeviceBuffers {
     fn drop(&mut self) {
+        if self.free.is_empty() {
+            return;
+        }
         let _ = cu::ctx::synchronize();
-        for &p in &self.ptrs {
+        for &p in &self.free {
             // SAFETY: allocated by `malloc_sync` in this run, freed once.
             let _ = unsafe { cu::free_sync(p) };
         }
