@@ -494,6 +494,30 @@ fn iota_pad_and_concat_are_generated_kernels() {
         t.contains("setp.nan.f32") && t.contains("st.global.b64"),
         "NaN wins; i64 result"
     );
+    let random = opaque(
+        Op::Random {
+            dist: oar_ir::ops::RandomDist::Normal {
+                mean: Float(1.0),
+                std: Float(2.0),
+            },
+            shape: dims(&[10]),
+            dtype: DType::F32,
+            seed: u64::MAX,
+        },
+        vec![],
+        vec![buf(BufferKind::Output, DType::F32, &[10])],
+        0,
+    );
+    let t = generate(&random, Arch::Sm80).text();
+    for needle in [
+        "0x9E3779B97F4A7C15",
+        "0xFFFFFFFFFFFFFFFF",
+        "cvt.rn.f64.u64",
+        "sqrt.rn.f64",
+        "cvt.rn.f32.f64",
+    ] {
+        assert!(t.contains(needle), "random: missing `{needle}`");
+    }
 }
 
 #[test]

@@ -1,20 +1,25 @@
 //! The opaque ops that are plain functions of the output index — iota, constant pad, concat,
-//! and argmax/argmin (each thread scans its row sequentially) — as generated kernels (one
-//! thread per output element, grid-stride, like elementwise loops). Every other opaque op runs
-//! on the host.
+//! gather, random (the reference's counter-based SplitMix64 stream), and argmax/argmin (each
+//! thread scans its row sequentially) — as generated kernels (one thread per output element,
+//! grid-stride, like elementwise loops). Every other opaque op runs on the host.
 
 use super::emit::{self, Class, Emitter, GenResult, LoadSrc, static_dims};
 use super::loops::{ELEMENTWISE_BLOCK, MAX_GRID};
 use super::{Entry, Launch, params_of};
 use oar_ir::DType;
 use oar_ir::kernel::{Buffer, BufferId, IndexMap, OpaqueKernel};
-use oar_ir::ops::{ArgReduceOp, Op};
+use oar_ir::ops::{ArgReduceOp, Op, RandomDist, UnaryOp};
 
 /// Generate `k` writing `out`, if its op is one of those above.
 pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buffer]) -> GenResult<Entry> {
     if !matches!(
         k.op,
-        Op::Iota { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::ArgReduce { .. } | Op::Gather { .. }
+        Op::Iota { .. }
+            | Op::Pad { .. }
+            | Op::Concat { .. }
+            | Op::ArgReduce { .. }
+            | Op::Gather { .. }
+            | Op::Random { .. }
     ) {
         return Err(format!("opaque op `{}` (runs on the host)", k.op.name()));
     }
@@ -129,6 +134,13 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
                 *axis,
                 err,
             )?
+        }
+        Op::Random { dist, seed, .. } => {
+            if !out_dt.is_float() {
+                return Err(format!("random of {out_dt}"));
+            }
+            let v = random(&mut e, dist, *seed, &n);
+            emit::cast(&mut e, DType::F64, out_dt, &v)?
         }
         _ => unreachable!("checked above"),
     };
@@ -300,4 +312,66 @@ fn gather(
     )?;
     let a = e.address(&dsrc, &di)?;
     Ok(e.load_value(ddt, &a, "global"))
+}
+
+/// f64 immediate.
+fn f64_imm(v: f64) -> String {
+    format!("0d{:016X}", v.to_bits())
+}
+
+/// The `i`-th uniform f64 in [0, 1) of stream `seed`, exactly as the reference computes it
+/// (`oar_backend_reference` `random.rs`: SplitMix64 bits, top 53 bits scaled by 2^-53).
+fn uniform(e: &mut Emitter, seed: u64, i: &str) -> String {
+    let (z, t) = (e.reg(Class::R64), e.reg(Class::R64));
+    e.ins(format!("add.u64 {z}, {i}, 1"));
+    e.ins(format!("mul.lo.u64 {z}, {z}, 0x{:016X}", 0x9E37_79B9_7F4A_7C15u64));
+    e.ins(format!("add.u64 {z}, {z}, 0x{seed:016X}"));
+    for (shift, mul) in [
+        (30, Some(0xBF58_476D_1CE4_E5B9u64)),
+        (27, Some(0x94D0_49BB_1331_11EB)),
+        (31, None),
+    ] {
+        e.ins(format!("shr.u64 {t}, {z}, {shift}"));
+        e.ins(format!("xor.b64 {z}, {z}, {t}"));
+        if let Some(m) = mul {
+            e.ins(format!("mul.lo.u64 {z}, {z}, 0x{m:016X}"));
+        }
+    }
+    e.ins(format!("shr.u64 {z}, {z}, 11"));
+    let f = e.reg(Class::F64);
+    e.ins(format!("cvt.rn.f64.u64 {f}, {z}"));
+    e.ins(format!("mul.rn.f64 {f}, {f}, {}", f64_imm(1.0 / (1u64 << 53) as f64)));
+    f
+}
+
+/// Element `n` of `dist` with `seed`, in f64 (uniform: bit-exact with the reference; normal:
+/// Box–Muller with this backend's f64 `log`/`cos`, within a few ulp).
+fn random(e: &mut Emitter, dist: &RandomDist, seed: u64, n: &str) -> String {
+    let v = e.reg(Class::F64);
+    match *dist {
+        RandomDist::Uniform { low, high } => {
+            let u = uniform(e, seed, n);
+            e.ins(format!("mul.rn.f64 {v}, {u}, {}", f64_imm(high.0 - low.0)));
+            e.ins(format!("add.rn.f64 {v}, {v}, {}", f64_imm(low.0)));
+        }
+        RandomDist::Normal { mean, std } => {
+            let (i1, i2) = (e.reg(Class::R64), e.reg(Class::R64));
+            e.ins(format!("shl.b64 {i1}, {n}, 1"));
+            e.ins(format!("add.u64 {i2}, {i1}, 1"));
+            let (u1, u2) = (uniform(e, seed, &i1), uniform(e, seed, &i2));
+            e.ins(format!("sub.rn.f64 {u1}, 0d3FF0000000000000, {u1}"));
+            let l = super::math64::unary_f64(e, UnaryOp::Log, &u1);
+            e.ins(format!("mul.rn.f64 {l}, {l}, 0dC000000000000000"));
+            e.ins(format!("sqrt.rn.f64 {l}, {l}"));
+            e.ins(format!(
+                "mul.rn.f64 {u2}, {u2}, {}",
+                f64_imm(2.0 * std::f64::consts::PI)
+            ));
+            let c = super::math64::unary_f64(e, UnaryOp::Cos, &u2);
+            e.ins(format!("mul.rn.f64 {l}, {l}, {c}"));
+            e.ins(format!("mul.rn.f64 {v}, {l}, {}", f64_imm(std.0)));
+            e.ins(format!("add.rn.f64 {v}, {v}, {}", f64_imm(mean.0)));
+        }
+    }
+    v
 }
