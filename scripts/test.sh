@@ -13,6 +13,9 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 python3 -c "import onnx, onnxruntime" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt onnxruntime==1.32.0
+# ptxas (NVIDIA's PTX assembler, no GPU needed) checks every generated PTX kernel.
+python3 -c 'import nvidia.cuda_nvcc' 2>/dev/null || pip install -q nvidia-cuda-nvcc-cu12
+export OAR_REQUIRE_PTXAS=1
 cargo test --workspace --quiet 2>&1 | tee target/test.log
 echo "== onnx node tests"
 python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt

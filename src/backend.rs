@@ -14,6 +14,9 @@ pub fn registry() -> &'static Registry {
         let r = Registry::new();
         r.register(Arc::new(oar_backend_reference::ReferenceBackend::new()));
         r.register(Arc::new(oar_backend_cpu::CpuBackend::new()));
+        // Constructing it touches no driver (it cannot panic); without a GPU, compiling
+        // reports `BackendError::Unavailable`.
+        r.register(Arc::new(oar_backend_ptx::PtxBackend::new()));
         r
     })
 }

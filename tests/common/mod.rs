@@ -5,6 +5,8 @@ use oar::ir::TensorData;
 use oar::{Tensor, no_grad};
 use std::process::{Command, Output};
 
+pub mod ptxas;
+
 /// Run the `oar` binary.
 pub fn oar(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_oar"))

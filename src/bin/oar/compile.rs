@@ -1,5 +1,6 @@
 //! `oar compile`: ahead-of-time compilation of a model for the host CPU (a standalone
-//! executable, a shared library with a C header, an object file, or a CLIF listing).
+//! executable, a shared library with a C header, an object file, or a CLIF listing), or for
+//! NVIDIA GPUs (the PTX module of its kernels).
 
 use crate::{CliResult, load, parse_binds};
 use oar_backend_cpu::aot::{self, AotOptions, Emit, WeightsMode};
@@ -10,13 +11,17 @@ use std::path::PathBuf;
 pub(crate) struct CompileArgs {
     /// A `.oar` model or a `.oir` IR text file.
     pub file: PathBuf,
-    /// The target (only `cpu`: the host CPU).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    /// The target: `cpu` (the host CPU) or `ptx` (NVIDIA GPUs).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "ptx"])]
     pub target: String,
-    /// What to write: a standalone executable, a shared library (+ C header), an object file
-    /// (+ C header; link it with the runtime library), or the CLIF text of every kernel.
-    #[arg(long, default_value = "exe", value_parser = ["exe", "so", "obj", "clif"])]
-    pub emit: String,
+    /// What to write. cpu: a standalone executable (default), a shared library (+ C header),
+    /// an object file (+ C header; link it with the runtime library), or the CLIF text of
+    /// every kernel. ptx: the PTX module (default; kernels that run on the host are listed).
+    #[arg(long, value_parser = ["exe", "so", "obj", "clif", "ptx"])]
+    pub emit: Option<String>,
+    /// The GPU architecture for `--target ptx`.
+    #[arg(long, default_value = "sm_80", value_parser = ["sm_80", "sm_90"])]
+    pub arch: String,
     /// The file to write.
     #[arg(long, short = 'o')]
     pub output: PathBuf,
@@ -34,8 +39,15 @@ pub(crate) struct CompileArgs {
 }
 
 pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
+    if args.target == "ptx" {
+        return compile_ptx(&args);
+    }
+    let emit = args.emit.as_deref().unwrap_or("exe");
+    if emit == "ptx" {
+        return Err("--emit ptx needs --target ptx".to_string());
+    }
     let model = load(&args.file)?;
-    let emit: Emit = args.emit.parse()?;
+    let emit: Emit = emit.parse()?;
     let weights: WeightsMode = args.weights.parse()?;
     let opts = AotOptions {
         emit,
@@ -57,6 +69,34 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
     );
     for (k, reason) in &report.interpreted {
         println!("  interpreted `{k}`: {reason}");
+    }
+    Ok(())
+}
+
+/// `--target ptx`: write the model's PTX module.
+fn compile_ptx(args: &CompileArgs) -> CliResult<()> {
+    use oar_backend_ptx::Arch;
+    let emit = args.emit.as_deref().unwrap_or("ptx");
+    if emit != "ptx" {
+        return Err(format!("--target ptx writes a PTX module (--emit ptx), not `{emit}`"));
+    }
+    let model = load(&args.file)?;
+    let arch = if args.arch == "sm_90" { Arch::Sm90 } else { Arch::Sm80 };
+    let bindings = parse_binds(&args.binds)?;
+    let (program, module) = oar_backend_ptx::compile_to_ptx(&model.graph, &bindings, arch)
+        .map_err(|e| format!("{}: {e}", args.file.display()))?;
+    let text = module.text();
+    std::fs::write(&args.output, &text).map_err(|e| format!("{}: {e}", args.output.display()))?;
+    println!("wrote {} ({})", args.output.display(), human(text.len() as u64));
+    let host = module.host_steps();
+    println!(
+        "{} kernels: {} PTX entries for {arch}, {} on the host",
+        program.kernels.len(),
+        module.entries.len(),
+        host.len()
+    );
+    for (k, reason) in host {
+        println!("  host `{}`: {reason}", program.kernels[k].name);
     }
     Ok(())
 }

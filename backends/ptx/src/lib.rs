@@ -1,0 +1,155 @@
+//! oar-backend-ptx: oar's NVIDIA GPU backend.
+//!
+//! A graph is specialized to concrete shapes, optimized and fused into kernels
+//! (`oar_passes::fuse`), exactly as for the CPU backend; [`codegen`] then writes one PTX
+//! module with an entry per loop kernel (elementwise, broadcast, reduction with its epilogue)
+//! and per contraction (tiled matmul, implicit-GEMM convolution, with fused epilogues).
+//! Opaque kernels (gather, concat, control flow, ...) and the few bodies the generator leaves
+//! alone run on the host through the reference interpreter. [`runtime`] loads the module with
+//! the CUDA driver (through `cudarc`, loaded dynamically: the crate builds and runs without
+//! CUDA and reports a typed error when there is no driver or device).
+//!
+//! See `docs/PTX.md`.
+
+pub mod codegen;
+pub mod runtime;
+
+pub use codegen::{Arch, PtxModule, Step, generate};
+
+use oar_ir::backend::check_inputs;
+use oar_ir::kernel::KernelProgram;
+use oar_ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
+use oar_passes::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// Why the PTX backend could not compile a graph.
+#[derive(Debug, thiserror::Error)]
+pub enum PtxError {
+    /// A pass (specialization, optimization, fusion) failed.
+    #[error(transparent)]
+    Pass(#[from] oar_passes::PassError),
+    /// Some dims are still symbolic; generated code needs every size.
+    #[error("the graph still has symbolic dims {}: bind them (e.g. `--bind {}=1`)", .0.join(", "), .0[0])]
+    Symbolic(Vec<String>),
+}
+
+impl From<PtxError> for BackendError {
+    fn from(e: PtxError) -> BackendError {
+        BackendError::Runtime {
+            op: "compile".into(),
+            value: "ptx".into(),
+            detail: e.to_string(),
+        }
+    }
+}
+
+/// Bind `bindings` in `graph`, run the standard passes and fuse (the CPU backend's pipeline).
+pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, PtxError> {
+    let mut g = graph.clone();
+    let mut pm = PassManager::new();
+    pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
+        .add(Canonicalize)
+        .add(Fold::new())
+        .add(Cse)
+        .add(Simplify::new())
+        .add(Dce);
+    pm.run(&mut g)?;
+    let program = oar_passes::fuse::fuse(&g)?;
+    let mut symbolic: Vec<String> = Vec::new();
+    for b in &program.buffers {
+        for d in b.ty.shape.dims() {
+            if let oar_ir::Dim::Sym(s) = d
+                && !symbolic.contains(s)
+            {
+                symbolic.push(s.clone());
+            }
+        }
+    }
+    if !symbolic.is_empty() {
+        return Err(PtxError::Symbolic(symbolic));
+    }
+    Ok(program)
+}
+
+/// Lower `graph` and generate its PTX module for `arch` (no GPU needed).
+pub fn compile_to_ptx(
+    graph: &Graph,
+    bindings: &BTreeMap<String, usize>,
+    arch: Arch,
+) -> Result<(KernelProgram, PtxModule), PtxError> {
+    let program = lower(graph, bindings)?;
+    let module = generate(&program, arch);
+    Ok((program, module))
+}
+
+/// The PTX backend (registry name `ptx`). Constructing it touches no driver; compiling checks
+/// for one and fails with [`BackendError::Unavailable`] when there is none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PtxBackend;
+
+impl PtxBackend {
+    /// The backend.
+    pub fn new() -> Self {
+        PtxBackend
+    }
+}
+
+impl Backend for PtxBackend {
+    fn name(&self) -> &str {
+        "ptx"
+    }
+
+    fn description(&self) -> &str {
+        "NVIDIA GPUs: generated PTX kernels (fused loops, reductions, tiled matmul/conv) run through the CUDA driver"
+    }
+
+    fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
+        oar_ir::verify(graph)?;
+        let gpu = runtime::gpu()?;
+        let exe = PtxExecutable {
+            graph: graph.clone(),
+            weights: weights.clone(),
+            arch: gpu.arch,
+            loaded: Mutex::new(HashMap::new()),
+        };
+        let symbolic = graph.input_specs().iter().any(|(_, t)| !t.shape.is_static());
+        if !symbolic {
+            exe.loaded(&BTreeMap::new())?;
+        }
+        Ok(Box::new(exe))
+    }
+}
+
+/// Most bindings kept loaded per executable.
+const CACHE_CAPACITY: usize = 16;
+
+struct PtxExecutable {
+    graph: Graph,
+    weights: Weights,
+    arch: Arch,
+    loaded: Mutex<HashMap<BTreeMap<String, usize>, Arc<runtime::GpuProgram>>>,
+}
+
+impl PtxExecutable {
+    fn loaded(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<runtime::GpuProgram>, BackendError> {
+        if let Some(p) = self.loaded.lock().unwrap_or_else(|e| e.into_inner()).get(bindings) {
+            return Ok(p.clone());
+        }
+        let (program, module) = compile_to_ptx(&self.graph, bindings, self.arch)?;
+        let p = Arc::new(runtime::GpuProgram::load(program, module, &self.weights)?);
+        let mut cache = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_CAPACITY {
+            cache.clear();
+        }
+        cache.insert(bindings.clone(), p.clone());
+        Ok(p)
+    }
+}
+
+impl Executable for PtxExecutable {
+    fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
+        let bindings = check_inputs(&self.graph, inputs)?;
+        self.loaded(&bindings)?.run(inputs)
+    }
+}

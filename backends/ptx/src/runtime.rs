@@ -1,0 +1,439 @@
+//! The CUDA runtime of the PTX backend, on the driver API through `cudarc` (loaded
+//! dynamically, so nothing here needs CUDA to build).
+//!
+//! A [`GpuProgram`] is a loaded module plus the program it came from, with its parameters and
+//! constants uploaded once. Each run allocates a device buffer per other program buffer,
+//! uploads the inputs, launches the kernels in order on the default stream (host steps
+//! synchronize, download their operands, run the reference interpreter and upload the
+//! results), checks the error words, downloads the outputs and frees its buffers. Simple on
+//! purpose: no arena, no streams, no graph capture yet.
+
+use crate::codegen::{Arch, PtxModule, Step};
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
+use oar_ir::{BackendError, TensorData, Weights};
+use std::collections::BTreeMap;
+use std::ffi::{CString, c_void};
+use std::sync::OnceLock;
+
+/// The process's GPU: device 0 and its primary context.
+pub struct Gpu {
+    /// The device.
+    pub device: sys::CUdevice,
+    ctx: sys::CUcontext,
+    /// The architecture generated code targets on it.
+    pub arch: Arch,
+    /// Device name.
+    pub name: String,
+}
+
+// SAFETY: a primary context handle may be made current on any thread (the driver API is
+// thread-safe); the handle itself is never mutated.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+fn unavailable(reason: impl Into<String>) -> BackendError {
+    BackendError::Unavailable {
+        backend: "ptx".into(),
+        reason: reason.into(),
+    }
+}
+
+/// Whether the CUDA driver library can be loaded (never panics).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library by its candidate names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// The GPU, initialized once per process; a typed error when there is no driver or device.
+pub fn gpu() -> Result<&'static Gpu, BackendError> {
+    static GPU: OnceLock<Result<Gpu, BackendError>> = OnceLock::new();
+    GPU.get_or_init(init).as_ref().map_err(Clone::clone)
+}
+
+fn init() -> Result<Gpu, BackendError> {
+    // cudarc panics on the first driver call when libcuda is missing: check first.
+    if !driver_present() {
+        return Err(unavailable("ptx backend: no CUDA driver (libcuda.so not found)"));
+    }
+    cu::init().map_err(|e| unavailable(format!("ptx backend: CUDA driver init failed: {e}")))?;
+    let n = cu::device::get_count().map_err(|e| unavailable(format!("ptx backend: {e}")))?;
+    if n < 1 {
+        return Err(unavailable("ptx backend: no CUDA device"));
+    }
+    let device = cu::device::get(0).map_err(|e| unavailable(format!("ptx backend: device 0: {e}")))?;
+    let attr = |a| unsafe { cu::device::get_attribute(device, a) };
+    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .map_err(|e| unavailable(format!("ptx backend: {e}")))?;
+    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        .map_err(|e| unavailable(format!("ptx backend: {e}")))?;
+    let arch = Arch::for_capability(major, minor).ok_or_else(|| {
+        unavailable(format!(
+            "ptx backend: device has compute capability {major}.{minor}, needs 8.0+"
+        ))
+    })?;
+    // SAFETY: `device` came from `device::get`.
+    let ctx = unsafe { cu::primary_ctx::retain(device) }.map_err(|e| unavailable(format!("ptx backend: {e}")))?;
+    let name = cu::device::get_name(device).unwrap_or_else(|_| "?".into());
+    Ok(Gpu {
+        device,
+        ctx,
+        arch,
+        name,
+    })
+}
+
+impl Gpu {
+    /// Make the context current on this thread.
+    fn bind(&self) -> Result<(), BackendError> {
+        // SAFETY: the context was retained in `init` and is never released.
+        unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| drv("context", "set current", e))
+    }
+}
+
+fn drv(value: &str, what: &str, e: cu::DriverError) -> BackendError {
+    BackendError::Runtime {
+        op: "ptx".into(),
+        value: value.into(),
+        detail: format!("{what}: {e}"),
+    }
+}
+
+/// A program loaded on the GPU.
+pub struct GpuProgram {
+    program: KernelProgram,
+    module: PtxModule,
+    cu_module: sys::CUmodule,
+    funcs: Vec<sys::CUfunction>,
+    weights: Weights,
+    /// Parameters and constants, uploaded once at load (`ptrs` by buffer, 0 for the others).
+    resident: DeviceBuffers,
+}
+
+// SAFETY: module and function handles are plain driver handles, valid in the (shared) primary
+// context from any thread; runs set the context current first.
+unsafe impl Send for GpuProgram {}
+unsafe impl Sync for GpuProgram {}
+
+impl Drop for GpuProgram {
+    fn drop(&mut self) {
+        if let Ok(g) = gpu()
+            && g.bind().is_ok()
+        {
+            // SAFETY: loaded in `load`, unloaded once here.
+            let _ = unsafe { cu::module::unload(self.cu_module) };
+        }
+    }
+}
+
+fn byte_len(b: &Buffer) -> usize {
+    b.ty.shape.as_static().map_or(0, |s| s.iter().product::<usize>()) * b.ty.dtype.size_bytes()
+}
+
+impl GpuProgram {
+    /// Load `module` (generated from `program`) into the GPU's context; `weights` feed params.
+    pub fn load(program: KernelProgram, module: PtxModule, weights: &Weights) -> Result<GpuProgram, BackendError> {
+        let g = gpu()?;
+        g.bind()?;
+        for b in &program.buffers {
+            if let BufferKind::Param { name } = &b.kind {
+                let t = weights.get(name).ok_or_else(|| BackendError::Weight {
+                    name: name.clone(),
+                    detail: format!("no weight given (expected {})", b.ty),
+                })?;
+                if t.tensor_type() != b.ty {
+                    return Err(BackendError::Weight {
+                        name: name.clone(),
+                        detail: format!("expected {}, got {}", b.ty, t.tensor_type()),
+                    });
+                }
+            }
+        }
+        let text = CString::new(module.text())
+            .map_err(|_| drv("module", "load", cu::DriverError(sys::CUresult::CUDA_ERROR_INVALID_PTX)))?;
+        // SAFETY: a NUL-terminated PTX string.
+        let cu_module = unsafe { cu::module::load_data(text.as_ptr() as *const c_void) }
+            .map_err(|e| drv("module", "load PTX", e))?;
+        let mut funcs = Vec::with_capacity(module.entries.len());
+        for e in &module.entries {
+            let name = CString::new(e.name.clone()).map_err(|_| {
+                drv(
+                    &e.name,
+                    "entry name",
+                    cu::DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND),
+                )
+            })?;
+            // SAFETY: `cu_module` is loaded.
+            funcs.push(
+                unsafe { cu::module::get_function(cu_module, name) }
+                    .map_err(|err| drv(&e.name, "get function", err))?,
+            );
+        }
+        let mut resident = DeviceBuffers::default();
+        for b in &program.buffers {
+            let t = match &b.kind {
+                BufferKind::Param { name } => weights.get(name),
+                BufferKind::Constant(t) => Some(t),
+                _ => None,
+            };
+            let ptr = match t {
+                Some(t) => {
+                    // SAFETY: plain allocation in the current context.
+                    let ptr = unsafe { cu::malloc_sync(byte_len(b).max(1)) }.map_err(|e| drv(&b.value, "alloc", e))?;
+                    resident.free.push(ptr);
+                    upload(ptr, t.bytes(), &b.value)?;
+                    ptr
+                }
+                None => 0,
+            };
+            resident.ptrs.push(ptr);
+        }
+        Ok(GpuProgram {
+            program,
+            module,
+            cu_module,
+            funcs,
+            weights: weights.clone(),
+            resident,
+        })
+    }
+
+    /// The generated module.
+    pub fn module(&self) -> &PtxModule {
+        &self.module
+    }
+
+    /// Run with inputs by name (already checked against the graph).
+    pub fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
+        let g = gpu()?;
+        g.bind()?;
+        let p = &self.program;
+        let mut mem = DeviceBuffers::default();
+        for (i, b) in p.buffers.iter().enumerate() {
+            let resident = self.resident.ptrs[i];
+            if resident != 0 {
+                mem.ptrs.push(resident);
+                continue;
+            }
+            // SAFETY: plain allocation in the current context.
+            let ptr = unsafe { cu::malloc_sync(byte_len(b).max(1)) }.map_err(|e| drv(&b.value, "alloc", e))?;
+            mem.ptrs.push(ptr);
+            mem.free.push(ptr);
+            if let BufferKind::Input { name } = &b.kind {
+                let t = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
+                    name: name.clone(),
+                    expected: b.ty.to_string(),
+                })?;
+                upload(ptr, t.bytes(), &b.value)?;
+            }
+        }
+        // One error word per entry that can fail (gather indices, integer division by zero,
+        // negative integer powers), zeroed.
+        let n_entries = self.module.entries.len();
+        let checks = self.module.entries.iter().any(|e| e.error_word);
+        let errors = if checks {
+            // SAFETY: plain allocation in the current context.
+            let ptr = unsafe { cu::malloc_sync(4 * n_entries) }.map_err(|e| drv("error words", "alloc", e))?;
+            mem.free.push(ptr);
+            upload(ptr, &vec![0u8; 4 * n_entries], "error words")?;
+            Some(ptr)
+        } else {
+            None
+        };
+        for step in &self.module.steps {
+            match step {
+                Step::Launch { kernel, entry } => {
+                    let e = &self.module.entries[*entry];
+                    let mut args: Vec<u64> = e.params.iter().map(|b| mem.ptrs[b.index()]).collect();
+                    if let (true, Some(base)) = (e.error_word, errors) {
+                        args.push(base + 4 * *entry as u64);
+                    }
+                    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
+                    let name = &p.kernels[*kernel].name;
+                    // SAFETY: the entry takes exactly `params.len()` u64 pointers, each a live
+                    // allocation of the buffer's size; `args` outlives the (synchronized) run.
+                    unsafe {
+                        cu::launch_kernel(
+                            self.funcs[*entry],
+                            e.launch.grid,
+                            e.launch.block,
+                            0,
+                            std::ptr::null_mut(),
+                            &mut params,
+                        )
+                    }
+                    .map_err(|err| drv(name, "launch", err))?;
+                }
+                Step::Host { kernel, .. } => {
+                    let k = &p.kernels[*kernel];
+                    cu::ctx::synchronize().map_err(|e| drv(&k.name, "synchronize", e))?;
+                    self.host_kernel(k, &mem)?;
+                }
+            }
+        }
+        cu::ctx::synchronize().map_err(|e| drv(&p.name, "synchronize", e))?;
+        if let Some(base) = errors {
+            let mut words = vec![0u32; n_entries];
+            // SAFETY: `base` holds `n_entries` u32 words.
+            unsafe { cu::memcpy_dtoh_sync(&mut words, base) }.map_err(|e| drv("error words", "download", e))?;
+            if let Some(i) = words.iter().position(|&w| w != 0) {
+                let k = self.module.steps.iter().find_map(|s| match s {
+                    Step::Launch { kernel, entry } if *entry == i => Some(&p.kernels[*kernel]),
+                    _ => None,
+                });
+                let (op, value, detail) = match k {
+                    Some(Kernel {
+                        body: KernelBody::Opaque(o),
+                        name,
+                        ..
+                    }) => (o.op.name().to_string(), name.clone(), "index out of range"),
+                    Some(k) => (
+                        "kernel".to_string(),
+                        k.name.clone(),
+                        "integer division by zero or integer power with a negative exponent",
+                    ),
+                    None => ("ptx".to_string(), self.module.entries[i].name.clone(), "error word set"),
+                };
+                return Err(BackendError::Runtime {
+                    op,
+                    value,
+                    detail: detail.into(),
+                });
+            }
+        }
+        let mut out = Vec::with_capacity(p.outputs.len());
+        for (name, id) in &p.outputs {
+            out.push((name.clone(), download(p.buffer(*id), mem.ptrs[id.index()])?));
+        }
+        Ok(out)
+    }
+
+    /// Run kernel `k` on the host: download its operands, interpret a one-kernel program,
+    /// upload its results.
+    fn host_kernel(&self, k: &Kernel, mem: &DeviceBuffers) -> Result<(), BackendError> {
+        let p = &self.program;
+        let mut map: BTreeMap<BufferId, BufferId> = BTreeMap::new();
+        let mut buffers = Vec::new();
+        let mut feeds = BTreeMap::new();
+        for id in k.reads() {
+            if map.contains_key(&id) {
+                continue;
+            }
+            let b = p.buffer(id);
+            let name = format!("b{}", id.0);
+            feeds.insert(name.clone(), download(b, mem.ptrs[id.index()])?);
+            map.insert(id, BufferId(buffers.len() as u32));
+            buffers.push(Buffer {
+                kind: BufferKind::Input { name },
+                ty: b.ty.clone(),
+                value: b.value.clone(),
+            });
+        }
+        let mut outputs = Vec::new();
+        for &id in &k.outputs {
+            let b = p.buffer(id);
+            let new = BufferId(buffers.len() as u32);
+            map.insert(id, new);
+            buffers.push(Buffer {
+                kind: BufferKind::Output,
+                ty: b.ty.clone(),
+                value: b.value.clone(),
+            });
+            outputs.push((format!("b{}", id.0), new));
+        }
+        let mini = KernelProgram {
+            name: k.name.clone(),
+            buffers,
+            kernels: vec![remap(k, &map)],
+            outputs,
+        };
+        let results = oar_backend_reference::run_kernel_program(&mini, &self.weights, &feeds)?;
+        for (&id, (_, t)) in k.outputs.iter().zip(&results) {
+            let b = p.buffer(id);
+            if t.bytes().len() != byte_len(b) {
+                return Err(BackendError::Runtime {
+                    op: "ptx".into(),
+                    value: k.name.clone(),
+                    detail: "host kernel produced a result of the wrong size".into(),
+                });
+            }
+            upload(mem.ptrs[id.index()], t.bytes(), &b.value)?;
+        }
+        Ok(())
+    }
+}
+
+/// Device buffers by program buffer (`ptrs`), and the allocations this value owns and frees on
+/// drop (`free`; also on errors).
+#[derive(Default)]
+struct DeviceBuffers {
+    ptrs: Vec<sys::CUdeviceptr>,
+    free: Vec<sys::CUdeviceptr>,
+}
+
+impl Drop for DeviceBuffers {
+    fn drop(&mut self) {
+        if self.free.is_empty() {
+            return;
+        }
+        let _ = cu::ctx::synchronize();
+        for &p in &self.free {
+            // SAFETY: allocated by `malloc_sync` in this run, freed once.
+            let _ = unsafe { cu::free_sync(p) };
+        }
+    }
+}
+
+fn upload(dst: sys::CUdeviceptr, bytes: &[u8], what: &str) -> Result<(), BackendError> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `dst` holds at least `bytes.len()` bytes (allocated for the buffer's type).
+    unsafe { cu::memcpy_htod_sync(dst, bytes) }.map_err(|e| drv(what, "upload", e))
+}
+
+fn download(b: &Buffer, src: sys::CUdeviceptr) -> Result<TensorData, BackendError> {
+    let mut bytes = vec![0u8; byte_len(b)];
+    if !bytes.is_empty() {
+        // SAFETY: `src` holds the buffer's bytes.
+        unsafe { cu::memcpy_dtoh_sync(&mut bytes, src) }.map_err(|e| drv(&b.value, "download", e))?;
+    }
+    let shape = b.ty.shape.as_static().unwrap_or_default();
+    TensorData::from_bytes(b.ty.dtype, shape, bytes).map_err(|e| BackendError::Runtime {
+        op: "ptx".into(),
+        value: b.value.clone(),
+        detail: e.to_string(),
+    })
+}
+
+fn remap(k: &Kernel, map: &BTreeMap<BufferId, BufferId>) -> Kernel {
+    let load = |l: &oar_ir::kernel::Load| oar_ir::kernel::Load {
+        buffer: map[&l.buffer],
+        map: l.map.clone(),
+    };
+    let body = match &k.body {
+        KernelBody::Loop(l) => {
+            let mut l = l.clone();
+            l.loads = l.loads.iter().map(load).collect();
+            KernelBody::Loop(l)
+        }
+        KernelBody::Contraction(c) => {
+            let mut c = c.clone();
+            c.lhs.load = load(&c.lhs.load);
+            c.rhs.load = load(&c.rhs.load);
+            c.loads = c.loads.iter().map(load).collect();
+            KernelBody::Contraction(c)
+        }
+        KernelBody::Opaque(o) => {
+            let mut o = o.clone();
+            o.inputs = o.inputs.iter().map(|b| map[b]).collect();
+            KernelBody::Opaque(o)
+        }
+    };
+    Kernel {
+        name: k.name.clone(),
+        body,
+        outputs: k.outputs.iter().map(|b| map[b]).collect(),
+    }
+}
