@@ -3,12 +3,10 @@
 
 use oar_ir::kernel::KernelProgram;
 use oar_ir::{BackendError, Graph};
-use oar_passes::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
 use std::collections::BTreeMap;
 
-/// `graph` specialized to `bindings` (`N → 8`; every dim must end up static for most code
-/// generators), canonicalized, folded, CSE'd, simplified, DCE'd, then fused by
-/// [`oar_passes::fuse::fuse`] (which decomposes every composite first). A pass failure is a
+/// [`oar_passes::fuse::lower_to_kernels`] (`graph` specialized to `bindings` — every dim must
+/// end up static for most code generators — simplified and fused); a pass failure is a
 /// [`BackendError::Runtime`] naming the graph and the pass's message.
 pub fn kernel_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, BackendError> {
     let err = |e: oar_passes::PassError| BackendError::Runtime {
@@ -16,16 +14,7 @@ pub fn kernel_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Resu
         value: graph.name().into(),
         detail: e.to_string(),
     };
-    let mut g = graph.clone();
-    let mut pm = PassManager::new();
-    pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
-        .add(Canonicalize)
-        .add(Fold::new())
-        .add(Cse)
-        .add(Simplify::new())
-        .add(Dce);
-    pm.run(&mut g).map_err(err)?;
-    oar_passes::fuse::fuse(&g).map_err(err)
+    oar_passes::fuse::lower_to_kernels(graph, bindings).map_err(err)
 }
 
 #[cfg(test)]

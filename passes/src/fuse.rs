@@ -69,6 +69,23 @@ fn err(graph: &Graph, detail: String) -> PassError {
     )
 }
 
+/// The standard pipeline of a kernel-consuming backend: `graph` specialized to `bindings`
+/// (`N → 8`), canonicalized, folded, CSE'd, simplified, DCE'd, then [`fuse`]d (which
+/// decomposes every composite first).
+pub fn lower_to_kernels(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, PassError> {
+    use crate::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
+    let mut g = graph.clone();
+    let mut pm = PassManager::new();
+    pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
+        .add(Canonicalize)
+        .add(Fold::new())
+        .add(Cse)
+        .add(Simplify::new())
+        .add(Dce);
+    pm.run(&mut g)?;
+    fuse(&g)
+}
+
 /// Fuse `graph` into kernels. Composite ops are decomposed first (on a copy), so any verified
 /// graph is accepted; control-flow regions stay inside opaque kernels.
 pub fn fuse(graph: &Graph) -> Result<KernelProgram, PassError> {

@@ -521,6 +521,31 @@ impl SuiteReport {
         self.results.iter().filter(|r| !r.status.is_pass())
     }
 
+    /// Check the report against a backend's allow-list of `(case, reason)` entries: an error
+    /// (the totals, every case that did not pass and is not allowed, and every allowed entry
+    /// that now passes or no longer exists) unless both lists are empty.
+    pub fn check_allowed(&self, allowed: &[(&str, &str)]) -> Result<(), String> {
+        let unexpected: Vec<String> = self
+            .not_passed()
+            .filter(|r| !allowed.iter().any(|(n, _)| *n == r.full_name()))
+            .map(|r| format!("  {} [{}]: {:?}", r.full_name(), r.status.label(), r.status))
+            .collect();
+        let stale: Vec<&str> = allowed
+            .iter()
+            .filter(|(n, _)| self.get(n).is_none_or(|r| r.status.is_pass()))
+            .map(|(n, _)| *n)
+            .collect();
+        if unexpected.is_empty() && stale.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "{}\ncases that did not pass ({}):\n{}\nallowed entries that now pass or no longer exist: {stale:?}",
+            self.summary(),
+            unexpected.len(),
+            unexpected.join("\n")
+        ))
+    }
+
     /// Only the totals table.
     pub fn summary(&self) -> String {
         let mut out = String::new();

@@ -2,7 +2,7 @@
 
 use crate::contraction;
 use crate::program::{CpuProgram, KernelFn, LoopCall, Step, const_name, static_shape};
-use oar_ir::kernel::{Buffer, BufferId, BufferKind, IndexMap, Kernel, KernelBody, KernelProgram, Load};
+use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
 use oar_ir::{BackendError, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 
@@ -217,8 +217,7 @@ impl Model {
                     unsafe { crate::native::run(p, k, &bufs)? };
                 }
                 Step::Interpret { kernel, .. } => {
-                    let k = &p.kernels[*kernel as usize];
-                    unsafe { interpret(p, k, &bufs, &self.region_weights)? };
+                    unsafe { interpret(p, *kernel as usize, &bufs, &self.region_weights)? };
                 }
             }
         }
@@ -289,55 +288,25 @@ pub(crate) fn byte_len(b: &Buffer) -> usize {
     static_shape(&b.ty).iter().product::<usize>() * b.ty.dtype.size_bytes()
 }
 
-/// Run one kernel on the reference interpreter: copy its operands out of the buffers, run a
-/// one-kernel program, copy the results back.
+/// Run kernel `index` on the reference interpreter ([`oar_backend_reference::run_kernel`]):
+/// its operands are read out of the buffers and its results copied back.
+///
+/// # Safety
+/// `bufs` holds a live pointer for every buffer of `p`, each as long as its static type.
 unsafe fn interpret(
     p: &KernelProgram,
-    k: &Kernel,
+    index: usize,
     bufs: &[*mut u8],
     region_weights: &Weights,
 ) -> Result<(), BackendError> {
-    let mut map: BTreeMap<BufferId, BufferId> = BTreeMap::new();
-    let mut buffers = Vec::new();
-    let mut feeds = BTreeMap::new();
-    for id in k.reads() {
-        if map.contains_key(&id) {
-            continue;
-        }
+    let k = &p.kernels[index];
+    let results = oar_backend_reference::run_kernel(p, index, region_weights, &mut |id| {
         let b = p.buffer(id);
-        let name = format!("b{}", id.0);
+        // Safety: the caller's contract on `bufs`.
         let bytes = unsafe { std::slice::from_raw_parts(bufs[id.index()], byte_len(b)) }.to_vec();
-        let t =
-            TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), bytes).map_err(|e| bad_step(k, &e.to_string()))?;
-        feeds.insert(name.clone(), t);
-        map.insert(id, BufferId(buffers.len() as u32));
-        buffers.push(Buffer {
-            kind: BufferKind::Input { name },
-            ty: b.ty.clone(),
-            value: b.value.clone(),
-        });
-    }
-    let mut outputs = Vec::new();
-    for &id in &k.outputs {
-        let b = p.buffer(id);
-        let new = BufferId(buffers.len() as u32);
-        map.insert(id, new);
-        buffers.push(Buffer {
-            kind: BufferKind::Output,
-            ty: b.ty.clone(),
-            value: b.value.clone(),
-        });
-        outputs.push((format!("b{}", id.0), new));
-    }
-    let kernel = remap_kernel(k, &map);
-    let mini = KernelProgram {
-        name: k.name.clone(),
-        buffers,
-        kernels: vec![kernel],
-        outputs,
-    };
-    let results = oar_backend_reference::run_kernel_program(&mini, region_weights, &feeds)?;
-    for (&id, (_, t)) in k.outputs.iter().zip(&results) {
+        TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), bytes).map_err(|e| bad_step(k, &e.to_string()))
+    })?;
+    for (&id, t) in k.outputs.iter().zip(&results) {
         let n = byte_len(p.buffer(id));
         if t.bytes().len() != n {
             return Err(bad_step(k, "interpreted kernel produced a result of the wrong size"));
@@ -345,38 +314,4 @@ unsafe fn interpret(
         unsafe { std::ptr::copy_nonoverlapping(t.bytes().as_ptr(), bufs[id.index()], n) };
     }
     Ok(())
-}
-
-fn remap_kernel(k: &Kernel, map: &BTreeMap<BufferId, BufferId>) -> Kernel {
-    let load = |l: &Load| Load {
-        buffer: map[&l.buffer],
-        map: IndexMap {
-            view: l.map.view.clone(),
-            axes: l.map.axes.clone(),
-        },
-    };
-    let body = match &k.body {
-        KernelBody::Loop(l) => {
-            let mut l = l.clone();
-            l.loads = l.loads.iter().map(load).collect();
-            KernelBody::Loop(l)
-        }
-        KernelBody::Contraction(c) => {
-            let mut c = c.clone();
-            c.lhs.load = load(&c.lhs.load);
-            c.rhs.load = load(&c.rhs.load);
-            c.loads = c.loads.iter().map(load).collect();
-            KernelBody::Contraction(c)
-        }
-        KernelBody::Opaque(o) => {
-            let mut o = o.clone();
-            o.inputs = o.inputs.iter().map(|b| map[b]).collect();
-            KernelBody::Opaque(o)
-        }
-    };
-    Kernel {
-        name: k.name.clone(),
-        body,
-        outputs: k.outputs.iter().map(|b| map[b]).collect(),
-    }
 }

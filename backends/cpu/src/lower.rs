@@ -11,7 +11,6 @@ use oar_ir::kernel::{
     ScalarOp,
 };
 use oar_ir::{DType, Graph, Weights};
-use oar_passes::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
 use std::collections::BTreeMap;
 
 /// One function the code generator must emit: a loop kernel writing buffer `out`.
@@ -39,17 +38,7 @@ pub struct Lowered {
 
 /// Bind `bindings` in `graph`, optimize, fuse, plan and choose a step per kernel.
 pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Lowered, CpuError> {
-    let mut g = graph.clone();
-    let mut pm = PassManager::new();
-    pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
-        .add(Canonicalize)
-        .add(Fold::new())
-        .add(Cse)
-        .add(Simplify::new())
-        .add(Dce);
-    pm.run(&mut g)?;
-    let program = oar_passes::fuse::fuse(&g)?;
-    lower_program(program)
+    lower_program(oar_passes::fuse::lower_to_kernels(graph, bindings)?)
 }
 
 /// Choose steps for an already fused program (every dim must be static).

@@ -19,7 +19,6 @@ pub use codegen::{Arch, PtxModule, Step, generate};
 use oar_ir::backend::check_inputs;
 use oar_ir::kernel::KernelProgram;
 use oar_ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
-use oar_passes::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -46,16 +45,7 @@ impl From<PtxError> for BackendError {
 
 /// Bind `bindings` in `graph`, run the standard passes and fuse (the CPU backend's pipeline).
 pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, PtxError> {
-    let mut g = graph.clone();
-    let mut pm = PassManager::new();
-    pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
-        .add(Canonicalize)
-        .add(Fold::new())
-        .add(Cse)
-        .add(Simplify::new())
-        .add(Dce);
-    pm.run(&mut g)?;
-    let program = oar_passes::fuse::fuse(&g)?;
+    let program = oar_passes::fuse::lower_to_kernels(graph, bindings)?;
     let mut symbolic: Vec<String> = Vec::new();
     for b in &program.buffers {
         for d in b.ty.shape.dims() {

@@ -11,7 +11,7 @@
 use crate::codegen::{Arch, PtxModule, Step};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
+use oar_ir::kernel::{Buffer, BufferKind, Kernel, KernelBody, KernelProgram};
 use oar_ir::{BackendError, TensorData, Weights};
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_void};
@@ -268,7 +268,7 @@ impl GpuProgram {
                 Step::Host { kernel, .. } => {
                     let k = &p.kernels[*kernel];
                     cu::ctx::synchronize().map_err(|e| drv(&k.name, "synchronize", e))?;
-                    self.host_kernel(k, &mem)?;
+                    self.host_kernel(*kernel, &mem)?;
                 }
             }
         }
@@ -309,47 +309,15 @@ impl GpuProgram {
         Ok(out)
     }
 
-    /// Run kernel `k` on the host: download its operands, interpret a one-kernel program,
-    /// upload its results.
-    fn host_kernel(&self, k: &Kernel, mem: &DeviceBuffers) -> Result<(), BackendError> {
+    /// Run kernel `index` on the host: download its operands, interpret it alone
+    /// ([`oar_backend_reference::run_kernel`]), upload its results.
+    fn host_kernel(&self, index: usize, mem: &DeviceBuffers) -> Result<(), BackendError> {
         let p = &self.program;
-        let mut map: BTreeMap<BufferId, BufferId> = BTreeMap::new();
-        let mut buffers = Vec::new();
-        let mut feeds = BTreeMap::new();
-        for id in k.reads() {
-            if map.contains_key(&id) {
-                continue;
-            }
-            let b = p.buffer(id);
-            let name = format!("b{}", id.0);
-            feeds.insert(name.clone(), download(b, mem.ptrs[id.index()])?);
-            map.insert(id, BufferId(buffers.len() as u32));
-            buffers.push(Buffer {
-                kind: BufferKind::Input { name },
-                ty: b.ty.clone(),
-                value: b.value.clone(),
-            });
-        }
-        let mut outputs = Vec::new();
-        for &id in &k.outputs {
-            let b = p.buffer(id);
-            let new = BufferId(buffers.len() as u32);
-            map.insert(id, new);
-            buffers.push(Buffer {
-                kind: BufferKind::Output,
-                ty: b.ty.clone(),
-                value: b.value.clone(),
-            });
-            outputs.push((format!("b{}", id.0), new));
-        }
-        let mini = KernelProgram {
-            name: k.name.clone(),
-            buffers,
-            kernels: vec![remap(k, &map)],
-            outputs,
-        };
-        let results = oar_backend_reference::run_kernel_program(&mini, &self.weights, &feeds)?;
-        for (&id, (_, t)) in k.outputs.iter().zip(&results) {
+        let k = &p.kernels[index];
+        let results = oar_backend_reference::run_kernel(p, index, &self.weights, &mut |id| {
+            download(p.buffer(id), mem.ptrs[id.index()])
+        })?;
+        for (&id, t) in k.outputs.iter().zip(&results) {
             let b = p.buffer(id);
             if t.bytes().len() != byte_len(b) {
                 return Err(BackendError::Runtime {
@@ -405,35 +373,4 @@ fn download(b: &Buffer, src: sys::CUdeviceptr) -> Result<TensorData, BackendErro
         value: b.value.clone(),
         detail: e.to_string(),
     })
-}
-
-fn remap(k: &Kernel, map: &BTreeMap<BufferId, BufferId>) -> Kernel {
-    let load = |l: &oar_ir::kernel::Load| oar_ir::kernel::Load {
-        buffer: map[&l.buffer],
-        map: l.map.clone(),
-    };
-    let body = match &k.body {
-        KernelBody::Loop(l) => {
-            let mut l = l.clone();
-            l.loads = l.loads.iter().map(load).collect();
-            KernelBody::Loop(l)
-        }
-        KernelBody::Contraction(c) => {
-            let mut c = c.clone();
-            c.lhs.load = load(&c.lhs.load);
-            c.rhs.load = load(&c.rhs.load);
-            c.loads = c.loads.iter().map(load).collect();
-            KernelBody::Contraction(c)
-        }
-        KernelBody::Opaque(o) => {
-            let mut o = o.clone();
-            o.inputs = o.inputs.iter().map(|b| map[b]).collect();
-            KernelBody::Opaque(o)
-        }
-    };
-    Kernel {
-        name: k.name.clone(),
-        body,
-        outputs: k.outputs.iter().map(|b| map[b]).collect(),
-    }
 }
