@@ -1,0 +1,162 @@
+//! The MLIR backend's own tests, in one binary (each test binary with the `mlir` feature links
+//! LLVM/MLIR): the generated text (always), and with `--features mlir` the JIT against the
+//! reference backend, typed errors, `--emit llvm` and the GPU path through `ptxas`.
+
+use oar_backend_mlir::{MlirError, emit_mlir, generate, lower};
+use oar_ir::{Graph, TensorData};
+use std::collections::BTreeMap;
+
+fn graph(text: &str) -> Graph {
+    oar_ir::text::parse_graph(text).expect("test graph parses")
+}
+
+/// `y = exp(x) + b`, `s = reduce_max(x)` over the last axis, `m = x @ w` + relu.
+const MIXED: &str = r#"graph @mixed {
+  %x = input "x" : f32[3,4]
+  %b = input "b" : f32[4]
+  %w = input "w" : f32[4,5]
+  %e = exp(%x) : f32[3,4]
+  %y = add(%e, %b) : f32[3,4]
+  %s = reduce_max(%x) {axes = [1], keepdim = false} : f32[3]
+  %m = matmul(%x, %w) : f32[3,5]
+  %z = constant 0.0 : f32[]
+  %r = max(%m, %z) : f32[3,5]
+  output "y" = %y
+  output "s" = %s
+  output "r" = %r
+}"#;
+
+const CONV: &str = r#"graph @conv {
+  %x = input "x" : f32[2,4,7,6]
+  %w = input "w" : f32[6,2,3,2]
+  %c = conv(%x, %w) {stride = [2, 1], pad_before = [1, 0], pad_after = [1, 1], dilation = [1, 2], groups = 2} : f32[2,6,4,5]
+  %t = tanh(%c) : f32[2,6,4,5]
+  output "y" = %t
+}"#;
+
+const INTS: &str = r#"graph @ints {
+  %a = input "a" : i32[6]
+  %b = input "b" : i32[6]
+  %q = div(%a, %b) : i32[6]
+  %r = rem(%a, %b) : i32[6]
+  %s = add(%q, %r) : i32[6]
+  output "y" = %s
+}"#;
+
+#[test]
+fn text_has_one_function_per_generated_kernel() {
+    let g = graph(MIXED);
+    let p = lower(&g, &BTreeMap::new()).unwrap();
+    let m = generate(&p);
+    assert_eq!(m.kernels.len(), p.kernels.len());
+    assert!(m.kernels.iter().all(|k| k.is_ok()), "{:?}", m.kernels);
+    assert_eq!(m.text.matches("func.func @oar_k").count(), p.kernels.len());
+    for needle in ["llvm.emit_c_interface", "scf.for", "math.exp", "iter_args", "arith.mulf", "memref<12xf32>"] {
+        assert!(m.text.contains(needle), "no `{needle}` in\n{}", m.text);
+    }
+    let text = emit_mlir(&graph(CONV), &BTreeMap::new()).unwrap();
+    assert!(text.contains("scf.if"), "conv padding is a bounds check:\n{text}");
+    assert!(text.contains("math.tanh"), "the epilogue is fused:\n{text}");
+}
+
+#[test]
+fn symbolic_dims_are_a_typed_error() {
+    let g = graph(
+        r#"graph @sym {
+  %x = input "x" : f32[N,4]
+  %y = exp(%x) : f32[N,4]
+  output "y" = %y
+}"#,
+    );
+    match emit_mlir(&g, &BTreeMap::new()) {
+        Err(MlirError::Symbolic(s)) => assert_eq!(s, ["N"]),
+        other => panic!("{other:?}"),
+    }
+    let bound = emit_mlir(&g, &[("N".to_string(), 2)].into()).unwrap();
+    assert!(bound.contains("memref<8xf32>"), "{bound}");
+}
+
+#[cfg(feature = "mlir")]
+mod jit {
+    use super::*;
+    use oar_backend_mlir::{MlirBackend, jit};
+    use oar_ir::{Backend, BackendError, DType, Weights};
+
+    fn data(dt: DType, shape: &[usize], f: impl Fn(usize) -> f64) -> TensorData {
+        let n = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(f).collect();
+        TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap()
+    }
+
+    /// Run `g` on `mlir` and `reference`; compare every output within `tol` (relative + absolute).
+    fn agree(g: &Graph, inputs: &BTreeMap<String, TensorData>, tol: f64) {
+        let w = Weights::default();
+        let got = MlirBackend.compile(g, &w).unwrap().run(inputs).unwrap();
+        let want = oar_backend_reference::ReferenceBackend::new().compile(g, &w).unwrap().run(inputs).unwrap();
+        assert_eq!(got.len(), want.len());
+        for ((n, a), (_, b)) in got.iter().zip(&want) {
+            assert_eq!(a.shape(), b.shape(), "{n}");
+            for (i, (x, y)) in a.to_f64_vec().iter().zip(b.to_f64_vec()).enumerate() {
+                let ok = (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol + tol * y.abs();
+                assert!(ok, "{n}[{i}]: mlir {x} vs reference {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn loops_reductions_matmul_match_the_reference() {
+        let ins: BTreeMap<String, TensorData> = [
+            ("x".to_string(), data(DType::F32, &[3, 4], |i| (i as f64 * 0.37).sin() * 3.0)),
+            ("b".to_string(), data(DType::F32, &[4], |i| i as f64 - 1.5)),
+            ("w".to_string(), data(DType::F32, &[4, 5], |i| (i as f64 * 0.11).cos())),
+        ]
+        .into();
+        agree(&graph(MIXED), &ins, 1e-6);
+    }
+
+    #[test]
+    fn grouped_strided_padded_dilated_conv_matches_the_reference() {
+        let ins: BTreeMap<String, TensorData> = [
+            ("x".to_string(), data(DType::F32, &[2, 4, 7, 6], |i| ((i * 7919) % 13) as f64 / 13.0 - 0.5)),
+            ("w".to_string(), data(DType::F32, &[6, 2, 3, 2], |i| ((i * 31) % 7) as f64 / 7.0 - 0.4)),
+        ]
+        .into();
+        agree(&graph(CONV), &ins, 1e-6);
+    }
+
+    #[test]
+    fn integer_division_matches_and_division_by_zero_is_an_error() {
+        let a = TensorData::from_vec(vec![6], vec![7i32, -7, 7, -7, i32::MIN, 5]).unwrap();
+        let b = TensorData::from_vec(vec![6], vec![2i32, 2, -2, -2, -1, 3]).unwrap();
+        let ins: BTreeMap<String, TensorData> = [("a".to_string(), a.clone()), ("b".to_string(), b)].into();
+        agree(&graph(INTS), &ins, 0.0);
+        let zero = TensorData::from_vec(vec![6], vec![1i32, 1, 0, 1, 1, 1]).unwrap();
+        let ins: BTreeMap<String, TensorData> = [("a".to_string(), a), ("b".to_string(), zero)].into();
+        let exe = MlirBackend.compile(&graph(INTS), &Weights::default()).unwrap();
+        match exe.run(&ins) {
+            Err(BackendError::Runtime { detail, .. }) => assert!(detail.contains("division by zero"), "{detail}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_module_is_a_parse_error_naming_the_kernel() {
+        let text = "module {\n  // kernel 0 `k0_exp`\n  func.func @f() {\n    %0 = arith.addf %1 : f32\n  }\n}\n";
+        let (ctx, diags) = jit::context();
+        match jit::parse(&ctx, &diags, text) {
+            Err(e @ MlirError::Parse { .. }) => {
+                let s = e.to_string();
+                assert!(s.contains("k0_exp"), "{s}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("parsed"),
+        }
+    }
+
+    #[test]
+    fn llvm_ir_is_emitted() {
+        let ir = oar_backend_mlir::emit_llvm(&graph(MIXED), &BTreeMap::new()).unwrap();
+        assert!(ir.contains("define i32 @oar_k0("), "{ir}");
+        assert!(ir.contains("@_mlir_ciface_oar_k0"), "{ir}");
+    }
+}
