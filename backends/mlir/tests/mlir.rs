@@ -19,7 +19,7 @@ const MIXED: &str = r#"graph @mixed {
   %y = add(%e, %b) : f32[3,4]
   %s = reduce_max(%x) {axes = [1], keepdim = false} : f32[3]
   %m = matmul(%x, %w) : f32[3,5]
-  %z = constant 0.0 : f32[]
+  %z = constant dense<0.0> : f32[]
   %r = max(%m, %z) : f32[3,5]
   output "y" = %y
   output "s" = %s
