@@ -14,11 +14,13 @@
 
 pub mod codegen;
 #[cfg(feature = "mlir")]
+pub mod gpu;
+#[cfg(feature = "mlir")]
 pub mod jit;
 #[cfg(feature = "mlir")]
 mod runtime;
 
-pub use codegen::{CodegenError, MlirModule, generate};
+pub use codegen::{CodegenError, MlirModule, Target, generate, generate_for};
 
 use oar_ir::kernel::{KernelBody, KernelProgram};
 use oar_ir::{Backend, BackendError, Executable, Graph, Weights};

@@ -63,12 +63,33 @@ pub struct MlirModule {
     pub kernels: Vec<Result<KernelFn, CodegenError>>,
 }
 
-/// Generate the MLIR module for `p` (shapes must be static).
+/// Where the generated functions run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Host functions (`scf.for` nests), JIT-compiled for the CPU.
+    Cpu,
+    /// Each function wraps its kernel in one `gpu.launch`: one GPU thread per point of the
+    /// parallel loops (every output loop; the outer loops of a reduction kernel), the rest of
+    /// the kernel (reduction and contraction loops) serial in the thread. The error word is
+    /// an extra `memref<1xi32>` argument, OR-ed atomically.
+    Gpu,
+}
+
+/// Threads per block of the GPU target.
+pub const GPU_BLOCK: i64 = 256;
+
+/// Generate the MLIR module for `p` (shapes must be static) for the host.
 pub fn generate(p: &KernelProgram) -> MlirModule {
-    let mut text = format!("// oar program `{}`\nmodule {{\n", p.name);
+    generate_for(p, Target::Cpu)
+}
+
+/// Generate the MLIR module for `p` for `target`.
+pub fn generate_for(p: &KernelProgram, target: Target) -> MlirModule {
+    let attrs = if target == Target::Gpu { " attributes {gpu.container_module}" } else { "" };
+    let mut text = format!("// oar program `{}`\nmodule{attrs} {{\n", p.name);
     let mut kernels = Vec::new();
     for ki in 0..p.kernels.len() {
-        match emit_kernel(p, ki) {
+        match emit_kernel(p, ki, target) {
             Ok((src, f)) => {
                 text.push_str(&src);
                 kernels.push(Ok(f));
@@ -104,17 +125,75 @@ pub(crate) struct Func<'p> {
     depth: usize,
     /// The `memref<i32>` holding the error word.
     pub err: String,
+    target: Target,
 }
 
 impl<'p> Func<'p> {
-    fn new(p: &'p KernelProgram) -> Self {
+    fn new(p: &'p KernelProgram, target: Target) -> Self {
         Func {
             p,
             out: String::new(),
             next: 0,
             depth: 2,
             err: "%err".into(),
+            target,
         }
+    }
+
+    /// Declare the error word (a zero `memref<i32>` on the stack / in the thread).
+    fn declare_err(&mut self) {
+        let z = self.def("arith.constant 0 : i32");
+        let err = self.err.clone();
+        self.line(&format!("{err} = memref.alloca() : memref<i32>"));
+        self.line(&format!("memref.store {z}, {err}[] : memref<i32>"));
+    }
+
+    /// Open the parallel loops over `extents`: `scf.for` on the CPU; on the GPU a
+    /// `gpu.launch` with one thread per point (guarded), the point delinearized row-major.
+    pub fn open_parallel(&mut self, extents: &[i64]) -> Vec<String> {
+        if self.target == Target::Cpu {
+            return self.open_loops(extents);
+        }
+        let total: i64 = extents.iter().product();
+        let (one, bs) = (self.index(1), self.index(GPU_BLOCK));
+        let grid = self.index(((total + GPU_BLOCK - 1) / GPU_BLOCK).max(1));
+        let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = std::array::from_fn(|_| self.fresh());
+        self.line(&format!(
+            "gpu.launch blocks({bx}, {by}, {bz}) in ({gx} = {grid}, {gy} = {one}, {gz} = {one}) \
+             threads({tx}, {ty}, {tz}) in ({sx} = {bs}, {sy} = {one}, {sz} = {one}) {{"
+        ));
+        self.depth += 1;
+        let base = self.def(&format!("arith.muli {bx}, {bs} : index"));
+        let id = self.def(&format!("arith.addi {base}, {tx} : index"));
+        let n = self.index(total);
+        let ok = self.def(&format!("arith.cmpi ult, {id}, {n} : index"));
+        self.line(&format!("scf.if {ok} {{"));
+        self.depth += 1;
+        self.declare_err();
+        let mut vars = vec![String::new(); extents.len()];
+        let mut rest = id;
+        for (a, &e) in extents.iter().enumerate().rev() {
+            let ec = self.index(e);
+            vars[a] = self.def(&format!("arith.remui {rest}, {ec} : index"));
+            rest = self.def(&format!("arith.divui {rest}, {ec} : index"));
+        }
+        vars
+    }
+
+    /// Close what [`Func::open_parallel`] opened over `n` loops.
+    pub fn close_parallel(&mut self, n: usize) {
+        if self.target == Target::Cpu {
+            return self.close_loops(n);
+        }
+        let err = self.err.clone();
+        let e = self.def(&format!("memref.load {err}[] : memref<i32>"));
+        let z = self.index(0);
+        self.def(&format!("memref.atomic_rmw ori {e}, %errw[{z}] : (i32, memref<1xi32>) -> i32"));
+        self.depth -= 1;
+        self.line("}");
+        self.line("gpu.terminator");
+        self.depth -= 1;
+        self.line("}");
     }
 
     /// A fresh SSA name.
@@ -247,7 +326,7 @@ pub(crate) struct Scope<'a> {
     pub accs: &'a [(String, DType)],
 }
 
-fn emit_kernel(p: &KernelProgram, ki: usize) -> R<(String, KernelFn)> {
+fn emit_kernel(p: &KernelProgram, ki: usize, target: Target) -> R<(String, KernelFn)> {
     let k = &p.kernels[ki];
     if let KernelBody::Opaque(o) = &k.body {
         return Err(CodegenError::Opaque(o.op.name().to_string()));
@@ -261,26 +340,34 @@ fn emit_kernel(p: &KernelProgram, ki: usize) -> R<(String, KernelFn)> {
     params.sort();
     params.dedup();
     let symbol = format!("oar_k{ki}");
-    let mut f = Func::new(p);
-    let z = f.def("arith.constant 0 : i32");
-    f.line(&format!("{} = memref.alloca() : memref<i32>", f.err));
-    let err = f.err.clone();
-    f.line(&format!("memref.store {z}, {err}[] : memref<i32>"));
+    let mut f = Func::new(p, target);
+    if target == Target::Cpu {
+        f.declare_err();
+    }
     match &k.body {
         KernelBody::Loop(l) => emit_loop(&mut f, l, out)?,
         KernelBody::Contraction(c) => emit_contraction(&mut f, c, out)?,
         KernelBody::Opaque(_) => unreachable!("handled above"),
     }
-    let e = f.def(&format!("memref.load {err}[] : memref<i32>"));
-    f.line(&format!("func.return {e} : i32"));
-    let args = params
+    let mut args = params
         .iter()
         .map(|b| Ok(format!("%b{}: {}", b.0, memref_type(p, *b)?)))
-        .collect::<R<Vec<_>>>()?
-        .join(", ");
+        .collect::<R<Vec<_>>>()?;
+    let sig = if target == Target::Cpu {
+        let err = f.err.clone();
+        let e = f.def(&format!("memref.load {err}[] : memref<i32>"));
+        f.line(&format!("func.return {e} : i32"));
+        "-> i32 attributes {llvm.emit_c_interface}"
+    } else {
+        f.line("func.return");
+        args.push("%errw: memref<1xi32>".into());
+        ""
+    };
     let src = format!(
-        "  // kernel {ki} `{}`\n  func.func @{symbol}({args}) -> i32 attributes {{llvm.emit_c_interface}} {{\n{}  }}\n",
-        k.name, f.out
+        "  // kernel {ki} `{}`\n  func.func @{symbol}({}) {sig} {{\n{}  }}\n",
+        k.name,
+        args.join(", "),
+        f.out
     );
     Ok((src, KernelFn { symbol, params }))
 }
@@ -298,8 +385,8 @@ fn store_output(f: &mut Func, out: BufferId, vars: &[String], v: &str) -> R<()> 
 fn emit_loop(f: &mut Func, l: &LoopKernel, out: BufferId) -> R<()> {
     let shape = static_dims(&l.shape)?;
     let stages: Vec<&Reduction> = l.reduce.iter().collect();
-    let outer = if stages.is_empty() { 0 } else { shape.len() };
-    let outer_vars = f.open_loops(&shape[..outer]);
+    let outer = shape.len(); // with multi-stage reductions: the kernel's `outer`
+    let outer_vars = f.open_parallel(&shape[..outer]);
     let mut accs: Vec<(String, DType)> = Vec::new();
     for red in &stages {
         let acc = emit_reduction(f, red, l, &outer_vars, &accs)?;
@@ -314,7 +401,8 @@ fn emit_loop(f: &mut Func, l: &LoopKernel, out: BufferId) -> R<()> {
     };
     let v = scalar::body(f, &l.body, &scope)?;
     store_output(f, out, &vars, &v)?;
-    f.close_loops(shape.len());
+    f.close_loops(shape.len() - outer);
+    f.close_parallel(outer);
     Ok(())
 }
 
@@ -409,7 +497,7 @@ fn emit_contraction(f: &mut Func, c: &ContractionKernel, out: BufferId) -> R<()>
     }
     let float = acc_d.is_float();
     let aty = if float { "f64" } else { "i64" };
-    let vars = f.open_loops(&shape);
+    let vars = f.open_parallel(&shape);
     let init = f.def(&format!("arith.constant {} : {aty}", if float { "0.0" } else { "0" }));
     // Each operand element widened to the accumulator type.
     let widen = |f: &mut Func, v: &str, d: DType| -> String {
@@ -535,7 +623,7 @@ fn emit_contraction(f: &mut Func, c: &ContractionKernel, out: BufferId) -> R<()>
     };
     let v = scalar::body(f, &c.epilogue, &scope)?;
     store_output(f, out, &vars, &v)?;
-    f.close_loops(rank);
+    f.close_parallel(rank);
     Ok(())
 }
 
