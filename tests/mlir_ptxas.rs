@@ -13,10 +13,13 @@ use std::path::PathBuf;
 
 /// `libdevice.10.bc`: `$OAR_LIBDEVICE`, or beside the wheel's `ptxas` (`../nvvm/libdevice`).
 fn libdevice(ptxas: &std::path::Path) -> Option<PathBuf> {
-    std::env::var_os("OAR_LIBDEVICE").map(PathBuf::from).filter(|p| p.is_file()).or_else(|| {
-        let p = ptxas.parent()?.parent()?.join("nvvm/libdevice/libdevice.10.bc");
-        p.is_file().then_some(p)
-    })
+    std::env::var_os("OAR_LIBDEVICE")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .or_else(|| {
+            let p = ptxas.parent()?.parent()?.join("nvvm/libdevice/libdevice.10.bc");
+            p.is_file().then_some(p)
+        })
 }
 
 #[test]
@@ -35,7 +38,9 @@ fn every_conformance_kernel_lowers_to_ptx_that_assembles() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (mut cases, mut kernels, mut failures) = (0usize, 0usize, Vec::new());
     for case in Suite::builtin(false).cases() {
-        let data = case.build().unwrap_or_else(|e| panic!("case {} does not build: {e}", case.full_name()));
+        let data = case
+            .build()
+            .unwrap_or_else(|e| panic!("case {} does not build: {e}", case.full_name()));
         let bindings = oar::ir::backend::check_inputs(&data.graph, &data.inputs).expect("case inputs match");
         let program = match oar_backend_mlir::lower(&data.graph, &bindings) {
             Ok(p) => p,
@@ -66,7 +71,10 @@ fn every_conformance_kernel_lowers_to_ptx_that_assembles() {
         }
     }
     println!("mlir → ptx: {cases} cases, {kernels} kernels lowered and assembled for sm_80 and sm_90");
-    assert!(cases > 600 && kernels > 700, "too few cases or kernels: {cases}, {kernels}");
+    assert!(
+        cases > 600 && kernels > 700,
+        "too few cases or kernels: {cases}, {kernels}"
+    );
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",

@@ -54,8 +54,9 @@ pub fn ptx(program: &KernelProgram, chip: &str, libdevice: Option<&Path>) -> Res
     symbols
         .into_iter()
         .map(|(kernel, sym)| {
-            let ptx = assembly(&text, &format!("gpu.binary @{sym}_kernel "))
-                .ok_or_else(|| MlirError::Lower(format!("kernel {kernel}: no PTX for `{sym}` in the lowered module")))?;
+            let ptx = assembly(&text, &format!("gpu.binary @{sym}_kernel ")).ok_or_else(|| {
+                MlirError::Lower(format!("kernel {kernel}: no PTX for `{sym}` in the lowered module"))
+            })?;
             Ok(PtxKernel { kernel, ptx })
         })
         .collect()

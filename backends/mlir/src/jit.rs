@@ -4,7 +4,9 @@ use crate::MlirError;
 use melior::dialect::DialectRegistry;
 use melior::ir::Module;
 use melior::pass::PassManager;
-use melior::utility::{parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes};
+use melior::utility::{
+    parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes,
+};
 use melior::{Context, ExecutionEngine};
 use std::cell::RefCell;
 use std::rc::Rc;

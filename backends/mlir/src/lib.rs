@@ -63,10 +63,7 @@ impl MlirError {
     /// A parse error whose diagnostics are attributed to the kernel whose function contains
     /// the first line they point at (`loc("-":LINE:COL)`).
     pub fn parse(text: &str, detail: String) -> MlirError {
-        let line = detail
-            .split(':')
-            .nth(1)
-            .and_then(|l| l.trim().parse::<usize>().ok());
+        let line = detail.split(':').nth(1).and_then(|l| l.trim().parse::<usize>().ok());
         let kernel = line.and_then(|line| {
             text.lines()
                 .take(line)

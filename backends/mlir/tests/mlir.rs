@@ -51,7 +51,14 @@ fn text_has_one_function_per_generated_kernel() {
     assert_eq!(m.kernels.len(), p.kernels.len());
     assert!(m.kernels.iter().all(|k| k.is_ok()), "{:?}", m.kernels);
     assert_eq!(m.text.matches("func.func @oar_k").count(), p.kernels.len());
-    for needle in ["llvm.emit_c_interface", "scf.for", "math.exp", "iter_args", "arith.mulf", "memref<12xf32>"] {
+    for needle in [
+        "llvm.emit_c_interface",
+        "scf.for",
+        "math.exp",
+        "iter_args",
+        "arith.mulf",
+        "memref<12xf32>",
+    ] {
         assert!(m.text.contains(needle), "no `{needle}` in\n{}", m.text);
     }
     let text = emit_mlir(&graph(CONV), &BTreeMap::new()).unwrap();
@@ -92,7 +99,11 @@ mod jit {
     fn agree(g: &Graph, inputs: &BTreeMap<String, TensorData>, tol: f64) {
         let w = Weights::default();
         let got = MlirBackend.compile(g, &w).unwrap().run(inputs).unwrap();
-        let want = oar_backend_reference::ReferenceBackend::new().compile(g, &w).unwrap().run(inputs).unwrap();
+        let want = oar_backend_reference::ReferenceBackend::new()
+            .compile(g, &w)
+            .unwrap()
+            .run(inputs)
+            .unwrap();
         assert_eq!(got.len(), want.len());
         for ((n, a), (_, b)) in got.iter().zip(&want) {
             assert_eq!(a.shape(), b.shape(), "{n}");
@@ -106,7 +117,10 @@ mod jit {
     #[test]
     fn loops_reductions_matmul_match_the_reference() {
         let ins: BTreeMap<String, TensorData> = [
-            ("x".to_string(), data(DType::F32, &[3, 4], |i| (i as f64 * 0.37).sin() * 3.0)),
+            (
+                "x".to_string(),
+                data(DType::F32, &[3, 4], |i| (i as f64 * 0.37).sin() * 3.0),
+            ),
             ("b".to_string(), data(DType::F32, &[4], |i| i as f64 - 1.5)),
             ("w".to_string(), data(DType::F32, &[4, 5], |i| (i as f64 * 0.11).cos())),
         ]
@@ -117,8 +131,14 @@ mod jit {
     #[test]
     fn grouped_strided_padded_dilated_conv_matches_the_reference() {
         let ins: BTreeMap<String, TensorData> = [
-            ("x".to_string(), data(DType::F32, &[2, 4, 7, 6], |i| ((i * 7919) % 13) as f64 / 13.0 - 0.5)),
-            ("w".to_string(), data(DType::F32, &[6, 2, 3, 2], |i| ((i * 31) % 7) as f64 / 7.0 - 0.4)),
+            (
+                "x".to_string(),
+                data(DType::F32, &[2, 4, 7, 6], |i| ((i * 7919) % 13) as f64 / 13.0 - 0.5),
+            ),
+            (
+                "w".to_string(),
+                data(DType::F32, &[6, 2, 3, 2], |i| ((i * 31) % 7) as f64 / 7.0 - 0.4),
+            ),
         ]
         .into();
         agree(&graph(CONV), &ins, 1e-6);

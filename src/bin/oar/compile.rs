@@ -50,7 +50,10 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
     }
     let emit = args.emit.as_deref().unwrap_or("exe");
     if matches!(emit, "ptx" | "mlir" | "llvm") {
-        return Err(format!("--emit {emit} needs --target {}", if emit == "ptx" { "ptx" } else { "mlir" }));
+        return Err(format!(
+            "--emit {emit} needs --target {}",
+            if emit == "ptx" { "ptx" } else { "mlir" }
+        ));
     }
     let model = load(&args.file)?;
     let emit: Emit = emit.parse()?;

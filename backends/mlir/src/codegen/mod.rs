@@ -85,7 +85,11 @@ pub fn generate(p: &KernelProgram) -> MlirModule {
 
 /// Generate the MLIR module for `p` for `target`.
 pub fn generate_for(p: &KernelProgram, target: Target) -> MlirModule {
-    let attrs = if target == Target::Gpu { " attributes {gpu.container_module}" } else { "" };
+    let attrs = if target == Target::Gpu {
+        " attributes {gpu.container_module}"
+    } else {
+        ""
+    };
     let mut text = format!("// oar program `{}`\nmodule{attrs} {{\n", p.name);
     let mut kernels = Vec::new();
     for ki in 0..p.kernels.len() {
@@ -106,7 +110,11 @@ pub fn generate_for(p: &KernelProgram, target: Target) -> MlirModule {
 
 pub(crate) fn static_dims(dims: &[Dim]) -> R<Vec<i64>> {
     dims.iter()
-        .map(|d| d.as_static().map(|n| n as i64).ok_or_else(|| CodegenError::Unsupported(format!("symbolic dim {d}"))))
+        .map(|d| {
+            d.as_static()
+                .map(|n| n as i64)
+                .ok_or_else(|| CodegenError::Unsupported(format!("symbolic dim {d}")))
+        })
         .collect()
 }
 
@@ -188,7 +196,9 @@ impl<'p> Func<'p> {
         let err = self.err.clone();
         let e = self.def(&format!("memref.load {err}[] : memref<i32>"));
         let z = self.index(0);
-        self.def(&format!("memref.atomic_rmw ori {e}, %errw[{z}] : (i32, memref<1xi32>) -> i32"));
+        self.def(&format!(
+            "memref.atomic_rmw ori {e}, %errw[{z}] : (i32, memref<1xi32>) -> i32"
+        ));
         self.depth -= 1;
         self.line("}");
         self.line("gpu.terminator");
@@ -221,7 +231,10 @@ impl<'p> Func<'p> {
 
     /// OR `bits` (an `i1`) into the error word as `code`.
     pub fn raise_if(&mut self, bit: &str, code: i32) {
-        let (c, z) = (self.def(&format!("arith.constant {code} : i32")), self.def("arith.constant 0 : i32"));
+        let (c, z) = (
+            self.def(&format!("arith.constant {code} : i32")),
+            self.def("arith.constant 0 : i32"),
+        );
         let e = self.def(&format!("arith.select {bit}, {c}, {z} : i32"));
         let old = self.def(&format!("memref.load {}[] : memref<i32>", self.err));
         let new = self.def(&format!("arith.ori {old}, {e} : i32"));
@@ -254,7 +267,9 @@ impl<'p> Func<'p> {
     pub fn open_carry(&mut self, n: i64, init: &str, ty: &str) -> (String, String, String) {
         let (lo, hi, one) = (self.index(0), self.index(n), self.index(1));
         let (res, i, a) = (self.fresh(), self.fresh(), self.fresh());
-        self.line(&format!("{res} = scf.for {i} = {lo} to {hi} step {one} iter_args({a} = {init}) -> ({ty}) {{"));
+        self.line(&format!(
+            "{res} = scf.for {i} = {lo} to {hi} step {one} iter_args({a} = {init}) -> ({ty}) {{"
+        ));
         self.depth += 1;
         (res, i, a)
     }
@@ -273,8 +288,9 @@ impl<'p> Func<'p> {
         for (a, e) in map.axes.iter().enumerate().rev() {
             offset += stride * e.offset;
             for &(l, c) in &e.terms {
-                *coef.get_mut(l).ok_or_else(|| CodegenError::Unsupported(format!("index map names loop {l}")))? +=
-                    stride * c;
+                *coef
+                    .get_mut(l)
+                    .ok_or_else(|| CodegenError::Unsupported(format!("index map names loop {l}")))? += stride * c;
             }
             stride *= view.get(a).copied().unwrap_or(1);
         }
@@ -415,7 +431,10 @@ fn reduce_init(f: &mut Func, op: ReduceOp, d: DType) -> R<(String, String)> {
             ReduceOp::Max => f64::NEG_INFINITY,
             ReduceOp::Min => f64::INFINITY,
         };
-        return Ok((f.def(&format!("arith.constant {:#018X} : f64", c.to_bits())), "f64".into()));
+        return Ok((
+            f.def(&format!("arith.constant {:#018X} : f64", c.to_bits())),
+            "f64".into(),
+        ));
     }
     let ty = mlir_type(d);
     let (lo, hi) = scalar::int_limits(d)?;
@@ -439,7 +458,11 @@ fn emit_reduction(
     accs: &[(String, DType)],
 ) -> R<(String, DType)> {
     let dims = static_dims(&red.dims)?;
-    let d = red.body.last().ok_or_else(|| CodegenError::Unsupported("empty reduction body".into()))?.dtype;
+    let d = red
+        .body
+        .last()
+        .ok_or_else(|| CodegenError::Unsupported("empty reduction body".into()))?
+        .dtype;
     if d == DType::Bool {
         return unsupported(format!("{} on bool", red.op.name()));
     }
@@ -479,7 +502,11 @@ fn emit_reduction(
     } else {
         total
     };
-    let total = if d.is_float() { scalar::from_f64(f, &total, d) } else { total };
+    let total = if d.is_float() {
+        scalar::from_f64(f, &total, d)
+    } else {
+        total
+    };
     Ok((total, d))
 }
 
@@ -525,7 +552,13 @@ fn emit_contraction(f: &mut Func, c: &ContractionKernel, out: BufferId) -> R<()>
             let zero = f.index(0);
             let batch = |sh: &[i64]| -> Vec<String> {
                 (0..sh.len() - 2)
-                    .map(|j| if sh[j] == 1 { zero.clone() } else { vars[rank - sh.len() + j].clone() })
+                    .map(|j| {
+                        if sh[j] == 1 {
+                            zero.clone()
+                        } else {
+                            vars[rank - sh.len() + j].clone()
+                        }
+                    })
                     .collect()
             };
             let mut lv = batch(&ls);
@@ -567,7 +600,11 @@ fn emit_contraction(f: &mut Func, c: &ContractionKernel, out: BufferId) -> R<()>
                 let (r, kd, a) = f.open_carry(rs[d + 2], &carried, aty);
                 ress.push(r);
                 carried = a;
-                let (st, pb, dl) = (f.index(stride[d] as i64), f.index(pad_before[d] as i64), f.index(dilation[d] as i64));
+                let (st, pb, dl) = (
+                    f.index(stride[d] as i64),
+                    f.index(pad_before[d] as i64),
+                    f.index(dilation[d] as i64),
+                );
                 let t = f.def(&format!("arith.muli {}, {st} : index", vars[d + 2]));
                 let t = f.def(&format!("arith.subi {t}, {pb} : index"));
                 let kdl = f.def(&format!("arith.muli {kd}, {dl} : index"));

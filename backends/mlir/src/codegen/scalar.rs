@@ -153,7 +153,10 @@ pub(crate) fn body(f: &mut Func, insts: &[Inst], s: &Scope) -> R<String> {
         let d = inst.dtype;
         let v = match &inst.op {
             ScalarOp::Load(l) => {
-                let load = s.loads.get(*l).ok_or_else(|| CodegenError::Unsupported(format!("no load l{l}")))?;
+                let load = s
+                    .loads
+                    .get(*l)
+                    .ok_or_else(|| CodegenError::Unsupported(format!("no load l{l}")))?;
                 if f.p.buffer(load.buffer).ty.dtype != d {
                     return unsupported(format!("load l{l} of {} read as {d}", f.p.buffer(load.buffer).ty.dtype));
                 }
@@ -307,7 +310,10 @@ fn binary(f: &mut Func, op: BinaryOp, x: &str, y: &str, xd: DType, d: DType) -> 
         }
         let (float, unsigned) = (xd.is_float(), matches!(xd, DType::U8 | DType::Bool));
         let kind = if float { "cmpf" } else { "cmpi" };
-        return Ok(f.def(&format!("arith.{kind} {}, {x}, {y} : {xt}", cmp_pred(op, float, unsigned))));
+        return Ok(f.def(&format!(
+            "arith.{kind} {}, {x}, {y} : {xt}",
+            cmp_pred(op, float, unsigned)
+        )));
     }
     if xd != d {
         return unsupported(format!("{} of {xd} giving {d}", op.name()));
@@ -370,7 +376,10 @@ fn int_div_rem(f: &mut Func, div: bool, x: &str, y: &str, d: DType) -> R<String>
     f.raise_if(&is0, ERR_DIV_ZERO);
     if u {
         let safe = f.def(&format!("arith.select {is0}, {one}, {y} : {t}"));
-        return Ok(f.def(&format!("arith.{} {x}, {safe} : {t}", if div { "divui" } else { "remui" })));
+        return Ok(f.def(&format!(
+            "arith.{} {x}, {safe} : {t}",
+            if div { "divui" } else { "remui" }
+        )));
     }
     let m1c = iconst(f, d, -1);
     let m1 = f.def(&format!("arith.cmpi eq, {y}, {m1c} : {t}"));
@@ -440,7 +449,11 @@ fn cast(f: &mut Func, x: &str, from: DType, to: DType) -> R<String> {
     }
     if to.is_float() {
         // bool and u8 are unsigned; int → f32 in one rounding step, others through f64.
-        let op = if matches!(from, DType::Bool | DType::U8) { "uitofp" } else { "sitofp" };
+        let op = if matches!(from, DType::Bool | DType::U8) {
+            "uitofp"
+        } else {
+            "sitofp"
+        };
         if matches!(to, DType::F32 | DType::F64) {
             return Ok(f.def(&format!("arith.{op} {x} : {ft} to {tt}")));
         }
@@ -462,7 +475,11 @@ fn cast(f: &mut Func, x: &str, from: DType, to: DType) -> R<String> {
         let bad = f.def(&format!("arith.ori {bad}, {nan} : i1"));
         let safe = f.def(&format!("arith.select {bad}, {zero}, {v} : f64"));
         let i = f.def(&format!("arith.fptosi {safe} : f64 to i64"));
-        let i = if to == DType::I64 { i } else { f.def(&format!("arith.trunci {i} : i64 to {tt}")) };
+        let i = if to == DType::I64 {
+            i
+        } else {
+            f.def(&format!("arith.trunci {i} : i64 to {tt}"))
+        };
         let r = f.def(&format!("arith.select {under}, {clo}, {i} : {tt}"));
         let r = f.def(&format!("arith.select {over}, {chi}, {r} : {tt}"));
         return Ok(f.def(&format!("arith.select {nan}, {cz}, {r} : {tt}")));
@@ -470,7 +487,11 @@ fn cast(f: &mut Func, x: &str, from: DType, to: DType) -> R<String> {
     // int → int (bool counts as unsigned).
     let (fb, tb) = (bits(from), bits(to));
     Ok(if tb > fb {
-        let op = if matches!(from, DType::Bool | DType::U8) { "extui" } else { "extsi" };
+        let op = if matches!(from, DType::Bool | DType::U8) {
+            "extui"
+        } else {
+            "extsi"
+        };
         f.def(&format!("arith.{op} {x} : {ft} to {tt}"))
     } else {
         f.def(&format!("arith.trunci {x} : {ft} to {tt}"))
