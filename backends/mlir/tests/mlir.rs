@@ -1,9 +1,10 @@
 //! The MLIR backend's own tests, in one binary (each test binary with the `mlir` feature links
 //! LLVM/MLIR): the generated text (always), and with `--features mlir` the JIT against the
-//! reference backend, typed errors, `--emit llvm` and the GPU path through `ptxas`.
+//! reference backend, typed errors, `--emit llvm`, and PTX from the GPU path (`tests/mlir_ptxas.rs`
+//! in the `oar` crate assembles it with `ptxas` for every conformance kernel).
 
 use oar_backend_mlir::{MlirError, emit_mlir, generate, lower};
-use oar_ir::{Graph, TensorData};
+use oar_ir::Graph;
 use std::collections::BTreeMap;
 
 fn graph(text: &str) -> Graph {
@@ -34,15 +35,6 @@ const CONV: &str = r#"graph @conv {
   output "y" = %t
 }"#;
 
-const INTS: &str = r#"graph @ints {
-  %a = input "a" : i32[6]
-  %b = input "b" : i32[6]
-  %q = div(%a, %b) : i32[6]
-  %r = rem(%a, %b) : i32[6]
-  %s = add(%q, %r) : i32[6]
-  output "y" = %s
-}"#;
-
 #[test]
 fn text_has_one_function_per_generated_kernel() {
     let g = graph(MIXED);
@@ -67,6 +59,15 @@ fn text_has_one_function_per_generated_kernel() {
 }
 
 #[test]
+fn gpu_text_launches_one_thread_per_output_point() {
+    let p = lower(&graph(MIXED), &BTreeMap::new()).unwrap();
+    let m = oar_backend_mlir::generate_for(&p, oar_backend_mlir::Target::Gpu);
+    assert!(m.text.contains("attributes {gpu.container_module}"), "{}", m.text);
+    assert_eq!(m.text.matches("gpu.launch blocks").count(), p.kernels.len(), "{}", m.text);
+    assert!(m.text.contains("memref.atomic_rmw ori"), "the error word: {}", m.text);
+}
+
+#[test]
 fn symbolic_dims_are_a_typed_error() {
     let g = graph(
         r#"graph @sym {
@@ -87,7 +88,16 @@ fn symbolic_dims_are_a_typed_error() {
 mod jit {
     use super::*;
     use oar_backend_mlir::{MlirBackend, jit};
-    use oar_ir::{Backend, BackendError, DType, Weights};
+    use oar_ir::{Backend, BackendError, DType, TensorData, Weights};
+
+    const INTS: &str = r#"graph @ints {
+      %a = input "a" : i32[6]
+      %b = input "b" : i32[6]
+      %q = div(%a, %b) : i32[6]
+      %r = rem(%a, %b) : i32[6]
+      %s = add(%q, %r) : i32[6]
+      output "y" = %s
+    }"#;
 
     fn data(dt: DType, shape: &[usize], f: impl Fn(usize) -> f64) -> TensorData {
         let n = shape.iter().product();
@@ -170,6 +180,19 @@ mod jit {
             }
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("parsed"),
+        }
+    }
+
+    #[test]
+    fn gpu_kernels_lower_to_ptx_entries() {
+        let p = lower(&graph(MIXED), &BTreeMap::new()).unwrap();
+        for chip in ["sm_80", "sm_90"] {
+            let ptx = oar_backend_mlir::gpu::ptx(&p, chip, None).unwrap();
+            assert_eq!(ptx.len(), p.kernels.len());
+            for (i, k) in ptx.iter().enumerate() {
+                assert!(k.ptx.contains(&format!(".target {chip}")), "{}", k.ptx);
+                assert!(k.ptx.contains(&format!(".entry oar_k{i}_kernel")), "{}", k.ptx);
+            }
         }
     }
 
