@@ -63,7 +63,12 @@ fn gpu_text_launches_one_thread_per_output_point() {
     let p = lower(&graph(MIXED), &BTreeMap::new()).unwrap();
     let m = oar_backend_mlir::generate_for(&p, oar_backend_mlir::Target::Gpu);
     assert!(m.text.contains("attributes {gpu.container_module}"), "{}", m.text);
-    assert_eq!(m.text.matches("gpu.launch blocks").count(), p.kernels.len(), "{}", m.text);
+    assert_eq!(
+        m.text.matches("gpu.launch blocks").count(),
+        p.kernels.len(),
+        "{}",
+        m.text
+    );
     assert!(m.text.contains("memref.atomic_rmw ori"), "the error word: {}", m.text);
 }
 

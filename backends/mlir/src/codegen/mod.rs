@@ -475,7 +475,7 @@ fn emit_reduction(
     let (init, aty) = reduce_init(f, red.op, d)?;
     let mut results = Vec::new();
     let mut vars = outer_vars.to_vec();
-    let mut carried = init.clone();
+    let mut carried = init;
     for &n in &dims {
         let (res, i, a) = f.open_carry(n, &carried, &aty);
         results.push(res);
@@ -495,7 +495,7 @@ fn emit_reduction(
         f.close_carry(&inner, &aty);
         inner = res.clone();
     }
-    let total = if results.is_empty() { init } else { inner };
+    let total = inner; // the outermost loop's result, or the one combined value without loops
     let total = if red.op == ReduceOp::Mean {
         let n = f.def(&format!("arith.constant {:#018X} : f64", (count as f64).to_bits()));
         f.def(&format!("arith.divf {total}, {n} : f64"))
