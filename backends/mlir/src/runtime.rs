@@ -1,7 +1,7 @@
 //! The host runtime: one JIT per (graph, bindings), host buffers, kernels called through the
 //! packed C interface MLIR generates for `llvm.emit_c_interface` functions.
 
-use crate::codegen::{ERR_DIV_ZERO, ERR_EMPTY, ERR_NEG_POW, KernelFn};
+use crate::codegen::{ERR_DIV_ZERO, ERR_EMPTY, ERR_INDEX, ERR_NEG_POW, KernelFn};
 use crate::{MlirError, generate_checked, jit, lower};
 use oar_ir::backend::check_inputs;
 use oar_ir::kernel::{Buffer, BufferId, BufferKind, KernelProgram};
@@ -146,7 +146,10 @@ fn error_text(code: i32) -> String {
         parts.push("integer power with a negative exponent");
     }
     if code & ERR_EMPTY != 0 {
-        parts.push("max/min over an empty axis has no identity");
+        parts.push("max/min/argmax/argmin over an empty axis has no identity");
+    }
+    if code & ERR_INDEX != 0 {
+        parts.push("gather index out of range");
     }
     if parts.is_empty() {
         return format!("error word {code}");

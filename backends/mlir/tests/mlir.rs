@@ -35,6 +35,22 @@ const CONV: &str = r#"graph @conv {
   output "y" = %t
 }"#;
 
+/// Opaque ops with generated code: pad, concat, gather, argmax, iota.
+const INDEXING: &str = r#"graph @indexing {
+  %x = input "x" : f32[3,4]
+  %i = input "i" : i32[5]
+  %p = pad(%x) {before = [1, 2], after = [0, 1], value = -1.5} : f32[4,7]
+  %g = gather(%x, %i) {axis = 0} : f32[5,4]
+  %c = concat(%x, %g, %x) {axis = 0} : f32[11,4]
+  %a = argmax(%x) {axis = 1, keepdim = false} : i64[3]
+  %t = iota() {axis = 1} : i64[3,4]
+  output "p" = %p
+  output "c" = %c
+  output "g" = %g
+  output "a" = %a
+  output "t" = %t
+}"#;
+
 #[test]
 fn text_has_one_function_per_generated_kernel() {
     let g = graph(MIXED);
@@ -56,6 +72,19 @@ fn text_has_one_function_per_generated_kernel() {
     let text = emit_mlir(&graph(CONV), &BTreeMap::new()).unwrap();
     assert!(text.contains("scf.if"), "conv padding is a bounds check:\n{text}");
     assert!(text.contains("math.tanh"), "the epilogue is fused:\n{text}");
+    let p = lower(&graph(INDEXING), &BTreeMap::new()).unwrap();
+    let m = generate(&p);
+    let opaque = p
+        .kernels
+        .iter()
+        .filter(|k| matches!(k.body, oar_ir::kernel::KernelBody::Opaque(_)))
+        .count();
+    assert!(opaque >= 4, "pad, concat, gather, argmax are opaque kernels: {p:?}");
+    assert!(
+        m.kernels.iter().all(|k| k.is_ok()),
+        "every kernel is generated: {:?}",
+        m.kernels
+    );
 }
 
 #[test]
@@ -170,6 +199,28 @@ mod jit {
         let exe = MlirBackend.compile(&graph(INTS), &Weights::default()).unwrap();
         match exe.run(&ins) {
             Err(BackendError::Runtime { detail, .. }) => assert!(detail.contains("division by zero"), "{detail}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn pad_concat_gather_argmax_iota_match_and_a_bad_index_is_an_error() {
+        let x = data(DType::F32, &[3, 4], |i| {
+            [0.5, f64::NAN, -2.0, 3.0][i % 4] * (i as f64 + 1.0)
+        });
+        let i = TensorData::from_vec(vec![5], vec![2i32, 0, -1, 1, -3]).unwrap();
+        let ins: BTreeMap<String, TensorData> = [("x".to_string(), x.clone()), ("i".to_string(), i)].into();
+        agree(&graph(INDEXING), &ins, 0.0);
+        let bad = TensorData::from_vec(vec![5], vec![0i32, 3, 0, 0, 0]).unwrap();
+        let ins: BTreeMap<String, TensorData> = [("x".to_string(), x), ("i".to_string(), bad)].into();
+        match MlirBackend
+            .compile(&graph(INDEXING), &Weights::default())
+            .unwrap()
+            .run(&ins)
+        {
+            Err(BackendError::Runtime { detail, .. }) => {
+                assert!(detail.contains("gather index out of range"), "{detail}")
+            }
             other => panic!("{other:?}"),
         }
     }

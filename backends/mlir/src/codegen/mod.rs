@@ -8,8 +8,10 @@
 //! use `arith` and `math`. Float instructions are computed in `f64` and rounded
 //! (`arith.truncf`) to the instruction's dtype, integers in their own width (wrapping), as the
 //! reference interpreter does; reductions and contractions accumulate in `f64` / `i64`.
-//! Opaque kernels get no function: the runtime delegates them to the reference interpreter.
+//! Opaque iota, pad, concat, gather and argmax/argmin are generated too ([`opaque`]); other
+//! opaque kernels get no function: the runtime delegates them to the reference interpreter.
 
+mod opaque;
 mod scalar;
 
 use oar_ir::kernel::{
@@ -25,8 +27,10 @@ pub use scalar::{mlir_type, storage_type};
 pub const ERR_DIV_ZERO: i32 = 1;
 /// Error bit: integer `pow` with a negative exponent.
 pub const ERR_NEG_POW: i32 = 2;
-/// Error bit: `reduce_max` / `reduce_min` over an empty axis (no identity).
+/// Error bit: `reduce_max` / `reduce_min` / `argmax` / `argmin` over an empty axis.
 pub const ERR_EMPTY: i32 = 4;
+/// Error bit: a `gather` index out of range.
+pub const ERR_INDEX: i32 = 8;
 
 /// Why a kernel has no generated function.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -344,7 +348,9 @@ pub(crate) struct Scope<'a> {
 
 fn emit_kernel(p: &KernelProgram, ki: usize, target: Target) -> R<(String, KernelFn)> {
     let k = &p.kernels[ki];
-    if let KernelBody::Opaque(o) = &k.body {
+    if let KernelBody::Opaque(o) = &k.body
+        && !opaque::generated(&o.op)
+    {
         return Err(CodegenError::Opaque(o.op.name().to_string()));
     }
     let out = match k.outputs.as_slice() {
@@ -363,7 +369,7 @@ fn emit_kernel(p: &KernelProgram, ki: usize, target: Target) -> R<(String, Kerne
     match &k.body {
         KernelBody::Loop(l) => emit_loop(&mut f, l, out)?,
         KernelBody::Contraction(c) => emit_contraction(&mut f, c, out)?,
-        KernelBody::Opaque(_) => unreachable!("handled above"),
+        KernelBody::Opaque(o) => opaque::emit(&mut f, o, out)?,
     }
     let mut args = params
         .iter()

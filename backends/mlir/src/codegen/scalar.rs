@@ -430,7 +430,7 @@ fn int_pow(f: &mut Func, x: &str, y: &str, d: DType) -> R<String> {
     Ok(format!("{res}#0"))
 }
 
-fn cast(f: &mut Func, x: &str, from: DType, to: DType) -> R<String> {
+pub(crate) fn cast(f: &mut Func, x: &str, from: DType, to: DType) -> R<String> {
     let (ft, tt) = (mlir_type(from), mlir_type(to));
     if from == to || (bits(from) == bits(to) && !from.is_float() && !to.is_float() && from != DType::Bool) {
         return Ok(x.to_string()); // i8 ↔ u8: the same bits
