@@ -17,6 +17,22 @@ pub fn kernel_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Resu
     oar_passes::fuse::lower_to_kernels(graph, bindings).map_err(err)
 }
 
+/// [`kernel_program`] keeping the composites named in `keep` whole, each an opaque kernel
+/// holding `Op::Composite` for a backend that implements them itself (a fused attention, a
+/// vendor layer_norm); see [`oar_passes::fuse::lower_to_kernels_keeping`].
+pub fn kernel_program_keeping(
+    graph: &Graph,
+    bindings: &BTreeMap<String, usize>,
+    keep: &[&str],
+) -> Result<KernelProgram, BackendError> {
+    let err = |e: oar_passes::PassError| BackendError::Runtime {
+        op: "compile".into(),
+        value: graph.name().into(),
+        detail: e.to_string(),
+    };
+    oar_passes::fuse::lower_to_kernels_keeping(graph, bindings, keep).map_err(err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -31,5 +47,17 @@ mod tests {
             p.buffers.iter().map(|b| b.ty.to_string()).collect::<Vec<_>>(),
             ["f32[3,4]"; 2]
         );
+    }
+
+    #[test]
+    fn keeps_the_composites_asked_for() {
+        let spec = crate::jit::InputSpec::new(&[Some(2), Some(4)], oar_ir::DType::F32, "x");
+        let f = crate::jit::to_static(|xs| Ok(vec![crate::nn::functional::softmax(&xs[0], -1)?]), &[spec]).unwrap();
+        let kept = kernel_program_keeping(f.graph(), &BTreeMap::new(), &["softmax"]).unwrap();
+        assert_eq!(kept.kernel_counts(), (0, 0, 1), "{kept}");
+        let fused = kernel_program(f.graph(), &BTreeMap::new()).unwrap();
+        assert_eq!(fused.kernel_counts(), (1, 0, 0), "{fused}");
+        let e = kernel_program_keeping(f.graph(), &BTreeMap::new(), &["nope"]).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
     }
 }

@@ -6,8 +6,10 @@
 //! 1. graph outputs, results and operands of opaque ops are materialized;
 //! 2. each materialized value is built as one kernel by walking back through inline values
 //!    (`fuse_build.rs`): elementwise ops become instructions, movement ops fold into index
-//!    maps, and one anchor (reduce, matmul or conv) read at the output point becomes the
-//!    kernel's reduction or contraction, with everything after it as the epilogue;
+//!    maps, and one contraction (matmul, conv) read at the output point becomes the kernel's
+//!    anchor, with everything after it as the epilogue; reductions read at the output point,
+//!    or broadcast back over the rows of the output (`x - mean(x)`), become reduction stages
+//!    computed once per row before the epilogue (a layer_norm or softmax is one kernel);
 //! 3. a walk that cannot express something asks for a value to be materialized; so does an
 //!    anchor claimed by two kernels (its work would be duplicated), and an inline value
 //!    computed more than once (by several kernels, or at several points) whose cone costs more
@@ -19,7 +21,7 @@ use crate::fuse_build::{Body, BufferTable, KernelBuilder, Phase, Role, Stop, ide
 use crate::{Decompose, Pass, PassError};
 use oar_ir::kernel::{
     AffineExpr, BufferKind, Contraction, ContractionKernel, Kernel, KernelBody, KernelProgram, LoopKernel,
-    OpaqueKernel, Operand, Reduction, ScalarOp,
+    OpaqueKernel, Operand, ScalarOp,
 };
 use oar_ir::ops::UnaryOp;
 use oar_ir::{Graph, IrError, Op, ValueId};
@@ -73,6 +75,18 @@ fn err(graph: &Graph, detail: String) -> PassError {
 /// (`N → 8`), canonicalized, folded, CSE'd, simplified, DCE'd, then [`fuse`]d (which
 /// decomposes every composite first).
 pub fn lower_to_kernels(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, PassError> {
+    lower_to_kernels_keeping(graph, bindings, &[])
+}
+
+/// [`lower_to_kernels`] for a backend that implements some composites itself: those named in
+/// `keep` (`softmax`, `layer_norm`, `sdpa`, ... — [`Decompose::keeping`]'s names) stay whole,
+/// each an [`OpaqueKernel`] holding `Op::Composite`. An unknown name is
+/// [`PassError::UnknownComposite`].
+pub fn lower_to_kernels_keeping(
+    graph: &Graph,
+    bindings: &BTreeMap<String, usize>,
+    keep: &[&str],
+) -> Result<KernelProgram, PassError> {
     use crate::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
     let mut g = graph.clone();
     let mut pm = PassManager::new();
@@ -83,26 +97,40 @@ pub fn lower_to_kernels(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Re
         .add(Simplify::new())
         .add(Dce);
     pm.run(&mut g)?;
-    fuse(&g)
+    fuse_keeping(&g, keep)
 }
 
 /// Fuse `graph` into kernels. Composite ops are decomposed first (on a copy), so any verified
 /// graph is accepted; control-flow regions stay inside opaque kernels.
 pub fn fuse(graph: &Graph) -> Result<KernelProgram, PassError> {
+    fuse_keeping(graph, &[])
+}
+
+/// [`fuse`], keeping the composites named in `keep` whole (each an opaque kernel).
+pub fn fuse_keeping(graph: &Graph, keep: &[&str]) -> Result<KernelProgram, PassError> {
     oar_ir::verify(graph).map_err(|e| PassError::ir("fuse", e))?;
+    let decompose = Decompose::keeping(keep)?;
+    let kept: BTreeSet<&str> = decompose.kept().collect();
     let mut g = graph.clone();
-    Decompose::all().run(&mut g)?;
+    decompose.run(&mut g)?;
     g.remove_dead_nodes();
-    fuse_primitives(&g)
+    fuse_graph(&g, &kept)
 }
 
 /// Fuse a graph that holds primitives only (top level; regions are not looked into).
 pub fn fuse_primitives(g: &Graph) -> Result<KernelProgram, PassError> {
+    fuse_graph(g, &BTreeSet::new())
+}
+
+/// Fuse a graph of primitives and the composites in `kept` (opaque kernels).
+fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassError> {
     let order = g.topo_order();
     let mut materialized: BTreeSet<ValueId> = g.outputs().iter().map(|o| o.value).collect();
     for &n in &order {
         let node = g.node(n);
-        if let Op::Composite(c) = &node.op {
+        if let Op::Composite(c) = &node.op
+            && !kept.contains(c.name())
+        {
             return Err(err(
                 g,
                 format!("composite `{}` at %{}: run `decompose` first", c.name(), n.index()),
@@ -170,14 +198,17 @@ fn cone_cost(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId, seen: &mut
         .sum::<usize>()
 }
 
-/// True if `v` is an anchor or a same-shape elementwise function of one (a would-be epilogue).
+/// True if `v` is a contraction or a same-shape elementwise function of one (a would-be
+/// epilogue). Reductions do not count: one read back over its rows (a mean broadcast into
+/// `x - mean`) becomes a reduction stage of the reader's kernel (see `fuse_build.rs`), and one
+/// claimed by several kernels is materialized by the claim count.
 fn has_epilogue_anchor(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId) -> bool {
     if materialized.contains(&v) {
         return false;
     }
     let node = g.node(v.node);
     match role(g, node) {
-        Role::Anchor => true,
+        Role::Anchor => !matches!(node.op, Op::Reduce { .. }),
         Role::Elementwise => node
             .inputs()
             .iter()
@@ -240,8 +271,8 @@ fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueI
         }
         let v = outs[0];
         match build_one(g, materialized, &mut table, v, name) {
-            Ok((kernel, anchor, inlined)) => {
-                if let Some(a) = anchor {
+            Ok((kernel, claims, inlined)) => {
+                for a in claims {
                     *anchor_claims.entry(a).or_default() += 1;
                 }
                 for (x, _) in inlined {
@@ -292,7 +323,9 @@ fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueI
     }))
 }
 
-type OneKernel = (Kernel, Option<ValueId>, BTreeSet<(ValueId, Vec<AffineExpr>)>);
+/// A kernel, the anchors it claims (its contraction or its reduction stages), and the values
+/// it computes inline with their maps.
+type OneKernel = (Kernel, Vec<ValueId>, BTreeSet<(ValueId, Vec<AffineExpr>)>);
 
 /// Build the kernel writing materialized value `v`.
 fn build_one(
@@ -332,78 +365,50 @@ fn build_one(
         None => KernelBody::Loop(LoopKernel {
             shape: ty.shape.0.clone(),
             loads: std::mem::take(&mut kb.loads),
-            reduce: None,
+            outer: kb.outer.unwrap_or(rank),
+            reduce: kb.stages.iter().map(|(_, r)| r.clone()).collect(),
             body: body.insts,
         }),
-        Some((a, node)) => match &node.op {
-            Op::Reduce { op, axes, keepdim } => {
-                let x = node.inputs()[0];
-                let xdims = g.value_type(x).shape.0.clone();
-                let (mut out_axis, mut red) = (0, 0);
-                let mut map = Vec::with_capacity(xdims.len());
-                for a in 0..xdims.len() {
-                    if axes.contains(&a) {
-                        map.push(AffineExpr::loop_index(rank + red));
-                        red += 1;
-                        out_axis += usize::from(*keepdim);
-                    } else {
-                        map.push(AffineExpr::loop_index(out_axis));
-                        out_axis += 1;
-                    }
-                }
-                let mut rbody = Body::new(Phase::Reduce);
-                kb.expr(&mut rbody, x, map)?;
-                KernelBody::Loop(LoopKernel {
-                    shape: ty.shape.0.clone(),
-                    loads: std::mem::take(&mut kb.loads),
-                    reduce: Some(Reduction {
-                        op: *op,
-                        dims: axes.iter().map(|&a| xdims[a].clone()).collect(),
-                        body: rbody.insts,
-                    }),
-                    body: body.insts,
-                })
-            }
-            op => {
-                let contraction = match op {
-                    Op::Conv {
-                        stride,
-                        pad_before,
-                        pad_after,
-                        dilation,
-                        groups,
-                    } => Contraction::Conv {
-                        stride: stride.clone(),
-                        pad_before: pad_before.clone(),
-                        pad_after: pad_after.clone(),
-                        dilation: dilation.clone(),
-                        groups: *groups,
-                    },
-                    _ => Contraction::MatMul,
-                };
-                let [l, r] = [node.inputs()[0], node.inputs()[1]];
-                let lhs = Operand {
-                    shape: g.value_type(l).shape.0.clone(),
-                    load: kb.operand(l)?,
-                };
-                let rhs = Operand {
-                    shape: g.value_type(r).shape.0.clone(),
-                    load: kb.operand(r)?,
-                };
-                KernelBody::Contraction(ContractionKernel {
-                    op: contraction,
-                    lhs,
-                    rhs,
-                    acc_dtype: g.value_type(a).dtype,
-                    shape: ty.shape.0.clone(),
-                    loads: std::mem::take(&mut kb.loads),
-                    epilogue: body.insts,
-                })
-            }
-        },
+        Some((a, node)) => {
+            let contraction = match &node.op {
+                Op::Conv {
+                    stride,
+                    pad_before,
+                    pad_after,
+                    dilation,
+                    groups,
+                } => Contraction::Conv {
+                    stride: stride.clone(),
+                    pad_before: pad_before.clone(),
+                    pad_after: pad_after.clone(),
+                    dilation: dilation.clone(),
+                    groups: *groups,
+                },
+                _ => Contraction::MatMul,
+            };
+            let [l, r] = [node.inputs()[0], node.inputs()[1]];
+            let lhs = Operand {
+                shape: g.value_type(l).shape.0.clone(),
+                load: kb.operand(l)?,
+            };
+            let rhs = Operand {
+                shape: g.value_type(r).shape.0.clone(),
+                load: kb.operand(r)?,
+            };
+            KernelBody::Contraction(ContractionKernel {
+                op: contraction,
+                lhs,
+                rhs,
+                acc_dtype: g.value_type(a).dtype,
+                shape: ty.shape.0.clone(),
+                loads: std::mem::take(&mut kb.loads),
+                epilogue: body.insts,
+            })
+        }
     };
-    let anchor_name = anchor.map(|a| g.node(a.node).op.name());
-    let label: Vec<&str> = anchor_name.into_iter().chain(ops).collect();
+    let claims: Vec<ValueId> = anchor.into_iter().chain(kb.stages.iter().map(|(v, _)| *v)).collect();
+    let anchor_names = claims.iter().map(|a| g.node(a.node).op.name());
+    let label: Vec<&str> = anchor_names.chain(ops).collect();
     let name = if label.is_empty() {
         format!("{name}_copy")
     } else {
@@ -417,7 +422,7 @@ fn build_one(
             body: kind,
             outputs: vec![out],
         },
-        anchor,
+        claims,
         inlined,
     ))
 }

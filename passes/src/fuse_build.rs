@@ -7,7 +7,7 @@
 //! rebuilds (see `fuse.rs`).
 
 use oar_ir::graph::Node;
-use oar_ir::kernel::{AffineExpr, Buffer, BufferId, BufferKind, IndexMap, Inst, Load, ScalarOp};
+use oar_ir::kernel::{AffineExpr, Buffer, BufferId, BufferKind, IndexMap, Inst, Load, Reduction, ScalarOp};
 use oar_ir::ops::Float;
 use oar_ir::{DType, Dim, Graph, Op, TensorType, ValueId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -31,7 +31,8 @@ pub(crate) enum Role {
     Elementwise,
     /// Permute, broadcast, slice (resolvable), reshape: folded into index maps.
     Movement,
-    /// Reduce, matmul, conv: at most one per kernel.
+    /// Reduce (a reduction stage; several per kernel when they share the outer loops), matmul,
+    /// conv (one per kernel, not beside stages).
     Anchor,
     /// Anything else: a kernel of its own.
     Opaque,
@@ -137,8 +138,12 @@ pub(crate) struct KernelBuilder<'a> {
     pub out_rank: usize,
     pub loads: Vec<Load>,
     load_ids: HashMap<Load, usize>,
-    /// The anchor fused at the output point, if any.
+    /// The contraction (matmul, conv) fused at the output point, if any.
     pub anchor: Option<ValueId>,
+    /// The leading output loops the reduction stages run per, once the first stage is fused.
+    pub outer: Option<usize>,
+    /// Reduction stages, in evaluation order, and the reduce value each computes.
+    pub stages: Vec<(ValueId, Reduction)>,
     /// Non-movement values computed inline, with the map they were computed at.
     pub inlined: BTreeSet<(ValueId, Map)>,
 }
@@ -204,8 +209,81 @@ impl<'a> KernelBuilder<'a> {
             loads: Vec::new(),
             load_ids: HashMap::new(),
             anchor: None,
+            outer: None,
+            stages: Vec::new(),
             inlined: BTreeSet::new(),
         }
+    }
+
+    /// The outer loop count at which reduce `v`, read at `map`, can be a reduction stage of
+    /// this kernel: at the output point (`outer` = rank: a plain reduction), or at a row point
+    /// — its kept axes read at loops `0..q` in order, its kept unit axes at 0 (a mean broadcast
+    /// back over a row: `outer` = q). `None` if it is read anywhere else.
+    fn stage_outer(&self, v: ValueId, map: &Map, phase: Phase) -> Option<usize> {
+        let Op::Reduce { axes, keepdim, .. } = &self.g.node(v.node).op else {
+            return None;
+        };
+        let rank = self.ty(self.g.node(v.node).inputs()[0]).rank();
+        if phase == Phase::Output && map.len() == self.out_rank && map.iter().enumerate().all(|(a, e)| e.is_loop(a)) {
+            return Some(self.out_rank);
+        }
+        let mut out_axis = 0;
+        let mut kept = 0;
+        for a in 0..rank {
+            if axes.contains(&a) {
+                if *keepdim {
+                    if *map.get(out_axis)? != AffineExpr::constant(0) {
+                        return None;
+                    }
+                    out_axis += 1;
+                }
+            } else {
+                if !map.get(out_axis)?.is_loop(kept) {
+                    return None;
+                }
+                kept += 1;
+                out_axis += 1;
+            }
+        }
+        // A stage with no outer loops would run the whole reduction serially per kernel.
+        (kept > 0 && kept <= self.out_rank).then_some(kept)
+    }
+
+    /// `Acc(s)` for reduce `v` read at `map`: the stage computing it, built on first use.
+    fn stage(&mut self, body: &mut Body, v: ValueId, map: &Map, outer: usize) -> Result<usize, Stop> {
+        let dtype = self.ty(v).dtype;
+        if let Some(s) = self.stages.iter().position(|(r, _)| *r == v) {
+            return Ok(body.push(ScalarOp::Acc(s), dtype));
+        }
+        let node = self.g.node(v.node);
+        let Op::Reduce { op, axes, keepdim } = &node.op else {
+            return Err(Stop::Need(v));
+        };
+        let x = node.inputs()[0];
+        let xdims = self.ty(x).shape.0.clone();
+        let (mut out_axis, mut red) = (0, 0);
+        let mut xmap = Vec::with_capacity(xdims.len());
+        for a in 0..xdims.len() {
+            if axes.contains(&a) {
+                xmap.push(AffineExpr::loop_index(outer + red));
+                red += 1;
+                out_axis += usize::from(*keepdim);
+            } else {
+                xmap.push(map[out_axis].clone());
+                out_axis += 1;
+            }
+        }
+        let mut rbody = Body::new(Phase::Reduce);
+        self.expr(&mut rbody, x, xmap)?;
+        self.stages.push((
+            v,
+            Reduction {
+                op: *op,
+                dims: axes.iter().map(|&a| xdims[a].clone()).collect(),
+                body: rbody.insts,
+            },
+        ));
+        Ok(body.push(ScalarOp::Acc(self.stages.len() - 1), dtype))
     }
 
     /// True if `v` is read from a buffer rather than computed inline.
@@ -370,14 +448,22 @@ impl<'a> KernelBuilder<'a> {
                     Ok(body.push(ScalarOp::Load(l), dtype))
                 }
             },
+            Role::Anchor if matches!(node.op, Op::Reduce { .. }) => match self.stage_outer(v, &map, body.phase) {
+                Some(outer) if self.anchor.is_none() && self.outer.is_none_or(|o| o == outer) => {
+                    self.outer = Some(outer);
+                    self.stage(body, v, &map, outer)
+                }
+                _ => Err(Stop::Need(v)),
+            },
             Role::Anchor
                 if body.phase == Phase::Output
                     && out.len() == self.out_rank
                     && map.iter().enumerate().all(|(a, e)| e.is_loop(a))
+                    && self.stages.is_empty()
                     && self.anchor.is_none_or(|a| a == v) =>
             {
                 self.anchor = Some(v);
-                Ok(body.push(ScalarOp::Acc, dtype))
+                Ok(body.push(ScalarOp::Acc(0), dtype))
             }
             _ => Err(Stop::Need(v)),
         }

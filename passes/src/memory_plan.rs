@@ -1,7 +1,8 @@
 //! Memory planning: pack the temporaries of a [`KernelProgram`] into one arena.
 //!
 //! Each temporary lives from the kernel that writes it to the last kernel that reads it.
-//! An elementwise loop kernel (no reduction) may write its output over an input temporary
+//! An elementwise loop kernel (no reduction, or reduction stages per row that read only
+//! their own row) may write its output over an input temporary
 //! that dies at that kernel, when the input is read with the identity map and has the same
 //! dtype and shape (every element is read before it is overwritten, at the same index); such
 //! pairs share one slot. Slots are then placed greedily, largest first, at the lowest aligned
@@ -88,19 +89,22 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
         for &b in &kernel.outputs {
             let Some(&size) = sizes.get(&b) else { continue };
             let reuse = match &kernel.body {
-                KernelBody::Loop(l) if l.reduce.is_none() => l.loads.iter().map(|ld| ld.buffer).find(|&i| {
-                    let (bi, bo) = (program.buffer(i), program.buffer(b));
-                    sizes.contains_key(&i)
-                        && last.get(&i) == Some(&k)
-                        && bi.ty == bo.ty
-                        && slot_of
-                            .get(&i)
-                            .is_some_and(|&s| slots[s].last == k && !in_place.iter().any(|&(_, x)| x == i))
-                        && l.loads
-                            .iter()
-                            .filter(|ld| ld.buffer == i)
-                            .all(|ld| ld.map.is_identity() && ld.map.view == bi.ty.shape.0)
-                }),
+                // Row stages read only their own row, before the epilogue writes it.
+                KernelBody::Loop(l) if l.reduce.is_empty() || (1..l.shape.len()).contains(&l.outer) => {
+                    l.loads.iter().map(|ld| ld.buffer).find(|&i| {
+                        let (bi, bo) = (program.buffer(i), program.buffer(b));
+                        sizes.contains_key(&i)
+                            && last.get(&i) == Some(&k)
+                            && bi.ty == bo.ty
+                            && slot_of
+                                .get(&i)
+                                .is_some_and(|&s| slots[s].last == k && !in_place.iter().any(|&(_, x)| x == i))
+                            && l.loads
+                                .iter()
+                                .filter(|ld| ld.buffer == i)
+                                .all(|ld| ld.map.is_identity() && ld.map.view == bi.ty.shape.0)
+                    })
+                }
                 _ => None,
             };
             match reuse {

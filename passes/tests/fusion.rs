@@ -7,7 +7,7 @@ use oar_backend_reference::{run_graph, run_kernel_program};
 use oar_ir::kernel::{KernelBody, KernelProgram, ScalarOp};
 use oar_ir::ops::{BinaryOp, Composite, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::{DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
-use oar_passes::fuse::fuse;
+use oar_passes::fuse::{fuse, fuse_keeping};
 use std::collections::BTreeMap;
 
 /// Deterministic values in [-1, 1).
@@ -150,7 +150,7 @@ fn resnet_basic_block_is_two_conv_kernels() {
 }
 
 #[test]
-fn layer_norm_is_three_kernels_and_softmax_three() {
+fn layer_norm_and_softmax_are_one_kernel_each() {
     let mut g = Graph::new("ln");
     let mut w = Weights::new();
     let x = g.add_input("x", f32t(&[2, 3, 8])).unwrap();
@@ -166,18 +166,46 @@ fn layer_norm_is_three_kernels_and_softmax_three() {
     g.add_output("y", y).unwrap();
     let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[2, 3, 8], 4))]));
     println!("{p}");
-    // mean; var with `+eps, rsqrt` as epilogue; normalize with affine.
-    assert_eq!(p.kernels.len(), 3, "{p}");
-    let KernelBody::Loop(var) = &p.kernels[1].body else {
+    // Per row of [2, 3]: the mean, then the variance (which reads the mean), then the
+    // normalized, scaled and shifted row.
+    assert_eq!(p.kernels.len(), 1, "{p}");
+    let KernelBody::Loop(ln) = &p.kernels[0].body else {
         panic!("{p}")
     };
-    assert_eq!(var.reduce.as_ref().unwrap().op, ReduceOp::Mean);
+    assert_eq!(ln.outer, 2, "{p}");
+    let ops: Vec<ReduceOp> = ln.reduce.iter().map(|r| r.op).collect();
+    assert_eq!(ops, [ReduceOp::Mean, ReduceOp::Mean], "{p}");
     assert!(
-        var.body
+        ln.reduce[1].body.iter().any(|i| i.op == ScalarOp::Acc(0)),
+        "the variance stage reads the mean: {p}"
+    );
+    for needed in [ScalarOp::Acc(0), ScalarOp::Acc(1)] {
+        assert!(ln.body.iter().any(|i| i.op == needed), "{p}");
+    }
+    assert!(
+        ln.body
             .iter()
             .any(|i| matches!(i.op, ScalarOp::Unary(UnaryOp::Rsqrt, _))),
         "{p}"
     );
+
+    // Over 2-d rows (normalized_ndim = 2): still one kernel, one outer loop.
+    let mut g = Graph::new("ln2");
+    let mut w = Weights::new();
+    let x = g.add_input("x", f32t(&[3, 4, 5])).unwrap();
+    let (gw, gb) = (param(&mut g, &mut w, "g", &[4, 5]), param(&mut g, &mut w, "b", &[4, 5]));
+    let c = Composite::LayerNorm {
+        normalized_ndim: 2,
+        epsilon: Float(1e-5),
+    };
+    let y = comp(&mut g, c, &[x, gw, gb]);
+    g.add_output("y", y).unwrap();
+    let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[3, 4, 5], 7))]));
+    assert_eq!(p.kernels.len(), 1, "{p}");
+    let KernelBody::Loop(ln) = &p.kernels[0].body else {
+        panic!("{p}")
+    };
+    assert_eq!((ln.outer, ln.reduce[0].dims.len()), (1, 2), "{p}");
 
     let mut g = Graph::new("softmax");
     let x = g.add_input("x", f32t(&[4, 5])).unwrap();
@@ -188,8 +216,62 @@ fn layer_norm_is_three_kernels_and_softmax_three() {
         &Weights::new(),
         &BTreeMap::from([("x".to_string(), data(&[4, 5], 5))]),
     );
-    // max; sum of exp(x - max) (recomputed, not stored); exp(x - max) / sum.
-    assert_eq!(p.kernels.len(), 3, "{p}");
+    // Per row: max; sum of exp(x - max); then exp(x - max) / sum.
+    assert_eq!(p.kernels.len(), 1, "{p}");
+    let KernelBody::Loop(sm) = &p.kernels[0].body else {
+        panic!("{p}")
+    };
+    let ops: Vec<ReduceOp> = sm.reduce.iter().map(|r| r.op).collect();
+    assert_eq!(ops, [ReduceOp::Max, ReduceOp::Sum], "{p}");
+
+    // Softmax over a leading axis reads its reductions at a column, not a row: the
+    // reductions get kernels of their own.
+    let mut g = Graph::new("softmax0");
+    let x = g.add_input("x", f32t(&[4, 5])).unwrap();
+    let y = comp(&mut g, Composite::Softmax { axis: 0 }, &[x]);
+    g.add_output("y", y).unwrap();
+    let p = check(
+        &g,
+        &Weights::new(),
+        &BTreeMap::from([("x".to_string(), data(&[4, 5], 6))]),
+    );
+    assert!(p.kernels.len() > 1, "{p}");
+}
+
+#[test]
+fn a_reduction_read_by_two_kernels_is_stored_once() {
+    // s = sum(x, 1) is an output and also normalizes x: one kernel computes it, the other
+    // reads its buffer instead of reducing again.
+    let mut g = Graph::new("shared_sum");
+    let x = g.add_input("x", f32t(&[3, 6])).unwrap();
+    let s = g
+        .add_op1(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: vec![1],
+                keepdim: true,
+            },
+            &[x],
+        )
+        .unwrap();
+    let y = g.binary(BinaryOp::Div, x, s).unwrap();
+    let s2 = g.binary(BinaryOp::Mul, s, s).unwrap();
+    g.add_output("y", y).unwrap();
+    g.add_output("s2", s2).unwrap();
+    let p = check(
+        &g,
+        &Weights::new(),
+        &BTreeMap::from([("x".to_string(), data(&[3, 6], 8))]),
+    );
+    let stages: usize = p
+        .kernels
+        .iter()
+        .map(|k| match &k.body {
+            KernelBody::Loop(l) => l.reduce.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(stages, 1, "{p}");
 }
 
 #[test]
@@ -248,9 +330,8 @@ fn transformer_encoder_layer_matches_reference() {
     assert_eq!(opaque, 0);
     // q, k, v, scores, attention, out proj, ff1, ff2.
     assert_eq!(contractions, 8, "{p}");
-    // ln1 3 + softmax 2 (the scores matmul takes the scale as epilogue; max and sum loops and the
-    // division) + ln2 3 = 9 at most.
-    assert!(loops <= 9, "{p}");
+    // ln1, softmax (the scores matmul takes the scale as epilogue), ln2: one loop kernel each.
+    assert_eq!(loops, 3, "{p}");
     // The k transpose is folded into the scores matmul's operand map, not materialized.
     assert!(p.kernels.iter().all(|k| !k.name.contains("copy")), "{p}");
     // bias + GELU (erf) fused into ff1's epilogue.
@@ -363,4 +444,44 @@ fn fuse_pass_is_registered_and_leaves_the_graph_alone() {
     let f = oar_passes::Fuse::default();
     oar_passes::Pass::run(&f, &mut g).unwrap();
     assert_eq!(f.last_kernel_count(), Some(1));
+}
+
+#[test]
+fn kept_composites_become_opaque_kernels() {
+    // softmax(layer_norm(x) · w): a backend with its own softmax keeps it whole.
+    let mut g = Graph::new("kept");
+    let mut w = Weights::new();
+    let x = g.add_input("x", f32t(&[3, 8])).unwrap();
+    let (gw, gb) = (param(&mut g, &mut w, "g", &[8]), param(&mut g, &mut w, "b", &[8]));
+    let c = Composite::LayerNorm {
+        normalized_ndim: 1,
+        epsilon: Float(1e-5),
+    };
+    let h = comp(&mut g, c, &[x, gw, gb]);
+    let wm = param(&mut g, &mut w, "w", &[8, 5]);
+    let s = g.add_op1(Op::MatMul, &[h, wm]).unwrap();
+    let y = comp(&mut g, Composite::Softmax { axis: 1 }, &[s]);
+    g.add_output("y", y).unwrap();
+    let inputs = BTreeMap::from([("x".to_string(), data(&[3, 8], 9))]);
+    let p = fuse_keeping(&g, &["softmax"]).unwrap();
+    let opaque: Vec<&Op> = p
+        .kernels
+        .iter()
+        .filter_map(|k| match &k.body {
+            KernelBody::Opaque(o) => Some(&o.op),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(opaque, [&Op::Composite(Composite::Softmax { axis: 1 })], "{p}");
+    // layer_norm (not kept) is still one fused row kernel; the matmul its own kernel.
+    assert_eq!(p.kernel_counts(), (1, 1, 1), "{p}");
+    let want = run_graph(&g, &w, &inputs).unwrap();
+    let got = run_kernel_program(&p, &w, &inputs).unwrap_or_else(|e| panic!("{e}\n{p}"));
+    for (x, y) in want[0].1.to_f64_vec().iter().zip(got[0].1.to_f64_vec()) {
+        assert!((x - y).abs() <= 1e-6 + 1e-5 * x.abs(), "{x} vs {y}\n{p}");
+    }
+    // Keeping nothing is `fuse`; an unknown name is a typed error listing the known ones.
+    assert_eq!(fuse_keeping(&g, &[]).unwrap(), fuse(&g).unwrap());
+    let e = fuse_keeping(&g, &["softmaxx"]).unwrap_err().to_string();
+    assert!(e.contains("softmaxx") && e.contains("layer_norm"), "{e}");
 }

@@ -21,4 +21,4 @@ pub mod native;
 pub mod program;
 
 pub use model::Model;
-pub use program::{CpuProgram, KernelFn, LoopCall, Step, decode_blob, encode_blob};
+pub use program::{CpuProgram, KernelFn, LoopCall, RowPiece, Step, decode_blob, encode_blob};

@@ -1,13 +1,16 @@
 //! Running a [`CpuProgram`]: buffers, the arena, steps, threads.
 
 use crate::contraction;
-use crate::program::{CpuProgram, KernelFn, LoopCall, Step, const_name, static_shape};
+use crate::program::{CpuProgram, KernelFn, LoopCall, RowPiece, Step, const_name, static_shape};
 use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
 use oar_ir::{BackendError, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 
 /// Work (outer extent × cost) below which a loop runs on the calling thread.
 const PARALLEL_MIN_WORK: u64 = 1 << 15;
+/// Operations per block of rows of a [`Step::Rows`] kernel (a block's rows stay in cache
+/// between its pieces).
+const ROW_BLOCK_WORK: u64 = 1 << 14;
 
 /// A compiled model, ready to run: program, kernel functions and weights.
 pub struct Model {
@@ -202,6 +205,7 @@ impl Model {
         for step in &self.prog.steps {
             match step {
                 Step::Loop { call, .. } => self.call(call, &bufs),
+                Step::Rows { rows, pieces, .. } => self.rows(*rows, pieces, &bufs),
                 Step::Contraction { kernel, epilogue } => {
                     let k = &p.kernels[*kernel as usize];
                     let KernelBody::Contraction(c) = &k.body else {
@@ -270,6 +274,57 @@ impl Model {
                 let lo = n * c / chunks;
                 let hi = n * (c + 1) / chunks;
                 s.spawn(move |_| unsafe { f(base as *const *mut u8, lo as i64, hi as i64) });
+            }
+        });
+    }
+}
+
+impl Model {
+    /// Run the pieces of a [`Step::Rows`] kernel: a block of rows through every piece, block
+    /// after block (blocks split across threads when it is worth it).
+    fn rows(&self, rows: u64, pieces: &[RowPiece], bufs: &[*mut u8]) {
+        if rows == 0 || pieces.iter().any(|p| p.per_row == 0) {
+            for p in pieces {
+                self.call(&p.call, bufs);
+            }
+            return;
+        }
+        let row_cost: u64 = pieces
+            .iter()
+            .map(|p| p.per_row.saturating_mul(p.call.cost.max(1)))
+            .sum::<u64>()
+            .max(1);
+        // Rows per block: about ROW_BLOCK_WORK operations, so the block stays in L1/L2.
+        let block = (ROW_BLOCK_WORK / row_cost).clamp(1, rows);
+        let funcs: Vec<(KernelFn, i64)> = pieces
+            .iter()
+            .map(|p| (self.funcs[p.call.func as usize], p.per_row as i64))
+            .collect();
+        let run = |base: usize, lo: u64, hi: u64| {
+            let mut r = lo;
+            while r < hi {
+                let end = (r + block).min(hi);
+                for &(f, per) in &funcs {
+                    // Safety: the functions are correct for any sub-range of their extent.
+                    unsafe { f(base as *const *mut u8, r as i64 * per, end as i64 * per) };
+                }
+                r = end;
+            }
+        };
+        let base = bufs.as_ptr() as usize;
+        let work = rows.saturating_mul(row_cost);
+        let threads = self.threads as u64;
+        if threads <= 1 || rows == 1 || work < PARALLEL_MIN_WORK {
+            run(base, 0, rows);
+            return;
+        }
+        let chunks = threads.min(rows).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
+        rayon::scope(|s| {
+            for c in 0..chunks {
+                let lo = rows * c / chunks;
+                let hi = rows * (c + 1) / chunks;
+                let run = &run;
+                s.spawn(move |_| run(base, lo, hi));
             }
         });
     }

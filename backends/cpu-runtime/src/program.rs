@@ -25,6 +25,16 @@ pub struct LoopCall {
     pub cost: u64,
 }
 
+/// One plain piece of a [`Step::Rows`] kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowPiece {
+    /// The generated function.
+    pub call: LoopCall,
+    /// Outer iterations per row (`rows · per_row = extent`, rows in order), or 0 when its
+    /// outer index does not follow rows.
+    pub per_row: u64,
+}
+
 /// How one kernel of the program runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Step {
@@ -43,6 +53,19 @@ pub enum Step {
         kernel: u32,
         /// The generated epilogue.
         epilogue: Option<LoopCall>,
+    },
+    /// A loop kernel with reduction stages (layer_norm, softmax), run as generated plain
+    /// pieces ([`oar_ir::kernel::LoopKernel::split_stages`]): each stage writes its scratch
+    /// buffer (placed after the arena's temporaries), then the epilogue. With every piece
+    /// aligned to rows, they run a block of rows at a time, so a row is still in cache when the
+    /// next piece reads it; otherwise one after another over their whole extents.
+    Rows {
+        /// Index into `program.kernels`.
+        kernel: u32,
+        /// Outer points (rows) of the kernel.
+        rows: u64,
+        /// The pieces in order: stages, then the epilogue.
+        pieces: Vec<RowPiece>,
     },
     /// A data-movement op (`pad`, `gather`, `concat`) run by the runtime's native copies.
     Native {

@@ -98,7 +98,7 @@ fn program(
                 shape: dims(out),
                 loads: vec![],
                 epilogue: vec![Inst {
-                    op: ScalarOp::Acc,
+                    op: ScalarOp::Acc(0),
                     dtype,
                 }],
             }),

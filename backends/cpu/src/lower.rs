@@ -5,7 +5,7 @@
 use crate::CpuError;
 use crate::codegen;
 use oar_cpu_runtime::program::const_name;
-use oar_cpu_runtime::{CpuProgram, LoopCall, Step};
+use oar_cpu_runtime::{CpuProgram, LoopCall, RowPiece, Step};
 use oar_ir::kernel::{
     Buffer, BufferId, BufferKind, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load, LoopKernel,
     ScalarOp,
@@ -64,12 +64,68 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
             b.kind = BufferKind::Param { name };
         }
     }
-    let plan = oar_passes::memory_plan(&program, &BTreeMap::new())?;
+    let mut plan = oar_passes::memory_plan(&program, &BTreeMap::new())?;
     let mut funcs = Vec::new();
     let mut steps = Vec::new();
-    for (ki, k) in program.kernels.iter().enumerate() {
+    for ki in 0..program.kernels.len() {
+        let k = program.kernels[ki].clone();
         let kernel = ki as u32;
         let step = match &k.body {
+            KernelBody::Loop(l) if !l.is_plain() => {
+                // Stage results go to scratch buffers after the arena's temporaries (live only
+                // while the kernel runs, so they never overlap a planned slot).
+                let scratch: Vec<BufferId> = l
+                    .stage_types()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(s, ty)| {
+                        let id = BufferId(program.buffers.len() as u32);
+                        let size = ty.dtype.size_bytes() * ty.shape.as_static().map_or(0, |d| d.iter().product());
+                        let off = plan.arena_bytes.div_ceil(plan.alignment.max(1)) * plan.alignment.max(1);
+                        plan.offsets.insert(id, off);
+                        plan.sizes.insert(id, size);
+                        plan.arena_bytes = off + size;
+                        program.buffers.push(Buffer {
+                            kind: BufferKind::Temp,
+                            ty,
+                            value: format!("{}.acc{s}", k.name),
+                        });
+                        id
+                    })
+                    .collect();
+                match rows_step(l, k.outputs[0], &scratch, &program.buffers) {
+                    Ok(pieces) => {
+                        let rows = l.shape[..l.outer]
+                            .iter()
+                            .map(|d| d.as_static().unwrap_or(0) as u64)
+                            .product();
+                        let n = pieces.len();
+                        let pieces = pieces
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, (piece, written, (extent, cost, per_row)))| {
+                                let func = funcs.len() as u32;
+                                let part = if i + 1 == n {
+                                    "epilogue".to_string()
+                                } else {
+                                    format!("stage{i}")
+                                };
+                                funcs.push(FuncSpec {
+                                    name: format!("oar_k{ki}_{}_{part}", sanitize(&k.name)),
+                                    kernel: piece,
+                                    out: written,
+                                });
+                                RowPiece {
+                                    call: LoopCall { func, extent, cost },
+                                    per_row,
+                                }
+                            })
+                            .collect();
+                        Step::Rows { kernel, rows, pieces }
+                    }
+                    Err(reason) => Step::Interpret { kernel, reason },
+                }
+            }
             KernelBody::Loop(l) => match codegen::analyze(l, k.outputs[0], &program.buffers) {
                 Ok((extent, cost)) => {
                     let func = funcs.len() as u32;
@@ -130,6 +186,28 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     })
 }
 
+type AnalyzedPiece = (LoopKernel, BufferId, (u64, u64, u64));
+
+/// The plain pieces of a kernel with reduction stages, each analyzed for row-block execution.
+fn rows_step(
+    l: &LoopKernel,
+    out: BufferId,
+    scratch: &[BufferId],
+    buffers: &[Buffer],
+) -> Result<Vec<AnalyzedPiece>, String> {
+    let rows: u64 = l.shape[..l.outer]
+        .iter()
+        .map(|d| d.as_static().map(|n| n as u64).ok_or("a symbolic row dim"))
+        .product::<Result<u64, _>>()?;
+    l.split_stages(out, scratch)?
+        .into_iter()
+        .map(|(piece, written)| {
+            let a = codegen::analyze_rows(&piece, written, buffers, rows)?;
+            Ok((piece, written, a))
+        })
+        .collect()
+}
+
 fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -151,7 +229,13 @@ fn contraction_support(c: &ContractionKernel, out: BufferId, buffers: &[Buffer])
 }
 
 fn is_identity_epilogue(c: &ContractionKernel) -> bool {
-    matches!(c.epilogue.as_slice(), [Inst { op: ScalarOp::Acc, .. }])
+    matches!(
+        c.epilogue.as_slice(),
+        [Inst {
+            op: ScalarOp::Acc(0),
+            ..
+        }]
+    )
 }
 
 /// A contraction's epilogue as a loop kernel that reads the contraction result from the
@@ -167,7 +251,7 @@ pub fn epilogue_kernel(c: &ContractionKernel, out: BufferId, buffers: &[Buffer])
         .epilogue
         .iter()
         .map(|i| match i.op {
-            ScalarOp::Acc => Inst {
+            ScalarOp::Acc(_) => Inst {
                 op: ScalarOp::Load(acc),
                 dtype: i.dtype,
             },
@@ -177,7 +261,8 @@ pub fn epilogue_kernel(c: &ContractionKernel, out: BufferId, buffers: &[Buffer])
     LoopKernel {
         shape: c.shape.clone(),
         loads,
-        reduce: None,
+        outer: c.shape.len(),
+        reduce: Vec::new(),
         body,
     }
 }

@@ -815,6 +815,62 @@ fn softmax_layer_norm_and_gelu_are_compiled() {
     }
 }
 
+/// The row steps of a compiled model: `(rows, per-row iterations of each piece)`.
+fn row_steps(c: &Compiled) -> Vec<(u64, Vec<u64>)> {
+    c.lowered
+        .cpu
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Rows { rows, pieces, .. } => Some((*rows, pieces.iter().map(|p| p.per_row).collect())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn staged_kernels_run_a_block_of_rows_at_a_time() {
+    let tol = Tol { rel: 1e-5, abs: 1e-6 };
+    let ln = |n| Composite::LayerNorm {
+        normalized_ndim: n,
+        epsilon: Float(1e-5),
+    };
+    // (composite, shape, rows): one kernel of stages each, rows aligned in every piece.
+    for (c, shape, rows) in [
+        (ln(1), &[64usize, 4, 96][..], 256u64),
+        (ln(2), &[64, 4, 96], 64),
+        (Composite::Softmax { axis: 2 }, &[64, 4, 96], 256),
+        (Composite::LogSoftmax { axis: 1 }, &[300, 33], 300),
+    ] {
+        let (g, x, w) = composite(c.clone(), shape);
+        let compiled = check_with(&g, &w, &x, tol, true);
+        let steps = row_steps(&compiled);
+        assert_eq!(steps.len(), 1, "{c:?}: {steps:?}\n{}", compiled.lowered.cpu.program);
+        let (r, per_row) = &steps[0];
+        assert_eq!(*r, rows, "{c:?}");
+        // Two stages then the epilogue; every piece runs whole rows.
+        assert_eq!(per_row.len(), 3, "{c:?}: {per_row:?}");
+        assert!(per_row.iter().all(|&p| p > 0), "{c:?}: {per_row:?}");
+    }
+    // Softmax over rows of a transposed input: the stages vectorize across rows (their
+    // reductions are strided), so the pieces run one after another (same results).
+    let mut g = Graph::new("softmax_t");
+    let xt = input(&mut g, "xt", DType::F32, &[24, 40]);
+    let x = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[xt]).unwrap();
+    let y = g.add_op1(Op::Composite(Composite::Softmax { axis: 1 }), &[x]).unwrap();
+    g.add_output("y", y).unwrap();
+    let compiled = check_with(
+        &g,
+        &Weights::new(),
+        &feeds(&[("xt", f32_data(&[24, 40], 5))]),
+        tol,
+        true,
+    );
+    let steps = row_steps(&compiled);
+    assert_eq!(steps.len(), 1, "{steps:?}\n{}", compiled.lowered.cpu.program);
+    assert!(steps[0].1.contains(&0), "{steps:?}");
+}
+
 // ---------------------------------------------------------------- inline math accuracy
 
 fn dense(lo: f32, hi: f32, n: usize) -> Vec<f32> {

@@ -31,6 +31,14 @@ pub enum PtxError {
     /// Some dims are still symbolic; generated code needs every size.
     #[error("the graph still has symbolic dims {}: bind them (e.g. `--bind {}=1`)", .0.join(", "), .0[0])]
     Symbolic(Vec<String>),
+    /// A kernel could not be prepared for code generation.
+    #[error("kernel `{kernel}`: {detail}")]
+    Kernel {
+        /// The kernel (or graph) name.
+        kernel: String,
+        /// What went wrong.
+        detail: String,
+    },
 }
 
 impl From<PtxError> for BackendError {
@@ -45,7 +53,14 @@ impl From<PtxError> for BackendError {
 
 /// Bind `bindings` in `graph`, run the standard passes and fuse (the CPU backend's pipeline).
 pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, PtxError> {
-    let program = oar_passes::fuse::lower_to_kernels(graph, bindings)?;
+    // Kernels with several reduction stages (layer_norm, softmax) run as plain pieces, stage
+    // results in scratch buffers (docs/PTX.md: one block per row is not generated yet).
+    let program = oar_passes::fuse::lower_to_kernels(graph, bindings)?
+        .split_stages()
+        .map_err(|detail| PtxError::Kernel {
+            kernel: graph.name().to_string(),
+            detail,
+        })?;
     let mut symbolic: Vec<String> = Vec::new();
     for b in &program.buffers {
         for d in b.ty.shape.dims() {

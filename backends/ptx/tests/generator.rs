@@ -67,7 +67,8 @@ fn exp_add_bias(dt: DType) -> KernelProgram {
                 },
             },
         ],
-        reduce: None,
+        outer: 2,
+        reduce: vec![],
         body,
     };
     program(
@@ -150,13 +151,14 @@ fn reduction_uses_warp_shuffles_and_shared_memory() {
                 axes: vec![AffineExpr::loop_index(0), AffineExpr::loop_index(2)],
             },
         }],
-        reduce: Some(Reduction {
+        outer: 2,
+        reduce: vec![Reduction {
             op: ReduceOp::Max,
             dims: dims(&[300]),
             body: vec![inst(ScalarOp::Load(0), DType::F32)],
-        }),
+        }],
         body: vec![
-            inst(ScalarOp::Acc, DType::F32),
+            inst(ScalarOp::Acc(0), DType::F32),
             inst(ScalarOp::Const(Float(0.0)), DType::F32),
             inst(ScalarOp::Binary(BinaryOp::Max, 0, 1), DType::F32),
         ],
@@ -198,12 +200,13 @@ fn f64_reduction_shuffles_both_halves() {
             buffer: BufferId(0),
             map: IndexMap::identity(&dims(&[2, 50])),
         }],
-        reduce: Some(Reduction {
+        outer: 1,
+        reduce: vec![Reduction {
             op: ReduceOp::Mean,
             dims: dims(&[50]),
             body: vec![inst(ScalarOp::Load(0), DType::F64)],
-        }),
-        body: vec![inst(ScalarOp::Acc, DType::F64)],
+        }],
+        body: vec![inst(ScalarOp::Acc(0), DType::F64)],
     };
     let p = program(
         vec![
@@ -247,7 +250,7 @@ fn matmul_is_a_shared_memory_tiled_kernel_with_its_epilogue() {
             },
         }],
         epilogue: vec![
-            inst(ScalarOp::Acc, DType::F32),
+            inst(ScalarOp::Acc(0), DType::F32),
             inst(ScalarOp::Load(0), DType::F32),
             inst(ScalarOp::Binary(BinaryOp::Add, 0, 1), DType::F32),
             inst(ScalarOp::Unary(UnaryOp::Tanh, 2), DType::F32),
@@ -313,7 +316,7 @@ fn conv_is_an_implicit_gemm_per_group() {
         acc_dtype: DType::F32,
         shape: dims(&[1, 6, 5, 5]),
         loads: vec![],
-        epilogue: vec![inst(ScalarOp::Acc, DType::F32)],
+        epilogue: vec![inst(ScalarOp::Acc(0), DType::F32)],
     };
     let p = program(
         vec![
@@ -534,7 +537,8 @@ fn integer_division_sets_the_error_word() {
                 map: IndexMap::identity(&dims(&[8])),
             },
         ],
-        reduce: None,
+        outer: 1,
+        reduce: vec![],
         body: vec![
             inst(ScalarOp::Load(0), DType::I32),
             inst(ScalarOp::Load(1), DType::I32),

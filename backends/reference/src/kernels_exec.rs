@@ -252,7 +252,7 @@ impl<'p> Exec<'p> {
     }
 
     /// Evaluate an SSA body over an iteration space; the result has that shape.
-    fn body(&self, s: &Site, body: &[Inst], loads: &[Load], dims: &[usize], acc: Option<&Value>) -> Res<Value> {
+    fn body(&self, s: &Site, body: &[Inst], loads: &[Load], dims: &[usize], accs: &[Value]) -> Res<Value> {
         let mut vals: Vec<Value> = Vec::with_capacity(body.len());
         let mut gathered: BTreeMap<usize, Value> = BTreeMap::new();
         for (i, inst) in body.iter().enumerate() {
@@ -270,7 +270,10 @@ impl<'p> Exec<'p> {
                     gathered[l].clone()
                 }
                 ScalarOp::Const(c) => constant(inst.dtype, c.0),
-                ScalarOp::Acc => acc.cloned().ok_or_else(|| s.err("acc outside an epilogue"))?,
+                ScalarOp::Acc(n) => accs
+                    .get(*n)
+                    .cloned()
+                    .ok_or_else(|| s.err(format!("acc{n} is not computed before this body")))?,
                 ScalarOp::Unary(u, a) => elementwise::unary(&s, *u, arg(*a)?)?,
                 ScalarOp::Binary(b, x, y) => elementwise::binary(&s, *b, arg(*x)?, arg(*y)?)?,
                 ScalarOp::Where(c, a, b) => elementwise::select(&s, arg(*c)?, arg(*a)?, arg(*b)?)?,
@@ -294,19 +297,29 @@ impl<'p> Exec<'p> {
         let out = match &k.body {
             KernelBody::Loop(l) => {
                 let dims = resolve(&s, &l.shape, &self.binds)?;
-                let acc = match &l.reduce {
-                    Some(r) => {
-                        let red = resolve(&s, &r.dims, &self.binds)?;
-                        let all: Vec<usize> = dims.iter().chain(&red).copied().collect();
-                        let v = self.body(&s, &r.body, &l.loads, &all, None)?;
-                        let axes: Vec<usize> = (dims.len()..all.len()).collect();
-                        let mut acc = reduce::reduce(&s, r.op, &v, &axes, false)?;
-                        acc.normalize();
-                        Some(acc)
-                    }
-                    None => None,
-                };
-                self.body(&s, &l.body, &l.loads, &dims, acc.as_ref())?
+                let outer = dims
+                    .get(..l.outer)
+                    .ok_or_else(|| s.err(format!("{} outer loops in a rank-{} kernel", l.outer, dims.len())))?;
+                // Stage results have the outer shape; bodies see them with unit reduction axes.
+                let mut accs: Vec<Value> = Vec::with_capacity(l.reduce.len());
+                for r in &l.reduce {
+                    let red = resolve(&s, &r.dims, &self.binds)?;
+                    let all: Vec<usize> = outer.iter().chain(&red).copied().collect();
+                    let seen = accs
+                        .iter()
+                        .map(|a| unit_axes(&s, a, red.len()))
+                        .collect::<Res<Vec<_>>>()?;
+                    let v = self.body(&s, &r.body, &l.loads, &all, &seen)?;
+                    let axes: Vec<usize> = (outer.len()..all.len()).collect();
+                    let mut acc = reduce::reduce(&s, r.op, &v, &axes, false)?;
+                    acc.normalize();
+                    accs.push(acc);
+                }
+                let seen = accs
+                    .iter()
+                    .map(|a| unit_axes(&s, a, dims.len() - outer.len()))
+                    .collect::<Res<Vec<_>>>()?;
+                self.body(&s, &l.body, &l.loads, &dims, &seen)?
             }
             KernelBody::Contraction(c) => {
                 let lhs = self.gather(&s, &c.lhs.load, &resolve(&s, &c.lhs.shape, &self.binds)?)?;
@@ -334,7 +347,7 @@ impl<'p> Exec<'p> {
                 };
                 acc.normalize();
                 let dims = resolve(&s, &c.shape, &self.binds)?;
-                self.body(&s, &c.epilogue, &c.loads, &dims, Some(&acc))?
+                self.body(&s, &c.epilogue, &c.loads, &dims, std::slice::from_ref(&acc))?
             }
             KernelBody::Opaque(o) => {
                 let mut g = Graph::new(&k.name);
@@ -381,6 +394,12 @@ impl<'p> Exec<'p> {
             _ => Err(s.err("a loop or contraction kernel writes exactly one buffer")),
         }
     }
+}
+
+/// `v` with `n` trailing axes of size 1 (a stage result seen from inner loops).
+fn unit_axes(s: &Site, v: &Value, n: usize) -> Res<Value> {
+    let shape: Vec<usize> = v.shape().iter().copied().chain(std::iter::repeat_n(1, n)).collect();
+    movement::reshape(s, v, &shape)
 }
 
 /// A 0-d value of `dtype` holding `c`.

@@ -25,7 +25,8 @@ fn program() -> KernelProgram {
                 buffer: BufferId(from),
                 map: IndexMap::identity(TensorType::of(DType::F32, &[3]).shape.dims()),
             }],
-            reduce: None,
+            outer: 1,
+            reduce: vec![],
             body: vec![
                 Inst {
                     op: ScalarOp::Load(0),

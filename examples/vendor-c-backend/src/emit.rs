@@ -94,7 +94,7 @@ fn body(out: &mut String, p: &KernelProgram, insts: &[Inst], loads: &[Load], var
         let expr = match &inst.op {
             ScalarOp::Load(l) => load(p, loads.get(*l).ok_or("load out of range")?, vars)?,
             ScalarOp::Const(c) => const_literal(inst.dtype, c.0),
-            ScalarOp::Acc => "acc".into(),
+            ScalarOp::Acc(_) => "acc".into(), // plain kernels: one reduction
             ScalarOp::Unary(op, a) => helper("U", op.name(), dt(*a)?, &v(*a))?,
             ScalarOp::Binary(op, a, b) => helper("B", op.name(), dt(*a)?, &format!("{}, {}, &e", v(*a), v(*b)))?,
             ScalarOp::Where(c, a, b) => format!("({} ? {} : {})", v(*c), v(*a), v(*b)),
@@ -126,6 +126,7 @@ fn emit_kernel(p: &KernelProgram, ki: usize, out: &mut String) -> R<String> {
     let out_ty = c_type(p.buffer(out_buf).ty.dtype)?;
     let mut s = format!("int oar_k{ki}(void **b) {{\n  int e = 0; (void)e;\n");
     let (shape, loads, epilogue) = match &k.body {
+        KernelBody::Loop(l) if !l.is_plain() => return Err("reduction stages (split them first)".into()),
         KernelBody::Loop(l) => (&l.shape, &l.loads, &l.body),
         KernelBody::Contraction(c) => (&c.shape, &c.loads, &c.epilogue),
         KernelBody::Opaque(o) => return Err(format!("opaque op `{}`", o.op.name())),
@@ -135,8 +136,8 @@ fn emit_kernel(p: &KernelProgram, ki: usize, out: &mut String) -> R<String> {
     let ivars = loop_vars(rank);
     open_loops(&mut s, "i", 0, &shape);
     match &k.body {
-        KernelBody::Loop(l) if l.reduce.is_some() => {
-            let red = l.reduce.as_ref().ok_or("no reduction")?;
+        KernelBody::Loop(l) if !l.reduce.is_empty() => {
+            let red = l.reduce.first().ok_or("no reduction")?;
             let dims = static_dims(&red.dims)?;
             let rdt = red.body.last().ok_or("empty reduction")?.dtype;
             let (float, count) = (rdt.is_float(), dims.iter().product::<i64>());

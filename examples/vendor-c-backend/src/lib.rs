@@ -82,7 +82,9 @@ impl CExecutable {
 
 /// Fuse with the standard pipeline, emit one C file, compile and load it.
 fn compile_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Compiled, BackendError> {
-    let program = oar::lowering::kernel_program(graph, bindings)?;
+    // Kernels with several reduction stages (layer_norm) as plain pieces: one reduction each.
+    let program = oar::lowering::kernel_program(graph, bindings)?.split_stages();
+    let program = program.map_err(|e| runtime_err("split_stages", graph.name(), e))?;
     let (source, symbols) = emit::emit_program(&program);
     let (mut fns, mut lib) = (Vec::new(), None);
     for sym in &symbols {

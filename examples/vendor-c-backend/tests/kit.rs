@@ -22,6 +22,13 @@ fn loop_and_contraction_kernels_are_emitted_as_c() {
     let spec = oar::jit::InputSpec::new(&[None, Some(8)], oar::DType::F32, "x");
     let f = oar::jit::to_static(|xs| Ok(vec![softmax(&mlp.forward(&xs[0])?, -1)?]), &[spec]).unwrap();
     let program = oar::lowering::kernel_program(f.graph(), &[("N".to_string(), 3)].into()).unwrap();
+    // The softmax is one kernel with two reduction stages; this backend emits plain pieces.
+    let (_, symbols) = oar_example_vendor_c::emit::emit_program(&program);
+    assert!(
+        symbols.iter().any(|s| s.is_err()),
+        "a staged kernel must not be emitted as is"
+    );
+    let program = program.split_stages().unwrap();
     let (source, symbols) = oar_example_vendor_c::emit::emit_program(&program);
     let (loops, contractions, _) = program.kernel_counts();
     let emitted = symbols.iter().filter(|s| s.is_ok()).count();

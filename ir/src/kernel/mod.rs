@@ -5,8 +5,10 @@
 //! opaque kernels, several). Kernels come in three kinds:
 //!
 //! - [`LoopKernel`]: a loop nest over an output shape, inputs read through affine
-//!   [`IndexMap`]s, a scalar SSA body ([`Inst`]), and an optional reduction over extra inner
-//!   loops whose result the body reads as [`ScalarOp::Acc`] (so the body is then the epilogue).
+//!   [`IndexMap`]s, a scalar SSA body ([`Inst`]), and optional reduction stages computed per
+//!   point of the leading (outer) output loops, whose results the body reads as
+//!   [`ScalarOp::Acc`] (so the body is then the epilogue). A backend without stage support
+//!   runs [`LoopKernel::split_stages`]' plain pieces.
 //! - [`ContractionKernel`]: an anchor (matmul or conv) whose operands are read through index
 //!   maps, with a fused elementwise epilogue in the same scalar language.
 //! - [`OpaqueKernel`]: one IR op that does not fit the loop form (gather, pad, concat, iota, ...).
@@ -15,8 +17,10 @@
 
 mod plan;
 mod print;
+mod stages;
 
 pub use plan::MemoryPlan;
+pub use stages::Piece;
 
 use crate::ops::{BinaryOp, Float, Op, ReduceOp, UnaryOp};
 use crate::{DType, Dim, TensorData, TensorType};
@@ -168,8 +172,9 @@ pub enum ScalarOp {
     Load(usize),
     /// A constant, converted to the instruction's dtype.
     Const(Float),
-    /// The result of the kernel's reduction or contraction at the current output point.
-    Acc,
+    /// The result of reduction stage `n` of a loop kernel (at the current outer point), or
+    /// with `n == 0` the contraction result of a contraction kernel (at the output point).
+    Acc(usize),
     /// Elementwise unary op.
     Unary(UnaryOp, usize),
     /// Elementwise binary op (operands of the same dtype).
@@ -190,28 +195,41 @@ pub struct Inst {
     pub dtype: DType,
 }
 
-/// A reduction over inner loops `rank..rank + dims.len()` (after the output loops).
+/// One reduction stage of a [`LoopKernel`]: a reduction over the loops
+/// `outer..outer + dims.len()`, which follow the kernel's `outer` leading output loops.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Reduction {
     /// sum, max, min, prod or mean.
     pub op: ReduceOp,
     /// Extents of the reduction loops.
     pub dims: Vec<Dim>,
-    /// The value reduced, evaluated at every (output, reduction) loop point; the last
-    /// instruction is the value. Its dtype is the accumulator's (the reduction result's) dtype.
+    /// The value reduced, evaluated at every (outer, reduction) loop point; it may read the
+    /// results of earlier stages as [`ScalarOp::Acc`]. The last instruction is the value; its
+    /// dtype is the accumulator's (the stage result's) dtype.
     pub body: Vec<Inst>,
 }
 
 /// A loop nest over `shape` writing one output buffer of that shape (row-major), element by
-/// element: `out[i] = body(i)`; with a reduction, `out[i] = body(i, acc = reduce_j red.body(i, j))`.
+/// element: `out[i] = body(i)`.
+///
+/// With reduction stages, for every point `o` of the first `outer` output loops the stages run
+/// in order, `acc[s](o) = reduce_j reduce[s].body(o, j, acc[..s](o))`, and then
+/// `out[o, i] = body(o, i, acc(o))` for every point `i` of the remaining output loops. One
+/// stage with `outer == rank` is a plain reduction (`sum(x, axis=1)`); several stages over the
+/// rows of the output make a normalization one kernel (layer_norm: mean, variance, then the
+/// normalized row).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LoopKernel {
     /// The output (iteration) shape; loop `l < rank` runs over `shape[l]`.
     pub shape: Vec<Dim>,
-    /// Buffers read. Loads used by `body` only name output loops.
+    /// Buffers read. Loads used by `body` only name output loops; loads used by a stage name
+    /// the outer loops and that stage's reduction loops.
     pub loads: Vec<Load>,
-    /// Optional reduction; the body reads its result as [`ScalarOp::Acc`].
-    pub reduce: Option<Reduction>,
+    /// How many leading output loops the reduction stages are computed per (`<= rank`; equal
+    /// to `rank` when there are none).
+    pub outer: usize,
+    /// Reduction stages, in order; the body reads stage `s`'s result as `Acc(s)`.
+    pub reduce: Vec<Reduction>,
     /// The value stored at each output point (the epilogue when there is a reduction); the
     /// last instruction is the value.
     pub body: Vec<Inst>,
@@ -269,7 +287,8 @@ pub struct ContractionKernel {
 /// One IR op run as is (no fusion): its operands and results are whole buffers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpaqueKernel {
-    /// The op (never a composite: fusion runs on primitives).
+    /// The op: a primitive that does not fit the loop form, or a composite the backend asked
+    /// to keep (`oar_passes::fuse::fuse_keeping`).
     pub op: Op,
     /// Operand buffers, in operand order.
     pub inputs: Vec<BufferId>,

@@ -45,7 +45,8 @@ impl Display for ScalarOp {
         match self {
             ScalarOp::Load(l) => write!(f, "load l{l}"),
             ScalarOp::Const(c) => write!(f, "const {c}"),
-            ScalarOp::Acc => f.write_str("acc"),
+            ScalarOp::Acc(0) => f.write_str("acc"),
+            ScalarOp::Acc(n) => write!(f, "acc{n}"),
             ScalarOp::Unary(u, a) => write!(f, "{} %{a}", u.name()),
             ScalarOp::Binary(b, x, y) => write!(f, "{} %{x}, %{y}", b.name()),
             ScalarOp::Where(c, a, b) => write!(f, "where %{c}, %{a}, %{b}"),
@@ -93,19 +94,26 @@ impl Display for Kernel {
         match &self.body {
             KernelBody::Loop(k) => {
                 write!(f, "  {}: loop {}", self.name, dims(&k.shape))?;
-                if let Some(r) = &k.reduce {
+                if k.outer != k.shape.len() {
+                    write!(f, " rows {}", dims(&k.shape[..k.outer.min(k.shape.len())]))?;
+                }
+                for r in &k.reduce {
                     write!(f, " {} over {}", r.op.name(), dims(&r.dims))?;
                 }
                 writeln!(f, " -> {outs}")?;
                 loads(f, &k.loads)?;
-                if let Some(r) = &k.reduce {
-                    writeln!(f, "    reduce:")?;
-                    insts(f, "      ", &r.body)?;
-                    writeln!(f, "    epilogue:")?;
-                    insts(f, "      ", &k.body)
-                } else {
-                    insts(f, "    ", &k.body)
+                if k.reduce.is_empty() {
+                    return insts(f, "    ", &k.body);
                 }
+                for (s, r) in k.reduce.iter().enumerate() {
+                    match s {
+                        0 => writeln!(f, "    reduce:")?,
+                        _ => writeln!(f, "    reduce acc{s}:")?,
+                    }
+                    insts(f, "      ", &r.body)?;
+                }
+                writeln!(f, "    epilogue:")?;
+                insts(f, "      ", &k.body)
             }
             KernelBody::Contraction(k) => {
                 writeln!(

@@ -183,6 +183,21 @@ fn step_listing(lowered: &Lowered) -> String {
                     None => String::new(),
                 }
             ),
+            Step::Rows { kernel, rows, pieces } => format!(
+                "kernel {kernel} `{}`: {} reduction stages then the epilogue over {rows} rows, {}: functions {}",
+                p.kernels[*kernel as usize].name,
+                pieces.len() - 1,
+                if pieces.iter().all(|x| x.per_row > 0) {
+                    "a block of rows at a time"
+                } else {
+                    "one piece after another"
+                },
+                pieces
+                    .iter()
+                    .map(|x| format!("{} `{}`", x.call.func, lowered.funcs[x.call.func as usize].name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Step::Native { kernel } => format!(
                 "kernel {kernel} `{}`: native copy in the runtime",
                 p.kernels[*kernel as usize].name
@@ -207,6 +222,9 @@ pub fn clif_listing(lowered: &Lowered) -> Result<String, CpuError> {
     for (i, ((_, clif), spec)) in funcs.iter().zip(&lowered.funcs).enumerate() {
         let kernel = lowered.cpu.steps.iter().find_map(|st| match st {
             Step::Loop { kernel, call } if call.func as usize == i => Some((*kernel, "loop kernel")),
+            Step::Rows { kernel, pieces, .. } if pieces.iter().any(|x| x.call.func as usize == i) => {
+                Some((*kernel, "piece of staged kernel"))
+            }
             Step::Contraction {
                 kernel,
                 epilogue: Some(c),

@@ -66,7 +66,7 @@ impl<'a, 'f> Em<'a, 'f> {
         math: HashMap<String, FuncRef>,
         fma: bool,
     ) -> Self {
-        let nred = kernel.reduce.as_ref().map_or(0, |r| r.body.len());
+        let nred = kernel.reduce.first().map_or(0, |r| r.body.len());
         Em {
             b,
             plan,
@@ -78,7 +78,7 @@ impl<'a, 'f> Em<'a, 'f> {
             idx: vec![None; plan.inner().len()],
             env_red: vec![None; nred],
             env_epi: vec![None; kernel.body.len()],
-            const_red: kernel.reduce.as_ref().map_or(Vec::new(), |r| consts(&r.body)),
+            const_red: kernel.reduce.first().map_or(Vec::new(), |r| consts(&r.body)),
             const_epi: consts(&kernel.body),
         }
     }
@@ -335,7 +335,7 @@ impl<'a, 'f> Em<'a, 'f> {
 
     fn body(&self, which: Body) -> &'a [Inst] {
         match which {
-            Body::Red => &self.kernel.reduce.as_ref().expect("a reduction").body,
+            Body::Red => &self.kernel.reduce.first().expect("a reduction").body,
             Body::Epi => &self.kernel.body,
         }
     }
@@ -371,7 +371,7 @@ impl<'a, 'f> Em<'a, 'f> {
                     lanes: 1,
                     v: vec![self.constant(inst.dtype, c.0, 1)],
                 },
-                ScalarOp::Acc => acc.cloned().expect("acc is given to the epilogue"),
+                ScalarOp::Acc(_) => acc.cloned().expect("acc is given to the epilogue"),
                 op => self.compute(which, op, inst.dtype),
             };
             let env = match which {

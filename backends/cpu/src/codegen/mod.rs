@@ -70,6 +70,28 @@ pub fn analyze(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<(u64
     Ok((p.extent, p.cost))
 }
 
+/// [`analyze`] for a piece of a kernel with reduction stages over `rows` outer points:
+/// `(outer extent, cost per outer iteration, outer iterations per row)`, the last 0 when the
+/// function's outer index does not run over whole rows in order.
+pub fn analyze_rows(k: &LoopKernel, out: BufferId, buffers: &[Buffer], rows: u64) -> Result<(u64, u64, u64), String> {
+    let p = plan::plan(k, out, buffers)?;
+    // The outer index is row-major over `p.outer` (then the vector loop's blocks); the rows
+    // are the leading loops when a prefix of them spans exactly `rows` points.
+    let mut span = 1u64;
+    let mut per_row = if rows == 1 { p.extent } else { 0 };
+    for l in &p.outer {
+        span = span.saturating_mul(l.n);
+        if span == rows && rows > 1 {
+            per_row = p.extent / rows;
+            break;
+        }
+        if span > rows {
+            break;
+        }
+    }
+    Ok((p.extent, p.cost, per_row))
+}
+
 /// Declare and define `spec` in `module`; returns its id and, if `want_clif`, its CLIF text
 /// (as generated, before Cranelift's optimizations; the function is named after the spec).
 pub fn define_function<M: Module>(
@@ -98,7 +120,7 @@ pub fn define_function<M: Module>(
     // Runtime math functions.
     let mut calls = Vec::new();
     ops::math_calls(&spec.kernel.body, plan.poly, &mut calls);
-    if let Some(r) = &spec.kernel.reduce {
+    if let Some(r) = spec.kernel.reduce.first() {
         ops::math_calls(&r.body, plan.poly, &mut calls);
     }
     let mut math = HashMap::new();

@@ -168,7 +168,8 @@ fn check_body(body: &[Inst], loads: &[Access], acc: Option<DType>, what: &str) -
                 None => return bad(&format!("no load l{l}")),
             },
             ScalarOp::Const(_) => {}
-            ScalarOp::Acc => match acc {
+            ScalarOp::Acc(n) if *n > 0 => return bad(&format!("acc{n} (reduction stages are split first)")),
+            ScalarOp::Acc(_) => match acc {
                 Some(a) if a == dt => {}
                 Some(a) => return bad(&format!("acc is {a}, not {dt}")),
                 None => return bad("acc outside an epilogue"),
@@ -247,7 +248,7 @@ fn uniform(body: &[Inst], uniform_load: &[bool]) -> Vec<bool> {
         let v = match &inst.op {
             ScalarOp::Load(l) => uniform_load[*l],
             ScalarOp::Const(_) => true,
-            ScalarOp::Acc => false,
+            ScalarOp::Acc(_) => false,
             ScalarOp::Unary(_, a) | ScalarOp::Cast(a) => u[*a],
             ScalarOp::Binary(_, a, b) => u[*a] && u[*b],
             ScalarOp::Where(c, a, b) => u[*c] && u[*a] && u[*b],
@@ -294,9 +295,11 @@ fn vectorizable(body: &[Inst], w: usize, uni: &[bool]) -> bool {
                 !matches!(op, BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min)
             }
             ScalarOp::Unary(UnaryOp::Abs | UnaryOp::Sign, a) => body[*a].dtype != DType::I64,
-            ScalarOp::Unary(..) | ScalarOp::Binary(..) | ScalarOp::Const(_) | ScalarOp::Acc | ScalarOp::Where(..) => {
-                true
-            }
+            ScalarOp::Unary(..)
+            | ScalarOp::Binary(..)
+            | ScalarOp::Const(_)
+            | ScalarOp::Acc(_)
+            | ScalarOp::Where(..) => true,
         }
     })
 }
@@ -305,7 +308,7 @@ fn vectorizable(body: &[Inst], w: usize, uni: &[bool]) -> bool {
 fn body_cost(body: &[Inst]) -> u64 {
     body.iter()
         .map(|i| match &i.op {
-            ScalarOp::Const(_) | ScalarOp::Acc => 0,
+            ScalarOp::Const(_) | ScalarOp::Acc(_) => 0,
             ScalarOp::Unary(op, _) => match op {
                 UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf => 20,
                 UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => 4,
@@ -337,7 +340,14 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         return Err(format!("kernel shape {shape:?} differs from the output's {oshape:?}"));
     }
     let rank = shape.len();
-    let (rdims, red) = match &k.reduce {
+    if !k.is_plain() {
+        return Err(format!(
+            "{} reduction stages per {} outer loops (split them with LoopKernel::split_stages)",
+            k.reduce.len(),
+            k.outer
+        ));
+    }
+    let (rdims, red) = match k.reduce.first() {
         Some(r) => {
             let d = static_dims(&r.dims, "the reduction")?;
             let dt = r.body.last().map(|i| i.dtype).ok_or("empty reduction body")?;
@@ -432,7 +442,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     let loads = &acc[..k.loads.len()];
     let acc_dt = red.map(|r| r.dtype);
     check_body(&k.body, loads, acc_dt, "body")?;
-    if let Some(r) = &k.reduce {
+    if let Some(r) = k.reduce.first() {
         check_body(&r.body, loads, None, "reduction body")?;
     }
     let out_dt = k.body.last().map(|i| i.dtype).ok_or("empty body")?;
@@ -448,7 +458,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     let poly = poly_enabled();
     let numel: u64 = shape.iter().product();
     let per_red = red.map_or(0, |r| r.count);
-    let cost_red = k.reduce.as_ref().map_or(0, |r| body_cost(&r.body));
+    let cost_red = k.reduce.first().map_or(0, |r| body_cost(&r.body));
     let cost_body = body_cost(&k.body) + 1;
     let n_acc = acc.len();
     let mk = |idx: &[usize]| -> Vec<Lp> {
@@ -478,7 +488,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             extent: 0,
             cost: 0,
             lvl_body: vec![0; k.body.len()],
-            lvl_red: vec![0; k.reduce.as_ref().map_or(0, |r| r.body.len())],
+            lvl_red: vec![0; k.reduce.first().map_or(0, |r| r.body.len())],
             vlevel: 2,
             poly,
         });
@@ -517,7 +527,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     // Vectorization: one lane width for every value (bools become lane masks).
     let used_red = k
         .reduce
-        .as_ref()
+        .first()
         .map_or(vec![false; k.loads.len()], |r| loads_used(&r.body, k.loads.len()));
     let any_used: Vec<bool> = used_red.iter().zip(&used_body).map(|(a, b)| *a || *b).collect();
     // Loads of one element for every iteration (all coefficients 0) are loop-invariant.
@@ -525,11 +535,8 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         .map(|a| outl.iter().chain(&redl).all(|l| l.coef[a] == 0))
         .collect();
     let uni_body = uniform(&k.body, &uniform_load);
-    let uni_red = k
-        .reduce
-        .as_ref()
-        .map_or(Vec::new(), |r| uniform(&r.body, &uniform_load));
-    let varying_red = k.reduce.as_ref().map_or(vec![false; k.loads.len()], |r| {
+    let uni_red = k.reduce.first().map_or(Vec::new(), |r| uniform(&r.body, &uniform_load));
+    let varying_red = k.reduce.first().map_or(vec![false; k.loads.len()], |r| {
         varying_loads(&r.body, &uni_red, k.loads.len())
     });
     let varying_any: Vec<bool> = varying_loads(&k.body, &uni_body, k.loads.len())
@@ -563,9 +570,9 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         && (lane_dtype(out_dt) || out_dt == DType::Bool)
         && loads_ok(&varying_any, w_out)
         && vectorizable(&k.body, w_out, &uni_body)
-        && k.reduce.as_ref().is_none_or(|r| vectorizable(&r.body, w_out, &uni_red));
+        && k.reduce.first().is_none_or(|r| vectorizable(&r.body, w_out, &uni_red));
     // Along the reduction: the reduction body only (the epilogue runs once per output).
-    let (inner_ok, w_red) = match (&k.reduce, red) {
+    let (inner_ok, w_red) = match (k.reduce.first(), red) {
         (Some(r), Some(rd)) => {
             let w = rd.dtype.size_bytes();
             (
@@ -621,7 +628,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             )
         })
     };
-    let is_heavy = heavy(&k.body) || k.reduce.as_ref().is_some_and(|r| heavy(&r.body));
+    let is_heavy = heavy(&k.body) || k.reduce.first().is_some_and(|r| heavy(&r.body));
     // Across outputs, four vectors cover a 64-byte line of f32 outputs per reduction step.
     let unroll: u8 = match (vec, is_heavy, mode) {
         (false, ..) => 1,
@@ -692,7 +699,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             let l = match &inst.op {
                 ScalarOp::Load(l) => load_level[*l],
                 ScalarOp::Const(_) => 0,
-                ScalarOp::Acc => acc_level,
+                ScalarOp::Acc(_) => acc_level,
                 ScalarOp::Unary(_, a) | ScalarOp::Cast(a) => lv[*a],
                 ScalarOp::Binary(_, a, b) => lv[*a].max(lv[*b]),
                 ScalarOp::Where(c, a, b) => lv[*c].max(lv[*a]).max(lv[*b]),
@@ -706,7 +713,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         _ => 1,
     };
     let lvl_body = levels(&k.body, acc_level);
-    let lvl_red = k.reduce.as_ref().map_or(Vec::new(), |r| levels(&r.body, 0));
+    let lvl_red = k.reduce.first().map_or(Vec::new(), |r| levels(&r.body, 0));
     Ok(Plan {
         acc,
         outer,

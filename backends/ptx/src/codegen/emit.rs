@@ -390,7 +390,8 @@ pub fn body(e: &mut Emitter, insts: &[Inst], env: &BodyEnv) -> GenResult<String>
                 }
             }
             ScalarOp::Const(c) => e.constant(dt, c.0),
-            ScalarOp::Acc => {
+            ScalarOp::Acc(n) if *n > 0 => return Err(format!("acc{n}: reduction stages are split first")),
+            ScalarOp::Acc(_) => {
                 let (a, adt) = env.acc.ok_or("`acc` in a body without an accumulator")?;
                 if adt == dt { a.to_string() } else { cast(e, adt, dt, a)? }
             }

@@ -35,12 +35,19 @@ pub fn loop_kernel(name: &str, k: &LoopKernel, out: BufferId, buffers: &[Buffer]
         .map(|l| LoadSrc::new(base_of(l.buffer), buffers[l.buffer.index()].ty.dtype, &l.map))
         .collect::<GenResult<Vec<_>>>()?;
     let out_base = base_of(out);
-    let error_word = emit::may_fail(&k.body) || k.reduce.as_ref().is_some_and(|r| emit::may_fail(&r.body));
+    let error_word = emit::may_fail(&k.body) || k.reduce.iter().any(|r| emit::may_fail(&r.body));
     if error_word {
         e.err = Some(e.param_ptr(name, params.len()));
     }
     let n_params = params.len() + usize::from(error_word);
-    let (text, launch) = match &k.reduce {
+    if !k.is_plain() {
+        return Err(format!(
+            "{} reduction stages per {} outer loops: split them first (KernelProgram::split_stages)",
+            k.reduce.len(),
+            k.outer
+        ));
+    }
+    let (text, launch) = match k.reduce.first() {
         None => {
             elementwise(&mut e, k, &shape, total, &loads, &out_base, out_dt)?;
             let blocks = total.div_ceil(u64::from(ELEMENTWISE_BLOCK)).clamp(1, MAX_GRID) as u32;
@@ -114,7 +121,7 @@ fn elementwise(
 
 /// Elements reduced per output element.
 fn reduce_len(k: &LoopKernel) -> GenResult<u64> {
-    let r = k.reduce.as_ref().ok_or("reduction kernel without a reduction")?;
+    let r = k.reduce.first().ok_or("reduction kernel without a reduction")?;
     Ok(static_dims(&r.dims)?.iter().map(|&d| d as u64).product())
 }
 
@@ -222,7 +229,7 @@ fn reduction(
     out_base: &str,
     out_dt: DType,
 ) -> GenResult<()> {
-    let red = k.reduce.as_ref().ok_or("reduction kernel without a reduction")?;
+    let red = k.reduce.first().ok_or("reduction kernel without a reduction")?;
     let rdims = static_dims(&red.dims)?;
     let rtotal: u64 = rdims.iter().map(|&d| d as u64).product();
     let acc_dt = red.body.last().ok_or("empty reduction body")?.dtype;
