@@ -51,6 +51,29 @@ const INDEXING: &str = r#"graph @indexing {
   output "t" = %t
 }"#;
 
+/// Normalization over rows: fusion makes one row kernel with two reduction stages.
+const ROWNORM: &str = r#"graph @rownorm {
+  %x = input "x" : f32[3,8]
+  %m = reduce_mean(%x) {axes = [1], keepdim = true} : f32[3,1]
+  %d = sub(%x, %m) : f32[3,8]
+  %q = mul(%d, %d) : f32[3,8]
+  %v = reduce_mean(%q) {axes = [1], keepdim = true} : f32[3,1]
+  %e = constant dense<0.00001> : f32[]
+  %ve = add(%v, %e) : f32[3,1]
+  %r = rsqrt(%ve) : f32[3,1]
+  %y = mul(%d, %r) : f32[3,8]
+  output "y" = %y
+}"#;
+
+/// The row kernels of `g` (loop kernels with at least two reduction stages).
+fn row_kernels(g: &Graph) -> usize {
+    let p = lower(g, &BTreeMap::new()).unwrap();
+    p.kernels
+        .iter()
+        .filter(|k| matches!(&k.body, oar_ir::kernel::KernelBody::Loop(l) if l.reduce.len() >= 2))
+        .count()
+}
+
 #[test]
 fn text_has_one_function_per_generated_kernel() {
     let g = graph(MIXED);
@@ -170,6 +193,18 @@ mod jit {
         ]
         .into();
         agree(&graph(MIXED), &ins, 1e-6);
+    }
+
+    #[test]
+    fn multi_stage_row_kernels_match_the_reference() {
+        let g = graph(ROWNORM);
+        assert_eq!(row_kernels(&g), 1, "{:?}", lower(&g, &BTreeMap::new()).unwrap());
+        let ins: BTreeMap<String, TensorData> = [(
+            "x".to_string(),
+            data(DType::F32, &[3, 8], |i| (i as f64 * 0.71).sin() * 2.0 + 0.3),
+        )]
+        .into();
+        agree(&g, &ins, 1e-6);
     }
 
     #[test]

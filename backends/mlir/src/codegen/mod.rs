@@ -401,13 +401,17 @@ fn store_output(f: &mut Func, out: BufferId, vars: &[String], v: &str) -> R<()> 
     f.store_at(out, &idx, v)
 }
 
-/// A loop kernel, written as the general "row kernel": loops `0..outer` enclose every stage;
-/// each reduction stage runs its own loops (numbered `outer..outer+dims.len()`), then the
-/// epilogue runs over loops `outer..rank`. Today's single reduction is `outer == rank`.
+/// A loop kernel ("row kernel"): loops `0..outer` enclose every stage; each reduction stage
+/// runs its own loops (numbered `outer..outer+dims.len()`, reading earlier stages as
+/// `Acc(t)`), then the epilogue runs over loops `outer..rank` and may read every stage.
 fn emit_loop(f: &mut Func, l: &LoopKernel, out: BufferId) -> R<()> {
     let shape = static_dims(&l.shape)?;
     let stages: Vec<&Reduction> = l.reduce.iter().collect();
-    let outer = shape.len(); // with multi-stage reductions: the kernel's `outer`
+    // Without stages every loop is parallel (on the GPU: one thread per output point).
+    let outer = if stages.is_empty() { shape.len() } else { l.outer };
+    if outer > shape.len() {
+        return unsupported(format!("outer {outer} > rank {}", shape.len()));
+    }
     let outer_vars = f.open_parallel(&shape[..outer]);
     let mut accs: Vec<(String, DType)> = Vec::new();
     for red in &stages {

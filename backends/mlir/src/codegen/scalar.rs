@@ -167,10 +167,10 @@ pub(crate) fn body(f: &mut Func, insts: &[Inst], s: &Scope) -> R<String> {
                 f.def(&format!("arith.constant {} : {}", float_literal(d, c.0), mlir_type(d)))
             }
             ScalarOp::Const(c) => iconst(f, d, c.0 as i64),
-            ScalarOp::Acc => match s.accs.first() {
+            ScalarOp::Acc(t) => match s.accs.get(*t) {
                 Some((v, ad)) if *ad == d => v.clone(),
                 Some((_, ad)) => return unsupported(format!("acc of {ad} read as {d}")),
-                None => return unsupported("acc outside an epilogue"),
+                None => return unsupported(format!("acc({t}) read before that stage")),
             },
             ScalarOp::Unary(op, a) => {
                 let (x, xd) = arg(*a)?;
