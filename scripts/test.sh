@@ -27,7 +27,7 @@ dpkg -s $MLIR_PKGS > /dev/null 2>&1 || { apt-get update -q && apt-get install -y
 export MLIR_SYS_190_PREFIX=/usr/lib/llvm-19 TABLEGEN_190_PREFIX=/usr/lib/llvm-19
 cargo clippy -p oar -p oar-backend-mlir --features mlir --all-targets --quiet -- -D warnings
 cargo test -p oar-backend-mlir --features mlir --quiet 2>&1 | tee -a target/test.log
-cargo test --features mlir --test conformance_mlir --test mlir_ptxas --quiet 2>&1 | tee -a target/test.log
+cargo test --features mlir --test conformance_mlir --test mlir_ptxas --test cli_compile_mlir --quiet 2>&1 | tee -a target/test.log
 echo "== onnx node tests"
 python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt
 python3 tools/gen_onnx_node_tests.py target/onnx-node-tests > /dev/null
