@@ -27,7 +27,9 @@ fn model(dir: &std::path::Path) -> String {
 fn compile_mlir_prints_the_module() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
-    let o = oar(&["compile", &m, "--target", "mlir", "--emit", "mlir", "--bind", "N=2", "-o", "-"]);
+    let o = oar(&[
+        "compile", &m, "--target", "mlir", "--emit", "mlir", "--bind", "N=2", "-o", "-",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("func.func @oar_k0("), "{text}");
@@ -35,7 +37,9 @@ fn compile_mlir_prints_the_module() {
     assert!(text.contains("memref<6xf32>"), "N bound to 2: {text}");
     let o = oar(&["compile", &m, "--target", "mlir", "-o", "-"]);
     assert_clean_error(&o, "bind");
-    let o = oar(&["compile", &m, "--target", "mlir", "--emit", "exe", "--bind", "N=2", "-o", "-"]);
+    let o = oar(&[
+        "compile", &m, "--target", "mlir", "--emit", "exe", "--bind", "N=2", "-o", "-",
+    ]);
     assert_clean_error(&o, "`mlir` or `llvm`");
     let o = oar(&["compile", &m, "--emit", "mlir", "-o", "-"]);
     assert_clean_error(&o, "--target mlir");
@@ -45,7 +49,9 @@ fn compile_mlir_prints_the_module() {
 fn compile_llvm_needs_the_feature_or_prints_llvm_ir() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
-    let o = oar(&["compile", &m, "--target", "mlir", "--emit", "llvm", "--bind", "N=2", "-o", "-"]);
+    let o = oar(&[
+        "compile", &m, "--target", "mlir", "--emit", "llvm", "--bind", "N=2", "-o", "-",
+    ]);
     if cfg!(feature = "mlir") {
         assert!(o.status.success(), "{}", stderr(&o));
         assert!(stdout(&o).contains("define i32 @oar_k0("), "{}", stdout(&o));
