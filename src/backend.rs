@@ -17,6 +17,9 @@ pub fn registry() -> &'static Registry {
         // Constructing it touches no driver (it cannot panic); without a GPU, compiling
         // reports `BackendError::Unavailable`.
         r.register(Arc::new(oar_backend_ptx::PtxBackend::new()));
+        // Built with the `mlir` feature only: it links LLVM/MLIR 19.
+        #[cfg(feature = "mlir")]
+        r.register(Arc::new(oar_backend_mlir::MlirBackend));
         r
     })
 }

@@ -1,6 +1,7 @@
 //! `oar compile`: ahead-of-time compilation of a model for the host CPU (a standalone
 //! executable, a shared library with a C header, an object file, or a CLIF listing), or for
-//! NVIDIA GPUs (the PTX module of its kernels).
+//! NVIDIA GPUs (the PTX module of its kernels), or (with the `mlir` feature) the MLIR module
+//! of its kernels and the LLVM IR MLIR lowers it to.
 
 use crate::{CliResult, load, parse_binds};
 use oar_backend_cpu::aot::{self, AotOptions, Emit, WeightsMode};
@@ -11,18 +12,20 @@ use std::path::PathBuf;
 pub(crate) struct CompileArgs {
     /// A `.oar` model or a `.oir` IR text file.
     pub file: PathBuf,
-    /// The target: `cpu` (the host CPU) or `ptx` (NVIDIA GPUs).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "ptx"])]
+    /// The target: `cpu` (the host CPU), `ptx` (NVIDIA GPUs) or `mlir` (the MLIR backend's
+    /// text; the binary must be built with `--features mlir` for `--emit llvm`).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "ptx", "mlir"])]
     pub target: String,
     /// What to write. cpu: a standalone executable (default), a shared library (+ C header),
     /// an object file (+ C header; link it with the runtime library), or the CLIF text of
     /// every kernel. ptx: the PTX module (default; kernels that run on the host are listed).
-    #[arg(long, value_parser = ["exe", "so", "obj", "clif", "ptx"])]
+    /// mlir: the MLIR module before lowering (`mlir`, default) or the LLVM IR after it (`llvm`).
+    #[arg(long, value_parser = ["exe", "so", "obj", "clif", "ptx", "mlir", "llvm"])]
     pub emit: Option<String>,
     /// The GPU architecture for `--target ptx`.
     #[arg(long, default_value = "sm_80", value_parser = ["sm_80", "sm_90"])]
     pub arch: String,
-    /// The file to write.
+    /// The file to write (`-`: standard output, for the text targets `ptx` and `mlir`).
     #[arg(long, short = 'o')]
     pub output: PathBuf,
     /// Bind a symbolic dim (`N=1`); every symbolic dim must be bound (repeatable).
@@ -42,9 +45,15 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
     if args.target == "ptx" {
         return compile_ptx(&args);
     }
+    if args.target == "mlir" {
+        return compile_mlir(&args);
+    }
     let emit = args.emit.as_deref().unwrap_or("exe");
-    if emit == "ptx" {
-        return Err("--emit ptx needs --target ptx".to_string());
+    if matches!(emit, "ptx" | "mlir" | "llvm") {
+        return Err(format!(
+            "--emit {emit} needs --target {}",
+            if emit == "ptx" { "ptx" } else { "mlir" }
+        ));
     }
     let model = load(&args.file)?;
     let emit: Emit = emit.parse()?;
@@ -86,8 +95,9 @@ fn compile_ptx(args: &CompileArgs) -> CliResult<()> {
     let (program, module) = oar_backend_ptx::compile_to_ptx(&model.graph, &bindings, arch)
         .map_err(|e| format!("{}: {e}", args.file.display()))?;
     let text = module.text();
-    std::fs::write(&args.output, &text).map_err(|e| format!("{}: {e}", args.output.display()))?;
-    println!("wrote {} ({})", args.output.display(), human(text.len() as u64));
+    if write_text(&args.output, &text)? {
+        return Ok(());
+    }
     let host = module.host_steps();
     println!(
         "{} kernels: {} PTX entries for {arch}, {} on the host",
@@ -98,6 +108,35 @@ fn compile_ptx(args: &CompileArgs) -> CliResult<()> {
     for (k, reason) in host {
         println!("  host `{}`: {reason}", program.kernels[k].name);
     }
+    Ok(())
+}
+
+/// Write `text` to `path` and say so, or print it when `path` is `-` (returns true then).
+fn write_text(path: &std::path::Path, text: &str) -> CliResult<bool> {
+    if path.as_os_str() == "-" {
+        print!("{text}");
+        return Ok(true);
+    }
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("wrote {} ({})", path.display(), human(text.len() as u64));
+    Ok(false)
+}
+
+/// `--target mlir`: write the model's MLIR module (`--emit mlir`) or its LLVM IR (`--emit llvm`).
+fn compile_mlir(args: &CompileArgs) -> CliResult<()> {
+    let emit = args.emit.as_deref().unwrap_or("mlir");
+    let model = load(&args.file)?;
+    let bindings = parse_binds(&args.binds)?;
+    let fail = |e: oar_backend_mlir::MlirError| format!("{}: {e}", args.file.display());
+    let text = match emit {
+        "mlir" => oar_backend_mlir::emit_mlir(&model.graph, &bindings).map_err(fail)?,
+        #[cfg(feature = "mlir")]
+        "llvm" => oar_backend_mlir::emit_llvm(&model.graph, &bindings).map_err(fail)?,
+        #[cfg(not(feature = "mlir"))]
+        "llvm" => return Err("--emit llvm needs an oar built with `--features mlir` (LLVM/MLIR 19)".into()),
+        other => return Err(format!("--target mlir writes `mlir` or `llvm`, not `{other}`")),
+    };
+    write_text(&args.output, &text)?;
     Ok(())
 }
 
