@@ -4,20 +4,10 @@
 use oar::ir::{DType, Graph, Op, TensorType, Weights};
 use oar::tensor::apply_op;
 use std::collections::BTreeMap;
-use std::time::Instant;
 
-fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
-    f(); // warm up
-    let mut t: Vec<f64> = (0..runs)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
-}
+#[path = "timing.rs"]
+mod timing;
+use timing::median_secs;
 
 fn main() -> oar::Result<()> {
     oar::seed(0);

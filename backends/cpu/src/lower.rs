@@ -43,16 +43,7 @@ pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Lowere
 
 /// Choose steps for an already fused program (every dim must be static).
 pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
-    let mut symbolic: Vec<String> = Vec::new();
-    for b in &program.buffers {
-        for d in b.ty.shape.dims() {
-            if let oar_ir::Dim::Sym(s) = d
-                && !symbolic.contains(s)
-            {
-                symbolic.push(s.clone());
-            }
-        }
-    }
+    let symbolic = program.symbolic_dims();
     if !symbolic.is_empty() {
         return Err(CpuError::Symbolic(symbolic));
     }
@@ -74,31 +65,17 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
             KernelBody::Loop(l) if !l.is_plain() => {
                 // Stage results go to scratch buffers after the arena's temporaries (live only
                 // while the kernel runs, so they never overlap a planned slot).
-                let scratch: Vec<BufferId> = l
-                    .stage_types()
-                    .into_iter()
-                    .enumerate()
-                    .map(|(s, ty)| {
-                        let id = BufferId(program.buffers.len() as u32);
-                        let size = ty.dtype.size_bytes() * ty.shape.as_static().map_or(0, |d| d.iter().product());
-                        let off = plan.arena_bytes.div_ceil(plan.alignment.max(1)) * plan.alignment.max(1);
-                        plan.offsets.insert(id, off);
-                        plan.sizes.insert(id, size);
-                        plan.arena_bytes = off + size;
-                        program.buffers.push(Buffer {
-                            kind: BufferKind::Temp,
-                            ty,
-                            value: format!("{}.acc{s}", k.name),
-                        });
-                        id
-                    })
-                    .collect();
+                let scratch = program.add_stage_buffers(&k.name, l);
+                for &id in &scratch {
+                    let b = program.buffer(id);
+                    let size = b.ty.dtype.size_bytes() * b.ty.shape.as_static().map_or(0, |d| d.iter().product());
+                    let off = plan.arena_bytes.div_ceil(plan.alignment.max(1)) * plan.alignment.max(1);
+                    plan.offsets.insert(id, off);
+                    plan.sizes.insert(id, size);
+                    plan.arena_bytes = off + size;
+                }
                 match rows_step(l, k.outputs[0], &scratch, &program.buffers) {
-                    Ok(pieces) => {
-                        let rows = l.shape[..l.outer]
-                            .iter()
-                            .map(|d| d.as_static().unwrap_or(0) as u64)
-                            .product();
+                    Ok((rows, pieces)) => {
                         let n = pieces.len();
                         let pieces = pieces
                             .into_iter()
@@ -188,24 +165,27 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
 
 type AnalyzedPiece = (LoopKernel, BufferId, (u64, u64, u64));
 
-/// The plain pieces of a kernel with reduction stages, each analyzed for row-block execution.
+/// The outer points (rows) of a kernel with reduction stages and its plain pieces, each
+/// analyzed for row-block execution.
 fn rows_step(
     l: &LoopKernel,
     out: BufferId,
     scratch: &[BufferId],
     buffers: &[Buffer],
-) -> Result<Vec<AnalyzedPiece>, String> {
+) -> Result<(u64, Vec<AnalyzedPiece>), String> {
     let rows: u64 = l.shape[..l.outer]
         .iter()
         .map(|d| d.as_static().map(|n| n as u64).ok_or("a symbolic row dim"))
         .product::<Result<u64, _>>()?;
-    l.split_stages(out, scratch)?
+    let pieces = l
+        .split_stages(out, scratch)?
         .into_iter()
         .map(|(piece, written)| {
             let a = codegen::analyze_rows(&piece, written, buffers, rows)?;
             Ok((piece, written, a))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok((rows, pieces))
 }
 
 fn sanitize(s: &str) -> String {

@@ -94,16 +94,7 @@ impl From<MlirError> for BackendError {
 /// Bind `bindings` in `graph`, run the standard passes and fuse.
 pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<KernelProgram, MlirError> {
     let program = oar_passes::fuse::lower_to_kernels(graph, bindings)?;
-    let mut symbolic: Vec<String> = Vec::new();
-    for b in &program.buffers {
-        for d in b.ty.shape.dims() {
-            if let oar_ir::Dim::Sym(s) = d
-                && !symbolic.contains(s)
-            {
-                symbolic.push(s.clone());
-            }
-        }
-    }
+    let symbolic = program.symbolic_dims();
     if !symbolic.is_empty() {
         return Err(MlirError::Symbolic(symbolic));
     }

@@ -61,16 +61,7 @@ pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Kernel
             kernel: graph.name().to_string(),
             detail,
         })?;
-    let mut symbolic: Vec<String> = Vec::new();
-    for b in &program.buffers {
-        for d in b.ty.shape.dims() {
-            if let oar_ir::Dim::Sym(s) = d
-                && !symbolic.contains(s)
-            {
-                symbolic.push(s.clone());
-            }
-        }
-    }
+    let symbolic = program.symbolic_dims();
     if !symbolic.is_empty() {
         return Err(PtxError::Symbolic(symbolic));
     }

@@ -364,6 +364,22 @@ impl KernelProgram {
             .collect()
     }
 
+    /// The symbolic dims left in any buffer's shape, in first-seen order (empty once every
+    /// dim is bound — what code generators that need static sizes check first).
+    pub fn symbolic_dims(&self) -> Vec<String> {
+        let mut symbolic: Vec<String> = Vec::new();
+        for b in &self.buffers {
+            for d in b.ty.shape.dims() {
+                if let Dim::Sym(s) = d
+                    && !symbolic.contains(s)
+                {
+                    symbolic.push(s.clone());
+                }
+            }
+        }
+        symbolic
+    }
+
     /// Number of kernels by kind: `(loop, contraction, opaque)`.
     pub fn kernel_counts(&self) -> (usize, usize, usize) {
         self.kernels.iter().fold((0, 0, 0), |(l, c, o), k| match k.body {

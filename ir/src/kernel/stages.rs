@@ -111,6 +111,23 @@ fn rebase(all: &[Load], body: &[Inst], scratch: &dyn Fn(usize) -> Load) -> Resul
 }
 
 impl KernelProgram {
+    /// New temporary buffers for the stage results of `l` (a loop kernel named `name`), of
+    /// [`LoopKernel::stage_types`], named `{name}.acc{s}`.
+    pub fn add_stage_buffers(&mut self, name: &str, l: &LoopKernel) -> Vec<BufferId> {
+        l.stage_types()
+            .into_iter()
+            .enumerate()
+            .map(|(s, ty)| {
+                self.buffers.push(Buffer {
+                    kind: BufferKind::Temp,
+                    ty,
+                    value: format!("{name}.acc{s}"),
+                });
+                BufferId(self.buffers.len() as u32 - 1)
+            })
+            .collect()
+    }
+
     /// This program with every multi-stage loop kernel split into plain pieces (see the module
     /// docs), stage results in new temporary buffers. Plain programs come back unchanged.
     pub fn split_stages(&self) -> Result<KernelProgram, String> {
@@ -133,19 +150,7 @@ impl KernelProgram {
                 .outputs
                 .first()
                 .ok_or_else(|| format!("{} writes no buffer", k.name))?;
-            let scratch: Vec<BufferId> = l
-                .stage_types()
-                .into_iter()
-                .enumerate()
-                .map(|(s, ty)| {
-                    p.buffers.push(Buffer {
-                        kind: BufferKind::Temp,
-                        ty,
-                        value: format!("{}.acc{s}", k.name),
-                    });
-                    BufferId(p.buffers.len() as u32 - 1)
-                })
-                .collect();
+            let scratch = p.add_stage_buffers(&k.name, l);
             let pieces = l.split_stages(out, &scratch).map_err(|e| format!("{}: {e}", k.name))?;
             let n = pieces.len();
             for (i, (kernel, written)) in pieces.into_iter().enumerate() {
