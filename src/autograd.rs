@@ -167,7 +167,7 @@ impl Tensor {
                 ));
             }
             Some(g) => g.detach(),
-            None => crate::tensor::full(&self.shape(), 1.0, self.dtype())?,
+            None => crate::tensor::full(&self.shape(), 1.0, self.dtype())?.to(&self.device())?,
         };
         let _mode = crate::autograd::no_grad();
         let Some((root, out)) = &self.0.creator else {

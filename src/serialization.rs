@@ -11,19 +11,19 @@ use std::path::Path;
 
 /// A value `oar::save` can write: a [`Tensor`] or a [`TensorData`].
 pub trait ToTensorData {
-    /// The value to write.
-    fn to_tensor_data(&self) -> TensorData;
+    /// The value to write (a device tensor is downloaded; a traced one is an error).
+    fn to_tensor_data(&self) -> Result<TensorData>;
 }
 
 impl ToTensorData for TensorData {
-    fn to_tensor_data(&self) -> TensorData {
-        self.clone()
+    fn to_tensor_data(&self) -> Result<TensorData> {
+        Ok(self.clone())
     }
 }
 
 impl ToTensorData for Tensor {
-    fn to_tensor_data(&self) -> TensorData {
-        self.data()
+    fn to_tensor_data(&self) -> Result<TensorData> {
+        self.try_data()
     }
 }
 
@@ -36,7 +36,10 @@ fn io_err(path: &Path, detail: impl std::fmt::Display) -> Error {
 
 /// Encode named tensors as safetensors bytes.
 pub fn to_safetensors_bytes<V: ToTensorData>(state: &BTreeMap<String, V>) -> Result<Vec<u8>> {
-    let weights = state.iter().map(|(k, v)| (k.clone(), v.to_tensor_data())).collect();
+    let weights = state
+        .iter()
+        .map(|(k, v)| Ok((k.clone(), v.to_tensor_data()?)))
+        .collect::<Result<_>>()?;
     encode_weights(&weights).map_err(|e| Error::invalid("save", e))
 }
 

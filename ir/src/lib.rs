@@ -6,6 +6,7 @@
 pub mod autodiff;
 pub mod backend;
 pub mod decompose;
+pub mod device;
 pub mod dot;
 pub mod dtype;
 pub mod emit;
@@ -23,6 +24,7 @@ pub mod text;
 pub mod verify;
 
 pub use backend::{Backend, BackendError, Executable, Registry, Weights};
+pub use device::{DeviceExecutable, DeviceMemory, DeviceRuntime, DeviceTensor};
 pub use dtype::DType;
 pub use emit::Emitter;
 pub use error::IrError;

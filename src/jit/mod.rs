@@ -194,9 +194,18 @@ impl StaticFunction {
         Ok(self)
     }
 
-    /// The parameters' current values.
+    /// The parameters' current values (see [`Tensor::data`]; [`StaticFunction::try_weights`]
+    /// reports a failed download of a device parameter instead).
     pub fn weights(&self) -> Weights {
         self.params.iter().map(|(k, t)| (k.clone(), t.data())).collect()
+    }
+
+    /// The parameters' current values, or the error of the first that cannot be read.
+    pub fn try_weights(&self) -> Result<Weights> {
+        self.params
+            .iter()
+            .map(|(k, t)| Ok((k.clone(), t.try_data()?)))
+            .collect()
     }
 
     /// Call with eager tensors, in the order of the input specs. Runs the graph on the
@@ -259,7 +268,7 @@ impl StaticFunction {
             }
         };
         for (name, t) in &self.params {
-            feeds.insert(format!("{PARAM_INPUT_PREFIX}{name}"), t.data());
+            feeds.insert(format!("{PARAM_INPUT_PREFIX}{name}"), t.try_data()?);
         }
         Ok(exe.run(&feeds)?)
     }
@@ -289,7 +298,7 @@ impl StaticFunction {
             if key.starts_with('@') {
                 continue;
             }
-            let d = t.data();
+            let d = t.try_data()?;
             let d = if key.ends_with(".step") {
                 TensorData::scalar(d.to_f64_vec()[0].round() as i64)
             } else {
@@ -304,7 +313,7 @@ impl StaticFunction {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let model = Model {
             graph: self.graph.clone(),
-            weights: self.weights(),
+            weights: self.try_weights()?,
         };
         model.save(path.as_ref()).map_err(|e| Error::Io {
             path: path.as_ref().display().to_string(),
@@ -320,7 +329,7 @@ fn write_back(graph: &Graph, outs: Vec<Tensor>, params: &BTreeMap<String, Tensor
         match o.name.strip_prefix(STATE_PREFIX) {
             Some(p) => {
                 if let Some(param) = params.get(p) {
-                    param.set_data(t.detach().data())?;
+                    param.set_data(t.try_data()?)?;
                 }
             }
             None => results.push(t),
@@ -415,7 +424,11 @@ impl TranslatedLayer {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let model = Model {
             graph: self.graph.clone(),
-            weights: self.params.iter().map(|(k, t)| (k.clone(), t.data())).collect(),
+            weights: self
+                .params
+                .iter()
+                .map(|(k, t)| Ok((k.clone(), t.try_data()?)))
+                .collect::<Result<_>>()?,
         };
         model.save(path.as_ref()).map_err(|e| Error::Io {
             path: path.as_ref().display().to_string(),

@@ -271,7 +271,7 @@ impl TraceCtx {
         } else if t.shape().iter().any(|&d| self.symbol_of(d).is_some()) {
             // Made with a traced size (e.g. zeros of the batch size): keep it symbolic when it
             // is a fill value, which is what such tensors are in practice.
-            let data = t.data();
+            let data = t.try_data()?;
             let vals = data.to_f64_vec();
             if vals.windows(2).any(|w| w[0].to_bits() != w[1].to_bits()) || vals.is_empty() {
                 return Err(Error::invalid(
@@ -290,7 +290,7 @@ impl TraceCtx {
                 &[s],
             )?
         } else {
-            g.add_constant(t.data())
+            g.add_constant(t.try_data()?)
         };
         self.captured
             .lock()

@@ -1,5 +1,6 @@
 //! The `Layer` trait: Paddle's `nn.Layer` / PyTorch's `nn.Module` for oar.
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use oar_ir::TensorData;
@@ -124,6 +125,19 @@ pub trait Layer {
         for (_, s) in self.sublayers_mut() {
             s.eval();
         }
+    }
+
+    /// Move every parameter and buffer to `device` in place (PyTorch `module.to(device)`,
+    /// Paddle `layer.to(device=...)`): the same handles, so optimizers built on
+    /// `parameters()` keep working. All or nothing: if any tensor cannot be moved, none is.
+    /// Gradients are dropped.
+    fn to(&self, device: &Device) -> Result<()> {
+        let state: Vec<Tensor> = self.state_dict().into_values().collect();
+        let moved = state.iter().map(|t| t.storage_on(device)).collect::<Result<Vec<_>>>()?;
+        for (t, s) in state.iter().zip(moved) {
+            t.replace_storage(s);
+        }
+        Ok(())
     }
 
     /// Forget every parameter's gradient.

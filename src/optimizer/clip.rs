@@ -118,16 +118,16 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<f64> {
     let grads: Vec<(&Tensor, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p, g))).collect();
     let norm = grads
         .iter()
-        .map(|(_, g)| sum_squares(&g.data().to_f64_vec()))
-        .sum::<f64>()
+        .map(|(_, g)| g.try_data().map(|d| sum_squares(&d.to_f64_vec())))
+        .sum::<Result<f64>>()?
         .sqrt();
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {
         for (p, g) in grads {
-            let d = g.data();
+            let d = g.try_data()?;
             let scaled: Vec<f64> = d.to_f64_vec().into_iter().map(|x| x * coef).collect();
             let new = TensorData::from_f64_slice(d.dtype(), d.shape().to_vec(), &scaled)?;
-            p.set_grad(Some(Tensor::from_data(new)));
+            p.set_grad(Some(Tensor::from_data(new).to(&g.device())?));
         }
     }
     Ok(norm)

@@ -121,7 +121,7 @@ impl Core {
             if p.stop_gradient() {
                 continue;
             }
-            let g = g.data();
+            let g = g.try_data()?;
             if g.shape() != p.shape().as_slice() {
                 return Err(self.invalid(format!(
                     "parameter `{}` is {} but its gradient is {}",
@@ -138,7 +138,7 @@ impl Core {
         }
         // Clip first, then decay: Paddle's `apply_gradients` order.
         for (&i, g) in which.iter().zip(grads.iter_mut()) {
-            let p = self.params[i].data();
+            let p = self.params[i].try_data()?;
             let mut value = p.to_f64_vec();
             if self.weight_decay != 0.0 {
                 g.iter_mut().zip(&value).for_each(|(g, p)| *g += self.weight_decay * p);

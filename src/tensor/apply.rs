@@ -2,11 +2,12 @@
 //! op on the tape when a gradient is needed. Composites run as their decomposition, so their
 //! gradients come from the primitives' rules.
 
-use super::Tensor;
+use super::{Storage, Tensor};
 use crate::autograd::{EagerEmitter, GradNode, is_grad_enabled};
-use crate::error::Result;
+use crate::device::Device;
+use crate::error::{Error, Result};
 use oar_ir::ops::infer_types;
-use oar_ir::{IrError, Op, TensorData};
+use oar_ir::{DeviceTensor, IrError, Op, TensorData, TensorType};
 use std::sync::Arc;
 
 /// Apply `op` to eager tensors.
@@ -31,7 +32,10 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         let outs = oar_ir::decompose::decompose(c, &mut em, &args)?;
         return Ok(outs.into_iter().map(|i| em.values[i].clone()).collect());
     }
-    let datas: Vec<TensorData> = inputs.iter().map(|t| t.data()).collect();
+    if let Some(device) = placement(&op, inputs)? {
+        return apply_on_device(op, inputs, &device, needs_grad);
+    }
+    let datas: Vec<TensorData> = inputs.iter().map(|t| t.try_data()).collect::<Result<_>>()?;
     let types: Vec<_> = datas.iter().map(|d| d.tensor_type()).collect();
     infer_types(&op, &types, &[]).map_err(|detail| IrError::Type {
         op: op.name().to_string(),
@@ -52,6 +56,89 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         .map(|(i, d)| {
             let float = d.dtype().is_float();
             let t = Tensor::make(d, Some((node.clone(), i)));
+            if !float {
+                t.0.stop_gradient.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            t
+        })
+        .collect())
+}
+
+/// Where an op on `inputs` runs: `None` for the CPU, else the one device its inputs are on.
+/// CPU inputs that take no gradient (data, constants) are uploaded to it; a CPU input that
+/// takes a gradient, or inputs on two devices, are errors naming the op and the devices.
+fn placement(op: &Op, inputs: &[&Tensor]) -> Result<Option<Device>> {
+    let devices: Vec<Device> = inputs.iter().map(|t| t.device()).collect();
+    let Some(device) = devices.iter().find(|d| !d.is_cpu()).cloned() else {
+        return Ok(None);
+    };
+    for (i, (t, d)) in inputs.iter().zip(&devices).enumerate() {
+        if *d == device {
+            continue;
+        }
+        if !d.is_cpu() {
+            return Err(Error::invalid(
+                op.name(),
+                format!("inputs are on {device} and {d} (input {i}): move them to one device with `.to()`"),
+            ));
+        }
+        if t.requires_grad() && is_grad_enabled() {
+            return Err(Error::invalid(
+                op.name(),
+                format!(
+                    "input {i} ({}) is on cpu and takes a gradient while the others are on {device}: \
+                     move it (or its layer, `Layer::to`) to {device}",
+                    t.tensor_type()
+                ),
+            ));
+        }
+    }
+    Ok(Some(device))
+}
+
+/// [`apply`] for a primitive on `device`: the device runtime runs it (compiled once per op,
+/// dtypes and shapes); the tape records device tensors, so backward runs there too.
+fn apply_on_device(op: Op, inputs: &[&Tensor], device: &Device, needs_grad: bool) -> Result<Vec<Tensor>> {
+    let mut on_device: Vec<Tensor> = Vec::with_capacity(inputs.len());
+    for t in inputs {
+        on_device.push(if t.device() == *device {
+            (*t).clone()
+        } else {
+            t.to(device)?
+        });
+    }
+    let dts: Vec<DeviceTensor> = on_device
+        .iter()
+        .map(|t| {
+            t.device_tensor()
+                .ok_or_else(|| Error::invalid(op.name(), format!("an input is not on {device}")))
+        })
+        .collect::<Result<_>>()?;
+    let types: Vec<TensorType> = dts.iter().map(|d| d.tensor_type()).collect();
+    let expect = infer_types(&op, &types, &[]).map_err(|detail| IrError::Type {
+        op: op.name().to_string(),
+        value: format!("(eager, on {device})"),
+        detail,
+    })?;
+    let refs: Vec<&DeviceTensor> = dts.iter().collect();
+    let outs = crate::device::run_op(device, &op, &refs, &expect)?;
+    let place = |tensor: DeviceTensor| Storage::Device {
+        device: device.clone(),
+        tensor,
+    };
+    let record = needs_grad && outs.iter().any(|o| o.dtype.is_float());
+    if !record {
+        return Ok(outs.into_iter().map(|o| Tensor::make_in(place(o), None)).collect());
+    }
+    let saved_in = dts.into_iter().map(|d| Tensor::make_in(place(d), None)).collect();
+    let saved_out = outs.iter().cloned().map(|d| Tensor::make_in(place(d), None)).collect();
+    let node = Arc::new(GradNode::new(op, inputs, saved_in, saved_out));
+    Ok(outs
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let float = d.dtype.is_float();
+            let t = Tensor::make_in(place(d), Some((node.clone(), i)));
             if !float {
                 t.0.stop_gradient.store(true, std::sync::atomic::Ordering::Relaxed);
             }

@@ -24,7 +24,7 @@ pub(crate) use methods::{norm_axes, norm_axis};
 use crate::autograd::GradNode;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use oar_ir::{DType, Element, TensorData, TensorType};
+use oar_ir::{DType, DeviceTensor, Element, TensorData, TensorType};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -36,8 +36,7 @@ pub struct Tensor(pub(crate) Arc<Inner>);
 
 pub(crate) struct Inner {
     pub(crate) id: u64,
-    data: RwLock<TensorData>,
-    device: Device,
+    data: RwLock<Storage>,
     pub(crate) stop_gradient: AtomicBool,
     grad: Mutex<Option<Tensor>>,
     /// The recorded op that produced this tensor, and which of its outputs it is.
@@ -47,6 +46,43 @@ pub(crate) struct Inner {
     pub(crate) trace: Option<crate::jit::Traced>,
 }
 
+/// Where a tensor's elements are: host memory, or a device runtime's memory.
+#[derive(Clone)]
+pub(crate) enum Storage {
+    Host(TensorData),
+    Device { device: Device, tensor: DeviceTensor },
+}
+
+impl Storage {
+    fn dtype(&self) -> DType {
+        match self {
+            Storage::Host(d) => d.dtype(),
+            Storage::Device { tensor, .. } => tensor.dtype,
+        }
+    }
+
+    fn shape(&self) -> Vec<usize> {
+        match self {
+            Storage::Host(d) => d.shape().to_vec(),
+            Storage::Device { tensor, .. } => tensor.shape.clone(),
+        }
+    }
+
+    fn device(&self) -> Device {
+        match self {
+            Storage::Host(_) => Device::CPU,
+            Storage::Device { device, .. } => device.clone(),
+        }
+    }
+
+    fn to_host(&self) -> Result<TensorData> {
+        match self {
+            Storage::Host(d) => Ok(d.clone()),
+            Storage::Device { device, tensor } => crate::device::download(device, tensor),
+        }
+    }
+}
+
 impl Tensor {
     /// A tensor holding `data` (on the CPU, no gradient).
     pub fn from_data(data: TensorData) -> Tensor {
@@ -54,11 +90,15 @@ impl Tensor {
     }
 
     pub(crate) fn make(data: TensorData, creator: Option<(Arc<GradNode>, usize)>) -> Tensor {
+        Tensor::make_in(Storage::Host(data), creator)
+    }
+
+    /// A tensor in `storage`, produced by `creator` (none: a leaf without gradient).
+    pub(crate) fn make_in(storage: Storage, creator: Option<(Arc<GradNode>, usize)>) -> Tensor {
         let stop = creator.is_none();
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            data: RwLock::new(data),
-            device: Device::CPU,
+            data: RwLock::new(storage),
             stop_gradient: AtomicBool::new(stop),
             grad: Mutex::new(None),
             creator,
@@ -71,8 +111,7 @@ impl Tensor {
         let placeholder = TensorData::from_bytes(trace.dtype, vec![0], vec![]).expect("empty tensor");
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            data: RwLock::new(placeholder),
-            device: Device::CPU,
+            data: RwLock::new(Storage::Host(placeholder)),
             stop_gradient: AtomicBool::new(true),
             grad: Mutex::new(None),
             creator: None,
@@ -86,8 +125,7 @@ impl Tensor {
         let float = self.dtype().is_float();
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            data: RwLock::new(self.data()),
-            device: Device::CPU,
+            data: RwLock::new(self.storage()),
             stop_gradient: AtomicBool::new(!float),
             grad: Mutex::new(None),
             creator: Some((node, index)),
@@ -130,18 +168,33 @@ impl Tensor {
         self.0.id
     }
 
-    /// The current value (cheap: shares the bytes). A traced tensor has no value: this returns
-    /// an empty placeholder; [`Tensor::try_data`] says so instead.
-    pub fn data(&self) -> TensorData {
+    pub(crate) fn storage(&self) -> Storage {
         self.0.data.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The current value, or an error for a traced tensor.
+    /// The tensor's device memory, if it lives on a device.
+    pub(crate) fn device_tensor(&self) -> Option<DeviceTensor> {
+        match &*self.0.data.read().unwrap_or_else(|e| e.into_inner()) {
+            Storage::Host(_) => None,
+            Storage::Device { tensor, .. } => Some(tensor.clone()),
+        }
+    }
+
+    /// The current value on the host (cheap for a CPU tensor: shares the bytes; a device
+    /// tensor is downloaded). A traced tensor has no value, and a download can fail (a lost
+    /// device): then this returns an empty placeholder; [`Tensor::try_data`] says why instead.
+    pub fn data(&self) -> TensorData {
+        self.try_data().unwrap_or_else(|_| {
+            TensorData::from_bytes(self.dtype(), vec![0], vec![]).expect("an empty tensor is valid")
+        })
+    }
+
+    /// The current value on the host, or an error for a traced tensor or a failed download.
     pub fn try_data(&self) -> Result<TensorData> {
         if self.is_traced() {
             return Err(self.no_value("data"));
         }
-        Ok(self.data())
+        self.storage().to_host()
     }
 
     /// Replace the value in place (same dtype and shape), e.g. an optimizer step. Not recorded
@@ -150,14 +203,29 @@ impl Tensor {
         if self.is_traced() {
             return Err(self.no_value("set_data"));
         }
-        let mut d = self.0.data.write().unwrap_or_else(|e| e.into_inner());
-        if d.dtype() != data.dtype() || d.shape() != data.shape() {
+        let (dtype, shape, device) = {
+            let d = self.0.data.read().unwrap_or_else(|e| e.into_inner());
+            (d.dtype(), d.shape(), d.device())
+        };
+        if dtype != data.dtype() || shape != data.shape() {
             return Err(Error::invalid(
                 "set_data",
-                format!("tensor is {}, new value is {}", d.tensor_type(), data.tensor_type()),
+                format!(
+                    "tensor is {}, new value is {}",
+                    TensorType::of(dtype, &shape),
+                    data.tensor_type()
+                ),
             ));
         }
-        *d = data;
+        let new = if device.is_cpu() {
+            Storage::Host(data)
+        } else {
+            Storage::Device {
+                tensor: crate::device::upload(&device, &data)?,
+                device,
+            }
+        };
+        *self.0.data.write().unwrap_or_else(|e| e.into_inner()) = new;
         Ok(())
     }
 
@@ -165,7 +233,7 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         match &self.0.trace {
             Some(t) => t.dtype,
-            None => self.data().dtype(),
+            None => self.0.data.read().unwrap_or_else(|e| e.into_inner()).dtype(),
         }
     }
 
@@ -173,7 +241,7 @@ impl Tensor {
     pub fn shape(&self) -> Vec<usize> {
         match &self.0.trace {
             Some(t) => t.shape.clone(),
-            None => self.data().shape().to_vec(),
+            None => self.0.data.read().unwrap_or_else(|e| e.into_inner()).shape(),
         }
     }
 
@@ -193,19 +261,69 @@ impl Tensor {
     }
 
     /// The device the tensor lives on.
-    pub fn device(&self) -> &Device {
-        &self.0.device
+    pub fn device(&self) -> Device {
+        self.0.data.read().unwrap_or_else(|e| e.into_inner()).device()
     }
 
-    /// The tensor on `device`. Only the CPU exists until a device backend registers.
+    /// The tensor on `device` (`cpu`, `gpu:0`, or any kind with a registered runtime, see
+    /// [`crate::device::register_runtime`]): the same tensor if it is there already, else a
+    /// copy. A leaf's copy is a leaf with the same `stop_gradient`; moving a tensor that a
+    /// recorded op produced is not differentiable (an error: move the leaves instead).
     pub fn to(&self, device: &Device) -> Result<Tensor> {
-        if device == self.device() {
+        let from = self.device();
+        if *device == from {
             return Ok(self.clone());
         }
-        Err(Error::invalid(
-            "to",
-            format!("no runtime for device {device} is available"),
-        ))
+        if self.is_traced() {
+            return Err(self.no_value("to"));
+        }
+        if !self.is_leaf() && self.requires_grad() && crate::is_grad_enabled() {
+            return Err(Error::invalid(
+                "to",
+                format!(
+                    "{} on {from} was computed by recorded ops: moving it to {device} would cut \
+                     its gradient; move the leaves (inputs, `Layer::to` for parameters) first, or \
+                     `.detach()` it",
+                    self.tensor_type()
+                ),
+            ));
+        }
+        let t = Tensor::make_in(storage_on(device, self.storage())?, None);
+        t.0.stop_gradient.store(self.stop_gradient(), Ordering::Relaxed);
+        Ok(t)
+    }
+
+    /// Move this tensor's value to `device` in place (the handle stays the same: layers and
+    /// optimizers holding it see the move). Used by `Layer::to`; its gradient is dropped.
+    pub fn move_to(&self, device: &Device) -> Result<()> {
+        if self.is_traced() {
+            return Err(self.no_value("move_to"));
+        }
+        if *device == self.device() {
+            return Ok(());
+        }
+        let new = self.storage_on(device)?;
+        self.replace_storage(new);
+        Ok(())
+    }
+
+    /// This tensor's value placed on `device` (a download, an upload, or both).
+    pub(crate) fn storage_on(&self, device: &Device) -> Result<Storage> {
+        if self.is_traced() {
+            return Err(self.no_value("to"));
+        }
+        storage_on(device, self.storage())
+    }
+
+    /// Swap in a moved value (same dtype and shape) and drop the gradient.
+    pub(crate) fn replace_storage(&self, storage: Storage) {
+        *self.0.data.write().unwrap_or_else(|e| e.into_inner()) = storage;
+        self.clear_grad();
+    }
+
+    /// The tensor on the host CPU (`to(&Device::CPU)`).
+    pub fn cpu(&self) -> Result<Tensor> {
+        self.to(&Device::CPU)
     }
 
     /// The elements as `T` (must be the tensor's dtype).
@@ -276,7 +394,7 @@ impl Tensor {
     pub fn detach(&self) -> Tensor {
         match &self.0.trace {
             Some(t) => Tensor::traced(t.clone()),
-            None => Tensor::from_data(self.data()),
+            None => Tensor::make_in(self.storage(), None),
         }
     }
 
@@ -298,4 +416,18 @@ impl Tensor {
         })?;
         Ok(Tensor::from_data(d))
     }
+}
+
+/// `storage`'s value placed on `device` (a download, an upload, or both).
+fn storage_on(device: &Device, storage: Storage) -> Result<Storage> {
+    if device.is_cpu() {
+        return Ok(Storage::Host(storage.to_host()?));
+    }
+    // Check the target first: a failed move leaves nothing half done.
+    crate::device::runtime_for(device)?;
+    let host = storage.to_host()?;
+    Ok(Storage::Device {
+        tensor: crate::device::upload(device, &host)?,
+        device: device.clone(),
+    })
 }

@@ -7,11 +7,14 @@
 //! Opaque kernels (gather, concat, control flow, ...) and the few bodies the generator leaves
 //! alone run on the host through the reference interpreter. [`runtime`] loads the module with
 //! the CUDA driver (through `cudarc`, loaded dynamically: the crate builds and runs without
-//! CUDA and reports a typed error when there is no driver or device).
+//! CUDA and reports a typed error when there is no driver or device). [`eager`] serves eager
+//! tensors on `gpu:0` through the same pipeline, one op at a time.
 //!
 //! See `docs/PTX.md`.
 
 pub mod codegen;
+pub mod eager;
+pub mod pool;
 pub mod runtime;
 
 pub use codegen::{Arch, PtxModule, Step, generate};

@@ -2,20 +2,22 @@
 //! dynamically, so nothing here needs CUDA to build).
 //!
 //! A [`GpuProgram`] is a loaded module plus the program it came from, with its parameters and
-//! constants uploaded once. Each run allocates a device buffer per other program buffer,
-//! uploads the inputs, launches the kernels in order on the default stream (host steps
-//! synchronize, download their operands, run the reference interpreter and upload the
-//! results), checks the error words, downloads the outputs and frees its buffers. Simple on
-//! purpose: no arena, no streams, no graph capture yet.
+//! constants uploaded once. Each run takes a device buffer per other program buffer (from a
+//! caching allocator: freed blocks are kept by size and reused, see [`crate::pool`]), uploads
+//! the inputs (or takes device-resident ones: [`GpuProgram::run_resident`]), launches the
+//! kernels in order on the default stream (host steps synchronize, download their operands,
+//! run the reference interpreter and upload the results), checks the error words, and hands
+//! over or downloads the outputs. Simple on purpose: no arena, no streams, no graph capture yet.
 
 use crate::codegen::{Arch, PtxModule, Step};
+use crate::pool::SizePool;
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use oar_ir::kernel::{Buffer, BufferKind, Kernel, KernelBody, KernelProgram};
 use oar_ir::{BackendError, TensorData, Weights};
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_void};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// The process's GPU: device 0 and its primary context.
 pub struct Gpu {
@@ -179,9 +181,8 @@ impl GpuProgram {
             };
             let ptr = match t {
                 Some(t) => {
-                    // SAFETY: plain allocation in the current context.
-                    let ptr = unsafe { cu::malloc_sync(byte_len(b).max(1)) }.map_err(|e| drv(&b.value, "alloc", e))?;
-                    resident.free.push(ptr);
+                    let ptr = dev_alloc(byte_len(b), &b.value)?;
+                    resident.free.push((ptr, byte_len(b)));
                     upload(ptr, t.bytes(), &b.value)?;
                     ptr
                 }
@@ -199,13 +200,48 @@ impl GpuProgram {
         })
     }
 
+    /// The kernel program it runs.
+    pub fn program(&self) -> &KernelProgram {
+        &self.program
+    }
+
     /// The generated module.
     pub fn module(&self) -> &PtxModule {
         &self.module
     }
 
-    /// Run with inputs by name (already checked against the graph).
+    /// Run with inputs by name (already checked against the graph): upload them, run, download
+    /// the outputs.
     pub fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
+        let g = gpu()?;
+        g.bind()?;
+        let p = &self.program;
+        let mut uploaded: BTreeMap<String, GpuMemory> = BTreeMap::new();
+        for b in &p.buffers {
+            if let BufferKind::Input { name } = &b.kind {
+                let t = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
+                    name: name.clone(),
+                    expected: b.ty.to_string(),
+                })?;
+                uploaded.insert(name.clone(), GpuMemory::upload(t.bytes(), &b.value)?);
+            }
+        }
+        let ptrs: BTreeMap<String, sys::CUdeviceptr> = uploaded.iter().map(|(n, m)| (n.clone(), m.ptr())).collect();
+        let outs = self.run_resident(&ptrs)?;
+        let mut out = Vec::with_capacity(outs.len());
+        for ((name, id), (_, m)) in p.outputs.iter().zip(outs) {
+            out.push((name.clone(), download(p.buffer(*id), m.ptr())?));
+        }
+        Ok(out)
+    }
+
+    /// Run with device-resident inputs (by input name, each holding the input's bytes); the
+    /// outputs are new allocations, in the program's output order. Nothing is copied to or from
+    /// the host except for host steps and the error words.
+    pub fn run_resident(
+        &self,
+        inputs: &BTreeMap<String, sys::CUdeviceptr>,
+    ) -> Result<Vec<(String, GpuMemory)>, BackendError> {
         let g = gpu()?;
         g.bind()?;
         let p = &self.program;
@@ -216,26 +252,25 @@ impl GpuProgram {
                 mem.ptrs.push(resident);
                 continue;
             }
-            // SAFETY: plain allocation in the current context.
-            let ptr = unsafe { cu::malloc_sync(byte_len(b).max(1)) }.map_err(|e| drv(&b.value, "alloc", e))?;
-            mem.ptrs.push(ptr);
-            mem.free.push(ptr);
             if let BufferKind::Input { name } = &b.kind {
-                let t = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
+                let ptr = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
                     name: name.clone(),
                     expected: b.ty.to_string(),
                 })?;
-                upload(ptr, t.bytes(), &b.value)?;
+                mem.ptrs.push(*ptr);
+                continue;
             }
+            let ptr = dev_alloc(byte_len(b), &b.value)?;
+            mem.ptrs.push(ptr);
+            mem.free.push((ptr, byte_len(b)));
         }
         // One error word per entry that can fail (gather indices, integer division by zero,
         // negative integer powers), zeroed.
         let n_entries = self.module.entries.len();
         let checks = self.module.entries.iter().any(|e| e.error_word);
         let errors = if checks {
-            // SAFETY: plain allocation in the current context.
-            let ptr = unsafe { cu::malloc_sync(4 * n_entries) }.map_err(|e| drv("error words", "alloc", e))?;
-            mem.free.push(ptr);
+            let ptr = dev_alloc(4 * n_entries, "error words")?;
+            mem.free.push((ptr, 4 * n_entries));
             upload(ptr, &vec![0u8; 4 * n_entries], "error words")?;
             Some(ptr)
         } else {
@@ -302,9 +337,28 @@ impl GpuProgram {
                 });
             }
         }
+        // Hand each output's allocation to the caller; an output that is an input, a weight or
+        // an output already handed over is copied instead.
         let mut out = Vec::with_capacity(p.outputs.len());
         for (name, id) in &p.outputs {
-            out.push((name.clone(), download(p.buffer(*id), mem.ptrs[id.index()])?));
+            let b = p.buffer(*id);
+            let ptr = mem.ptrs[id.index()];
+            let memory = match mem.free.iter().position(|&(f, _)| f == ptr) {
+                Some(i) => GpuMemory {
+                    ptr: mem.free.swap_remove(i).0,
+                    bytes: byte_len(b),
+                },
+                None => {
+                    let m = GpuMemory::alloc(byte_len(b), &b.value)?;
+                    if byte_len(b) > 0 {
+                        // SAFETY: both hold the buffer's bytes.
+                        unsafe { cu::memcpy_dtod_sync(m.ptr, ptr, byte_len(b)) }
+                            .map_err(|e| drv(&b.value, "copy", e))?;
+                    }
+                    m
+                }
+            };
+            out.push((name.clone(), memory));
         }
         Ok(out)
     }
@@ -337,7 +391,7 @@ impl GpuProgram {
 #[derive(Default)]
 struct DeviceBuffers {
     ptrs: Vec<sys::CUdeviceptr>,
-    free: Vec<sys::CUdeviceptr>,
+    free: Vec<(sys::CUdeviceptr, usize)>,
 }
 
 impl Drop for DeviceBuffers {
@@ -346,10 +400,149 @@ impl Drop for DeviceBuffers {
             return;
         }
         let _ = cu::ctx::synchronize();
-        for &p in &self.free {
-            // SAFETY: allocated by `malloc_sync` in this run, freed once.
-            let _ = unsafe { cu::free_sync(p) };
+        for &(p, bytes) in &self.free {
+            dev_free(p, bytes);
         }
+    }
+}
+
+/// One allocation on the GPU, freed when dropped.
+pub struct GpuMemory {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+// SAFETY: a device address in the shared primary context; freeing binds the context first.
+unsafe impl Send for GpuMemory {}
+unsafe impl Sync for GpuMemory {}
+
+impl GpuMemory {
+    /// `bytes` of uninitialized device memory (`what` names it in errors).
+    pub fn alloc(bytes: usize, what: &str) -> Result<GpuMemory, BackendError> {
+        gpu()?.bind()?;
+        let ptr = dev_alloc(bytes, what)?;
+        Ok(GpuMemory { ptr, bytes })
+    }
+
+    /// A copy of `bytes` on the device.
+    pub fn upload(bytes: &[u8], what: &str) -> Result<GpuMemory, BackendError> {
+        let m = GpuMemory::alloc(bytes.len(), what)?;
+        upload(m.ptr, bytes, what)?;
+        Ok(m)
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// True for a zero-byte allocation.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Copy `src`'s bytes (the same size) into this allocation, on the device.
+    pub fn copy_from(&mut self, src: &GpuMemory, what: &str) -> Result<(), BackendError> {
+        if src.bytes != self.bytes {
+            return Err(BackendError::Runtime {
+                op: "copy".into(),
+                value: what.into(),
+                detail: format!("source holds {} bytes, destination {}", src.bytes, self.bytes),
+            });
+        }
+        gpu()?.bind()?;
+        if self.bytes > 0 {
+            // SAFETY: both allocations hold `bytes` bytes.
+            unsafe { cu::memcpy_dtod_sync(self.ptr, src.ptr, self.bytes) }.map_err(|e| drv(what, "copy", e))?;
+        }
+        Ok(())
+    }
+
+    /// The bytes, copied to the host.
+    pub fn to_host(&self, what: &str) -> Result<Vec<u8>, BackendError> {
+        gpu()?.bind()?;
+        let mut bytes = vec![0u8; self.bytes];
+        if !bytes.is_empty() {
+            // SAFETY: `ptr` holds `bytes` bytes.
+            unsafe { cu::memcpy_dtoh_sync(&mut bytes, self.ptr) }.map_err(|e| drv(what, "download", e))?;
+        }
+        Ok(bytes)
+    }
+}
+
+impl Drop for GpuMemory {
+    fn drop(&mut self) {
+        if let Ok(g) = gpu()
+            && g.bind().is_ok()
+        {
+            dev_free(self.ptr, self.bytes);
+        }
+    }
+}
+
+/// Wait for everything enqueued on the GPU (reports asynchronous faults).
+pub fn synchronize() -> Result<(), BackendError> {
+    gpu()?.bind()?;
+    cu::ctx::synchronize().map_err(|e| drv("context", "synchronize", e))
+}
+
+/// Most bytes the caching allocator keeps for reuse (`OAR_GPU_CACHE_BYTES`, default 4 GiB).
+fn cache_limit() -> usize {
+    std::env::var("OAR_GPU_CACHE_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4 << 30)
+}
+
+fn pool() -> &'static Mutex<SizePool> {
+    static POOL: OnceLock<Mutex<SizePool>> = OnceLock::new();
+    POOL.get_or_init(|| Mutex::new(SizePool::new(cache_limit())))
+}
+
+/// Device memory of at least `bytes` bytes (the context is current): a cached block of the
+/// rounded size, else `cuMemAlloc`; when that fails, the cache is released and it is tried
+/// once more.
+fn dev_alloc(bytes: usize, what: &str) -> Result<sys::CUdeviceptr, BackendError> {
+    let size = crate::pool::round(bytes);
+    if let Some(p) = pool().lock().unwrap_or_else(|e| e.into_inner()).take(size) {
+        return Ok(p);
+    }
+    // SAFETY: plain allocations in the current context.
+    match unsafe { cu::malloc_sync(size) } {
+        Ok(p) => Ok(p),
+        Err(_) => {
+            release_cache();
+            unsafe { cu::malloc_sync(size) }.map_err(|e| drv(what, &format!("alloc {bytes} bytes"), e))
+        }
+    }
+}
+
+/// Return `ptr` (from [`dev_alloc`] with `bytes`) to the cache, or free it when the cache is full.
+fn dev_free(ptr: sys::CUdeviceptr, bytes: usize) {
+    let extra = pool()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .give(crate::pool::round(bytes), ptr);
+    if let Some(p) = extra {
+        // SAFETY: allocated by `cuMemAlloc`, no longer referenced.
+        let _ = unsafe { cu::free_sync(p) };
+    }
+}
+
+/// Free every cached block (PyTorch's `empty_cache`). The context must be current.
+pub fn release_cache() {
+    let blocks = pool().lock().unwrap_or_else(|e| e.into_inner()).drain();
+    if !blocks.is_empty() {
+        let _ = cu::ctx::synchronize();
+    }
+    for p in blocks {
+        // SAFETY: cached blocks are allocated and referenced by nothing.
+        let _ = unsafe { cu::free_sync(p) };
     }
 }
 

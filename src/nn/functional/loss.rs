@@ -78,7 +78,7 @@ pub fn nll_loss(input: &Tensor, label: &Tensor, reduction: Reduction) -> Result<
 /// Fail if any class label lies outside `[0, classes)` (an eager check on the label values).
 pub(crate) fn check_labels(op: &str, label: &Tensor, classes: usize) -> Result<()> {
     match label
-        .data()
+        .try_data()?
         .to_f64_vec()
         .into_iter()
         .find(|&l| l < 0.0 || l >= classes as f64)

@@ -1,4 +1,6 @@
-//! Devices: an open set of kinds (`cpu`, `gpu`, or any vendor's), not a closed enum.
+//! Devices: an open set of kinds (`cpu`, `gpu`, or any vendor's), not a closed enum, and the
+//! runtimes that let eager tensors live on them ([`register_runtime`]; the contract is
+//! [`oar_ir::DeviceRuntime`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -67,3 +69,10 @@ impl fmt::Display for Device {
         }
     }
 }
+
+mod host;
+mod runtime;
+
+pub use host::HostRuntime;
+pub use runtime::{CacheStats, cache_stats, clear_cache, register_runtime, runtime_for};
+pub(crate) use runtime::{download, run_op, upload};
