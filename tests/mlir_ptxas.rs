@@ -131,6 +131,11 @@ fn every_conformance_case_is_one_mlir_made_ptx_module_that_assembles() {
                 }
             };
             let text = module.text();
+            if text.contains('\0') {
+                failures.push(format!(
+                    "{name} ({arch}): a NUL byte in the module (the driver takes a C string)"
+                ));
+            }
             if module.steps.len() != program.kernels.len() {
                 failures.push(format!("{name} ({arch}): {} steps", module.steps.len()));
             }

@@ -252,7 +252,8 @@ fn between<'a>(s: &'a str, open: &str, close: &str) -> Option<&'a str> {
 }
 
 /// The `assembly = "..."` string of the `gpu.binary` op starting with `head`, unescaped
-/// (MLIR prints `"`, `\` and non-printable bytes as `\XX`).
+/// (MLIR prints `"`, `\` and non-printable bytes as `\XX`), without the C string's
+/// terminating NUL that MLIR keeps in it.
 fn assembly(text: &str, head: &str) -> Option<String> {
     let start = text.find(head)?;
     let rest = &text[start..];
@@ -267,6 +268,9 @@ fn assembly(text: &str, head: &str) -> Option<String> {
             out.push(bytes[i]);
             i += 1;
         }
+    }
+    while out.last() == Some(&0) {
+        out.pop();
     }
     String::from_utf8(out).ok()
 }

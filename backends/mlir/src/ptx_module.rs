@@ -69,8 +69,14 @@ pub fn unresolved_externs(module: &PtxModule) -> Vec<String> {
 }
 
 fn entry(k: &GpuKernel, arch: Arch, externs: &mut HashSet<String>) -> Result<Entry, String> {
+    // MLIR's `assembly` string ends with the C string's NUL; the runtime hands the whole
+    // module to the driver as one C string, so no NUL may remain inside it.
+    let ptx = k.ptx.trim_end_matches('\0');
+    if ptx.contains('\0') {
+        return Err("a NUL byte inside its PTX".into());
+    }
     let mut body = String::new();
-    for line in strip_comments(&k.ptx).lines() {
+    for line in strip_comments(ptx).lines() {
         let t = line.trim();
         if let Some(v) = t.strip_prefix(".version ") {
             let (have, max) = (version(v), version(PTX_VERSION));
@@ -325,7 +331,7 @@ mod tests {
             args: vec![KernelArg::Buffer(BufferId(3)), KernelArg::ErrorWord],
             grid: (2, 1, 1),
             block: (256, 1, 1),
-            ptx: ptx.replace("oar_k0_kernel", &format!("oar_k{index}_kernel")),
+            ptx: ptx.replace("oar_k0_kernel", &format!("oar_k{index}_kernel")) + "\0",
         }
     }
 
@@ -347,6 +353,7 @@ mod tests {
         assert_eq!((e.params.clone(), e.error_word), (vec![BufferId(3)], true));
         assert_eq!(e.launch.grid, (2, 1, 1));
         let text = m.text();
+        assert!(!text.contains('\0'), "MLIR's trailing NUL is dropped");
         assert_eq!(text.matches(".version").count(), 1, "{text}");
         assert_eq!(text.matches(".extern .func").count(), 1, "{text}");
         for k in ["oar_k0_kernel", "oar_k2_kernel"] {
@@ -382,5 +389,6 @@ mod tests {
         k.entry = "other".into();
         assert!(err(k).contains("unexpected `.entry oar_k0_kernel`"));
         assert!(err(kernel(0, "garbage")).contains("no `.entry"));
+        assert!(err(kernel(0, &K.replace("ret;\n\n}", "ret;\0\n}"))).contains("NUL"));
     }
 }

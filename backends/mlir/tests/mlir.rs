@@ -290,6 +290,11 @@ mod jit {
             assert_eq!(ptx.len(), p.kernels.len());
             for (i, k) in ptx.iter().enumerate() {
                 assert!(k.ptx.contains(&format!(".target {chip}")), "{}", k.ptx);
+                assert!(
+                    !k.ptx.contains('\0'),
+                    "no NUL: {:?}",
+                    &k.ptx[k.ptx.len().saturating_sub(8)..]
+                );
                 assert!(k.ptx.contains(&format!(".entry oar_k{i}_kernel")), "{}", k.ptx);
             }
         }
