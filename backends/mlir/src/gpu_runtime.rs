@@ -60,11 +60,14 @@ impl MlirGpuExecutable {
         let module = ptx_module(&program, self.arch, libdevice.as_deref())?;
         let missing = unresolved_externs(&module);
         if !missing.is_empty() {
+            let hint = match std::env::var_os("OAR_LIBDEVICE") {
+                Some(p) => format!("OAR_LIBDEVICE={} is not a file", std::path::Path::new(&p).display()),
+                None => "set OAR_LIBDEVICE, or pip install nvidia-cuda-nvcc-cu12".into(),
+            };
             return Err(BackendError::Unavailable {
                 backend: NAME.into(),
                 reason: format!(
-                    "the kernels call libdevice ({}) but libdevice.10.bc was not found \
-                     (set OAR_LIBDEVICE, or pip install nvidia-cuda-nvcc-cu12)",
+                    "the kernels call libdevice ({}) but libdevice.10.bc was not found ({hint})",
                     missing.join(", ")
                 ),
             });
