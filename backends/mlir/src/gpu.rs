@@ -274,3 +274,45 @@ fn assembly(text: &str, head: &str) -> Option<String> {
     }
     String::from_utf8(out).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Outlined by MLIR 19 from a launch that used its block-size constant inside the body.
+    const OUTLINED: &str = "module attributes {gpu.container_module} {
+  func.func @oar_k0(%arg0: memref<300xf32>, %arg1: memref<300xf32>, %arg2: memref<1xi32>) {
+    %c1 = arith.constant 1 : index
+    %c256 = arith.constant 256 : index
+    %c2 = arith.constant 2 : index
+    gpu.launch_func  @oar_k0_kernel::@oar_k0_kernel blocks in (%c2, %c1, %c1) threads in (%c256, %c1, %c1)  args(%c256 : index, %arg1 : memref<300xf32>, %arg0 : memref<300xf32>, %arg2 : memref<1xi32>)
+    return
+  }
+}";
+
+    #[test]
+    fn launch_operands_give_the_parameter_order_and_sizes() {
+        let text = OUTLINED.replace("args(%c256 : index, ", "args(");
+        let l = launch_of(&text, "oar_k0", &[BufferId(4), BufferId(7)]).unwrap();
+        let want = [
+            KernelArg::Buffer(BufferId(7)),
+            KernelArg::Buffer(BufferId(4)),
+            KernelArg::ErrorWord,
+        ];
+        assert_eq!(l.args, want);
+        assert_eq!((l.grid, l.block), ((2, 1, 1), (256, 1, 1)));
+    }
+
+    #[test]
+    fn a_captured_scalar_or_a_missing_launch_is_an_error() {
+        let e = launch_of(OUTLINED, "oar_k0", &[BufferId(4), BufferId(7)])
+            .err()
+            .unwrap();
+        assert!(e.contains("captures `%c256 : index`"), "{e}");
+        let e = launch_of(OUTLINED, "oar_k1", &[]).err().unwrap();
+        assert!(e.contains("no host function"), "{e}");
+        let text = OUTLINED.replace("(%c2, %c1, %c1)", "(%x, %c1, %c1)");
+        let e = launch_of(&text, "oar_k0", &[BufferId(4), BufferId(7)]).err().unwrap();
+        assert!(e.contains("`%x` is not a constant"), "{e}");
+    }
+}
