@@ -20,6 +20,10 @@ pub fn registry() -> &'static Registry {
         // Built with the `mlir` feature only: it links LLVM/MLIR 19.
         #[cfg(feature = "mlir")]
         r.register(Arc::new(oar_backend_mlir::MlirBackend));
+        // MLIR-made PTX launched by the ptx runtime; without a GPU, compiling reports
+        // `BackendError::Unavailable`.
+        #[cfg(feature = "mlir")]
+        r.register(Arc::new(oar_backend_mlir::MlirGpuBackend));
         r
     })
 }

@@ -59,3 +59,30 @@ fn compile_llvm_needs_the_feature_or_prints_llvm_ir() {
         assert_clean_error(&o, "--features mlir");
     }
 }
+
+#[test]
+fn mlir_gpu_writes_one_ptx_module_and_runs_only_on_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let o = oar(&[
+        "compile", &m, "--target", "mlir-gpu", "--arch", "sm_90", "--bind", "N=2", "-o", "-",
+    ]);
+    let run = oar(&["run", &m, "--target", "mlir-gpu"]);
+    if cfg!(feature = "mlir") {
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = stdout(&o);
+        assert_eq!(text.matches(".version").count(), 1, "{text}");
+        assert!(text.contains(".target sm_90"), "{text}");
+        assert!(text.contains(".entry oar_k0_kernel("), "{text}");
+        let o = oar(&[
+            "compile", &m, "--target", "mlir-gpu", "--emit", "mlir", "--bind", "N=2", "-o", "-",
+        ]);
+        assert_clean_error(&o, "--emit ptx");
+        if oar_backend_ptx::runtime::gpu().is_err() {
+            assert_clean_error(&run, "CUDA");
+        }
+    } else {
+        assert_clean_error(&o, "--features mlir");
+        assert_clean_error(&run, "--features mlir");
+    }
+}

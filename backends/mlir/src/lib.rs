@@ -10,15 +10,26 @@
 //! Without the feature the crate only generates text and the backend reports
 //! [`BackendError::Unavailable`].
 //!
+//! [`MlirGpuBackend`] (`mlir-gpu`, with the feature) generates the same kernels for the GPU,
+//! lowers them through NVVM to PTX ([`gpu`]), assembles them into one `ptx`-backend module
+//! ([`ptx_module`]) and launches them through the `ptx` backend's cudarc runtime.
+//!
 //! See `docs/MLIR.md`.
 
 pub mod codegen;
 #[cfg(feature = "mlir")]
 pub mod gpu;
 #[cfg(feature = "mlir")]
+mod gpu_runtime;
+#[cfg(feature = "mlir")]
 pub mod jit;
 #[cfg(feature = "mlir")]
+pub mod ptx_module;
+#[cfg(feature = "mlir")]
 mod runtime;
+
+#[cfg(feature = "mlir")]
+pub use ptx_module::ptx_module;
 
 pub use codegen::{CodegenError, MlirModule, Target, generate, generate_for};
 
@@ -54,6 +65,14 @@ pub enum MlirError {
     /// The lowering pipeline or the JIT failed.
     #[error("MLIR lowering failed: {0}")]
     Lower(String),
+    /// MLIR-made PTX does not fit the `ptx` backend's module and launch model.
+    #[error("kernel {kernel}: MLIR-made PTX: {detail}")]
+    Ptx {
+        /// The kernel's name.
+        kernel: String,
+        /// What does not fit.
+        detail: String,
+    },
     /// The JIT has no symbol for a kernel's function.
     #[error("kernel {0}: no JIT symbol")]
     Symbol(String),
@@ -155,6 +174,37 @@ impl Backend for MlirBackend {
         oar_ir::verify(graph)?;
         Err(BackendError::Unavailable {
             backend: "mlir".into(),
+            reason: "oar-backend-mlir was built without its `mlir` feature (needs LLVM/MLIR 19)".into(),
+        })
+    }
+}
+
+/// The MLIR GPU backend (registry name `mlir-gpu`): kernels generated for the GPU, lowered by
+/// MLIR through NVVM to PTX and launched through the `ptx` backend's cudarc runtime (Debian
+/// ships no MLIR CUDA runtime library). Compiling needs a CUDA driver and device: without
+/// one it fails with [`BackendError::Unavailable`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MlirGpuBackend;
+
+impl Backend for MlirGpuBackend {
+    fn name(&self) -> &str {
+        "mlir-gpu"
+    }
+
+    fn description(&self) -> &str {
+        "NVIDIA GPUs: kernels lowered by MLIR 19 through NVVM to PTX, launched by the ptx backend's CUDA runtime"
+    }
+
+    #[cfg(feature = "mlir")]
+    fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
+        gpu_runtime::compile(graph, weights)
+    }
+
+    #[cfg(not(feature = "mlir"))]
+    fn compile(&self, graph: &Graph, _weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
+        oar_ir::verify(graph)?;
+        Err(BackendError::Unavailable {
+            backend: "mlir-gpu".into(),
             reason: "oar-backend-mlir was built without its `mlir` feature (needs LLVM/MLIR 19)".into(),
         })
     }

@@ -290,8 +290,92 @@ mod jit {
             assert_eq!(ptx.len(), p.kernels.len());
             for (i, k) in ptx.iter().enumerate() {
                 assert!(k.ptx.contains(&format!(".target {chip}")), "{}", k.ptx);
+                assert!(
+                    !k.ptx.contains('\0'),
+                    "no NUL: {:?}",
+                    &k.ptx[k.ptx.len().saturating_sub(8)..]
+                );
                 assert!(k.ptx.contains(&format!(".entry oar_k{i}_kernel")), "{}", k.ptx);
             }
+        }
+    }
+
+    #[test]
+    fn gpu_kernels_take_one_pointer_per_buffer_in_launch_order() {
+        use oar_backend_mlir::gpu::KernelArg;
+        let p = lower(&graph(INDEXING), &BTreeMap::new()).unwrap();
+        let kernels = oar_backend_mlir::gpu::kernels(&p, "sm_80", None).unwrap();
+        assert_eq!(kernels.len(), p.kernels.len());
+        for (k, g) in p.kernels.iter().zip(&kernels) {
+            let g = g.as_ref().unwrap();
+            assert_eq!(g.entry, format!("oar_k{}_kernel", g.index));
+            assert_eq!(g.args.last(), Some(&KernelArg::ErrorWord), "{g:?}");
+            let mut bufs: Vec<_> = g
+                .args
+                .iter()
+                .filter_map(|a| match a {
+                    KernelArg::Buffer(b) => Some(*b),
+                    KernelArg::ErrorWord => None,
+                })
+                .collect();
+            bufs.sort();
+            let mut want = k.reads();
+            want.extend(&k.outputs);
+            want.sort();
+            want.dedup();
+            assert_eq!(bufs, want, "kernel {}", k.name);
+            // Bare pointers: one `.u64` parameter per argument, no memref descriptors.
+            let params = g.ptx.matches(&format!(".param .u64 {}_param_", g.entry)).count();
+            assert_eq!(params, g.args.len(), "{}", g.ptx);
+            let points: u64 = p
+                .buffer(k.outputs[0])
+                .ty
+                .shape
+                .as_static()
+                .unwrap()
+                .iter()
+                .product::<usize>() as u64;
+            assert_eq!(g.block, (256, 1, 1));
+            assert_eq!(g.grid, (points.div_ceil(256).max(1) as u32, 1, 1));
+        }
+    }
+
+    #[test]
+    fn the_gpu_kernels_make_one_ptx_module_for_the_ptx_runtime() {
+        use oar_backend_ptx::{Arch, Step};
+        let p = oar_backend_ptx::lower(&graph(MIXED), &BTreeMap::new()).unwrap();
+        let m = oar_backend_mlir::ptx_module(&p, Arch::Sm90, None).unwrap();
+        assert_eq!(m.steps.len(), p.kernels.len());
+        assert!(
+            m.steps.iter().all(|s| matches!(s, Step::Launch { .. })),
+            "{:?}",
+            m.steps
+        );
+        let text = m.text();
+        assert_eq!(text.matches(".version").count(), 1, "{text}");
+        assert_eq!(text.matches(".target sm_90").count(), 1, "{text}");
+        for e in &m.entries {
+            assert!(e.error_word);
+            assert!(text.contains(&format!(".entry {}(", e.name)), "{text}");
+        }
+        // Without libdevice, `exp` stays an `.extern` call: declared once, reported.
+        assert_eq!(text.matches(".extern .func").count(), 1, "{text}");
+        assert_eq!(
+            oar_backend_mlir::ptx_module::unresolved_externs(&m),
+            vec!["__nv_exp".to_string()]
+        );
+    }
+
+    #[test]
+    fn the_mlir_gpu_backend_needs_a_gpu() {
+        let r = oar_backend_mlir::MlirGpuBackend.compile(&graph(MIXED), &Weights::default());
+        match (oar_backend_ptx::runtime::gpu(), r) {
+            (Err(_), Err(BackendError::Unavailable { backend, reason })) => {
+                assert_eq!(backend, "mlir-gpu");
+                assert!(reason.contains("CUDA"), "{reason}");
+            }
+            (Ok(_), Ok(_)) => {}
+            (g, r) => panic!("gpu: {:?}, compile: {:?}", g.err(), r.err()),
         }
     }
 

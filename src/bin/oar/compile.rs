@@ -1,7 +1,8 @@
 //! `oar compile`: ahead-of-time compilation of a model for the host CPU (a standalone
 //! executable, a shared library with a C header, an object file, or a CLIF listing), or for
 //! NVIDIA GPUs (the PTX module of its kernels), or (with the `mlir` feature) the MLIR module
-//! of its kernels and the LLVM IR MLIR lowers it to.
+//! of its kernels and the LLVM IR MLIR lowers it to, or the PTX module MLIR lowers its kernels
+//! to (`--target mlir-gpu`, what the `mlir-gpu` backend loads).
 
 use crate::{CliResult, load, parse_binds};
 use oar_backend_cpu::aot::{self, AotOptions, Emit, WeightsMode};
@@ -12,9 +13,10 @@ use std::path::PathBuf;
 pub(crate) struct CompileArgs {
     /// A `.oar` model or a `.oir` IR text file.
     pub file: PathBuf,
-    /// The target: `cpu` (the host CPU), `ptx` (NVIDIA GPUs) or `mlir` (the MLIR backend's
-    /// text; the binary must be built with `--features mlir` for `--emit llvm`).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "ptx", "mlir"])]
+    /// The target: `cpu` (the host CPU), `ptx` (NVIDIA GPUs), `mlir` (the MLIR backend's
+    /// text; the binary must be built with `--features mlir` for `--emit llvm`) or `mlir-gpu`
+    /// (the PTX module MLIR makes for NVIDIA GPUs; needs `--features mlir`, no GPU).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "ptx", "mlir", "mlir-gpu"])]
     pub target: String,
     /// What to write. cpu: a standalone executable (default), a shared library (+ C header),
     /// an object file (+ C header; link it with the runtime library), or the CLIF text of
@@ -22,7 +24,7 @@ pub(crate) struct CompileArgs {
     /// mlir: the MLIR module before lowering (`mlir`, default) or the LLVM IR after it (`llvm`).
     #[arg(long, value_parser = ["exe", "so", "obj", "clif", "ptx", "mlir", "llvm"])]
     pub emit: Option<String>,
-    /// The GPU architecture for `--target ptx`.
+    /// The GPU architecture for `--target ptx` and `--target mlir-gpu`.
     #[arg(long, default_value = "sm_80", value_parser = ["sm_80", "sm_90"])]
     pub arch: String,
     /// The file to write (`-`: standard output, for the text targets `ptx` and `mlir`).
@@ -47,6 +49,9 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
     }
     if args.target == "mlir" {
         return compile_mlir(&args);
+    }
+    if args.target == "mlir-gpu" {
+        return compile_mlir_gpu(&args);
     }
     let emit = args.emit.as_deref().unwrap_or("exe");
     if matches!(emit, "ptx" | "mlir" | "llvm") {
@@ -146,4 +151,51 @@ fn human(bytes: u64) -> String {
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
     }
+}
+
+/// `--target mlir-gpu`: write the PTX module MLIR makes of the model's kernels (the one the
+/// `mlir-gpu` backend loads; no GPU needed).
+#[cfg(feature = "mlir")]
+fn compile_mlir_gpu(args: &CompileArgs) -> CliResult<()> {
+    use oar_backend_ptx::Arch;
+    let emit = args.emit.as_deref().unwrap_or("ptx");
+    if emit != "ptx" {
+        return Err(format!(
+            "--target mlir-gpu writes a PTX module (--emit ptx), not `{emit}`"
+        ));
+    }
+    let model = load(&args.file)?;
+    let arch = if args.arch == "sm_90" { Arch::Sm90 } else { Arch::Sm80 };
+    let bindings = parse_binds(&args.binds)?;
+    let fail = |e: String| format!("{}: {e}", args.file.display());
+    let program = oar_backend_ptx::lower(&model.graph, &bindings).map_err(|e| fail(e.to_string()))?;
+    let libdevice = oar_backend_mlir::gpu::find_libdevice();
+    let module = oar_backend_mlir::ptx_module(&program, arch, libdevice.as_deref()).map_err(|e| fail(e.to_string()))?;
+    let missing = oar_backend_mlir::ptx_module::unresolved_externs(&module);
+    if !missing.is_empty() {
+        eprintln!(
+            "warning: libdevice.10.bc not found (set OAR_LIBDEVICE): the module declares {} \
+             `.extern` and the CUDA driver will not load it",
+            missing.join(", ")
+        );
+    }
+    if write_text(&args.output, &module.text())? {
+        return Ok(());
+    }
+    let host = module.host_steps();
+    println!(
+        "{} kernels: {} MLIR-made PTX entries for {arch}, {} on the host",
+        program.kernels.len(),
+        module.entries.len(),
+        host.len()
+    );
+    for (k, reason) in host {
+        println!("  host `{}`: {reason}", program.kernels[k].name);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "mlir"))]
+fn compile_mlir_gpu(_args: &CompileArgs) -> CliResult<()> {
+    Err("--target mlir-gpu needs an oar built with `--features mlir` (LLVM/MLIR 19)".into())
 }

@@ -17,7 +17,12 @@ pub(crate) fn run_model(file: &Path, inputs: &[String], output: Option<&Path>, b
             return Err(format!("--input `{name}` is given twice"));
         }
     }
-    let backend = oar::backend::get(backend).map_err(|e| e.to_string())?;
+    let backend = oar::backend::get(backend).map_err(|e| match backend {
+        "mlir" | "mlir-gpu" if !cfg!(feature = "mlir") => {
+            format!("{e}; `{backend}` needs an oar built with `--features mlir` (LLVM/MLIR 19)")
+        }
+        _ => e.to_string(),
+    })?;
     let exe = backend
         .compile(&model.graph, &model.weights)
         .map_err(|e| format!("{}: {e}", file.display()))?;

@@ -175,7 +175,9 @@ impl<'p> Func<'p> {
              threads({tx}, {ty}, {tz}) in ({sx} = {bs}, {sy} = {one}, {sz} = {one}) {{"
         ));
         self.depth += 1;
-        let base = self.def(&format!("arith.muli {bx}, {bs} : index"));
+        // The block size through the region's `{sx}` (not the constant `bs` defined outside):
+        // a value from above would be captured as an extra, non-pointer kernel parameter.
+        let base = self.def(&format!("arith.muli {bx}, {sx} : index"));
         let id = self.def(&format!("arith.addi {base}, {tx} : index"));
         let n = self.index(total);
         let ok = self.def(&format!("arith.cmpi ult, {id}, {n} : index"));
