@@ -317,23 +317,26 @@ impl GpuProgram {
                     Step::Launch { kernel, entry } if *entry == i => Some(&p.kernels[*kernel]),
                     _ => None,
                 });
-                let (op, value, detail) = match k {
+                let (op, value) = match k {
                     Some(Kernel {
                         body: KernelBody::Opaque(o),
                         name,
                         ..
-                    }) => (o.op.name().to_string(), name.clone(), "index out of range"),
-                    Some(k) => (
-                        "kernel".to_string(),
-                        k.name.clone(),
-                        "integer division by zero or integer power with a negative exponent",
-                    ),
-                    None => ("ptx".to_string(), self.module.entries[i].name.clone(), "error word set"),
+                    }) => (o.op.name().to_string(), name.clone()),
+                    Some(k) => ("kernel".to_string(), k.name.clone()),
+                    None => ("ptx".to_string(), self.module.entries[i].name.clone()),
                 };
+                let opaque = matches!(
+                    k,
+                    Some(Kernel {
+                        body: KernelBody::Opaque(_),
+                        ..
+                    })
+                );
                 return Err(BackendError::Runtime {
                     op,
                     value,
-                    detail: detail.into(),
+                    detail: error_word_detail(words[i], opaque),
                 });
             }
         }
@@ -383,6 +386,33 @@ impl GpuProgram {
             upload(mem.ptrs[id.index()], t.bytes(), &b.value)?;
         }
         Ok(())
+    }
+}
+
+/// What a nonzero error word means. Kernels generated here write 1 (gather: an index out of
+/// range; loops: integer division by zero or a negative integer power); MLIR-made kernels
+/// (`oar-backend-mlir`) OR bits: 1 division by zero, 2 negative power, 4 reduction over an
+/// empty axis, 8 index out of range.
+fn error_word_detail(word: u32, opaque: bool) -> String {
+    if word == 1 {
+        return if opaque {
+            "index out of range"
+        } else {
+            "integer division by zero or integer power with a negative exponent"
+        }
+        .to_string();
+    }
+    let bits = [
+        (1, "integer division by zero"),
+        (2, "integer power with a negative exponent"),
+        (4, "max/min/argmax over an empty axis"),
+        (8, "index out of range"),
+    ];
+    let named: Vec<&str> = bits.iter().filter(|(b, _)| word & b != 0).map(|(_, s)| *s).collect();
+    if named.is_empty() {
+        format!("error word {word:#x} set")
+    } else {
+        named.join("; ")
     }
 }
 
@@ -566,4 +596,22 @@ fn download(b: &Buffer, src: sys::CUdeviceptr) -> Result<TensorData, BackendErro
         value: b.value.clone(),
         detail: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_word_detail;
+
+    #[test]
+    fn error_words_are_named() {
+        assert_eq!(error_word_detail(1, true), "index out of range");
+        assert!(error_word_detail(1, false).starts_with("integer division by zero or"));
+        assert_eq!(error_word_detail(4, false), "max/min/argmax over an empty axis");
+        assert_eq!(error_word_detail(8, true), "index out of range");
+        assert_eq!(
+            error_word_detail(3, false),
+            "integer division by zero; integer power with a negative exponent"
+        );
+        assert_eq!(error_word_detail(0x40, false), "error word 0x40 set");
+    }
 }
