@@ -166,7 +166,7 @@ impl Tensor {
                     ),
                 ));
             }
-            Some(g) => g.detach(),
+            Some(g) => g.detach().to(&self.device())?,
             None => crate::tensor::full(&self.shape(), 1.0, self.dtype())?.to(&self.device())?,
         };
         let _mode = crate::autograd::no_grad();

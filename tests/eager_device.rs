@@ -172,6 +172,15 @@ fn mixed_placements_name_the_op_and_devices() {
         e.contains("mul") && e.contains("gradient") && e.contains("simmix:0"),
         "{e}"
     );
+    // An explicit output gradient given on the CPU joins the device, and so do the gradients.
+    let v = t(&[1.0, 2.0], &[2]).to(&d0).unwrap().requires_grad_(true).unwrap();
+    let out = (&v * &v).unwrap();
+    out.backward_with(Some(&t(&[1.0, 0.5], &[2])), false).unwrap();
+    let g = v.grad().unwrap();
+    assert_eq!((g.device(), g.to_vec::<f32>().unwrap()), (d0.clone(), vec![2.0, 2.0]));
+    v.clear_grad();
+    v.backward_with(Some(&t(&[3.0, 4.0], &[2])), false).unwrap();
+    assert_eq!(v.grad().unwrap().device(), d0, "a leaf's own seed moves to its device");
     // Moving a recorded result would cut its gradient.
     let y = (&w * 2.0).unwrap();
     let e = y.to(&d0).unwrap_err().to_string();
