@@ -10,7 +10,7 @@ use oar::device::{HostRuntime, register_runtime};
 use oar::ir::BackendError;
 use oar::nn::functional::cross_entropy;
 use oar::nn::{Layer, Linear, ReLU, Reduction, Sequential};
-use oar::optimizer::{Momentum, Optimizer};
+use oar::optimizer::{Adam, AdamW, Momentum, Optimizer, SGD};
 use oar::{DType, Device, Error, Tensor};
 use std::sync::Arc;
 
@@ -273,4 +273,61 @@ fn gpu_tensors_run_through_the_ptx_runtime_or_report_why_not() {
     let got = f(&on_gpu, &w.to(&gpu).unwrap()).unwrap();
     assert_eq!(got.device(), gpu);
     assert_close("gpu matmul+tanh+sum", &got, &want, 1e-5);
+}
+
+/// Optimizers update parameters on their device with the tensor-op form of their rule: no
+/// download during a step, the same values as the host update, and a state dict that reads
+/// the device-held state.
+#[test]
+fn optimizer_steps_stay_on_the_device() {
+    let rt = host_runtime("simopt", 1);
+    let dev = Device::new("simopt", 0);
+    type Make = fn(Vec<Tensor>) -> Box<dyn Optimizer>;
+    let makers: &[(&str, Make)] = &[
+        ("SGD", |p| Box::new(SGD::new(p, 0.1))),
+        ("Momentum+L2", |p| {
+            Box::new(Momentum::new(p, 0.1).use_nesterov(true).weight_decay(0.01))
+        }),
+        ("Adam", |p| Box::new(Adam::new(p, 0.05))),
+        ("AdamW", |p| Box::new(AdamW::new(p, 0.05).weight_decay(0.1))),
+    ];
+    for (name, make) in makers {
+        let init = t(&[0.5, -1.0, 2.0, 0.25, -0.75, 1.5], &[2, 3]);
+        let w_cpu = init.clone().requires_grad_(true).unwrap();
+        let w_dev = init.to(&dev).unwrap().requires_grad_(true).unwrap();
+        let (mut o_cpu, mut o_dev) = (make(vec![w_cpu.clone()]), make(vec![w_dev.clone()]));
+        let c = t(&[1.0, 2.0, 3.0, -1.0, 0.5, 2.5], &[2, 3]);
+        for step in 0..3 {
+            for (w, o) in [(&w_cpu, &mut o_cpu), (&w_dev, &mut o_dev)] {
+                (&(w * w).unwrap() * &c)
+                    .unwrap()
+                    .sum(&[], false)
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let before = rt.downloads();
+                o.step().unwrap();
+                if w.device() == dev {
+                    assert_eq!(rt.downloads(), before, "{name}: step {step} downloaded from the device");
+                }
+                o.clear_grad();
+            }
+            assert_eq!(w_dev.device(), dev, "{name}");
+            assert_close(&format!("{name} step {step}"), &w_dev, &w_cpu, 1e-5);
+        }
+        let (s_cpu, s_dev) = (o_cpu.state_dict(), o_dev.state_dict());
+        assert_eq!(
+            s_cpu.keys().collect::<Vec<_>>(),
+            s_dev.keys().collect::<Vec<_>>(),
+            "{name}"
+        );
+        for (k, v) in &s_cpu {
+            assert_close(
+                &format!("{name} state {k}"),
+                &Tensor::from_data(s_dev[k].clone()),
+                &Tensor::from_data(v.clone()),
+                1e-5,
+            );
+        }
+    }
 }

@@ -20,6 +20,7 @@ pub struct HostRuntime {
     devices: usize,
     backend: Arc<dyn Backend>,
     compiles: AtomicUsize,
+    downloads: AtomicUsize,
 }
 
 impl HostRuntime {
@@ -31,12 +32,18 @@ impl HostRuntime {
             devices,
             backend,
             compiles: AtomicUsize::new(0),
+            downloads: AtomicUsize::new(0),
         }
     }
 
     /// How many graphs this runtime compiled.
     pub fn compiles(&self) -> usize {
         self.compiles.load(Ordering::Relaxed)
+    }
+
+    /// How many tensors were copied from this runtime's devices to the host.
+    pub fn downloads(&self) -> usize {
+        self.downloads.load(Ordering::Relaxed)
     }
 }
 
@@ -113,6 +120,7 @@ impl DeviceRuntime for HostRuntime {
     }
 
     fn download(&self, tensor: &DeviceTensor) -> Result<TensorData, BackendError> {
+        self.downloads.fetch_add(1, Ordering::Relaxed);
         Ok(tensor.memory_as::<HostMemory>(&self.name)?.0.clone())
     }
 

@@ -475,7 +475,7 @@ impl Tensor {
     /// while tracing, it records a state update of this parameter (a graph output).
     pub fn assign(&self, value: &Tensor) -> Result<()> {
         match &value.0.trace {
-            None => self.set_data(value.try_data()?),
+            None => self.set_value(value),
             Some(tr) => {
                 let ctx: &Arc<TraceCtx> = &tr.ctx;
                 let name = ctx.name_of(self).ok_or_else(|| {

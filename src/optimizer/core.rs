@@ -30,6 +30,18 @@ fn state_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 { DType::F64 } else { DType::F32 }
 }
 
+/// Device-held state as host state (downloads the slots).
+fn host_state(d: &DeviceState) -> Result<ParamState> {
+    Ok(ParamState {
+        step: d.step,
+        slots: d
+            .slots
+            .iter()
+            .map(|s| Ok(s.try_data()?.to_f64_vec()))
+            .collect::<Result<_>>()?,
+    })
+}
+
 /// The values a traced update rule reads.
 pub(crate) struct TracedUpdate {
     pub(crate) lr: Tensor,
@@ -60,6 +72,16 @@ pub(crate) struct Core {
     pub(crate) grad_clip: Option<Arc<dyn GradClip>>,
     slots: &'static [&'static str],
     state: Vec<Option<ParamState>>,
+    /// The state of parameters updated on their device ([`Core::device_step`]), kept there.
+    device_state: Vec<Option<DeviceState>>,
+}
+
+/// A parameter's optimizer state on its device: the step count and the slots as tensors
+/// there (in the state dtype).
+#[derive(Clone)]
+struct DeviceState {
+    step: u64,
+    slots: Vec<Tensor>,
 }
 
 impl Core {
@@ -74,6 +96,7 @@ impl Core {
             grad_clip: None,
             slots,
             state: vec![None; n],
+            device_state: vec![None; n],
         }
     }
 
@@ -114,11 +137,13 @@ impl Core {
     pub(crate) fn step(&mut self, mut update: impl FnMut(f64, &mut [f64], &[f64], &mut ParamState)) -> Result<()> {
         let lr = self.lr.value();
         self.check(lr)?;
+        let on_device = self.on_device();
+        self.pull_device_state()?;
         let mut which = Vec::new();
         let mut grads = Vec::new();
         for (i, p) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            if p.stop_gradient() {
+            if p.stop_gradient() || (on_device && !p.device().is_cpu()) {
                 continue;
             }
             let g = g.try_data()?;
@@ -154,6 +179,105 @@ impl Core {
                 state.slots.iter_mut().flatten().for_each(|x| *x = *x as f32 as f64);
             }
             self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)?;
+        }
+        Ok(())
+    }
+
+    /// True when parameters on a device are updated there ([`Core::device_step`]): some
+    /// parameter lives on a device and no gradient clipping (which runs on the host) is set.
+    pub(crate) fn on_device(&self) -> bool {
+        self.grad_clip.is_none() && self.params.iter().any(|p| !p.device().is_cpu())
+    }
+
+    /// Bring device-held state back to the host state (a parameter moved back to the CPU,
+    /// clipping was turned on, or a state dict is wanted).
+    fn pull_device_state(&mut self) -> Result<()> {
+        for i in 0..self.params.len() {
+            let keep_on_device = self.on_device() && !self.params[i].device().is_cpu();
+            if keep_on_device {
+                continue;
+            }
+            if let Some(ds) = self.device_state[i].take() {
+                self.state[i] = Some(host_state(&ds)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The device form of [`Core::step`] for parameters on a device: the optimizer's tensor-op
+    /// update rule (the one `to_static` records) runs as eager ops there, with the state kept on
+    /// the device, so a step moves nothing through the host. The same gradient checks and
+    /// L2 decay as the host step; computed in the parameter's dtype.
+    pub(crate) fn device_step(
+        &mut self,
+        update: impl Fn(&TracedUpdate) -> Result<(Tensor, Vec<Tensor>)>,
+    ) -> Result<()> {
+        let lr = self.lr.value();
+        self.check(lr)?;
+        let _g = crate::autograd::no_grad();
+        for i in 0..self.params.len() {
+            let p = self.params[i].clone();
+            let device = p.device();
+            if device.is_cpu() || p.stop_gradient() {
+                continue;
+            }
+            let Some(grad) = p.grad() else { continue };
+            if grad.shape() != p.shape() {
+                return Err(self.invalid(format!(
+                    "parameter `{}` is {} but its gradient is {}",
+                    self.names[i],
+                    p.tensor_type(),
+                    grad.tensor_type()
+                )));
+            }
+            let st = match self.device_state[i].take() {
+                Some(st) => st,
+                None => {
+                    let dtype = state_dtype(p.dtype());
+                    let host = self.state[i].take();
+                    let slots = (0..self.slots.len())
+                        .map(|j| {
+                            let t = match &host {
+                                Some(h) => {
+                                    Tensor::from_data(TensorData::from_f64_slice(dtype, p.shape(), &h.slots[j])?)
+                                }
+                                None => crate::tensor::zeros(&p.shape(), dtype)?,
+                            };
+                            t.to(&device)
+                        })
+                        .collect::<Result<_>>()?;
+                    DeviceState {
+                        step: host.map_or(0, |h| h.step),
+                        slots,
+                    }
+                }
+            };
+            let grad = if self.weight_decay != 0.0 {
+                (&grad + &(&p * self.weight_decay)?)?
+            } else {
+                grad
+            };
+            let scalar = |v: f64| -> Result<Tensor> {
+                Tensor::from_data(TensorData::from_f64_slice(p.dtype(), vec![], &[v])?).to(&device)
+            };
+            let next = st.step + 1;
+            let args = TracedUpdate {
+                lr: scalar(lr)?,
+                param: p.detach(),
+                grad,
+                step: scalar(next as f64)?,
+                slots: st.slots.iter().map(|s| s.cast(p.dtype())).collect::<Result<_>>()?,
+            };
+            let (new_p, new_slots) = update(&args)?;
+            p.set_value(&new_p.cast(p.dtype())?.to(&device)?)?;
+            let dtype = state_dtype(p.dtype());
+            self.device_state[i] = Some(DeviceState {
+                step: next,
+                slots: new_slots
+                    .iter()
+                    .map(|s| s.cast(dtype)?.to(&device))
+                    .collect::<Result<_>>()?,
+            });
         }
         Ok(())
     }
@@ -232,8 +356,15 @@ impl Core {
                 out.insert(EPOCH_KEY.to_string(), TensorData::scalar(s.last_epoch() as i64));
             }
         }
-        for ((name, p), st) in self.names.iter().zip(&self.params).zip(&self.state) {
-            let Some(st) = st else { continue };
+        let from_device: Vec<Option<ParamState>> = self
+            .device_state
+            .iter()
+            .map(|d| d.as_ref().and_then(|d| host_state(d).ok()))
+            .collect();
+        for (((name, p), st), dst) in self.names.iter().zip(&self.params).zip(&self.state).zip(&from_device) {
+            let Some(st) = st.as_ref().or(dst.as_ref()) else {
+                continue;
+            };
             let (dtype, shape) = (state_dtype(p.dtype()), p.shape());
             out.insert(format!("{name}.{STEP_SLOT}"), TensorData::scalar(st.step as i64));
             for (slot, vals) in self.slots.iter().zip(&st.slots) {
@@ -322,6 +453,7 @@ impl Core {
         }
         // Everything checked: now change the optimizer.
         self.state = new_state;
+        self.device_state = vec![None; self.params.len()];
         if let Some(v) = new_lr {
             self.lr = LearningRate::Fixed(v);
         }
@@ -356,6 +488,9 @@ macro_rules! impl_optimizer {
                 let hyper = self.hyper();
                 if self.core.is_traced() {
                     return self.core.traced_step(|u| hyper.traced_update(u));
+                }
+                if self.core.on_device() {
+                    self.core.device_step(|u| hyper.traced_update(u))?;
                 }
                 self.core.step(|lr, p, g, st| hyper.update(lr, p, g, st))
             }

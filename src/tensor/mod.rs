@@ -229,6 +229,27 @@ impl Tensor {
         Ok(())
     }
 
+    /// Replace the value with `value`'s (same dtype and shape; kept on this tensor's device):
+    /// shares the memory when both are on the same device, so a device tensor is updated
+    /// without a round trip through the host. Not recorded by autograd; the gradient stays.
+    pub(crate) fn set_value(&self, value: &Tensor) -> Result<()> {
+        if self.is_traced() || value.is_traced() {
+            return Err(self.no_value("set_value"));
+        }
+        if self.tensor_type() != value.tensor_type() {
+            return Err(Error::invalid(
+                "set_data",
+                format!("tensor is {}, new value is {}", self.tensor_type(), value.tensor_type()),
+            ));
+        }
+        if self.device() != value.device() {
+            return self.set_data(value.try_data()?);
+        }
+        let storage = value.storage();
+        *self.0.data.write().unwrap_or_else(|e| e.into_inner()) = storage;
+        Ok(())
+    }
+
     /// Element type.
     pub fn dtype(&self) -> DType {
         match &self.0.trace {

@@ -564,8 +564,12 @@ fn dev_free(ptr: sys::CUdeviceptr, bytes: usize) {
     }
 }
 
-/// Free every cached block (PyTorch's `empty_cache`). The context must be current.
+/// Free every cached block (PyTorch's `empty_cache`).
 pub fn release_cache() {
+    let Ok(g) = gpu() else { return };
+    if g.bind().is_err() {
+        return;
+    }
     let blocks = pool().lock().unwrap_or_else(|e| e.into_inner()).drain();
     if !blocks.is_empty() {
         let _ = cu::ctx::synchronize();
