@@ -15,6 +15,8 @@
 //! Medians over several runs after warm-ups. `--dry-run DIR` needs no GPU: it builds every
 //! graph, generates its PTX for sm_90 and writes `DIR/<name>.ptx` (for `ptxas`).
 
+#[path = "timing.rs"]
+mod timing;
 use oar::jit::{InputSpec, to_static_layer, to_static_train_step};
 use oar::nn::functional::cross_entropy;
 use oar::nn::{Layer, Linear, ReLU, Reduction, Sequential};
@@ -24,27 +26,13 @@ use oar_backend_ptx::runtime::{GpuMemory, GpuProgram};
 use oar_backend_ptx::{Arch, compile_to_ptx};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Instant;
+use timing::median_ms;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Elements of the bandwidth test: 64 Mi f32 = 256 MiB in, 256 MiB out.
 const ELEMENTS: usize = 64 << 20;
 const BATCH: usize = 64;
-
-fn median_ms(mut f: impl FnMut() -> Res<()>, warm: usize, runs: usize) -> Res<f64> {
-    for _ in 0..warm {
-        f()?;
-    }
-    let mut t = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let s = Instant::now();
-        f()?;
-        t.push(s.elapsed().as_secs_f64() * 1e3);
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[runs / 2])
-}
 
 fn mlp() -> oar::Result<Sequential> {
     Ok(Sequential::new()
@@ -153,12 +141,12 @@ fn run() -> Res<()> {
     let bytes = ELEMENTS * 4;
     let src = GpuMemory::upload(&vec![0u8; bytes], "copy source")?;
     let mut dst = GpuMemory::alloc(bytes, "copy destination")?;
-    let copy_ms = median_ms(|| Ok(dst.copy_from(&src, "copy")?), 3, 20)?;
+    let copy_ms = median_ms(3, 20, || -> Res<()> { Ok(dst.copy_from(&src, "copy")?) })?;
     let copy_gbs = 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9;
     drop((src, dst));
     let graph = fused_graph()?;
     let (p, inputs) = resident(&graph, &BTreeMap::new(), gpu.arch)?;
-    let fused_ms = median_ms(|| run_resident(&p, &graph, &inputs), 3, 20)?;
+    let fused_ms = median_ms(3, 20, || run_resident(&p, &graph, &inputs))?;
     let fused_gbs = 2.0 * bytes as f64 / (fused_ms * 1e-3) / 1e9;
     println!("copy_gbs {copy_gbs:.1}");
     println!("fused_gbs {fused_gbs:.1}");
@@ -167,21 +155,17 @@ fn run() -> Res<()> {
 
     let (graph, weights) = resnet18()?;
     let (p, inputs) = resident(&graph, &weights, gpu.arch)?;
-    let ms = median_ms(|| run_resident(&p, &graph, &inputs), 2, 10)?;
+    let ms = median_ms(2, 10, || run_resident(&p, &graph, &inputs))?;
     println!("resnet18_b64_ms {ms:.3}");
     drop((p, inputs));
 
     let (x, y) = batch()?;
     let (_, step) = mlp_train_step()?;
     let step = step.with_backend("ptx")?;
-    let ms = median_ms(
-        || {
-            step.call(&[&x, &y])?;
-            Ok(())
-        },
-        3,
-        30,
-    )?;
+    let ms = median_ms(3, 30, || -> Res<()> {
+        step.call(&[&x, &y])?;
+        Ok(())
+    })?;
     println!("mlp_train_ms {ms:.3}");
 
     let dev = Device::gpu(0);
@@ -189,17 +173,13 @@ fn run() -> Res<()> {
     model.to(&dev)?;
     let (x, y) = (x.to(&dev)?, y.to(&dev)?);
     let mut opt = AdamW::new(model.named_parameters(), 1e-3);
-    let ms = median_ms(
-        || {
-            let loss = cross_entropy(&model.forward(&x)?, &y, Reduction::Mean)?;
-            loss.backward()?;
-            opt.step()?;
-            opt.clear_grad();
-            Ok(())
-        },
-        3,
-        20,
-    )?;
+    let ms = median_ms(3, 20, || -> Res<()> {
+        let loss = cross_entropy(&model.forward(&x)?, &y, Reduction::Mean)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.clear_grad();
+        Ok(())
+    })?;
     println!("mlp_train_eager_ms {ms:.3}");
     Ok(())
 }

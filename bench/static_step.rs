@@ -2,30 +2,20 @@
 //! one graph (`jit::to_static_train_step`) and run on the default backend. Prints the median
 //! step time of each and their ratio, from the same run.
 
+#[path = "timing.rs"]
+mod timing;
 use oar::jit::{InputSpec, to_static_train_step};
 use oar::nn::functional::cross_entropy;
 use oar::nn::{Layer, Linear, ReLU, Reduction, Sequential};
 use oar::optimizer::{AdamW, Optimizer};
 use oar::{DType, Result, Tensor};
-use std::time::Instant;
+use timing::median_ms;
 
 fn mlp() -> Result<Sequential> {
     Ok(Sequential::new()
         .add(Linear::new(64, 128)?)
         .add(ReLU)
         .add(Linear::new(128, 10)?))
-}
-
-fn median_ms(mut f: impl FnMut() -> Result<()>, runs: usize) -> Result<f64> {
-    f()?;
-    let mut t = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let s = Instant::now();
-        f()?;
-        t.push(s.elapsed().as_secs_f64() * 1e3);
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[runs / 2])
 }
 
 fn main() -> Result<()> {
@@ -35,16 +25,13 @@ fn main() -> Result<()> {
 
     let eager = mlp()?;
     let mut opt = AdamW::new(eager.named_parameters(), 1e-3);
-    let eager_ms = median_ms(
-        || {
-            let loss = cross_entropy(&eager.forward(&x)?, &y, Reduction::Mean)?;
-            loss.backward()?;
-            opt.step()?;
-            opt.clear_grad();
-            Ok(())
-        },
-        51,
-    )?;
+    let eager_ms = median_ms(1, 51, || -> Result<()> {
+        let loss = cross_entropy(&eager.forward(&x)?, &y, Reduction::Mean)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.clear_grad();
+        Ok(())
+    })?;
 
     let model = mlp()?;
     let mut opt = AdamW::new(model.named_parameters(), 1e-3);
@@ -56,13 +43,10 @@ fn main() -> Result<()> {
         cross_entropy(&model.forward(&xs[0])?, &xs[1], Reduction::Mean)
     })?;
     let nodes = step.graph().node_count();
-    let static_ms = median_ms(
-        || {
-            step.call(&[&x, &y])?;
-            Ok(())
-        },
-        51,
-    )?;
+    let static_ms = median_ms(1, 51, || -> Result<()> {
+        step.call(&[&x, &y])?;
+        Ok(())
+    })?;
     println!("eager step:  {eager_ms:.3} ms (median of 51)");
     println!(
         "static step: {static_ms:.3} ms (median of 51; one graph of {nodes} nodes on the `{}` backend)",

@@ -1,4 +1,5 @@
-//! Timing shared by the bench examples (included with `#[path]`).
+//! Timing shared by the bench examples (included with `#[path]`; each uses what it needs).
+#![allow(dead_code)]
 
 use std::time::Instant;
 
@@ -14,4 +15,20 @@ pub fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
         .collect();
     t.sort_by(f64::total_cmp);
     t[t.len() / 2]
+}
+
+/// Median wall time of `runs` calls of a fallible `f`, after `warm` warm-up calls, in
+/// milliseconds; the first error stops the measurement.
+pub fn median_ms<E>(warm: usize, runs: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<f64, E> {
+    for _ in 0..warm {
+        f()?;
+    }
+    let mut t = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let s = Instant::now();
+        f()?;
+        t.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[runs / 2])
 }

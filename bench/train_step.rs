@@ -5,12 +5,14 @@
 //!
 //! Prints one line per model: `name static_ms eager_ms` (medians).
 
+#[path = "timing.rs"]
+mod timing;
 use oar::jit::{InputSpec, to_static_train_step};
 use oar::nn::functional::cross_entropy;
 use oar::nn::{Conv2D, Flatten, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential};
 use oar::optimizer::{AdamW, Optimizer};
 use oar::{DType, Result, Tensor};
-use std::time::Instant;
+use timing::median_ms;
 
 const BATCH: usize = 64;
 
@@ -40,20 +42,6 @@ fn lenet() -> Result<Sequential> {
         .add(Linear::new(84, 10)?))
 }
 
-fn median_ms(mut f: impl FnMut() -> Result<()>, runs: usize) -> Result<f64> {
-    for _ in 0..3 {
-        f()?;
-    }
-    let mut t = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let s = Instant::now();
-        f()?;
-        t.push(s.elapsed().as_secs_f64() * 1e3);
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[runs / 2])
-}
-
 fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: usize) -> Result<()> {
     oar::seed(0);
     let x = oar::randn(x_shape, DType::F32)?;
@@ -61,16 +49,13 @@ fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: 
 
     let eager = make()?;
     let mut opt = AdamW::new(eager.named_parameters(), 1e-3);
-    let eager_ms = median_ms(
-        || {
-            let loss = cross_entropy(&eager.forward(&x)?, &y, Reduction::Mean)?;
-            loss.backward()?;
-            opt.step()?;
-            opt.clear_grad();
-            Ok(())
-        },
-        runs,
-    )?;
+    let eager_ms = median_ms(3, runs, || -> Result<()> {
+        let loss = cross_entropy(&eager.forward(&x)?, &y, Reduction::Mean)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.clear_grad();
+        Ok(())
+    })?;
 
     let model = make()?;
     let mut opt = AdamW::new(model.named_parameters(), 1e-3);
@@ -88,13 +73,10 @@ fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: 
     if let Ok(dir) = std::env::var("OAR_BENCH_SAVE") {
         step.save(std::path::Path::new(&dir).join(format!("{name}_train_step.oar")))?;
     }
-    let static_ms = median_ms(
-        || {
-            step.call(&[&x, &y])?;
-            Ok(())
-        },
-        runs,
-    )?;
+    let static_ms = median_ms(3, runs, || -> Result<()> {
+        step.call(&[&x, &y])?;
+        Ok(())
+    })?;
     println!("{name} {static_ms:.4} {eager_ms:.4}");
     Ok(())
 }

@@ -99,15 +99,26 @@ fn compile_ptx(args: &CompileArgs) -> CliResult<()> {
     let bindings = parse_binds(&args.binds)?;
     let (program, module) = oar_backend_ptx::compile_to_ptx(&model.graph, &bindings, arch)
         .map_err(|e| format!("{}: {e}", args.file.display()))?;
-    let text = module.text();
-    if write_text(&args.output, &text)? {
+    write_ptx(&args.output, &program, &module, "PTX")
+}
+
+/// Write a PTX module to `path` (or print it for `-`), then summarize its entries and host
+/// steps; `what` names the entries (`PTX`, `MLIR-made PTX`).
+fn write_ptx(
+    path: &std::path::Path,
+    program: &oar::ir::kernel::KernelProgram,
+    module: &oar_backend_ptx::PtxModule,
+    what: &str,
+) -> CliResult<()> {
+    if write_text(path, &module.text())? {
         return Ok(());
     }
     let host = module.host_steps();
     println!(
-        "{} kernels: {} PTX entries for {arch}, {} on the host",
+        "{} kernels: {} {what} entries for {}, {} on the host",
         program.kernels.len(),
         module.entries.len(),
+        module.arch,
         host.len()
     );
     for (k, reason) in host {
@@ -179,20 +190,7 @@ fn compile_mlir_gpu(args: &CompileArgs) -> CliResult<()> {
             missing.join(", ")
         );
     }
-    if write_text(&args.output, &module.text())? {
-        return Ok(());
-    }
-    let host = module.host_steps();
-    println!(
-        "{} kernels: {} MLIR-made PTX entries for {arch}, {} on the host",
-        program.kernels.len(),
-        module.entries.len(),
-        host.len()
-    );
-    for (k, reason) in host {
-        println!("  host `{}`: {reason}", program.kernels[k].name);
-    }
-    Ok(())
+    write_ptx(&args.output, &program, &module, "MLIR-made PTX")
 }
 
 #[cfg(not(feature = "mlir"))]
