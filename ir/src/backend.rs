@@ -187,3 +187,85 @@ pub fn check_inputs(
     }
     Ok(bind)
 }
+
+/// A thread-safe map that keeps at most `capacity` entries — emptied when full, so memory
+/// stays bounded — for what backends compile once and reuse: programs per binding of symbolic
+/// dims, eager executables per op and shape.
+pub struct BoundedCache<K, V> {
+    map: std::sync::Mutex<std::collections::HashMap<K, V>>,
+    capacity: usize,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> BoundedCache<K, V> {
+    /// An empty cache of at most `capacity` entries.
+    pub fn new(capacity: usize) -> Self {
+        BoundedCache {
+            map: Default::default(),
+            capacity,
+        }
+    }
+
+    /// The value for `key`, if cached.
+    pub fn get(&self, key: &K) -> Option<V> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+    }
+
+    /// Cache `value` under `key` (emptying the cache first when it is full).
+    pub fn insert(&self, key: K, value: V) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= self.capacity {
+            map.clear();
+        }
+        map.insert(key, value);
+    }
+
+    /// The cached value for `key`, or `make()`'s, cached. `make` runs without the lock held (two
+    /// threads missing at once both make a value; the last one stays).
+    pub fn get_or_try_insert_with<E>(&self, key: &K, make: impl FnOnce() -> Result<V, E>) -> Result<V, E> {
+        if let Some(v) = self.get(key) {
+            return Ok(v);
+        }
+        let v = make()?;
+        self.insert(key.clone(), v.clone());
+        Ok(v)
+    }
+
+    /// Entries held now.
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drop every entry.
+    pub fn clear(&self) {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::BoundedCache;
+
+    #[test]
+    fn bounded_cache_reuses_and_stays_bounded() {
+        let c: BoundedCache<u32, u32> = BoundedCache::new(2);
+        let mut made = 0;
+        for k in [1, 1, 2, 1] {
+            c.get_or_try_insert_with(&k, || {
+                made += 1;
+                Ok::<_, ()>(k * 10)
+            })
+            .unwrap();
+        }
+        assert_eq!((made, c.len()), (2, 2));
+        assert_eq!(c.get_or_try_insert_with(&3, || Ok::<_, ()>(30)), Ok(30));
+        assert_eq!(c.len(), 1, "full: emptied before the third key");
+        assert_eq!(c.get(&1), None);
+        assert_eq!(c.get_or_try_insert_with(&4, || Err("no")), Err("no"));
+        assert_eq!(c.get(&4), None, "a failed make caches nothing");
+    }
+}

@@ -3,10 +3,10 @@
 
 use super::Device;
 use crate::error::{Error, Result};
+use oar_ir::backend::BoundedCache;
 use oar_ir::{BackendError, DeviceExecutable, DeviceRuntime, DeviceTensor, Graph, Op, TensorData, TensorType};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 /// Most compiled eager ops kept; the cache is emptied when full (memory stays bounded).
 const CACHE_CAPACITY: usize = 2048;
@@ -63,7 +63,7 @@ pub(crate) fn download(device: &Device, t: &DeviceTensor) -> Result<TensorData> 
     Ok(runtime_for(device)?.download(t)?)
 }
 
-#[derive(PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
     kind: String,
     index: usize,
@@ -71,16 +71,19 @@ struct Key {
     inputs: Vec<TensorType>,
 }
 
-#[derive(Default)]
 struct Cache {
-    map: Mutex<HashMap<Key, Arc<dyn DeviceExecutable>>>,
+    map: BoundedCache<Key, Arc<dyn DeviceExecutable>>,
     hits: AtomicU64,
     compiles: AtomicU64,
 }
 
 fn cache() -> &'static Cache {
     static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(Cache::default)
+    CACHE.get_or_init(|| Cache {
+        map: BoundedCache::new(CACHE_CAPACITY),
+        hits: AtomicU64::new(0),
+        compiles: AtomicU64::new(0),
+    })
 }
 
 /// Counters of the eager device-op cache, since the process started.
@@ -100,13 +103,13 @@ pub fn cache_stats() -> CacheStats {
     CacheStats {
         hits: c.hits.load(Ordering::Relaxed),
         compiles: c.compiles.load(Ordering::Relaxed),
-        entries: c.map.lock().unwrap_or_else(|e| e.into_inner()).len(),
+        entries: c.map.len(),
     }
 }
 
 /// Drop every cached device executable (counters keep counting).
 pub fn clear_cache() {
-    cache().map.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    cache().map.clear();
 }
 
 /// A one-op graph: inputs `x0..`, outputs `y0..`.
@@ -138,8 +141,7 @@ pub(crate) fn run_op(
         inputs: inputs.iter().map(|t| t.tensor_type()).collect(),
     };
     let c = cache();
-    let found = c.map.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
-    let exe = match found {
+    let exe = match c.map.get(&key) {
         Some(exe) => {
             c.hits.fetch_add(1, Ordering::Relaxed);
             exe
@@ -148,11 +150,7 @@ pub(crate) fn run_op(
             let graph = op_graph(op, &key.inputs)?;
             let exe = runtime.compile(device.index(), &graph)?;
             c.compiles.fetch_add(1, Ordering::Relaxed);
-            let mut map = c.map.lock().unwrap_or_else(|e| e.into_inner());
-            if map.len() >= CACHE_CAPACITY {
-                map.clear();
-            }
-            map.insert(key, exe.clone());
+            c.map.insert(key, exe.clone());
             exe
         }
     };

@@ -17,10 +17,10 @@ pub mod jit;
 pub mod lower;
 
 use oar_cpu_runtime::Model;
-use oar_ir::backend::check_inputs;
+use oar_ir::backend::{BoundedCache, check_inputs};
 use oar_ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 /// Why the CPU backend could not compile a graph.
 #[derive(Debug, thiserror::Error)]
@@ -77,32 +77,25 @@ type CacheKey = (String, BTreeMap<String, usize>);
 /// Most compiled programs kept in the process-wide cache.
 const CACHE_CAPACITY: usize = 64;
 
-fn cache() -> &'static Mutex<HashMap<CacheKey, Arc<Compiled>>> {
-    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<Compiled>>>> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
+fn cache() -> &'static BoundedCache<CacheKey, Arc<Compiled>> {
+    static CACHE: OnceLock<BoundedCache<CacheKey, Arc<Compiled>>> = OnceLock::new();
+    CACHE.get_or_init(|| BoundedCache::new(CACHE_CAPACITY))
 }
 
 /// Lower and JIT-compile `graph` for `bindings`, or reuse an earlier compilation of the same
 /// graph text and bindings in this process.
 pub fn compile_cached(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Arc<Compiled>, CpuError> {
     let key = (oar_ir::text::print_graph(graph), bindings.clone());
-    if let Some(c) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(c.clone());
-    }
-    let lowered = lower::lower(graph, bindings)?;
-    let code = jit::jit(&lowered)?;
-    let compiled = Arc::new(Compiled { lowered, code });
-    let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
-    if c.len() >= CACHE_CAPACITY {
-        c.clear();
-    }
-    c.insert(key, compiled.clone());
-    Ok(compiled)
+    cache().get_or_try_insert_with(&key, || {
+        let lowered = lower::lower(graph, bindings)?;
+        let code = jit::jit(&lowered)?;
+        Ok(Arc::new(Compiled { lowered, code }))
+    })
 }
 
 /// Number of programs in the process-wide compile cache (for tests and reports).
 pub fn cache_len() -> usize {
-    cache().lock().unwrap_or_else(|e| e.into_inner()).len()
+    cache().len()
 }
 
 /// The CPU backend (registry name `cpu`).
@@ -130,7 +123,7 @@ impl Backend for CpuBackend {
         let exe = CpuExecutable {
             graph: graph.clone(),
             weights: weights.clone(),
-            models: Mutex::new(HashMap::new()),
+            models: BoundedCache::new(CACHE_CAPACITY),
         };
         // Static graphs compile now, so errors show at compile time; symbolic ones per binding.
         let symbolic = graph.input_specs().iter().any(|(_, t)| !t.shape.is_static());
@@ -148,27 +141,22 @@ type BoundModel = Arc<(Arc<Compiled>, Model)>;
 struct CpuExecutable {
     graph: Graph,
     weights: Weights,
-    models: Mutex<HashMap<BTreeMap<String, usize>, BoundModel>>,
+    models: BoundedCache<BTreeMap<String, usize>, BoundModel>,
 }
 
 impl CpuExecutable {
     fn model(&self, bindings: &BTreeMap<String, usize>) -> Result<BoundModel, BackendError> {
-        if let Some(m) = self.models.lock().unwrap_or_else(|e| e.into_inner()).get(bindings) {
-            return Ok(m.clone());
-        }
+        self.models.get_or_try_insert_with(bindings, || self.bind(bindings))
+    }
+
+    fn bind(&self, bindings: &BTreeMap<String, usize>) -> Result<BoundModel, BackendError> {
         let compiled = compile_cached(&self.graph, bindings)?;
         let mut weights = compiled.lowered.consts.clone();
         for (k, v) in &self.weights {
             weights.insert(k.clone(), v.clone());
         }
         let model = Model::new(compiled.lowered.cpu.clone(), compiled.code.funcs.clone(), &weights)?;
-        let entry = Arc::new((compiled, model));
-        let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
-        if models.len() >= CACHE_CAPACITY {
-            models.clear();
-        }
-        models.insert(bindings.clone(), entry.clone());
-        Ok(entry)
+        Ok(Arc::new((compiled, model)))
     }
 }
 

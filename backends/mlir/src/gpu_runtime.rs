@@ -5,10 +5,11 @@ use crate::gpu::find_libdevice;
 use crate::ptx_module::{ptx_module, unresolved_externs};
 use oar_backend_ptx::Arch;
 use oar_backend_ptx::runtime::{GpuProgram, gpu};
+use oar_ir::backend::BoundedCache;
 use oar_ir::backend::check_inputs;
 use oar_ir::{BackendError, Executable, Graph, TensorData, Weights};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 const NAME: &str = "mlir-gpu";
 
@@ -34,7 +35,7 @@ pub(crate) fn compile(graph: &Graph, weights: &Weights) -> Result<Box<dyn Execut
         graph: graph.clone(),
         weights: weights.clone(),
         arch: g.arch,
-        loaded: Mutex::new(HashMap::new()),
+        loaded: BoundedCache::new(CACHE_CAPACITY),
     };
     if graph.input_specs().iter().all(|(_, t)| t.shape.is_static()) {
         exe.loaded(&BTreeMap::new())?; // static graphs report compile errors now
@@ -46,14 +47,15 @@ struct MlirGpuExecutable {
     graph: Graph,
     weights: Weights,
     arch: Arch,
-    loaded: Mutex<HashMap<BTreeMap<String, usize>, Arc<GpuProgram>>>,
+    loaded: BoundedCache<BTreeMap<String, usize>, Arc<GpuProgram>>,
 }
 
 impl MlirGpuExecutable {
     fn loaded(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<GpuProgram>, BackendError> {
-        if let Some(p) = self.loaded.lock().unwrap_or_else(|e| e.into_inner()).get(bindings) {
-            return Ok(p.clone());
-        }
+        self.loaded.get_or_try_insert_with(bindings, || self.load(bindings))
+    }
+
+    fn load(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<GpuProgram>, BackendError> {
         // The `ptx` backend's lowering (stages split into scratch buffers), MLIR's kernels.
         let program = oar_backend_ptx::lower(&self.graph, bindings)?;
         let libdevice = find_libdevice();
@@ -72,13 +74,7 @@ impl MlirGpuExecutable {
                 ),
             });
         }
-        let p = Arc::new(GpuProgram::load(program, module, &self.weights)?);
-        let mut cache = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
-        }
-        cache.insert(bindings.clone(), p.clone());
-        Ok(p)
+        Ok(Arc::new(GpuProgram::load(program, module, &self.weights)?))
     }
 }
 

@@ -19,11 +19,12 @@ pub mod runtime;
 
 pub use codegen::{Arch, PtxModule, Step, generate};
 
+use oar_ir::backend::BoundedCache;
 use oar_ir::backend::check_inputs;
 use oar_ir::kernel::KernelProgram;
 use oar_ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Why the PTX backend could not compile a graph.
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +111,7 @@ impl Backend for PtxBackend {
             graph: graph.clone(),
             weights: weights.clone(),
             arch: gpu.arch,
-            loaded: Mutex::new(HashMap::new()),
+            loaded: BoundedCache::new(CACHE_CAPACITY),
         };
         let symbolic = graph.input_specs().iter().any(|(_, t)| !t.shape.is_static());
         if !symbolic {
@@ -127,22 +128,15 @@ struct PtxExecutable {
     graph: Graph,
     weights: Weights,
     arch: Arch,
-    loaded: Mutex<HashMap<BTreeMap<String, usize>, Arc<runtime::GpuProgram>>>,
+    loaded: BoundedCache<BTreeMap<String, usize>, Arc<runtime::GpuProgram>>,
 }
 
 impl PtxExecutable {
     fn loaded(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<runtime::GpuProgram>, BackendError> {
-        if let Some(p) = self.loaded.lock().unwrap_or_else(|e| e.into_inner()).get(bindings) {
-            return Ok(p.clone());
-        }
-        let (program, module) = compile_to_ptx(&self.graph, bindings, self.arch)?;
-        let p = Arc::new(runtime::GpuProgram::load(program, module, &self.weights)?);
-        let mut cache = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
-        }
-        cache.insert(bindings.clone(), p.clone());
-        Ok(p)
+        self.loaded.get_or_try_insert_with(bindings, || {
+            let (program, module) = compile_to_ptx(&self.graph, bindings, self.arch)?;
+            Ok(Arc::new(runtime::GpuProgram::load(program, module, &self.weights)?))
+        })
     }
 }
 
