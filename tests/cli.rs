@@ -74,6 +74,12 @@ fn inspect_run_dot_and_backends() {
     );
     let o = oar(&["backends"]);
     assert!(stdout(&o).contains("reference"), "{}", stdout(&o));
+    let gpu = stdout(&o).lines().find(|l| l.starts_with("gpu ")).map(str::to_string);
+    assert!(
+        gpu.as_deref().is_some_and(|l| l.contains("ptx runtime: ")),
+        "the gpu device runtime is listed with its state:\n{}",
+        stdout(&o)
+    );
 }
 
 #[test]

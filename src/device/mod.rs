@@ -74,5 +74,5 @@ mod host;
 mod runtime;
 
 pub use host::HostRuntime;
-pub use runtime::{CacheStats, cache_stats, clear_cache, register_runtime, runtime_for};
+pub use runtime::{CacheStats, cache_stats, clear_cache, register_runtime, runtime_for, runtimes};
 pub(crate) use runtime::{download, run_op, upload};

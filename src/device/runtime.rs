@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// Most compiled eager ops kept; the cache is emptied when full (memory stays bounded).
 const CACHE_CAPACITY: usize = 2048;
 
-fn runtimes() -> &'static RwLock<Vec<Arc<dyn DeviceRuntime>>> {
+fn registry() -> &'static RwLock<Vec<Arc<dyn DeviceRuntime>>> {
     static RUNTIMES: OnceLock<RwLock<Vec<Arc<dyn DeviceRuntime>>>> = OnceLock::new();
     RUNTIMES.get_or_init(|| {
         // The PTX runtime serves `gpu`: constructing it touches no driver; without one, every
@@ -25,15 +25,20 @@ fn runtimes() -> &'static RwLock<Vec<Arc<dyn DeviceRuntime>>> {
 /// Register (or replace) the runtime for its device kind: afterwards `Tensor::to` accepts
 /// devices of that kind and eager ops on such tensors run through it.
 pub fn register_runtime(runtime: Arc<dyn DeviceRuntime>) {
-    let mut list = runtimes().write().unwrap_or_else(|e| e.into_inner());
+    let mut list = registry().write().unwrap_or_else(|e| e.into_inner());
     list.retain(|r| r.kind() != runtime.kind());
     list.push(runtime);
     clear_cache();
 }
 
+/// Every registered device runtime, in registration order.
+pub fn runtimes() -> Vec<Arc<dyn DeviceRuntime>> {
+    registry().read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// The runtime serving `device`'s kind, checked usable for its index.
 pub fn runtime_for(device: &Device) -> Result<Arc<dyn DeviceRuntime>> {
-    let list = runtimes().read().unwrap_or_else(|e| e.into_inner());
+    let list = registry().read().unwrap_or_else(|e| e.into_inner());
     let r = list
         .iter()
         .find(|r| r.kind() == device.kind())

@@ -60,7 +60,7 @@ enum Command {
         #[arg(long, short = 'o')]
         output: Option<PathBuf>,
     },
-    /// List the registered backends.
+    /// List the registered backends and eager device runtimes.
     Backends,
     /// Run a pass pipeline over a model (print, dump, time and numerically check each pass).
     Opt(opt::OptArgs),
@@ -150,6 +150,15 @@ fn run(command: Command) -> CliResult<()> {
         Command::Backends => {
             for b in oar::backend::registry().list() {
                 println!("{:<12} {}", b.name(), b.description());
+            }
+            println!("\neager device runtimes (Tensor::to / Layer::to):");
+            println!("{:<12} host memory", "cpu");
+            for r in oar::device::runtimes() {
+                let state = match r.check(0) {
+                    Ok(()) => "available".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                println!("{:<12} {} runtime: {state}", r.kind(), r.name());
             }
             Ok(())
         }
