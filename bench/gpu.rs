@@ -98,28 +98,37 @@ fn dry_run(dir: PathBuf) -> Res<()> {
     Ok(())
 }
 
-/// A graph loaded on the GPU with resident inputs, run without host copies.
-fn resident(graph: &oar::ir::Graph, weights: &oar::ir::Weights, arch: Arch) -> Res<(GpuProgram, Vec<GpuMemory>)> {
-    let (program, module) = compile_to_ptx(graph, &BTreeMap::new(), arch)?;
-    let mut inputs = Vec::new();
-    for (name, ty) in graph.input_specs() {
-        let shape = ty.shape.as_static().ok_or("static shapes")?;
-        oar::seed(1);
-        let t = oar::randn(&shape, ty.dtype)?;
-        inputs.push(GpuMemory::upload(t.data().bytes(), &name)?);
-    }
-    Ok((GpuProgram::load(program, module, weights)?, inputs))
+/// A graph loaded on the GPU with random inputs resident there, run without host copies.
+struct Resident {
+    program: GpuProgram,
+    /// Input pointers by name (into `_inputs`, which keeps them allocated).
+    ptrs: BTreeMap<String, u64>,
+    _inputs: Vec<GpuMemory>,
 }
 
-fn run_resident(p: &GpuProgram, graph: &oar::ir::Graph, inputs: &[GpuMemory]) -> Res<()> {
-    let ptrs: BTreeMap<String, u64> = graph
-        .input_specs()
-        .into_iter()
-        .zip(inputs)
-        .map(|((n, _), m)| (n, m.ptr()))
-        .collect();
-    p.run_resident(&ptrs)?;
-    Ok(())
+impl Resident {
+    fn load(graph: &oar::ir::Graph, weights: &oar::ir::Weights, arch: Arch) -> Res<Resident> {
+        let (program, module) = compile_to_ptx(graph, &BTreeMap::new(), arch)?;
+        let (mut ptrs, mut inputs) = (BTreeMap::new(), Vec::new());
+        for (name, ty) in graph.input_specs() {
+            let shape = ty.shape.as_static().ok_or("static shapes")?;
+            oar::seed(1);
+            let m = GpuMemory::upload(oar::randn(&shape, ty.dtype)?.data().bytes(), &name)?;
+            ptrs.insert(name, m.ptr());
+            inputs.push(m);
+        }
+        let program = GpuProgram::load(program, module, weights)?;
+        Ok(Resident {
+            program,
+            ptrs,
+            _inputs: inputs,
+        })
+    }
+
+    fn run(&self) -> Res<()> {
+        self.program.run_resident(&self.ptrs)?;
+        Ok(())
+    }
 }
 
 fn main() {
@@ -145,19 +154,19 @@ fn run() -> Res<()> {
     let copy_gbs = 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9;
     drop((src, dst));
     let graph = fused_graph()?;
-    let (p, inputs) = resident(&graph, &BTreeMap::new(), gpu.arch)?;
-    let fused_ms = median_ms(3, 20, || run_resident(&p, &graph, &inputs))?;
+    let fused = Resident::load(&graph, &BTreeMap::new(), gpu.arch)?;
+    let fused_ms = median_ms(3, 20, || fused.run())?;
     let fused_gbs = 2.0 * bytes as f64 / (fused_ms * 1e-3) / 1e9;
     println!("copy_gbs {copy_gbs:.1}");
     println!("fused_gbs {fused_gbs:.1}");
     println!("fused_of_copy {:.3}", fused_gbs / copy_gbs);
-    drop((p, inputs));
+    drop(fused);
 
     let (graph, weights) = resnet18()?;
-    let (p, inputs) = resident(&graph, &weights, gpu.arch)?;
-    let ms = median_ms(2, 10, || run_resident(&p, &graph, &inputs))?;
+    let resnet = Resident::load(&graph, &weights, gpu.arch)?;
+    let ms = median_ms(2, 10, || resnet.run())?;
     println!("resnet18_b64_ms {ms:.3}");
-    drop((p, inputs));
+    drop(resnet);
 
     let (x, y) = batch()?;
     let (_, step) = mlp_train_step()?;

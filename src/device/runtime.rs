@@ -59,8 +59,7 @@ pub fn runtime_for(device: &Device) -> Result<Arc<dyn DeviceRuntime>> {
 
 /// Copy host data to `device`.
 pub(crate) fn upload(device: &Device, data: &TensorData) -> Result<DeviceTensor> {
-    let t = runtime_for(device)?.upload(device.index(), data)?;
-    Ok(t)
+    Ok(runtime_for(device)?.upload(device.index(), data)?)
 }
 
 /// Copy a tensor on `device` to the host.

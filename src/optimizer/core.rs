@@ -4,7 +4,7 @@
 use super::{GradClip, LearningRate, Params};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use oar_ir::{DType, TensorData};
+use oar_ir::{DType, TensorData, TensorType};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -138,7 +138,7 @@ impl Core {
         let lr = self.lr.value();
         self.check(lr)?;
         let on_device = self.on_device();
-        self.pull_device_state()?;
+        self.pull_device_state(on_device)?;
         let mut which = Vec::new();
         let mut grads = Vec::new();
         for (i, p) in self.params.iter().enumerate() {
@@ -148,12 +148,7 @@ impl Core {
             }
             let g = g.try_data()?;
             if g.shape() != p.shape().as_slice() {
-                return Err(self.invalid(format!(
-                    "parameter `{}` is {} but its gradient is {}",
-                    self.names[i],
-                    p.tensor_type(),
-                    g.tensor_type()
-                )));
+                return Err(self.grad_mismatch(i, g.tensor_type()));
             }
             which.push(i);
             grads.push(g.to_f64_vec());
@@ -191,10 +186,10 @@ impl Core {
 
     /// Bring device-held state back to the host state (a parameter moved back to the CPU,
     /// clipping was turned on, or a state dict is wanted).
-    fn pull_device_state(&mut self) -> Result<()> {
-        for i in 0..self.params.len() {
-            let keep_on_device = self.on_device() && !self.params[i].device().is_cpu();
-            if keep_on_device {
+    /// `on_device` is [`Core::on_device`]'s answer for this step.
+    fn pull_device_state(&mut self, on_device: bool) -> Result<()> {
+        for (i, p) in self.params.iter().enumerate() {
+            if on_device && !p.device().is_cpu() {
                 continue;
             }
             if let Some(ds) = self.device_state[i].take() {
@@ -202,6 +197,15 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// The error for parameter `i` whose gradient has another shape.
+    fn grad_mismatch(&self, i: usize, grad: TensorType) -> Error {
+        self.invalid(format!(
+            "parameter `{}` is {} but its gradient is {grad}",
+            self.names[i],
+            self.params[i].tensor_type()
+        ))
     }
 
     /// The device form of [`Core::step`] for parameters on a device: the optimizer's tensor-op
@@ -223,17 +227,12 @@ impl Core {
             }
             let Some(grad) = p.grad() else { continue };
             if grad.shape() != p.shape() {
-                return Err(self.invalid(format!(
-                    "parameter `{}` is {} but its gradient is {}",
-                    self.names[i],
-                    p.tensor_type(),
-                    grad.tensor_type()
-                )));
+                return Err(self.grad_mismatch(i, grad.tensor_type()));
             }
+            let dtype = state_dtype(p.dtype());
             let st = match self.device_state[i].take() {
                 Some(st) => st,
                 None => {
-                    let dtype = state_dtype(p.dtype());
                     let host = self.state[i].take();
                     let slots = (0..self.slots.len())
                         .map(|j| {
@@ -270,7 +269,6 @@ impl Core {
             };
             let (new_p, new_slots) = update(&args)?;
             p.set_value(&new_p.cast(p.dtype())?.to(&device)?)?;
-            let dtype = state_dtype(p.dtype());
             self.device_state[i] = Some(DeviceState {
                 step: next,
                 slots: new_slots

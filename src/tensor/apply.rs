@@ -43,25 +43,32 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         detail,
     })?;
     let outs = crate::kernels::run(&op, &datas)?;
-    let record = needs_grad && outs.iter().any(|o| o.dtype().is_float());
+    let host = |d: Vec<TensorData>| d.into_iter().map(Storage::Host).collect();
+    Ok(outputs(op, inputs, needs_grad, host(datas), host(outs)))
+}
+
+/// The output tensors of `op` on `inputs`: leaves, or — when a gradient is needed and some
+/// output is a float — recorded on the tape with the op's operands and results saved.
+fn outputs(op: Op, inputs: &[&Tensor], needs_grad: bool, operands: Vec<Storage>, results: Vec<Storage>) -> Vec<Tensor> {
+    let record = needs_grad && results.iter().any(|r| r.dtype().is_float());
     if !record {
-        return Ok(outs.into_iter().map(Tensor::from_data).collect());
+        return results.into_iter().map(|r| Tensor::make_in(r, None)).collect();
     }
-    let saved_in = datas.into_iter().map(Tensor::from_data).collect();
-    let saved_out = outs.iter().cloned().map(Tensor::from_data).collect();
+    let saved_in = operands.into_iter().map(|r| Tensor::make_in(r, None)).collect();
+    let saved_out = results.iter().cloned().map(|r| Tensor::make_in(r, None)).collect();
     let node = Arc::new(GradNode::new(op, inputs, saved_in, saved_out));
-    Ok(outs
+    results
         .into_iter()
         .enumerate()
-        .map(|(i, d)| {
-            let float = d.dtype().is_float();
-            let t = Tensor::make(d, Some((node.clone(), i)));
+        .map(|(i, r)| {
+            let float = r.dtype().is_float();
+            let t = Tensor::make_in(r, Some((node.clone(), i)));
             if !float {
                 t.0.stop_gradient.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             t
         })
-        .collect())
+        .collect()
 }
 
 /// Where an op on `inputs` runs: `None` for the CPU, else the one device its inputs are on.
@@ -99,19 +106,12 @@ fn placement(op: &Op, inputs: &[&Tensor]) -> Result<Option<Device>> {
 /// [`apply`] for a primitive on `device`: the device runtime runs it (compiled once per op,
 /// dtypes and shapes); the tape records device tensors, so backward runs there too.
 fn apply_on_device(op: Op, inputs: &[&Tensor], device: &Device, needs_grad: bool) -> Result<Vec<Tensor>> {
-    let mut on_device: Vec<Tensor> = Vec::with_capacity(inputs.len());
-    for t in inputs {
-        on_device.push(if t.device() == *device {
-            (*t).clone()
-        } else {
-            t.to(device)?
-        });
-    }
-    let dts: Vec<DeviceTensor> = on_device
+    // `placement` allows only tensors on `device` and CPU tensors (uploaded here).
+    let dts: Vec<DeviceTensor> = inputs
         .iter()
-        .map(|t| {
-            t.device_tensor()
-                .ok_or_else(|| Error::invalid(op.name(), format!("an input is not on {device}")))
+        .map(|t| match t.device_tensor() {
+            Some(d) => Ok(d),
+            None => crate::device::upload(device, &t.try_data()?),
         })
         .collect::<Result<_>>()?;
     let types: Vec<TensorType> = dts.iter().map(|d| d.tensor_type()).collect();
@@ -122,29 +122,15 @@ fn apply_on_device(op: Op, inputs: &[&Tensor], device: &Device, needs_grad: bool
     })?;
     let refs: Vec<&DeviceTensor> = dts.iter().collect();
     let outs = crate::device::run_op(device, &op, &refs, &expect)?;
-    let place = |tensor: DeviceTensor| Storage::Device {
-        device: device.clone(),
-        tensor,
+    let place = |ds: Vec<DeviceTensor>| {
+        ds.into_iter()
+            .map(|tensor| Storage::Device {
+                device: device.clone(),
+                tensor,
+            })
+            .collect()
     };
-    let record = needs_grad && outs.iter().any(|o| o.dtype.is_float());
-    if !record {
-        return Ok(outs.into_iter().map(|o| Tensor::make_in(place(o), None)).collect());
-    }
-    let saved_in = dts.into_iter().map(|d| Tensor::make_in(place(d), None)).collect();
-    let saved_out = outs.iter().cloned().map(|d| Tensor::make_in(place(d), None)).collect();
-    let node = Arc::new(GradNode::new(op, inputs, saved_in, saved_out));
-    Ok(outs
-        .into_iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let float = d.dtype.is_float();
-            let t = Tensor::make_in(place(d), Some((node.clone(), i)));
-            if !float {
-                t.0.stop_gradient.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            t
-        })
-        .collect())
+    Ok(outputs(op, inputs, needs_grad, place(dts), place(outs)))
 }
 
 /// Apply an op with one output.

@@ -54,7 +54,7 @@ pub(crate) enum Storage {
 }
 
 impl Storage {
-    fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         match self {
             Storage::Host(d) => d.dtype(),
             Storage::Device { tensor, .. } => tensor.dtype,
@@ -80,6 +80,19 @@ impl Storage {
             Storage::Host(d) => Ok(d.clone()),
             Storage::Device { device, tensor } => crate::device::download(device, tensor),
         }
+    }
+
+    /// This value placed on `device` (a download, an upload, or both). The target's runtime
+    /// is checked before anything is copied.
+    fn moved_to(&self, device: &Device) -> Result<Storage> {
+        if device.is_cpu() {
+            return Ok(Storage::Host(self.to_host()?));
+        }
+        let runtime = crate::device::runtime_for(device)?;
+        Ok(Storage::Device {
+            tensor: runtime.upload(device.index(), &self.to_host()?)?,
+            device: device.clone(),
+        })
     }
 }
 
@@ -108,7 +121,7 @@ impl Tensor {
 
     /// A traced tensor: a value of the graph `to_static` is building.
     pub(crate) fn traced(trace: crate::jit::Traced) -> Tensor {
-        let placeholder = TensorData::from_bytes(trace.dtype, vec![0], vec![]).expect("empty tensor");
+        let placeholder = placeholder(trace.dtype);
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             data: RwLock::new(Storage::Host(placeholder)),
@@ -168,13 +181,21 @@ impl Tensor {
         self.0.id
     }
 
+    fn stored(&self) -> std::sync::RwLockReadGuard<'_, Storage> {
+        self.0.data.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn store(&self, storage: Storage) {
+        *self.0.data.write().unwrap_or_else(|e| e.into_inner()) = storage;
+    }
+
     pub(crate) fn storage(&self) -> Storage {
-        self.0.data.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stored().clone()
     }
 
     /// The tensor's device memory, if it lives on a device.
     pub(crate) fn device_tensor(&self) -> Option<DeviceTensor> {
-        match &*self.0.data.read().unwrap_or_else(|e| e.into_inner()) {
+        match &*self.stored() {
             Storage::Host(_) => None,
             Storage::Device { tensor, .. } => Some(tensor.clone()),
         }
@@ -184,9 +205,7 @@ impl Tensor {
     /// tensor is downloaded). A traced tensor has no value, and a download can fail (a lost
     /// device): then this returns an empty placeholder; [`Tensor::try_data`] says why instead.
     pub fn data(&self) -> TensorData {
-        self.try_data().unwrap_or_else(|_| {
-            TensorData::from_bytes(self.dtype(), vec![0], vec![]).expect("an empty tensor is valid")
-        })
+        self.try_data().unwrap_or_else(|_| placeholder(self.dtype()))
     }
 
     /// The current value on the host, or an error for a traced tensor or a failed download.
@@ -204,7 +223,7 @@ impl Tensor {
             return Err(self.no_value("set_data"));
         }
         let (dtype, shape, device) = {
-            let d = self.0.data.read().unwrap_or_else(|e| e.into_inner());
+            let d = self.stored();
             (d.dtype(), d.shape(), d.device())
         };
         if dtype != data.dtype() || shape != data.shape() {
@@ -225,7 +244,7 @@ impl Tensor {
                 device,
             }
         };
-        *self.0.data.write().unwrap_or_else(|e| e.into_inner()) = new;
+        self.store(new);
         Ok(())
     }
 
@@ -246,7 +265,7 @@ impl Tensor {
             return self.set_data(value.try_data()?);
         }
         let storage = value.storage();
-        *self.0.data.write().unwrap_or_else(|e| e.into_inner()) = storage;
+        self.store(storage);
         Ok(())
     }
 
@@ -254,7 +273,7 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         match &self.0.trace {
             Some(t) => t.dtype,
-            None => self.0.data.read().unwrap_or_else(|e| e.into_inner()).dtype(),
+            None => self.stored().dtype(),
         }
     }
 
@@ -262,7 +281,7 @@ impl Tensor {
     pub fn shape(&self) -> Vec<usize> {
         match &self.0.trace {
             Some(t) => t.shape.clone(),
-            None => self.0.data.read().unwrap_or_else(|e| e.into_inner()).shape(),
+            None => self.stored().shape(),
         }
     }
 
@@ -283,7 +302,7 @@ impl Tensor {
 
     /// The device the tensor lives on.
     pub fn device(&self) -> Device {
-        self.0.data.read().unwrap_or_else(|e| e.into_inner()).device()
+        self.stored().device()
     }
 
     /// The tensor on `device` (`cpu`, `gpu:0`, or any kind with a registered runtime, see
@@ -309,23 +328,9 @@ impl Tensor {
                 ),
             ));
         }
-        let t = Tensor::make_in(storage_on(device, self.storage())?, None);
+        let t = Tensor::make_in(self.storage_on(device)?, None);
         t.0.stop_gradient.store(self.stop_gradient(), Ordering::Relaxed);
         Ok(t)
-    }
-
-    /// Move this tensor's value to `device` in place (the handle stays the same: layers and
-    /// optimizers holding it see the move). Used by `Layer::to`; its gradient is dropped.
-    pub fn move_to(&self, device: &Device) -> Result<()> {
-        if self.is_traced() {
-            return Err(self.no_value("move_to"));
-        }
-        if *device == self.device() {
-            return Ok(());
-        }
-        let new = self.storage_on(device)?;
-        self.replace_storage(new);
-        Ok(())
     }
 
     /// This tensor's value placed on `device` (a download, an upload, or both).
@@ -333,12 +338,12 @@ impl Tensor {
         if self.is_traced() {
             return Err(self.no_value("to"));
         }
-        storage_on(device, self.storage())
+        self.storage().moved_to(device)
     }
 
     /// Swap in a moved value (same dtype and shape) and drop the gradient.
     pub(crate) fn replace_storage(&self, storage: Storage) {
-        *self.0.data.write().unwrap_or_else(|e| e.into_inner()) = storage;
+        self.store(storage);
         self.clear_grad();
     }
 
@@ -439,16 +444,7 @@ impl Tensor {
     }
 }
 
-/// `storage`'s value placed on `device` (a download, an upload, or both).
-fn storage_on(device: &Device, storage: Storage) -> Result<Storage> {
-    if device.is_cpu() {
-        return Ok(Storage::Host(storage.to_host()?));
-    }
-    // Check the target first: a failed move leaves nothing half done.
-    crate::device::runtime_for(device)?;
-    let host = storage.to_host()?;
-    Ok(Storage::Device {
-        tensor: crate::device::upload(device, &host)?,
-        device: device.clone(),
-    })
+/// The empty value a tensor without data shows (traced, or a failed download).
+fn placeholder(dtype: DType) -> TensorData {
+    TensorData::from_bytes(dtype, vec![0], vec![]).expect("an empty tensor is valid")
 }

@@ -28,15 +28,6 @@ gpu-to-llvm{{use-bare-pointers-for-kernels=true}},reconcile-unrealized-casts,gpu
     )
 }
 
-/// The whole GPU pipeline for `chip` (both stages in one), linking `libdevice` if given.
-pub fn pipeline(chip: &str, libdevice: Option<&Path>) -> String {
-    let rest = lowering(chip, libdevice);
-    format!(
-        "builtin.module(gpu-kernel-outlining,{}",
-        &rest["builtin.module(".len()..]
-    )
-}
-
 /// `libdevice.10.bc`: `$OAR_LIBDEVICE`, `$CUDA_HOME`/`$CUDA_PATH`/`/usr/local/cuda`
 /// (`nvvm/libdevice/`), Debian's `nvidia-cuda-toolkit`, or the `nvidia-cuda-nvcc-cu12` Python
 /// wheel (asked once per process through `python3`). `None` when none is found.

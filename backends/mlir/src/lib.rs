@@ -151,6 +151,17 @@ pub fn emit_llvm(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<St
     jit::llvm_ir(&m)
 }
 
+/// What both backends answer in a build without the `mlir` feature: the graph is checked,
+/// then `Unavailable` says why.
+#[cfg(not(feature = "mlir"))]
+fn without_feature(backend: &str, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
+    oar_ir::verify(graph)?;
+    Err(BackendError::Unavailable {
+        backend: backend.into(),
+        reason: "oar-backend-mlir was built without its `mlir` feature (needs LLVM/MLIR 19)".into(),
+    })
+}
+
 /// The MLIR backend (registry name `mlir`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MlirBackend;
@@ -171,11 +182,7 @@ impl Backend for MlirBackend {
 
     #[cfg(not(feature = "mlir"))]
     fn compile(&self, graph: &Graph, _weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
-        oar_ir::verify(graph)?;
-        Err(BackendError::Unavailable {
-            backend: "mlir".into(),
-            reason: "oar-backend-mlir was built without its `mlir` feature (needs LLVM/MLIR 19)".into(),
-        })
+        without_feature(self.name(), graph)
     }
 }
 
@@ -202,10 +209,6 @@ impl Backend for MlirGpuBackend {
 
     #[cfg(not(feature = "mlir"))]
     fn compile(&self, graph: &Graph, _weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
-        oar_ir::verify(graph)?;
-        Err(BackendError::Unavailable {
-            backend: "mlir-gpu".into(),
-            reason: "oar-backend-mlir was built without its `mlir` feature (needs LLVM/MLIR 19)".into(),
-        })
+        without_feature(self.name(), graph)
     }
 }

@@ -93,24 +93,9 @@ impl DeviceRuntime for PtxRuntime {
 
     fn download(&self, tensor: &DeviceTensor) -> Result<TensorData, BackendError> {
         let what = tensor.tensor_type().to_string();
-        let m = tensor.memory_as::<GpuMemory>(NAME)?;
-        if m.len() != tensor.byte_len() {
-            return Err(BackendError::Runtime {
-                op: "download".into(),
-                value: what,
-                detail: format!(
-                    "the allocation holds {} bytes, the tensor {}",
-                    m.len(),
-                    tensor.byte_len()
-                ),
-            });
-        }
-        let bytes = m.to_host(&what)?;
-        TensorData::from_bytes(tensor.dtype, tensor.shape.clone(), bytes).map_err(|e| BackendError::Runtime {
-            op: "download".into(),
-            value: what,
-            detail: e.to_string(),
-        })
+        tensor
+            .memory_as::<GpuMemory>(NAME)?
+            .to_tensor(tensor.dtype, &tensor.shape, &what)
     }
 
     fn compile(&self, index: usize, graph: &Graph) -> Result<Arc<dyn DeviceExecutable>, BackendError> {

@@ -14,7 +14,7 @@ use crate::pool::SizePool;
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use oar_ir::kernel::{Buffer, BufferKind, Kernel, KernelBody, KernelProgram};
-use oar_ir::{BackendError, TensorData, Weights};
+use oar_ir::{BackendError, DType, TensorData, Weights};
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_void};
 use std::sync::{Mutex, OnceLock};
@@ -493,15 +493,19 @@ impl GpuMemory {
         Ok(())
     }
 
-    /// The bytes, copied to the host.
-    pub fn to_host(&self, what: &str) -> Result<Vec<u8>, BackendError> {
-        gpu()?.bind()?;
-        let mut bytes = vec![0u8; self.bytes];
-        if !bytes.is_empty() {
-            // SAFETY: `ptr` holds `bytes` bytes.
-            unsafe { cu::memcpy_dtoh_sync(&mut bytes, self.ptr) }.map_err(|e| drv(what, "download", e))?;
+    /// The bytes as a host tensor of `dtype` and `shape` (which must fill the allocation
+    /// exactly; `what` names it in errors).
+    pub fn to_tensor(&self, dtype: DType, shape: &[usize], what: &str) -> Result<TensorData, BackendError> {
+        let want = shape.iter().product::<usize>() * dtype.size_bytes();
+        if want != self.bytes {
+            return Err(BackendError::Runtime {
+                op: "download".into(),
+                value: what.into(),
+                detail: format!("the allocation holds {} bytes, the tensor {want}", self.bytes),
+            });
         }
-        Ok(bytes)
+        gpu()?.bind()?;
+        download_as(self.ptr, dtype, shape, what)
     }
 }
 
@@ -589,15 +593,19 @@ fn upload(dst: sys::CUdeviceptr, bytes: &[u8], what: &str) -> Result<(), Backend
 }
 
 fn download(b: &Buffer, src: sys::CUdeviceptr) -> Result<TensorData, BackendError> {
-    let mut bytes = vec![0u8; byte_len(b)];
+    download_as(src, b.ty.dtype, &b.ty.shape.as_static().unwrap_or_default(), &b.value)
+}
+
+/// Copy `src` (holding a `dtype` tensor of `shape`) to the host; the context is current.
+fn download_as(src: sys::CUdeviceptr, dtype: DType, shape: &[usize], what: &str) -> Result<TensorData, BackendError> {
+    let mut bytes = vec![0u8; shape.iter().product::<usize>() * dtype.size_bytes()];
     if !bytes.is_empty() {
-        // SAFETY: `src` holds the buffer's bytes.
-        unsafe { cu::memcpy_dtoh_sync(&mut bytes, src) }.map_err(|e| drv(&b.value, "download", e))?;
+        // SAFETY: `src` holds the tensor's bytes.
+        unsafe { cu::memcpy_dtoh_sync(&mut bytes, src) }.map_err(|e| drv(what, "download", e))?;
     }
-    let shape = b.ty.shape.as_static().unwrap_or_default();
-    TensorData::from_bytes(b.ty.dtype, shape, bytes).map_err(|e| BackendError::Runtime {
+    TensorData::from_bytes(dtype, shape.to_vec(), bytes).map_err(|e| BackendError::Runtime {
         op: "ptx".into(),
-        value: b.value.clone(),
+        value: what.into(),
         detail: e.to_string(),
     })
 }
