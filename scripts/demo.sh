@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/demo
-cargo build --release --quiet --bin oar --example mlp_digits --example to_static --example demo --example score
+cargo build --release --quiet -p oar-cli --bin oar
+cargo build --release --quiet -p oar --example mlp_digits --example to_static --example demo --example score
 echo "== 1. train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
 ./target/release/examples/mlp_digits
 echo

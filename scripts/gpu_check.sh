@@ -16,10 +16,10 @@ done
 export OAR_REQUIRE_GPU=1
 nvidia-smi -L || true
 status=0
-"$bin/eager_device" 2>&1 | tee "$out/eager_device.log" || status=1
-"$bin/conformance_ptx" --nocapture 2>&1 | tee "$out/conformance_ptx.log" || status=1
-if [ -x "$bin/conformance_mlir" ]; then
-  "$bin/conformance_mlir" mlir_gpu --nocapture 2>&1 | tee "$out/conformance_mlir.log" || status=1
+"$bin/framework" eager_device:: 2>&1 | tee "$out/eager_device.log" || status=1
+"$bin/kit" ptx:: --nocapture 2>&1 | tee "$out/conformance_ptx.log" || status=1
+if [ -x "$bin/kit_mlir" ]; then
+  "$bin/kit_mlir" mlir::mlir_gpu --nocapture 2>&1 | tee "$out/conformance_mlir.log" || status=1
 fi
 OAR_BENCH_GPU_BIN="$bin/bench_gpu" bash bench/gpu.sh 2>&1 | tee "$out/bench.log" || status=1
 exit $status

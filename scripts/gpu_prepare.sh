@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, here, what scripts/gpu_check.sh runs on a lent GPU machine (which has no Rust
 # toolchain): the PTX test binaries, the GPU benchmark and — when LLVM/MLIR 19 is installed —
-# the MLIR conformance binary (its `mlir-gpu` run launches MLIR-made PTX), stripped and
+# the conformance kit built with MLIR (its `mlir-gpu` run launches MLIR-made PTX), stripped and
 # xz-compressed into .gpu/ (git-ignored, ≈ 35 MB; the device tool's `carry` takes it:
 # run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540)).
 set -euo pipefail
@@ -16,14 +16,13 @@ for line in sys.stdin:
 }
 cargo build --release --quiet --example bench_gpu
 cp target/release/examples/bench_gpu .gpu/
-for t in conformance_ptx eager_device; do
-  cp "$(test_exe --test "$t")" ".gpu/$t"
-done
+cp "$(test_exe -p oar-conformance --test kit)" .gpu/kit
+cp "$(test_exe -p oar --test framework)" .gpu/framework
 if [ -d /usr/lib/llvm-19 ]; then
   export MLIR_SYS_190_PREFIX=/usr/lib/llvm-19 TABLEGEN_190_PREFIX=/usr/lib/llvm-19
-  cp "$(test_exe --features mlir --test conformance_mlir)" .gpu/conformance_mlir
+  cp "$(test_exe -p oar-conformance --features mlir --test kit)" .gpu/kit_mlir
 else
-  echo "no LLVM/MLIR 19 here: .gpu/ gets no conformance_mlir (the mlir-gpu run is skipped there)"
+  echo "no LLVM/MLIR 19 here: .gpu/ gets no kit_mlir (the mlir-gpu run is skipped there)"
 fi
 strip .gpu/*
 xz -9 -T2 .gpu/*

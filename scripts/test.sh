@@ -25,9 +25,10 @@ MLIR_PKGS="libmlir-19-dev mlir-19-tools llvm-19-dev libclang-19-dev libpolly-19-
 dpkg -s $MLIR_PKGS > /dev/null 2>&1 || { apt-get update -q && apt-get install -y -q $MLIR_PKGS; } > target/apt-mlir.log 2>&1 \
     || { tail -n 20 target/apt-mlir.log; exit 1; }
 export MLIR_SYS_190_PREFIX=/usr/lib/llvm-19 TABLEGEN_190_PREFIX=/usr/lib/llvm-19
-cargo clippy -p oar -p oar-backend-mlir --features mlir --all-targets --quiet -- -D warnings
+cargo clippy -p oar -p oar-cli -p oar-conformance -p oar-backend-mlir --features mlir --all-targets --quiet -- -D warnings
 cargo test -p oar-backend-mlir --features mlir --quiet 2>&1 | tee -a target/test.log
-cargo test --features mlir --test conformance_mlir --test mlir_ptxas --test cli_compile_mlir --quiet 2>&1 | tee -a target/test.log
+cargo test -p oar-conformance --features mlir --test kit --quiet mlir 2>&1 | tee -a target/test.log
+cargo test -p oar-cli --features mlir --test cli --quiet compile_mlir 2>&1 | tee -a target/test.log
 echo "== onnx node tests"
 python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt
 python3 tools/gen_onnx_node_tests.py target/onnx-node-tests > /dev/null

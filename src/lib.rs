@@ -7,7 +7,6 @@
 
 pub mod autograd;
 pub mod backend;
-pub mod conformance;
 pub mod device;
 pub mod error;
 pub mod io;

@@ -1,6 +1,6 @@
 //! The MLIR backend's own tests, in one binary (each test binary with the `mlir` feature links
 //! LLVM/MLIR): the generated text (always), and with `--features mlir` the JIT against the
-//! reference backend, typed errors, `--emit llvm`, and PTX from the GPU path (`tests/mlir_ptxas.rs`
+//! reference backend, typed errors, `--emit llvm`, and PTX from the GPU path (`conformance/tests/kit/mlir_ptxas.rs`
 //! in the `oar` crate assembles it with `ptxas` for every conformance kernel).
 
 use oar_backend_mlir::{MlirError, emit_mlir, generate, lower};

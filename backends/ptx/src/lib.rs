@@ -15,6 +15,7 @@
 pub mod codegen;
 pub mod eager;
 pub mod pool;
+pub mod ptxas;
 pub mod runtime;
 
 pub use codegen::{Arch, PtxModule, Step, generate};

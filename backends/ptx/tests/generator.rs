@@ -1,5 +1,5 @@
 //! The PTX generator on hand-made kernels: the instructions each kernel kind must contain, its
-//! launch shape, and which kernels fall back to the host. (`tests/ptx_ptxas.rs` in the `oar`
+//! launch shape, and which kernels fall back to the host. (`conformance/tests/kit/ptxas.rs` in the `oar`
 //! crate assembles every conformance kernel with `ptxas`.)
 
 use oar_backend_ptx::codegen::{Arch, Launch, Step, generate};

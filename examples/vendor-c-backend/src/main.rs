@@ -8,7 +8,7 @@ use std::sync::Arc;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.split_first() {
-        Some((cmd, rest)) if cmd == "conformance" => oar::conformance::kit_main(Arc::new(VendorCBackend), rest),
+        Some((cmd, rest)) if cmd == "conformance" => oar_conformance::kit_main(Arc::new(VendorCBackend), rest),
         _ => {
             eprintln!("usage: oar-example-vendor-c conformance [OPTIONS of `oar conformance`]");
             ExitCode::from(2)

@@ -5,7 +5,7 @@ const ALLOWED: &[(&str, &str)] = &[];
 
 #[test]
 fn vendor_c_backend_passes_the_conformance_kit() {
-    let report = oar::conformance::run_suite(&oar_example_vendor_c::VendorCBackend, &Default::default());
+    let report = oar_conformance::run_suite(&oar_example_vendor_c::VendorCBackend, &Default::default());
     println!("{}", report.table(true));
     if let Err(e) = report.check_allowed(ALLOWED) {
         panic!("the vendor C backend on the kit:\n{e}");

@@ -3,7 +3,7 @@
 //! where attributes decide (composing permutations, lossless casts).
 //!
 //! To add a rule: write it in its topic file's `rules()` (or a new topic file listed in
-//! [`all_rules`]), add a test to `passes/tests/simplify_rules.rs` where it must fire and one where
+//! [`all_rules`]), add a test to `passes/tests/passes/simplify_rules.rs` where it must fire and one where
 //! it must not, and make sure the cost model ranks its right side cheaper.
 
 mod arithmetic;

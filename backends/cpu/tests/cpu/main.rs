@@ -1,0 +1,5 @@
+//! The cpu backend's tests, in one binary: code generation, native copies, AOT objects, executables and shared libraries.
+
+mod aot;
+mod codegen;
+mod native;

@@ -1,0 +1,213 @@
+//! `oar compile`: ahead-of-time executables, libraries, objects and CLIF listings from the
+//! command line; outputs checked against the reference backend (relative tolerance 1e-4).
+
+use crate::common::{assert_clean_error, oar, stderr, stdout};
+use oar::ir::file::Model;
+use oar::ir::{TensorData, Weights};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Elementwise ops and a reduction (a scaled row softmax and a column max), with a
+/// parameter and a symbolic batch dim.
+const EW: &str = r#"
+graph @ew {
+  %x = input "x" : f32[N,3]
+  %s = param "s" : f32[3]
+  %0 = mul(%x, %s) : f32[N,3]
+  %1 = exp(%0) : f32[N,3]
+  %2 = reduce_sum(%1) {axes = [1], keepdim = true} : f32[N,1]
+  %3 = div(%1, %2) : f32[N,3]
+  %4 = reduce_max(%x) {axes = [0], keepdim = false} : f32[3]
+  output "p" = %3
+  output "m" = %4
+}
+"#;
+
+fn model(dir: &Path) -> (PathBuf, Model) {
+    let graph = oar::ir::text::parse_graph(EW).unwrap();
+    let weights = Weights::from([(
+        "s".to_string(),
+        TensorData::from_vec(vec![3], vec![1.0f32, -0.5, 2.0]).unwrap(),
+    )]);
+    let path = dir.join("ew.oar");
+    let m = Model { graph, weights };
+    m.save(&path).unwrap();
+    (path, m)
+}
+
+fn input() -> TensorData {
+    TensorData::from_vec(vec![2, 3], vec![0.1f32, -0.7, 0.3, 1.2, 0.0, -0.4]).unwrap()
+}
+
+fn assert_close(got: &TensorData, want: &TensorData, what: &str) {
+    assert_eq!(got.tensor_type(), want.tensor_type(), "{what}");
+    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        assert!((a - b).abs() <= 1e-4 * b.abs() + 1e-6, "{what}[{i}]: got {a}, want {b}");
+    }
+}
+
+#[test]
+fn compile_exe_and_run_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, model) = model(dir.path());
+    let exe = dir.path().join("ew");
+    let o = oar(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--target",
+        "cpu",
+        "--emit",
+        "exe",
+        "-o",
+        exe.to_str().unwrap(),
+        "--bind",
+        "N=2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains(&format!("wrote {}", exe.display())), "{s}");
+
+    let x = dir.path().join("x.npy");
+    oar::ir::npy::write_npy(&x, &input()).unwrap();
+    let out = dir.path().join("out");
+    let r = Command::new(&exe)
+        .args([x.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let inputs = BTreeMap::from([("x".to_string(), input())]);
+    let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
+    for (name, t) in &want {
+        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
+        assert_close(&got, t, name);
+    }
+}
+
+#[test]
+fn compile_so_obj_clif_and_external_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _) = model(dir.path());
+    let m = m.to_str().unwrap();
+    let so = dir.path().join("libew.so");
+    let o = oar(&[
+        "compile",
+        m,
+        "--emit",
+        "so",
+        "-o",
+        so.to_str().unwrap(),
+        "--bind",
+        "N=4",
+        "--weights",
+        "external",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(so.is_file());
+    let h = std::fs::read_to_string(dir.path().join("libew.h")).unwrap();
+    assert!(h.contains("#define OAR_MODEL_INPUT0_SHAPE {4, 3}"), "{h}");
+    assert!(h.contains("#define OAR_MODEL_EXTERNAL_WEIGHTS 1"), "{h}");
+    let w = std::fs::read(dir.path().join("libew.so.weights")).unwrap();
+    let w = oar::ir::file::decode_weights(&w).unwrap();
+    assert_eq!(w.keys().collect::<Vec<_>>(), vec!["s"]);
+
+    let obj = dir.path().join("ew.o");
+    let o = oar(&[
+        "compile",
+        m,
+        "--emit",
+        "obj",
+        "-o",
+        obj.to_str().unwrap(),
+        "--bind",
+        "N=1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(&std::fs::read(&obj).unwrap()[..4], b"\x7fELF");
+
+    let clif = dir.path().join("ew.clif");
+    let o = oar(&[
+        "compile",
+        m,
+        "--emit",
+        "clif",
+        "-o",
+        clif.to_str().unwrap(),
+        "--bind",
+        "N=1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = std::fs::read_to_string(&clif).unwrap();
+    assert!(s.starts_with("; oar model `ew`:"), "{s}");
+    assert!(stdout(&o).contains("kernels:"), "{}", stdout(&o));
+}
+
+#[test]
+fn compile_errors_are_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _) = model(dir.path());
+    let m = m.to_str().unwrap();
+    let out = dir.path().join("ew");
+    let out = out.to_str().unwrap();
+    assert_clean_error(&oar(&["compile", m, "-o", out]), "--bind N=1");
+    assert_clean_error(&oar(&["compile", m, "-o", out, "--bind", "N"]), "SYM=SIZE");
+    assert_clean_error(&oar(&["compile", "/no/such.oar", "-o", out]), "/no/such.oar");
+    assert_clean_error(
+        &oar(&["compile", m, "-o", out, "--bind", "N=1", "--runtime-lib", "/no/rt.a"]),
+        "/no/rt.a",
+    );
+    // An unknown emit kind is a usage error.
+    let o = oar(&["compile", m, "-o", out, "--emit", "dll"]);
+    assert!(!o.status.success() && stderr(&o).contains("dll"), "{}", stderr(&o));
+    assert!(!Path::new(out).exists());
+}
+
+/// The ONNX path end to end: `oar import resnet18.onnx` (the committed reduced-width torchvision
+/// ResNet-18), then `oar compile --emit exe`, then the executable on the committed input; its
+/// output matches onnxruntime's committed output within 1e-4 relative (+1e-5 absolute).
+#[test]
+fn import_onnx_resnet18_then_compile_and_run() {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../onnx/tests/models");
+    let dir = tempfile::tempdir().unwrap();
+    let oar_file = dir.path().join("resnet18.oar");
+    let o = oar(&[
+        "import",
+        models.join("resnet18.onnx").to_str().unwrap(),
+        "-o",
+        oar_file.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let exe = dir.path().join("resnet18");
+    let o = oar(&[
+        "compile",
+        oar_file.to_str().unwrap(),
+        "--target",
+        "cpu",
+        "--emit",
+        "exe",
+        "-o",
+        exe.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = dir.path().join("out");
+    let input = models.join("resnet18.input_0.npy");
+    let r = Command::new(&exe)
+        .args([
+            "--input",
+            &format!("input_0={}", input.display()),
+            "--output-dir",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let got = oar::ir::npy::read_npy(&out.join("output_0.npy")).unwrap();
+    let want = oar::ir::npy::read_npy(&models.join("resnet18.output_0.npy")).unwrap();
+    assert_eq!(got.tensor_type(), want.tensor_type());
+    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs() + 1e-5,
+            "output_0[{i}]: got {a}, onnxruntime {b}"
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! End-to-end tests of the `oar` command-line tool on a saved model.
+
+use crate::common::{assert_clean_error, oar, stderr, stdout};
+use oar::ir::file::Model;
+use oar::ir::{Composite, DType, Dim, Graph, Op, TensorData, TensorType};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// y = relu(x @ w + b), with x: f32[N, 3], w: f32[3, 2], b: f32[2].
+fn model(dir: &Path) -> std::path::PathBuf {
+    let mut g = Graph::new("tiny");
+    let x = g
+        .add_input("x", TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(3)]))
+        .unwrap();
+    let w = g.add_param("w", TensorType::of(DType::F32, &[3, 2])).unwrap();
+    let b = g.add_param("b", TensorType::of(DType::F32, &[2])).unwrap();
+    let y = g.add_op1(Op::Composite(Composite::Linear), &[x, w, b]).unwrap();
+    let y = g.add_op1(Op::Composite(Composite::Relu), &[y]).unwrap();
+    g.add_output("y", y).unwrap();
+    let weights = BTreeMap::from([
+        (
+            "w".to_string(),
+            TensorData::from_vec(vec![3, 2], vec![1.0f32, -1.0, 2.0, 0.5, 0.0, 1.0]).unwrap(),
+        ),
+        (
+            "b".to_string(),
+            TensorData::from_vec(vec![2], vec![0.5f32, -4.0]).unwrap(),
+        ),
+    ]);
+    let path = dir.join("tiny.oar");
+    Model { graph: g, weights }.save(&path).unwrap();
+    path
+}
+
+#[test]
+fn inspect_run_dot_and_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let m = m.to_str().unwrap();
+
+    let o = oar(&["inspect", m, "--bind", "N=10"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains("linear") && s.contains("relu"), "{s}");
+    assert!(s.contains("parameters: 2 tensors, 8 elements, 32 B"), "{s}");
+    // linear: 2*K*out + bias adds = 2*3*20 + 20 = 140; relu: 20.
+    assert!(s.contains("flops: 160 per run (N=10)"), "{s}");
+
+    let x = TensorData::from_vec(vec![2, 3], vec![1.0f32, 2.0, 3.0, -1.0, 0.0, 1.0]).unwrap();
+    let xp = dir.path().join("x.npy");
+    oar::ir::npy::write_npy(&xp, &x).unwrap();
+    let out = dir.path().join("out");
+    let o = oar(&[
+        "run",
+        m,
+        "--input",
+        &format!("x={}", xp.display()),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let y = oar::ir::npy::read_npy(&out.join("y.npy")).unwrap();
+    // Row 0: [1*1+2*2+3*0+0.5, 1*-1+2*0.5+3*1-4] = [5.5, -1 → 0]; row 1: [-1+0.5, 1+1-4 → 0] = [0, 0].
+    assert_eq!(y.shape(), &[2, 2]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![5.5, 0.0, 0.0, 0.0]);
+
+    let o = oar(&["dot", m]);
+    assert!(
+        o.status.success() && stdout(&o).starts_with("digraph"),
+        "{}",
+        stderr(&o)
+    );
+    let o = oar(&["backends"]);
+    assert!(stdout(&o).contains("reference"), "{}", stdout(&o));
+    let gpu = stdout(&o).lines().find(|l| l.starts_with("gpu ")).map(str::to_string);
+    assert!(
+        gpu.as_deref().is_some_and(|l| l.contains("ptx runtime: ")),
+        "the gpu device runtime is listed with its state:\n{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn errors_are_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let m = m.to_str().unwrap();
+    assert_clean_error(&oar(&["inspect", "/no/such/model.oar"]), "/no/such/model.oar");
+
+    let junk = dir.path().join("junk.oar");
+    std::fs::write(&junk, b"definitely not a model").unwrap();
+    assert_clean_error(&oar(&["inspect", junk.to_str().unwrap()]), "junk.oar");
+
+    let bad = dir.path().join("bad.npy");
+    std::fs::write(&bad, b"\x93NUMPY garbage").unwrap();
+    assert_clean_error(&oar(&["run", m, "--input", &format!("x={}", bad.display())]), "x");
+
+    let wrong = dir.path().join("wrong.npy");
+    oar::ir::npy::write_npy(&wrong, &TensorData::from_vec(vec![2, 4], vec![0.0f32; 8]).unwrap()).unwrap();
+    assert_clean_error(
+        &oar(&["run", m, "--input", &format!("x={}", wrong.display())]),
+        "f32[N,3]",
+    );
+    assert_clean_error(&oar(&["run", m]), "missing input `x`");
+    assert_clean_error(&oar(&["run", m, "--backend", "tpu9000"]), "tpu9000");
+    assert_clean_error(&oar(&["run", m, "--target", "tpu9000"]), "(registered: reference, cpu");
+    assert_clean_error(&oar(&["inspect", m, "--bind", "N"]), "SYM=SIZE");
+}
