@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 #[path = "timing.rs"]
 mod timing;
+use oar::ir::ops::Conv;
 use timing::median_secs;
 
 fn main() -> oar::Result<()> {
@@ -50,13 +51,13 @@ fn main() -> oar::Result<()> {
     // A ResNet-18 stage-1 convolution: 64→64 channels, 3×3, 56×56, batch 1.
     let x = oar::randn(&[1, 64, 56, 56], DType::F32)?;
     let w = oar::randn(&[64, 64, 3, 3], DType::F32)?;
-    let op = Op::Conv {
+    let op = Op::Conv(Conv {
         stride: vec![1, 1],
         pad_before: vec![1, 1],
         pad_after: vec![1, 1],
         dilation: vec![1, 1],
         groups: 1,
-    };
+    });
     let s = median_secs(7, || {
         apply_op(op.clone(), &[&x, &w]).expect("conv");
     });

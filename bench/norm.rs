@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 #[path = "timing.rs"]
 mod timing;
+use oar::ir::ops::{LayerNorm, Softmax};
 use timing::median_secs;
 
 fn main() -> oar::Result<()> {
@@ -27,13 +28,13 @@ fn main() -> oar::Result<()> {
                 let gb = g.add_param("b", TensorType::of(DType::F32, &[d]))?;
                 w.insert("g".into(), oar::randn(&[d], DType::F32)?.data());
                 w.insert("b".into(), oar::randn(&[d], DType::F32)?.data());
-                let c = Composite::LayerNorm {
+                let c = Composite::LayerNorm(LayerNorm {
                     normalized_ndim: 1,
                     epsilon: Float(1e-5),
-                };
+                });
                 g.add_op1(Op::Composite(c), &[x, gw, gb])?
             } else {
-                g.add_op1(Op::Composite(Composite::Softmax { axis: 1 }), &[x])?
+                g.add_op1(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[x])?
             };
             g.add_output("y", y)?;
             let exe = cpu.compile(&g, &w)?;

@@ -4,6 +4,7 @@
 //! `scripts/demo.sh` runs this, then `oar inspect` and `oar run` on the saved model.
 
 use oar::ir::file::Model;
+use oar::ir::ops::{Gelu, Softmax};
 use oar::ir::{Composite, DType, Dim, Graph, Op, TensorData, TensorType};
 use oar::passes::PassManager;
 use std::collections::BTreeMap;
@@ -42,9 +43,9 @@ fn build() -> Result<Model, Box<dyn std::error::Error>> {
     let w2 = param(&mut g, "fc2.weight", &[hidden, classes])?;
     let b2 = param(&mut g, "fc2.bias", &[classes])?;
     let h = g.add_op1(Op::Composite(Composite::Linear), &[x, w1, b1])?;
-    let h = g.add_op1(Op::Composite(Composite::Gelu { approximate: false }), &[h])?;
+    let h = g.add_op1(Op::Composite(Composite::Gelu(Gelu { approximate: false })), &[h])?;
     let logits = g.add_op1(Op::Composite(Composite::Linear), &[h, w2, b2])?;
-    let probs = g.add_op1(Op::Composite(Composite::Softmax { axis: 1 }), &[logits])?;
+    let probs = g.add_op1(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[logits])?;
     g.add_output("probs", probs)?;
     Ok(Model { graph: g, weights })
 }

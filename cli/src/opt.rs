@@ -4,6 +4,7 @@
 
 use crate::{CliResult, load};
 use oar_ir::file::Model;
+use oar_ir::ops::Param;
 use oar_ir::{Graph, Op};
 use oar_passes::{NumericsCheck, PassError, PassManager, SpecializeShapes, list_passes, pass_by_name};
 use std::collections::{BTreeMap, BTreeSet};
@@ -84,7 +85,7 @@ fn pipeline(names: &[String], binds: &[(String, usize)]) -> CliResult<PassManage
 fn param_names(graph: &Graph, out: &mut BTreeSet<String>) {
     for id in graph.node_ids() {
         let node = graph.node(id);
-        if let Op::Param { name, .. } = &node.op {
+        if let Op::Param(Param { name, .. }) = &node.op {
             out.insert(name.clone());
         }
         for r in &node.regions {

@@ -3,6 +3,9 @@
 
 use super::build::{Builder, Domain, R, dims, s};
 use super::{Case, Section};
+use oar_ir::ops::{
+    ArgReduce, Broadcast, Cast, Concat, Conv, Gather, Iota, Pad, Permute, Random, Reduce, Reshape, Scatter, Slice,
+};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, RandomDist, ReduceOp, ScatterReduce, SliceRange, UnaryOp, infer_types};
 use oar_ir::{Composite, DType, Float, Graph, Op, TensorType, ValueId};
 
@@ -218,7 +221,7 @@ fn cast(v: &mut Vec<Case>) {
             op_case(
                 v,
                 format!("cast/{from}->{to}"),
-                Op::Cast { to },
+                Op::Cast(Cast { to }),
                 vec![(from, vec![2, 23], cast_domain(from))],
             );
         }
@@ -257,20 +260,20 @@ fn reduce(v: &mut Vec<Case>) {
             op_case(
                 v,
                 format!("{}/f32/{}", op.name(), axes_label(&axes, keepdim)),
-                Op::Reduce {
+                Op::Reduce(Reduce {
                     op,
                     axes: axes.clone(),
                     keepdim,
-                },
+                }),
                 vec![(DType::F32, vec![3, 4, 5], float_dom.clone())],
             );
         }
         for dt in DType::ALL {
-            let r = Op::Reduce {
+            let r = Op::Reduce(Reduce {
                 op,
                 axes: vec![1],
                 keepdim: false,
-            };
+            });
             if dt != DType::F32 && accepts(&r, &[TensorType::of(dt, &[3, 4, 5])]) {
                 let dom = if dt.is_float() {
                     float_dom.clone()
@@ -295,11 +298,11 @@ fn reduce(v: &mut Vec<Case>) {
             op_case(
                 v,
                 format!("{}/f32/{label}", op.name()),
-                Op::Reduce {
+                Op::Reduce(Reduce {
                     op,
                     axes: vec![axis],
                     keepdim: false,
-                },
+                }),
                 vec![(DType::F32, shape, long_dom.clone())],
             );
         }
@@ -312,7 +315,7 @@ fn arg_reduce(v: &mut Vec<Case>) {
             op_case(
                 v,
                 format!("{}/f32/{}", op.name(), axes_label(&[axis], keepdim)),
-                Op::ArgReduce { op, axis, keepdim },
+                Op::ArgReduce(ArgReduce { op, axis, keepdim }),
                 vec![(DType::F32, vec![3, 4, 5], Domain::Range(-2.0, 2.0))],
             );
         }
@@ -321,11 +324,11 @@ fn arg_reduce(v: &mut Vec<Case>) {
             op_case(
                 v,
                 format!("{}/{dt}/ties", op.name()),
-                Op::ArgReduce {
+                Op::ArgReduce(ArgReduce {
                     op,
                     axis: 1,
                     keepdim: false,
-                },
+                }),
                 vec![(dt, vec![3, 6, 5], Domain::Ints(0, 3))],
             );
         }
@@ -348,7 +351,7 @@ fn movement(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("reshape/{dt}/to[{}]", list(&to)),
-            Op::Reshape { shape: dims(&to) },
+            Op::Reshape(Reshape { shape: dims(&to) }),
             vec![(dt, vec![2, 3, 4], std.clone())],
         );
     }
@@ -367,7 +370,7 @@ fn movement(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("permute/{dt}/[{}]/perm[{}]", list(&shape), list(&perm)),
-            Op::Permute { perm },
+            Op::Permute(Permute { perm }),
             vec![(dt, shape, std.clone())],
         );
     }
@@ -383,7 +386,7 @@ fn movement(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("broadcast/{dt}/[{}]->[{}]", list(&from), list(&to)),
-            Op::Broadcast { shape: dims(&to) },
+            Op::Broadcast(Broadcast { shape: dims(&to) }),
             vec![(dt, from, std.clone())],
         );
     }
@@ -406,7 +409,7 @@ fn movement(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("slice/{dt}/{label}"),
-            Op::Slice { ranges },
+            Op::Slice(Slice { ranges }),
             vec![(dt, vec![6, 7, 8], std.clone())],
         );
     }
@@ -421,11 +424,11 @@ fn movement(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("pad/{dt}/{label}"),
-            Op::Pad {
+            Op::Pad(Pad {
                 before: vec![0, 1, 2],
                 after: vec![1, 0, 3],
                 value: Float(value),
-            },
+            }),
             vec![(dt, vec![3, 4, 5], std.clone())],
         );
     }
@@ -446,7 +449,7 @@ fn movement(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("concat/{dt}/{label}"),
-            Op::Concat { axis },
+            Op::Concat(Concat { axis }),
             shapes.into_iter().map(|sh| (dt, sh, std.clone())).collect(),
         );
     }
@@ -496,7 +499,7 @@ fn indexing(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("gather/{ddt}/{label}"),
-            Op::Gather { axis },
+            Op::Gather(Gather { axis }),
             vec![(ddt, dshape, std.clone()), (idt, ishape, idom)],
         );
     }
@@ -547,7 +550,7 @@ fn indexing(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("scatter/{}/{dt}/{label}", reduce.name()),
-            Op::Scatter { axis, reduce },
+            Op::Scatter(Scatter { axis, reduce }),
             vec![
                 (dt, dshape, std.clone()),
                 (idt, vec![n], Domain::Values(idx)),
@@ -568,11 +571,11 @@ fn generators(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("iota/{dtype}/[{}]/axis{axis}", list(&shape)),
-            Op::Iota {
+            Op::Iota(Iota {
                 shape: dims(&shape),
                 axis,
                 dtype,
-            },
+            }),
             vec![],
         );
     }
@@ -596,12 +599,12 @@ fn generators(v: &mut Vec<Case>) {
         op_case(
             v,
             format!("random/{dtype}/{label}"),
-            Op::Random {
+            Op::Random(Random {
                 dist,
                 shape: dims(&[4, 33]),
                 dtype,
                 seed,
-            },
+            }),
             vec![],
         );
     }
@@ -639,13 +642,13 @@ fn matmul(v: &mut Vec<Case>) {
 
 /// A `conv` op (N-d) from its attributes.
 fn conv_op(stride: &[usize], pad_before: &[usize], pad_after: &[usize], dilation: &[usize], groups: usize) -> Op {
-    Op::Conv {
+    Op::Conv(Conv {
         stride: stride.to_vec(),
         pad_before: pad_before.to_vec(),
         pad_after: pad_after.to_vec(),
         dilation: dilation.to_vec(),
         groups,
-    }
+    })
 }
 
 fn conv(v: &mut Vec<Case>) {
@@ -764,6 +767,10 @@ fn f32_in(shape: &[usize]) -> (DType, Vec<usize>, Domain) {
 
 fn composites(v: &mut Vec<Case>) {
     use Composite::*;
+    use oar_ir::ops::{
+        AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, Gelu, LayerNorm,
+        LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
+    };
     let f = DType::F32;
     let std = Domain::standard();
     // linear
@@ -788,42 +795,44 @@ fn composites(v: &mut Vec<Case>) {
     comp(
         v,
         "conv2d/f32/bias_pad1",
-        Conv2d {
+        Conv2d(Conv2d {
             stride: [1, 1],
             padding: [1, 1, 1, 1],
             dilation: [1, 1],
             groups: 1,
-        },
+        }),
         vec![f32_in(&[2, 3, 8, 8]), f32_in(&[4, 3, 3, 3]), f32_in(&[4])],
     );
     comp(
         v,
         "conv2d/f32/groups3_stride2_asym",
-        Conv2d {
+        Conv2d(Conv2d {
             stride: [2, 2],
             padding: [0, 1, 1, 0],
             dilation: [1, 1],
             groups: 3,
-        },
+        }),
         vec![f32_in(&[1, 6, 9, 9]), f32_in(&[6, 2, 3, 3]), f32_in(&[6])],
     );
     comp(
         v,
         "conv2d/f32/dilation2_no_bias",
-        Conv2d {
+        Conv2d(Conv2d {
             stride: [1, 1],
             padding: [2, 2, 2, 2],
             dilation: [2, 2],
             groups: 1,
-        },
+        }),
         vec![f32_in(&[1, 3, 9, 9]), f32_in(&[4, 3, 3, 3])],
     );
     // pooling
-    let maxp = |k: usize, st: usize, p: usize, ceil_mode| MaxPool2d {
-        kernel: [k, k],
-        stride: [st, st],
-        padding: [p; 4],
-        ceil_mode,
+    let maxp = |k: usize, st: usize, p: usize, ceil_mode| {
+        MaxPool2d(MaxPool2d {
+            kernel: [k, k],
+            stride: [st, st],
+            padding: [p; 4],
+            ceil_mode,
+        })
     };
     comp(
         v,
@@ -843,12 +852,14 @@ fn composites(v: &mut Vec<Case>) {
         maxp(2, 2, 0, false),
         vec![(DType::I32, vec![1, 2, 6, 6], Domain::Range(-50.0, 50.0))],
     );
-    let avgp = |k: usize, st: usize, p: usize, ceil_mode, count_include_pad| AvgPool2d {
-        kernel: [k, k],
-        stride: [st, st],
-        padding: [p; 4],
-        ceil_mode,
-        count_include_pad,
+    let avgp = |k: usize, st: usize, p: usize, ceil_mode, count_include_pad| {
+        AvgPool2d(AvgPool2d {
+            kernel: [k, k],
+            stride: [st, st],
+            padding: [p; 4],
+            ceil_mode,
+            count_include_pad,
+        })
     };
     comp(
         v,
@@ -882,21 +893,23 @@ fn composites(v: &mut Vec<Case>) {
         comp(
             v,
             &format!("adaptive_avg_pool2d/f32/{label}"),
-            AdaptiveAvgPool2d { output_size: out },
+            AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: out }),
             vec![f32_in(&shape)],
         );
         comp(
             v,
             &format!("adaptive_max_pool2d/f32/{label}"),
-            AdaptiveMaxPool2d { output_size: out },
+            AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size: out }),
             vec![f32_in(&shape)],
         );
     }
     // normalization
-    let bn = |training| BatchNorm {
-        epsilon: Float(1e-5),
-        momentum: Float(0.9),
-        training,
+    let bn = |training| {
+        BatchNorm(BatchNorm {
+            epsilon: Float(1e-5),
+            momentum: Float(0.9),
+            training,
+        })
     };
     let bn_inputs = |x: &[usize], c: usize| {
         vec![
@@ -911,9 +924,11 @@ fn composites(v: &mut Vec<Case>) {
     comp(v, "batch_norm/f32/eval_ncl", bn(false), bn_inputs(&[2, 3, 7], 3));
     comp(v, "batch_norm/f32/train_nchw", bn(true), bn_inputs(&[2, 3, 5, 5], 3));
     comp(v, "batch_norm/f32/train_nc", bn(true), bn_inputs(&[8, 3], 3));
-    let ln = |n| LayerNorm {
-        normalized_ndim: n,
-        epsilon: Float(1e-5),
+    let ln = |n| {
+        LayerNorm(LayerNorm {
+            normalized_ndim: n,
+            epsilon: Float(1e-5),
+        })
     };
     comp(
         v,
@@ -934,27 +949,27 @@ fn composites(v: &mut Vec<Case>) {
         comp(
             v,
             &format!("softmax/f32/axis{axis}"),
-            Softmax { axis },
+            Softmax(Softmax { axis }),
             vec![(f, vec![3, 4, 5], wide.clone())],
         );
     }
     comp(
         v,
         "softmax/f32/large_values",
-        Softmax { axis: 1 },
+        Softmax(Softmax { axis: 1 }),
         vec![(f, vec![3, 40], Domain::Range(50.0, 90.0))],
     );
     comp(
         v,
         "softmax/f16/axis1",
-        Softmax { axis: 1 },
+        Softmax(Softmax { axis: 1 }),
         vec![(DType::F16, vec![3, 9], wide.clone())],
     );
     for axis in [1, 2] {
         comp(
             v,
             &format!("log_softmax/f32/axis{axis}"),
-            LogSoftmax { axis },
+            LogSoftmax(LogSoftmax { axis }),
             vec![(f, vec![3, 4, 5], wide.clone())],
         );
     }
@@ -967,7 +982,7 @@ fn composites(v: &mut Vec<Case>) {
         comp(
             v,
             &format!("cross_entropy/f32/{label}"),
-            CrossEntropy { reduction },
+            CrossEntropy(CrossEntropy { reduction }),
             vec![
                 (f, vec![6, 5], Domain::Range(-3.0, 3.0)),
                 (label_dt, vec![6], Domain::Ints(0, 4)),
@@ -992,14 +1007,14 @@ fn composites(v: &mut Vec<Case>) {
         comp(
             v,
             &format!("gelu/f32/{}", if approximate { "tanh" } else { "erf" }),
-            Gelu { approximate },
+            Gelu(Gelu { approximate }),
             vec![(f, vec![3, 37], Domain::Range(-5.0, 5.0))],
         );
     }
     comp(
         v,
         "gelu/f64/erf",
-        Gelu { approximate: false },
+        Gelu(Gelu { approximate: false }),
         vec![(DType::F64, vec![3, 37], Domain::Range(-5.0, 5.0))],
     );
     comp(v, "silu/f32", Silu, vec![(f, vec![3, 37], Domain::Range(-6.0, 6.0))]);
@@ -1023,11 +1038,11 @@ fn composites(v: &mut Vec<Case>) {
         comp(
             v,
             &format!("dropout/f32/{label}"),
-            Dropout {
+            Dropout(Dropout {
                 p: Float(p),
                 training,
                 seed,
-            },
+            }),
             vec![f32_in(&[4, 33])],
         );
     }
@@ -1044,9 +1059,11 @@ fn composites(v: &mut Vec<Case>) {
         vec![(DType::I32, vec![7], Domain::Ints(0, 9)), f32_in(&[10, 4])],
     );
     // attention
-    let sdpa = |causal, scale: Option<f64>| ScaledDotProductAttention {
-        causal,
-        scale: scale.map(Float),
+    let sdpa = |causal, scale: Option<f64>| {
+        ScaledDotProductAttention(ScaledDotProductAttention {
+            causal,
+            scale: scale.map(Float),
+        })
     };
     comp(
         v,
@@ -1172,11 +1189,11 @@ fn control(v: &mut Vec<Case>) {
             let cond = region("cond", &args, |g, c| {
                 let sum = g
                     .add_op1(
-                        Op::Reduce {
+                        Op::Reduce(Reduce {
                             op: ReduceOp::Sum,
                             axes: vec![0],
                             keepdim: false,
-                        },
+                        }),
                         &[c[0]],
                     )
                     .map_err(s)?;

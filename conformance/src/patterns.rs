@@ -5,6 +5,10 @@
 
 use super::build::{Builder, Domain, R, dims, s};
 use super::{Case, Section};
+use oar_ir::ops::{
+    ArgReduce, BatchNorm, Broadcast, Cast, Concat, Conv, Gather, Gelu, Iota, LayerNorm, LogSoftmax, MaxPool2d, Pad,
+    Permute, Random, Reduce, Reshape, ScaledDotProductAttention, Slice, Softmax,
+};
 use oar_ir::ops::{BinaryOp, RandomDist, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::{Composite, DType, Dim, Float, Op, TensorData, TensorType, ValueId};
 
@@ -29,21 +33,21 @@ impl Builder {
 
     fn reduce(&mut self, op: ReduceOp, x: ValueId, axes: &[usize], keepdim: bool) -> R<ValueId> {
         self.op(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op,
                 axes: axes.to_vec(),
                 keepdim,
-            },
+            }),
             &[x],
         )
     }
 
     fn permute(&mut self, x: ValueId, perm: &[usize]) -> R<ValueId> {
-        self.op(Op::Permute { perm: perm.to_vec() }, &[x])
+        self.op(Op::Permute(Permute { perm: perm.to_vec() }), &[x])
     }
 
     fn reshape(&mut self, x: ValueId, shape: &[usize]) -> R<ValueId> {
-        self.op(Op::Reshape { shape: dims(shape) }, &[x])
+        self.op(Op::Reshape(Reshape { shape: dims(shape) }), &[x])
     }
 
     fn matmul(&mut self, a: ValueId, b: ValueId) -> R<ValueId> {
@@ -66,13 +70,13 @@ impl Builder {
     /// A 2-d convolution with `pad` on every side.
     fn conv2d(&mut self, x: ValueId, w: ValueId, stride: usize, pad: usize) -> R<ValueId> {
         self.op(
-            Op::Conv {
+            Op::Conv(Conv {
                 stride: vec![stride; 2],
                 pad_before: vec![pad; 2],
                 pad_after: vec![pad; 2],
                 dilation: vec![1; 2],
                 groups: 1,
-            },
+            }),
             &[x, w],
         )
     }
@@ -84,11 +88,11 @@ impl Builder {
         let mean = self.param(&format!("{name}.mean"), F, &[c], &Domain::Range(-0.3, 0.3))?;
         let var = self.param(&format!("{name}.var"), F, &[c], &Domain::Range(0.5, 2.0))?;
         self.op(
-            Op::Composite(Composite::BatchNorm {
+            Op::Composite(Composite::BatchNorm(BatchNorm {
                 epsilon: Float(1e-5),
                 momentum: Float(0.9),
                 training: false,
-            }),
+            })),
             &[x, scale, bias, mean, var],
         )
     }
@@ -161,15 +165,15 @@ fn elementwise(v: &mut Vec<Case>) {
         let x = b.input("x", F, &[6, 8], &std_dom())?;
         let r = |start, end, step| SliceRange { start, end, step };
         let a = b.op(
-            Op::Slice {
+            Op::Slice(Slice {
                 ranges: vec![r(1, 5, 1), r(0, 8, 2)],
-            },
+            }),
             &[x],
         )?;
         let c = b.op(
-            Op::Slice {
+            Op::Slice(Slice {
                 ranges: vec![r(2, 6, 1), r(1, 8, 2)],
-            },
+            }),
             &[x],
         )?;
         let t = b.bin_c(Mul, a, 2.0)?;
@@ -194,9 +198,9 @@ fn elementwise(v: &mut Vec<Case>) {
         let y = b.input("y", F, &[2, 3, 5], &std_dom())?;
         let t = b.un(Abs, x)?;
         let t = b.op(
-            Op::Broadcast {
+            Op::Broadcast(Broadcast {
                 shape: dims(&[2, 3, 5]),
-            },
+            }),
             &[t],
         )?;
         let t = b.bin(Mul, t, y)?;
@@ -206,9 +210,9 @@ fn elementwise(v: &mut Vec<Case>) {
     pattern(v, "ewise/cast_chain", |b| {
         let x = b.input("x", F, &[5, 7], &Domain::Range(-4.0, 4.0))?;
         let t = b.bin_c(Mul, x, 3.0)?;
-        let i = b.op(Op::Cast { to: DType::I32 }, &[t])?;
+        let i = b.op(Op::Cast(Cast { to: DType::I32 }), &[t])?;
         let i = b.bin_c(Add, i, 2.0)?;
-        let f = b.op(Op::Cast { to: F }, &[i])?;
+        let f = b.op(Op::Cast(Cast { to: F }), &[i])?;
         let y = b.bin_c(Div, f, 2.0)?;
         b.out("y", y)?;
         b.out("i", i)
@@ -228,11 +232,11 @@ fn elementwise(v: &mut Vec<Case>) {
         let y = b.input("y", F, &[5, 7], &std_dom())?;
         let t = b.un(Exp, x)?;
         let t = b.op(
-            Op::Pad {
+            Op::Pad(Pad {
                 before: vec![1, 2],
                 after: vec![1, 1],
                 value: Float(0.5),
-            },
+            }),
             &[t],
         )?;
         let o = b.bin(Add, t, y)?;
@@ -243,16 +247,18 @@ fn elementwise(v: &mut Vec<Case>) {
         let y = b.input("y", F, &[3, 2], &std_dom())?;
         let e = b.un(Exp, x)?;
         let n = b.un(Neg, y)?;
-        let c = b.op(Op::Concat { axis: 1 }, &[e, n])?;
+        let c = b.op(Op::Concat(Concat { axis: 1 }), &[e, n])?;
         let o = b.bin_c(Mul, c, 2.0)?;
         b.out("y", o)
     });
     pattern(v, "ewise/iota_causal_mask", |b| {
         let x = b.input("x", F, &[6, 6], &std_dom())?;
-        let iota = |axis| Op::Iota {
-            shape: dims(&[6, 6]),
-            axis,
-            dtype: DType::I64,
+        let iota = |axis| {
+            Op::Iota(Iota {
+                shape: dims(&[6, 6]),
+                axis,
+                dtype: DType::I64,
+            })
         };
         let rows = b.op(iota(0), &[])?;
         let cols = b.op(iota(1), &[])?;
@@ -265,7 +271,7 @@ fn elementwise(v: &mut Vec<Case>) {
     pattern(v, "ewise/random_plus_input", |b| {
         let x = b.input("x", F, &[4, 9], &std_dom())?;
         let r = b.op(
-            Op::Random {
+            Op::Random(Random {
                 dist: RandomDist::Uniform {
                     low: Float(-1.0),
                     high: Float(1.0),
@@ -273,7 +279,7 @@ fn elementwise(v: &mut Vec<Case>) {
                 shape: dims(&[4, 9]),
                 dtype: F,
                 seed: 3,
-            },
+            }),
             &[],
         )?;
         let o = b.bin(Mul, x, r)?;
@@ -319,7 +325,7 @@ fn normalization(v: &mut Vec<Case>) {
     }
     pattern(v, "softmax/composite_then_log", |b| {
         let x = b.input("x", F, &[4, 10], &Domain::Range(-5.0, 5.0))?;
-        let p = b.op(Op::Composite(Composite::Softmax { axis: 1 }), &[x])?;
+        let p = b.op(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[x])?;
         let o = b.un(Log, p)?;
         b.out("y", o)
     });
@@ -345,10 +351,10 @@ fn normalization(v: &mut Vec<Case>) {
         let bias = b.param("b", F, &[16], &std_dom())?;
         let t = b.bin(Add, x, h)?;
         let o = b.op(
-            Op::Composite(Composite::LayerNorm {
+            Op::Composite(Composite::LayerNorm(LayerNorm {
                 normalized_ndim: 1,
                 epsilon: Float(1e-5),
-            }),
+            })),
             &[t, w, bias],
         )?;
         b.out("y", o)
@@ -394,7 +400,7 @@ fn contraction(v: &mut Vec<Case>) {
         let bias = b.param("b", F, &[24], &std_dom())?;
         let t = b.matmul(x, w)?;
         let t = b.bin(Add, t, bias)?;
-        let o = b.op(Op::Composite(Composite::Gelu { approximate: false }), &[t])?;
+        let o = b.op(Op::Composite(Composite::Gelu(Gelu { approximate: false })), &[t])?;
         b.out("y", o)
     });
     pattern(v, "matmul/linear_sigmoid_scale", |b| {
@@ -432,7 +438,7 @@ fn contraction(v: &mut Vec<Case>) {
         let t = b.relu(t)?;
         let t = b.matmul(t, w2)?;
         let t = b.bin(Add, t, b2)?;
-        let o = b.op(Op::Composite(Composite::LogSoftmax { axis: 1 }), &[t])?;
+        let o = b.op(Op::Composite(Composite::LogSoftmax(LogSoftmax { axis: 1 })), &[t])?;
         b.out("y", o)
     });
     pattern(v, "conv/bias_add_relu", |b| {
@@ -487,13 +493,13 @@ fn contraction(v: &mut Vec<Case>) {
         let dw = b.param("dw", F, &[8, 1, 3, 3], &std_dom())?;
         let pw = b.conv_weight("pw", 12, 8, 1)?;
         let t = b.op(
-            Op::Conv {
+            Op::Conv(Conv {
                 stride: vec![2, 2],
                 pad_before: vec![1, 1],
                 pad_after: vec![1, 1],
                 dilation: vec![1, 1],
                 groups: 8,
-            },
+            }),
             &[x, dw],
         )?;
         let t = b.batch_norm_eval(t, "bn1", 8)?;
@@ -509,12 +515,12 @@ fn contraction(v: &mut Vec<Case>) {
         let t = b.conv2d(x, w, 1, 1)?;
         let t = b.relu(t)?;
         let t = b.op(
-            Op::Composite(Composite::MaxPool2d {
+            Op::Composite(Composite::MaxPool2d(MaxPool2d {
                 kernel: [2, 2],
                 stride: [2, 2],
                 padding: [0; 4],
                 ceil_mode: false,
-            }),
+            })),
             &[t],
         )?;
         let t = b.reshape(t, &[2, 144])?;
@@ -552,7 +558,7 @@ fn attention(v: &mut Vec<Case>) {
         let kt = b.permute(heads[1], &[0, 1, 3, 2])?;
         let s = b.matmul(heads[0], kt)?;
         let s = b.bin_c(Mul, s, 1.0 / (hd as f64).sqrt())?;
-        let p = b.op(Op::Composite(Composite::Softmax { axis: 3 }), &[s])?;
+        let p = b.op(Op::Composite(Composite::Softmax(Softmax { axis: 3 })), &[s])?;
         let o = b.matmul(p, heads[2])?;
         let o = b.permute(o, &[0, 2, 1, 3])?;
         let o = b.reshape(o, &[n, l, d])?;
@@ -566,10 +572,10 @@ fn attention(v: &mut Vec<Case>) {
         let k = b.input("k", F, &[1, 3, 8, 4], &std_dom())?;
         let val = b.input("v", F, &[1, 3, 8, 4], &std_dom())?;
         let o = b.op(
-            Op::Composite(Composite::ScaledDotProductAttention {
+            Op::Composite(Composite::ScaledDotProductAttention(ScaledDotProductAttention {
                 causal: true,
                 scale: None,
-            }),
+            })),
             &[q, k, val],
         )?;
         let o = b.permute(o, &[0, 2, 1, 3])?;
@@ -624,11 +630,11 @@ fn reductions(v: &mut Vec<Case>) {
         let w = b.param("w", F, &[10, 6], &std_dom())?;
         let t = b.matmul(x, w)?;
         let a = b.op(
-            Op::ArgReduce {
+            Op::ArgReduce(ArgReduce {
                 op: oar_ir::ops::ArgReduceOp::ArgMax,
                 axis: 1,
                 keepdim: false,
-            },
+            }),
             &[t],
         )?;
         b.out("y", a)
@@ -637,7 +643,7 @@ fn reductions(v: &mut Vec<Case>) {
         let table = b.param("table", F, &[10, 8], &std_dom())?;
         let idx = TensorData::from_vec(vec![5], vec![3i64, 0, 9, 3, 7]).map_err(s)?;
         let i = b.input_data("idx", idx)?;
-        let rows = b.op(Op::Gather { axis: 0 }, &[table, i])?;
+        let rows = b.op(Op::Gather(Gather { axis: 0 }), &[table, i])?;
         let o = b.reduce(ReduceOp::Sum, rows, &[0], false)?;
         b.out("y", o)
     });

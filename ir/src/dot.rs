@@ -2,6 +2,7 @@
 
 use crate::graph::Graph;
 use crate::ops::Op;
+use crate::ops::{Input, Param};
 use std::fmt::Write;
 
 /// The graph as a Graphviz `digraph`: one box per op (label: op, result types), one edge per
@@ -34,8 +35,8 @@ fn write_body(graph: &Graph, prefix: &str, out: &mut String, counter: &mut usize
             .collect::<Vec<_>>()
             .join(", ");
         let (label, style) = match &node.op {
-            Op::Input { name, .. } => (format!("input {name}"), ", style=filled, fillcolor=\"#dbeafe\""),
-            Op::Param { name, .. } => (format!("param {name}"), ", style=filled, fillcolor=\"#fef3c7\""),
+            Op::Input(Input { name, .. }) => (format!("input {name}"), ", style=filled, fillcolor=\"#dbeafe\""),
+            Op::Param(Param { name, .. }) => (format!("param {name}"), ", style=filled, fillcolor=\"#fef3c7\""),
             Op::Constant(_) => ("constant".to_string(), ", style=filled, fillcolor=\"#f3f4f6\""),
             Op::Composite(_) => (node.op.name().to_string(), ", style=filled, fillcolor=\"#ede9fe\""),
             _ => (node.op.name().to_string(), ""),

@@ -3,6 +3,7 @@
 //! trait, so eager and static mode share them (one definition per op).
 
 use crate::ops::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::ops::{Broadcast, Cast, Permute, Reduce, Reshape};
 use crate::{DType, Dim, Graph, IrError, Shape, TensorData, TensorType, ValueId};
 
 /// Applies ops to values. Method names match [`Graph`]'s inherent methods, so code written
@@ -67,7 +68,7 @@ pub trait Emitter {
         axes: Vec<usize>,
         keepdim: bool,
     ) -> Result<Self::Value, Self::Error> {
-        self.add_op1(Op::Reduce { op, axes, keepdim }, &[x])
+        self.add_op1(Op::Reduce(Reduce { op, axes, keepdim }), &[x])
     }
 
     /// Reshape to `shape`.
@@ -75,7 +76,7 @@ pub trait Emitter {
         if self.value_type(x).shape == *shape {
             return Ok(x);
         }
-        self.add_op1(Op::Reshape { shape: shape.0.clone() }, &[x])
+        self.add_op1(Op::Reshape(Reshape { shape: shape.0.clone() }), &[x])
     }
 
     /// Permute axes.
@@ -83,7 +84,7 @@ pub trait Emitter {
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return Ok(x);
         }
-        self.add_op1(Op::Permute { perm }, &[x])
+        self.add_op1(Op::Permute(Permute { perm }), &[x])
     }
 
     /// Swap the last two axes.
@@ -99,7 +100,7 @@ pub trait Emitter {
         if self.value_type(x).shape == *shape {
             return Ok(x);
         }
-        self.add_op1(Op::Broadcast { shape: shape.0.clone() }, &[x])
+        self.add_op1(Op::Broadcast(Broadcast { shape: shape.0.clone() }), &[x])
     }
 
     /// A tensor of `ty` filled with `value`.
@@ -113,7 +114,7 @@ pub trait Emitter {
         if self.value_type(x).dtype == to {
             return Ok(x);
         }
-        self.add_op1(Op::Cast { to }, &[x])
+        self.add_op1(Op::Cast(Cast { to }), &[x])
     }
 
     /// Sum `g` down to `shape`, undoing numpy broadcasting (the gradient of a broadcast).

@@ -9,6 +9,7 @@
 //! verified, and the weights must match the params exactly.
 
 use crate::graph_def::GraphDef;
+use crate::ops::Param;
 use crate::{DType, Graph, IrError, Op, TensorData, TensorType, Weights};
 use safetensors::{Dtype as StDtype, SafeTensors, tensor::TensorView};
 use std::collections::BTreeMap;
@@ -275,7 +276,7 @@ fn all_params(graph: &Graph) -> BTreeMap<String, TensorType> {
     while let Some(g) = stack.pop() {
         for id in g.node_ids() {
             let node = g.node(id);
-            if let Op::Param { name, ty } = &node.op {
+            if let Op::Param(Param { name, ty }) = &node.op {
                 params.entry(name.clone()).or_insert_with(|| ty.clone());
             }
             stack.extend(node.regions.iter());

@@ -2,6 +2,7 @@
 
 use crate::error::IrError;
 use crate::ops::{BinaryOp, Op, UnaryOp, infer_types};
+use crate::ops::{Input, Param};
 use crate::{DType, TensorData, TensorType};
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
@@ -160,7 +161,7 @@ impl Graph {
         self.inputs
             .iter()
             .filter_map(|&n| match &self.dag[n].op {
-                Op::Input { name, ty } => Some((name.clone(), ty.clone())),
+                Op::Input(Input { name, ty }) => Some((name.clone(), ty.clone())),
                 _ => None,
             })
             .collect()
@@ -189,7 +190,7 @@ impl Graph {
         self.dag
             .node_indices()
             .filter_map(|n| match &self.dag[n].op {
-                Op::Param { name, .. } => Some((name.clone(), ValueId::first(n))),
+                Op::Param(Param { name, .. }) => Some((name.clone(), ValueId::first(n))),
                 _ => None,
             })
             .collect()
@@ -219,10 +220,10 @@ impl Graph {
                 name: name.to_string(),
             });
         }
-        let op = Op::Input {
+        let op = Op::Input(Input {
             name: name.to_string(),
             ty: ty.clone(),
-        };
+        });
         let id = self.insert(Node {
             op,
             inputs: vec![],
@@ -248,10 +249,10 @@ impl Graph {
             }
             let node = v.node;
             let ty = self.value_type(v).clone();
-            self.dag[node].op = Op::Input {
+            self.dag[node].op = Op::Input(Input {
                 name: input.clone(),
                 ty,
-            };
+            });
             self.param_names.remove(&name);
             self.inputs.push(node);
             self.input_names.insert(input, node);
@@ -273,10 +274,10 @@ impl Graph {
             }
             return Ok(v);
         }
-        let op = Op::Param {
+        let op = Op::Param(Param {
             name: name.to_string(),
             ty: ty.clone(),
-        };
+        });
         let id = self.insert(Node {
             op,
             inputs: vec![],
@@ -325,7 +326,7 @@ impl Graph {
 
     /// Add an op holding regions (control flow).
     pub fn add_region_op(&mut self, op: Op, inputs: &[ValueId], regions: Vec<Graph>) -> Result<Vec<ValueId>, IrError> {
-        if matches!(op, Op::Input { .. }) {
+        if matches!(op, Op::Input(_)) {
             return Err(IrError::Structure {
                 graph: self.name.clone(),
                 detail: "graph inputs are added with add_input".into(),
@@ -340,7 +341,7 @@ impl Graph {
             })?;
             types.push(t.clone());
         }
-        if let Op::Param { name, ty } = &op {
+        if let Op::Param(Param { name, ty }) = &op {
             return self.add_param(name, ty.clone()).map(|v| vec![v]);
         }
         let outputs = infer_types(&op, &types, &regions).map_err(|detail| IrError::Type {
@@ -514,7 +515,7 @@ impl Graph {
     }
 
     fn forget_names(&mut self, node: NodeId) {
-        if let Op::Param { name, .. } = &self.dag[node].op
+        if let Op::Param(Param { name, .. }) = &self.dag[node].op
             && self.param_names.get(name) == Some(&node)
         {
             self.param_names.remove(name);

@@ -5,6 +5,7 @@
 use crate::error::IrError;
 use crate::graph::{Graph, NodeId, ValueId};
 use crate::ops::Op;
+use crate::ops::{Input, Param};
 use crate::verify::MAX_REGION_DEPTH;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -112,7 +113,7 @@ impl GraphDef {
                 .nodes
                 .get(p)
                 .ok_or_else(|| self.err(format!("graph input refers to node {p}, which does not exist")))?;
-            let Op::Input { name, ty } = &node.op else {
+            let Op::Input(Input { name, ty }) = &node.op else {
                 return Err(self.err(format!("graph input {p} is a `{}` node, not an input", node.op.name())));
             };
             if ids[p].is_some() {
@@ -137,15 +138,15 @@ impl GraphDef {
                 })?;
                 operands.push(ValueId { node: id, output });
             }
-            let leaf = matches!(node.op, Op::Input { .. } | Op::Param { .. } | Op::Constant(_));
+            let leaf = matches!(node.op, Op::Input(_) | Op::Param(_) | Op::Constant(_));
             if leaf && (!operands.is_empty() || !node.regions.is_empty()) {
                 return Err(self.err(format!("node {p} (`{op}`) takes no operands or regions")));
             }
             let v = match &node.op {
-                Op::Input { name, .. } => {
+                Op::Input(Input { name, .. }) => {
                     return Err(self.err(format!("input `{name}` (node {p}) is not listed as a graph input")));
                 }
-                Op::Param { name, ty } => g.add_param(name, ty.clone())?,
+                Op::Param(Param { name, ty }) => g.add_param(name, ty.clone())?,
                 Op::Constant(t) => g.add_constant(t.clone()),
                 _ => {
                     let regions = node

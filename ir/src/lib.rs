@@ -11,6 +11,7 @@ pub mod dot;
 pub mod dtype;
 pub mod emit;
 pub mod error;
+pub mod eval;
 pub mod file;
 pub mod graph;
 pub mod graph_def;

@@ -1,6 +1,7 @@
 //! Graph statistics for `oar inspect`: op counts, parameter sizes, FLOP estimates.
 
 use crate::graph::Graph;
+use crate::ops::Param;
 use crate::ops::{Op, flops};
 use std::collections::BTreeMap;
 
@@ -40,7 +41,7 @@ fn collect(
     for id in graph.node_ids() {
         let node = graph.node(id);
         *s.op_counts.entry(node.op.name().to_string()).or_default() += 1;
-        if let Op::Param { name, ty } = &node.op
+        if let Op::Param(Param { name, ty }) = &node.op
             && seen.insert(name.clone())
         {
             s.params += 1;

@@ -2,6 +2,7 @@
 
 use crate::error::IrError;
 use crate::graph::{Graph, NodeId};
+use crate::ops::{Input, Param};
 use crate::ops::{Op, infer_types};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,7 +47,7 @@ fn verify_at(g: &Graph, depth: usize, params: &mut BTreeMap<String, String>) -> 
             types.push(t.clone());
         }
         match &node.op {
-            Op::Input { name, .. } => {
+            Op::Input(Input { name, .. }) => {
                 if !declared.contains(&id) {
                     return Err(structure(
                         g,
@@ -60,7 +61,7 @@ fn verify_at(g: &Graph, depth: usize, params: &mut BTreeMap<String, String>) -> 
                     });
                 }
             }
-            Op::Param { name, ty } => {
+            Op::Param(Param { name, ty }) => {
                 let t = ty.to_string();
                 match params.get(name) {
                     Some(first) if *first != t => {

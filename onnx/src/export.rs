@@ -13,6 +13,11 @@ use crate::proto::{
 };
 use crate::tensor::{dtype_to_onnx, tensor_to_proto};
 use oar_ir::file::Model;
+use oar_ir::ops::{
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, ArgReduce, AvgPool2d, BatchNorm, Broadcast, Cast, Concat, Conv, Conv2d,
+    Dropout, Gather, Gelu, Input, LayerNorm, LogSoftmax, MaxPool2d, Pad, Param, Permute, Reduce, Reshape, Slice,
+    Softmax,
+};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, UnaryOp};
 use oar_ir::{Composite, Dim, Graph, Op, TensorData, TensorType, ValueId};
 use prost::Message;
@@ -159,11 +164,11 @@ impl Exporter<'_> {
             let v = ValueId::first(id);
             let ins: Vec<String> = node.inputs().iter().map(|&v| name_of(v)).collect();
             match &node.op {
-                Op::Input { name, ty } => {
+                Op::Input(Input { name, ty }) => {
                     inputs.push(value_info(name, ty));
                     self.emit_to("Identity", vec![name.clone()], vec![], name_of(v));
                 }
-                Op::Param { name, .. } => {
+                Op::Param(Param { name, .. }) => {
                     let w = model
                         .weights
                         .get(name)
@@ -262,8 +267,8 @@ impl Exporter<'_> {
                 }
             }
             Op::Where => self.emit("Where", ins, vec![]),
-            Op::Cast { to } => self.emit("Cast", ins, vec![int("to", dtype_to_onnx(*to) as i64)]),
-            Op::Reduce { op, axes, keepdim } => {
+            Op::Cast(Cast { to }) => self.emit("Cast", ins, vec![int("to", dtype_to_onnx(*to) as i64)]),
+            Op::Reduce(Reduce { op, axes, keepdim }) => {
                 let name = match op {
                     ReduceOp::Sum => "ReduceSum",
                     ReduceOp::Max => "ReduceMax",
@@ -274,7 +279,7 @@ impl Exporter<'_> {
                 let a = self.i64s(&axes.iter().map(|&a| a as i64).collect::<Vec<_>>());
                 self.emit(name, vec![ins[0].clone(), a], vec![int("keepdims", *keepdim as i64)])
             }
-            Op::ArgReduce { op, axis, keepdim } => {
+            Op::ArgReduce(ArgReduce { op, axis, keepdim }) => {
                 let name = if *op == ArgReduceOp::ArgMax { "ArgMax" } else { "ArgMin" };
                 self.emit(
                     name,
@@ -282,13 +287,13 @@ impl Exporter<'_> {
                     vec![int("axis", *axis as i64), int("keepdims", *keepdim as i64)],
                 )
             }
-            Op::Reshape { shape } => {
+            Op::Reshape(Reshape { shape }) => {
                 let s = self.static_dims(shape, "reshape")?;
                 let s = self.i64s(&s);
                 self.emit("Reshape", vec![ins[0].clone(), s], vec![])
             }
-            Op::Permute { perm } => self.emit("Transpose", ins, vec![ints("perm", perm)]),
-            Op::Broadcast { shape } => {
+            Op::Permute(Permute { perm }) => self.emit("Transpose", ins, vec![ints("perm", perm)]),
+            Op::Broadcast(Broadcast { shape }) => {
                 let s: Vec<i64> = self
                     .static_dims(shape, "broadcast")?
                     .iter()
@@ -297,7 +302,7 @@ impl Exporter<'_> {
                 let s = self.i64s(&s);
                 self.emit("Expand", vec![ins[0].clone(), s], vec![])
             }
-            Op::Slice { ranges } => {
+            Op::Slice(Slice { ranges }) => {
                 let starts: Vec<i64> = ranges.iter().map(|r| r.start).collect();
                 let ends: Vec<i64> = ranges.iter().map(|r| r.end).collect();
                 let steps: Vec<i64> = ranges.iter().map(|r| r.step).collect();
@@ -306,22 +311,22 @@ impl Exporter<'_> {
                 let [s, e, a, st] = v;
                 self.emit("Slice", vec![ins[0].clone(), s, e, a, st], vec![])
             }
-            Op::Pad { before, after, value } => {
+            Op::Pad(Pad { before, after, value }) => {
                 let pads: Vec<i64> = before.iter().chain(after).map(|&p| p as i64).collect();
                 let p = self.i64s(&pads);
                 let c = self.constant(TensorData::from_f64_slice(ty(0).dtype, vec![], &[value.0]).expect("scalar"));
                 self.emit("Pad", vec![ins[0].clone(), p, c], vec![])
             }
-            Op::Concat { axis } => self.emit("Concat", ins, vec![int("axis", *axis as i64)]),
-            Op::Gather { axis } => self.emit("Gather", ins, vec![int("axis", *axis as i64)]),
+            Op::Concat(Concat { axis }) => self.emit("Concat", ins, vec![int("axis", *axis as i64)]),
+            Op::Gather(Gather { axis }) => self.emit("Gather", ins, vec![int("axis", *axis as i64)]),
             Op::MatMul => self.emit("MatMul", ins, vec![]),
-            Op::Conv {
+            Op::Conv(Conv {
                 stride,
                 pad_before,
                 pad_after,
                 dilation,
                 groups,
-            } => {
+            }) => {
                 let pads: Vec<usize> = pad_before.iter().chain(pad_after).copied().collect();
                 let attrs = vec![
                     ints("strides", stride),
@@ -350,12 +355,12 @@ impl Exporter<'_> {
                     None => y,
                 }
             }
-            Composite::Conv2d {
+            Composite::Conv2d(Conv2d {
                 stride,
                 padding,
                 dilation,
                 groups,
-            } => {
+            }) => {
                 let pads = [padding[0], padding[1], padding[2], padding[3]];
                 let attrs = vec![
                     ints("strides", stride),
@@ -365,12 +370,12 @@ impl Exporter<'_> {
                 ];
                 self.emit("Conv", ins, attrs)
             }
-            Composite::MaxPool2d {
+            Composite::MaxPool2d(MaxPool2d {
                 kernel,
                 stride,
                 padding,
                 ceil_mode,
-            } => {
+            }) => {
                 let attrs = vec![
                     ints("kernel_shape", kernel),
                     ints("strides", stride),
@@ -379,13 +384,13 @@ impl Exporter<'_> {
                 ];
                 self.emit("MaxPool", ins, attrs)
             }
-            Composite::AvgPool2d {
+            Composite::AvgPool2d(AvgPool2d {
                 kernel,
                 stride,
                 padding,
                 ceil_mode,
                 count_include_pad,
-            } => {
+            }) => {
                 let attrs = vec![
                     ints("kernel_shape", kernel),
                     ints("strides", stride),
@@ -395,17 +400,21 @@ impl Exporter<'_> {
                 ];
                 self.emit("AveragePool", ins, attrs)
             }
-            Composite::AdaptiveAvgPool2d { output_size: [1, 1] } => self.emit("GlobalAveragePool", ins, vec![]),
-            Composite::AdaptiveMaxPool2d { output_size: [1, 1] } => self.emit("GlobalMaxPool", ins, vec![]),
-            Composite::BatchNorm {
+            Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [1, 1] }) => {
+                self.emit("GlobalAveragePool", ins, vec![])
+            }
+            Composite::AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size: [1, 1] }) => {
+                self.emit("GlobalMaxPool", ins, vec![])
+            }
+            Composite::BatchNorm(BatchNorm {
                 epsilon,
                 training: false,
                 ..
-            } => self.emit("BatchNormalization", ins, vec![float("epsilon", epsilon.0)]),
-            Composite::LayerNorm {
+            }) => self.emit("BatchNormalization", ins, vec![float("epsilon", epsilon.0)]),
+            Composite::LayerNorm(LayerNorm {
                 normalized_ndim,
                 epsilon,
-            } => {
+            }) => {
                 let mut ins = ins;
                 let axis = (x.rank() - normalized_ndim) as i64;
                 if ins.len() == 1 {
@@ -425,15 +434,15 @@ impl Exporter<'_> {
                     vec![int("axis", axis), float("epsilon", epsilon.0)],
                 )
             }
-            Composite::Softmax { axis } => self.emit("Softmax", ins, vec![int("axis", *axis as i64)]),
-            Composite::LogSoftmax { axis } => self.emit("LogSoftmax", ins, vec![int("axis", *axis as i64)]),
+            Composite::Softmax(Softmax { axis }) => self.emit("Softmax", ins, vec![int("axis", *axis as i64)]),
+            Composite::LogSoftmax(LogSoftmax { axis }) => self.emit("LogSoftmax", ins, vec![int("axis", *axis as i64)]),
             Composite::Relu => self.emit("Relu", ins, vec![]),
             Composite::Sigmoid => self.emit("Sigmoid", ins, vec![]),
             Composite::Silu => {
                 let s = self.emit("Sigmoid", ins.clone(), vec![]);
                 self.emit("Mul", vec![ins[0].clone(), s], vec![])
             }
-            Composite::Gelu { approximate: false } => {
+            Composite::Gelu(Gelu { approximate: false }) => {
                 // 0.5 * x * (1 + erf(x / sqrt(2))); Gelu itself needs opset 20.
                 let c = |v: f64, ex: &mut Self| {
                     ex.constant(TensorData::from_f64_slice(x.dtype, vec![], &[v]).expect("scalar"))
@@ -447,7 +456,7 @@ impl Exporter<'_> {
                 let half = c(0.5, self);
                 self.emit("Mul", vec![m, half], vec![])
             }
-            Composite::Gelu { approximate: true } => {
+            Composite::Gelu(Gelu { approximate: true }) => {
                 // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))); Gelu itself needs opset 20.
                 let c = |v: f64, ex: &mut Self| {
                     ex.constant(TensorData::from_f64_slice(x.dtype, vec![], &[v]).expect("scalar"))
@@ -467,7 +476,7 @@ impl Exporter<'_> {
                 let hx = self.emit("Mul", vec![x0, half], vec![]);
                 self.emit("Mul", vec![hx, t1], vec![])
             }
-            Composite::Dropout { training: false, .. } => self.emit("Identity", ins, vec![]),
+            Composite::Dropout(Dropout { training: false, .. }) => self.emit("Identity", ins, vec![]),
             Composite::Embedding => self.emit("Gather", vec![ins[1].clone(), ins[0].clone()], vec![int("axis", 0)]),
             other => {
                 return Err(OnnxError::Export(format!(

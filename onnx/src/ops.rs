@@ -7,6 +7,7 @@
 use crate::error::OnnxError;
 use crate::proto::{AttributeProto, NodeProto};
 use crate::tensor::{dtype_from_onnx, tensor_from_proto};
+use oar_ir::ops::{ArgReduce, Cast, Reduce, Reshape, Slice};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::{DType, Dim, Graph, Op, TensorData, TensorType, ValueId};
 use std::collections::HashMap;
@@ -293,7 +294,7 @@ impl<'a> NodeCx<'a> {
         if self.ty(x).shape.0 == dims {
             return Ok(x);
         }
-        self.op(Op::Reshape { shape: dims }, &[x])
+        self.op(Op::Reshape(Reshape { shape: dims }), &[x])
     }
 
     /// Convert the node into oar ops; returns one value per ONNX output.
@@ -358,7 +359,7 @@ impl<'a> NodeCx<'a> {
                 let (a, mut e) = (self.input(0)?, self.input(1)?);
                 let dt = self.ty(a).dtype;
                 if self.ty(e).dtype != dt {
-                    e = self.op(Op::Cast { to: dt }, &[e])?;
+                    e = self.op(Op::Cast(Cast { to: dt }), &[e])?;
                 }
                 self.bin(B::Pow, a, e)?
             }
@@ -459,7 +460,7 @@ impl<'a> NodeCx<'a> {
         if self.ty(x).dtype == to {
             Ok(x)
         } else {
-            self.op(Op::Cast { to }, &[x])
+            self.op(Op::Cast(Cast { to }), &[x])
         }
     }
 
@@ -517,7 +518,7 @@ impl<'a> NodeCx<'a> {
             return Ok(x);
         }
         let keepdim = self.attr_i("keepdims", 1) != 0;
-        self.op(Op::Reduce { op, axes, keepdim }, &[x])
+        self.op(Op::Reduce(Reduce { op, axes, keepdim }), &[x])
     }
 
     /// ArgMax / ArgMin.
@@ -528,14 +529,14 @@ impl<'a> NodeCx<'a> {
         let x = self.input(0)?;
         let axis = self.axis(self.attr_i("axis", 0), self.ty(x).rank())?;
         let keepdim = self.attr_i("keepdims", 1) != 0;
-        self.op(Op::ArgReduce { op, axis, keepdim }, &[x])
+        self.op(Op::ArgReduce(ArgReduce { op, axis, keepdim }), &[x])
     }
 
     /// Slice `x` on one axis.
     pub fn slice_axis(&mut self, x: ValueId, axis: usize, start: i64, end: i64) -> R<ValueId> {
         let mut ranges = vec![SliceRange::FULL; self.ty(x).rank()];
         ranges[axis] = SliceRange::new(start, end);
-        self.op(Op::Slice { ranges }, &[x])
+        self.op(Op::Slice(Slice { ranges }), &[x])
     }
 }
 

@@ -3,6 +3,9 @@
 //! batch_norm, ...); the rest are built from primitives.
 
 use crate::ops::{NodeCx, R};
+use oar_ir::ops::{
+    AvgPool2d, BatchNorm, Broadcast, Conv, Conv2d, Gelu, LayerNorm, LogSoftmax, MaxPool2d, Permute, Reduce, Softmax,
+};
 use oar_ir::ops::{BinaryOp as B, ReduceOp, UnaryOp as U};
 use oar_ir::{Composite, DType, Dim, Float, Op, ValueId};
 
@@ -13,7 +16,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         "Sigmoid" => composite1(cx, Composite::Sigmoid)?,
         "Gelu" => {
             let approximate = cx.attr_s("approximate").is_some_and(|s| s == "tanh");
-            composite1(cx, Composite::Gelu { approximate })?
+            composite1(cx, Composite::Gelu(Gelu { approximate }))?
         }
         "Softmax" | "LogSoftmax" => softmax(cx, op_type == "LogSoftmax")?,
         "LeakyRelu" | "Elu" | "Selu" | "Celu" | "HardSigmoid" | "HardSwish" | "Softplus" | "Softsign" | "Mish"
@@ -23,7 +26,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
             let x = cx.input(0)?;
             let mask = cx.ty(x).shape.0;
             let one = cx.scalar(DType::Bool, 1.0);
-            let m = cx.op(Op::Broadcast { shape: mask }, &[one])?;
+            let m = cx.op(Op::Broadcast(Broadcast { shape: mask }), &[one])?;
             return Ok(vec![x, m]);
         }
         "MatMul" => matmul(cx)?,
@@ -39,11 +42,11 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
                 ReduceOp::Mean
             };
             cx.op(
-                Op::Reduce {
+                Op::Reduce(Reduce {
                     op,
                     axes,
                     keepdim: true,
-                },
+                }),
                 &[x],
             )?
         }
@@ -52,11 +55,11 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
                 return Err(cx.err("training_mode=1 is not supported (inference only)"));
             }
             let ins = (0..5).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
-            let op = Composite::BatchNorm {
+            let op = Composite::BatchNorm(BatchNorm {
                 epsilon: Float(cx.attr_f("epsilon", 1e-5) as f64),
                 momentum: Float(0.9),
                 training: false,
-            };
+            });
             cx.op(Op::Composite(op), &ins)?
         }
         "LayerNormalization" => layer_norm(cx)?,
@@ -80,9 +83,9 @@ fn softmax(cx: &mut NodeCx<'_>, log: bool) -> R<ValueId> {
     let axis = cx.axis(cx.attr_i("axis", default), rank)?;
     let mk = |axis| {
         if log {
-            Composite::LogSoftmax { axis }
+            Composite::LogSoftmax(LogSoftmax { axis })
         } else {
-            Composite::Softmax { axis }
+            Composite::Softmax(Softmax { axis })
         }
     };
     if cx.opset >= 13 || axis + 1 == rank {
@@ -249,10 +252,10 @@ fn gemm(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let (mut a, mut b) = (cx.input(0)?, cx.input(1)?);
     let (alpha, beta) = (cx.attr_f("alpha", 1.0) as f64, cx.attr_f("beta", 1.0) as f64);
     if cx.attr_i("transA", 0) != 0 {
-        a = cx.op(Op::Permute { perm: vec![1, 0] }, &[a])?;
+        a = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[a])?;
     }
     if cx.attr_i("transB", 0) != 0 {
-        b = cx.op(Op::Permute { perm: vec![1, 0] }, &[b])?;
+        b = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[b])?;
     }
     let c = cx.opt_input(2);
     let n = cx.ty(b).shape.0.get(1).cloned();
@@ -339,22 +342,22 @@ fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let (pb, pa) = spatial_pads(cx, xs.get(2..).unwrap_or(&[]), &kernel, &stride, &dilation)?;
     let b = cx.opt_input(2);
     if n == 2 {
-        let op = Composite::Conv2d {
+        let op = Composite::Conv2d(Conv2d {
             stride: [stride[0], stride[1]],
             padding: [pb[0], pb[1], pa[0], pa[1]],
             dilation: [dilation[0], dilation[1]],
             groups,
-        };
+        });
         let ins: Vec<ValueId> = [Some(x), Some(w), b].into_iter().flatten().collect();
         return cx.op(Op::Composite(op), &ins);
     }
-    let op = Op::Conv {
+    let op = Op::Conv(Conv {
         stride,
         pad_before: pb,
         pad_after: pa,
         dilation,
         groups,
-    };
+    });
     let y = cx.op(op, &[x, w])?;
     match b {
         None => Ok(y),
@@ -403,20 +406,20 @@ fn pool(cx: &mut NodeCx<'_>, max: bool) -> R<ValueId> {
         _ => return Err(cx.err(format!("{n}-D pooling is not supported (1-D and 2-D are)"))),
     };
     let op = if max {
-        Composite::MaxPool2d {
+        Composite::MaxPool2d(MaxPool2d {
             kernel: k2,
             stride: s2,
             padding: p4,
             ceil_mode,
-        }
+        })
     } else {
-        Composite::AvgPool2d {
+        Composite::AvgPool2d(AvgPool2d {
             kernel: k2,
             stride: s2,
             padding: p4,
             ceil_mode,
             count_include_pad: cx.attr_i("count_include_pad", 0) != 0,
-        }
+        })
     };
     let y = cx.op(Op::Composite(op), &[x2])?;
     if n == 1 {
@@ -431,10 +434,10 @@ fn layer_norm(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let rank = cx.ty(x).rank();
     let axis = cx.axis(cx.attr_i("axis", -1), rank)?;
-    let op = Composite::LayerNorm {
+    let op = Composite::LayerNorm(LayerNorm {
         normalized_ndim: rank - axis,
         epsilon: Float(cx.attr_f("epsilon", 1e-5) as f64),
-    };
+    });
     let scale = cx.input(1)?;
     let tail = cx.ty(x).shape.0[axis..].to_vec();
     let fits = |cx: &NodeCx<'_>, v: ValueId| cx.ty(v).shape.0 == tail;

@@ -9,6 +9,7 @@
 
 use crate::ops::{NodeCx, R};
 use oar_ir::ops::{BinaryOp as B, UnaryOp as U};
+use oar_ir::ops::{Broadcast, Concat, Permute};
 use oar_ir::{Composite, Dim, Op, ValueId};
 
 /// The three recurrent op types.
@@ -113,7 +114,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         return Err(cx.err(format!("X must have rank 3, got {xt}")));
     }
     let x = if layout == 1 {
-        cx.op(Op::Permute { perm: vec![1, 0, 2] }, &[x])?
+        cx.op(Op::Permute(Permute { perm: vec![1, 0, 2] }), &[x])?
     } else {
         x
     };
@@ -153,7 +154,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
     // Initial states, layout 1 [B, D, H] → [D, B, H].
     let state = |cx: &mut NodeCx<'_>, v: Option<ValueId>| -> R<Option<ValueId>> {
         match v {
-            Some(v) if layout == 1 => cx.op(Op::Permute { perm: vec![1, 0, 2] }, &[v]).map(Some),
+            Some(v) if layout == 1 => cx.op(Op::Permute(Permute { perm: vec![1, 0, 2] }), &[v]).map(Some),
             v => Ok(v),
         }
     };
@@ -161,9 +162,9 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
     let zeros = |cx: &mut NodeCx<'_>| -> R<ValueId> {
         let z = cx.scalar(dt, 0.0);
         cx.op(
-            Op::Broadcast {
+            Op::Broadcast(Broadcast {
                 shape: vec![batch.clone(), Dim::Static(hidden)],
-            },
+            }),
             &[z],
         )
     };
@@ -179,9 +180,9 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         };
         // Wᵀ [I, gH], Rᵀ [H, gH].
         let wd = dir_slice(cx, w, vec![Dim::Static(gh), input.clone()])?;
-        let wt = cx.op(Op::Permute { perm: vec![1, 0] }, &[wd])?;
+        let wt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[wd])?;
         let rd = dir_slice(cx, r, vec![Dim::Static(gh), Dim::Static(hidden)])?;
-        let rt = cx.op(Op::Permute { perm: vec![1, 0] }, &[rd])?;
+        let rt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[rd])?;
         // Biases: Wb [gH] and Rb [gH]. Rb joins the input projection except for GRU's
         // candidate gate under linear_before_reset (there it sits inside r ⊙ (...)).
         let (x_bias, h_bias) = match b {
@@ -195,7 +196,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
                     let wb_zr = cx.slice_axis(wb, 0, 0, 2 * hidden as i64)?;
                     let zr = cx.bin(B::Add, wb_zr, rb_zr)?;
                     let wb_h = cx.slice_axis(wb, 0, 2 * hidden as i64, gh as i64)?;
-                    let xb = cx.op(Op::Concat { axis: 0 }, &[zr, wb_h])?;
+                    let xb = cx.op(Op::Concat(Concat { axis: 0 }), &[zr, wb_h])?;
                     let rb_h = cx.slice_axis(rb, 0, 2 * hidden as i64, gh as i64)?;
                     (Some(xb), Some(rb_h))
                 } else {
@@ -314,7 +315,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         let y = if steps.len() == 1 {
             steps[0]
         } else {
-            cx.op(Op::Concat { axis: 0 }, &steps)?
+            cx.op(Op::Concat(Concat { axis: 0 }), &steps)?
         };
         ys.push(cx.reshape(
             y,
@@ -329,21 +330,21 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
         if vs.len() == 1 {
             Ok(vs[0])
         } else {
-            cx.op(Op::Concat { axis }, &vs)
+            cx.op(Op::Concat(Concat { axis }), &vs)
         }
     };
     // Y [S, D, B, H] (layout 1: [B, S, D, H]); Y_h, Y_c [D, B, H] (layout 1: [B, D, H]).
     let mut y = cat(cx, ys, 1)?;
     let mut yh = cat(cx, last_h, 0)?;
     if layout == 1 {
-        y = cx.op(Op::Permute { perm: vec![2, 0, 1, 3] }, &[y])?;
-        yh = cx.op(Op::Permute { perm: vec![1, 0, 2] }, &[yh])?;
+        y = cx.op(Op::Permute(Permute { perm: vec![2, 0, 1, 3] }), &[y])?;
+        yh = cx.op(Op::Permute(Permute { perm: vec![1, 0, 2] }), &[yh])?;
     }
     let mut outs = vec![y, yh];
     if kind == Kind::Lstm {
         let mut yc = cat(cx, last_c, 0)?;
         if layout == 1 {
-            yc = cx.op(Op::Permute { perm: vec![1, 0, 2] }, &[yc])?;
+            yc = cx.op(Op::Permute(Permute { perm: vec![1, 0, 2] }), &[yc])?;
         }
         outs.push(yc);
     }

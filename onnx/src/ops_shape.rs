@@ -3,6 +3,7 @@
 
 use crate::ops::{NodeCx, R};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceRange, UnaryOp};
+use oar_ir::ops::{Broadcast, Concat, Gather, Pad, Permute, Slice};
 use oar_ir::{Dim, Float, Op, TensorData, ValueId};
 
 /// Convert a movement or reduction op; `None` if `op_type` is not one.
@@ -38,7 +39,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
                 Some(p) if !p.is_empty() => p.iter().map(|&a| cx.axis(a, r)).collect::<R<Vec<_>>>()?,
                 _ => (0..r).rev().collect(),
             };
-            cx.op(Op::Permute { perm }, &[x])?
+            cx.op(Op::Permute(Permute { perm }), &[x])?
         }
         "Concat" => {
             let x0 = cx.input(0)?;
@@ -47,7 +48,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
             if ins.len() == 1 {
                 x0
             } else {
-                cx.op(Op::Concat { axis }, &ins)?
+                cx.op(Op::Concat(Concat { axis }), &ins)?
             }
         }
         "Squeeze" | "Unsqueeze" => {
@@ -94,7 +95,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
             if out == cx.ty(x).shape {
                 x
             } else {
-                cx.op(Op::Broadcast { shape: out.0 }, &[x])?
+                cx.op(Op::Broadcast(Broadcast { shape: out.0 }), &[x])?
             }
         }
         "Tile" => {
@@ -114,7 +115,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
                 .collect();
             let out: Vec<Dim> = shape.iter().zip(&reps).map(|(&d, &r)| Dim::Static(d * r)).collect();
             let y = cx.reshape(x, inter)?;
-            let y = cx.op(Op::Broadcast { shape: wide }, &[y])?;
+            let y = cx.op(Op::Broadcast(Broadcast { shape: wide }), &[y])?;
             cx.reshape(y, out)?
         }
         "Slice" => slice(cx)?,
@@ -122,7 +123,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> 
             let (x, i) = (cx.input(0)?, cx.input(1)?);
             let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x).rank())?;
             let i = cx.cast(i, oar_ir::DType::I64)?;
-            cx.op(Op::Gather { axis }, &[x, i])?
+            cx.op(Op::Gather(Gather { axis }), &[x, i])?
         }
         "Pad" => pad(cx)?,
         "Range" => {
@@ -245,7 +246,7 @@ fn slice(cx: &mut NodeCx<'_>) -> R<ValueId> {
             step: steps[k],
         };
     }
-    cx.op(Op::Slice { ranges }, &[x])
+    cx.op(Op::Slice(Slice { ranges }), &[x])
 }
 
 fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
@@ -282,11 +283,11 @@ fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
         after[a] = p[k + n];
     }
     cx.op(
-        Op::Pad {
+        Op::Pad(Pad {
             before,
             after,
             value: Float(value),
-        },
+        }),
         &[x],
     )
 }

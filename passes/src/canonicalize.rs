@@ -13,6 +13,7 @@
 use crate::regions::rewrite_regions;
 use crate::rewrite::{is_constant, replace_node};
 use crate::{Pass, PassError, StepBudget, StepRun};
+use oar_ir::ops::{Pad, Permute, Reduce, Slice};
 use oar_ir::{Dim, Graph, IrError, NodeId, Op, ValueId};
 
 /// The canonicalization pass (see the module docs for its rules).
@@ -49,12 +50,12 @@ fn rule(graph: &Graph, node: NodeId) -> Option<Rewrite> {
         Op::Binary(b) if b.is_commutative() => {
             (is_constant(graph, ins[0]) && !is_constant(graph, ins[1])).then_some(Rewrite::Swap)
         }
-        Op::Reshape { .. } | Op::Broadcast { .. } | Op::Cast { .. } => forward(true),
-        Op::Permute { perm } => forward(perm.iter().enumerate().all(|(i, &p)| i == p)),
-        Op::Slice { ranges } => forward(slice_is_identity(ranges, graph.value_type(ins[0]).shape.dims())),
-        Op::Pad { before, after, .. } => forward(before.iter().chain(after).all(|&p| p == 0)),
-        Op::Concat { .. } => forward(ins.len() == 1),
-        Op::Reduce { axes, .. } => forward(axes.is_empty()),
+        Op::Reshape(_) | Op::Broadcast(_) | Op::Cast(_) => forward(true),
+        Op::Permute(Permute { perm }) => forward(perm.iter().enumerate().all(|(i, &p)| i == p)),
+        Op::Slice(Slice { ranges }) => forward(slice_is_identity(ranges, graph.value_type(ins[0]).shape.dims())),
+        Op::Pad(Pad { before, after, .. }) => forward(before.iter().chain(after).all(|&p| p == 0)),
+        Op::Concat(_) => forward(ins.len() == 1),
+        Op::Reduce(Reduce { axes, .. }) => forward(axes.is_empty()),
         _ => None,
     }
 }

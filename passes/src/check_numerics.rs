@@ -6,9 +6,10 @@
 //! infinities, count as equal). The pass manager names the first pass that breaks this and,
 //! for passes that count their rewrites, bisects the smallest step count that breaks it.
 
-use oar_backend_reference::random::uniform;
 use oar_backend_reference::run_graph;
 use oar_ir::backend::check_inputs;
+use oar_ir::ops::Param;
+use oar_ir::ops::random_stream::uniform;
 use oar_ir::{DType, Dim, Graph, Op, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 
@@ -139,7 +140,7 @@ impl NumericsCheck {
 fn params(graph: &Graph, out: &mut BTreeMap<String, TensorType>) {
     for id in graph.node_ids() {
         let n = graph.node(id);
-        if let Op::Param { name, ty } = &n.op {
+        if let Op::Param(Param { name, ty }) = &n.op {
             out.entry(name.clone()).or_insert_with(|| ty.clone());
         }
         for r in &n.regions {

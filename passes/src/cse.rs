@@ -24,7 +24,7 @@ fn unmergeable(graph: &Graph, node: NodeId) -> bool {
     !n.regions.is_empty()
         || matches!(
             n.op,
-            Op::Input { .. } | Op::Param { .. } | Op::Random { .. } | Op::Composite(Composite::Dropout { .. })
+            Op::Input(_) | Op::Param(_) | Op::Random(_) | Op::Composite(Composite::Dropout(_))
         )
 }
 

@@ -2,7 +2,7 @@
 
 use crate::regions::rewrite_regions;
 use crate::{Pass, PassError};
-use oar_ir::decompose::{COMPOSITE_NAMES, decompose};
+use oar_ir::decompose::{composite_names, decompose};
 use oar_ir::{Graph, IrError, Op, ValueId};
 use std::collections::BTreeSet;
 
@@ -23,12 +23,12 @@ impl Decompose {
     pub fn keeping(names: &[&str]) -> Result<Decompose, PassError> {
         let mut keep = BTreeSet::new();
         for name in names {
-            let known = COMPOSITE_NAMES
+            let known = composite_names()
                 .iter()
                 .find(|n| *n == name)
                 .ok_or_else(|| PassError::UnknownComposite {
                     name: name.to_string(),
-                    known: COMPOSITE_NAMES.join(", "),
+                    known: composite_names().join(", "),
                 })?;
             keep.insert(*known);
         }

@@ -45,12 +45,12 @@ impl Fold {
         let n = graph.node(node);
         let op_ok = !matches!(
             n.op,
-            Op::Input { .. }
-                | Op::Param { .. }
+            Op::Input(_)
+                | Op::Param(_)
                 | Op::Constant(_)
-                | Op::Iota { .. }
-                | Op::Random { .. }
-                | Op::Composite(Composite::Dropout { .. })
+                | Op::Iota(_)
+                | Op::Random(_)
+                | Op::Composite(Composite::Dropout(_))
         ) && n.regions.is_empty()
             && !n.inputs().is_empty();
         if !op_ok || !n.inputs().iter().all(|&v| is_constant(graph, v)) {

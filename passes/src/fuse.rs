@@ -23,6 +23,7 @@ use oar_ir::kernel::{
     AffineExpr, BufferKind, Contraction, ContractionKernel, Kernel, KernelBody, KernelProgram, LoopKernel,
     OpaqueKernel, Operand, ScalarOp,
 };
+use oar_ir::ops::Conv;
 use oar_ir::ops::UnaryOp;
 use oar_ir::{Graph, IrError, Op, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -208,7 +209,7 @@ fn has_epilogue_anchor(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId) 
     }
     let node = g.node(v.node);
     match role(g, node) {
-        Role::Anchor => !matches!(node.op, Op::Reduce { .. }),
+        Role::Anchor => !matches!(node.op, Op::Reduce(_)),
         Role::Elementwise => node
             .inputs()
             .iter()
@@ -371,19 +372,19 @@ fn build_one(
         }),
         Some((a, node)) => {
             let contraction = match &node.op {
-                Op::Conv {
+                Op::Conv(Conv {
                     stride,
                     pad_before,
                     pad_after,
                     dilation,
                     groups,
-                } => Contraction::Conv {
+                }) => Contraction::Conv(Conv {
                     stride: stride.clone(),
                     pad_before: pad_before.clone(),
                     pad_after: pad_after.clone(),
                     dilation: dilation.clone(),
                     groups: *groups,
-                },
+                }),
                 _ => Contraction::MatMul,
             };
             let [l, r] = [node.inputs()[0], node.inputs()[1]];

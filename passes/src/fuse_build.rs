@@ -9,6 +9,7 @@
 use oar_ir::graph::Node;
 use oar_ir::kernel::{AffineExpr, Buffer, BufferId, BufferKind, IndexMap, Inst, Load, Reduction, ScalarOp};
 use oar_ir::ops::Float;
+use oar_ir::ops::{Input, Param, Permute, Reduce, Slice};
 use oar_ir::{DType, Dim, Graph, Op, TensorType, ValueId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -41,10 +42,10 @@ pub(crate) enum Role {
 /// The role of a node in fusion.
 pub(crate) fn role(g: &Graph, node: &Node) -> Role {
     match &node.op {
-        Op::Input { .. } | Op::Param { .. } | Op::Constant(_) => Role::Leaf,
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => Role::Elementwise,
-        Op::Permute { .. } | Op::Broadcast { .. } | Op::Reshape { .. } => Role::Movement,
-        Op::Slice { ranges } => {
+        Op::Input(_) | Op::Param(_) | Op::Constant(_) => Role::Leaf,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => Role::Elementwise,
+        Op::Permute(_) | Op::Broadcast(_) | Op::Reshape(_) => Role::Movement,
+        Op::Slice(Slice { ranges }) => {
             let ty = g.value_type(node.inputs()[0]);
             let ok = ranges
                 .iter()
@@ -52,7 +53,7 @@ pub(crate) fn role(g: &Graph, node: &Node) -> Role {
                 .all(|(r, d)| r.is_full() || d.as_static().is_some());
             if ok { Role::Movement } else { Role::Opaque }
         }
-        Op::Reduce { .. } | Op::MatMul | Op::Conv { .. } => Role::Anchor,
+        Op::Reduce(_) | Op::MatMul | Op::Conv(_) => Role::Anchor,
         _ => Role::Opaque,
     }
 }
@@ -81,8 +82,8 @@ impl BufferTable {
             return b;
         }
         let kind = match &g.node(v.node).op {
-            Op::Input { name, .. } => BufferKind::Input { name: name.clone() },
-            Op::Param { name, .. } => BufferKind::Param { name: name.clone() },
+            Op::Input(Input { name, .. }) => BufferKind::Input { name: name.clone() },
+            Op::Param(Param { name, .. }) => BufferKind::Param { name: name.clone() },
             Op::Constant(t) => BufferKind::Constant(t.clone()),
             _ => BufferKind::Temp,
         };
@@ -220,7 +221,7 @@ impl<'a> KernelBuilder<'a> {
     /// — its kept axes read at loops `0..q` in order, its kept unit axes at 0 (a mean broadcast
     /// back over a row: `outer` = q). `None` if it is read anywhere else.
     fn stage_outer(&self, v: ValueId, map: &Map, phase: Phase) -> Option<usize> {
-        let Op::Reduce { axes, keepdim, .. } = &self.g.node(v.node).op else {
+        let Op::Reduce(Reduce { axes, keepdim, .. }) = &self.g.node(v.node).op else {
             return None;
         };
         let rank = self.ty(self.g.node(v.node).inputs()[0]).rank();
@@ -256,7 +257,7 @@ impl<'a> KernelBuilder<'a> {
             return Ok(body.push(ScalarOp::Acc(s), dtype));
         }
         let node = self.g.node(v.node);
-        let Op::Reduce { op, axes, keepdim } = &node.op else {
+        let Op::Reduce(Reduce { op, axes, keepdim }) = &node.op else {
             return Err(Stop::Need(v));
         };
         let x = node.inputs()[0];
@@ -312,15 +313,15 @@ impl<'a> KernelBuilder<'a> {
         let x = node.inputs()[0];
         let from = self.ty(x).shape.0.clone();
         Ok(match &node.op {
-            Op::Broadcast { .. } => Step::Next(x, broadcast_map(&from, &out, map)),
-            Op::Permute { perm } => {
+            Op::Broadcast(_) => Step::Next(x, broadcast_map(&from, &out, map)),
+            Op::Permute(Permute { perm }) => {
                 let mut m = vec![AffineExpr::default(); perm.len()];
                 for (i, &p) in perm.iter().enumerate() {
                     m[p] = map[i].clone();
                 }
                 Step::Next(x, m)
             }
-            Op::Slice { ranges } => {
+            Op::Slice(Slice { ranges }) => {
                 let m = ranges
                     .iter()
                     .zip(&from)
@@ -335,14 +336,14 @@ impl<'a> KernelBuilder<'a> {
                     .collect();
                 Step::Next(x, m)
             }
-            Op::Reshape { .. } => {
+            Op::Reshape(_) => {
                 if let Some(m) = unit_reshape_map(&from, &out, map) {
                     return Ok(Step::Next(x, m));
                 }
                 // A general reshape is only a view of a contiguous buffer: skip reshapes down to
                 // a buffer, or ask for the operand to be materialized.
                 let mut base = x;
-                while !self.is_buffer(base) && matches!(self.g.node(base.node).op, Op::Reshape { .. }) {
+                while !self.is_buffer(base) && matches!(self.g.node(base.node).op, Op::Reshape(_)) {
                     base = self.g.node(base.node).inputs()[0];
                 }
                 if !self.is_buffer(base) || scalar_const(self.g.node(base.node)).is_some() {
@@ -448,7 +449,7 @@ impl<'a> KernelBuilder<'a> {
                     Ok(body.push(ScalarOp::Load(l), dtype))
                 }
             },
-            Role::Anchor if matches!(node.op, Op::Reduce { .. }) => match self.stage_outer(v, &map, body.phase) {
+            Role::Anchor if matches!(node.op, Op::Reduce(_)) => match self.stage_outer(v, &map, body.phase) {
                 Some(outer) if self.anchor.is_none() && self.outer.is_none_or(|o| o == outer) => {
                     self.outer = Some(outer);
                     self.stage(body, v, &map, outer)

@@ -4,6 +4,7 @@
 //! again, so a binding that contradicts the graph is an error naming the op.
 
 use crate::{Pass, PassError};
+use oar_ir::ops::{Input, Param};
 use oar_ir::{Dim, Graph, IrError, NodeId, Op, TensorType, ValueId};
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,7 +43,7 @@ impl SpecializeShapes {
     /// `op` with every bound symbol in its attributes replaced.
     fn op(&self, op: &Op) -> Op {
         let mut op = op.clone();
-        if let Op::Input { ty, .. } | Op::Param { ty, .. } = &mut op {
+        if let Op::Input(Input { ty, .. }) | Op::Param(Param { ty, .. }) = &mut op {
             *ty = self.ty(ty);
         }
         if let Some(shape) = op.shape_attr_mut() {
@@ -70,7 +71,7 @@ impl SpecializeShapes {
         let mut out = Graph::new(graph.name());
         let mut map: HashMap<NodeId, Vec<ValueId>> = HashMap::new();
         for &id in graph.inputs() {
-            if let Op::Input { name, ty } = &graph.node(id).op {
+            if let Op::Input(Input { name, ty }) = &graph.node(id).op {
                 map.insert(id, vec![out.add_input(name, self.ty(ty))?]);
             }
         }

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, apply};
+use oar_ir::ops::{Input, Param};
 use oar_ir::{Dim, Graph, Op, TensorData, ValueId};
 use std::collections::BTreeMap;
 
@@ -46,8 +47,8 @@ pub(crate) fn run_eager(
         let node = graph.node(id);
         let args: Vec<Tensor> = node.inputs().iter().map(|v| values[v].clone()).collect();
         let outs: Vec<Tensor> = match &node.op {
-            Op::Input { name, .. } => vec![inputs[name].clone()],
-            Op::Param { name, .. } => vec![
+            Op::Input(Input { name, .. }) => vec![inputs[name].clone()],
+            Op::Param(Param { name, .. }) => vec![
                 params
                     .get(name)
                     .cloned()

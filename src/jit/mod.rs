@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::nn::Layer;
 use crate::tensor::Tensor;
 use oar_ir::file::Model;
+use oar_ir::ops::Param;
 use oar_ir::{Composite, DType, Dim, Graph, Op, TensorData, Weights};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -373,9 +374,9 @@ impl TranslatedLayer {
         // Running statistics of batch norm are state, not trainable weights.
         let g = &model.graph;
         for id in g.node_ids() {
-            if let Op::Composite(Composite::BatchNorm { .. }) = g.node(id).op {
+            if let Op::Composite(Composite::BatchNorm(_)) = g.node(id).op {
                 for v in &g.node(id).inputs()[3..] {
-                    if let Op::Param { name, .. } = &g.node(v.node).op {
+                    if let Op::Param(Param { name, .. }) = &g.node(v.node).op {
                         buffers.insert(name.clone());
                     }
                 }

@@ -9,6 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use oar_ir::ops::{Broadcast, Slice};
 use oar_ir::ops::{SliceRange, infer_types};
 use oar_ir::{DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
 use std::collections::BTreeMap;
@@ -222,7 +223,7 @@ impl TraceCtx {
         if let Some(shape) = op.shape_attr_mut() {
             *shape = self.symbolize_attr(shape);
         }
-        if let Op::Slice { ranges } = &mut op {
+        if let Op::Slice(Slice { ranges }) = &mut op {
             for r in ranges.iter_mut() {
                 let whole = r.start == 0 && r.step == 1 && r.end >= 0 && self.symbol_of(r.end as usize).is_some();
                 if whole {
@@ -284,9 +285,9 @@ impl TraceCtx {
             }
             let s = g.add_scalar(data.dtype(), vals[0]);
             g.add_op1(
-                Op::Broadcast {
+                Op::Broadcast(Broadcast {
                     shape: self.symbolize_dims(&t.shape()),
-                },
+                }),
                 &[s],
             )?
         } else {

@@ -2,17 +2,18 @@
 
 use super::matmul::{Float, gemm_into};
 use crate::error::Result;
+use oar_ir::ops::Conv;
 use oar_ir::{DType, Op, TensorData};
 
 /// `conv(x, w)` for f32/f64 (attributes from `Op::Conv`); `None` for other dtypes.
 pub(crate) fn conv(op: &Op, x: &TensorData, w: &TensorData) -> Result<Option<TensorData>> {
-    let Op::Conv {
+    let Op::Conv(Conv {
         stride,
         pad_before,
         dilation,
         groups,
         ..
-    } = op
+    }) = op
     else {
         return Ok(None);
     };

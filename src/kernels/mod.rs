@@ -14,7 +14,7 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData]) -> Result<Vec<TensorData>> {
     {
         return Ok(vec![out]);
     }
-    if let Op::Conv { .. } = op
+    if let Op::Conv(_) = op
         && let Some(out) = conv::conv(op, &inputs[0], &inputs[1])?
     {
         return Ok(vec![out]);

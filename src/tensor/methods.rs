@@ -2,6 +2,7 @@
 
 use super::{Tensor, apply1};
 use crate::error::{Error, Result};
+use oar_ir::ops::{ArgReduce, Broadcast, Cast, Concat, Gather, Pad, Permute, Reduce, Reshape, Scatter, Slice};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, ScatterReduce, SliceRange, UnaryOp};
 use oar_ir::{DType, Dim, Float, Op, TensorData};
 
@@ -154,7 +155,7 @@ impl Tensor {
 
     fn reduce(&self, op: ReduceOp, axes: &[i64], keepdim: bool) -> Result<Tensor> {
         let axes = norm_axes(op.name(), axes, self.ndim())?;
-        apply1(Op::Reduce { op, axes, keepdim }, &[self])
+        apply1(Op::Reduce(Reduce { op, axes, keepdim }), &[self])
     }
 
     /// Sum over `axes` (empty: all axes).
@@ -186,11 +187,11 @@ impl Tensor {
     pub fn argmax(&self, axis: i64, keepdim: bool) -> Result<Tensor> {
         let axis = norm_axis("argmax", axis, self.ndim())?;
         apply1(
-            Op::ArgReduce {
+            Op::ArgReduce(ArgReduce {
                 op: ArgReduceOp::ArgMax,
                 axis,
                 keepdim,
-            },
+            }),
             &[self],
         )
     }
@@ -199,11 +200,11 @@ impl Tensor {
     pub fn argmin(&self, axis: i64, keepdim: bool) -> Result<Tensor> {
         let axis = norm_axis("argmin", axis, self.ndim())?;
         apply1(
-            Op::ArgReduce {
+            Op::ArgReduce(ArgReduce {
                 op: ArgReduceOp::ArgMin,
                 axis,
                 keepdim,
-            },
+            }),
             &[self],
         )
     }
@@ -241,9 +242,9 @@ impl Tensor {
             dims[i] = total / known;
         }
         apply1(
-            Op::Reshape {
+            Op::Reshape(Reshape {
                 shape: dims.into_iter().map(Dim::Static).collect(),
-            },
+            }),
             &[self],
         )
     }
@@ -276,7 +277,7 @@ impl Tensor {
             .iter()
             .map(|&a| norm_axis("transpose", a, self.ndim()))
             .collect::<Result<Vec<_>>>()?;
-        apply1(Op::Permute { perm }, &[self])
+        apply1(Op::Permute(Permute { perm }), &[self])
     }
 
     /// Swap the last two axes (matrix transpose).
@@ -318,9 +319,9 @@ impl Tensor {
     /// Broadcast to `shape` (numpy `broadcast_to`, Paddle `expand`).
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
         apply1(
-            Op::Broadcast {
+            Op::Broadcast(Broadcast {
                 shape: shape.iter().map(|&d| Dim::Static(d)).collect(),
-            },
+            }),
             &[self],
         )
     }
@@ -333,7 +334,7 @@ impl Tensor {
         }
         let mut ranges = vec![SliceRange::FULL; self.ndim()];
         ranges[a] = SliceRange { start, end, step };
-        apply1(Op::Slice { ranges }, &[self])
+        apply1(Op::Slice(Slice { ranges }), &[self])
     }
 
     /// Element `index` along axis 0, dropping that axis (`x[i]`).
@@ -355,11 +356,11 @@ impl Tensor {
     /// Constant padding: `(before, after)` per axis.
     pub fn pad(&self, pads: &[(usize, usize)], value: f64) -> Result<Tensor> {
         apply1(
-            Op::Pad {
+            Op::Pad(Pad {
                 before: pads.iter().map(|p| p.0).collect(),
                 after: pads.iter().map(|p| p.1).collect(),
                 value: Float(value),
-            },
+            }),
             &[self],
         )
     }
@@ -367,7 +368,7 @@ impl Tensor {
     /// `gather` along `axis` with integer `index` (Paddle `index_select` for 1-d indices).
     pub fn gather(&self, index: &Tensor, axis: i64) -> Result<Tensor> {
         let axis = norm_axis("gather", axis, self.ndim())?;
-        apply1(Op::Gather { axis }, &[self, index])
+        apply1(Op::Gather(Gather { axis }), &[self, index])
     }
 
     /// Scatter `updates` into a copy of `self` along `axis` (overwrite, or add when `add`).
@@ -378,7 +379,7 @@ impl Tensor {
         } else {
             ScatterReduce::Replace
         };
-        apply1(Op::Scatter { axis, reduce }, &[self, index, updates])
+        apply1(Op::Scatter(Scatter { axis, reduce }), &[self, index, updates])
     }
 
     /// Convert to `dtype` (Paddle `cast` / `astype`).
@@ -386,7 +387,7 @@ impl Tensor {
         if self.dtype() == dtype {
             return Ok(self.clone());
         }
-        apply1(Op::Cast { to: dtype }, &[self])
+        apply1(Op::Cast(Cast { to: dtype }), &[self])
     }
 
     /// Matrix product with batch broadcasting.
@@ -401,7 +402,7 @@ pub fn concat(xs: &[&Tensor], axis: i64) -> Result<Tensor> {
         .first()
         .ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
     let axis = norm_axis("concat", axis, first.ndim())?;
-    apply1(Op::Concat { axis }, xs)
+    apply1(Op::Concat(Concat { axis }), xs)
 }
 
 /// Stack along a new axis.

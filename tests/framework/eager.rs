@@ -1,6 +1,7 @@
 //! Eager tensors and autograd: values by hand, gradients by hand and by finite differences.
 
 use oar::ir::DType;
+use oar::ir::ops::Softmax;
 use oar::{Tensor, no_grad};
 
 fn t(v: &[f64], shape: &[usize]) -> Tensor {
@@ -144,7 +145,7 @@ fn composites_run_eagerly_and_differentiate() {
         .unwrap();
     let r = t(&[1.0, -2.0, 0.5, 0.3, 1.5, -1.0], &[2, 3]);
     let f = |x: &Tensor| -> Tensor {
-        let s = oar::tensor::apply_op(Op::Composite(Composite::Softmax { axis: 1 }), &[x])
+        let s = oar::tensor::apply_op(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[x])
             .unwrap()
             .remove(0);
         (&s * &r).unwrap().sum(&[], false).unwrap()

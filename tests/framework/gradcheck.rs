@@ -6,6 +6,7 @@
 
 use oar::ir::autodiff::append_backward;
 use oar::ir::ops::{BinaryOp, ReduceOp, ScatterReduce, SliceRange, UnaryOp};
+use oar::ir::ops::{Broadcast, Concat, Conv, Gather, Pad, Permute, Reduce, Reshape, Scatter, Slice};
 use oar::ir::{DType, Float, Graph, Op, TensorData, TensorType, ValueId};
 use std::collections::BTreeMap;
 
@@ -75,11 +76,11 @@ fn check(name: &str, args: Vec<Arg>, build: impl Fn(&mut Graph, &[ValueId]) -> V
     let axes = (0..yt.rank()).collect();
     let loss = g
         .add_op1(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op: ReduceOp::Sum,
                 axes,
                 keepdim: false,
-            },
+            }),
             &[prod],
         )
         .unwrap();
@@ -206,11 +207,11 @@ fn where_and_reductions() {
             let x = rng.vec(24, 0.5, 1.5);
             check(r.name(), vec![f64s(&[2, 3, 4], x)], |g, x| {
                 g.add_op1(
-                    Op::Reduce {
+                    Op::Reduce(Reduce {
                         op: *r,
                         axes: axes.clone(),
                         keepdim,
-                    },
+                    }),
                     &[x[0]],
                 )
                 .unwrap()
@@ -225,21 +226,22 @@ fn movement_ops() {
     let x = || f64s(&[2, 3, 4], Rng(5).vec(24, -1.0, 1.0));
     check("reshape", vec![x()], |g, x| {
         g.add_op1(
-            Op::Reshape {
+            Op::Reshape(Reshape {
                 shape: vec![6.into(), 4.into()],
-            },
+            }),
             &[x[0]],
         )
         .unwrap()
     });
     check("permute", vec![x()], |g, x| {
-        g.add_op1(Op::Permute { perm: vec![2, 0, 1] }, &[x[0]]).unwrap()
+        g.add_op1(Op::Permute(Permute { perm: vec![2, 0, 1] }), &[x[0]])
+            .unwrap()
     });
     check("broadcast", vec![f64s(&[3, 1], rng.vec(3, -1.0, 1.0))], |g, x| {
         g.add_op1(
-            Op::Broadcast {
+            Op::Broadcast(Broadcast {
                 shape: vec![2.into(), 3.into(), 4.into()],
-            },
+            }),
             &[x[0]],
         )
         .unwrap()
@@ -247,35 +249,35 @@ fn movement_ops() {
     let r = |start, end, step| SliceRange { start, end, step };
     check("slice", vec![x()], |g, x| {
         g.add_op1(
-            Op::Slice {
+            Op::Slice(Slice {
                 ranges: vec![SliceRange::FULL, r(-2, i64::MAX, 1), r(1, 4, 2)],
-            },
+            }),
             &[x[0]],
         )
         .unwrap()
     });
     check("slice_step3", vec![f64s(&[7], rng.vec(7, -1.0, 1.0))], |g, x| {
         g.add_op1(
-            Op::Slice {
+            Op::Slice(Slice {
                 ranges: vec![r(0, 7, 3)],
-            },
+            }),
             &[x[0]],
         )
         .unwrap()
     });
     check("pad", vec![x()], |g, x| {
         g.add_op1(
-            Op::Pad {
+            Op::Pad(Pad {
                 before: vec![0, 1, 2],
                 after: vec![1, 0, 1],
                 value: Float(0.5),
-            },
+            }),
             &[x[0]],
         )
         .unwrap()
     });
     check("concat", vec![x(), f64s(&[2, 1, 4], rng.vec(8, -1.0, 1.0))], |g, x| {
-        g.add_op1(Op::Concat { axis: 1 }, &[x[0], x[1]]).unwrap()
+        g.add_op1(Op::Concat(Concat { axis: 1 }), &[x[0], x[1]]).unwrap()
     });
 }
 
@@ -285,7 +287,7 @@ fn indexing_and_cast() {
     check(
         "gather",
         vec![f64s(&[4, 3], rng.vec(12, -1.0, 1.0)), ints(&[2, 2], vec![0, -1, 2, 0])],
-        |g, x| g.add_op1(Op::Gather { axis: 0 }, &[x[0], x[1]]).unwrap(),
+        |g, x| g.add_op1(Op::Gather(Gather { axis: 0 }), &[x[0], x[1]]).unwrap(),
     );
     for reduce in [ScatterReduce::Add, ScatterReduce::Replace] {
         check(
@@ -296,7 +298,7 @@ fn indexing_and_cast() {
                 f64s(&[4, 2], rng.vec(8, -1.0, 1.0)),
             ],
             |g, x| {
-                g.add_op1(Op::Scatter { axis: 1, reduce }, &[x[0], x[1], x[2]])
+                g.add_op1(Op::Scatter(Scatter { axis: 1, reduce }), &[x[0], x[1], x[2]])
                     .unwrap_or_else(|e| panic!("{e}"))
             },
         );
@@ -319,12 +321,14 @@ fn matmul_batched_broadcast() {
 #[test]
 fn convolutions() {
     let mut rng = Rng(8);
-    let conv = |s: Vec<usize>, pb: Vec<usize>, pa: Vec<usize>, d: Vec<usize>, groups| Op::Conv {
-        stride: s,
-        pad_before: pb,
-        pad_after: pa,
-        dilation: d,
-        groups,
+    let conv = |s: Vec<usize>, pb: Vec<usize>, pa: Vec<usize>, d: Vec<usize>, groups| {
+        Op::Conv(Conv {
+            stride: s,
+            pad_before: pb,
+            pad_after: pa,
+            dilation: d,
+            groups,
+        })
     };
     // 2-d, stride 2 with a leftover row, asymmetric padding, dilation.
     let op = conv(vec![2, 1], vec![1, 0], vec![0, 2], vec![1, 2], 1);

@@ -1,5 +1,6 @@
 //! The eager CPU kernels (gemm matmul, im2col+gemm conv) against the reference interpreter.
 
+use oar::ir::ops::Conv;
 use oar::ir::{DType, Op, TensorData};
 use oar::tensor::apply_op;
 use oar::{Tensor, seed};
@@ -42,12 +43,14 @@ fn matmul_matches_reference() {
 #[test]
 fn conv_matches_reference() {
     seed(2);
-    let conv = |s: Vec<usize>, pb: Vec<usize>, pa: Vec<usize>, d: Vec<usize>, groups| Op::Conv {
-        stride: s,
-        pad_before: pb,
-        pad_after: pa,
-        dilation: d,
-        groups,
+    let conv = |s: Vec<usize>, pb: Vec<usize>, pa: Vec<usize>, d: Vec<usize>, groups| {
+        Op::Conv(Conv {
+            stride: s,
+            pad_before: pb,
+            pad_after: pa,
+            dilation: d,
+            groups,
+        })
     };
     let cases = [
         (

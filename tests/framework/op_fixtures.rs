@@ -8,6 +8,7 @@
 //! integers and bools must be equal). Cases marked `expect_error` must fail with an error,
 //! not a panic and not a result.
 
+use oar_ir::ops::{ArgReduce, Dropout, Reduce, Scatter};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, ScatterReduce, UnaryOp};
 use oar_ir::{BackendError, Composite, DType, Graph, Op, TensorData, TensorType, Weights};
 use serde::Deserialize;
@@ -313,46 +314,46 @@ fn reference_backend_matches_numpy_fixtures() {
 /// from compiling until it gets a key here — add the key to [`required_keys`] as well.
 fn coverage_key(op: &Op) -> Option<String> {
     let key = match op {
-        Op::Input { .. } | Op::Param { .. } | Op::Constant(_) | Op::Cond | Op::While | Op::Random { .. } => {
+        Op::Input(_) | Op::Param(_) | Op::Constant(_) | Op::Cond | Op::While | Op::Random(_) => {
             return None;
         }
         Op::Unary(u) => u.name().to_string(),
         Op::Binary(b) => b.name().to_string(),
-        Op::Reduce { op, .. } => op.name().to_string(),
-        Op::ArgReduce { op, .. } => op.name().to_string(),
-        Op::Scatter { reduce, .. } => format!("scatter_{}", reduce.name()),
+        Op::Reduce(Reduce { op, .. }) => op.name().to_string(),
+        Op::ArgReduce(ArgReduce { op, .. }) => op.name().to_string(),
+        Op::Scatter(Scatter { reduce, .. }) => format!("scatter_{}", reduce.name()),
         Op::Where
-        | Op::Reshape { .. }
-        | Op::Permute { .. }
-        | Op::Broadcast { .. }
-        | Op::Slice { .. }
-        | Op::Pad { .. }
-        | Op::Concat { .. }
-        | Op::Gather { .. }
-        | Op::Cast { .. }
-        | Op::Iota { .. }
+        | Op::Reshape(_)
+        | Op::Permute(_)
+        | Op::Broadcast(_)
+        | Op::Slice(_)
+        | Op::Pad(_)
+        | Op::Concat(_)
+        | Op::Gather(_)
+        | Op::Cast(_)
+        | Op::Iota(_)
         | Op::MatMul
-        | Op::Conv { .. } => op.name().to_string(),
+        | Op::Conv(_) => op.name().to_string(),
         Op::Composite(c) => match c {
-            Composite::Dropout { training: true, .. } => return None,
-            Composite::Dropout { training: false, .. } => "dropout_eval".to_string(),
+            Composite::Dropout(Dropout { training: true, .. }) => return None,
+            Composite::Dropout(Dropout { training: false, .. }) => "dropout_eval".to_string(),
             Composite::Linear
-            | Composite::Conv2d { .. }
-            | Composite::MaxPool2d { .. }
-            | Composite::AvgPool2d { .. }
-            | Composite::AdaptiveAvgPool2d { .. }
-            | Composite::AdaptiveMaxPool2d { .. }
-            | Composite::BatchNorm { .. }
-            | Composite::LayerNorm { .. }
-            | Composite::Softmax { .. }
-            | Composite::LogSoftmax { .. }
-            | Composite::CrossEntropy { .. }
+            | Composite::Conv2d(_)
+            | Composite::MaxPool2d(_)
+            | Composite::AvgPool2d(_)
+            | Composite::AdaptiveAvgPool2d(_)
+            | Composite::AdaptiveMaxPool2d(_)
+            | Composite::BatchNorm(_)
+            | Composite::LayerNorm(_)
+            | Composite::Softmax(_)
+            | Composite::LogSoftmax(_)
+            | Composite::CrossEntropy(_)
             | Composite::Relu
-            | Composite::Gelu { .. }
+            | Composite::Gelu(_)
             | Composite::Silu
             | Composite::Sigmoid
             | Composite::Embedding
-            | Composite::ScaledDotProductAttention { .. } => c.name().to_string(),
+            | Composite::ScaledDotProductAttention(_) => c.name().to_string(),
         },
     };
     Some(key)

@@ -14,6 +14,7 @@
 use crate::conv::{ConvSpec, conv};
 use gemm::Parallelism;
 use oar_ir::kernel::{BufferId, Contraction, ContractionKernel, KernelProgram, Operand};
+use oar_ir::ops::Conv;
 use oar_ir::{BackendError, DType, Dim};
 use std::ops::{Add, AddAssign, Mul};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -215,7 +216,7 @@ pub(crate) unsafe fn run(
 ) -> Result<(), BackendError> {
     let op = match k.op {
         Contraction::MatMul => "matmul",
-        Contraction::Conv { .. } => "conv",
+        Contraction::Conv(_) => "conv",
     };
     let fail = |detail: String| BackendError::Runtime {
         op: op.into(),
@@ -397,13 +398,13 @@ unsafe fn typed<T: Elem>(
     unsafe {
         match &k.op {
             Contraction::MatMul => matmul(&lhs.0, pa, &rhs.0, pb, po, out_shape, threads),
-            Contraction::Conv {
+            Contraction::Conv(Conv {
                 stride,
                 pad_before,
                 pad_after,
                 dilation,
                 groups,
-            } => conv(
+            }) => conv(
                 &lhs.0,
                 pa,
                 &rhs.0,

@@ -4,15 +4,16 @@
 
 use crate::program::static_shape;
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
+use oar_ir::ops::{Concat, Gather, Pad};
 use oar_ir::{BackendError, DType, Op, TensorData};
 
 /// Whether [`run`] computes this opaque kernel.
 pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
     let dt = |i: usize| o.inputs.get(i).map(|b| p.buffer(*b).ty.dtype);
     match &o.op {
-        Op::Pad { .. } => o.inputs.len() == 1,
-        Op::Concat { .. } => !o.inputs.is_empty(),
-        Op::Gather { .. } => o.inputs.len() == 2 && matches!(dt(1), Some(DType::I32 | DType::I64)),
+        Op::Pad(_) => o.inputs.len() == 1,
+        Op::Concat(_) => !o.inputs.is_empty(),
+        Op::Gather(_) => o.inputs.len() == 2 && matches!(dt(1), Some(DType::I32 | DType::I64)),
         _ => false,
     }
 }
@@ -58,7 +59,7 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(),
     let len_of = |i: usize| shape_of(i).iter().product::<usize>() * size;
     let mut copy = Vec::new();
     match &o.op {
-        Op::Pad { before, value, .. } => {
+        Op::Pad(Pad { before, value, .. }) => {
             let x_shape = shape_of(0);
             let x = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
             // Safety: the output buffer is live, `out_len` bytes, and not aliased by `x`.
@@ -110,7 +111,7 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(),
                 }
             }
         }
-        Op::Concat { axis } => {
+        Op::Concat(Concat { axis }) => {
             // Safety: as above; inputs that overlap the output are copied first.
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
             let outer: usize = out_shape[..*axis].iter().product();
@@ -127,7 +128,7 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(),
                 at += row;
             }
         }
-        Op::Gather { axis } => {
+        Op::Gather(Gather { axis }) => {
             let data_shape = shape_of(0);
             let data = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
             let idx_ty = &p.buffer(o.inputs[1]).ty;

@@ -14,6 +14,7 @@ use oar_ir::kernel::{
     AffineExpr, Buffer, BufferId, BufferKind, Contraction, ContractionKernel, IndexMap, Inst, Kernel, KernelBody,
     KernelProgram, Load, Operand, ScalarOp,
 };
+use oar_ir::ops::Conv;
 use oar_ir::{DType, Dim, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 
@@ -378,24 +379,24 @@ fn conv_op(
     dilation: &[usize],
     groups: usize,
 ) -> Contraction {
-    Contraction::Conv {
+    Contraction::Conv(Conv {
         stride: stride.to_vec(),
         pad_before: pad_before.to_vec(),
         pad_after: pad_after.to_vec(),
         dilation: dilation.to_vec(),
         groups,
-    }
+    })
 }
 
 /// The output shape of a convolution (as `Op::Conv` infers it).
 fn conv_out(x: &[usize], w: &[usize], op: &Contraction) -> Vec<usize> {
-    let Contraction::Conv {
+    let Contraction::Conv(Conv {
         stride,
         pad_before,
         pad_after,
         dilation,
         ..
-    } = op
+    }) = op
     else {
         unreachable!()
     };

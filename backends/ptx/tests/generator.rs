@@ -8,6 +8,7 @@ use oar_ir::kernel::{
     AffineExpr, Buffer, BufferId, BufferKind, Contraction, ContractionKernel, IndexMap, Inst, Kernel, KernelBody,
     KernelProgram, Load, LoopKernel, OpaqueKernel, Operand, Reduction, ScalarOp,
 };
+use oar_ir::ops::{ArgReduce, Concat, Conv, Gather, Iota, Pad, Random, Scatter};
 use oar_ir::ops::{BinaryOp, Float, Op, ReduceOp, UnaryOp};
 use oar_ir::{Backend, BackendError, DType, Dim, Graph, TensorType, Weights};
 
@@ -292,13 +293,13 @@ fn matmul_is_a_shared_memory_tiled_kernel_with_its_epilogue() {
 fn conv_is_an_implicit_gemm_per_group() {
     // x[1, 4, 5, 5] * w[6, 2, 3, 3], groups 2, pad 1 -> [1, 6, 5, 5]
     let c = ContractionKernel {
-        op: Contraction::Conv {
+        op: Contraction::Conv(Conv {
             stride: vec![1, 1],
             pad_before: vec![1, 1],
             pad_after: vec![1, 1],
             dilation: vec![1, 1],
             groups: 2,
-        },
+        }),
         lhs: Operand {
             shape: dims(&[1, 4, 5, 5]),
             load: Load {
@@ -356,7 +357,7 @@ fn gather_checks_its_indices_and_scatter_runs_on_the_host() {
         outputs: vec![("y".into(), BufferId(out))],
     };
     let gather = program(
-        Op::Gather { axis: 0 },
+        Op::Gather(Gather { axis: 0 }),
         vec![BufferId(0), BufferId(1)],
         vec![
             input("x", DType::F32, &[4, 3]),
@@ -375,10 +376,10 @@ fn gather_checks_its_indices_and_scatter_runs_on_the_host() {
     );
     assert!(e.text.contains("st.global.b32"), "sets the error word");
     let scatter = program(
-        Op::Scatter {
+        Op::Scatter(Scatter {
             axis: 0,
             reduce: oar_ir::ops::ScatterReduce::Add,
-        },
+        }),
         vec![BufferId(0), BufferId(1), BufferId(2)],
         vec![
             input("x", DType::F32, &[4, 3]),
@@ -435,11 +436,11 @@ fn iota_pad_and_concat_are_generated_kernels() {
         outputs: vec![("y".into(), BufferId(out))],
     };
     let pad = opaque(
-        Op::Pad {
+        Op::Pad(Pad {
             before: vec![1, 0],
             after: vec![0, 2],
             value: Float(-1.5),
-        },
+        }),
         vec![BufferId(0)],
         vec![
             input("x", DType::F32, &[2, 3]),
@@ -455,7 +456,7 @@ fn iota_pad_and_concat_are_generated_kernels() {
         "bounds checks and the fill value"
     );
     let concat = opaque(
-        Op::Concat { axis: 1 },
+        Op::Concat(Concat { axis: 1 }),
         vec![BufferId(0), BufferId(1)],
         vec![
             input("a", DType::I64, &[2, 3]),
@@ -468,11 +469,11 @@ fn iota_pad_and_concat_are_generated_kernels() {
     assert_eq!(m.entries[0].params, vec![BufferId(2), BufferId(0), BufferId(1)]);
     assert!(m.text().contains("setp.lt.and.u64") && m.text().contains("ld.global.b64"));
     let iota = opaque(
-        Op::Iota {
+        Op::Iota(Iota {
             shape: dims(&[4, 2]),
             axis: 0,
             dtype: DType::F32,
-        },
+        }),
         vec![],
         vec![buf(BufferKind::Output, DType::F32, &[4, 2])],
         0,
@@ -480,11 +481,11 @@ fn iota_pad_and_concat_are_generated_kernels() {
     let m = generate(&iota, Arch::Sm80);
     assert!(m.text().contains("cvt.rn.f32.s64"));
     let argmax = opaque(
-        Op::ArgReduce {
+        Op::ArgReduce(ArgReduce {
             op: oar_ir::ops::ArgReduceOp::ArgMax,
             axis: 1,
             keepdim: false,
-        },
+        }),
         vec![BufferId(0)],
         vec![
             input("x", DType::F16, &[3, 5]),
@@ -498,7 +499,7 @@ fn iota_pad_and_concat_are_generated_kernels() {
         "NaN wins; i64 result"
     );
     let random = opaque(
-        Op::Random {
+        Op::Random(Random {
             dist: oar_ir::ops::RandomDist::Normal {
                 mean: Float(1.0),
                 std: Float(2.0),
@@ -506,7 +507,7 @@ fn iota_pad_and_concat_are_generated_kernels() {
             shape: dims(&[10]),
             dtype: DType::F32,
             seed: u64::MAX,
-        },
+        }),
         vec![],
         vec![buf(BufferKind::Output, DType::F32, &[10])],
         0,

@@ -4,10 +4,9 @@
 //! bindings and refused if too large; after it runs, its results are checked against those
 //! types and rounded/wrapped to their dtypes.
 
-use crate::contraction::{ConvSpec, conv, matmul};
-use crate::value::{Res, Site, Value};
-use crate::{elementwise, indexing, movement, nn, random, reduce};
+use oar_ir::eval::{EvalCx, Res, Site, Value};
 use oar_ir::graph::Node;
+use oar_ir::ops::{Input, OpDef, Param};
 use oar_ir::{BackendError, Dim, Graph, Op, TensorType, Weights};
 use std::collections::BTreeMap;
 
@@ -60,7 +59,7 @@ impl Interp<'_> {
                 value: format!("%{}", id.index()),
             };
             let mut outs = match &node.op {
-                Op::Input { name, ty } => {
+                Op::Input(Input { name, ty }) => {
                     let pos = g.inputs().iter().position(|&n| n == id);
                     let arg = pos
                         .and_then(|p| args.get(p))
@@ -74,7 +73,7 @@ impl Interp<'_> {
                     }
                     vec![arg.clone()]
                 }
-                Op::Param { name, ty } => vec![self.param(name, ty, &mut binds)?],
+                Op::Param(Param { name, ty }) => vec![self.param(name, ty, &mut binds)?],
                 _ => {
                     let mut ins = Vec::with_capacity(node.inputs().len());
                     for v in node.inputs() {
@@ -144,64 +143,48 @@ impl Interp<'_> {
         Value::from_tensor(t).map_err(weight)
     }
 
-    /// Evaluate one non-leaf node.
+    /// Evaluate one non-leaf node through its op's reference evaluation.
     fn node(&self, node: &Node, ins: &[&Value], site: &Site, binds: &Bindings) -> Res<Vec<Value>> {
-        let arg = |i: usize| {
-            ins.get(i)
-                .copied()
-                .ok_or_else(|| site.err(format!("missing operand {i}")))
-        };
-        let one = |v: Value| Ok(vec![v]);
-        match &node.op {
-            Op::Input { .. } | Op::Param { .. } => Err(site.err("leaf evaluated as an op")),
-            Op::Constant(t) => one(Value::from_tensor(t).map_err(|e| site.err(e))?),
-            Op::Unary(u) => one(elementwise::unary(site, *u, arg(0)?)?),
-            Op::Binary(b) => one(elementwise::binary(site, *b, arg(0)?, arg(1)?)?),
-            Op::Where => one(elementwise::select(site, arg(0)?, arg(1)?, arg(2)?)?),
-            Op::Reduce { op, axes, keepdim } => one(reduce::reduce(site, *op, arg(0)?, axes, *keepdim)?),
-            Op::ArgReduce { op, axis, keepdim } => one(reduce::arg_reduce(site, *op, arg(0)?, *axis, *keepdim)?),
-            Op::Reshape { shape } => one(movement::reshape(site, arg(0)?, &resolve(site, shape, binds)?)?),
-            Op::Permute { perm } => one(movement::permute(site, arg(0)?, perm)?),
-            Op::Broadcast { shape } => one(movement::broadcast(site, arg(0)?, &resolve(site, shape, binds)?)?),
-            Op::Slice { ranges } => one(movement::slice(site, arg(0)?, ranges)?),
-            Op::Pad { before, after, value } => one(movement::pad(site, arg(0)?, before, after, value.0)?),
-            Op::Concat { axis } => one(movement::concat(site, ins, *axis)?),
-            Op::Gather { axis } => one(indexing::gather(site, arg(0)?, arg(1)?, *axis)?),
-            Op::Scatter { axis, reduce } => one(indexing::scatter(site, arg(0)?, arg(1)?, arg(2)?, *axis, *reduce)?),
-            Op::Cast { to } => one(elementwise::cast(arg(0)?, *to)),
-            Op::Iota { shape, axis, dtype } => one(random::iota(site, &resolve(site, shape, binds)?, *axis, *dtype)?),
-            Op::Random {
-                dist,
-                shape,
-                dtype,
-                seed,
-            } => one(random::random(
-                site,
-                dist,
-                &resolve(site, shape, binds)?,
-                *dtype,
-                *seed,
-            )?),
-            Op::MatMul => one(matmul(site, arg(0)?, arg(1)?)?),
-            Op::Conv {
-                stride,
-                pad_before,
-                pad_after,
-                dilation,
-                groups,
-            } => {
-                let spec = ConvSpec {
-                    stride,
-                    pad_before,
-                    pad_after,
-                    dilation,
-                    groups: *groups,
-                };
-                one(conv(site, arg(0)?, arg(1)?, &spec)?)
-            }
-            Op::Composite(c) => nn::composite(site, c, ins),
-            Op::Cond => self.cond(node, ins, site, binds),
-            Op::While => self.while_loop(node, ins, site, binds),
+        if matches!(node.op, Op::Input(_) | Op::Param(_)) {
+            return Err(site.err("leaf evaluated as an op"));
         }
+        let cx = NodeCx {
+            interp: self,
+            node,
+            site,
+            binds,
+        };
+        node.op.eval(&cx, ins)
+    }
+}
+
+/// What an op's evaluation may ask of the interpreter: its node's site, symbol bindings and
+/// regions.
+struct NodeCx<'a, 'w> {
+    interp: &'a Interp<'w>,
+    node: &'a Node,
+    site: &'a Site,
+    binds: &'a Bindings,
+}
+
+impl EvalCx for NodeCx<'_, '_> {
+    fn site(&self) -> &Site {
+        self.site
+    }
+
+    fn resolve(&self, dims: &[Dim]) -> Res<Vec<usize>> {
+        resolve(self.site, dims, self.binds)
+    }
+
+    fn region(&self, i: usize, args: &[Value]) -> Res<Vec<Value>> {
+        let region = self.node.regions.get(i).ok_or_else(|| {
+            self.site
+                .err(format!("{} needs {} regions", self.node.op.name(), i + 1))
+        })?;
+        self.interp.eval(region, args, self.binds.clone())
+    }
+
+    fn max_while_iterations(&self) -> u64 {
+        self.interp.max_while_iterations
     }
 }

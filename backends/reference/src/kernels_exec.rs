@@ -9,16 +9,15 @@
 //! through the graph interpreter. With a [`MemoryPlan`], temporaries live in one byte arena at
 //! the planned offsets, so a plan that overlaps two live buffers corrupts the results.
 
-use crate::contraction::{ConvSpec, conv, matmul};
 use crate::interp::{Bindings, Interp, bind_shape, resolve};
-use crate::value::{Data, Res, Site, Value};
-use crate::{elementwise, movement, reduce};
 use ndarray::{ArrayD, IxDyn};
+use oar_ir::eval::{Data, Res, Site, Value, eval_one};
 use oar_ir::kernel::{
     Buffer, BufferId, BufferKind, Contraction, IndexMap, Inst, Kernel, KernelBody, KernelProgram, Load, MemoryPlan,
     ScalarOp,
 };
-use oar_ir::{BackendError, DType, Graph, TensorData, Weights};
+use oar_ir::ops::{Broadcast, Cast, MatMul, Reduce, Reshape, Where};
+use oar_ir::{BackendError, DType, Dim, Graph, TensorData, Weights};
 use std::collections::BTreeMap;
 
 /// Run a kernel program (every buffer in its own allocation). Outputs in program order.
@@ -274,10 +273,10 @@ impl<'p> Exec<'p> {
                     .get(*n)
                     .cloned()
                     .ok_or_else(|| s.err(format!("acc{n} is not computed before this body")))?,
-                ScalarOp::Unary(u, a) => elementwise::unary(&s, *u, arg(*a)?)?,
-                ScalarOp::Binary(b, x, y) => elementwise::binary(&s, *b, arg(*x)?, arg(*y)?)?,
-                ScalarOp::Where(c, a, b) => elementwise::select(&s, arg(*c)?, arg(*a)?, arg(*b)?)?,
-                ScalarOp::Cast(a) => elementwise::cast(arg(*a)?, inst.dtype),
+                ScalarOp::Unary(u, a) => eval_one(&s, u, &[arg(*a)?])?,
+                ScalarOp::Binary(b, x, y) => eval_one(&s, b, &[arg(*x)?, arg(*y)?])?,
+                ScalarOp::Where(c, a, b) => eval_one(&s, &Where, &[arg(*c)?, arg(*a)?, arg(*b)?])?,
+                ScalarOp::Cast(a) => eval_one(&s, &Cast { to: inst.dtype }, &[arg(*a)?])?,
             };
             if v.dtype != inst.dtype {
                 return Err(s.err(format!("computed {} but the instruction says {}", v.dtype, inst.dtype)));
@@ -286,7 +285,10 @@ impl<'p> Exec<'p> {
             vals.push(v);
         }
         let last = vals.pop().ok_or_else(|| s.err("empty body"))?;
-        movement::broadcast(s, &last, dims)
+        let to = Broadcast {
+            shape: dims.iter().map(|&d| Dim::Static(d)).collect(),
+        };
+        eval_one(s, &to, &[&last])
     }
 
     fn kernel(&mut self, k: &Kernel) -> Res<()> {
@@ -311,7 +313,12 @@ impl<'p> Exec<'p> {
                         .collect::<Res<Vec<_>>>()?;
                     let v = self.body(&s, &r.body, &l.loads, &all, &seen)?;
                     let axes: Vec<usize> = (outer.len()..all.len()).collect();
-                    let mut acc = reduce::reduce(&s, r.op, &v, &axes, false)?;
+                    let reduce = Reduce {
+                        op: r.op,
+                        axes,
+                        keepdim: false,
+                    };
+                    let mut acc = eval_one(&s, &reduce, &[&v])?;
                     acc.normalize();
                     accs.push(acc);
                 }
@@ -325,25 +332,8 @@ impl<'p> Exec<'p> {
                 let lhs = self.gather(&s, &c.lhs.load, &resolve(&s, &c.lhs.shape, &self.binds)?)?;
                 let rhs = self.gather(&s, &c.rhs.load, &resolve(&s, &c.rhs.shape, &self.binds)?)?;
                 let mut acc = match &c.op {
-                    Contraction::MatMul => matmul(&s, &lhs, &rhs)?,
-                    Contraction::Conv {
-                        stride,
-                        pad_before,
-                        pad_after,
-                        dilation,
-                        groups,
-                    } => conv(
-                        &s,
-                        &lhs,
-                        &rhs,
-                        &ConvSpec {
-                            stride,
-                            pad_before,
-                            pad_after,
-                            dilation,
-                            groups: *groups,
-                        },
-                    )?,
+                    Contraction::MatMul => eval_one(&s, &MatMul, &[&lhs, &rhs])?,
+                    Contraction::Conv(conv) => eval_one(&s, conv, &[&lhs, &rhs])?,
                 };
                 acc.normalize();
                 let dims = resolve(&s, &c.shape, &self.binds)?;
@@ -399,7 +389,10 @@ impl<'p> Exec<'p> {
 /// `v` with `n` trailing axes of size 1 (a stage result seen from inner loops).
 fn unit_axes(s: &Site, v: &Value, n: usize) -> Res<Value> {
     let shape: Vec<usize> = v.shape().iter().copied().chain(std::iter::repeat_n(1, n)).collect();
-    movement::reshape(s, v, &shape)
+    let to = Reshape {
+        shape: shape.iter().map(|&d| Dim::Static(d)).collect(),
+    };
+    eval_one(s, &to, &[v])
 }
 
 /// A 0-d value of `dtype` holding `c`.

@@ -1,33 +1,24 @@
-//! oar's reference backend: a plain, obviously-correct interpreter of every op — primitives,
-//! composites (computed natively, not through their decompositions) and control flow. It is
-//! the oracle every other backend and every pass is tested against.
+//! oar's reference backend: the oracle every other backend and every pass is tested against.
+//! It interprets graphs (and fused kernel programs) by running each op's own reference
+//! evaluation (`OpDef::eval`, defined with the op in `oar_ir::ops`): primitives, composites
+//! (computed natively, not through their decompositions) and control flow.
 //!
 //! Numerics: floats are computed in f64 and rounded to their dtype after every op; integers
-//! in i64 and wrapped to their dtype (see `value`). Random numbers come from a counter-based
-//! SplitMix64 stream documented in [`random`], so results never depend on evaluation order.
+//! in i64 and wrapped to their dtype (see `oar_ir::eval`). Random numbers come from the
+//! counter-based SplitMix64 stream of `oar_ir::ops::random_stream`, so results never depend on
+//! evaluation order.
 
-mod attention;
-mod contraction;
-mod control;
-mod elementwise;
-mod indexing;
 mod interp;
 mod kernels_exec;
-mod movement;
-mod nn;
-mod norm;
-mod pool;
-pub mod random;
-mod reduce;
-mod value;
 
 pub use kernels_exec::{run_kernel, run_kernel_program, run_kernel_program_planned};
 
 use interp::Interp;
 use oar_ir::backend::check_inputs;
+use oar_ir::eval::Value;
+use oar_ir::ops::Param;
 use oar_ir::{Backend, BackendError, Executable, Graph, Op, TensorData, Weights};
 use std::collections::BTreeMap;
-use value::Value;
 
 /// A `while` loop running more iterations than this is an error (see [`RunOptions`]).
 pub const DEFAULT_MAX_WHILE_ITERATIONS: u64 = 1_000_000;
@@ -96,7 +87,7 @@ impl Backend for ReferenceBackend {
 fn check_weights(graph: &Graph, weights: &Weights) -> Result<(), BackendError> {
     for id in graph.node_ids() {
         let node = graph.node(id);
-        if let Op::Param { name, ty } = &node.op {
+        if let Op::Param(Param { name, ty }) = &node.op {
             let weight = |detail: String| BackendError::Weight {
                 name: name.clone(),
                 detail,

@@ -3,6 +3,7 @@
 //! panics are reported as such; and every `Op` variant, every unary/binary/reduce/arg-reduce op
 //! and every composite has a case.
 
+use oar::ir::ops::{ArgReduce, Random, Reduce, Scatter};
 use oar::ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, ScatterReduce, UnaryOp};
 use oar::ir::{Backend, BackendError, DType, Executable, Graph, Op, ValueId, Weights};
 use oar::reference::ReferenceBackend;
@@ -189,7 +190,7 @@ impl Backend for Picky {
         if has(&|op| *op == Op::Cond) {
             return Ok(Box::new(FailingRun));
         }
-        if has(&|op| matches!(op, Op::Iota { .. })) {
+        if has(&|op| matches!(op, Op::Iota(_))) {
             panic!("iota is not implemented");
         }
         ReferenceBackend::new().compile(graph, weights)
@@ -314,10 +315,10 @@ fn collect_ops(g: &Graph, out: &mut BTreeSet<String>) {
         let inner = match &n.op {
             Op::Unary(u) => format!("{u:?}"),
             Op::Binary(b) => format!("{b:?}"),
-            Op::Reduce { op, .. } => format!("{op:?}"),
-            Op::ArgReduce { op, .. } => format!("{op:?}"),
-            Op::Scatter { reduce, .. } => format!("{reduce:?}"),
-            Op::Random { dist, .. } => variant(&format!("{dist:?}")),
+            Op::Reduce(Reduce { op, .. }) => format!("{op:?}"),
+            Op::ArgReduce(ArgReduce { op, .. }) => format!("{op:?}"),
+            Op::Scatter(Scatter { reduce, .. }) => format!("{reduce:?}"),
+            Op::Random(Random { dist, .. }) => variant(&format!("{dist:?}")),
             Op::Composite(c) => variant(&format!("{c:?}")),
             _ => String::new(),
         };

@@ -4,6 +4,7 @@
 //! as the reference interpreter does. Declined kernels (opaque, f16/bf16) come back with a reason.
 
 use oar::ir::kernel::{Contraction, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load, ScalarOp};
+use oar::ir::ops::Conv;
 use oar::ir::ops::ReduceOp;
 use oar::ir::{DType, Dim};
 use std::fmt::Write;
@@ -195,13 +196,13 @@ fn contraction_loops(s: &mut String, c: &ContractionKernel, rank: usize) -> R<(V
             let rv = batch(&rs, rank).chain(["kk".into(), format!("i{}", rank - 1)]);
             Ok((lv.collect(), rv.collect(), 1))
         }
-        Contraction::Conv {
+        Contraction::Conv(Conv {
             stride,
             pad_before,
             dilation,
             groups,
             ..
-        } => {
+        }) => {
             let (cg, og) = (rs[1], rs[0] / *groups as i64);
             let _ = writeln!(s, "  int64_t g = i1 / {og};\n  for (int64_t c = 0; c < {cg}; c++) {{");
             let mut lv: Vec<String> = vec!["i0".into(), format!("g * {cg} + c")];

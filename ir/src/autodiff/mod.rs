@@ -1,15 +1,40 @@
-//! Reverse-mode differentiation: per-op VJP rules shared by eager autograd and static graphs,
-//! and [`append_backward`], which extends a graph with the gradient of a scalar.
-
-mod conv_grad;
-mod vjp;
-
-pub use vjp::vjp;
+//! Reverse-mode differentiation: [`vjp`] applies an op's own gradient rule
+//! ([`OpDef::vjp`], in its family's module), shared by eager autograd and static graphs, and
+//! [`append_backward`] extends a graph with the gradient of a scalar.
 
 use crate::emit::Emitter;
-use crate::ops::BinaryOp;
+use crate::ops::{BinaryOp, Op, OpDef, VjpArgs};
 use crate::{Graph, IrError, NodeId, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Gradients of `op`'s inputs given the cotangents of its outputs (`None` = zero).
+/// `wants[i]` says whether input `i` needs a gradient; unwanted or non-differentiable inputs
+/// get `None`. Composites must be decomposed first; control flow is not differentiable yet.
+pub fn vjp<E: Emitter>(
+    e: &mut E,
+    op: &Op,
+    inputs: &[E::Value],
+    outputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+    wants: &[bool],
+) -> Result<Vec<Option<E::Value>>, E::Error> {
+    let none = vec![None; inputs.len()];
+    if !wants.iter().any(|&w| w) {
+        return Ok(none);
+    }
+    // Only single-output primitives are differentiable; their cotangent is cotangents[0].
+    let g = match cotangents.first() {
+        Some(Some(g)) => *g,
+        _ => return Ok(none),
+    };
+    let args = VjpArgs {
+        inputs,
+        outputs,
+        g,
+        wants,
+    };
+    op.vjp(e, &args)
+}
 
 /// Append to `graph` the nodes computing `d loss / d wrt[i]` for each `wrt[i]` (`None` when the
 /// loss does not depend on it). `loss` may have any shape: its cotangent is all ones (so the

@@ -241,18 +241,7 @@ pub enum Contraction {
     /// `[.., M, K] x [.., K, N] -> [.., M, N]`, batch dims broadcast.
     MatMul,
     /// N-d convolution `x[N, C, *S]`, `w[O, C/groups, *K]`, as [`Op::Conv`].
-    Conv {
-        /// Stride per spatial axis.
-        stride: Vec<usize>,
-        /// Padding before each spatial axis.
-        pad_before: Vec<usize>,
-        /// Padding after each spatial axis.
-        pad_after: Vec<usize>,
-        /// Dilation per spatial axis.
-        dilation: Vec<usize>,
-        /// Number of groups.
-        groups: usize,
-    },
+    Conv(crate::ops::Conv),
 }
 
 /// An operand of a contraction: a logical tensor of `shape` whose element at index `i` is

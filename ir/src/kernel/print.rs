@@ -2,6 +2,7 @@
 //! the serde form is the interchange format).
 
 use super::*;
+use crate::ops::Conv;
 use std::fmt::{self, Display, Formatter, Write};
 
 fn dims(d: &[Dim]) -> String {
@@ -73,13 +74,13 @@ impl Display for Contraction {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         match self {
             Contraction::MatMul => f.write_str("matmul"),
-            Contraction::Conv {
+            Contraction::Conv(Conv {
                 stride,
                 pad_before,
                 pad_after,
                 dilation,
                 groups,
-            } => write!(
+            }) => write!(
                 f,
                 "conv(stride={stride:?}, pad_before={pad_before:?}, pad_after={pad_after:?}, dilation={dilation:?}, groups={groups})"
             ),

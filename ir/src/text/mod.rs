@@ -41,6 +41,9 @@ mod literal;
 mod parse;
 mod print;
 
+pub(crate) use attrs::word_attr;
+pub use attrs::{AttrCx, AttrVal, AttrValue, Attrs, Spanned, single_result, unknown_op};
+
 /// A parse error with its line and column.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{line}:{col}: {msg}")]

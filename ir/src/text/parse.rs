@@ -5,11 +5,13 @@
 //! parsed with an explicit bracket odometer, and their size is checked before any allocation.
 
 use super::ParseError;
-use super::attrs::{AttrItem, AttrVal, Attrs, Spanned, build_op};
+use super::attrs::{AttrItem, AttrVal, Attrs, Spanned};
 use super::lexer::{Tok, Token, tokenize};
 use super::literal::parse_int;
 use super::print::{fmt_type, region_roles};
+use crate::Op;
 use crate::graph::{Graph, NodeId, ValueId};
+use crate::ops::OpText;
 use crate::verify::MAX_REGION_DEPTH;
 use crate::{DType, Dim, IrError, Shape, TensorType};
 use std::collections::HashMap;
@@ -374,7 +376,7 @@ impl Parser {
             return Err(Self::err_at(&types_tok, msg));
         }
         let mut attrs = Attrs::new(mnemonic, op_tok.line, op_tok.col, items);
-        let op = build_op(mnemonic, &mut attrs, &types)?;
+        let op = Op::parse(mnemonic, &mut attrs, &types)?;
         attrs.finish()?;
         let mut regions = Vec::new();
         if op.num_regions() > 0 {

@@ -2,10 +2,10 @@
 //! then the outputs; regions print nested, each with its own value numbering. Inputs and
 //! params are named after themselves (`%x`, `%fc1.weight`), other values numbered.
 
-use super::attrs::op_attrs;
 use super::lexer::is_ident;
 use super::literal::fmt_dense;
 use crate::graph::{Graph, NodeId, ValueId};
+use crate::ops::{Input, Param};
 use crate::{Dim, Op, TensorType};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -102,7 +102,7 @@ pub(crate) fn print_block(g: &Graph, role: &str, indent: usize, out: &mut String
     // (numbers never clash: identifiers start with a letter or `_`).
     let mut taken: HashSet<&str> = HashSet::new();
     for &id in &order {
-        if let Op::Input { name, .. } = &g.node(id).op
+        if let Op::Input(Input { name, .. }) = &g.node(id).op
             && is_ident(name)
             && taken.insert(name)
         {
@@ -110,7 +110,7 @@ pub(crate) fn print_block(g: &Graph, role: &str, indent: usize, out: &mut String
         }
     }
     for &id in &order {
-        if let Op::Param { name, .. } = &g.node(id).op
+        if let Op::Param(Param { name, .. }) = &g.node(id).op
             && is_ident(name)
             && taken.insert(name)
         {
@@ -142,13 +142,13 @@ pub(crate) fn print_block(g: &Graph, role: &str, indent: usize, out: &mut String
             k => write!(out, "%{name}:{k} = ").expect("write to string"),
         }
         match &node.op {
-            Op::Input { name, ty } => write!(out, "input {} : {}", quote(name), fmt_type(ty)),
-            Op::Param { name, ty } => write!(out, "param {} : {}", quote(name), fmt_type(ty)),
+            Op::Input(Input { name, ty }) => write!(out, "input {} : {}", quote(name), fmt_type(ty)),
+            Op::Param(Param { name, ty }) => write!(out, "param {} : {}", quote(name), fmt_type(ty)),
             Op::Constant(t) => write!(out, "constant dense<{}> : {}", fmt_dense(t), fmt_type(&t.tensor_type())),
             op => {
                 let args: Vec<_> = node.inputs().iter().map(|v| p.value(*v)).collect();
                 write!(out, "{}({})", op.name(), args.join(", ")).expect("write to string");
-                let attrs = op_attrs(op);
+                let attrs = crate::ops::OpText::print_attrs(op);
                 if !attrs.is_empty() {
                     let kv: Vec<_> = attrs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
                     write!(out, " {{{}}}", kv.join(", ")).expect("write to string");

@@ -5,6 +5,7 @@
 
 use oar_ir::file::{FORMAT_VERSION, MAGIC, Model};
 use oar_ir::ops::{BinaryOp, UnaryOp};
+use oar_ir::ops::{Cast, LayerNorm, Pad};
 use oar_ir::{Composite, DType, Dim, Float, Graph, Op, TensorData, TensorType, Weights};
 
 /// A model with graph inputs (one symbolic), params of every dtype, constants, composites,
@@ -36,17 +37,17 @@ pub fn sample_model() -> Model {
     let y = g.add_op1(Op::Composite(Composite::Linear), &[x, w, b]).unwrap();
     let y = g
         .add_op1(
-            Op::Composite(Composite::LayerNorm {
+            Op::Composite(Composite::LayerNorm(LayerNorm {
                 normalized_ndim: 1,
                 epsilon: Float(1e-5),
-            }),
+            })),
             &[y],
         )
         .unwrap();
     let c = g.add_constant(TensorData::from_vec(vec![3], vec![1.0f32, f32::NAN, -0.0]).unwrap());
     let y = g.binary(BinaryOp::Mul, y, c).unwrap();
     let i = g.add_constant(TensorData::from_vec(vec![2], vec![7i64, -1]).unwrap());
-    let _unused = g.add_op1(Op::Cast { to: DType::F16 }, &[i]).unwrap();
+    let _unused = g.add_op1(Op::Cast(Cast { to: DType::F16 }), &[i]).unwrap();
 
     let then_ = {
         let mut r = Graph::new("then");
@@ -73,11 +74,11 @@ pub fn sample_model() -> Model {
     );
     let z = g.add_region_op(Op::Cond, &[flag, y], vec![then_, else_]).unwrap()[0];
     // -inf has no JSON number: checks the Float encoding survives the file.
-    let pad = Op::Pad {
+    let pad = Op::Pad(Pad {
         before: vec![0, 1],
         after: vec![0, 2],
         value: Float(f64::NEG_INFINITY),
-    };
+    });
     let p = g.add_op1(pad, &[z]).unwrap();
     g.add_output("out", p).unwrap();
     g.add_output("hidden", y).unwrap();

@@ -2,6 +2,7 @@
 //! and the offending token, op or value; hostile input is rejected without deep recursion or
 //! large allocations.
 
+use oar_ir::ops::{Pad, Reduce, Slice};
 use oar_ir::ops::{ReduceOp, SliceRange};
 use oar_ir::text::{ParseError, parse_graph, print_graph};
 use oar_ir::{Composite, DType, Dim, Float, Op, TensorType};
@@ -60,15 +61,15 @@ fn hand_written_text_parses_to_the_expected_graph() {
     assert_eq!(g.node(ids[3]).inputs().len(), 3);
     assert_eq!(
         g.node(ids[5]).op,
-        Op::Reduce {
+        Op::Reduce(Reduce {
             op: ReduceOp::Sum,
             axes: vec![1],
             keepdim: false
-        }
+        })
     );
     assert_eq!(
         g.node(ids[6]).op,
-        Op::Slice {
+        Op::Slice(Slice {
             ranges: vec![
                 SliceRange::FULL,
                 SliceRange {
@@ -77,7 +78,7 @@ fn hand_written_text_parses_to_the_expected_graph() {
                     step: 2
                 }
             ]
-        }
+        })
     );
     let Op::Constant(c) = &g.node(ids[7]).op else {
         panic!("constant")
@@ -107,7 +108,7 @@ fn float_attributes_parse_bit_exactly() {
     let values: Vec<u64> = g
         .node_ids()
         .filter_map(|n| match g.node(n).op {
-            Op::Pad { value: Float(v), .. } => Some(v.to_bits()),
+            Op::Pad(Pad { value: Float(v), .. }) => Some(v.to_bits()),
             _ => None,
         })
         .collect();

@@ -2,6 +2,13 @@
 //! every dtype prints, parses back to the same ops bit for bit, and prints to the same text;
 //! mangled versions of that text give `Ok` or `Err` but never panic.
 
+use oar_ir::ops::{
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, Gelu, LayerNorm,
+    LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
+};
+use oar_ir::ops::{
+    ArgReduce, Broadcast, Cast, Concat, Conv, Gather, Iota, Pad, Permute, Random, Reduce, Reshape, Scatter, Slice,
+};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, RandomDist, ReduceOp, Reduction, ScatterReduce, SliceRange, UnaryOp};
 use oar_ir::text::{parse_graph, print_graph};
 use oar_ir::{Composite, DType, Dim, Float, Graph, NodeId, Op, TensorData, TensorType, ValueId};
@@ -153,33 +160,33 @@ pub fn every_op_graph() -> Graph {
         let axes = if i % 2 == 0 { vec![1] } else { vec![0, 1] };
         one(
             &mut g,
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op,
                 axes,
                 keepdim: i % 2 == 0,
-            },
+            }),
             &[x],
         );
     }
     for &op in ArgReduceOp::ALL {
         one(
             &mut g,
-            Op::ArgReduce {
+            Op::ArgReduce(ArgReduce {
                 op,
                 axis: 1,
                 keepdim: op == ArgReduceOp::ArgMax,
-            },
+            }),
             &[x],
         );
     }
     let shape = vec![Dim::sym("N"), Dim::Static(2), Dim::Static(2)];
-    one(&mut g, Op::Reshape { shape }, &[x]);
-    one(&mut g, Op::Permute { perm: vec![0, 2, 3, 1] }, &[img]);
+    one(&mut g, Op::Reshape(Reshape { shape }), &[x]);
+    one(&mut g, Op::Permute(Permute { perm: vec![0, 2, 3, 1] }), &[img]);
     one(
         &mut g,
-        Op::Broadcast {
+        Op::Broadcast(Broadcast {
             shape: vec![Dim::sym("N"), Dim::Static(5)],
-        },
+        }),
         &[bias],
     );
     let ranges = vec![
@@ -196,7 +203,7 @@ pub fn every_op_graph() -> Graph {
             step: 3,
         },
     ];
-    one(&mut g, Op::Slice { ranges }, &[img]);
+    one(&mut g, Op::Slice(Slice { ranges }), &[img]);
     let ranges = vec![
         SliceRange {
             start: 0,
@@ -206,7 +213,7 @@ pub fn every_op_graph() -> Graph {
         SliceRange::FULL,
         SliceRange::new(5, 2),
     ];
-    one(&mut g, Op::Slice { ranges }, &[q]);
+    one(&mut g, Op::Slice(Slice { ranges }), &[q]);
     for value in [
         0.0,
         -0.0,
@@ -215,28 +222,28 @@ pub fn every_op_graph() -> Graph {
         f64::NEG_INFINITY,
         1e-5,
     ] {
-        let pad = Op::Pad {
+        let pad = Op::Pad(Pad {
             before: vec![0, 0, 1, 2],
             after: vec![0, 0, 2, 0],
             value: Float(value),
-        };
+        });
         one(&mut g, pad, &[img]);
     }
-    one(&mut g, Op::Concat { axis: 1 }, &[img, img, img]);
-    let gathered = one(&mut g, Op::Gather { axis: 0 }, &[w, idx]);
+    one(&mut g, Op::Concat(Concat { axis: 1 }), &[img, img, img]);
+    let gathered = one(&mut g, Op::Gather(Gather { axis: 0 }), &[w, idx]);
     for reduce in [ScatterReduce::Replace, ScatterReduce::Add] {
-        one(&mut g, Op::Scatter { axis: 0, reduce }, &[w, idx, gathered]);
+        one(&mut g, Op::Scatter(Scatter { axis: 0, reduce }), &[w, idx, gathered]);
     }
     for to in DType::ALL {
-        one(&mut g, Op::Cast { to }, &[x]);
+        one(&mut g, Op::Cast(Cast { to }), &[x]);
     }
     one(
         &mut g,
-        Op::Iota {
+        Op::Iota(Iota {
             shape: vec![Dim::sym("N"), Dim::Static(3)],
             axis: 1,
             dtype: DType::I64,
-        },
+        }),
         &[],
     );
     let uniform = RandomDist::Uniform {
@@ -246,12 +253,12 @@ pub fn every_op_graph() -> Graph {
     let shape = vec![Dim::Static(2), Dim::sym("N")];
     one(
         &mut g,
-        Op::Random {
+        Op::Random(Random {
             dist: uniform,
             shape,
             dtype: DType::F32,
             seed: 42,
-        },
+        }),
         &[],
     );
     let normal = RandomDist::Normal {
@@ -260,108 +267,116 @@ pub fn every_op_graph() -> Graph {
     };
     one(
         &mut g,
-        Op::Random {
+        Op::Random(Random {
             dist: normal,
             shape: vec![Dim::Static(3)],
             dtype: DType::BF16,
             seed: u64::MAX,
-        },
+        }),
         &[],
     );
     one(&mut g, Op::MatMul, &[x, w]);
-    let conv = Op::Conv {
+    let conv = Op::Conv(Conv {
         stride: vec![1, 2],
         pad_before: vec![1, 0],
         pad_after: vec![1, 2],
         dilation: vec![1, 2],
         groups: 1,
-    };
+    });
     one(&mut g, conv, &[img, k]);
 
     composite(&mut g, C::Linear, &[x, w, bias]);
     composite(&mut g, C::Linear, &[x, w]);
-    let c2 = C::Conv2d {
+    let c2 = C::Conv2d(Conv2d {
         stride: [2, 1],
         padding: [1, 0, 1, 0],
         dilation: [1, 1],
         groups: 1,
-    };
+    });
     composite(&mut g, c2, &[img, k, kb]);
-    let mp = C::MaxPool2d {
+    let mp = C::MaxPool2d(MaxPool2d {
         kernel: [2, 2],
         stride: [2, 2],
         padding: [0, 0, 0, 0],
         ceil_mode: false,
-    };
+    });
     composite(&mut g, mp, &[img]);
-    let ap = C::AvgPool2d {
+    let ap = C::AvgPool2d(AvgPool2d {
         kernel: [3, 3],
         stride: [2, 2],
         padding: [1, 1, 1, 1],
         ceil_mode: true,
         count_include_pad: false,
-    };
+    });
     composite(&mut g, ap, &[img]);
-    composite(&mut g, C::AdaptiveAvgPool2d { output_size: [1, 1] }, &[img]);
-    composite(&mut g, C::AdaptiveMaxPool2d { output_size: [2, 3] }, &[img]);
-    let bn = C::BatchNorm {
+    composite(
+        &mut g,
+        C::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [1, 1] }),
+        &[img],
+    );
+    composite(
+        &mut g,
+        C::AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size: [2, 3] }),
+        &[img],
+    );
+    let bn = C::BatchNorm(BatchNorm {
         epsilon: Float(1e-5),
         momentum: Float(0.9),
         training: true,
-    };
+    });
     let bn_out = g.add_op(Op::Composite(bn), &[img, c3, c3, c3, c3]).unwrap();
-    let bn = C::BatchNorm {
+    let bn = C::BatchNorm(BatchNorm {
         epsilon: Float(1e-3),
         momentum: Float(0.99),
         training: false,
-    };
+    });
     g.add_op(Op::Composite(bn), &[img, c3, c3, c3, c3]).unwrap();
     composite(
         &mut g,
-        C::LayerNorm {
+        C::LayerNorm(LayerNorm {
             normalized_ndim: 1,
             epsilon: Float(1e-6),
-        },
+        }),
         &[x, ln, ln],
     );
     composite(
         &mut g,
-        C::LayerNorm {
+        C::LayerNorm(LayerNorm {
             normalized_ndim: 2,
             epsilon: Float(1e-5),
-        },
+        }),
         &[x],
     );
-    composite(&mut g, C::Softmax { axis: 1 }, &[x]);
-    composite(&mut g, C::LogSoftmax { axis: 0 }, &[x]);
+    composite(&mut g, C::Softmax(Softmax { axis: 1 }), &[x]);
+    composite(&mut g, C::LogSoftmax(LogSoftmax { axis: 0 }), &[x]);
     for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
-        composite(&mut g, C::CrossEntropy { reduction }, &[gathered, idx]);
+        composite(&mut g, C::CrossEntropy(CrossEntropy { reduction }), &[gathered, idx]);
     }
     composite(&mut g, C::Relu, &[x]);
-    composite(&mut g, C::Gelu { approximate: true }, &[x]);
-    composite(&mut g, C::Gelu { approximate: false }, &[x]);
+    composite(&mut g, C::Gelu(Gelu { approximate: true }), &[x]);
+    composite(&mut g, C::Gelu(Gelu { approximate: false }), &[x]);
     composite(&mut g, C::Silu, &[x]);
     composite(&mut g, C::Sigmoid, &[x]);
     composite(
         &mut g,
-        C::Dropout {
+        C::Dropout(Dropout {
             p: Float(0.1),
             training: true,
             seed: 7,
-        },
+        }),
         &[x],
     );
     composite(&mut g, C::Embedding, &[idx, w]);
-    let sdpa = C::ScaledDotProductAttention {
+    let sdpa = C::ScaledDotProductAttention(ScaledDotProductAttention {
         causal: true,
         scale: None,
-    };
+    });
     composite(&mut g, sdpa, &[q, kv, kv]);
     let mask = g.add_input("mask", ty(DType::Bool, &[4, 6])).unwrap();
-    let sdpa = C::ScaledDotProductAttention {
+    let sdpa = C::ScaledDotProductAttention(ScaledDotProductAttention {
         causal: false,
         scale: Some(Float(0.125)),
-    };
+    });
     let att = composite(&mut g, sdpa, &[q, kv, kv, mask]);
 
     let x_ty = g.value_type(x).clone();
@@ -393,7 +408,7 @@ fn summary(g: &Graph) -> Vec<String> {
         // Debug of TensorData is lossy, so constants are compared by dtype, shape and bytes.
         let op = match &node.op {
             Op::Constant(t) => format!("constant {} {:?} {:?}", t.dtype(), t.shape(), t.bytes()),
-            Op::Pad { before, after, value } => format!("pad {before:?} {after:?} {:x}", value.0.to_bits()),
+            Op::Pad(Pad { before, after, value }) => format!("pad {before:?} {after:?} {:x}", value.0.to_bits()),
             op => format!("{op:?}"),
         };
         out.push(format!("{op} {ins:?} -> {:?}", node.outputs()));

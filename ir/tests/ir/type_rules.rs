@@ -2,6 +2,9 @@
 //! the offending types.
 
 use oar_ir::ops::{
+    ArgReduce, Broadcast, Cast, Concat, Conv, Gather, Iota, Pad, Permute, Random, Reduce, Reshape, Scatter, Slice,
+};
+use oar_ir::ops::{
     ArgReduceOp, BinaryOp, RandomDist, ReduceOp, Reduction, ScatterReduce, SliceRange, UnaryOp, infer_types,
 };
 use oar_ir::{Composite, DType, Dim, Float, Graph, Op, Shape, TensorData, TensorType};
@@ -68,9 +71,9 @@ fn elementwise() {
     err(Op::Binary(BinaryOp::Sub), &["bool[2]", "bool[2]"], &["sub"]);
     ok(Op::Where, &["bool[N,1]", "f32[3]", "f32[]"], "f32[N,3]");
     err(Op::Where, &["f32[3]", "f32[3]", "f32[3]"], &["bool", "f32[3]"]);
-    ok(Op::Cast { to: DType::BF16 }, &["i64[N]"], "bf16[N]");
+    ok(Op::Cast(Cast { to: DType::BF16 }), &["i64[N]"], "bf16[N]");
     err(
-        Op::Cast { to: DType::F32 },
+        Op::Cast(Cast { to: DType::F32 }),
         &["f32[1]", "f32[1]"],
         &["1 operands, got 2"],
     );
@@ -78,10 +81,12 @@ fn elementwise() {
 
 #[test]
 fn reductions() {
-    let sum = |axes: Vec<usize>, keepdim| Op::Reduce {
-        op: ReduceOp::Sum,
-        axes,
-        keepdim,
+    let sum = |axes: Vec<usize>, keepdim| {
+        Op::Reduce(Reduce {
+            op: ReduceOp::Sum,
+            axes,
+            keepdim,
+        })
     };
     ok(sum(vec![1], false), &["f32[N,3,4]"], "f32[N,4]");
     ok(sum(vec![0, 2], true), &["f32[N,3,4]"], "f32[1,3,1]");
@@ -89,38 +94,38 @@ fn reductions() {
     err(sum(vec![3], false), &["f32[N,3,4]"], &["axis 3", "rank 3"]);
     err(sum(vec![1, 0], false), &["f32[2,2]"], &["sorted"]);
     err(
-        Op::Reduce {
+        Op::Reduce(Reduce {
             op: ReduceOp::Mean,
             axes: vec![0],
             keepdim: false,
-        },
+        }),
         &["i32[4]"],
         &["reduce_mean", "i32[4]"],
     );
     ok(
-        Op::ArgReduce {
+        Op::ArgReduce(ArgReduce {
             op: ArgReduceOp::ArgMax,
             axis: 1,
             keepdim: false,
-        },
+        }),
         &["f32[N,10]"],
         "i64[N]",
     );
     ok(
-        Op::ArgReduce {
+        Op::ArgReduce(ArgReduce {
             op: ArgReduceOp::ArgMin,
             axis: 0,
             keepdim: true,
-        },
+        }),
         &["i32[4,2]"],
         "i64[1,2]",
     );
     err(
-        Op::ArgReduce {
+        Op::ArgReduce(ArgReduce {
             op: ArgReduceOp::ArgMax,
             axis: 0,
             keepdim: true,
-        },
+        }),
         &["f32[0]"],
         &["empty"],
     );
@@ -129,119 +134,147 @@ fn reductions() {
 #[test]
 fn movement() {
     ok(
-        Op::Reshape {
+        Op::Reshape(Reshape {
             shape: dims(&["N", "12"]),
-        },
+        }),
         &["f32[N,3,4]"],
         "f32[N,12]",
     );
     ok(
-        Op::Reshape {
+        Op::Reshape(Reshape {
             shape: dims(&["6", "4"]),
-        },
+        }),
         &["f32[2,3,4]"],
         "f32[6,4]",
     );
-    err(Op::Reshape { shape: dims(&["5"]) }, &["f32[2,3]"], &["f32[2,3]", "[5]"]);
-    err(Op::Reshape { shape: dims(&["6"]) }, &["f32[N,6]"], &["f32[N,6]"]);
-    ok(Op::Permute { perm: vec![2, 0, 1] }, &["f32[N,3,4]"], "f32[4,N,3]");
-    err(Op::Permute { perm: vec![0, 0] }, &["f32[2,3]"], &["[0, 0]", "f32[2,3]"]);
+    err(
+        Op::Reshape(Reshape { shape: dims(&["5"]) }),
+        &["f32[2,3]"],
+        &["f32[2,3]", "[5]"],
+    );
+    err(
+        Op::Reshape(Reshape { shape: dims(&["6"]) }),
+        &["f32[N,6]"],
+        &["f32[N,6]"],
+    );
     ok(
-        Op::Broadcast {
+        Op::Permute(Permute { perm: vec![2, 0, 1] }),
+        &["f32[N,3,4]"],
+        "f32[4,N,3]",
+    );
+    err(
+        Op::Permute(Permute { perm: vec![0, 0] }),
+        &["f32[2,3]"],
+        &["[0, 0]", "f32[2,3]"],
+    );
+    ok(
+        Op::Broadcast(Broadcast {
             shape: dims(&["N", "2", "3"]),
-        },
+        }),
         &["f32[1,3]"],
         "f32[N,2,3]",
     );
-    err(Op::Broadcast { shape: dims(&["4"]) }, &["f32[3]"], &["f32[3]", "[4]"]);
+    err(
+        Op::Broadcast(Broadcast { shape: dims(&["4"]) }),
+        &["f32[3]"],
+        &["f32[3]", "[4]"],
+    );
     let r = |start, end, step| SliceRange { start, end, step };
     ok(
-        Op::Slice {
+        Op::Slice(Slice {
             ranges: vec![SliceRange::FULL, r(-3, i64::MAX, 1), r(1, 8, 3)],
-        },
+        }),
         &["f32[N,5,10]"],
         "f32[N,3,3]",
     );
     err(
-        Op::Slice {
+        Op::Slice(Slice {
             ranges: vec![r(0, 2, 1)],
-        },
+        }),
         &["f32[N]"],
         &["symbolic", "f32[N]"],
     );
     err(
-        Op::Slice {
+        Op::Slice(Slice {
             ranges: vec![r(0, 2, 0)],
-        },
+        }),
         &["f32[4]"],
         &["step 0"],
     );
     ok(
-        Op::Pad {
+        Op::Pad(Pad {
             before: vec![0, 1],
             after: vec![0, 2],
             value: Float(0.0),
-        },
+        }),
         &["f32[N,3]"],
         "f32[N,6]",
     );
     err(
-        Op::Pad {
+        Op::Pad(Pad {
             before: vec![1],
             after: vec![0],
             value: Float(0.0),
-        },
+        }),
         &["f32[N]"],
         &["symbolic"],
     );
     ok(
-        Op::Concat { axis: 1 },
+        Op::Concat(Concat { axis: 1 }),
         &["f32[N,2]", "f32[N,3]", "f32[N,1]"],
         "f32[N,6]",
     );
     err(
-        Op::Concat { axis: 1 },
+        Op::Concat(Concat { axis: 1 }),
         &["f32[2,2]", "f32[3,3]"],
         &["f32[2,2]", "f32[3,3]"],
     );
-    err(Op::Concat { axis: 0 }, &[], &["at least one"]);
+    err(Op::Concat(Concat { axis: 0 }), &[], &["at least one"]);
 }
 
 #[test]
 fn indexing_and_generators() {
-    ok(Op::Gather { axis: 1 }, &["f32[N,5,7]", "i64[2,3]"], "f32[N,2,3,7]");
-    err(Op::Gather { axis: 0 }, &["f32[5]", "f32[2]"], &["i32 or i64", "f32[2]"]);
     ok(
-        Op::Scatter {
+        Op::Gather(Gather { axis: 1 }),
+        &["f32[N,5,7]", "i64[2,3]"],
+        "f32[N,2,3,7]",
+    );
+    err(
+        Op::Gather(Gather { axis: 0 }),
+        &["f32[5]", "f32[2]"],
+        &["i32 or i64", "f32[2]"],
+    );
+    ok(
+        Op::Scatter(Scatter {
             axis: 0,
             reduce: ScatterReduce::Add,
-        },
+        }),
         &["f32[5,4]", "i32[3]", "f32[3,4]"],
         "f32[5,4]",
     );
     err(
-        Op::Scatter {
+        Op::Scatter(Scatter {
             axis: 0,
             reduce: ScatterReduce::Add,
-        },
+        }),
         &["f32[5,4]", "i32[3]", "f32[2,4]"],
         &["[3,4]", "f32[2,4]"],
     );
     ok(
-        Op::Iota {
+        Op::Iota(Iota {
             shape: dims(&["N", "4"]),
             axis: 1,
             dtype: DType::I64,
-        },
+        }),
         &[],
         "i64[N,4]",
     );
     err(
-        Op::Iota {
+        Op::Iota(Iota {
             shape: dims(&["4"]),
             axis: 1,
             dtype: DType::I64,
-        },
+        }),
         &[],
         &["axis 1"],
     );
@@ -250,22 +283,22 @@ fn indexing_and_generators() {
         high: Float(1.0),
     };
     ok(
-        Op::Random {
+        Op::Random(Random {
             dist: uniform,
             shape: dims(&["N", "2"]),
             dtype: DType::F16,
             seed: 7,
-        },
+        }),
         &[],
         "f16[N,2]",
     );
     err(
-        Op::Random {
+        Op::Random(Random {
             dist: uniform,
             shape: dims(&["2"]),
             dtype: DType::I32,
             seed: 7,
-        },
+        }),
         &[],
         &["float", "i32"],
     );
@@ -274,12 +307,12 @@ fn indexing_and_generators() {
         std: Float(-1.0),
     };
     err(
-        Op::Random {
+        Op::Random(Random {
             dist: bad,
             shape: dims(&["2"]),
             dtype: DType::F32,
             seed: 7,
-        },
+        }),
         &[],
         &["std=-1.0"],
     );
@@ -292,12 +325,14 @@ fn contractions() {
     ok(Op::MatMul, &["f32[N,1,4,3]", "f32[5,3,2]"], "f32[N,5,4,2]");
     err(Op::MatMul, &["f32[4,3]", "f32[4,3]"], &["inner", "f32[4,3]"]);
     err(Op::MatMul, &["f32[3]", "f32[3,3]"], &["rank ≥ 2", "f32[3]"]);
-    let conv = |s: usize, p: usize, d: usize, g: usize| Op::Conv {
-        stride: vec![s, s],
-        pad_before: vec![p, p],
-        pad_after: vec![p, p],
-        dilation: vec![d, d],
-        groups: g,
+    let conv = |s: usize, p: usize, d: usize, g: usize| {
+        Op::Conv(Conv {
+            stride: vec![s, s],
+            pad_before: vec![p, p],
+            pad_after: vec![p, p],
+            dilation: vec![d, d],
+            groups: g,
+        })
     };
     // (32 + 2 - 3) / 2 + 1 = 16; dilation 2: span 5, (32 + 2 - 5) / 1 + 1 = 30
     ok(conv(2, 1, 1, 1), &["f32[N,3,32,32]", "f32[8,3,3,3]"], "f32[N,8,16,16]");
@@ -305,29 +340,33 @@ fn contractions() {
     ok(conv(1, 0, 1, 4), &["f32[1,8,5,5]", "f32[12,2,3,3]"], "f32[1,12,3,3]");
     err(conv(1, 0, 1, 3), &["f32[1,8,5,5]", "f32[12,2,3,3]"], &["groups 3"]);
     err(conv(1, 0, 1, 1), &["f32[1,3,2,2]", "f32[4,3,3,3]"], &["does not fit"]);
-    let conv1d = Op::Conv {
+    let conv1d = Op::Conv(Conv {
         stride: vec![1],
         pad_before: vec![2],
         pad_after: vec![0],
         dilation: vec![1],
         groups: 1,
-    };
+    });
     ok(conv1d, &["f64[2,1,10]", "f64[3,1,3]"], "f64[2,3,10]");
 }
 
 #[test]
 fn composites() {
     use Composite::*;
+    use oar_ir::ops::{
+        AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, Gelu, LayerNorm,
+        LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
+    };
     let c = Op::Composite;
     ok(c(Linear), &["f32[N,S,4]", "f32[4,8]", "f32[8]"], "f32[N,S,8]");
     err(c(Linear), &["f32[N,5]", "f32[4,8]"], &["f32[N,5]", "f32[4,8]"]);
     err(c(Linear), &["f32[N,4]", "f32[4,8]", "f32[4]"], &["bias", "f32[4]"]);
-    let conv2d = Conv2d {
+    let conv2d = Conv2d(Conv2d {
         stride: [1, 2],
         padding: [1, 0, 1, 0],
         dilation: [1, 1],
         groups: 1,
-    };
+    });
     ok(
         c(conv2d.clone()),
         &["f32[N,3,8,9]", "f32[4,3,3,3]", "f32[4]"],
@@ -338,60 +377,64 @@ fn composites() {
         &["f32[N,3,8,9]", "f32[4,3,3,3]", "f32[3]"],
         &["bias", "f32[3]"],
     );
-    let pool = |ceil| MaxPool2d {
-        kernel: [3, 3],
-        stride: [2, 2],
-        padding: [1, 1, 1, 1],
-        ceil_mode: ceil,
+    let pool = |ceil| {
+        MaxPool2d(MaxPool2d {
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: [1, 1, 1, 1],
+            ceil_mode: ceil,
+        })
     };
     // floor((112 + 2 - 3) / 2) + 1 = 56
     ok(c(pool(false)), &["f32[N,64,112,112]"], "f32[N,64,56,56]");
     // 5x5, k2 s2: floor gives 2, ceil gives 3
     ok(
-        c(MaxPool2d {
+        c(MaxPool2d(MaxPool2d {
             kernel: [2, 2],
             stride: [2, 2],
             padding: [0; 4],
             ceil_mode: true,
-        }),
+        })),
         &["f32[1,1,5,5]"],
         "f32[1,1,3,3]",
     );
     err(
-        c(MaxPool2d {
+        c(MaxPool2d(MaxPool2d {
             kernel: [2, 2],
             stride: [2, 2],
             padding: [2, 2, 2, 2],
             ceil_mode: false,
-        }),
+        })),
         &["f32[1,1,5,5]"],
         &["half the kernel"],
     );
     ok(
-        c(AvgPool2d {
+        c(AvgPool2d(AvgPool2d {
             kernel: [2, 2],
             stride: [2, 2],
             padding: [0; 4],
             ceil_mode: false,
             count_include_pad: true,
-        }),
+        })),
         &["f32[1,1,5,5]"],
         "f32[1,1,2,2]",
     );
     ok(
-        c(AdaptiveAvgPool2d { output_size: [1, 1] }),
+        c(AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [1, 1] })),
         &["f32[N,512,7,7]"],
         "f32[N,512,1,1]",
     );
     err(
-        c(AdaptiveMaxPool2d { output_size: [0, 1] }),
+        c(AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size: [0, 1] })),
         &["f32[N,512,7,7]"],
         &["output size"],
     );
-    let bn = |training| BatchNorm {
-        epsilon: Float(1e-5),
-        momentum: Float(0.9),
-        training,
+    let bn = |training| {
+        BatchNorm(BatchNorm {
+            epsilon: Float(1e-5),
+            momentum: Float(0.9),
+            training,
+        })
     };
     let bn_in = ["f32[N,3,4,4]", "f32[3]", "f32[3]", "f32[3]", "f32[3]"];
     ok(c(bn(true)), &bn_in, "f32[N,3,4,4], f32[3], f32[3]");
@@ -401,62 +444,62 @@ fn composites() {
         &["f32[N,3,4,4]", "f32[3]", "f32[4]", "f32[3]", "f32[3]"],
         &["bias", "f32[4]"],
     );
-    let ln = LayerNorm {
+    let ln = LayerNorm(LayerNorm {
         normalized_ndim: 2,
         epsilon: Float(1e-5),
-    };
+    });
     ok(c(ln.clone()), &["f32[N,S,4,8]", "f32[4,8]", "f32[4,8]"], "f32[N,S,4,8]");
     err(c(ln), &["f32[N,S,4,8]", "f32[8]", "f32[8]"], &["f32[8]", "[4,8]"]);
-    ok(c(Softmax { axis: 1 }), &["f32[N,10]"], "f32[N,10]");
-    err(c(LogSoftmax { axis: 2 }), &["f32[N,10]"], &["axis 2"]);
+    ok(c(Softmax(Softmax { axis: 1 })), &["f32[N,10]"], "f32[N,10]");
+    err(c(LogSoftmax(LogSoftmax { axis: 2 })), &["f32[N,10]"], &["axis 2"]);
     ok(
-        c(CrossEntropy {
+        c(CrossEntropy(CrossEntropy {
             reduction: Reduction::Mean,
-        }),
+        })),
         &["f32[N,10]", "i64[N]"],
         "f32[]",
     );
     ok(
-        c(CrossEntropy {
+        c(CrossEntropy(CrossEntropy {
             reduction: Reduction::None,
-        }),
+        })),
         &["f32[N,10]", "i64[N]"],
         "f32[N]",
     );
     err(
-        c(CrossEntropy {
+        c(CrossEntropy(CrossEntropy {
             reduction: Reduction::Sum,
-        }),
+        })),
         &["f32[N,10]", "f32[N]"],
         &["i32 or i64"],
     );
     ok(c(Relu), &["i32[3]"], "i32[3]");
-    ok(c(Gelu { approximate: true }), &["bf16[3]"], "bf16[3]");
+    ok(c(Gelu(Gelu { approximate: true })), &["bf16[3]"], "bf16[3]");
     err(c(Sigmoid), &["i32[3]"], &["float", "i32[3]"]);
     ok(c(Silu), &["f64[2]"], "f64[2]");
     ok(
-        c(Dropout {
+        c(Dropout(Dropout {
             p: Float(0.5),
             training: true,
             seed: 1,
-        }),
+        })),
         &["f32[N]"],
         "f32[N]",
     );
     err(
-        c(Dropout {
+        c(Dropout(Dropout {
             p: Float(1.0),
             training: true,
             seed: 1,
-        }),
+        })),
         &["f32[N]"],
         &["p=1.0"],
     );
     ok(c(Embedding), &["i64[N,S]", "f32[100,16]"], "f32[N,S,16]");
-    let sdpa = ScaledDotProductAttention {
+    let sdpa = ScaledDotProductAttention(ScaledDotProductAttention {
         causal: true,
         scale: None,
-    };
+    });
     ok(
         c(sdpa.clone()),
         &["f32[N,4,10,8]", "f32[N,4,12,8]", "f32[N,4,12,16]"],

@@ -1,6 +1,7 @@
 //! The verifier: valid graphs pass; each broken invariant gives an error naming op, value and types.
 
 use oar_ir::ops::UnaryOp;
+use oar_ir::ops::{Input, Permute, Reduce};
 use oar_ir::{DType, Dim, Graph, IrError, Op, TensorType, verify};
 
 fn base() -> (Graph, oar_ir::ValueId, oar_ir::ValueId) {
@@ -23,7 +24,7 @@ fn valid_graph_passes() {
 #[test]
 fn changed_op_whose_types_no_longer_hold() {
     let (mut g, y, _) = base();
-    *g.op_mut(y.node) = Op::Permute { perm: vec![1, 0] };
+    *g.op_mut(y.node) = Op::Permute(Permute { perm: vec![1, 0] });
     let e = verify(&g).unwrap_err();
     let s = e.to_string();
     assert!(matches!(e, IrError::Type { .. }), "{e:?}");
@@ -54,11 +55,11 @@ fn param_declared_with_two_types_across_regions() {
     let a = cond.add_input("a", TensorType::of(DType::F32, &[2])).unwrap();
     let r = cond
         .add_op1(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op: oar_ir::ops::ReduceOp::Sum,
                 axes: vec![0],
                 keepdim: false,
-            },
+            }),
             &[a],
         )
         .unwrap();
@@ -77,10 +78,10 @@ fn param_declared_with_two_types_across_regions() {
 #[test]
 fn input_op_smuggled_in_as_a_node() {
     let (mut g, y, _) = base();
-    *g.op_mut(y.node) = Op::Input {
+    *g.op_mut(y.node) = Op::Input(Input {
         name: "fake".into(),
         ty: TensorType::new(DType::F32, vec![Dim::sym("N"), Dim::Static(2)]),
-    };
+    });
     let s = verify(&g).unwrap_err().to_string();
     assert!(s.contains("fake"), "{s}");
 }

@@ -1,6 +1,7 @@
 //! Import, export and hostile-input tests for oar-onnx, with the reference backend as oracle.
 
 use oar_ir::file::Model;
+use oar_ir::ops::Softmax;
 use oar_ir::{Composite, DType, Dim, Graph, Op, TensorData, TensorType, Weights};
 use oar_onnx::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
@@ -29,7 +30,9 @@ fn mlp() -> Model {
     let b = g.add_param("fc.bias", TensorType::of(DType::F32, &[3])).unwrap();
     let h = g.add_op1(Op::Composite(Composite::Linear), &[x, w, b]).unwrap();
     let h = g.add_op1(Op::Composite(Composite::Relu), &[h]).unwrap();
-    let y = g.add_op1(Op::Composite(Composite::Softmax { axis: 1 }), &[h]).unwrap();
+    let y = g
+        .add_op1(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[h])
+        .unwrap();
     g.add_output("y", y).unwrap();
     let mut weights = Weights::new();
     let wv: Vec<f32> = (0..12).map(|i| (i as f32 - 6.0) * 0.1).collect();

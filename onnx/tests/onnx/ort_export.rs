@@ -13,6 +13,10 @@
 
 use oar_ir::file::Model;
 use oar_ir::npy::{read_npy, write_npy};
+use oar_ir::ops::{
+    AdaptiveAvgPool2d, ArgReduce, AvgPool2d, BatchNorm, Broadcast, Cast, Concat, Conv2d, Gelu, LayerNorm, LogSoftmax,
+    MaxPool2d, Pad, Permute, Reduce, Reshape, Slice, Softmax,
+};
 use oar_ir::ops::{BinaryOp, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::{Composite, DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use std::collections::BTreeMap;
@@ -104,12 +108,12 @@ fn mlp() -> Model {
     let h = b.linear("fc1", x, 8, 16);
     let h = b.c(Composite::Relu, &[h]);
     let h = b.linear("fc2", h, 16, 16);
-    let h = b.c(Composite::Gelu { approximate: false }, &[h]);
+    let h = b.c(Composite::Gelu(Gelu { approximate: false }), &[h]);
     let h = b.linear("fc3", h, 16, 12);
-    let h = b.c(Composite::Gelu { approximate: true }, &[h]);
+    let h = b.c(Composite::Gelu(Gelu { approximate: true }), &[h]);
     let y = b.linear("fc4", h, 12, 4);
-    let lp = b.c(Composite::LogSoftmax { axis: 1 }, &[y]);
-    let p = b.c(Composite::Softmax { axis: 1 }, &[y]);
+    let lp = b.c(Composite::LogSoftmax(LogSoftmax { axis: 1 }), &[y]);
+    let p = b.c(Composite::Softmax(Softmax { axis: 1 }), &[y]);
     b.g.add_output("log_probs", lp).unwrap();
     b.g.add_output("probs", p).unwrap();
     b.done()
@@ -124,11 +128,13 @@ fn cnn() -> Model {
             .unwrap();
     let w1 = b.param("conv1.weight", &[8, 3, 3, 3], 0.4);
     let b1 = b.param("conv1.bias", &[8], 0.1);
-    let conv = |stride, pad, groups| Composite::Conv2d {
-        stride: [stride, stride],
-        padding: [pad, pad, pad, pad],
-        dilation: [1, 1],
-        groups,
+    let conv = |stride, pad, groups| {
+        Composite::Conv2d(Conv2d {
+            stride: [stride, stride],
+            padding: [pad, pad, pad, pad],
+            dilation: [1, 1],
+            groups,
+        })
     };
     let h = b.c(conv(1, 1, 1), &[x, w1, b1]);
     let scale = b.param("bn.weight", &[8], 0.2);
@@ -139,45 +145,48 @@ fn cnn() -> Model {
         TensorData::from_vec(vec![8], values(99, 8, 0.25).iter().map(|v| v + 1.0).collect()).unwrap(),
     );
     let h = b.c(
-        Composite::BatchNorm {
+        Composite::BatchNorm(BatchNorm {
             epsilon: Float(1e-5),
             momentum: Float(0.9),
             training: false,
-        },
+        }),
         &[h, scale, shift, mean, var],
     );
     let h = b.c(Composite::Relu, &[h]);
     let h = b.c(
-        Composite::MaxPool2d {
+        Composite::MaxPool2d(MaxPool2d {
             kernel: [2, 2],
             stride: [2, 2],
             padding: [0, 0, 0, 0],
             ceil_mode: false,
-        },
+        }),
         &[h],
     );
     let w2 = b.param("conv2.weight", &[8, 4, 3, 3], 0.3);
     let h = b.c(conv(2, 1, 2), &[h, w2]);
     let h = b.c(Composite::Silu, &[h]);
     let h = b.c(
-        Composite::AvgPool2d {
+        Composite::AvgPool2d(AvgPool2d {
             kernel: [3, 3],
             stride: [1, 1],
             padding: [1, 1, 1, 1],
             ceil_mode: false,
             count_include_pad: false,
-        },
+        }),
         &[h],
     );
-    let h = b.c(Composite::AdaptiveAvgPool2d { output_size: [1, 1] }, &[h]);
+    let h = b.c(
+        Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [1, 1] }),
+        &[h],
+    );
     let h = b.op(
-        Op::Reshape {
+        Op::Reshape(Reshape {
             shape: vec![Dim::Static(2), Dim::Static(8)],
-        },
+        }),
         &[h],
     );
     let y = b.linear("fc", h, 8, 5);
-    let p = b.c(Composite::Softmax { axis: 1 }, &[y]);
+    let p = b.c(Composite::Softmax(Softmax { axis: 1 }), &[y]);
     b.g.add_output("probs", p).unwrap();
     b.done()
 }
@@ -189,43 +198,43 @@ fn mix() -> Model {
     let x = b.g.add_input("x", TensorType::of(DType::F32, &[3, 4, 5])).unwrap();
     let lw = b.param("ln.weight", &[5], 0.5);
     let lb = b.param("ln.bias", &[5], 0.1);
-    let ln = Composite::LayerNorm {
+    let ln = Composite::LayerNorm(LayerNorm {
         normalized_ndim: 1,
         epsilon: Float(1e-5),
-    };
+    });
     let h = b.c(ln.clone(), &[x, lw, lb]);
     let h2 = b.c(ln, &[x]);
     let h = b.bin(BinaryOp::Add, h, h2);
-    let t = b.op(Op::Permute { perm: vec![0, 2, 1] }, &[h]); // [3,5,4]
+    let t = b.op(Op::Permute(Permute { perm: vec![0, 2, 1] }), &[h]); // [3,5,4]
     let s = b.op(
-        Op::Slice {
+        Op::Slice(Slice {
             ranges: vec![SliceRange::FULL, SliceRange::new(1, 4), SliceRange::FULL],
-        },
+        }),
         &[t],
     ); // [3,3,4]
     let p = b.op(
-        Op::Pad {
+        Op::Pad(Pad {
             before: vec![0, 1, 0],
             after: vec![0, 1, 0],
             value: Float(0.5),
-        },
+        }),
         &[s],
     ); // [3,5,4]
-    let cat = b.op(Op::Concat { axis: 2 }, &[t, p]); // [3,5,8]
+    let cat = b.op(Op::Concat(Concat { axis: 2 }), &[t, p]); // [3,5,8]
     let m = b.op(
-        Op::Reduce {
+        Op::Reduce(Reduce {
             op: ReduceOp::Mean,
             axes: vec![1],
             keepdim: true,
-        },
+        }),
         &[cat],
     ); // [3,1,8]
     let mx = b.op(
-        Op::Reduce {
+        Op::Reduce(Reduce {
             op: ReduceOp::Max,
             axes: vec![2],
             keepdim: false,
-        },
+        }),
         &[cat],
     ); // [3,5]
     let sq = b.bin(BinaryOp::Mul, cat, cat);
@@ -242,30 +251,30 @@ fn mix() -> Model {
     let q = b.scalar(0.3);
     let rem = b.bin(BinaryOp::Rem, y, q);
     let ne = b.bin(BinaryOp::Ne, rem, zero);
-    let nef = b.op(Op::Cast { to: DType::F32 }, &[ne]);
+    let nef = b.op(Op::Cast(Cast { to: DType::F32 }), &[ne]);
     let y = b.bin(BinaryOp::Add, rem, nef);
     let y = b.c(Composite::Sigmoid, &[y]);
     let e = b.un(UnaryOp::Exp, mx);
     let e = b.un(UnaryOp::Tanh, e);
     let e = b.op(
-        Op::Reshape {
+        Op::Reshape(Reshape {
             shape: vec![Dim::Static(3), Dim::Static(5), Dim::Static(1)],
-        },
+        }),
         &[e],
     );
     let e = b.op(
-        Op::Broadcast {
+        Op::Broadcast(Broadcast {
             shape: vec![Dim::Static(3), Dim::Static(5), Dim::Static(8)],
-        },
+        }),
         &[e],
     );
     let y = b.bin(BinaryOp::Mul, y, e);
     let am = b.op(
-        Op::ArgReduce {
+        Op::ArgReduce(ArgReduce {
             op: oar_ir::ops::ArgReduceOp::ArgMax,
             axis: 2,
             keepdim: false,
-        },
+        }),
         &[y],
     );
     b.g.add_output("y", y).unwrap();
@@ -283,18 +292,18 @@ fn embed() -> Model {
     let table = b.param("emb.weight", &[11, 8], 1.0);
     let e = b.c(Composite::Embedding, &[ids, table]);
     let e = b.c(
-        Composite::LayerNorm {
+        Composite::LayerNorm(LayerNorm {
             normalized_ndim: 1,
             epsilon: Float(1e-5),
-        },
+        }),
         &[e],
     );
     let m = b.op(
-        Op::Reduce {
+        Op::Reduce(Reduce {
             op: ReduceOp::Mean,
             axes: vec![1],
             keepdim: false,
-        },
+        }),
         &[e],
     );
     let y = b.linear("head", m, 8, 3);

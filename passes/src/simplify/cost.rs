@@ -57,8 +57,8 @@ fn elements(t: &TensorType) -> f64 {
 pub fn op_cost(op: &Op, ins: &[TensorType], out: &TensorType) -> f64 {
     let n = elements(out);
     match op {
-        Op::Reshape { .. } | Op::Permute { .. } | Op::Broadcast { .. } | Op::Slice { .. } => 1.0,
-        Op::Pad { .. } | Op::Concat { .. } | Op::Gather { .. } | Op::Iota { .. } => n,
+        Op::Reshape(_) | Op::Permute(_) | Op::Broadcast(_) | Op::Slice(_) => 1.0,
+        Op::Pad(_) | Op::Concat(_) | Op::Gather(_) | Op::Iota(_) => n,
         Op::Unary(u) => {
             let cheap = matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Not);
             n * if cheap { 1.0 } else { 4.0 }
@@ -70,9 +70,9 @@ pub fn op_cost(op: &Op, ins: &[TensorType], out: &TensorType) -> f64 {
                 1.0
             }
         }
-        Op::Where | Op::Cast { .. } => n,
-        Op::Reduce { .. } | Op::ArgReduce { .. } => ins.first().map_or(n, elements),
-        Op::MatMul | Op::Conv { .. } => {
+        Op::Where | Op::Cast(_) => n,
+        Op::Reduce(_) | Op::ArgReduce(_) => ins.first().map_or(n, elements),
+        Op::MatMul | Op::Conv(_) => {
             let ins: Vec<TensorType> = ins.iter().map(bind).collect();
             flops(op, &ins, &[bind(out)]).map_or(8.0 * n, |f| f as f64)
         }

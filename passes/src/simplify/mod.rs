@@ -187,19 +187,19 @@ fn translatable(node: &Node) -> bool {
             Unary(_)
                 | Binary(_)
                 | Where
-                | Reduce { .. }
-                | ArgReduce { .. }
-                | Reshape { .. }
-                | Permute { .. }
-                | Broadcast { .. }
-                | Slice { .. }
-                | Pad { .. }
-                | Concat { .. }
-                | Gather { .. }
-                | Cast { .. }
-                | Iota { .. }
+                | Reduce(_)
+                | ArgReduce(_)
+                | Reshape(_)
+                | Permute(_)
+                | Broadcast(_)
+                | Slice(_)
+                | Pad(_)
+                | Concat(_)
+                | Gather(_)
+                | Cast(_)
+                | Iota(_)
                 | MatMul
-                | Conv { .. }
+                | Conv(_)
         )
 }
 

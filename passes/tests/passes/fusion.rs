@@ -5,6 +5,9 @@
 
 use oar_backend_reference::{run_graph, run_kernel_program};
 use oar_ir::kernel::{KernelBody, KernelProgram, ScalarOp};
+use oar_ir::ops::{
+    ArgReduce, BatchNorm, Cast, Concat, Conv2d, Gelu, LayerNorm, Permute, Reduce, Reshape, Slice, Softmax,
+};
 use oar_ir::ops::{BinaryOp, Composite, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::{DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use oar_passes::fuse::{fuse, fuse_keeping};
@@ -103,12 +106,12 @@ fn conv_bn(g: &mut Graph, w: &mut Weights, x: ValueId, name: &str, c: usize) -> 
     let k = param(g, w, &format!("{name}.w"), &[c, c, 3, 3]);
     let y = g
         .add_op1(
-            Op::Composite(Composite::Conv2d {
+            Op::Composite(Composite::Conv2d(Conv2d {
                 stride: [1, 1],
                 padding: [1, 1, 1, 1],
                 dilation: [1, 1],
                 groups: 1,
-            }),
+            })),
             &[x, k],
         )
         .unwrap();
@@ -122,11 +125,11 @@ fn conv_bn(g: &mut Graph, w: &mut Weights, x: ValueId, name: &str, c: usize) -> 
     let var = g.add_param(&format!("{name}.var"), f32t(&[c])).unwrap();
     comp(
         g,
-        Composite::BatchNorm {
+        Composite::BatchNorm(BatchNorm {
             epsilon: Float(1e-5),
             momentum: Float(0.9),
             training: false,
-        },
+        }),
         &[y, scale, bias, mean, var],
     )
 }
@@ -157,10 +160,10 @@ fn layer_norm_and_softmax_are_one_kernel_each() {
     let (gw, gb) = (param(&mut g, &mut w, "g", &[8]), param(&mut g, &mut w, "b", &[8]));
     let y = comp(
         &mut g,
-        Composite::LayerNorm {
+        Composite::LayerNorm(LayerNorm {
             normalized_ndim: 1,
             epsilon: Float(1e-5),
-        },
+        }),
         &[x, gw, gb],
     );
     g.add_output("y", y).unwrap();
@@ -194,10 +197,10 @@ fn layer_norm_and_softmax_are_one_kernel_each() {
     let mut w = Weights::new();
     let x = g.add_input("x", f32t(&[3, 4, 5])).unwrap();
     let (gw, gb) = (param(&mut g, &mut w, "g", &[4, 5]), param(&mut g, &mut w, "b", &[4, 5]));
-    let c = Composite::LayerNorm {
+    let c = Composite::LayerNorm(LayerNorm {
         normalized_ndim: 2,
         epsilon: Float(1e-5),
-    };
+    });
     let y = comp(&mut g, c, &[x, gw, gb]);
     g.add_output("y", y).unwrap();
     let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[3, 4, 5], 7))]));
@@ -209,7 +212,7 @@ fn layer_norm_and_softmax_are_one_kernel_each() {
 
     let mut g = Graph::new("softmax");
     let x = g.add_input("x", f32t(&[4, 5])).unwrap();
-    let y = comp(&mut g, Composite::Softmax { axis: 1 }, &[x]);
+    let y = comp(&mut g, Composite::Softmax(Softmax { axis: 1 }), &[x]);
     g.add_output("y", y).unwrap();
     let p = check(
         &g,
@@ -228,7 +231,7 @@ fn layer_norm_and_softmax_are_one_kernel_each() {
     // reductions get kernels of their own.
     let mut g = Graph::new("softmax0");
     let x = g.add_input("x", f32t(&[4, 5])).unwrap();
-    let y = comp(&mut g, Composite::Softmax { axis: 0 }, &[x]);
+    let y = comp(&mut g, Composite::Softmax(Softmax { axis: 0 }), &[x]);
     g.add_output("y", y).unwrap();
     let p = check(
         &g,
@@ -246,11 +249,11 @@ fn a_reduction_read_by_two_kernels_is_stored_once() {
     let x = g.add_input("x", f32t(&[3, 6])).unwrap();
     let s = g
         .add_op1(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op: ReduceOp::Sum,
                 axes: vec![1],
                 keepdim: true,
-            },
+            }),
             &[x],
         )
         .unwrap();
@@ -290,10 +293,10 @@ fn transformer_encoder_layer_matches_reference() {
             param(g, w, &format!("{n}.g"), &[d]),
             param(g, w, &format!("{n}.b"), &[d]),
         );
-        let c = Composite::LayerNorm {
+        let c = Composite::LayerNorm(LayerNorm {
             normalized_ndim: 1,
             epsilon: Float(1e-5),
-        };
+        });
         g.add_op1(Op::Composite(c), &[x, gw, gb]).unwrap()
     };
     let lin = |g: &mut Graph, w: &mut Weights, x, n: &str, i: usize, o: usize| {
@@ -307,16 +310,16 @@ fn transformer_encoder_layer_matches_reference() {
     let q = lin(&mut g, &mut w, h, "q", d, d);
     let k = lin(&mut g, &mut w, h, "k", d, d);
     let v = lin(&mut g, &mut w, h, "v", d, d);
-    let kt = g.add_op1(Op::Permute { perm: vec![0, 2, 1] }, &[k]).unwrap();
+    let kt = g.add_op1(Op::Permute(Permute { perm: vec![0, 2, 1] }), &[k]).unwrap();
     let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
     let sc = g.binary_scalar_f32(sc, 1.0 / (d as f64).sqrt());
-    let a = comp(&mut g, Composite::Softmax { axis: 2 }, &[sc]);
+    let a = comp(&mut g, Composite::Softmax(Softmax { axis: 2 }), &[sc]);
     let att = g.add_op1(Op::MatMul, &[a, v]).unwrap();
     let o = lin(&mut g, &mut w, att, "o", d, d);
     let r1 = g.binary(BinaryOp::Add, x, o).unwrap();
     let h2 = ln(&mut g, &mut w, r1, "ln2");
     let f1 = lin(&mut g, &mut w, h2, "ff1", d, f);
-    let f1 = comp(&mut g, Composite::Gelu { approximate: false }, &[f1]);
+    let f1 = comp(&mut g, Composite::Gelu(Gelu { approximate: false }), &[f1]);
     let f2 = lin(&mut g, &mut w, f1, "ff2", f, d);
     let y = g.binary(BinaryOp::Add, r1, f2).unwrap();
     g.add_output("y", y).unwrap();
@@ -358,21 +361,21 @@ fn elementwise_chain_with_transpose_broadcast_slice_and_view_is_one_kernel() {
     let a = g.add_input("a", f32t(&[3, 4])).unwrap();
     let b = g.add_input("b", f32t(&[3])).unwrap();
     let flat = g.add_input("flat", f32t(&[12])).unwrap();
-    let at = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[a]).unwrap(); // [4,3]
+    let at = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[a]).unwrap(); // [4,3]
     let s = g.binary(BinaryOp::Add, at, b).unwrap(); // b broadcast along rows
     let e = g.unary(UnaryOp::Exp, s).unwrap();
     let v = g
         .add_op1(
-            Op::Reshape {
+            Op::Reshape(Reshape {
                 shape: vec![Dim::Static(4), Dim::Static(3)],
-            },
+            }),
             &[flat],
         )
         .unwrap();
     let m = g.binary(BinaryOp::Mul, e, v).unwrap();
     let sl = g
         .add_op1(
-            Op::Slice {
+            Op::Slice(Slice {
                 ranges: vec![
                     SliceRange {
                         start: 1,
@@ -381,11 +384,11 @@ fn elementwise_chain_with_transpose_broadcast_slice_and_view_is_one_kernel() {
                     },
                     SliceRange::FULL,
                 ],
-            },
+            }),
             &[m],
         )
         .unwrap(); // rows 1 and 3
-    let c = g.add_op1(Op::Cast { to: DType::F64 }, &[sl]).unwrap();
+    let c = g.add_op1(Op::Cast(Cast { to: DType::F64 }), &[sl]).unwrap();
     g.add_output("y", c).unwrap();
     let inputs = BTreeMap::from([
         ("a".to_string(), data(&[3, 4], 7)),
@@ -410,14 +413,14 @@ fn opaque_ops_get_their_own_kernels_and_the_program_is_complete() {
     let mut g = Graph::new("opaque");
     let a = g.add_input("a", f32t(&[2, 3])).unwrap();
     let e = g.unary(UnaryOp::Exp, a).unwrap();
-    let c = g.add_op1(Op::Concat { axis: 0 }, &[e, a]).unwrap(); // [4,3]
+    let c = g.add_op1(Op::Concat(Concat { axis: 0 }), &[e, a]).unwrap(); // [4,3]
     let am = g
         .add_op1(
-            Op::ArgReduce {
+            Op::ArgReduce(ArgReduce {
                 op: oar_ir::ops::ArgReduceOp::ArgMax,
                 axis: 1,
                 keepdim: false,
-            },
+            }),
             &[c],
         )
         .unwrap();
@@ -453,14 +456,14 @@ fn kept_composites_become_opaque_kernels() {
     let mut w = Weights::new();
     let x = g.add_input("x", f32t(&[3, 8])).unwrap();
     let (gw, gb) = (param(&mut g, &mut w, "g", &[8]), param(&mut g, &mut w, "b", &[8]));
-    let c = Composite::LayerNorm {
+    let c = Composite::LayerNorm(LayerNorm {
         normalized_ndim: 1,
         epsilon: Float(1e-5),
-    };
+    });
     let h = comp(&mut g, c, &[x, gw, gb]);
     let wm = param(&mut g, &mut w, "w", &[8, 5]);
     let s = g.add_op1(Op::MatMul, &[h, wm]).unwrap();
-    let y = comp(&mut g, Composite::Softmax { axis: 1 }, &[s]);
+    let y = comp(&mut g, Composite::Softmax(Softmax { axis: 1 }), &[s]);
     g.add_output("y", y).unwrap();
     let inputs = BTreeMap::from([("x".to_string(), data(&[3, 8], 9))]);
     let p = fuse_keeping(&g, &["softmax"]).unwrap();
@@ -472,7 +475,7 @@ fn kept_composites_become_opaque_kernels() {
             _ => None,
         })
         .collect();
-    assert_eq!(opaque, [&Op::Composite(Composite::Softmax { axis: 1 })], "{p}");
+    assert_eq!(opaque, [&Op::Composite(Composite::Softmax(Softmax { axis: 1 }))], "{p}");
     // layer_norm (not kept) is still one fused row kernel; the matmul its own kernel.
     assert_eq!(p.kernel_counts(), (1, 1, 1), "{p}");
     let want = run_graph(&g, &w, &inputs).unwrap();

@@ -3,6 +3,7 @@
 
 use oar_backend_reference::{run_graph, run_kernel_program_planned};
 use oar_ir::kernel::BufferKind;
+use oar_ir::ops::Reduce;
 use oar_ir::ops::{BinaryOp, ReduceOp};
 use oar_ir::{DType, Dim, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use oar_passes::fuse::fuse;
@@ -39,11 +40,11 @@ fn chain() -> (Graph, Weights) {
     // as a reduction stage per row) can overwrite it.
     let s = g
         .add_op1(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op: ReduceOp::Sum,
                 axes: vec![1],
                 keepdim: true,
-            },
+            }),
             &[h],
         )
         .unwrap();

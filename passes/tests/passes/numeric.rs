@@ -5,6 +5,7 @@
 
 use oar_backend_reference::run_graph;
 use oar_ir::ops::Reduction;
+use oar_ir::ops::{CrossEntropy, Gelu, LayerNorm, Softmax};
 use oar_ir::{Composite, DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use oar_passes::{Dce, Decompose, PassManager};
 use std::collections::BTreeMap;
@@ -45,17 +46,23 @@ fn model() -> Graph {
     let lb = g.add_param("ln.bias", f32t(&[8])).unwrap();
     let w2 = g.add_param("fc2.weight", f32t(&[8, 3])).unwrap();
     let h = comp(&mut g, Composite::Linear, &[x, w1, b1]);
-    let ln = Composite::LayerNorm {
+    let ln = Composite::LayerNorm(LayerNorm {
         normalized_ndim: 1,
         epsilon: Float(1e-5),
-    };
+    });
     let h = comp(&mut g, ln, &[h, lw, lb]);
-    let h = branch(&mut g, p, h, Composite::Gelu { approximate: false }, Composite::Silu);
+    let h = branch(
+        &mut g,
+        p,
+        h,
+        Composite::Gelu(Gelu { approximate: false }),
+        Composite::Silu,
+    );
     let logits = comp(&mut g, Composite::Linear, &[h, w2]);
-    let probs = comp(&mut g, Composite::Softmax { axis: 1 }, &[logits]);
-    let ce = Composite::CrossEntropy {
+    let probs = comp(&mut g, Composite::Softmax(Softmax { axis: 1 }), &[logits]);
+    let ce = Composite::CrossEntropy(CrossEntropy {
         reduction: Reduction::Mean,
-    };
+    });
     let loss = comp(&mut g, ce, &[logits, labels]);
     g.add_output("probs", probs).unwrap();
     g.add_output("loss", loss).unwrap();

@@ -1,6 +1,7 @@
 //! The dce and decompose passes on small graphs, regions included.
 
 use oar_ir::ops::{BinaryOp, UnaryOp};
+use oar_ir::ops::{Dropout, Gelu, Softmax};
 use oar_ir::{Composite, DType, Dim, Float, Graph, Op, TensorType, ValueId};
 use oar_passes::{Dce, Decompose, Pass, PassError, count_nodes};
 
@@ -85,20 +86,22 @@ fn model() -> Graph {
     let w = g.add_param("w", f32t(&[4, 5])).unwrap();
     let b = g.add_param("b", f32t(&[5])).unwrap();
     let h = g.add_op1(Op::Composite(Composite::Linear), &[x, w, b]).unwrap();
-    let d = Composite::Dropout {
+    let d = Composite::Dropout(Dropout {
         p: Float(0.1),
         training: false,
         seed: 3,
-    };
+    });
     let h = g.add_op1(Op::Composite(d), &[h]).unwrap();
     let h = cond_of(
         &mut g,
         p,
         h,
-        Composite::Gelu { approximate: false },
-        Composite::Softmax { axis: 1 },
+        Composite::Gelu(Gelu { approximate: false }),
+        Composite::Softmax(Softmax { axis: 1 }),
     );
-    let y = g.add_op1(Op::Composite(Composite::Softmax { axis: 1 }), &[h]).unwrap();
+    let y = g
+        .add_op1(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[h])
+        .unwrap();
     g.add_output("y", y).unwrap();
     g
 }
@@ -134,11 +137,11 @@ fn decompose_keeps_the_keep_list() {
 fn eval_dropout_at_an_output_forwards_its_input() {
     let mut g = Graph::new("g");
     let x = g.add_input("x", f32t(&[3])).unwrap();
-    let d = Composite::Dropout {
+    let d = Composite::Dropout(Dropout {
         p: Float(0.5),
         training: false,
         seed: 0,
-    };
+    });
     let y = g.add_op1(Op::Composite(d), &[x]).unwrap();
     g.add_output("y", y).unwrap();
     Decompose::all().run(&mut g).unwrap();

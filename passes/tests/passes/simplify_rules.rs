@@ -5,6 +5,7 @@
 
 use oar_backend_reference::run_graph;
 use oar_ir::ops::{BinaryOp, SliceRange, UnaryOp};
+use oar_ir::ops::{Broadcast, Cast, Iota, Pad, Permute, Reshape, Slice};
 use oar_ir::{DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use oar_passes::{Pass, PassManager, Simplify, pass_by_name};
 use std::collections::BTreeMap;
@@ -277,7 +278,7 @@ fn times_zero_is_zero_for_integers_only() {
 // ---- movement and broadcast ------------------------------------------------------------
 
 fn permute(perm: &[usize]) -> Op {
-    Op::Permute { perm: perm.to_vec() }
+    Op::Permute(Permute { perm: perm.to_vec() })
 }
 
 #[test]
@@ -299,8 +300,10 @@ fn permutes_compose() {
 
 #[test]
 fn reshapes_compose_and_identity_reshapes_vanish() {
-    let reshape = |d: &[usize]| Op::Reshape {
-        shape: d.iter().map(|&n| Dim::Static(n)).collect(),
+    let reshape = |d: &[usize]| {
+        Op::Reshape(Reshape {
+            shape: d.iter().map(|&n| Dim::Static(n)).collect(),
+        })
     };
     let s = simplify(&unary_graph(f32x(&[2, 3, 4]), |g, x| {
         let a = op1(g, reshape(&[6, 4]), x);
@@ -319,33 +322,33 @@ fn full_slices_and_empty_pads_vanish_but_real_ones_stay() {
     let s = simplify(&unary_graph(f32x(&[2, 3]), |g, x| {
         let a = op1(
             g,
-            Op::Slice {
+            Op::Slice(Slice {
                 ranges: vec![SliceRange::FULL, SliceRange::new(0, 3)],
-            },
+            }),
             x,
         );
         op1(
             g,
-            Op::Pad {
+            Op::Pad(Pad {
                 before: vec![0, 0],
                 after: vec![0, 0],
                 value: Float(1.0),
-            },
+            }),
             a,
         )
     }));
     assert_eq!((count(&s, "slice"), count(&s, "pad")), (0, 0), "{s}");
     let s = simplify(&unary_graph(f32x(&[2, 3]), |g, x| {
         let ranges = vec![SliceRange::FULL, SliceRange::new(1, 3)];
-        op1(g, Op::Slice { ranges }, x)
+        op1(g, Op::Slice(Slice { ranges }), x)
     }));
     assert_eq!(count(&s, "slice"), 1, "{s}");
 }
 
 fn broadcast(d: &[usize]) -> Op {
-    Op::Broadcast {
+    Op::Broadcast(Broadcast {
         shape: d.iter().map(|&n| Dim::Static(n)).collect(),
-    }
+    })
 }
 
 #[test]
@@ -363,7 +366,7 @@ fn broadcasts_compose_and_identity_broadcasts_vanish() {
 
 fn casts(from: DType, chain: &[DType]) -> Graph {
     unary_graph(t(from, &[8]), |g, x| {
-        chain.iter().fold(x, |v, &to| op1(g, Op::Cast { to }, v))
+        chain.iter().fold(x, |v, &to| op1(g, Op::Cast(Cast { to }), v))
     })
 }
 
@@ -564,11 +567,11 @@ fn operandless_generators_survive_simplify() {
     let (mut g, v) = graph_with(&[("x", f32x(&[3, 5]))]);
     let iota = g
         .add_op1(
-            Op::Iota {
+            Op::Iota(Iota {
                 shape: [3, 5].iter().map(|&n| Dim::Static(n)).collect(),
                 axis: 1,
                 dtype: DType::F32,
-            },
+            }),
             &[],
         )
         .unwrap();

@@ -12,6 +12,10 @@ pub use oar_ir::ops::Reduction;
 
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, apply, apply1};
+use oar_ir::ops::{
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, Gelu, LayerNorm,
+    LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
+};
 use oar_ir::{Composite, Float, Op};
 
 fn composite1(c: Composite, inputs: &[&Tensor]) -> Result<Tensor> {
@@ -38,12 +42,12 @@ pub fn conv2d(
     dilation: impl Into<Pair>,
     groups: usize,
 ) -> Result<Tensor> {
-    let c = Composite::Conv2d {
+    let c = Composite::Conv2d(Conv2d {
         stride: stride.into().0,
         padding: padding.into().0,
         dilation: dilation.into().0,
         groups,
-    };
+    });
     composite1(c, &with_optional(vec![x, weight], bias))
 }
 
@@ -56,12 +60,12 @@ pub fn max_pool2d(
     ceil_mode: bool,
 ) -> Result<Tensor> {
     let kernel = kernel.into().0;
-    let c = Composite::MaxPool2d {
+    let c = Composite::MaxPool2d(MaxPool2d {
         kernel,
         stride: stride.map_or(kernel, |s| s.0),
         padding: padding.into().0,
         ceil_mode,
-    };
+    });
     composite1(c, &[x])
 }
 
@@ -75,22 +79,22 @@ pub fn avg_pool2d(
     exclusive: bool,
 ) -> Result<Tensor> {
     let kernel = kernel.into().0;
-    let c = Composite::AvgPool2d {
+    let c = Composite::AvgPool2d(AvgPool2d {
         kernel,
         stride: stride.map_or(kernel, |s| s.0),
         padding: padding.into().0,
         ceil_mode,
         count_include_pad: !exclusive,
-    };
+    });
     composite1(c, &[x])
 }
 
 /// Adaptive average pooling to `output_size`.
 pub fn adaptive_avg_pool2d(x: &Tensor, output_size: impl Into<Pair>) -> Result<Tensor> {
     composite1(
-        Composite::AdaptiveAvgPool2d {
+        Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d {
             output_size: output_size.into().0,
-        },
+        }),
         &[x],
     )
 }
@@ -98,9 +102,9 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output_size: impl Into<Pair>) -> Result<T
 /// Adaptive max pooling to `output_size`.
 pub fn adaptive_max_pool2d(x: &Tensor, output_size: impl Into<Pair>) -> Result<Tensor> {
     composite1(
-        Composite::AdaptiveMaxPool2d {
+        Composite::AdaptiveMaxPool2d(AdaptiveMaxPool2d {
             output_size: output_size.into().0,
-        },
+        }),
         &[x],
     )
 }
@@ -118,11 +122,11 @@ pub fn batch_norm(
     momentum: f64,
     epsilon: f64,
 ) -> Result<Tensor> {
-    let c = Composite::BatchNorm {
+    let c = Composite::BatchNorm(BatchNorm {
         epsilon: Float(epsilon),
         momentum: Float(momentum),
         training,
-    };
+    });
     let mut outs = apply(Op::Composite(c), &[x, weight, bias, running_mean, running_var])?;
     if training {
         running_mean.assign(&outs[1])?;
@@ -140,10 +144,10 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     epsilon: f64,
 ) -> Result<Tensor> {
-    let c = Composite::LayerNorm {
+    let c = Composite::LayerNorm(LayerNorm {
         normalized_ndim,
         epsilon: Float(epsilon),
-    };
+    });
     match (weight, bias) {
         (Some(w), Some(b)) => composite1(c, &[x, w, b]),
         (None, None) => composite1(c, &[x]),
@@ -154,13 +158,13 @@ pub fn layer_norm(
 /// Softmax along `axis` (negative counts from the end).
 pub fn softmax(x: &Tensor, axis: i64) -> Result<Tensor> {
     let axis = crate::tensor::norm_axis("softmax", axis, x.ndim())?;
-    composite1(Composite::Softmax { axis }, &[x])
+    composite1(Composite::Softmax(Softmax { axis }), &[x])
 }
 
 /// Log-softmax along `axis`.
 pub fn log_softmax(x: &Tensor, axis: i64) -> Result<Tensor> {
     let axis = crate::tensor::norm_axis("log_softmax", axis, x.ndim())?;
-    composite1(Composite::LogSoftmax { axis }, &[x])
+    composite1(Composite::LogSoftmax(LogSoftmax { axis }), &[x])
 }
 
 /// Cross-entropy of `logits[N,C]` against integer `labels[N]`; a label outside `0..C` is an
@@ -171,7 +175,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor, reduction: Reduction) -> 
     {
         loss::check_labels("cross_entropy", labels, classes)?;
     }
-    composite1(Composite::CrossEntropy { reduction }, &[logits, labels])
+    composite1(Composite::CrossEntropy(CrossEntropy { reduction }), &[logits, labels])
 }
 
 /// `max(x, 0)`.
@@ -181,7 +185,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 
 /// GELU (exact erf form, or the tanh approximation).
 pub fn gelu(x: &Tensor, approximate: bool) -> Result<Tensor> {
-    composite1(Composite::Gelu { approximate }, &[x])
+    composite1(Composite::Gelu(Gelu { approximate }), &[x])
 }
 
 /// `x · sigmoid(x)`.
@@ -208,11 +212,11 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     }
     let seed = crate::tensor::with_rng(rand::Rng::random::<u64>);
     composite1(
-        Composite::Dropout {
+        Composite::Dropout(Dropout {
             p: Float(p),
             training: true,
             seed,
-        },
+        }),
         &[x],
     )
 }
@@ -231,9 +235,9 @@ pub fn scaled_dot_product_attention(
     causal: bool,
     scale: Option<f64>,
 ) -> Result<Tensor> {
-    let c = Composite::ScaledDotProductAttention {
+    let c = Composite::ScaledDotProductAttention(ScaledDotProductAttention {
         causal,
         scale: scale.map(Float),
-    };
+    });
     composite1(c, &with_optional(vec![q, k, v], mask))
 }

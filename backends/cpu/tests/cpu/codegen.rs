@@ -13,6 +13,9 @@
 use oar_backend_cpu::lower::{Lowered, lower};
 use oar_backend_reference::run_graph;
 use oar_cpu_runtime::{KernelFn, Model, Step};
+use oar_ir::ops::{
+    BatchNorm, Broadcast, Cast, Concat, Conv2d, Gelu, LayerNorm, LogSoftmax, Permute, Reduce, Reshape, Slice, Softmax,
+};
 use oar_ir::ops::{BinaryOp, Composite, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::{DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use std::collections::BTreeMap;
@@ -392,7 +395,7 @@ fn every_cast_pair() {
             for shape in [&[9usize][..], &[1000]] {
                 let mut g = Graph::new("cast");
                 let x = input(&mut g, "x", from, shape);
-                let y = g.add_op1(Op::Cast { to }, &[x]).unwrap();
+                let y = g.add_op1(Op::Cast(Cast { to }), &[x]).unwrap();
                 g.add_output("y", y).unwrap();
                 let mut t = data(from, shape, 11, true);
                 if from.is_float() {
@@ -459,11 +462,11 @@ fn comparisons_feed_casts_in_vector_code() {
     let x = input(&mut g, "x", DType::F32, &[2, 1001]);
     let z = g.add_scalar(DType::F32, 0.25);
     let gt = g.add_op1(Op::Binary(BinaryOp::Gt), &[x, z]).unwrap();
-    let f = g.add_op1(Op::Cast { to: DType::F32 }, &[gt]).unwrap();
+    let f = g.add_op1(Op::Cast(Cast { to: DType::F32 }), &[gt]).unwrap();
     let y = g.add_op1(Op::Binary(BinaryOp::Mul), &[x, f]).unwrap();
-    let i = g.add_op1(Op::Cast { to: DType::I32 }, &[y]).unwrap();
+    let i = g.add_op1(Op::Cast(Cast { to: DType::I32 }), &[y]).unwrap();
     let nb = g.add_op1(Op::Unary(UnaryOp::Not), &[gt]).unwrap();
-    let ib = g.add_op1(Op::Cast { to: DType::I32 }, &[nb]).unwrap();
+    let ib = g.add_op1(Op::Cast(Cast { to: DType::I32 }), &[nb]).unwrap();
     let s = g.add_op1(Op::Binary(BinaryOp::Add), &[i, ib]).unwrap();
     g.add_output("y", y).unwrap();
     g.add_output("s", s).unwrap();
@@ -483,16 +486,16 @@ fn views_broadcast_transpose_slice_reshape() {
         let b = input(&mut g, "b", DType::F32, &[n]);
         let z = input(&mut g, "z", DType::F32, &[m * n]);
         // transpose
-        let yt = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[y]).unwrap();
+        let yt = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[y]).unwrap();
         let s = g.add_op1(Op::Binary(BinaryOp::Add), &[x, yt]).unwrap();
         // broadcast
         let s = g.add_op1(Op::Binary(BinaryOp::Mul), &[s, b]).unwrap();
         // reshape of a buffer (a view)
         let zr = g
             .add_op1(
-                Op::Reshape {
+                Op::Reshape(Reshape {
                     shape: vec![Dim::Static(m), Dim::Static(n)],
-                },
+                }),
                 &[z],
             )
             .unwrap();
@@ -501,9 +504,9 @@ fn views_broadcast_transpose_slice_reshape() {
         // strided slice with a step, of a transposed input
         let sl = g
             .add_op1(
-                Op::Slice {
+                Op::Slice(Slice {
                     ranges: vec![slice(1, n as i64, 2), slice(0, m as i64, 1)],
-                },
+                }),
                 &[y],
             )
             .unwrap();
@@ -512,9 +515,9 @@ fn views_broadcast_transpose_slice_reshape() {
         // explicit broadcast to a new leading axis
         let bb = g
             .add_op1(
-                Op::Broadcast {
+                Op::Broadcast(Broadcast {
                     shape: vec![Dim::Static(4), Dim::Static(n)],
-                },
+                }),
                 &[b],
             )
             .unwrap();
@@ -585,11 +588,11 @@ fn empty_tensors() {
     for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Mean] {
         let r = g
             .add_op1(
-                Op::Reduce {
+                Op::Reduce(Reduce {
                     op,
                     axes: vec![0],
                     keepdim: false,
-                },
+                }),
                 &[x],
             )
             .unwrap();
@@ -603,13 +606,13 @@ fn in_place_plans_read_before_they_write() {
     // An opaque concat makes `t` a temporary; `t * 2 + 1` then writes over it in place.
     let mut g = Graph::new("inplace");
     let x = input(&mut g, "x", DType::F32, &[9, 37]);
-    let t = g.add_op1(Op::Concat { axis: 1 }, &[x, x]).unwrap();
+    let t = g.add_op1(Op::Concat(Concat { axis: 1 }), &[x, x]).unwrap();
     let two = g.add_scalar(DType::F32, 2.0);
     let one = g.add_scalar(DType::F32, 1.0);
     let u = g.add_op1(Op::Binary(BinaryOp::Mul), &[t, two]).unwrap();
     let u = g.add_op1(Op::Binary(BinaryOp::Add), &[u, one]).unwrap();
     let e = g.add_op1(Op::Unary(UnaryOp::Exp), &[u]).unwrap();
-    let v = g.add_op1(Op::Concat { axis: 0 }, &[e, u]).unwrap();
+    let v = g.add_op1(Op::Concat(Concat { axis: 0 }), &[e, u]).unwrap();
     g.add_output("v", v).unwrap();
     let c = check_with(
         &g,
@@ -632,11 +635,11 @@ fn reduce_graph(op: ReduceOp, dt: DType, shape: &[usize], axes: &[usize], keepdi
     let x = input(&mut g, "x", dt, shape);
     let r = g
         .add_op1(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op,
                 axes: axes.to_vec(),
                 keepdim,
-            },
+            }),
             &[x],
         )
         .unwrap();
@@ -727,11 +730,11 @@ fn reduction_epilogues_and_bodies_fuse() {
     let x = input(&mut g, "x", DType::F32, &[6, 1000]);
     let m = g
         .add_op1(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op: ReduceOp::Mean,
                 axes: vec![1],
                 keepdim: true,
-            },
+            }),
             &[x],
         )
         .unwrap();
@@ -739,11 +742,11 @@ fn reduction_epilogues_and_bodies_fuse() {
     let d2 = g.add_op1(Op::Binary(BinaryOp::Mul), &[d, d]).unwrap();
     let v = g
         .add_op1(
-            Op::Reduce {
+            Op::Reduce(Reduce {
                 op: ReduceOp::Mean,
                 axes: vec![1],
                 keepdim: true,
-            },
+            }),
             &[d2],
         )
         .unwrap();
@@ -778,7 +781,7 @@ fn composite(c: Composite, shape: &[usize]) -> (Graph, BTreeMap<String, TensorDa
     let x = input(&mut g, "x", DType::F32, shape);
     let mut w = Weights::new();
     let mut ins = vec![x];
-    if let Composite::LayerNorm { normalized_ndim, .. } = c {
+    if let Composite::LayerNorm(LayerNorm { normalized_ndim, .. }) = c {
         let d = &shape[shape.len() - normalized_ndim..];
         for (name, seed) in [("gamma", 7), ("beta", 8)] {
             w.insert(name.into(), f32_data(d, seed));
@@ -799,15 +802,15 @@ fn softmax_layer_norm_and_gelu_are_compiled() {
     for shape in [&[4usize, 7][..], &[2, 3, 128], &[3, 1000]] {
         let last = shape.len() - 1;
         for c in [
-            Composite::Softmax { axis: last },
-            Composite::Softmax { axis: 0 },
-            Composite::LogSoftmax { axis: last },
-            Composite::LayerNorm {
+            Composite::Softmax(Softmax { axis: last }),
+            Composite::Softmax(Softmax { axis: 0 }),
+            Composite::LogSoftmax(LogSoftmax { axis: last }),
+            Composite::LayerNorm(LayerNorm {
                 normalized_ndim: 1,
                 epsilon: Float(1e-5),
-            },
-            Composite::Gelu { approximate: false },
-            Composite::Gelu { approximate: true },
+            }),
+            Composite::Gelu(Gelu { approximate: false }),
+            Composite::Gelu(Gelu { approximate: true }),
         ] {
             let (g, x, w) = composite(c, shape);
             check_with(&g, &w, &x, tol, true);
@@ -831,16 +834,18 @@ fn row_steps(c: &Compiled) -> Vec<(u64, Vec<u64>)> {
 #[test]
 fn staged_kernels_run_a_block_of_rows_at_a_time() {
     let tol = Tol { rel: 1e-5, abs: 1e-6 };
-    let ln = |n| Composite::LayerNorm {
-        normalized_ndim: n,
-        epsilon: Float(1e-5),
+    let ln = |n| {
+        Composite::LayerNorm(LayerNorm {
+            normalized_ndim: n,
+            epsilon: Float(1e-5),
+        })
     };
     // (composite, shape, rows): one kernel of stages each, rows aligned in every piece.
     for (c, shape, rows) in [
         (ln(1), &[64usize, 4, 96][..], 256u64),
         (ln(2), &[64, 4, 96], 64),
-        (Composite::Softmax { axis: 2 }, &[64, 4, 96], 256),
-        (Composite::LogSoftmax { axis: 1 }, &[300, 33], 300),
+        (Composite::Softmax(Softmax { axis: 2 }), &[64, 4, 96], 256),
+        (Composite::LogSoftmax(LogSoftmax { axis: 1 }), &[300, 33], 300),
     ] {
         let (g, x, w) = composite(c.clone(), shape);
         let compiled = check_with(&g, &w, &x, tol, true);
@@ -856,8 +861,10 @@ fn staged_kernels_run_a_block_of_rows_at_a_time() {
     // reductions are strided), so the pieces run one after another (same results).
     let mut g = Graph::new("softmax_t");
     let xt = input(&mut g, "xt", DType::F32, &[24, 40]);
-    let x = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[xt]).unwrap();
-    let y = g.add_op1(Op::Composite(Composite::Softmax { axis: 1 }), &[x]).unwrap();
+    let x = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[xt]).unwrap();
+    let y = g
+        .add_op1(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[x])
+        .unwrap();
     g.add_output("y", y).unwrap();
     let compiled = check_with(
         &g,
@@ -966,7 +973,7 @@ fn loop_invariant_scalars_of_another_width_keep_the_loop_vectorized() {
     let p = input(&mut g, "p", DType::F32, &[4, 37]);
     let v = input(&mut g, "v", DType::F32, &[4, 37]);
     let t = input(&mut g, "t", DType::F64, &[]);
-    let t32 = g.add_op1(Op::Cast { to: DType::F32 }, &[t]).unwrap();
+    let t32 = g.add_op1(Op::Cast(Cast { to: DType::F32 }), &[t]).unwrap();
     let beta = g.add_constant(TensorData::from_vec(vec![], vec![0.9f32]).unwrap());
     let bt = g.add_op1(Op::Binary(BinaryOp::Pow), &[beta, t32]).unwrap();
     let s = g.add_op1(Op::Unary(UnaryOp::Sqrt), &[v]).unwrap();
@@ -1043,7 +1050,7 @@ fn kernels_compile_for_baseline_x86_64() {
         for to in NUMERIC.into_iter().chain([DType::Bool]) {
             let mut g = Graph::new("c");
             let x = input(&mut g, "x", from, &[64]);
-            let y = g.add_op1(Op::Cast { to }, &[x]).unwrap();
+            let y = g.add_op1(Op::Cast(Cast { to }), &[x]).unwrap();
             g.add_output("y", y).unwrap();
             graphs.push(g);
         }
@@ -1089,10 +1096,10 @@ fn transformer_layer_and_resnet_block_kernels_are_all_compiled() {
             param(g, w, &format!("{n}.g"), &[d]),
             param(g, w, &format!("{n}.b"), &[d]),
         );
-        let c = Composite::LayerNorm {
+        let c = Composite::LayerNorm(LayerNorm {
             normalized_ndim: 1,
             epsilon: Float(1e-5),
-        };
+        });
         g.add_op1(Op::Composite(c), &[x, gw, gb]).unwrap()
     };
     let lin = |g: &mut Graph, w: &mut Weights, x, n: &str, i: usize, o: usize| {
@@ -1106,18 +1113,20 @@ fn transformer_layer_and_resnet_block_kernels_are_all_compiled() {
     let q = lin(&mut g, &mut w, h, "q", d, d);
     let k = lin(&mut g, &mut w, h, "k", d, d);
     let v = lin(&mut g, &mut w, h, "v", d, d);
-    let kt = g.add_op1(Op::Permute { perm: vec![0, 2, 1] }, &[k]).unwrap();
+    let kt = g.add_op1(Op::Permute(Permute { perm: vec![0, 2, 1] }), &[k]).unwrap();
     let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
     let scale = g.add_scalar(DType::F32, 1.0 / (d as f64).sqrt());
     let sc = g.add_op1(Op::Binary(BinaryOp::Mul), &[sc, scale]).unwrap();
-    let a = g.add_op1(Op::Composite(Composite::Softmax { axis: 2 }), &[sc]).unwrap();
+    let a = g
+        .add_op1(Op::Composite(Composite::Softmax(Softmax { axis: 2 })), &[sc])
+        .unwrap();
     let att = g.add_op1(Op::MatMul, &[a, v]).unwrap();
     let o = lin(&mut g, &mut w, att, "o", d, d);
     let r1 = g.add_op1(Op::Binary(BinaryOp::Add), &[x, o]).unwrap();
     let h2 = ln(&mut g, &mut w, r1, "ln2");
     let f1 = lin(&mut g, &mut w, h2, "ff1", d, f);
     let f1 = g
-        .add_op1(Op::Composite(Composite::Gelu { approximate: false }), &[f1])
+        .add_op1(Op::Composite(Composite::Gelu(Gelu { approximate: false })), &[f1])
         .unwrap();
     let f2 = lin(&mut g, &mut w, f1, "ff2", f, d);
     let y = g.add_op1(Op::Binary(BinaryOp::Add), &[r1, f2]).unwrap();
@@ -1132,12 +1141,12 @@ fn transformer_layer_and_resnet_block_kernels_are_all_compiled() {
         let k = param(g, w, &format!("{n}.w"), &[c, c, 3, 3]);
         let y = g
             .add_op1(
-                Op::Composite(Composite::Conv2d {
+                Op::Composite(Composite::Conv2d(Conv2d {
                     stride: [1, 1],
                     padding: [1, 1, 1, 1],
                     dilation: [1, 1],
                     groups: 1,
-                }),
+                })),
                 &[x, k],
             )
             .unwrap();
@@ -1152,11 +1161,11 @@ fn transformer_layer_and_resnet_block_kernels_are_all_compiled() {
         let var = g
             .add_param(&format!("{n}.var"), TensorType::of(DType::F32, &[c]))
             .unwrap();
-        let bn = Composite::BatchNorm {
+        let bn = Composite::BatchNorm(BatchNorm {
             epsilon: Float(1e-5),
             momentum: Float(0.9),
             training: false,
-        };
+        });
         g.add_op1(Op::Composite(bn), &[y, ps[0], ps[1], ps[2], var]).unwrap()
     };
     let h = conv_bn(&mut g, &mut w, x, "c1");
@@ -1220,7 +1229,7 @@ fn random_programs_match_the_reference() {
                     ins.push((name.clone(), f32_data(&s, case * 10 + i)));
                     let x = input(&mut g, &name, DType::F32, &s);
                     let perm: Vec<usize> = (0..rank).rev().collect();
-                    g.add_op1(Op::Permute { perm }, &[x]).unwrap()
+                    g.add_op1(Op::Permute(Permute { perm }), &[x]).unwrap()
                 }
                 _ => {
                     ins.push((name.clone(), f32_data(&shape, case * 10 + i)));
@@ -1267,11 +1276,11 @@ fn random_programs_match_the_reference() {
                     let op = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean][(r.next() % 4) as usize];
                     let red = g
                         .add_op1(
-                            Op::Reduce {
+                            Op::Reduce(Reduce {
                                 op,
                                 axes,
                                 keepdim: true,
-                            },
+                            }),
                             &[cur],
                         )
                         .unwrap();
@@ -1296,17 +1305,17 @@ fn stride_two_loads_like_pooling() {
             let x = input(&mut g, "x", dt, &[3, n]);
             let even = g
                 .add_op1(
-                    Op::Slice {
+                    Op::Slice(Slice {
                         ranges: vec![slice(0, 3, 1), slice(0, n as i64 - 1, 2)],
-                    },
+                    }),
                     &[x],
                 )
                 .unwrap();
             let odd = g
                 .add_op1(
-                    Op::Slice {
+                    Op::Slice(Slice {
                         ranges: vec![slice(0, 3, 1), slice(1, n as i64, 2)],
-                    },
+                    }),
                     &[x],
                 )
                 .unwrap();
@@ -1329,7 +1338,7 @@ fn bool_buffers_in_vector_kernels() {
             let m = input(&mut g, "m", DType::Bool, &[5, n]);
             let mt = input(&mut g, "mt", DType::Bool, &[n, 5]);
             let mb = input(&mut g, "mb", DType::Bool, &[n]);
-            let mt = g.add_op1(Op::Permute { perm: vec![1, 0] }, &[mt]).unwrap();
+            let mt = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[mt]).unwrap();
             let both = g.add_op1(Op::Binary(BinaryOp::And), &[m, mt]).unwrap();
             let either = g.add_op1(Op::Binary(BinaryOp::Or), &[both, mb]).unwrap();
             let y = g.add_op1(Op::Where, &[either, a, b]).unwrap();

@@ -21,6 +21,7 @@ use oar_ir::ops::ReduceOp;
 use oar_ir::{DType, Dim};
 use std::fmt::Write;
 
+use oar_ir::ops::Conv;
 pub use scalar::{mlir_type, storage_type};
 
 /// Error bit: integer division or remainder by zero.
@@ -585,13 +586,13 @@ fn emit_contraction(f: &mut Func, c: &ContractionKernel, out: BufferId) -> R<()>
             f.close_carry(&s, aty);
             res
         }
-        Contraction::Conv {
+        Contraction::Conv(Conv {
             stride,
             pad_before,
             dilation,
             groups,
             ..
-        } => {
+        }) => {
             let sp = rs.len().saturating_sub(2);
             if ls.len() != rs.len() || rank != rs.len() || rs.len() < 2 || *groups == 0 {
                 return unsupported("conv operand ranks");

@@ -7,13 +7,14 @@ use super::scalar::{self, float_literal, int_literal, mlir_type};
 use super::{CodegenError, ERR_EMPTY, ERR_INDEX, Func, R, static_dims, unsupported};
 use oar_ir::DType;
 use oar_ir::kernel::{BufferId, OpaqueKernel};
+use oar_ir::ops::{ArgReduce, Concat, Gather, Iota, Pad};
 use oar_ir::ops::{ArgReduceOp, Op};
 
 /// Whether [`emit`] generates code for this op.
 pub fn generated(op: &Op) -> bool {
     matches!(
         op,
-        Op::Iota { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::Gather { .. } | Op::ArgReduce { .. }
+        Op::Iota(_) | Op::Pad(_) | Op::Concat(_) | Op::Gather(_) | Op::ArgReduce(_)
     )
 }
 
@@ -72,14 +73,14 @@ fn guarded(
 fn value(f: &mut Func, k: &OpaqueKernel, out_dt: DType, o: &[String]) -> R<String> {
     let ty = mlir_type(out_dt);
     match &k.op {
-        Op::Iota { axis, .. } => {
+        Op::Iota(Iota { axis, .. }) => {
             let i = o
                 .get(*axis)
                 .ok_or_else(|| CodegenError::Unsupported("iota axis out of range".into()))?;
             let i = f.def(&format!("arith.index_cast {i} : index to i64"));
             scalar::cast(f, &i, DType::I64, out_dt)
         }
-        Op::Pad { before, value, .. } => {
+        Op::Pad(Pad { before, value, .. }) => {
             let &[x] = k.inputs.as_slice() else {
                 return unsupported("pad takes one operand");
             };
@@ -110,8 +111,8 @@ fn value(f: &mut Func, k: &OpaqueKernel, out_dt: DType, o: &[String]) -> R<Strin
                 &mut |f| Ok(constant(f, out_dt, c)),
             )
         }
-        Op::Concat { axis } => concat(f, &k.inputs, *axis, out_dt, o, 0),
-        Op::Gather { axis } => {
+        Op::Concat(Concat { axis }) => concat(f, &k.inputs, *axis, out_dt, o, 0),
+        Op::Gather(Gather { axis }) => {
             let &[data, indices] = k.inputs.as_slice() else {
                 return unsupported("gather takes two operands");
             };
@@ -143,7 +144,7 @@ fn value(f: &mut Func, k: &OpaqueKernel, out_dt: DType, o: &[String]) -> R<Strin
             let i = flat(f, &ds, &di);
             f.load_at(data, &i)
         }
-        Op::ArgReduce { op, axis, keepdim } => {
+        Op::ArgReduce(ArgReduce { op, axis, keepdim }) => {
             let &[x] = k.inputs.as_slice() else {
                 return unsupported("argmax/argmin take one operand");
             };

@@ -14,6 +14,7 @@ use super::loops::convert_to;
 use super::{Entry, Launch, params_of};
 use oar_ir::DType;
 use oar_ir::kernel::{Buffer, BufferId, Contraction, ContractionKernel};
+use oar_ir::ops::Conv;
 
 /// Tile edge (threads per block edge, elements per shared tile edge).
 pub const TILE: u32 = 16;
@@ -71,13 +72,13 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     e.ins(format!("mad.lo.u64 {col}, {bx}, {TILE}, {tx}"));
     let kind = match &c.op {
         Contraction::MatMul => Kind::MatMul(matmul_geometry(&shape, &lshape, &rshape)?),
-        Contraction::Conv {
+        Contraction::Conv(Conv {
             stride,
             pad_before,
             dilation,
             groups,
             ..
-        } => Kind::Conv(conv_geometry(
+        }) => Kind::Conv(conv_geometry(
             &shape, &lshape, &rshape, stride, pad_before, dilation, *groups,
         )?),
     };

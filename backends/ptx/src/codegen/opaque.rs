@@ -8,18 +8,14 @@ use super::loops::{ELEMENTWISE_BLOCK, MAX_GRID};
 use super::{Entry, Launch, params_of};
 use oar_ir::DType;
 use oar_ir::kernel::{Buffer, BufferId, IndexMap, OpaqueKernel};
+use oar_ir::ops::{ArgReduce, Concat, Gather, Iota, Pad, Random};
 use oar_ir::ops::{ArgReduceOp, Op, RandomDist, UnaryOp};
 
 /// Generate `k` writing `out`, if its op is one of those above.
 pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buffer]) -> GenResult<Entry> {
     if !matches!(
         k.op,
-        Op::Iota { .. }
-            | Op::Pad { .. }
-            | Op::Concat { .. }
-            | Op::ArgReduce { .. }
-            | Op::Gather { .. }
-            | Op::Random { .. }
+        Op::Iota(_) | Op::Pad(_) | Op::Concat(_) | Op::ArgReduce(_) | Op::Gather(_) | Op::Random(_)
     ) {
         return Err(format!("opaque op `{}` (runs on the host)", k.op.name()));
     }
@@ -30,7 +26,7 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
     let mut e = Emitter::default();
     let bases: Vec<String> = (0..params.len()).map(|i| e.param_ptr(name, i)).collect();
     let base_of = |b: BufferId| bases[params.iter().position(|&p| p == b).unwrap_or(0)].clone();
-    let error_word = matches!(k.op, Op::Gather { .. });
+    let error_word = matches!(k.op, Op::Gather(_));
     let err = error_word.then(|| e.param_ptr(name, params.len()));
     let (ctaid, ntid, tid, nctaid) = (
         e.special64("%ctaid.x"),
@@ -48,11 +44,11 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
     e.ins(format!("@{done} bra {end}"));
     let idx = e.decompose(&n, &shape);
     let v = match &k.op {
-        Op::Iota { axis, .. } => {
+        Op::Iota(Iota { axis, .. }) => {
             let i = idx.get(*axis).ok_or("iota axis out of range")?;
             emit::cast(&mut e, DType::I64, out_dt, i)?
         }
-        Op::Pad { before, value, .. } => {
+        Op::Pad(Pad { before, value, .. }) => {
             let &[x] = k.inputs.as_slice() else {
                 return Err("pad takes one operand".into());
             };
@@ -79,7 +75,7 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
             guarded_copy(&mut e, &src, &src_idx, &inb, out_dt, &v)?;
             v
         }
-        Op::Concat { axis } => {
+        Op::Concat(Concat { axis }) => {
             let v = e.constant(out_dt, 0.0);
             let mut off = 0usize;
             for &x in &k.inputs {
@@ -103,7 +99,7 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
             }
             v
         }
-        Op::ArgReduce { op, axis, keepdim } => {
+        Op::ArgReduce(ArgReduce { op, axis, keepdim }) => {
             let &[x] = k.inputs.as_slice() else {
                 return Err("argmax/argmin take one operand".into());
             };
@@ -120,7 +116,7 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
                 *op == ArgReduceOp::ArgMax,
             )?
         }
-        Op::Gather { axis } => {
+        Op::Gather(Gather { axis }) => {
             let &[data, indices] = k.inputs.as_slice() else {
                 return Err("gather takes two operands".into());
             };
@@ -135,7 +131,7 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
                 err,
             )?
         }
-        Op::Random { dist, seed, .. } => {
+        Op::Random(Random { dist, seed, .. }) => {
             if !out_dt.is_float() {
                 return Err(format!("random of {out_dt}"));
             }

@@ -1,8 +1,12 @@
 //! Composite ops against hand-computed values or explicit formulas (tolerance 1e-6 rel).
 
 use crate::common::*;
-use oar_backend_reference::random::uniform;
 use oar_ir::ops::Reduction;
+use oar_ir::ops::random_stream::uniform;
+use oar_ir::ops::{
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, Gelu, LayerNorm,
+    LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
+};
 use oar_ir::{Composite, DType, Float, Op};
 
 fn comp(c: Composite, ins: &[oar_ir::TensorData]) -> oar_ir::TensorData {
@@ -27,12 +31,12 @@ fn linear_with_and_without_bias() {
 
 #[test]
 fn conv2d_adds_bias_per_channel() {
-    let c = Composite::Conv2d {
+    let c = Composite::Conv2d(Conv2d {
         stride: [1, 1],
         padding: [0; 4],
         dilation: [1, 1],
         groups: 1,
-    };
+    });
     let y = comp(
         c,
         &[
@@ -51,11 +55,13 @@ fn row(v: &[f64]) -> oar_ir::TensorData {
 #[test]
 fn max_pool_ceil_mode_and_padding() {
     let x = row(&[1.0, 5.0, 2.0, 4.0, 3.0]);
-    let mp = |kw, sw, padding, ceil_mode| Composite::MaxPool2d {
-        kernel: [1, kw],
-        stride: [1, sw],
-        padding,
-        ceil_mode,
+    let mp = |kw, sw, padding, ceil_mode| {
+        Composite::MaxPool2d(MaxPool2d {
+            kernel: [1, kw],
+            stride: [1, sw],
+            padding,
+            ceil_mode,
+        })
     };
     assert_close(
         &comp(mp(2, 2, [0; 4], false), std::slice::from_ref(&x)),
@@ -85,24 +91,26 @@ fn max_pool_ceil_mode_and_padding() {
     );
     // 2-d window over a 4x4 input, 2x2 stride 2.
     let x2 = f32s(&[1, 1, 4, 4], &(0..16).map(f64::from).collect::<Vec<_>>());
-    let c = Composite::MaxPool2d {
+    let c = Composite::MaxPool2d(MaxPool2d {
         kernel: [2, 2],
         stride: [2, 2],
         padding: [0; 4],
         ceil_mode: false,
-    };
+    });
     assert_close(&comp(c, &[x2]), &[1, 1, 2, 2], &[5.0, 7.0, 13.0, 15.0], 0.0);
 }
 
 #[test]
 fn avg_pool_count_include_pad_and_ceil_mode() {
     let x = row(&[1.0, 5.0, 2.0, 4.0, 3.0]);
-    let ap = |kw, sw, padding, ceil_mode, count_include_pad| Composite::AvgPool2d {
-        kernel: [1, kw],
-        stride: [1, sw],
-        padding,
-        ceil_mode,
-        count_include_pad,
+    let ap = |kw, sw, padding, ceil_mode, count_include_pad| {
+        Composite::AvgPool2d(AvgPool2d {
+            kernel: [1, kw],
+            stride: [1, sw],
+            padding,
+            ceil_mode,
+            count_include_pad,
+        })
     };
     let pad = [0, 1, 0, 1];
     assert_close(
@@ -133,18 +141,21 @@ fn adaptive_pools_use_pytorch_windows() {
     // in 5 → out 3: windows [0,2), [1,4), [3,5).
     let x = row(&[1.0, 5.0, 2.0, 4.0, 6.0]);
     let avg = comp(
-        Composite::AdaptiveAvgPool2d { output_size: [1, 3] },
+        Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [1, 3] }),
         std::slice::from_ref(&x),
     );
     assert_close(&avg, &[1, 1, 1, 3], &[3.0, 11.0 / 3.0, 5.0], 1e-6);
     let max = comp(
-        Composite::AdaptiveMaxPool2d { output_size: [1, 3] },
+        Composite::AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size: [1, 3] }),
         std::slice::from_ref(&x),
     );
     assert_close(&max, &[1, 1, 1, 3], &[5.0, 5.0, 6.0], 0.0);
     let x2 = f32s(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 6.0]);
     assert_close(
-        &comp(Composite::AdaptiveAvgPool2d { output_size: [1, 1] }, &[x2]),
+        &comp(
+            Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [1, 1] }),
+            &[x2],
+        ),
         &[1, 1, 1, 1],
         &[3.0],
         0.0,
@@ -159,22 +170,22 @@ fn batch_norm_training_updates_running_stats() {
     let bias = f32s(&[2], &[0.0, 1.0]);
     let rm = f32s(&[2], &[0.0, 0.0]);
     let rv = f32s(&[2], &[1.0, 1.0]);
-    let c = Composite::BatchNorm {
+    let c = Composite::BatchNorm(BatchNorm {
         epsilon: Float(0.0),
         momentum: Float(0.9),
         training: true,
-    };
+    });
     let outs = try_op(Op::Composite(c), &[x.clone(), scale.clone(), bias.clone(), rm, rv]).unwrap();
     assert_eq!(outs.len(), 3);
     // Batch stats: mean (2, 4), biased var (1, 4).
     assert_close(&outs[0], &[2, 2, 1], &[-2.0, 0.0, 2.0, 2.0], 1e-6);
     assert_close(&outs[1], &[2], &[0.2, 0.4], 1e-6);
     assert_close(&outs[2], &[2], &[1.0, 1.3], 1e-6);
-    let eval = Composite::BatchNorm {
+    let eval = Composite::BatchNorm(BatchNorm {
         epsilon: Float(0.0),
         momentum: Float(0.9),
         training: false,
-    };
+    });
     let y = comp(
         eval,
         &[x, scale, bias, f32s(&[2], &[1.0, 2.0]), f32s(&[2], &[4.0, 1.0])],
@@ -185,20 +196,20 @@ fn batch_norm_training_updates_running_stats() {
 #[test]
 fn layer_norm_with_affine() {
     let x = f32s(&[2, 2], &[1.0, 3.0, 2.0, 2.0]);
-    let c = Composite::LayerNorm {
+    let c = Composite::LayerNorm(LayerNorm {
         normalized_ndim: 1,
         epsilon: Float(1e-5),
-    };
+    });
     let y = comp(
         c.clone(),
         &[x.clone(), f32s(&[2], &[2.0, 3.0]), f32s(&[2], &[1.0, 1.0])],
     );
     let s = 1.0 / (1.0f64 + 1e-5).sqrt();
     assert_close(&y, &[2, 2], &[1.0 - 2.0 * s, 1.0 + 3.0 * s, 1.0, 1.0], 1e-6);
-    let c2 = Composite::LayerNorm {
+    let c2 = Composite::LayerNorm(LayerNorm {
         normalized_ndim: 2,
         epsilon: Float(0.0),
-    };
+    });
     // Over all four values: mean 2, var 0.5.
     let z = comp(c2, &[x]);
     let r = 0.5f64.sqrt();
@@ -209,14 +220,14 @@ fn layer_norm_with_affine() {
 fn softmax_and_log_softmax_are_stable() {
     let x = f32s(&[2, 3], &[1.0, 2.0, 3.0, 1000.0, 1000.0, -1000.0]);
     let s = (-2.0f64).exp() + (-1.0f64).exp() + 1.0;
-    let sm = comp(Composite::Softmax { axis: 1 }, std::slice::from_ref(&x));
+    let sm = comp(Composite::Softmax(Softmax { axis: 1 }), std::slice::from_ref(&x));
     assert_close(
         &sm,
         &[2, 3],
         &[(-2.0f64).exp() / s, (-1.0f64).exp() / s, 1.0 / s, 0.5, 0.5, 0.0],
         1e-6,
     );
-    let ls = comp(Composite::LogSoftmax { axis: 1 }, std::slice::from_ref(&x));
+    let ls = comp(Composite::LogSoftmax(LogSoftmax { axis: 1 }), std::slice::from_ref(&x));
     let l2 = 2.0f64.ln();
     assert_close(
         &ls,
@@ -224,7 +235,7 @@ fn softmax_and_log_softmax_are_stable() {
         &[-2.0 - s.ln(), -1.0 - s.ln(), -s.ln(), -l2, -l2, -2000.0 - l2],
         1e-6,
     );
-    let col = comp(Composite::Softmax { axis: 0 }, &[f32s(&[2, 1], &[0.0, 0.0])]);
+    let col = comp(Composite::Softmax(Softmax { axis: 0 }), &[f32s(&[2, 1], &[0.0, 0.0])]);
     assert_close(&col, &[2, 1], &[0.5, 0.5], 0.0);
 }
 
@@ -234,15 +245,20 @@ fn cross_entropy_by_hand_and_label_errors() {
     let labels = i64s(&[2], &[2, 0]);
     let l0 = (1.0f64.exp() + 2.0f64.exp() + 3.0f64.exp()).ln() - 3.0;
     let l1 = 3.0f64.ln();
-    let ce = |reduction| comp(Composite::CrossEntropy { reduction }, &[logits.clone(), labels.clone()]);
+    let ce = |reduction| {
+        comp(
+            Composite::CrossEntropy(CrossEntropy { reduction }),
+            &[logits.clone(), labels.clone()],
+        )
+    };
     assert_close(&ce(Reduction::None), &[2], &[l0, l1], 1e-6);
     assert_close(&ce(Reduction::Sum), &[], &[l0 + l1], 1e-6);
     assert_close(&ce(Reduction::Mean), &[], &[(l0 + l1) / 2.0], 1e-6);
     for bad in [3, -1] {
         let e = op_err(
-            Op::Composite(Composite::CrossEntropy {
+            Op::Composite(Composite::CrossEntropy(CrossEntropy {
                 reduction: Reduction::Mean,
-            }),
+            })),
             &[logits.clone(), i64s(&[2], &[0, bad])],
         );
         assert!(
@@ -267,14 +283,14 @@ fn activations() {
         &[2],
         &[0.0, 4.0],
     );
-    let g = comp(Composite::Gelu { approximate: false }, std::slice::from_ref(&x));
+    let g = comp(Composite::Gelu(Gelu { approximate: false }), std::slice::from_ref(&x));
     assert_close(
         &g,
         &[4],
         &[-0.15865525393145707, 0.0, 0.8413447460685429, f64::NAN],
         1e-6,
     );
-    let ga = comp(Composite::Gelu { approximate: true }, std::slice::from_ref(&x));
+    let ga = comp(Composite::Gelu(Gelu { approximate: true }), std::slice::from_ref(&x));
     assert_close(
         &ga,
         &[4],
@@ -309,11 +325,11 @@ fn dropout_follows_the_documented_generator() {
     let x = f32s(&[n], &vec![2.0; n]);
     let d = |training, seed| {
         comp(
-            Composite::Dropout {
+            Composite::Dropout(Dropout {
                 p: Float(0.25),
                 training,
                 seed,
-            },
+            }),
             std::slice::from_ref(&x),
         )
     };
@@ -375,10 +391,10 @@ fn sdpa_matches_the_explicit_formula() {
     let ins = [t(&q, l), t(&k, s), t(&v, s)];
     let dims = (l, s, e, ev);
     let plain = comp(
-        Composite::ScaledDotProductAttention {
+        Composite::ScaledDotProductAttention(ScaledDotProductAttention {
             causal: false,
             scale: None,
-        },
+        }),
         &ins,
     );
     assert_close(
@@ -388,10 +404,10 @@ fn sdpa_matches_the_explicit_formula() {
         1e-6,
     );
     let causal = comp(
-        Composite::ScaledDotProductAttention {
+        Composite::ScaledDotProductAttention(ScaledDotProductAttention {
             causal: true,
             scale: Some(Float(0.5)),
-        },
+        }),
         &ins,
     );
     let want = attention(&q, &k, &v, dims, 0.5, &|i, j| {
@@ -403,10 +419,10 @@ fn sdpa_matches_the_explicit_formula() {
     let mut with_mask = ins.to_vec();
     with_mask.push(bools(&[2, 3], &keep));
     let masked = comp(
-        Composite::ScaledDotProductAttention {
+        Composite::ScaledDotProductAttention(ScaledDotProductAttention {
             causal: false,
             scale: None,
-        },
+        }),
         &with_mask,
     );
     let want = attention(&q, &k, &v, dims, 1.0 / 2f64.sqrt(), &|i, j| {
@@ -417,10 +433,10 @@ fn sdpa_matches_the_explicit_formula() {
     let add = [0.5, -1.0, 0.0, 2.0, 0.0, -0.5];
     with_mask[3] = f32s(&[2, 3], &add);
     let added = comp(
-        Composite::ScaledDotProductAttention {
+        Composite::ScaledDotProductAttention(ScaledDotProductAttention {
             causal: false,
             scale: None,
-        },
+        }),
         &with_mask,
     );
     let want = attention(&q, &k, &v, dims, 1.0 / 2f64.sqrt(), &|i, j| add[i * 3 + j]);

@@ -1,13 +1,14 @@
 //! MatMul and Conv against hand values and independent direct loops (tolerance 1e-6 rel).
 
 use crate::common::*;
+use oar_ir::ops::Conv;
 use oar_ir::{DType, Op};
 use std::time::Instant;
 
 /// Deterministic test data in [-1, 1).
 fn data(n: usize, salt: u64) -> Vec<f64> {
     (0..n as u64)
-        .map(|i| oar_backend_reference::random::uniform(salt, i) * 2.0 - 1.0)
+        .map(|i| oar_ir::ops::random_stream::uniform(salt, i) * 2.0 - 1.0)
         .collect()
 }
 
@@ -121,13 +122,13 @@ fn conv2d_groups_stride_dilation_padding_vs_direct_loop() {
             .map(|&v| v as f32 as f64)
             .collect();
         let (want, shape) = naive_conv2d(&xv, (n, c, h, w), &wv, (o, kh, kw), stride, pad, dil, groups);
-        let op = Op::Conv {
+        let op = Op::Conv(Conv {
             stride: stride.to_vec(),
             pad_before: vec![pad[0], pad[1]],
             pad_after: vec![pad[2], pad[3]],
             dilation: dil.to_vec(),
             groups,
-        };
+        });
         let y = op1(op, &[f32s(&[n, c, h, w], &xv), f32s(&[o, c / groups, kh, kw], &wv)]);
         assert_close(&y, &shape, &want, 1e-6);
     }
@@ -137,26 +138,26 @@ fn conv2d_groups_stride_dilation_padding_vs_direct_loop() {
 fn conv1d_and_conv3d_by_hand() {
     // 1-d: x = [1, 2, 3, 4], w = [1, -1], pad 1 both sides, stride 2:
     // padded [0,1,2,3,4,0] → windows at 0, 2, 4: (0-1), (2-3), (4-0) = -1, -1, 4.
-    let op = Op::Conv {
+    let op = Op::Conv(Conv {
         stride: vec![2],
         pad_before: vec![1],
         pad_after: vec![1],
         dilation: vec![1],
         groups: 1,
-    };
+    });
     let y = op1(
         op,
         &[f32s(&[1, 1, 4], &[1.0, 2.0, 3.0, 4.0]), f32s(&[1, 1, 2], &[1.0, -1.0])],
     );
     assert_close(&y, &[1, 1, 3], &[-1.0, -1.0, 4.0], 0.0);
     // 3-d: a 2x2x2 kernel of ones over a 2x2x2 input sums everything.
-    let op3 = Op::Conv {
+    let op3 = Op::Conv(Conv {
         stride: vec![1; 3],
         pad_before: vec![0; 3],
         pad_after: vec![0; 3],
         dilation: vec![1; 3],
         groups: 1,
-    };
+    });
     let xv: Vec<f64> = (1..=8).map(f64::from).collect();
     let y3 = op1(op3, &[f32s(&[1, 1, 2, 2, 2], &xv), f32s(&[1, 1, 2, 2, 2], &[1.0; 8])]);
     assert_close(&y3, &[1, 1, 1, 1, 1], &[36.0], 0.0);
@@ -164,13 +165,13 @@ fn conv1d_and_conv3d_by_hand() {
 
 #[test]
 fn small_conv_is_fast() {
-    let op = Op::Conv {
+    let op = Op::Conv(Conv {
         stride: vec![1, 1],
         pad_before: vec![1, 1],
         pad_after: vec![1, 1],
         dilation: vec![1, 1],
         groups: 1,
-    };
+    });
     let x = f32s(&[2, 16, 32, 32], &data(2 * 16 * 32 * 32, 7));
     let w = f32s(&[16, 16, 3, 3], &data(16 * 16 * 9, 8));
     let t = Instant::now();

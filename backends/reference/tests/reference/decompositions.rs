@@ -12,6 +12,10 @@
 use oar_backend_reference::run_graph;
 use oar_ir::decompose::decompose;
 use oar_ir::ops::Reduction;
+use oar_ir::ops::{
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, Gelu, LayerNorm,
+    LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
+};
 use oar_ir::{Composite, DType, Dim, Float, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use std::collections::BTreeMap;
 
@@ -208,11 +212,13 @@ fn linear() {
 
 #[test]
 fn conv2d() {
-    let conv = |stride, padding, dilation, groups| Composite::Conv2d {
-        stride,
-        padding,
-        dilation,
-        groups,
+    let conv = |stride, padding, dilation, groups| {
+        Composite::Conv2d(Conv2d {
+            stride,
+            padding,
+            dilation,
+            groups,
+        })
     };
     for dt in FLOATS {
         let plain = conv([1, 1], [0; 4], [1, 1], 1);
@@ -251,12 +257,12 @@ const POOLS: [PoolGeometry; 4] = [
 fn max_pool2d() {
     for (kernel, stride, padding, h, w) in POOLS {
         for ceil_mode in [false, true] {
-            let op = Composite::MaxPool2d {
+            let op = Composite::MaxPool2d(MaxPool2d {
                 kernel,
                 stride,
                 padding,
                 ceil_mode,
-            };
+            });
             let what = format!("max_pool {kernel:?} {stride:?} {padding:?} ceil={ceil_mode}");
             for dt in FLOATS {
                 check(&what, op.clone(), vec![fsym(dt, &[2, 3, h, w])]);
@@ -272,13 +278,13 @@ fn avg_pool2d() {
     for (kernel, stride, padding, h, w) in POOLS {
         for ceil_mode in [false, true] {
             for count_include_pad in [false, true] {
-                let op = Composite::AvgPool2d {
+                let op = Composite::AvgPool2d(AvgPool2d {
                     kernel,
                     stride,
                     padding,
                     ceil_mode,
                     count_include_pad,
-                };
+                });
                 let what =
                     format!("avg_pool {kernel:?} {stride:?} {padding:?} ceil={ceil_mode} cip={count_include_pad}");
                 for dt in FLOATS {
@@ -297,19 +303,19 @@ fn adaptive_pools() {
             let what = format!("adaptive {output_size:?} {dt}");
             check(
                 &what,
-                Composite::AdaptiveAvgPool2d { output_size },
+                Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size }),
                 vec![fsym(dt, &[2, 3, 6, 8])],
             );
             check(
                 &what,
-                Composite::AdaptiveMaxPool2d { output_size },
+                Composite::AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size }),
                 vec![fsym(dt, &[2, 3, 6, 8])],
             );
         }
         let x = ints(DType::I64, &[1, 2, 6, 8], -9, 9);
         check(
             "adaptive max i64",
-            Composite::AdaptiveMaxPool2d { output_size },
+            Composite::AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size }),
             vec![x],
         );
     }
@@ -319,11 +325,11 @@ fn adaptive_pools() {
 fn batch_norm() {
     for dt in FLOATS {
         for training in [false, true] {
-            let op = Composite::BatchNorm {
+            let op = Composite::BatchNorm(BatchNorm {
                 epsilon: Float(1e-5),
                 momentum: Float(0.9),
                 training,
-            };
+            });
             let stats = |c| {
                 vec![
                     f(dt, &[c]).range(0.5, 1.5),
@@ -347,10 +353,10 @@ fn batch_norm() {
 fn layer_norm() {
     for dt in FLOATS {
         for n in [1, 2] {
-            let op = Composite::LayerNorm {
+            let op = Composite::LayerNorm(LayerNorm {
                 normalized_ndim: n,
                 epsilon: Float(1e-5),
-            };
+            });
             let tail = &[4, 5][2 - n..];
             check(
                 "layer_norm plain",
@@ -371,8 +377,8 @@ fn softmax_and_log_softmax() {
     for dt in FLOATS {
         for axis in 0..3 {
             let x = || fsym(dt, &[3, 4, 5]).range(-30.0, 30.0);
-            check("softmax", Composite::Softmax { axis }, vec![x()]);
-            check("log_softmax", Composite::LogSoftmax { axis }, vec![x()]);
+            check("softmax", Composite::Softmax(Softmax { axis }), vec![x()]);
+            check("log_softmax", Composite::LogSoftmax(LogSoftmax { axis }), vec![x()]);
         }
     }
 }
@@ -387,7 +393,7 @@ fn cross_entropy() {
                 let logits = fsym(dt, &[6, 5]).range(-4.0, 4.0);
                 check(
                     "cross_entropy",
-                    Composite::CrossEntropy { reduction },
+                    Composite::CrossEntropy(CrossEntropy { reduction }),
                     vec![logits, labels],
                 );
             }
@@ -400,8 +406,8 @@ fn activations() {
     for dt in FLOATS {
         let x = || fsym(dt, &[4, 7]).range(-6.0, 6.0);
         check("relu", Composite::Relu, vec![x()]);
-        check("gelu erf", Composite::Gelu { approximate: false }, vec![x()]);
-        check("gelu tanh", Composite::Gelu { approximate: true }, vec![x()]);
+        check("gelu erf", Composite::Gelu(Gelu { approximate: false }), vec![x()]);
+        check("gelu tanh", Composite::Gelu(Gelu { approximate: true }), vec![x()]);
         check("silu", Composite::Silu, vec![x()]);
         check("sigmoid", Composite::Sigmoid, vec![x()]);
     }
@@ -412,11 +418,11 @@ fn activations() {
 fn dropout() {
     for dt in FLOATS {
         for (p, seed) in [(0.3, 42), (0.0, 1), (0.9, 7)] {
-            let op = Composite::Dropout {
+            let op = Composite::Dropout(Dropout {
                 p: Float(p),
                 training: true,
                 seed,
-            };
+            });
             let outs = check("dropout train", op, vec![fsym(dt, &[16, 33]).range(0.5, 2.0)]);
             let (native, dec) = (outs[0].0.to_f64_vec(), outs[0].1.to_f64_vec());
             // Same seed, same mask: exactly the same elements are dropped.
@@ -425,11 +431,11 @@ fn dropout() {
             let dropped = zeros(&native).iter().filter(|&&z| z).count() as f64 / native.len() as f64;
             assert!((dropped - p).abs() < 0.06, "dropout p={p}: dropped fraction {dropped}");
         }
-        let eval = Composite::Dropout {
+        let eval = Composite::Dropout(Dropout {
             p: Float(0.5),
             training: false,
             seed: 3,
-        };
+        });
         let outs = check("dropout eval", eval, vec![fsym(dt, &[4, 5])]);
         assert_eq!(outs[0].0, outs[0].1);
     }
@@ -458,7 +464,7 @@ fn scaled_dot_product_attention() {
         };
         for causal in [false, true] {
             for scale in [None, Some(Float(0.3))] {
-                let op = Composite::ScaledDotProductAttention { causal, scale };
+                let op = Composite::ScaledDotProductAttention(ScaledDotProductAttention { causal, scale });
                 let what = format!("sdpa causal={causal} scale={scale:?}");
                 check(&what, op.clone(), qkv());
                 let mut ins = qkv();
@@ -470,10 +476,10 @@ fn scaled_dot_product_attention() {
             }
         }
         // Unbatched attention with L > S.
-        let op = Composite::ScaledDotProductAttention {
+        let op = Composite::ScaledDotProductAttention(ScaledDotProductAttention {
             causal: true,
             scale: None,
-        };
+        });
         check("sdpa rank2", op, vec![f(dt, &[6, 4]), f(dt, &[3, 4]), f(dt, &[3, 2])]);
     }
 }

@@ -2,6 +2,7 @@
 //! results are rounded once from f64, so most are exact).
 
 use crate::common::*;
+use oar_ir::ops::Cast;
 use oar_ir::ops::{BinaryOp, UnaryOp};
 use oar_ir::{DType, Op};
 
@@ -187,22 +188,27 @@ fn where_broadcasts_three_ways() {
 #[test]
 fn casts_truncate_saturate_and_wrap() {
     let x = f32s(&[6], &[2.9, -2.9, 300.0, -300.0, f64::NAN, 0.0]);
-    let c = |to| op1(Op::Cast { to }, std::slice::from_ref(&x));
+    let c = |to| op1(Op::Cast(Cast { to }), std::slice::from_ref(&x));
     assert_exact(&c(DType::I32), DType::I32, &[6], &[2.0, -2.0, 300.0, -300.0, 0.0, 0.0]);
     assert_exact(&c(DType::I8), DType::I8, &[6], &[2.0, -2.0, 127.0, -128.0, 0.0, 0.0]);
     assert_exact(&c(DType::U8), DType::U8, &[6], &[2.0, 0.0, 255.0, 0.0, 0.0, 0.0]);
     assert_exact(&c(DType::Bool), DType::Bool, &[6], &[1.0, 1.0, 1.0, 1.0, 1.0, 0.0]);
     let i = tensor(DType::I64, &[3], &[300.0, -1.0, 0.0]);
-    let ci = |to| op1(Op::Cast { to }, std::slice::from_ref(&i));
+    let ci = |to| op1(Op::Cast(Cast { to }), std::slice::from_ref(&i));
     assert_exact(&ci(DType::U8), DType::U8, &[3], &[44.0, 255.0, 0.0]);
     assert_exact(&ci(DType::I8), DType::I8, &[3], &[44.0, -1.0, 0.0]);
     assert_exact(&ci(DType::F16), DType::F16, &[3], &[300.0, -1.0, 0.0]);
     let b = bools(&[2], &[true, false]);
-    assert_exact(&op1(Op::Cast { to: DType::F32 }, &[b]), DType::F32, &[2], &[1.0, 0.0]);
+    assert_exact(
+        &op1(Op::Cast(Cast { to: DType::F32 }), &[b]),
+        DType::F32,
+        &[2],
+        &[1.0, 0.0],
+    );
     // f64 → f32 rounds to nearest.
     let d = tensor(DType::F64, &[1], &[0.1]);
     assert_eq!(
-        op1(Op::Cast { to: DType::F32 }, &[d]).to_vec::<f32>().unwrap(),
+        op1(Op::Cast(Cast { to: DType::F32 }), &[d]).to_vec::<f32>().unwrap(),
         vec![0.1f32]
     );
 }

@@ -1,16 +1,17 @@
 //! Reductions and arg-reductions against hand-computed values.
 
 use crate::common::*;
+use oar_ir::ops::{ArgReduce, Reduce};
 use oar_ir::ops::{ArgReduceOp, ReduceOp};
 use oar_ir::{DType, Op};
 
 fn red(op: ReduceOp, axes: &[usize], keepdim: bool, x: &oar_ir::TensorData) -> oar_ir::TensorData {
     op1(
-        Op::Reduce {
+        Op::Reduce(Reduce {
             op,
             axes: axes.to_vec(),
             keepdim,
-        },
+        }),
         std::slice::from_ref(x),
     )
 }
@@ -67,11 +68,11 @@ fn integer_reductions_and_empty_axes() {
         0.0,
     );
     let e = op_err(
-        Op::Reduce {
+        Op::Reduce(Reduce {
             op: ReduceOp::Max,
             axes: vec![1],
             keepdim: false,
-        },
+        }),
         &[empty],
     );
     assert!(e.contains("reduce_max") && e.contains("empty"), "{e}");
@@ -80,24 +81,29 @@ fn integer_reductions_and_empty_axes() {
 #[test]
 fn argmax_argmin_first_occurrence() {
     let x = f32s(&[2, 4], &[1.0, 3.0, 3.0, 0.0, 2.0, f64::NAN, 5.0, f64::NAN]);
-    let am = |op, keepdim| op1(Op::ArgReduce { op, axis: 1, keepdim }, std::slice::from_ref(&x));
+    let am = |op, keepdim| {
+        op1(
+            Op::ArgReduce(ArgReduce { op, axis: 1, keepdim }),
+            std::slice::from_ref(&x),
+        )
+    };
     assert_exact(&am(ArgReduceOp::ArgMax, false), DType::I64, &[2], &[1.0, 1.0]);
     assert_exact(&am(ArgReduceOp::ArgMin, true), DType::I64, &[2, 1], &[3.0, 1.0]);
     let y = op1(
-        Op::ArgReduce {
+        Op::ArgReduce(ArgReduce {
             op: ArgReduceOp::ArgMin,
             axis: 0,
             keepdim: false,
-        },
+        }),
         &[tensor(DType::I32, &[3, 2], &[4.0, 1.0, 2.0, 1.0, 2.0, 0.0])],
     );
     assert_exact(&y, DType::I64, &[2], &[1.0, 2.0]);
     let b = op1(
-        Op::ArgReduce {
+        Op::ArgReduce(ArgReduce {
             op: ArgReduceOp::ArgMax,
             axis: 0,
             keepdim: false,
-        },
+        }),
         &[bools(&[3], &[false, true, true])],
     );
     assert_exact(&b, DType::I64, &[], &[1.0]);

@@ -6,6 +6,7 @@ use super::{OarEGraph, OarRewrite, Term, code_rule, find_op, lossless, op_of, ty
 use crate::simplify::lang::OarLang;
 use egg::Id;
 use oar_ir::Op;
+use oar_ir::ops::Cast;
 
 /// The rules of this topic.
 pub(super) fn rules() -> Vec<OarRewrite> {
@@ -17,7 +18,7 @@ pub(super) fn rules() -> Vec<OarRewrite> {
 
 /// `cast(x, dtype(x))` → `x`.
 fn cast_same(eg: &OarEGraph, _: Id, node: &OarLang) -> Option<Term> {
-    let (Op::Cast { to }, kids) = op_of(eg, node)? else {
+    let (Op::Cast(Cast { to }), kids) = op_of(eg, node)? else {
         return None;
     };
     (ty(eg, kids[0])?.dtype == to).then_some(Term::Class(kids[0]))
@@ -25,13 +26,13 @@ fn cast_same(eg: &OarEGraph, _: Id, node: &OarLang) -> Option<Term> {
 
 /// `cast(cast(x, b), c) → cast(x, c)` when `dtype(x) → b` is lossless.
 fn cast_cast(eg: &OarEGraph, _: Id, node: &OarLang) -> Option<Term> {
-    let (Op::Cast { to }, kids) = op_of(eg, node)? else {
+    let (Op::Cast(Cast { to }), kids) = op_of(eg, node)? else {
         return None;
     };
     let (mid, inner) = find_op(eg, kids[0], |op| match op {
-        Op::Cast { to } => Some(*to),
+        Op::Cast(Cast { to }) => Some(*to),
         _ => None,
     })?;
     let from = ty(eg, inner[0])?.dtype;
-    lossless(from, mid).then(|| Term::Op(Op::Cast { to }, vec![Term::Class(inner[0])]))
+    lossless(from, mid).then(|| Term::Op(Op::Cast(Cast { to }), vec![Term::Class(inner[0])]))
 }

@@ -14,6 +14,7 @@ mod movement;
 
 use super::lang::{OarEGraph, OarLang, SplatConst};
 use egg::{Applier, ENodeOrVar, Id, PatternAst, RecExpr, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
+use oar_ir::ops::Broadcast;
 use oar_ir::{DType, Op, TensorType};
 use std::borrow::Cow;
 
@@ -178,9 +179,9 @@ pub(crate) fn as_type(egraph: &OarEGraph, x: Id, want: &TensorType) -> Option<Te
     let fits = have.dtype == want.dtype && oar_ir::shape::broadcasts_to(&have.shape, &want.shape);
     fits.then(|| {
         Term::Op(
-            Op::Broadcast {
+            Op::Broadcast(Broadcast {
                 shape: want.shape.0.clone(),
-            },
+            }),
             vec![Term::Class(x)],
         )
     })
@@ -252,9 +253,9 @@ pub(crate) fn zeros(want: &TensorType) -> Term {
         zero
     } else {
         Term::Op(
-            Op::Broadcast {
+            Op::Broadcast(Broadcast {
                 shape: want.shape.0.clone(),
-            },
+            }),
             vec![zero],
         )
     }

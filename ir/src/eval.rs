@@ -1,4 +1,5 @@
-//! Runtime values of the interpreter.
+//! Reference evaluation: the values every op's `OpDef::eval` computes on, and what an op may
+//! ask of the interpreter running it ([`EvalCx`]).
 //!
 //! Every float dtype is held as `f64` and every integer dtype as `i64`; after each op the
 //! interpreter rounds floats to their dtype (`f32`, `f16`, `bf16`) and wraps integers to
@@ -7,17 +8,108 @@
 //! more than twice the significand bits plus two), and makes reductions and contractions more
 //! accurate than any backend — which is what an oracle should be.
 
+use crate::tensor_data::checked_byte_len;
+use crate::{BackendError, DType, Dim, TensorData};
 use half::{bf16, f16};
-use ndarray::ArrayD;
-use oar_ir::tensor_data::checked_byte_len;
-use oar_ir::{BackendError, DType, TensorData};
+use ndarray::{ArrayD, ArrayViewD, IxDyn, Zip};
 
-/// Result of an interpreter step.
-pub(crate) type Res<T> = Result<T, BackendError>;
+/// Result of an evaluation step.
+pub type Res<T> = Result<T, BackendError>;
+
+/// What an op's reference evaluation may ask of the interpreter running it.
+pub trait EvalCx {
+    /// Where the op is (its mnemonic and the value it defines), for errors.
+    fn site(&self) -> &Site;
+    /// Concrete sizes of `dims`, symbols bound by the graph's inputs.
+    fn resolve(&self, dims: &[Dim]) -> Res<Vec<usize>>;
+    /// Evaluate region `i` of the op's node on `args` (control flow).
+    fn region(&self, i: usize, args: &[Value]) -> Res<Vec<Value>>;
+    /// The most iterations a `while` may run before it is an error.
+    fn max_while_iterations(&self) -> u64;
+}
+
+/// An [`EvalCx`] for ops without symbolic shapes or regions (constant folding, kernels).
+pub struct PlainCx<'a> {
+    /// Where the op is.
+    pub site: &'a Site,
+}
+
+impl EvalCx for PlainCx<'_> {
+    fn site(&self) -> &Site {
+        self.site
+    }
+    fn resolve(&self, dims: &[Dim]) -> Res<Vec<usize>> {
+        dims.iter()
+            .map(|d| {
+                d.as_static()
+                    .ok_or_else(|| self.site.err(format!("symbolic dim `{d}` has no value here")))
+            })
+            .collect()
+    }
+    fn region(&self, _i: usize, _args: &[Value]) -> Res<Vec<Value>> {
+        Err(self.site.err("regions cannot be evaluated here"))
+    }
+    fn max_while_iterations(&self) -> u64 {
+        0
+    }
+}
+
+/// numpy's broadcast of two concrete shapes.
+pub fn broadcast_dims(site: &Site, a: &[usize], b: &[usize]) -> Res<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let da = (i + a.len()).checked_sub(rank).map_or(1, |j| a[j]);
+        let db = (i + b.len()).checked_sub(rank).map_or(1, |j| b[j]);
+        out.push(match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(site.err(format!("shapes {a:?} and {b:?} do not broadcast"))),
+        });
+    }
+    Ok(out)
+}
+
+/// A view of `a` broadcast to `shape`, or an error.
+pub fn view_as<'a, T>(site: &Site, a: &'a ArrayD<T>, shape: &[usize]) -> Res<ArrayViewD<'a, T>> {
+    a.broadcast(IxDyn(shape))
+        .ok_or_else(|| site.err(format!("shape {:?} does not broadcast to {shape:?}", a.shape())))
+}
+
+/// Apply `f` to pairs of broadcast elements.
+pub fn zip2<A: Copy, B: Copy, C>(site: &Site, a: &ArrayD<A>, b: &ArrayD<B>, f: impl Fn(A, B) -> C) -> Res<ArrayD<C>> {
+    let shape = broadcast_dims(site, a.shape(), b.shape())?;
+    let (va, vb) = (view_as(site, a, &shape)?, view_as(site, b, &shape)?);
+    Ok(Zip::from(&va).and(&vb).map_collect(|&x, &y| f(x, y)))
+}
+
+/// An array of `shape` from row-major elements, or an error at `site`.
+pub fn array<T>(site: &Site, shape: &[usize], v: Vec<T>) -> Res<ArrayD<T>> {
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| site.err(e.to_string()))
+}
+
+/// Evaluate a single-result op whose shapes are all static (no regions): what constant
+/// folding and kernel interpreters need.
+pub fn eval_one(site: &Site, op: &impl crate::ops::OpDef, ins: &[&Value]) -> Res<Value> {
+    let mut outs = op.eval(&PlainCx { site }, ins)?;
+    match outs.len() {
+        1 => Ok(outs.remove(0)),
+        n => Err(site.err(format!("expected one result, the op gave {n}"))),
+    }
+}
+
+/// Check an op got one of the operand counts `ok`.
+pub fn arity(site: &Site, ins: &[&Value], ok: &[usize]) -> Res<()> {
+    if !ok.contains(&ins.len()) {
+        return Err(site.err(format!("expects {ok:?} operands, got {}", ins.len())));
+    }
+    Ok(())
+}
 
 /// The storage of a value: one array type per dtype class.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Data {
+pub enum Data {
     /// f32, f64, f16, bf16.
     F(ArrayD<f64>),
     /// i8, u8, i32, i64.
@@ -30,9 +122,9 @@ pub(crate) enum Data {
 macro_rules! map_data {
     ($data:expr, $a:ident => $e:expr) => {
         match $data {
-            $crate::value::Data::F($a) => $crate::value::Data::F($e),
-            $crate::value::Data::I($a) => $crate::value::Data::I($e),
-            $crate::value::Data::B($a) => $crate::value::Data::B($e),
+            $crate::eval::Data::F($a) => $crate::eval::Data::F($e),
+            $crate::eval::Data::I($a) => $crate::eval::Data::I($e),
+            $crate::eval::Data::B($a) => $crate::eval::Data::B($e),
         }
     };
 }
@@ -40,7 +132,7 @@ pub(crate) use map_data;
 
 /// A tensor value: its dtype and its (wide) storage.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Value {
+pub struct Value {
     /// The logical dtype.
     pub dtype: DType,
     /// The elements.
@@ -48,7 +140,7 @@ pub(crate) struct Value {
 }
 
 /// Where an error happened: the op and the value it defines (`%12`).
-pub(crate) struct Site {
+pub struct Site {
     /// Op mnemonic.
     pub op: String,
     /// Value id, `%<node index>`.
@@ -74,7 +166,7 @@ impl Site {
 }
 
 /// Round an f64 to the nearest value of a float dtype (identity for f64).
-pub(crate) fn round_float(dtype: DType, v: f64) -> f64 {
+pub fn round_float(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,
         DType::F16 => f16::from_f64(v).to_f64(),
@@ -84,7 +176,7 @@ pub(crate) fn round_float(dtype: DType, v: f64) -> f64 {
 }
 
 /// Wrap an i64 to an integer dtype (two's complement, like numpy's `astype`).
-pub(crate) fn wrap_int(dtype: DType, v: i64) -> i64 {
+pub fn wrap_int(dtype: DType, v: i64) -> i64 {
     match dtype {
         DType::I8 => v as i8 as i64,
         DType::U8 => v as u8 as i64,
@@ -94,7 +186,7 @@ pub(crate) fn wrap_int(dtype: DType, v: i64) -> i64 {
 }
 
 /// Float → integer dtype: truncate toward zero and saturate; NaN → 0 (Rust `as`).
-pub(crate) fn float_to_int(dtype: DType, v: f64) -> i64 {
+pub fn float_to_int(dtype: DType, v: f64) -> i64 {
     match dtype {
         DType::I8 => v as i8 as i64,
         DType::U8 => v as u8 as i64,

@@ -1,35 +1,9 @@
 //! Gradients of the N-d convolution, expressed as convolutions (plus pads, slices, reshapes).
 
+use super::{Concat, Conv, Gather, Pad, Slice};
+use super::{Op, SliceRange};
 use crate::emit::Emitter;
-use crate::ops::{Op, SliceRange};
 use crate::{Dim, Float, IrError, Shape, TensorData};
-
-struct ConvAttrs<'a> {
-    stride: &'a [usize],
-    pad_before: &'a [usize],
-    pad_after: &'a [usize],
-    dilation: &'a [usize],
-    groups: usize,
-}
-
-fn attrs(op: &Op) -> ConvAttrs<'_> {
-    match op {
-        Op::Conv {
-            stride,
-            pad_before,
-            pad_after,
-            dilation,
-            groups,
-        } => ConvAttrs {
-            stride,
-            pad_before,
-            pad_after,
-            dilation,
-            groups: *groups,
-        },
-        _ => unreachable!("conv_grad is only called for Op::Conv"),
-    }
-}
 
 fn stat(d: &Dim) -> Result<usize, IrError> {
     d.as_static().ok_or_else(|| IrError::Type {
@@ -49,13 +23,13 @@ fn conv<E: Emitter>(
 ) -> Result<E::Value, E::Error> {
     let sp = stride.len();
     e.add_op1(
-        Op::Conv {
+        Op::Conv(Conv {
             stride,
             pad_before: vec![0; sp],
             pad_after: vec![0; sp],
             dilation,
             groups,
-        },
+        }),
         &[x, w],
     )
 }
@@ -75,7 +49,7 @@ fn slice_spatial<E: Emitter>(e: &mut E, x: E::Value, start: &[usize], len: &[usi
     if trivial {
         Ok(x)
     } else {
-        e.add_op1(Op::Slice { ranges }, &[x])
+        e.add_op1(Op::Slice(Slice { ranges }), &[x])
     }
 }
 
@@ -84,11 +58,11 @@ fn pad<E: Emitter>(e: &mut E, x: E::Value, before: Vec<usize>, after: Vec<usize>
         return Ok(x);
     }
     e.add_op1(
-        Op::Pad {
+        Op::Pad(Pad {
             before,
             after,
             value: Float(0.0),
-        },
+        }),
         &[x],
     )
 }
@@ -111,19 +85,18 @@ fn dilate<E: Emitter>(e: &mut E, x: E::Value, axis: usize, s: usize) -> Result<E
     let f = e.reshape(p, &Shape(flat))?;
     let mut ranges = vec![SliceRange::FULL; t.rank()];
     ranges[axis] = SliceRange::new(0, ((n - 1) * s + 1) as i64);
-    e.add_op1(Op::Slice { ranges }, &[f])
+    e.add_op1(Op::Slice(Slice { ranges }), &[f])
 }
 
 /// ∂L/∂x of `conv(x, w)`: a stride-1 convolution of the dilated, padded cotangent with the
 /// flipped, channel-transposed weight.
-pub fn conv_grad_input<E: Emitter>(
+pub(crate) fn conv_grad_input<E: Emitter>(
     e: &mut E,
-    op: &Op,
+    a: &Conv,
     x: E::Value,
     w: E::Value,
     g: E::Value,
 ) -> Result<E::Value, E::Error> {
-    let a = attrs(op);
     let (xt, wt, gt) = (e.value_type(x), e.value_type(w), e.value_type(g));
     let sp = a.stride.len();
     let (o, cg) = (stat(&wt.shape.0[0])?, stat(&wt.shape.0[1])?);
@@ -161,33 +134,32 @@ pub fn conv_grad_input<E: Emitter>(
         if k > 1 {
             let rev: Vec<i64> = (0..k as i64).rev().collect();
             let idx = e.add_constant(TensorData::from_vec(vec![k], rev).expect("k indices"))?;
-            wf = e.add_op1(Op::Gather { axis: 2 + i }, &[wf, idx])?;
+            wf = e.add_op1(Op::Gather(Gather { axis: 2 + i }), &[wf, idx])?;
         }
     }
     let full = conv(e, gp, wf, vec![1; sp], a.dilation.to_vec(), groups)?;
     let sizes: Vec<usize> = (0..sp).map(|i| stat(&xt.shape.0[2 + i])).collect::<Result<_, _>>()?;
-    slice_spatial(e, full, a.pad_before, &sizes)
+    slice_spatial(e, full, &a.pad_before, &sizes)
 }
 
 /// ∂L/∂w of `conv(x, w)`: a convolution of the padded input (batch as channels) with the
 /// cotangent as the kernel (stride and dilation swap roles).
-pub fn conv_grad_weight<E: Emitter>(
+pub(crate) fn conv_grad_weight<E: Emitter>(
     e: &mut E,
-    op: &Op,
+    a: &Conv,
     x: E::Value,
     w: E::Value,
     g: E::Value,
 ) -> Result<E::Value, E::Error> {
-    let a = attrs(op);
     let (xt, wt, gt) = (e.value_type(x), e.value_type(w), e.value_type(g));
     let sp = a.stride.len();
     let groups = a.groups;
     let (c, o) = (stat(&xt.shape.0[1])?, stat(&wt.shape.0[0])?);
     let ksize: Vec<usize> = (0..sp).map(|i| stat(&wt.shape.0[2 + i])).collect::<Result<_, _>>()?;
     let mut before = vec![0, 0];
-    before.extend_from_slice(a.pad_before);
+    before.extend_from_slice(&a.pad_before);
     let mut after = vec![0, 0];
-    after.extend_from_slice(a.pad_after);
+    after.extend_from_slice(&a.pad_after);
     let xp = pad(e, x, before, after)?;
     let swap01 = |sp: usize| {
         let mut p = vec![1, 0];
@@ -213,13 +185,13 @@ pub fn conv_grad_weight<E: Emitter>(
         for gi in 0..groups {
             let mut rx = vec![SliceRange::FULL; sp + 2];
             rx[1] = SliceRange::new((gi * cg) as i64, ((gi + 1) * cg) as i64);
-            let xg = e.add_op1(Op::Slice { ranges: rx }, &[xp])?;
+            let xg = e.add_op1(Op::Slice(Slice { ranges: rx }), &[xp])?;
             let mut rg = vec![SliceRange::FULL; sp + 2];
             rg[1] = SliceRange::new((gi * og) as i64, ((gi + 1) * og) as i64);
-            let gg = e.add_op1(Op::Slice { ranges: rg }, &[g])?;
+            let gg = e.add_op1(Op::Slice(Slice { ranges: rg }), &[g])?;
             parts.push(one_group(e, xg, gg)?);
         }
-        return e.add_op1(Op::Concat { axis: 0 }, &parts);
+        return e.add_op1(Op::Concat(Concat { axis: 0 }), &parts);
     };
     // Static batch: fold groups into channels and use a grouped convolution.
     let pt = e.value_type(xp);

@@ -1,11 +1,186 @@
-//! Contractions: batched matmul (batch dims broadcast) and N-d convolution.
+//! Contractions: batched `matmul` (batch dims broadcast) and N-d `conv` (cross-correlation,
+//! no bias). Their gradients are contractions too (`conv_grad`).
 //!
-//! Float matmul uses ndarray's `dot` (matrixmultiply) on f64; integer matmul wraps.
-//! Convolution is a direct loop (cross-correlation, like every framework's "conv").
+//! Reference: float matmul uses ndarray's `dot` on f64; integer matmul wraps; convolution is
+//! a direct loop.
 
-use crate::elementwise::broadcast_dims;
-use crate::value::{Data, Res, Site, Value};
+use super::conv_grad::{conv_grad_input, conv_grad_weight};
+use super::rules::{R, arity, float, out_elements, same_dtype, window_out};
+use super::{Grads, Op, OpDef, OpFamily, VjpArgs, op_struct};
+use crate::eval::{Data, EvalCx, Res, Site, Value, broadcast_dims};
+use crate::shape::broadcast_shapes;
+use crate::{Dim, Emitter, Graph, Shape, TensorType};
 use ndarray::{Array2, ArrayD, ArrayView2, Axis, Ix2, IxDyn};
+
+op_struct! {
+    /// Batched matrix product `[.., M, K] x [.., K, N] -> [.., M, N]`, batch dims broadcast.
+    MatMul "matmul"
+}
+
+op_struct! {
+    /// N-d convolution (cross-correlation), no bias: `x[N, C, *S]`, `w[O, C/groups, *K]`.
+    Conv "conv" {
+        /// Stride per spatial axis.
+        stride: Vec<usize>,
+        /// Padding before each spatial axis.
+        pad_before: Vec<usize>,
+        /// Padding after each spatial axis.
+        pad_after: Vec<usize>,
+        /// Dilation per spatial axis.
+        dilation: Vec<usize>,
+        /// Number of groups (C and O divisible by it).
+        groups: usize,
+    }
+}
+
+/// The type rule of matmul (also used by composites).
+pub(crate) fn matmul_type(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
+    same_dtype(a, b)?;
+    if a.rank() < 2 || b.rank() < 2 || !a.dtype.is_numeric() {
+        return Err(format!("matmul needs numeric operands of rank ≥ 2, got {a} x {b}"));
+    }
+    let (ra, rb) = (a.rank(), b.rank());
+    if a.shape.0[ra - 1] != b.shape.0[rb - 2] {
+        return Err(format!("matmul inner dims differ: {a} x {b}"));
+    }
+    let batch = broadcast_shapes(
+        &Shape(a.shape.0[..ra - 2].to_vec()),
+        &Shape(b.shape.0[..rb - 2].to_vec()),
+    )
+    .map_err(|e| format!("matmul batch dims of {a} x {b}: {e}"))?;
+    let mut s = batch.0;
+    s.push(a.shape.0[ra - 2].clone());
+    s.push(b.shape.0[rb - 1].clone());
+    Ok(TensorType::new(a.dtype, s))
+}
+
+impl OpDef for MatMul {
+    fn family(&self) -> OpFamily {
+        OpFamily::Contraction
+    }
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity(inputs, 2)?;
+        Ok(vec![matmul_type(&inputs[0], &inputs[1])?])
+    }
+
+    fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
+        let a = &inputs.first()?.shape.0;
+        let k = a.last()?.as_static()? as u64;
+        Some(2 * k * out_elements(outputs)?)
+    }
+
+    fn vjp<E: Emitter>(&self, e: &mut E, x: &VjpArgs<E::Value>) -> Grads<E> {
+        let (a, b, g) = (x.inputs[0], x.inputs[1], x.g);
+        let ga = if x.want(0) {
+            let bt = e.transpose_last(b)?;
+            let m = e.add_op1(Op::MatMul, &[g, bt])?;
+            Some(e.sum_to(m, &e.value_type(a).shape)?)
+        } else {
+            None
+        };
+        let gb = if x.want(1) {
+            let at = e.transpose_last(a)?;
+            let m = e.add_op1(Op::MatMul, &[at, g])?;
+            Some(e.sum_to(m, &e.value_type(b).shape)?)
+        } else {
+            None
+        };
+        Ok(vec![ga, gb])
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        crate::eval::arity(cx.site(), ins, &[2])?;
+        Ok(vec![matmul(cx.site(), ins[0], ins[1])?])
+    }
+}
+
+/// The type rule of conv (also used by composites).
+pub(crate) fn conv_type(x: &TensorType, w: &TensorType, c: &Conv) -> Result<TensorType, String> {
+    same_dtype(x, w)?;
+    float(x)?;
+    let sp = x.rank().saturating_sub(2);
+    if sp == 0 || w.rank() != x.rank() {
+        return Err(format!(
+            "conv needs x[N,C,*spatial] and w[O,C/groups,*kernel] of equal rank ≥ 3, got {x} and {w}"
+        ));
+    }
+    if [c.stride.len(), c.pad_before.len(), c.pad_after.len(), c.dilation.len()]
+        .iter()
+        .any(|&l| l != sp)
+    {
+        return Err(format!("conv attributes must have {sp} entries (one per spatial axis)"));
+    }
+    let groups = c.groups;
+    if groups == 0 || c.stride.contains(&0) || c.dilation.contains(&0) {
+        return Err("conv groups, stride and dilation must be ≥ 1".into());
+    }
+    let stat = |d: &Dim, what: &str| {
+        d.as_static()
+            .ok_or_else(|| format!("conv {what} must be static, got {x} and {w}"))
+    };
+    let ch = stat(&x.shape.0[1], "channels")?;
+    let o = stat(&w.shape.0[0], "output channels")?;
+    let wc = stat(&w.shape.0[1], "weight channels")?;
+    if ch % groups != 0 || o % groups != 0 || wc != ch / groups {
+        return Err(format!(
+            "conv channels: x {x}, w {w}, groups {groups} (need w[1] = C/groups, O % groups = 0)"
+        ));
+    }
+    let mut s = vec![x.shape.0[0].clone(), Dim::Static(o)];
+    for i in 0..sp {
+        let inp = stat(&x.shape.0[2 + i], "spatial dims")?;
+        let k = stat(&w.shape.0[2 + i], "kernel dims")?;
+        let out = c.pad_before[i]
+            .checked_add(c.pad_after[i])
+            .and_then(|p| window_out(inp, p, k, c.stride[i], c.dilation[i], false))
+            .ok_or_else(|| format!("conv window does not fit: x {x}, w {w}, spatial axis {i}"))?;
+        s.push(Dim::Static(out));
+    }
+    Ok(TensorType::new(x.dtype, s))
+}
+
+/// FLOPs of a convolution: 2 per weight element (of one group) per output element.
+pub(crate) fn conv_flops(inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
+    let w = inputs.get(1)?.shape.as_static()?;
+    let per_out: u64 = w[1..].iter().map(|&d| d as u64).product();
+    Some(2 * per_out * super::rules::elements(outputs.first()?)?)
+}
+
+impl OpDef for Conv {
+    fn family(&self) -> OpFamily {
+        OpFamily::Contraction
+    }
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity(inputs, 2)?;
+        Ok(vec![conv_type(&inputs[0], &inputs[1], self)?])
+    }
+
+    fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
+        conv_flops(inputs, outputs)
+    }
+
+    fn vjp<E: Emitter>(&self, e: &mut E, a: &VjpArgs<E::Value>) -> Grads<E> {
+        let (x, w, g) = (a.inputs[0], a.inputs[1], a.g);
+        let gx = if a.want(0) {
+            Some(conv_grad_input(e, self, x, w, g)?)
+        } else {
+            None
+        };
+        let gw = if a.want(1) {
+            Some(conv_grad_weight(e, self, x, w, g)?)
+        } else {
+            None
+        };
+        Ok(vec![gx, gw])
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        crate::eval::arity(cx.site(), ins, &[2])?;
+        Ok(vec![conv(cx.site(), ins[0], ins[1], self)?])
+    }
+}
 
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {
@@ -90,8 +265,8 @@ fn int_mm(x: ArrayView2<i64>, y: ArrayView2<i64>) -> Array2<i64> {
     })
 }
 
-/// `matmul(a, b)`.
-pub(crate) fn matmul(site: &Site, a: &Value, b: &Value) -> Res<Value> {
+/// `matmul(a, b)` (used by composites and the kernel interpreter too).
+pub fn matmul(site: &Site, a: &Value, b: &Value) -> Res<Value> {
     let data = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) if a.dtype == b.dtype => Data::F(matmul_f64(site, x, y)?),
         (Data::I(x), Data::I(y)) if a.dtype == b.dtype => Data::I(batched(site, x, y, int_mm)?),
@@ -100,22 +275,8 @@ pub(crate) fn matmul(site: &Site, a: &Value, b: &Value) -> Res<Value> {
     Ok(a.with(data))
 }
 
-/// Convolution attributes (one entry per spatial axis).
-pub(crate) struct ConvSpec<'a> {
-    /// Stride.
-    pub stride: &'a [usize],
-    /// Padding before.
-    pub pad_before: &'a [usize],
-    /// Padding after.
-    pub pad_after: &'a [usize],
-    /// Dilation.
-    pub dilation: &'a [usize],
-    /// Groups.
-    pub groups: usize,
-}
-
 /// N-d convolution `x[N, C, *S]` ⋆ `w[O, C/groups, *K]` → `[N, O, *out]` on f64 arrays.
-pub(crate) fn conv_f64(site: &Site, x: &ArrayD<f64>, w: &ArrayD<f64>, spec: &ConvSpec) -> Res<ArrayD<f64>> {
+pub(crate) fn conv_f64(site: &Site, x: &ArrayD<f64>, w: &ArrayD<f64>, spec: &Conv) -> Res<ArrayD<f64>> {
     let (xs, ws) = (x.shape(), w.shape());
     let sp = xs.len().saturating_sub(2);
     let bad = |what: &str| site.err(format!("conv {what}: x {xs:?}, w {ws:?}"));
@@ -155,7 +316,7 @@ pub(crate) fn conv_f64(site: &Site, x: &ArrayD<f64>, w: &ArrayD<f64>, spec: &Con
     }
     let mut out_shape = vec![n, o];
     out_shape.extend(&sout);
-    site.check_size(oar_ir::DType::F64, &out_shape, "conv output")?;
+    site.check_size(crate::DType::F64, &out_shape, "conv output")?;
     let xf: Vec<f64> = x.iter().copied().collect();
     let wf: Vec<f64> = w.iter().copied().collect();
     let (sin_n, k_n, out_n): (usize, usize, usize) =
@@ -202,8 +363,8 @@ pub(crate) fn conv_f64(site: &Site, x: &ArrayD<f64>, w: &ArrayD<f64>, spec: &Con
     ArrayD::from_shape_vec(IxDyn(&out_shape), out).map_err(|e| site.err(e.to_string()))
 }
 
-/// `conv(x, w)`.
-pub(crate) fn conv(site: &Site, x: &Value, w: &Value, spec: &ConvSpec) -> Res<Value> {
+/// `conv(x, w)` (used by composites and the kernel interpreter too).
+pub fn conv(site: &Site, x: &Value, w: &Value, spec: &Conv) -> Res<Value> {
     let xa = x.as_f(site, "conv input")?;
     let wa = w.as_f(site, "conv weight")?;
     Ok(x.with(Data::F(conv_f64(site, xa, wa, spec)?)))

@@ -1,0 +1,163 @@
+//! Composite ops: each decomposes into primitives (`OpDef::decompose`) and is differentiated
+//! through that decomposition; the reference evaluates it natively, so decompositions are
+//! checked against an independent computation. Layouts follow Paddle 2 (NCHW images, `Linear`
+//! weight `[in, out]`).
+//!
+//! Adding a composite: define it in the file of its family (attributes with `op_struct!`, then
+//! `impl OpDef`), and add its line to the table below.
+
+mod activation;
+mod attention;
+mod loss;
+mod nn;
+mod norm;
+mod pooling;
+
+pub use activation::{Dropout, Gelu, LogSoftmax, Relu, Sigmoid, Silu, Softmax};
+pub use attention::ScaledDotProductAttention;
+pub use loss::{CrossEntropy, Reduction};
+pub use nn::{Conv2d, Embedding, Linear};
+pub use norm::{BatchNorm, LayerNorm};
+pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
+
+use super::op_set;
+use crate::{DType, Dim, Emitter, IrError, Op, TensorType};
+
+op_set! {
+    /// Composite ops, each with a decomposition into primitives.
+    pub enum Composite {
+        /// `linear(x[.., in], w[in, out], b[out]?) = x @ w + b`.
+        Linear,
+        /// `conv2d(x[N,C,H,W], w[O,C/g,kh,kw], b[O]?)`.
+        Conv2d(Conv2d),
+        /// `max_pool2d(x[N,C,H,W])`.
+        MaxPool2d(MaxPool2d),
+        /// `avg_pool2d(x[N,C,H,W])`.
+        AvgPool2d(AvgPool2d),
+        /// `adaptive_avg_pool2d(x[N,C,H,W])`.
+        AdaptiveAvgPool2d(AdaptiveAvgPool2d),
+        /// `adaptive_max_pool2d(x[N,C,H,W])`.
+        AdaptiveMaxPool2d(AdaptiveMaxPool2d),
+        /// `batch_norm(x, scale, bias, running_mean, running_var)`.
+        BatchNorm(BatchNorm),
+        /// `layer_norm(x, weight?, bias?)`.
+        LayerNorm(LayerNorm),
+        /// `softmax(x)` along an axis.
+        Softmax(Softmax),
+        /// `log_softmax(x)` along an axis.
+        LogSoftmax(LogSoftmax),
+        /// `cross_entropy(logits[N,C], labels[N])`.
+        CrossEntropy(CrossEntropy),
+        /// `max(x, 0)`.
+        Relu,
+        /// GELU.
+        Gelu(Gelu),
+        /// `x * sigmoid(x)`.
+        Silu,
+        /// `1 / (1 + exp(-x))`.
+        Sigmoid,
+        /// Dropout (`upscale_in_train`).
+        Dropout(Dropout),
+        /// `embedding(indices, weight[V, D])`.
+        Embedding,
+        /// Scaled dot-product attention.
+        ScaledDotProductAttention(ScaledDotProductAttention),
+    }
+}
+
+impl Composite {
+    /// The mnemonic used in the text format.
+    pub fn name(&self) -> &'static str {
+        super::OpText::name(self)
+    }
+
+    /// Every composite's mnemonic, in table order (for keep-lists and listings).
+    pub fn names() -> &'static [&'static str] {
+        <Composite as super::OpText>::mnemonics()
+    }
+}
+
+/// The parts every composite's [`super::OpDef`] shares: the family, and gradients through
+/// the decomposition.
+macro_rules! composite_def {
+    () => {
+        fn family(&self) -> $crate::ops::OpFamily {
+            $crate::ops::OpFamily::Composite
+        }
+        fn vjp<E: $crate::Emitter>(&self, _: &mut E, _: &$crate::ops::VjpArgs<E::Value>) -> $crate::ops::Grads<E> {
+            $crate::ops::def::composite_vjp::<E>($crate::ops::OpText::name(self))
+        }
+    };
+}
+pub(crate) use composite_def;
+
+// ---- builders the decompositions share, on top of [`Emitter`]'s own helpers ------------
+
+/// Result of applying one op through an emitter.
+pub(crate) type V<E> = Result<<E as Emitter>::Value, <E as Emitter>::Error>;
+
+/// The dtype of a value.
+pub(crate) fn dtype<E: Emitter>(g: &E, v: E::Value) -> DType {
+    g.value_type(v).dtype
+}
+
+/// The dims of a value.
+pub(crate) fn dims<E: Emitter>(g: &E, v: E::Value) -> Vec<Dim> {
+    g.value_type(v).shape.0
+}
+
+/// A scalar constant with the dtype of `like`.
+pub(crate) fn scalar_like<E: Emitter>(g: &mut E, like: E::Value, value: f64) -> V<E> {
+    let d = dtype(g, like);
+    g.add_scalar(d, value)
+}
+
+/// Strided slice with one range per axis.
+pub(crate) fn slice<E: Emitter>(g: &mut E, x: E::Value, ranges: Vec<super::SliceRange>) -> V<E> {
+    g.add_op1(Op::Slice(super::Slice { ranges }), &[x])
+}
+
+/// `where(c, a, b)`.
+pub(crate) fn select<E: Emitter>(g: &mut E, c: E::Value, a: E::Value, b: E::Value) -> V<E> {
+    g.add_op1(Op::Where, &[c, a, b])
+}
+
+/// Reshape to `dims` (no op when the shape already matches).
+pub(crate) fn reshape<E: Emitter>(g: &mut E, x: E::Value, dims: Vec<Dim>) -> V<E> {
+    g.reshape(x, &crate::Shape(dims))
+}
+
+/// The smallest value of a dtype, used as the identity of max (−inf for floats).
+pub(crate) fn lowest(d: DType) -> f64 {
+    match d {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
+        DType::I8 => i8::MIN as f64,
+        DType::I32 => i32::MIN as f64,
+        // i64::MIN is a power of two, so it is exact in f64.
+        DType::I64 => i64::MIN as f64,
+        DType::U8 | DType::Bool => 0.0,
+    }
+}
+
+/// A type error raised by a decomposition itself (operands the rule accepts but the
+/// decomposition cannot express).
+pub(crate) fn unsupported(op: &str, detail: String) -> IrError {
+    IrError::Type {
+        op: op.to_string(),
+        value: "<new>".into(),
+        detail,
+    }
+}
+
+/// `t` is a vector `[n]` of x's dtype.
+pub(crate) fn vector_of(t: &TensorType, n: &Dim, what: &str, x: &TensorType) -> Result<(), String> {
+    if t.shape.0 != [n.clone()] || t.dtype != x.dtype {
+        return Err(format!("{what} must be {}[{n}] for x {x}, got {t}", x.dtype));
+    }
+    Ok(())
+}
+
+/// Wrap one decomposed value as the op's only output.
+pub(crate) fn one<E: Emitter>(r: V<E>) -> Option<Result<Vec<E::Value>, E::Error>> {
+    Some(r.map(|v| vec![v]))
+}
