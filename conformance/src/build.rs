@@ -2,6 +2,8 @@
 //! the inputs and weights it draws.
 
 use super::CaseData;
+pub(crate) use oar_ir::ops::sample::Domain;
+use oar_ir::ops::sample::SampleRng;
 use oar_ir::{DType, Dim, Graph, Op, TensorData, TensorType, ValueId, Weights};
 use std::collections::BTreeMap;
 
@@ -17,115 +19,14 @@ pub(crate) fn s<E: std::fmt::Display>(e: E) -> String {
 /// numbers whatever else runs (filters, order, other cases added).
 pub const SUITE_SEED: u64 = 0x0A12_C0DE_5EED_2024;
 
-/// A SplitMix64 generator (small, fast, and identical on every platform).
-#[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
+/// The suite's generator: `oar_ir`'s sample generator seeded with [`SUITE_SEED`] and the
+/// case's name.
+pub(crate) struct Rng;
 
 impl Rng {
     /// The generator for the case called `name`.
-    pub fn for_case(name: &str) -> Rng {
-        // FNV-1a of the name.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in name.bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        Rng(h ^ SUITE_SEED)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-
-    /// Uniform integer in `[lo, hi]` (inclusive).
-    pub fn int(&mut self, lo: i64, hi: i64) -> i64 {
-        if hi <= lo {
-            return lo;
-        }
-        let span = (hi - lo) as u64 + 1;
-        lo + (self.next_u64() % span) as i64
-    }
-}
-
-/// Where a tensor's values are drawn from. Integer dtypes draw integers (the range clamped to
-/// the dtype's), bool draws fair coins (except for [`Domain::Values`]).
-#[derive(Clone, Debug)]
-pub(crate) enum Domain {
-    /// Uniform in `[lo, hi)` (integers: `[ceil(lo), floor(hi)]`).
-    Range(f64, f64),
-    /// Like `Range`, with `|x| ≥ min_abs` (divisors, reciprocals).
-    AwayFromZero(f64, f64, f64),
-    /// Integer-valued in `[lo, hi]` whatever the dtype (ties for comparisons and argmax).
-    Ints(i64, i64),
-    /// These values first (cycled if the tensor is smaller), then draws from the inner domain.
-    WithSpecials(Vec<f64>, Box<Domain>),
-    /// Exactly these values, cycled.
-    Values(Vec<f64>),
-}
-
-/// The smallest and largest value of an integer dtype, as f64.
-fn int_range(dtype: DType) -> (f64, f64) {
-    match dtype {
-        DType::I8 => (-128.0, 127.0),
-        DType::U8 => (0.0, 255.0),
-        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
-        DType::Bool => (0.0, 1.0),
-        _ => (-(2f64.powi(62)), 2f64.powi(62)),
-    }
-}
-
-impl Domain {
-    /// The usual domain: `[-1, 1)` for floats, small integers for ints.
-    pub fn standard() -> Domain {
-        Domain::Range(-1.0, 1.0)
-    }
-
-    fn draw(&self, dtype: DType, rng: &mut Rng, i: usize) -> f64 {
-        match self {
-            Domain::Values(v) => v[i % v.len()],
-            Domain::WithSpecials(v, rest) => {
-                if i < v.len() {
-                    v[i]
-                } else {
-                    rest.draw(dtype, rng, i)
-                }
-            }
-            _ if dtype == DType::Bool => (rng.next_u64() & 1) as f64,
-            Domain::Ints(lo, hi) => {
-                let (dlo, dhi) = int_range(if dtype.is_float() { DType::I32 } else { dtype });
-                rng.int((*lo as f64).max(dlo) as i64, (*hi as f64).min(dhi) as i64) as f64
-            }
-            Domain::Range(lo, hi) if dtype.is_int() => {
-                let (dlo, dhi) = int_range(dtype);
-                rng.int(lo.ceil().max(dlo) as i64, hi.floor().min(dhi) as i64) as f64
-            }
-            Domain::Range(lo, hi) => rng.uniform(*lo, *hi),
-            Domain::AwayFromZero(lo, hi, min_abs) => loop {
-                let v = Domain::Range(*lo, *hi).draw(dtype, rng, i);
-                if v.abs() >= *min_abs {
-                    break v;
-                }
-            },
-        }
-    }
-
-    /// `n` values for `dtype`.
-    pub fn sample(&self, dtype: DType, rng: &mut Rng, n: usize) -> Vec<f64> {
-        (0..n).map(|i| self.draw(dtype, rng, i)).collect()
+    pub fn for_case(name: &str) -> SampleRng {
+        SampleRng::for_case(name, SUITE_SEED)
     }
 }
 
@@ -139,7 +40,7 @@ pub(crate) struct Builder {
     pub g: Graph,
     inputs: BTreeMap<String, TensorData>,
     weights: Weights,
-    pub rng: Rng,
+    pub rng: SampleRng,
 }
 
 impl Builder {
@@ -159,8 +60,8 @@ impl Builder {
 
     /// A tensor drawn from `dom`.
     pub fn data(&mut self, dtype: DType, shape: &[usize], dom: &Domain) -> R<TensorData> {
-        let n = shape.iter().product();
-        let v = dom.sample(dtype, &mut self.rng, n);
+        let n: usize = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| dom.draw(dtype, &mut self.rng, i)).collect();
         TensorData::from_f64_slice(dtype, shape.to_vec(), &v).map_err(s)
     }
 
@@ -245,16 +146,20 @@ impl Builder {
 mod tests {
     use super::*;
 
+    fn sample(d: &Domain, dtype: DType, rng: &mut SampleRng, n: usize) -> Vec<f64> {
+        (0..n).map(|i| d.draw(dtype, rng, i)).collect()
+    }
+
     #[test]
     fn domains_respect_dtypes_and_are_deterministic() {
         let mut a = Rng::for_case("x");
         let mut b = Rng::for_case("x");
         assert_eq!(a.next_u64(), b.next_u64());
-        let v = Domain::Range(-10.0, 300.0).sample(DType::U8, &mut a, 200);
+        let v = sample(&Domain::Range(-10.0, 300.0), DType::U8, &mut a, 200);
         assert!(v.iter().all(|&x| (0.0..=255.0).contains(&x) && x.fract() == 0.0));
-        let v = Domain::AwayFromZero(-3.0, 3.0, 1.0).sample(DType::I32, &mut a, 200);
+        let v = sample(&Domain::AwayFromZero(-3.0, 3.0, 1.0), DType::I32, &mut a, 200);
         assert!(v.iter().all(|&x| x != 0.0));
-        let v = Domain::Range(-1.0, 1.0).sample(DType::Bool, &mut a, 50);
+        let v = sample(&Domain::Range(-1.0, 1.0), DType::Bool, &mut a, 50);
         assert!(v.iter().all(|&x| x == 0.0 || x == 1.0));
     }
 }

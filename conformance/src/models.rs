@@ -7,6 +7,7 @@ use super::{Case, CaseData, Section, Tolerance};
 use oar::jit::{InputSpec, to_static_layer};
 use oar::nn::{Layer, Linear, ReLU, Sequential, TransformerEncoder, TransformerEncoderLayer};
 use oar::vision::models::{lenet, mobilenet_v2, resnet18};
+use oar_ir::ops::sample::SampleRng;
 use oar_ir::{DType, TensorData, Weights};
 use std::collections::BTreeMap;
 
@@ -69,7 +70,7 @@ fn transformer(s: &ModelSize) -> oar::Result<Box<dyn Layer>> {
 /// become `c ± 0.25`, so variances stay positive; matrices and kernels are uniform with
 /// variance `1/fan_in` (fan-in: `shape[0]` for `[in, out]` linear weights, the product of
 /// the trailing dims for conv kernels); other vectors (biases) are uniform in `±0.1`.
-fn redraw(init: &TensorData, rng: &mut Rng) -> Result<TensorData, String> {
+fn redraw(init: &TensorData, rng: &mut SampleRng) -> Result<TensorData, String> {
     let vals = init.to_f64_vec();
     let shape = init.shape().to_vec();
     let n = vals.len();
@@ -90,8 +91,7 @@ fn redraw(init: &TensorData, rng: &mut Rng) -> Result<TensorData, String> {
     if !init.dtype().is_float() {
         return Ok(init.clone());
     }
-    let v = dom.sample(init.dtype(), rng, n);
-    TensorData::from_f64_slice(init.dtype(), shape, &v).map_err(|e| e.to_string())
+    Ok(dom.tensor(init.dtype(), &shape, rng))
 }
 
 fn build_model(name: &str, make: MakeFn, size: &ModelSize) -> Result<CaseData, String> {
@@ -108,13 +108,7 @@ fn build_model(name: &str, make: MakeFn, size: &ModelSize) -> Result<CaseData, S
         weights.insert(k.clone(), redraw(&t, &mut rng)?);
     }
     let mut rng = Rng::for_case(&format!("models/{name}/input"));
-    let n: usize = size.input.iter().product();
-    let x = TensorData::from_f64_slice(
-        DType::F32,
-        size.input.clone(),
-        &Domain::standard().sample(DType::F32, &mut rng, n),
-    )
-    .map_err(|e| e.to_string())?;
+    let x = Domain::standard().tensor(DType::F32, &size.input, &mut rng);
     Ok(CaseData {
         graph: f.graph().clone(),
         weights,

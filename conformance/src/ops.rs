@@ -28,7 +28,17 @@ pub(crate) fn cases() -> Vec<Case> {
     conv(&mut v);
     composites(&mut v);
     control(&mut v);
+    samples(&mut v);
     v
+}
+
+/// The samples every op definition declares (`OpDef::samples`): new ops are covered here by
+/// being defined.
+fn samples(v: &mut Vec<Case>) {
+    for s in Op::all_samples() {
+        let inputs = s.inputs.into_iter().map(|i| (i.dtype, i.shape, i.domain)).collect();
+        op_case(v, s.name, s.op, inputs);
+    }
 }
 
 /// True if the IR's type rule accepts `op` on inputs of these types.

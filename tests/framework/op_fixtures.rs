@@ -8,9 +8,8 @@
 //! integers and bools must be equal). Cases marked `expect_error` must fail with an error,
 //! not a panic and not a result.
 
-use oar_ir::ops::{ArgReduce, Dropout, Reduce, Scatter};
-use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, ScatterReduce, UnaryOp};
-use oar_ir::{BackendError, Composite, DType, Graph, Op, TensorData, TensorType, Weights};
+use oar_ir::ops::OpDef;
+use oar_ir::{BackendError, DType, Graph, Op, TensorData, TensorType, Weights};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -307,99 +306,37 @@ fn reference_backend_matches_numpy_fixtures() {
     );
 }
 
-/// The coverage key of an op, or `None` for ops the fixtures deliberately skip
-/// (graph leaves, control flow, and generator-specific randomness).
-///
-/// The matches are exhaustive on purpose: a new `Op` or `Composite` variant stops this test
-/// from compiling until it gets a key here — add the key to [`required_keys`] as well.
-fn coverage_key(op: &Op) -> Option<String> {
-    let key = match op {
-        Op::Input(_) | Op::Param(_) | Op::Constant(_) | Op::Cond | Op::While | Op::Random(_) => {
-            return None;
-        }
-        Op::Unary(u) => u.name().to_string(),
-        Op::Binary(b) => b.name().to_string(),
-        Op::Reduce(Reduce { op, .. }) => op.name().to_string(),
-        Op::ArgReduce(ArgReduce { op, .. }) => op.name().to_string(),
-        Op::Scatter(Scatter { reduce, .. }) => format!("scatter_{}", reduce.name()),
-        Op::Where
-        | Op::Reshape(_)
-        | Op::Permute(_)
-        | Op::Broadcast(_)
-        | Op::Slice(_)
-        | Op::Pad(_)
-        | Op::Concat(_)
-        | Op::Gather(_)
-        | Op::Cast(_)
-        | Op::Iota(_)
-        | Op::MatMul
-        | Op::Conv(_) => op.name().to_string(),
-        Op::Composite(c) => match c {
-            Composite::Dropout(Dropout { training: true, .. }) => return None,
-            Composite::Dropout(Dropout { training: false, .. }) => "dropout_eval".to_string(),
-            Composite::Linear
-            | Composite::Conv2d(_)
-            | Composite::MaxPool2d(_)
-            | Composite::AvgPool2d(_)
-            | Composite::AdaptiveAvgPool2d(_)
-            | Composite::AdaptiveMaxPool2d(_)
-            | Composite::BatchNorm(_)
-            | Composite::LayerNorm(_)
-            | Composite::Softmax(_)
-            | Composite::LogSoftmax(_)
-            | Composite::CrossEntropy(_)
-            | Composite::Relu
-            | Composite::Gelu(_)
-            | Composite::Silu
-            | Composite::Sigmoid
-            | Composite::Embedding
-            | Composite::ScaledDotProductAttention(_) => c.name().to_string(),
-        },
-    };
-    Some(key)
+/// Ops and modes the fixtures deliberately skip: graph leaves, control flow, and
+/// generator-specific randomness (tested by the shared random-stream tests instead).
+const SKIPPED: &[&str] = &[
+    "input",
+    "param",
+    "constant",
+    "cond",
+    "while",
+    "random",
+    "random/uniform",
+    "random/normal",
+    "dropout/train",
+];
+
+/// The coverage keys of an op: its mnemonic and its mode (from the op's definition).
+fn coverage_keys(op: &Op) -> Vec<String> {
+    let mut keys = vec![op.name().to_string()];
+    keys.extend(OpDef::mode(op));
+    keys.retain(|k| !SKIPPED.contains(&k.as_str()));
+    keys
 }
 
-/// Every coverage key the fixtures must hit at least once.
+/// Every coverage key the fixtures must hit at least once: every mnemonic and mode of the op
+/// set, as the definitions declare them, but the skipped ones.
 fn required_keys() -> BTreeSet<String> {
-    let mut keys: BTreeSet<String> = UnaryOp::ALL.iter().map(|u| u.name().to_string()).collect();
-    keys.extend(BinaryOp::ALL.iter().map(|b| b.name().to_string()));
-    keys.extend(ReduceOp::ALL.iter().map(|r| r.name().to_string()));
-    keys.extend(ArgReduceOp::ALL.iter().map(|r| r.name().to_string()));
-    keys.extend(ScatterReduce::ALL.iter().map(|r| format!("scatter_{}", r.name())));
-    let fixed = [
-        "where",
-        "reshape",
-        "permute",
-        "broadcast",
-        "slice",
-        "pad",
-        "concat",
-        "gather",
-        "cast",
-        "iota",
-        "matmul",
-        "conv",
-        "linear",
-        "conv2d",
-        "max_pool2d",
-        "avg_pool2d",
-        "adaptive_avg_pool2d",
-        "adaptive_max_pool2d",
-        "batch_norm",
-        "layer_norm",
-        "softmax",
-        "log_softmax",
-        "cross_entropy",
-        "relu",
-        "gelu",
-        "silu",
-        "sigmoid",
-        "dropout_eval",
-        "embedding",
-        "sdpa",
-    ];
-    keys.extend(fixed.iter().map(|s| s.to_string()));
-    keys
+    Op::all_mnemonics()
+        .iter()
+        .map(|s| s.to_string())
+        .chain(Op::all_modes())
+        .filter(|k| !SKIPPED.contains(&k.as_str()))
+        .collect()
 }
 
 #[test]
@@ -408,7 +345,7 @@ fn fixtures_parse_type_check_and_cover_every_op() {
     let covered: BTreeSet<String> = cases
         .iter()
         .filter(|c| !c.expect_error)
-        .flat_map(|c| c.graph.node_ids().filter_map(|n| coverage_key(&c.graph.node(n).op)))
+        .flat_map(|c| c.graph.node_ids().flat_map(|n| coverage_keys(&c.graph.node(n).op)))
         .collect();
     let missing: Vec<_> = required_keys().difference(&covered).cloned().collect();
     assert!(missing.is_empty(), "ops without a fixture case: {missing:?}");

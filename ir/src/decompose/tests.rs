@@ -211,5 +211,12 @@ fn composite_names_match_the_ops() {
     for op in ops {
         assert!(composite_names().contains(&op.name()), "{}", op.name());
     }
-    assert_eq!(composite_names().len(), 18);
+    // Every composite that declares samples is listed, and no name is listed twice.
+    for s in Composite::all_samples() {
+        assert!(composite_names().contains(&s.op.name()), "{}", s.name);
+    }
+    let mut names = composite_names().to_vec();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), composite_names().len(), "duplicate composite names");
 }

@@ -97,7 +97,25 @@ pub(crate) fn conv_grad_input<E: Emitter>(
     w: E::Value,
     g: E::Value,
 ) -> Result<E::Value, E::Error> {
-    let (xt, wt, gt) = (e.value_type(x), e.value_type(w), e.value_type(g));
+    let xt = e.value_type(x);
+    let sizes: Vec<usize> = (0..a.stride.len())
+        .map(|i| stat(&xt.shape.0[2 + i]))
+        .collect::<Result<_, _>>()?;
+    transposed_conv(e, a, w, g, &sizes)
+}
+
+/// The transpose of `conv` with attributes `a` and weight `w[O, C/G, K]`, applied to `g[N, O,
+/// *Y]`: `[N, C, *sizes]`, where `sizes` are the forward input's spatial sizes (several fit one
+/// output size when the stride is above 1; the extra rows past the last window get zeros, as
+/// `output_padding` asks). This is both conv's input gradient and `conv_transpose`.
+pub(crate) fn transposed_conv<E: Emitter>(
+    e: &mut E,
+    a: &Conv,
+    w: E::Value,
+    g: E::Value,
+    sizes: &[usize],
+) -> Result<E::Value, E::Error> {
+    let (wt, gt) = (e.value_type(w), e.value_type(g));
     let sp = a.stride.len();
     let (o, cg) = (stat(&wt.shape.0[0])?, stat(&wt.shape.0[1])?);
     let groups = a.groups;
@@ -107,11 +125,7 @@ pub(crate) fn conv_grad_input<E: Emitter>(
     }
     let (mut before, mut after) = (vec![0; sp + 2], vec![0; sp + 2]);
     for i in 0..sp {
-        let (s, k, y) = (
-            stat(&xt.shape.0[2 + i])?,
-            stat(&wt.shape.0[2 + i])?,
-            stat(&gt.shape.0[2 + i])?,
-        );
+        let (s, k, y) = (sizes[i], stat(&wt.shape.0[2 + i])?, stat(&gt.shape.0[2 + i])?);
         let p = s + a.pad_before[i] + a.pad_after[i];
         let span = a.dilation[i] * (k - 1);
         let rest = p - span - 1 - (y - 1) * a.stride[i];
@@ -138,8 +152,7 @@ pub(crate) fn conv_grad_input<E: Emitter>(
         }
     }
     let full = conv(e, gp, wf, vec![1; sp], a.dilation.to_vec(), groups)?;
-    let sizes: Vec<usize> = (0..sp).map(|i| stat(&xt.shape.0[2 + i])).collect::<Result<_, _>>()?;
-    slice_spatial(e, full, &a.pad_before, &sizes)
+    slice_spatial(e, full, &a.pad_before, sizes)
 }
 
 /// ∂L/∂w of `conv(x, w)`: a convolution of the padded input (batch as channels) with the

@@ -103,6 +103,11 @@ pub trait OpDef: OpText {
     fn mode(&self) -> Option<String> {
         None
     }
+
+    /// Sample invocations every harness runs (conformance kit, gradient checks, fixtures).
+    fn samples() -> Vec<super::Sample> {
+        Vec::new()
+    }
 }
 
 /// The "decompose first" gradient of a composite: composites are differentiated through
@@ -250,6 +255,13 @@ macro_rules! op_set {
                 None
             }
 
+            /// Sample invocations of every variant type.
+            pub fn all_samples() -> Vec<$crate::ops::Sample> {
+                let mut v: Vec<$crate::ops::Sample> = Vec::new();
+                $( v.extend(<op_set!(@ty $V $($T)?) as $crate::ops::OpDef>::samples()); )*
+                v
+            }
+
             /// Coverage modes of every variant type.
             pub fn all_modes() -> Vec<String> {
                 let mut v: Vec<String> = Vec::new();
@@ -327,6 +339,9 @@ macro_rules! op_set {
             }
             fn modes() -> Vec<String> {
                 Self::all_modes()
+            }
+            fn samples() -> Vec<$crate::ops::Sample> {
+                Self::all_samples()
             }
             fn mode(&self) -> Option<String> {
                 match self { $( op_set!(@pat $E $V d $($T)?) => { op_set!(@bind d $V $($T)?); $crate::ops::OpDef::mode(d) } )* }

@@ -9,7 +9,7 @@
 //! | elementwise | `unary`, `binary`, `elementwise` | neg … not, add … xor, where, cast |
 //! | reductions | `reduce` | reduce_*, argmax, argmin |
 //! | movement | `movement` | reshape, permute, broadcast, slice, pad, concat |
-//! | indexing | `indexing` | gather, scatter |
+//! | indexing | `indexing`, `sort` | gather, scatter, sort |
 //! | generators | `generator` | iota, random |
 //! | contractions | `contraction` | matmul, conv |
 //! | control flow | `control` | cond, while |
@@ -32,6 +32,8 @@ mod leaf;
 mod movement;
 mod reduce;
 pub mod rules;
+pub mod sample;
+mod sort;
 mod unary;
 
 pub use binary::BinaryOp;
@@ -46,6 +48,8 @@ pub use indexing::{Gather, Scatter, ScatterReduce};
 pub use leaf::{Input, Param};
 pub use movement::{Broadcast, Concat, Pad, Permute, Reshape, Slice, SliceRange};
 pub use reduce::{ArgReduce, ArgReduceOp, Reduce, ReduceOp};
+pub use sample::{Domain, Sample, SampleInput};
+pub use sort::Sort;
 pub use unary::UnaryOp;
 
 pub(crate) use def::{named_enum, op_set, op_struct};
@@ -113,6 +117,8 @@ op_set! {
         Gather(Gather),
         /// Scatter along an axis (gather's transpose).
         Scatter(Scatter),
+        /// Stable sort along an axis: values and source indices.
+        Sort(Sort),
         /// Convert to another dtype.
         Cast(Cast),
         /// Each element is its index along an axis.

@@ -18,6 +18,8 @@ pub enum AttrVal {
     List(Vec<Spanned>),
     /// A slice range `start:end:step`, each part optional.
     Range([Option<String>; 3]),
+    /// A quoted string.
+    Str(String),
 }
 
 /// A value and where it was written.
@@ -110,6 +112,18 @@ impl AttrValue for bool {
             "true" => Ok(true),
             "false" => Ok(false),
             t => Err(cx.err(s, format!("expected true or false, found '{t}'"))),
+        }
+    }
+}
+
+impl AttrValue for String {
+    fn print(&self) -> Option<String> {
+        Some(super::print::quote(self))
+    }
+    fn read(s: &Spanned, cx: &AttrCx) -> Result<Self, ParseError> {
+        match &s.val {
+            AttrVal::Str(t) => Ok(t.clone()),
+            _ => Err(cx.err(s, "expected a quoted string")),
         }
     }
 }

@@ -510,6 +510,10 @@ impl Parser {
                 self.bump();
                 Ok(at(AttrVal::Word(w)))
             }
+            Tok::Str(w) => {
+                self.bump();
+                Ok(at(AttrVal::Str(w)))
+            }
             tok => Err(self.err(format!("expected an attribute value, found {}", tok.describe()))),
         }
     }

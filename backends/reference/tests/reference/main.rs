@@ -11,3 +11,4 @@ mod graphs;
 mod movement;
 mod reduce;
 mod run_kernel;
+mod samples;

@@ -8,17 +8,31 @@
 
 mod activation;
 mod attention;
+mod conv;
+mod einsum;
 mod loss;
 mod nn;
 mod norm;
+mod ordering;
+mod padding;
 mod pooling;
+mod resize;
+mod scan;
+mod select;
 
 pub use activation::{Dropout, Gelu, LogSoftmax, Relu, Sigmoid, Silu, Softmax};
 pub use attention::ScaledDotProductAttention;
+pub use conv::{Conv2d, ConvTranspose};
+pub use einsum::Einsum;
 pub use loss::{CrossEntropy, Reduction};
-pub use nn::{Conv2d, Embedding, Linear};
-pub use norm::{BatchNorm, LayerNorm};
+pub use nn::{Embedding, Linear};
+pub use norm::{BatchNorm, GroupNorm, InstanceNorm, LayerNorm};
+pub use ordering::{ArgSort, TopK};
+pub use padding::{BorderPad, PadMode};
 pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
+pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
+pub use scan::CumSum;
+pub use select::{MaskedFill, OneHot};
 
 use super::op_set;
 use crate::{DType, Dim, Emitter, IrError, Op, TensorType};
@@ -30,6 +44,8 @@ op_set! {
         Linear,
         /// `conv2d(x[N,C,H,W], w[O,C/g,kh,kw], b[O]?)`.
         Conv2d(Conv2d),
+        /// `conv_transpose(x[N,Cin,*S], w[Cin,Cout/g,*K], b[Cout]?)`.
+        ConvTranspose(ConvTranspose),
         /// `max_pool2d(x[N,C,H,W])`.
         MaxPool2d(MaxPool2d),
         /// `avg_pool2d(x[N,C,H,W])`.
@@ -38,10 +54,16 @@ op_set! {
         AdaptiveAvgPool2d(AdaptiveAvgPool2d),
         /// `adaptive_max_pool2d(x[N,C,H,W])`.
         AdaptiveMaxPool2d(AdaptiveMaxPool2d),
+        /// `resize(x)`: nearest / linear / cubic resampling of the trailing axes.
+        Resize(Resize),
         /// `batch_norm(x, scale, bias, running_mean, running_var)`.
         BatchNorm(BatchNorm),
         /// `layer_norm(x, weight?, bias?)`.
         LayerNorm(LayerNorm),
+        /// `group_norm(x, weight?, bias?)`.
+        GroupNorm(GroupNorm),
+        /// `instance_norm(x, weight?, bias?)`.
+        InstanceNorm(InstanceNorm),
         /// `softmax(x)` along an axis.
         Softmax(Softmax),
         /// `log_softmax(x)` along an axis.
@@ -62,6 +84,20 @@ op_set! {
         Embedding,
         /// Scaled dot-product attention.
         ScaledDotProductAttention(ScaledDotProductAttention),
+        /// Padding from the tensor's own elements (reflect, replicate, circular).
+        BorderPad(BorderPad),
+        /// Running sums along an axis.
+        CumSum(CumSum),
+        /// The k largest (smallest) elements along an axis, with their indices.
+        TopK(TopK),
+        /// Indices that sort an axis.
+        ArgSort(ArgSort),
+        /// `where(mask, value, x)`.
+        MaskedFill(MaskedFill),
+        /// One-hot encoding of indices.
+        OneHot(OneHot),
+        /// Einstein summation.
+        Einsum(Einsum),
     }
 }
 

@@ -1,13 +1,13 @@
-//! Layers built on contractions and indexing: `linear`, `conv2d`, `embedding`.
+//! Layers built on matmul and indexing: `linear`, `embedding`.
 
-use super::super::contraction::{conv, conv_flops, conv_type, matmul};
+use super::super::contraction::matmul;
 use super::super::rules::{R, arity, arity_range, check_index, out_elements};
 use super::{composite_def, one, reshape, vector_of};
 use crate::eval::{EvalCx, Res, Value};
 use crate::ops::binary::eval as binary;
 use crate::ops::indexing::gather;
 use crate::ops::movement::reshape as reshape_value;
-use crate::ops::{BinaryOp, Conv, Gather, OpDef, op_struct};
+use crate::ops::{BinaryOp, Gather, OpDef, op_struct};
 use crate::{Dim, Emitter, Graph, Op, TensorType};
 
 op_struct! {
@@ -16,35 +16,8 @@ op_struct! {
 }
 
 op_struct! {
-    /// `conv2d(x[N,C,H,W], w[O,C/g,kh,kw], b[O]?)`.
-    Conv2d "conv2d" {
-        /// (sh, sw)
-        stride: [usize; 2],
-        /// (top, left, bottom, right)
-        padding: [usize; 4],
-        /// (dh, dw)
-        dilation: [usize; 2],
-        /// groups
-        groups: usize,
-    }
-}
-
-op_struct! {
     /// `embedding(indices (int), weight[V, D]) -> indices.shape ++ [D]`.
     Embedding "embedding"
-}
-
-impl Conv2d {
-    /// The primitive convolution this layer runs (before the bias).
-    pub fn conv(&self) -> Conv {
-        Conv {
-            stride: self.stride.to_vec(),
-            pad_before: self.padding[..2].to_vec(),
-            pad_after: self.padding[2..].to_vec(),
-            dilation: self.dilation.to_vec(),
-            groups: self.groups,
-        }
-    }
 }
 
 impl OpDef for Linear {
@@ -116,62 +89,6 @@ impl OpDef for Linear {
         let y = reshape_value(site, &y, &out_shape)?;
         Ok(vec![match ins.get(2) {
             Some(b) => binary(site, BinaryOp::Add, &y, b)?,
-            None => y,
-        }])
-    }
-}
-
-impl OpDef for Conv2d {
-    composite_def!();
-
-    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
-        arity_range(inputs, &[2, 3])?;
-        let (x, w) = (&inputs[0], &inputs[1]);
-        if x.rank() != 4 {
-            return Err(format!("conv2d needs x[N,C,H,W], got {x}"));
-        }
-        let y = conv_type(x, w, &self.conv())?;
-        if let Some(b) = inputs.get(2) {
-            vector_of(b, &w.shape.0[0], "conv2d bias", x)?;
-        }
-        Ok(vec![y])
-    }
-
-    fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
-        Some(conv_flops(inputs, outputs)? + out_elements(outputs)?)
-    }
-
-    /// The primitive conv, then the bias as `[O, 1, 1]`.
-    fn decompose<E: Emitter>(
-        &self,
-        g: &mut E,
-        x: &[E::Value],
-        _: &[TensorType],
-        _: &[TensorType],
-    ) -> Option<Result<Vec<E::Value>, E::Error>> {
-        let mut run = || {
-            let y = g.add_op1(Op::Conv(self.conv()), &[x[0], x[1]])?;
-            match x.get(2) {
-                Some(&b) => {
-                    let o = g.value_type(b).shape.0[0].clone();
-                    let b = reshape(g, b, vec![o, Dim::Static(1), Dim::Static(1)])?;
-                    g.binary(BinaryOp::Add, y, b)
-                }
-                None => Ok(y),
-            }
-        };
-        one::<E>(run())
-    }
-
-    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
-        let site = cx.site();
-        crate::eval::arity(site, ins, &[2, 3])?;
-        let y = conv(site, ins[0], ins[1], &self.conv())?;
-        Ok(vec![match ins.get(2) {
-            Some(b) => {
-                let o = b.shape().iter().product();
-                binary(site, BinaryOp::Add, &y, &reshape_value(site, b, &[1, o, 1, 1])?)?
-            }
             None => y,
         }])
     }

@@ -1,11 +1,12 @@
-//! Normalizations: `batch_norm` (training and inference) and `layer_norm`. Variances are
-//! biased (divide by the count).
+//! Normalizations: `batch_norm` (training and inference), `layer_norm`, `group_norm` and
+//! `instance_norm`. Variances are biased (divide by the count).
 
 use super::super::rules::{R, arity, arity_range, elements, float};
+use super::super::sample::{Sample, input};
 use super::{V, composite_def, one, reshape, vector_of};
 use crate::eval::{EvalCx, Res, Value, array};
-use crate::ops::{BinaryOp, Float, OpDef, ReduceOp, UnaryOp, op_struct};
-use crate::{Dim, Emitter, Graph, Shape, TensorType};
+use crate::ops::{BinaryOp, Composite, Float, OpDef, ReduceOp, UnaryOp, op_struct};
+use crate::{DType, Dim, Emitter, Graph, Op, Shape, TensorType};
 
 op_struct! {
     /// `batch_norm(x[N,C,*], scale[C], bias[C], running_mean[C], running_var[C])`.
@@ -28,6 +29,27 @@ op_struct! {
     LayerNorm "layer_norm" {
         /// Number of trailing axes normalized.
         normalized_ndim: usize,
+        /// Added to the variance.
+        epsilon: Float,
+    }
+}
+
+op_struct! {
+    /// `group_norm(x[N,C,*], weight[C]?, bias[C]?)`: each sample's channels split into
+    /// `num_groups` groups, each group normalized over its channels and spatial positions,
+    /// then a per-channel affine (weight and bias both or neither).
+    GroupNorm "group_norm" {
+        /// Number of groups (divides C).
+        num_groups: usize,
+        /// Added to the variance.
+        epsilon: Float,
+    }
+}
+
+op_struct! {
+    /// `instance_norm(x[N,C,*], weight[C]?, bias[C]?)`: each (sample, channel) normalized over
+    /// its spatial positions, then a per-channel affine (no running statistics).
+    InstanceNorm "instance_norm" {
         /// Added to the variance.
         epsilon: Float,
     }
@@ -163,7 +185,166 @@ impl OpDef for LayerNorm {
     }
 }
 
+/// The rule group_norm and instance_norm share: float `x[N, C, *]` (rank ≥ `min_rank`) and an
+/// optional per-channel weight and bias.
+fn channel_norm_rule(op: &str, inputs: &[TensorType], min_rank: usize) -> R {
+    arity_range(inputs, &[1, 3])?;
+    let x = &inputs[0];
+    float(x)?;
+    if x.rank() < min_rank {
+        return Err(format!("{op} needs x[N,C,..] of rank ≥ {min_rank}, got {x}"));
+    }
+    for (t, what) in inputs[1..].iter().zip(["weight", "bias"]) {
+        vector_of(t, &x.shape.0[1], &format!("{op} {what}"), x)?;
+    }
+    Ok(vec![x.clone()])
+}
+
+impl OpDef for GroupNorm {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        let out = channel_norm_rule("group_norm", inputs, 2)?;
+        let x = &inputs[0];
+        let c = x.shape.0[1]
+            .as_static()
+            .ok_or_else(|| format!("group_norm needs static channels, got {x}"))?;
+        if self.num_groups == 0 || c % self.num_groups != 0 {
+            return Err(format!(
+                "group_norm: {} groups do not divide {c} channels of {x}",
+                self.num_groups
+            ));
+        }
+        if !x.shape.0[2..].iter().all(|d| d.as_static().is_some()) {
+            return Err(format!("group_norm needs static spatial dims, got {x}"));
+        }
+        Ok(out)
+    }
+
+    fn flops(&self, inputs: &[TensorType], _: &[TensorType]) -> Option<u64> {
+        Some(8 * elements(inputs.first()?)?)
+    }
+
+    /// `x` viewed as `[N, G, C/G·S]`, normalized over its last axis, viewed back, then the
+    /// per-channel affine.
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        types: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let xt = &types[0];
+        let mut run = || -> V<E> {
+            let rest: usize = xt.shape.0[1..].iter().filter_map(Dim::as_static).product();
+            let groups = self.num_groups;
+            let grouped = vec![xt.shape.0[0].clone(), Dim::Static(groups), Dim::Static(rest / groups)];
+            let xg = reshape(g, x[0], grouped)?;
+            let y = normalize_axes(g, xg, vec![2], self.epsilon.0)?;
+            let y = reshape(g, y, xt.shape.0.clone())?;
+            channel_affine(g, y, xt, x.get(1).copied(), x.get(2).copied())
+        };
+        one::<E>(run())
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        channel_norm_eval(cx, ins, Some(self.num_groups), self.epsilon.0)
+    }
+
+    fn samples() -> Vec<Sample> {
+        let gn = |num_groups| {
+            Op::Composite(Composite::GroupNorm(GroupNorm {
+                num_groups,
+                epsilon: Float(1e-5),
+            }))
+        };
+        let f = DType::F32;
+        vec![
+            Sample::new(
+                "group_norm/f32/affine",
+                gn(3),
+                vec![input(f, &[2, 6, 3, 2]), input(f, &[6]), input(f, &[6])],
+            ),
+            Sample::new("group_norm/f64/plain", gn(2), vec![input(DType::F64, &[3, 4, 5])]),
+            Sample::new("group_norm/f32/one_group", gn(1), vec![input(f, &[2, 4, 3])]),
+        ]
+    }
+}
+
+impl OpDef for InstanceNorm {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        channel_norm_rule("instance_norm", inputs, 3)
+    }
+
+    fn flops(&self, inputs: &[TensorType], _: &[TensorType]) -> Option<u64> {
+        Some(8 * elements(inputs.first()?)?)
+    }
+
+    /// Normalized over the spatial axes (a symbolic size is counted by `reduce_mean`), then
+    /// the per-channel affine.
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        types: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let xt = &types[0];
+        let mut run = || -> V<E> {
+            let y = normalize_axes(g, x[0], (2..xt.rank()).collect(), self.epsilon.0)?;
+            channel_affine(g, y, xt, x.get(1).copied(), x.get(2).copied())
+        };
+        one::<E>(run())
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        let c = ins.first().and_then(|x| x.shape().get(1)).copied().unwrap_or(1);
+        channel_norm_eval(cx, ins, Some(c), self.epsilon.0)
+    }
+
+    fn samples() -> Vec<Sample> {
+        let op = Op::Composite(Composite::InstanceNorm(InstanceNorm { epsilon: Float(1e-5) }));
+        let f = DType::F32;
+        vec![
+            Sample::new(
+                "instance_norm/f32/affine",
+                op.clone(),
+                vec![input(f, &[2, 3, 4, 3]), input(f, &[3]), input(f, &[3])],
+            ),
+            Sample::new("instance_norm/f64/1d", op, vec![input(DType::F64, &[2, 3, 5])]),
+        ]
+    }
+}
+
 // ---- decompositions ------------------------------------------------------------------
+
+/// `(x - mean) · rsqrt(var + eps)` with mean and biased variance over `axes` (kept).
+fn normalize_axes<E: Emitter>(g: &mut E, x: E::Value, axes: Vec<usize>, eps: f64) -> V<E> {
+    let mean = g.reduce(ReduceOp::Mean, x, axes.clone(), true)?;
+    let centered = g.binary(BinaryOp::Sub, x, mean)?;
+    let sq = g.binary(BinaryOp::Mul, centered, centered)?;
+    let var = g.reduce(ReduceOp::Mean, sq, axes, true)?;
+    let ve = g.binary_scalar(BinaryOp::Add, var, eps)?;
+    let inv = g.unary(UnaryOp::Rsqrt, ve)?;
+    g.binary(BinaryOp::Mul, centered, inv)
+}
+
+/// `y · w + b` with `w`, `b` of shape `[C]` on the channel axis (both or neither).
+fn channel_affine<E: Emitter>(
+    g: &mut E,
+    y: E::Value,
+    xt: &TensorType,
+    w: Option<E::Value>,
+    b: Option<E::Value>,
+) -> V<E> {
+    let (Some(w), Some(b)) = (w, b) else { return Ok(y) };
+    let w = per_channel(g, w, xt)?;
+    let b = per_channel(g, b, xt)?;
+    let yw = g.binary(BinaryOp::Mul, y, w)?;
+    g.binary(BinaryOp::Add, yw, b)
+}
 
 /// A per-channel vector `[C]` reshaped to `[C, 1, ..]` so it broadcasts against `x[N, C, ..]`.
 fn per_channel<E: Emitter>(g: &mut E, v: E::Value, xt: &TensorType) -> V<E> {
@@ -255,6 +436,52 @@ pub(crate) fn moments(v: &[f64]) -> (f64, f64) {
     let mean = v.iter().sum::<f64>() / n;
     let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
     (mean, var)
+}
+
+/// group_norm / instance_norm: each sample's channels in `groups` groups (instance norm: one
+/// channel each), normalized over the group's channels and positions, then the affine.
+fn channel_norm_eval(cx: &dyn EvalCx, ins: &[&Value], groups: Option<usize>, eps: f64) -> Res<Vec<Value>> {
+    let site = cx.site();
+    crate::eval::arity(site, ins, &[1, 3])?;
+    let x = ins[0].as_f(site, "input")?;
+    let shape = x.shape().to_vec();
+    if shape.len() < 2 {
+        return Err(site.err(format!("needs x[N,C,..], got {shape:?}")));
+    }
+    let (c, r) = (shape[1], shape[2..].iter().product::<usize>());
+    let groups = groups.unwrap_or(c);
+    if groups == 0 || c % groups != 0 {
+        return Err(site.err(format!("{groups} groups do not divide {c} channels")));
+    }
+    let affine = match ins {
+        [_, w, b] => {
+            let (w, b) = (w.as_f(site, "weight")?, b.as_f(site, "bias")?);
+            if w.len() != c || b.len() != c {
+                return Err(site.err(format!("weight/bias must have {c} elements")));
+            }
+            Some((
+                w.iter().copied().collect::<Vec<_>>(),
+                b.iter().copied().collect::<Vec<_>>(),
+            ))
+        }
+        _ => None,
+    };
+    let flat: Vec<f64> = x.iter().copied().collect();
+    let per_group = c / groups * r;
+    let mut out = Vec::with_capacity(flat.len());
+    for (gi, block) in flat.chunks(per_group.max(1)).enumerate() {
+        let (mean, var) = moments(block);
+        let inv = 1.0 / (var + eps).sqrt();
+        for (j, &v) in block.iter().enumerate() {
+            let ch = (gi % groups) * (c / groups) + j / r.max(1);
+            let y = (v - mean) * inv;
+            out.push(match &affine {
+                Some((w, b)) => y * w[ch] + b[ch],
+                None => y,
+            });
+        }
+    }
+    Ok(vec![Value::float(ins[0].dtype, array(site, &shape, out)?)])
 }
 
 fn batch_norm_eval(cx: &dyn EvalCx, ins: &[&Value], eps: f64, momentum: f64, training: bool) -> Res<Vec<Value>> {

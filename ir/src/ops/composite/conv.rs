@@ -1,0 +1,345 @@
+//! Convolution layers: `conv2d` (conv + bias) and `conv_transpose` (1-D, 2-D, 3-D; groups,
+//! stride, dilation, padding, output_padding), whose decomposition is the transposed
+//! convolution conv's own input gradient uses.
+//!
+//! `conv_transpose(x[N, Cin, *S], w[Cin, Cout/groups, *K], b[Cout]?)`, with PyTorch's and
+//! ONNX's output size per spatial axis:
+//! `stride·(S-1) + dilation·(K-1) + 1 + output_padding - pad_before - pad_after`.
+
+use super::super::contraction::{conv, conv_flops, conv_type};
+use super::super::conv_grad::transposed_conv;
+use super::super::rules::{R, arity_range, float, out_elements, same_dtype};
+use super::super::sample::{Sample, input};
+use super::{composite_def, one, reshape, vector_of};
+use crate::eval::{EvalCx, Res, Value, array};
+use crate::ops::binary::eval as binary;
+use crate::ops::movement::reshape as reshape_value;
+use crate::ops::{BinaryOp, Composite, Conv, OpDef, op_struct};
+use crate::{DType, Dim, Emitter, Graph, Op, TensorType};
+
+op_struct! {
+    /// `conv2d(x[N,C,H,W], w[O,C/g,kh,kw], b[O]?)`.
+    Conv2d "conv2d" {
+        /// (sh, sw)
+        stride: [usize; 2],
+        /// (top, left, bottom, right)
+        padding: [usize; 4],
+        /// (dh, dw)
+        dilation: [usize; 2],
+        /// groups
+        groups: usize,
+    }
+}
+
+op_struct! {
+    /// `conv_transpose(x[N, Cin, *S], w[Cin, Cout/groups, *K], b[Cout]?)`: the transpose
+    /// (gradient) of a convolution with these attributes, plus a bias.
+    ConvTranspose "conv_transpose" {
+        /// Stride per spatial axis.
+        stride: Vec<usize>,
+        /// Padding removed before each spatial axis.
+        pad_before: Vec<usize>,
+        /// Padding removed after each spatial axis.
+        pad_after: Vec<usize>,
+        /// Extra output rows after each spatial axis (< max(stride, dilation)).
+        output_padding: Vec<usize>,
+        /// Dilation per spatial axis.
+        dilation: Vec<usize>,
+        /// Number of groups (Cin and Cout divisible by it).
+        groups: usize,
+    }
+}
+
+impl Conv2d {
+    /// The primitive convolution this layer runs (before the bias).
+    pub fn conv(&self) -> Conv {
+        Conv {
+            stride: self.stride.to_vec(),
+            pad_before: self.padding[..2].to_vec(),
+            pad_after: self.padding[2..].to_vec(),
+            dilation: self.dilation.to_vec(),
+            groups: self.groups,
+        }
+    }
+}
+
+impl OpDef for Conv2d {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity_range(inputs, &[2, 3])?;
+        let (x, w) = (&inputs[0], &inputs[1]);
+        if x.rank() != 4 {
+            return Err(format!("conv2d needs x[N,C,H,W], got {x}"));
+        }
+        let y = conv_type(x, w, &self.conv())?;
+        if let Some(b) = inputs.get(2) {
+            vector_of(b, &w.shape.0[0], "conv2d bias", x)?;
+        }
+        Ok(vec![y])
+    }
+
+    fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
+        Some(conv_flops(inputs, outputs)? + out_elements(outputs)?)
+    }
+
+    /// The primitive conv, then the bias as `[O, 1, 1]`.
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        _: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let y = g.add_op1(Op::Conv(self.conv()), &[x[0], x[1]]);
+        one::<E>(y.and_then(|y| add_channel_bias(g, y, x.get(2).copied())))
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        let site = cx.site();
+        crate::eval::arity(site, ins, &[2, 3])?;
+        let y = conv(site, ins[0], ins[1], &self.conv())?;
+        Ok(vec![channel_bias_eval(cx, y, ins.get(2).copied())?])
+    }
+}
+
+/// `y + b` with the bias `[C]` on the channel axis of `y[N, C, *S]`.
+fn add_channel_bias<E: Emitter>(g: &mut E, y: E::Value, b: Option<E::Value>) -> super::V<E> {
+    let Some(b) = b else { return Ok(y) };
+    let rank = g.value_type(y).rank();
+    let mut dims = vec![g.value_type(b).shape.0[0].clone()];
+    dims.extend(std::iter::repeat_n(Dim::Static(1), rank - 2));
+    let b = reshape(g, b, dims)?;
+    g.binary(BinaryOp::Add, y, b)
+}
+
+fn channel_bias_eval(cx: &dyn EvalCx, y: Value, b: Option<&Value>) -> Res<Value> {
+    let site = cx.site();
+    let Some(b) = b else { return Ok(y) };
+    let mut shape = vec![1, b.shape().iter().product()];
+    shape.extend(std::iter::repeat_n(1, y.shape().len() - 2));
+    binary(site, BinaryOp::Add, &y, &reshape_value(site, b, &shape)?)
+}
+
+impl ConvTranspose {
+    /// The forward convolution this op is the transpose of.
+    pub fn forward(&self) -> Conv {
+        Conv {
+            stride: self.stride.clone(),
+            pad_before: self.pad_before.clone(),
+            pad_after: self.pad_after.clone(),
+            dilation: self.dilation.clone(),
+            groups: self.groups,
+        }
+    }
+
+    /// Output spatial sizes for input spatial sizes `s` and kernel sizes `k`, or why not.
+    pub fn output_sizes(&self, s: &[usize], k: &[usize]) -> Result<Vec<usize>, String> {
+        let sp = s.len();
+        let attrs = [
+            self.stride.len(),
+            self.pad_before.len(),
+            self.pad_after.len(),
+            self.output_padding.len(),
+            self.dilation.len(),
+        ];
+        if attrs.iter().any(|&l| l != sp) {
+            return Err(format!(
+                "conv_transpose attributes must have {sp} entries (one per spatial axis)"
+            ));
+        }
+        if self.groups == 0 || self.stride.contains(&0) || self.dilation.contains(&0) {
+            return Err("conv_transpose groups, stride and dilation must be ≥ 1".into());
+        }
+        (0..sp)
+            .map(|i| {
+                if self.output_padding[i] >= self.stride[i].max(self.dilation[i]) {
+                    return Err(format!(
+                        "output_padding {:?} must be smaller than stride or dilation on each axis",
+                        self.output_padding
+                    ));
+                }
+                let full = (s[i].max(1) - 1)
+                    .checked_mul(self.stride[i])
+                    .and_then(|v| v.checked_add(self.dilation[i].checked_mul(k[i].checked_sub(1)?)?))
+                    .and_then(|v| v.checked_add(1 + self.output_padding[i]))
+                    .ok_or("conv_transpose size overflows")?;
+                let cut = self.pad_before[i].saturating_add(self.pad_after[i]);
+                match full.checked_sub(cut) {
+                    Some(n) if n > 0 && s[i] > 0 => Ok(n),
+                    _ => Err(format!(
+                        "conv_transpose output is empty on spatial axis {i} (input {}, kernel {}, padding {cut})",
+                        s[i], k[i]
+                    )),
+                }
+            })
+            .collect()
+    }
+}
+
+impl OpDef for ConvTranspose {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity_range(inputs, &[2, 3])?;
+        let (x, w) = (&inputs[0], &inputs[1]);
+        same_dtype(x, w)?;
+        float(x)?;
+        let sp = x.rank().saturating_sub(2);
+        if sp == 0 || w.rank() != x.rank() {
+            return Err(format!(
+                "conv_transpose needs x[N,Cin,*spatial] and w[Cin,Cout/groups,*kernel] of equal rank ≥ 3, got {x} and {w}"
+            ));
+        }
+        let stat = |d: &Dim| {
+            d.as_static()
+                .ok_or_else(|| format!("conv_transpose needs static channels and spatial dims, got {x} and {w}"))
+        };
+        let (cin, wcin, cout_g) = (stat(&x.shape.0[1])?, stat(&w.shape.0[0])?, stat(&w.shape.0[1])?);
+        if self.groups == 0 || cin != wcin || cin % self.groups != 0 {
+            return Err(format!(
+                "conv_transpose channels: x {x}, w {w}, groups {} (need w[0] = Cin, Cin % groups = 0)",
+                self.groups
+            ));
+        }
+        let s: Vec<usize> = x.shape.0[2..].iter().map(stat).collect::<Result<_, _>>()?;
+        let k: Vec<usize> = w.shape.0[2..].iter().map(stat).collect::<Result<_, _>>()?;
+        let out = self.output_sizes(&s, &k)?;
+        let cout = cout_g * self.groups;
+        if let Some(b) = inputs.get(2) {
+            vector_of(b, &Dim::Static(cout), "conv_transpose bias", x)?;
+        }
+        let mut shape = vec![x.shape.0[0].clone(), Dim::Static(cout)];
+        shape.extend(out.into_iter().map(Dim::Static));
+        Ok(vec![TensorType::new(x.dtype, shape)])
+    }
+
+    fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
+        // Every input element meets every weight element of its group: 2·|x|·(Cout/g)·|K|.
+        let x = inputs.first()?.shape.num_elements()? as u64;
+        let w = inputs.get(1)?.shape.as_static()?;
+        let per_in: u64 = w[1..].iter().map(|&d| d as u64).product();
+        Some(2 * x * per_in + if inputs.len() > 2 { out_elements(outputs)? } else { 0 })
+    }
+
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        _: &[TensorType],
+        want: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let sizes: Vec<usize> = want[0].shape.0[2..].iter().filter_map(Dim::as_static).collect();
+        let y = transposed_conv(g, &self.forward(), x[1], x[0], &sizes);
+        one::<E>(y.and_then(|y| add_channel_bias(g, y, x.get(2).copied())))
+    }
+
+    /// Direct scatter of every input element through the kernel:
+    /// `y[n, g·Cout/g + oc, i·stride + k·dilation - pad_before] += x[n, g·Cin/g + ic, i] ·
+    /// w[g·Cin/g + ic, oc, k]`.
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        let site = cx.site();
+        crate::eval::arity(site, ins, &[2, 3])?;
+        let (x, w) = (ins[0].as_f(site, "input")?, ins[1].as_f(site, "weight")?);
+        let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+        let sp = xs.len().saturating_sub(2);
+        if sp == 0 || ws.len() != xs.len() || ws[0] != xs[1] || self.groups == 0 || xs[1] % self.groups != 0 {
+            return Err(site.err(format!("needs x[N,Cin,*S] and w[Cin,Cout/g,*K], got {xs:?} and {ws:?}")));
+        }
+        let out = self.output_sizes(&xs[2..], &ws[2..]).map_err(|e| site.err(e))?;
+        let (n, cin, cout_g) = (xs[0], xs[1], ws[1]);
+        let (cin_g, cout) = (cin / self.groups, cout_g * self.groups);
+        let mut shape = vec![n, cout];
+        shape.extend(&out);
+        site.check_size(DType::F64, &shape, "conv_transpose output")?;
+        let strides = |d: &[usize]| -> Vec<usize> {
+            let mut s = vec![1; d.len()];
+            for i in (0..d.len().saturating_sub(1)).rev() {
+                s[i] = s[i + 1] * d[i + 1];
+            }
+            s
+        };
+        let (sin, kd) = (&xs[2..], &ws[2..]);
+        let (sin_n, k_n, out_n) = (
+            sin.iter().product::<usize>(),
+            kd.iter().product::<usize>(),
+            out.iter().product::<usize>(),
+        );
+        let (sin_st, k_st, out_st) = (strides(sin), strides(kd), strides(&out));
+        let xf: Vec<f64> = x.iter().copied().collect();
+        let wf: Vec<f64> = w.iter().copied().collect();
+        let mut y = vec![0.0f64; n * cout * out_n];
+        for p in 0..sin_n {
+            for kp in 0..k_n {
+                // The output position input position p reaches through kernel tap kp, if any.
+                let mut off = 0usize;
+                let mut inside = true;
+                for d in 0..sp {
+                    let i = (p / sin_st[d]) % sin[d];
+                    let k = (kp / k_st[d]) % kd[d];
+                    let pos = (i * self.stride[d] + k * self.dilation[d]) as i64 - self.pad_before[d] as i64;
+                    if pos < 0 || pos >= out[d] as i64 {
+                        inside = false;
+                        break;
+                    }
+                    off += pos as usize * out_st[d];
+                }
+                if !inside {
+                    continue;
+                }
+                for b in 0..n {
+                    for ci in 0..cin {
+                        let grp = ci / cin_g;
+                        let xv = xf[(b * cin + ci) * sin_n + p];
+                        for oc in 0..cout_g {
+                            let o = grp * cout_g + oc;
+                            y[(b * cout + o) * out_n + off] += xv * wf[(ci * cout_g + oc) * k_n + kp];
+                        }
+                    }
+                }
+            }
+        }
+        let y = Value::float(ins[0].dtype, array(site, &shape, y)?);
+        Ok(vec![channel_bias_eval(cx, y, ins.get(2).copied())?])
+    }
+
+    fn samples() -> Vec<Sample> {
+        let f = DType::F32;
+        let ct = |stride: &[usize], pads: (&[usize], &[usize]), out_pad: &[usize], dil: &[usize], groups| {
+            Op::Composite(Composite::ConvTranspose(ConvTranspose {
+                stride: stride.to_vec(),
+                pad_before: pads.0.to_vec(),
+                pad_after: pads.1.to_vec(),
+                output_padding: out_pad.to_vec(),
+                dilation: dil.to_vec(),
+                groups,
+            }))
+        };
+        vec![
+            Sample::new(
+                "conv_transpose/1d/stride2",
+                ct(&[2], (&[1], &[0]), &[1], &[1], 1),
+                vec![input(f, &[2, 3, 5]), input(f, &[3, 4, 3]), input(f, &[4])],
+            ),
+            Sample::new(
+                "conv_transpose/2d/groups_dilation",
+                ct(&[1, 2], (&[1, 0], &[0, 1]), &[0, 1], &[2, 1], 2),
+                vec![input(f, &[1, 4, 4, 3]), input(f, &[4, 3, 3, 2])],
+            ),
+            Sample::new(
+                "conv_transpose/2d/plain_f64",
+                ct(&[2, 2], (&[0, 0], &[0, 0]), &[0, 0], &[1, 1], 1),
+                vec![
+                    input(DType::F64, &[2, 2, 3, 3]),
+                    input(DType::F64, &[2, 3, 2, 2]),
+                    input(DType::F64, &[3]),
+                ],
+            ),
+            Sample::new(
+                "conv_transpose/3d",
+                ct(&[1, 2, 1], (&[0, 1, 0], &[0, 1, 0]), &[0, 1, 0], &[1, 1, 1], 1),
+                vec![input(f, &[1, 2, 2, 3, 2]), input(f, &[2, 2, 2, 3, 2])],
+            ),
+        ]
+    }
+}
