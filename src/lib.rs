@@ -22,6 +22,7 @@ pub mod vision;
 pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, with_no_grad};
 pub use device::Device;
 pub use error::{Error, Result};
+pub use nn::functional::einsum;
 pub use oar_ir::DType;
 pub use oar_macros::to_static;
 pub use serialization::{load, load_layer, save, save_layer};

@@ -270,3 +270,175 @@ impl Layer for Conv1D {
         self.core.params()
     }
 }
+
+/// Transposed convolution over any number of spatial axes (Paddle's `Conv1DTranspose`,
+/// `Conv2DTranspose`, `Conv3DTranspose`; the rank comes from the kernel). Parameters:
+/// `weight` `[in, out/groups, *kernel]`, `bias` `[out]`. Options (one value for every axis, or
+/// one per axis): `.stride(..)`, `.padding(..)`, `.output_padding(..)`, `.dilation(..)`,
+/// `.groups(g)?`, `.bias(false)`.
+pub struct ConvTranspose {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    in_channels: usize,
+    out_channels: usize,
+    kernel: Vec<usize>,
+    stride: Vec<usize>,
+    padding: Vec<usize>,
+    output_padding: Vec<usize>,
+    dilation: Vec<usize>,
+    groups: usize,
+}
+
+impl ConvTranspose {
+    /// A float32 transposed convolution from `in_channels` to `out_channels` with `kernel`
+    /// (`&[4, 4]` for 2-d).
+    pub fn new(in_channels: usize, out_channels: usize, kernel: &[usize]) -> Result<ConvTranspose> {
+        if kernel.is_empty() || kernel.contains(&0) {
+            return Err(Error::invalid(
+                "ConvTranspose",
+                format!("kernel {kernel:?} needs ≥ 1 positive entries"),
+            ));
+        }
+        let d = kernel.len();
+        let mut c = ConvTranspose {
+            weight: param(&[1], DType::F32)?,
+            bias: None,
+            in_channels,
+            out_channels,
+            kernel: kernel.to_vec(),
+            stride: vec![1; d],
+            padding: vec![0; d],
+            output_padding: vec![0; d],
+            dilation: vec![1; d],
+            groups: 1,
+        };
+        c.init(1, true)?;
+        Ok(c)
+    }
+
+    /// (Re)create the parameters for `groups`.
+    fn init(&mut self, groups: usize, bias: bool) -> Result<()> {
+        let (i, o) = (self.in_channels, self.out_channels);
+        if groups == 0 || i % groups != 0 || o % groups != 0 {
+            return Err(Error::invalid(
+                "ConvTranspose",
+                format!("groups={groups} must be ≥ 1 and divide in_channels={i} and out_channels={o}"),
+            ));
+        }
+        let mut shape = vec![i, o / groups];
+        shape.extend_from_slice(&self.kernel);
+        let dtype = self.weight.dtype();
+        self.weight = param(&shape, DType::F32)?;
+        init::kaiming_normal(&self.weight, 0.0)?;
+        self.weight = recast(&self.weight, dtype)?;
+        self.bias = if bias { Some(param(&[o], dtype)?) } else { None };
+        self.groups = groups;
+        Ok(())
+    }
+
+    /// One value per spatial axis from `v` (one value for all, or one each).
+    fn per_axis(&self, what: &str, v: &[usize]) -> Result<Vec<usize>> {
+        match v.len() {
+            1 => Ok(vec![v[0]; self.kernel.len()]),
+            n if n == self.kernel.len() => Ok(v.to_vec()),
+            _ => Err(Error::invalid(
+                "ConvTranspose",
+                format!("{what} {v:?} needs 1 or {} entries", self.kernel.len()),
+            )),
+        }
+    }
+
+    /// Stride.
+    pub fn stride(mut self, s: &[usize]) -> Result<ConvTranspose> {
+        self.stride = self.per_axis("stride", s)?;
+        Ok(self)
+    }
+
+    /// Padding removed on both sides of each axis.
+    pub fn padding(mut self, p: &[usize]) -> Result<ConvTranspose> {
+        self.padding = self.per_axis("padding", p)?;
+        Ok(self)
+    }
+
+    /// Extra output rows after each axis (smaller than the stride or dilation).
+    pub fn output_padding(mut self, p: &[usize]) -> Result<ConvTranspose> {
+        self.output_padding = self.per_axis("output_padding", p)?;
+        Ok(self)
+    }
+
+    /// Dilation.
+    pub fn dilation(mut self, d: &[usize]) -> Result<ConvTranspose> {
+        self.dilation = self.per_axis("dilation", d)?;
+        Ok(self)
+    }
+
+    /// Grouped; re-creates and re-initializes the weight `[in, out/groups, *kernel]`.
+    pub fn groups(mut self, groups: usize) -> Result<ConvTranspose> {
+        let bias = self.bias.is_some();
+        self.init(groups, bias)?;
+        Ok(self)
+    }
+
+    /// Keep (`true`, the default) or drop the bias.
+    pub fn bias(mut self, on: bool) -> ConvTranspose {
+        if !on {
+            self.bias = None;
+        } else if self.bias.is_none() {
+            self.bias = param(&[self.out_channels], self.weight.dtype()).ok();
+        }
+        self
+    }
+
+    /// The same layer with parameters converted to `dtype`.
+    pub fn dtype(mut self, dtype: DType) -> Result<ConvTranspose> {
+        self.weight = recast(&self.weight, dtype)?;
+        self.bias = self.bias.as_ref().map(|b| recast(b, dtype)).transpose()?;
+        Ok(self)
+    }
+
+    /// The weight `[in, out/groups, *kernel]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// The bias `[out]`, if any.
+    pub fn bias_tensor(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "ConvTranspose(in_channels={}, out_channels={}, kernel={:?}, stride={:?}, padding={:?}, output_padding={:?}, dilation={:?}, groups={})",
+            self.in_channels,
+            self.out_channels,
+            self.kernel,
+            self.stride,
+            self.padding,
+            self.output_padding,
+            self.dilation,
+            self.groups
+        )
+    }
+}
+
+impl Layer for ConvTranspose {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = F::conv_transpose(
+            x,
+            &self.weight,
+            self.bias.as_ref(),
+            &self.stride,
+            &self.padding,
+            &self.output_padding,
+            &self.dilation,
+            self.groups,
+        );
+        ctx(|| self.describe(), y)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+}

@@ -13,19 +13,23 @@ mod loss;
 mod norm;
 mod pooling;
 pub mod rnn;
+mod spatial;
 pub mod transformer;
 mod util;
 
 pub use activation::{GELU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh};
 pub use container::Sequential;
-pub use conv::{Conv1D, Conv2D};
+pub use conv::{Conv1D, Conv2D, ConvTranspose};
 pub use dropout::{Dropout, Flatten};
 pub use embedding::Embedding;
 pub use functional::Reduction;
 pub use layer::Layer;
 pub use linear::Linear;
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, Loss, MSELoss, NLLLoss};
-pub use norm::{BatchNorm1D, BatchNorm2D, BatchNorm3D, LayerNorm};
+pub use norm::{
+    BatchNorm1D, BatchNorm2D, BatchNorm3D, GroupNorm, InstanceNorm1D, InstanceNorm2D, InstanceNorm3D, LayerNorm,
+};
 pub use pooling::{AdaptiveAvgPool2D, AdaptiveMaxPool2D, AvgPool2D, MaxPool2D};
 pub use rnn::{Direction, GRU, GRUCell, LSTM, LSTMCell};
+pub use spatial::{Pad, Upsample};
 pub use transformer::{Activation, MultiHeadAttention, TransformerEncoder, TransformerEncoderLayer};

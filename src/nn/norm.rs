@@ -1,4 +1,4 @@
-//! Normalization layers: `BatchNorm1D`, `BatchNorm2D`, `BatchNorm3D` and `LayerNorm`.
+//! Normalization layers: `BatchNorm1D/2D/3D`, `LayerNorm`, `GroupNorm` and `InstanceNorm1D/2D/3D`.
 //!
 //! Batch norm follows Paddle: parameters `weight` (ones) and `bias` (zeros), buffers `_mean`
 //! (zeros) and `_variance` (ones), `momentum = 0.9` with the rule
@@ -255,3 +255,153 @@ impl Layer for LayerNorm {
         v
     }
 }
+
+/// A per-channel affine pair `weight` (ones) and `bias` (zeros) of `[C]`, or none.
+fn channel_affine(channels: usize, on: bool) -> Result<Option<(Tensor, Tensor)>> {
+    if !on {
+        return Ok(None);
+    }
+    let p = |v| Tensor::parameter(buffer(&[channels], v, DType::F32)?.data());
+    Ok(Some((p(1.0)?, p(0.0)?)))
+}
+
+fn affine_params(a: &Option<(Tensor, Tensor)>) -> Vec<(String, Tensor)> {
+    a.iter()
+        .flat_map(|(w, b)| [("weight".to_string(), w.clone()), ("bias".to_string(), b.clone())])
+        .collect()
+}
+
+fn check_epsilon(layer: &str, epsilon: f64) -> Result<f64> {
+    if epsilon >= 0.0 && epsilon.is_finite() {
+        Ok(epsilon)
+    } else {
+        Err(Error::invalid(
+            layer,
+            format!("epsilon {epsilon} must be finite and ≥ 0"),
+        ))
+    }
+}
+
+/// Group norm of `x[N,C,*]` (Paddle `GroupNorm`): the channels in `num_groups` groups, each
+/// normalized over its channels and positions, then a per-channel `weight` (ones) and `bias`
+/// (zeros) unless `.affine(false)`; `epsilon = 1e-5`.
+pub struct GroupNorm {
+    affine: Option<(Tensor, Tensor)>,
+    num_groups: usize,
+    num_channels: usize,
+    epsilon: f64,
+}
+
+impl GroupNorm {
+    /// `num_groups` groups over `num_channels` channels (the groups must divide the channels).
+    pub fn new(num_groups: usize, num_channels: usize) -> Result<GroupNorm> {
+        if num_groups == 0 || num_channels % num_groups != 0 {
+            return Err(Error::invalid(
+                "GroupNorm",
+                format!("num_groups={num_groups} must be ≥ 1 and divide num_channels={num_channels}"),
+            ));
+        }
+        Ok(GroupNorm {
+            affine: channel_affine(num_channels, true)?,
+            num_groups,
+            num_channels,
+            epsilon: 1e-5,
+        })
+    }
+
+    /// Keep (`true`, the default) or drop the affine weight and bias.
+    pub fn affine(mut self, on: bool) -> Result<GroupNorm> {
+        self.affine = channel_affine(self.num_channels, on)?;
+        Ok(self)
+    }
+
+    /// Added to the variance (default 1e-5).
+    pub fn epsilon(mut self, epsilon: f64) -> Result<GroupNorm> {
+        self.epsilon = check_epsilon("GroupNorm", epsilon)?;
+        Ok(self)
+    }
+}
+
+impl Layer for GroupNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let describe = || {
+            format!(
+                "GroupNorm(num_groups={}, num_channels={})",
+                self.num_groups, self.num_channels
+            )
+        };
+        let (w, b) = (self.affine.as_ref().map(|a| &a.0), self.affine.as_ref().map(|a| &a.1));
+        ctx(describe, F::group_norm(x, self.num_groups, w, b, self.epsilon))
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        affine_params(&self.affine)
+    }
+}
+
+macro_rules! instance_norm_layer {
+    ($(#[$m:meta])* $name:ident, $rank:expr, $want:literal) => {
+        $(#[$m])*
+        pub struct $name {
+            affine: Option<(Tensor, Tensor)>,
+            num_features: usize,
+            epsilon: f64,
+        }
+
+        impl $name {
+            /// A layer over `num_features` channels (axis 1) with an affine weight and bias.
+            pub fn new(num_features: usize) -> Result<$name> {
+                Ok($name {
+                    affine: channel_affine(num_features, true)?,
+                    num_features,
+                    epsilon: 1e-5,
+                })
+            }
+
+            /// Keep (`true`, Paddle's default) or drop the affine weight and bias.
+            pub fn affine(mut self, on: bool) -> Result<$name> {
+                self.affine = channel_affine(self.num_features, on)?;
+                Ok(self)
+            }
+
+            /// Added to the variance (default 1e-5).
+            pub fn epsilon(mut self, epsilon: f64) -> Result<$name> {
+                self.epsilon = check_epsilon(stringify!($name), epsilon)?;
+                Ok(self)
+            }
+        }
+
+        impl Layer for $name {
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                let describe = || format!("{}(num_features={})", stringify!($name), self.num_features);
+                ctx(describe, check_rank(stringify!($name), x, &[$rank], $want))?;
+                let (w, b) = (self.affine.as_ref().map(|a| &a.0), self.affine.as_ref().map(|a| &a.1));
+                ctx(describe, F::instance_norm(x, w, b, self.epsilon))
+            }
+
+            fn own_parameters(&self) -> Vec<(String, Tensor)> {
+                affine_params(&self.affine)
+            }
+        }
+    };
+}
+
+instance_norm_layer!(
+    /// Instance norm of sequences `x[N,C,L]`: each (sample, channel) normalized over its
+    /// positions (no running statistics).
+    InstanceNorm1D,
+    3,
+    "[N,C,L]"
+);
+instance_norm_layer!(
+    /// Instance norm of images `x[N,C,H,W]` (style transfer, GAN generators).
+    InstanceNorm2D,
+    4,
+    "[N,C,H,W]"
+);
+instance_norm_layer!(
+    /// Instance norm of volumes `x[N,C,D,H,W]`.
+    InstanceNorm3D,
+    5,
+    "[N,C,D,H,W]"
+);

@@ -5,6 +5,7 @@ mod create;
 mod display;
 mod methods;
 mod operators;
+mod ordering;
 
 pub(crate) use apply::{apply, apply1};
 

@@ -25,3 +25,4 @@ mod optim_train;
 mod optim_updates;
 mod save_load;
 mod vision;
+mod vision_ops;

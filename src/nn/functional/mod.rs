@@ -4,11 +4,13 @@
 mod args;
 mod conv;
 pub(crate) mod loss;
+mod vision;
 
 pub use args::{Pad2d, Pair};
 pub use conv::conv1d;
 pub use loss::{binary_cross_entropy_with_logits, mse_loss, nll_loss};
 pub use oar_ir::ops::Reduction;
+pub use vision::{Interpolation, conv_transpose, group_norm, instance_norm, interpolate, pad};
 
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, apply, apply1};
@@ -219,6 +221,20 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
         }),
         &[x],
     )
+}
+
+/// One-hot rows of `depth` classes for integer `indices` (`indices.shape ++ [depth]`), as
+/// `dtype`; a negative index counts from the end, one out of range gives a zero row.
+pub fn one_hot(indices: &Tensor, depth: usize, dtype: oar_ir::DType) -> Result<Tensor> {
+    composite1(Composite::OneHot(oar_ir::ops::OneHot { depth, dtype }), &[indices])
+}
+
+/// Einstein summation (`"bij,bjk->bik"`, `"ii->i"`, `"...ij->...ji"`), as numpy and PyTorch.
+pub fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
+    let c = Composite::Einsum(oar_ir::ops::Einsum {
+        equation: equation.to_string(),
+    });
+    composite1(c, operands)
 }
 
 /// Rows of `weight[V, D]` selected by integer `indices`.
