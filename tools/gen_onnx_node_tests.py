@@ -34,7 +34,8 @@ def main() -> None:
             names.append(case.name)
             continue
         # This onnx wheel builds the node tests in memory: serialize them like the source tree does.
-        arrays = [a for ds in case.data_sets for part in ds for a in part]
+        # numpy scalars (a CumSum axis, a OneHot depth) are 0-d tensors too.
+        arrays = [np.asarray(a) if isinstance(a, np.generic) else a for ds in case.data_sets for part in ds for a in part]
         if case.model is None or not all(isinstance(a, np.ndarray) and a.dtype != object for a in arrays):
             skipped += 1  # sequences, optionals, strings: not tensors oar can read
             continue

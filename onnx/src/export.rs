@@ -19,6 +19,7 @@ use oar_ir::ops::{
     Softmax,
 };
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, UnaryOp};
+use oar_ir::ops::{BorderPad, CumSum, Einsum, InstanceNorm, OneHot, PadMode, Resize, Sort, TopK};
 use oar_ir::{Composite, Dim, Graph, Op, TensorData, TensorType, ValueId};
 use prost::Message;
 use std::path::Path;
@@ -35,10 +36,44 @@ pub fn save(model: &Model, path: &Path) -> Result<(), OnnxError> {
     })
 }
 
+/// True for the composites ONNX (opset 18) has no op for: they are exported as their
+/// decompositions.
+fn exported_decomposed(c: &Composite) -> bool {
+    matches!(
+        c,
+        Composite::GroupNorm(_)
+            | Composite::MaskedFill(_)
+            | Composite::ArgSort(_)
+            | Composite::BorderPad(BorderPad {
+                mode: PadMode::Circular,
+                ..
+            })
+    )
+}
+
+/// `graph` with every composite ONNX has no op for replaced by its decomposition.
+fn lower_for_onnx(graph: &Graph) -> Result<Graph, OnnxError> {
+    let mut g = graph.clone();
+    let ir = |e: oar_ir::IrError| OnnxError::Export(e.to_string());
+    for node in g.topo_order() {
+        let (c, inputs) = match &g.node(node).op {
+            Op::Composite(c) if exported_decomposed(c) => (c.clone(), g.node(node).inputs().to_vec()),
+            _ => continue,
+        };
+        let outs = oar_ir::decompose::decompose(&c, &mut g, &inputs).map_err(ir)?;
+        for (i, v) in outs.into_iter().enumerate() {
+            g.replace_all_uses(ValueId { node, output: i as u32 }, v).map_err(ir)?;
+        }
+        g.remove_node(node).map_err(ir)?;
+    }
+    Ok(g)
+}
+
 /// Encode `model` as ONNX protobuf bytes.
 pub fn to_bytes(model: &Model) -> Result<Vec<u8>, OnnxError> {
+    let lowered = lower_for_onnx(&model.graph)?;
     let mut ex = Exporter {
-        g: &model.graph,
+        g: &lowered,
         nodes: Vec::new(),
         inits: Vec::new(),
         fresh: 0,
@@ -120,12 +155,39 @@ fn float(name: &str, v: f64) -> AttributeProto {
     }
 }
 
+fn string(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::String as i32),
+        s: Some(v.as_bytes().to_vec()),
+        ..Default::default()
+    }
+}
+
 impl Exporter<'_> {
     fn emit(&mut self, op: &str, ins: Vec<String>, attrs: Vec<AttributeProto>) -> String {
         self.fresh += 1;
         let out = format!("t{}", self.fresh);
         self.emit_to(op, ins, attrs, out.clone());
         out
+    }
+    /// A node with `n` outputs; their names.
+    fn emit_n(&mut self, op: &str, ins: Vec<String>, attrs: Vec<AttributeProto>, n: usize) -> Vec<String> {
+        let outs: Vec<String> = (0..n)
+            .map(|_| {
+                self.fresh += 1;
+                format!("t{}", self.fresh)
+            })
+            .collect();
+        self.nodes.push(NodeProto {
+            input: ins,
+            output: outs.clone(),
+            name: Some(format!("n{}", self.nodes.len())),
+            op_type: Some(op.into()),
+            attribute: attrs,
+            ..Default::default()
+        });
+        outs
     }
     fn emit_to(&mut self, op: &str, ins: Vec<String>, attrs: Vec<AttributeProto>, out: String) {
         self.nodes.push(NodeProto {
@@ -136,6 +198,16 @@ impl Exporter<'_> {
             attribute: attrs,
             ..Default::default()
         });
+    }
+    /// Name the outputs of node `id` after the oar values they are.
+    fn outputs_to(&mut self, id: oar_ir::NodeId, outs: Vec<String>) {
+        for (i, out) in outs.into_iter().enumerate() {
+            let v = ValueId {
+                node: id,
+                output: i as u32,
+            };
+            self.emit_to("Identity", vec![out], vec![], name_of(v));
+        }
     }
     fn constant(&mut self, t: TensorData) -> String {
         self.fresh += 1;
@@ -175,6 +247,30 @@ impl Exporter<'_> {
                         .ok_or_else(|| OnnxError::Export(format!("param `{name}` has no weight")))?;
                     self.inits.push(tensor_to_proto(name, w));
                     self.emit_to("Identity", vec![name.clone()], vec![], name_of(v));
+                }
+                Op::Sort(Sort { axis, descending }) => {
+                    // TopK over the whole axis sorts it (ties keep the earlier element first).
+                    let n = g.value_type(node.inputs()[0]).shape.0[*axis]
+                        .as_static()
+                        .ok_or_else(|| OnnxError::Export("sort of a symbolic axis".into()))?;
+                    let k = self.i64s(&[n as i64]);
+                    let attrs = vec![
+                        int("axis", *axis as i64),
+                        int("largest", *descending as i64),
+                        int("sorted", 1),
+                    ];
+                    let outs = self.emit_n("TopK", vec![ins[0].clone(), k], attrs, 2);
+                    self.outputs_to(id, outs);
+                }
+                Op::Composite(Composite::TopK(TopK { k, axis, largest })) => {
+                    let kk = self.i64s(&[*k as i64]);
+                    let attrs = vec![
+                        int("axis", *axis as i64),
+                        int("largest", *largest as i64),
+                        int("sorted", 1),
+                    ];
+                    let outs = self.emit_n("TopK", vec![ins[0].clone(), kk], attrs, 2);
+                    self.outputs_to(id, outs);
                 }
                 op => {
                     let out = self.op(op, ins, g, node.inputs())?;
@@ -346,6 +442,35 @@ impl Exporter<'_> {
         })
     }
 
+    /// `Resize(X, roi = "", scales | sizes)` over every axis (the leading ones unchanged).
+    fn resize(&mut self, r: &Resize, ins: Vec<String>, x: &TensorType) -> Result<String, OnnxError> {
+        let shape = self.static_dims(&x.shape.0, "resize input")?;
+        let lead = shape.len() - r.sizes.len();
+        let mut inputs = vec![ins[0].clone(), String::new()];
+        if r.scales.is_empty() {
+            inputs.push(String::new());
+            let sizes: Vec<i64> = shape[..lead]
+                .iter()
+                .copied()
+                .chain(r.sizes.iter().map(|&s| s as i64))
+                .collect();
+            inputs.push(self.i64s(&sizes));
+        } else {
+            let scales: Vec<f32> = std::iter::repeat_n(1.0, lead)
+                .chain(r.scales.iter().map(|s| s.0 as f32))
+                .collect();
+            inputs.push(self.constant(TensorData::from_vec(vec![scales.len()], scales).expect("1-D")));
+        }
+        let attrs = vec![
+            string("mode", r.mode.name()),
+            string("coordinate_transformation_mode", r.coordinate.name()),
+            string("nearest_mode", r.nearest.name()),
+            float("cubic_coeff_a", r.cubic_a.0),
+            int("exclude_outside", r.exclude_outside as i64),
+        ];
+        Ok(self.emit("Resize", inputs, attrs))
+    }
+
     fn composite(&mut self, c: &Composite, ins: Vec<String>, x: &TensorType) -> Result<String, OnnxError> {
         Ok(match c {
             Composite::Linear => {
@@ -477,6 +602,55 @@ impl Exporter<'_> {
                 self.emit("Mul", vec![hx, t1], vec![])
             }
             Composite::Dropout(Dropout { training: false, .. }) => self.emit("Identity", ins, vec![]),
+            Composite::ConvTranspose(ct) => {
+                let pads: Vec<usize> = ct.pad_before.iter().chain(&ct.pad_after).copied().collect();
+                let attrs = vec![
+                    ints("strides", &ct.stride),
+                    ints("pads", &pads),
+                    ints("output_padding", &ct.output_padding),
+                    ints("dilations", &ct.dilation),
+                    int("group", ct.groups as i64),
+                ];
+                self.emit("ConvTranspose", ins, attrs)
+            }
+            Composite::Resize(r) => self.resize(r, ins, x)?,
+            Composite::InstanceNorm(InstanceNorm { epsilon }) => {
+                let mut ins = ins;
+                if ins.len() == 1 {
+                    let c = x.shape.0[1]
+                        .as_static()
+                        .ok_or_else(|| OnnxError::Export("instance_norm of symbolic channels".into()))?;
+                    let ones = self.constant(TensorData::full(x.dtype, vec![c], 1.0).expect("ones"));
+                    let zeros = self.constant(TensorData::full(x.dtype, vec![c], 0.0).expect("zeros"));
+                    ins.extend([ones, zeros]);
+                }
+                self.emit("InstanceNormalization", ins, vec![float("epsilon", epsilon.0)])
+            }
+            Composite::BorderPad(BorderPad { before, after, mode }) => {
+                let pads: Vec<i64> = before.iter().chain(after).map(|&p| p as i64).collect();
+                let p = self.i64s(&pads);
+                let mode = match mode {
+                    PadMode::Reflect => "reflect",
+                    PadMode::Replicate => "edge",
+                    PadMode::Circular => unreachable!("lowered before export (wrap needs opset 19)"),
+                };
+                self.emit("Pad", vec![ins[0].clone(), p], vec![string("mode", mode)])
+            }
+            Composite::CumSum(CumSum {
+                axis,
+                exclusive,
+                reverse,
+            }) => {
+                let a = self.i64s(&[*axis as i64]);
+                let attrs = vec![int("exclusive", *exclusive as i64), int("reverse", *reverse as i64)];
+                self.emit("CumSum", vec![ins[0].clone(), a], attrs)
+            }
+            Composite::OneHot(OneHot { depth, dtype }) => {
+                let d = self.i64s(&[*depth as i64]);
+                let v = self.constant(TensorData::from_f64_slice(*dtype, vec![2], &[0.0, 1.0]).expect("values"));
+                self.emit("OneHot", vec![ins[0].clone(), d, v], vec![int("axis", -1)])
+            }
+            Composite::Einsum(Einsum { equation }) => self.emit("Einsum", ins, vec![string("equation", equation)]),
             Composite::Embedding => self.emit("Gather", vec![ins[1].clone(), ins[0].clone()], vec![int("axis", 0)]),
             other => {
                 return Err(OnnxError::Export(format!(

@@ -1,7 +1,8 @@
 //! oar-onnx: the ONNX door of oar. [`load`] / [`from_bytes`] import an `.onnx` model into an
 //! [`oar_ir::file::Model`] (graph + weights); [`save`] / [`to_bytes`] export one.
 //!
-//! Import maps ONNX ops onto oar ops (composites where one fits), keeps `dim_param` dims
+//! Import maps ONNX ops onto oar ops through one table (`table.rs`: each op type and its
+//! converter) (composites where one fits), keeps `dim_param` dims
 //! symbolic, reads initializers (raw, typed or external data) as weights, and folds nodes whose
 //! inputs are all constant. A model with unsupported ops fails with one error listing them all.
 
@@ -9,9 +10,12 @@ mod error;
 mod export;
 mod import;
 mod ops;
+mod ops_elementwise;
 mod ops_nn;
 mod ops_rnn;
 mod ops_shape;
+mod ops_vision;
+mod table;
 pub mod tensor;
 
 /// The ONNX protobuf messages, generated from `proto/onnx.proto`.
@@ -23,4 +27,4 @@ pub mod proto {
 pub use error::{OnnxError, UnsupportedNode};
 pub use export::{save, to_bytes};
 pub use import::{ImportOptions, MAX_OPSET, from_bytes, from_bytes_with, load, model_opset};
-pub use ops::SUPPORTED_OPS;
+pub use table::supported_ops;

@@ -6,118 +6,16 @@
 
 use crate::error::OnnxError;
 use crate::proto::{AttributeProto, NodeProto};
-use crate::tensor::{dtype_from_onnx, tensor_from_proto};
+use crate::tensor::tensor_from_proto;
 use oar_ir::ops::{ArgReduce, Cast, Reduce, Reshape, Slice};
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::{DType, Dim, Graph, Op, TensorData, TensorType, ValueId};
 use std::collections::HashMap;
 
-/// Every default-domain op type the importer maps.
-pub const SUPPORTED_OPS: &[&str] = &[
-    "Abs",
-    "Add",
-    "And",
-    "ArgMax",
-    "ArgMin",
-    "AveragePool",
-    "BatchNormalization",
-    "Cast",
-    "CastLike",
-    "Ceil",
-    "Celu",
-    "Clip",
-    "Concat",
-    "Constant",
-    "ConstantOfShape",
-    "Conv",
-    "Cos",
-    "Cosh",
-    "Div",
-    "Dropout",
-    "Elu",
-    "Equal",
-    "Erf",
-    "Exp",
-    "Expand",
-    "Flatten",
-    "Floor",
-    "Gather",
-    "Gelu",
-    "Gemm",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "Greater",
-    "GreaterOrEqual",
-    "GRU",
-    "HardSigmoid",
-    "HardSwish",
-    "Identity",
-    "LayerNormalization",
-    "LeakyRelu",
-    "Less",
-    "LessOrEqual",
-    "Log",
-    "LogSoftmax",
-    "LSTM",
-    "MatMul",
-    "Max",
-    "MaxPool",
-    "Mean",
-    "Min",
-    "Mish",
-    "Mod",
-    "Mul",
-    "Neg",
-    "Not",
-    "Or",
-    "Pad",
-    "Pow",
-    "PRelu",
-    "Range",
-    "Reciprocal",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSum",
-    "ReduceSumSquare",
-    "Relu",
-    "Reshape",
-    "RNN",
-    "Round",
-    "Selu",
-    "Shape",
-    "Sigmoid",
-    "Sign",
-    "Sin",
-    "Sinh",
-    "Size",
-    "Slice",
-    "Softmax",
-    "Softplus",
-    "Softsign",
-    "Split",
-    "Sqrt",
-    "Squeeze",
-    "Sub",
-    "Sum",
-    "Tan",
-    "Tanh",
-    "ThresholdedRelu",
-    "Tile",
-    "Transpose",
-    "Unsqueeze",
-    "Where",
-    "Xor",
-];
-
 /// True if the importer maps this node's op type.
 pub fn is_supported(node: &NodeProto) -> bool {
-    matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx")) && SUPPORTED_OPS.contains(&node.op_type())
+    matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx"))
+        && crate::table::converter(node.op_type()).is_some()
 }
 
 /// One node being converted: the graph, the node, its inputs and the opset in effect.
@@ -164,7 +62,13 @@ impl<'a> NodeCx<'a> {
         }
     }
 
-    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+    /// The node's ONNX op type.
+    pub fn op_type(&self) -> &str {
+        self.node.op_type()
+    }
+
+    /// The attribute `name`, if present.
+    pub fn attr(&self, name: &str) -> Option<&AttributeProto> {
         self.node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
     }
     /// Integer attribute.
@@ -297,162 +201,27 @@ impl<'a> NodeCx<'a> {
         self.op(Op::Reshape(Reshape { shape: dims }), &[x])
     }
 
-    /// Convert the node into oar ops; returns one value per ONNX output.
+    /// Convert the node into oar ops through the import table; one value per ONNX output.
     pub fn convert(mut self) -> R<Vec<ValueId>> {
         let op_type = self.node.op_type().to_string();
-        if let Some(v) = self.elementwise(&op_type)? {
-            return Ok(vec![v]);
-        }
-        crate::ops_nn::convert(&mut self, &op_type)
+        let convert =
+            crate::table::converter(&op_type).ok_or_else(|| self.err(format!("no converter for `{op_type}`")))?;
+        convert(&mut self)
     }
 
-    /// Elementwise, reduction and movement ops; `None` if `op_type` is not one of them.
-    fn elementwise(&mut self, op_type: &str) -> R<Option<ValueId>> {
-        use BinaryOp as B;
-        use UnaryOp as U;
-        let unary = match op_type {
-            "Neg" => Some(U::Neg),
-            "Abs" => Some(U::Abs),
-            "Exp" => Some(U::Exp),
-            "Log" => Some(U::Log),
-            "Sqrt" => Some(U::Sqrt),
-            "Reciprocal" => Some(U::Recip),
-            "Sin" => Some(U::Sin),
-            "Cos" => Some(U::Cos),
-            "Tanh" => Some(U::Tanh),
-            "Erf" => Some(U::Erf),
-            "Floor" => Some(U::Floor),
-            "Ceil" => Some(U::Ceil),
-            "Round" => Some(U::Round),
-            "Sign" => Some(U::Sign),
-            "Not" => Some(U::Not),
-            _ => None,
-        };
-        if let Some(u) = unary {
-            let x = self.input(0)?;
-            return self.un(u, x).map(Some);
+    /// `op(input 0)` for a unary op.
+    pub fn unary(&mut self, op: UnaryOp) -> R<ValueId> {
+        let x = self.input(0)?;
+        self.un(op, x)
+    }
+
+    /// `input 0 op input 1` for a broadcasting binary op (opset ≥ 7 broadcasting).
+    pub fn binary(&mut self, op: BinaryOp) -> R<ValueId> {
+        let (a, c) = (self.input(0)?, self.input(1)?);
+        if self.opset < 7 && self.attr_i("broadcast", 0) != 0 && self.attr("axis").is_some() {
+            return Err(self.err("legacy broadcast with `axis` (opset < 7) is not supported"));
         }
-        let binary = match op_type {
-            "Add" => Some(B::Add),
-            "Sub" => Some(B::Sub),
-            "Mul" => Some(B::Mul),
-            "Div" => Some(B::Div),
-            "Equal" => Some(B::Eq),
-            "Less" => Some(B::Lt),
-            "LessOrEqual" => Some(B::Le),
-            "Greater" => Some(B::Gt),
-            "GreaterOrEqual" => Some(B::Ge),
-            "And" => Some(B::And),
-            "Or" => Some(B::Or),
-            "Xor" => Some(B::Xor),
-            _ => None,
-        };
-        if let Some(b) = binary {
-            let (a, c) = (self.input(0)?, self.input(1)?);
-            if self.opset < 7 && self.attr_i("broadcast", 0) != 0 && self.attr("axis").is_some() {
-                return Err(self.err("legacy broadcast with `axis` (opset < 7) is not supported"));
-            }
-            return self.bin(b, a, c).map(Some);
-        }
-        let v = match op_type {
-            "Pow" => {
-                let (a, mut e) = (self.input(0)?, self.input(1)?);
-                let dt = self.ty(a).dtype;
-                if self.ty(e).dtype != dt {
-                    e = self.op(Op::Cast(Cast { to: dt }), &[e])?;
-                }
-                self.bin(B::Pow, a, e)?
-            }
-            "Mod" => {
-                let (a, b) = (self.input(0)?, self.input(1)?);
-                if self.attr_i("fmod", 0) != 0 {
-                    // fmod: remainder with the sign of the dividend = a - trunc(a / b) * b.
-                    let dt = self.ty(a).dtype;
-                    if !dt.is_float() {
-                        return Err(self.err("fmod=1 on integers is not supported"));
-                    }
-                    let r = self.bin(B::Rem, a, b)?;
-                    let zero = self.scalar(dt, 0.0);
-                    let rz = self.bin(B::Ne, r, zero)?;
-                    let sa = self.bin(B::Lt, a, zero)?;
-                    let sr = self.bin(B::Lt, r, zero)?;
-                    let differ = self.bin(B::Xor, sa, sr)?;
-                    let fix = self.bin(B::And, differ, rz)?;
-                    let r2 = self.bin(B::Sub, r, b)?;
-                    self.op(Op::Where, &[fix, r2, r])?
-                } else {
-                    self.bin(B::Rem, a, b)?
-                }
-            }
-            "Max" | "Min" | "Sum" | "Mean" => {
-                let b = match op_type {
-                    "Max" => B::Max,
-                    "Min" => B::Min,
-                    _ => B::Add,
-                };
-                let mut acc = self.input(0)?;
-                for i in 1..self.n_inputs() {
-                    let x = self.input(i)?;
-                    acc = self.bin(b, acc, x)?;
-                }
-                if op_type == "Mean" {
-                    let n = self.n_inputs() as f64;
-                    acc = self.bin_c(B::Div, acc, n)?;
-                }
-                acc
-            }
-            "Where" => {
-                let (c, a, b) = (self.input(0)?, self.input(1)?, self.input(2)?);
-                self.op(Op::Where, &[c, a, b])?
-            }
-            "Cast" => {
-                let code = self.attr_i("to", 0) as i32;
-                let to = dtype_from_onnx(code).ok_or_else(|| {
-                    self.err(format!(
-                        "cast to {} is not supported",
-                        crate::tensor::onnx_type_name(code)
-                    ))
-                })?;
-                let x = self.input(0)?;
-                self.cast(x, to)?
-            }
-            "CastLike" => {
-                let (x, like) = (self.input(0)?, self.input(1)?);
-                let to = self.ty(like).dtype;
-                self.cast(x, to)?
-            }
-            "Identity" => self.input(0)?,
-            "Constant" => self.constant()?,
-            "ConstantOfShape" => {
-                let dims = self.const_ints(0)?.ok_or_else(|| self.err("needs its shape input"))?;
-                let value = match self.attr("value").and_then(|a| a.t.as_ref()) {
-                    Some(t) => tensor_from_proto(t, None)?,
-                    None => TensorData::scalar(0.0f32),
-                };
-                let shape = self.usizes(&dims)?;
-                let v = value.to_f64_vec().first().copied().unwrap_or(0.0);
-                let t = TensorData::full(value.dtype(), shape, v).map_err(|e| self.err(e.to_string()))?;
-                self.g.add_constant(t)
-            }
-            "Shape" => {
-                let x = self.input(0)?;
-                let shape = self.static_shape(x)?;
-                let r = shape.len() as i64;
-                let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-                let (s, e) = (clampi(self.attr_i("start", 0)), clampi(self.attr_i("end", r)));
-                let dims: Vec<i64> = shape[s..e.max(s)].iter().map(|&d| d as i64).collect();
-                let n = dims.len();
-                self.g
-                    .add_constant(TensorData::from_vec(vec![n], dims).map_err(|e| self.err(e.to_string()))?)
-            }
-            "Size" => {
-                let x = self.input(0)?;
-                let n: usize = self.static_shape(x)?.iter().product();
-                self.g.add_constant(TensorData::scalar(n as i64))
-            }
-            _ => return crate::ops_shape::convert(self, op_type),
-        };
-        Ok(Some(v))
+        self.bin(op, a, c)
     }
 
     /// Cast unless already `to`.
@@ -471,7 +240,8 @@ impl<'a> NodeCx<'a> {
             .collect()
     }
 
-    fn constant(&mut self) -> R<ValueId> {
+    /// `Constant`: the tensor (or scalar/list) of its one attribute.
+    pub fn constant(&mut self) -> R<ValueId> {
         let a = self
             .node
             .attribute

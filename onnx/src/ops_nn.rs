@@ -9,73 +9,56 @@ use oar_ir::ops::{
 use oar_ir::ops::{BinaryOp as B, ReduceOp, UnaryOp as U};
 use oar_ir::{Composite, DType, Dim, Float, Op, ValueId};
 
-/// Convert one of the remaining ops; returns one value per ONNX output.
-pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
-    let v = match op_type {
-        "Relu" => composite1(cx, Composite::Relu)?,
-        "Sigmoid" => composite1(cx, Composite::Sigmoid)?,
-        "Gelu" => {
-            let approximate = cx.attr_s("approximate").is_some_and(|s| s == "tanh");
-            composite1(cx, Composite::Gelu(Gelu { approximate }))?
-        }
-        "Softmax" | "LogSoftmax" => softmax(cx, op_type == "LogSoftmax")?,
-        "LeakyRelu" | "Elu" | "Selu" | "Celu" | "HardSigmoid" | "HardSwish" | "Softplus" | "Softsign" | "Mish"
-        | "ThresholdedRelu" | "PRelu" | "Tan" | "Sinh" | "Cosh" => activation(cx, op_type)?,
-        "Clip" => clip(cx)?,
-        "Dropout" => {
-            let x = cx.input(0)?;
-            let mask = cx.ty(x).shape.0;
-            let one = cx.scalar(DType::Bool, 1.0);
-            let m = cx.op(Op::Broadcast(Broadcast { shape: mask }), &[one])?;
-            return Ok(vec![x, m]);
-        }
-        "MatMul" => matmul(cx)?,
-        "Gemm" => gemm(cx)?,
-        "Conv" => conv(cx)?,
-        "MaxPool" | "AveragePool" => pool(cx, op_type == "MaxPool")?,
-        "GlobalAveragePool" | "GlobalMaxPool" => {
-            let x = cx.input(0)?;
-            let axes: Vec<usize> = (2..cx.ty(x).rank()).collect();
-            let op = if op_type == "GlobalMaxPool" {
-                ReduceOp::Max
-            } else {
-                ReduceOp::Mean
-            };
-            cx.op(
-                Op::Reduce(Reduce {
-                    op,
-                    axes,
-                    keepdim: true,
-                }),
-                &[x],
-            )?
-        }
-        "BatchNormalization" => {
-            if cx.attr_i("training_mode", 0) != 0 {
-                return Err(cx.err("training_mode=1 is not supported (inference only)"));
-            }
-            let ins = (0..5).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
-            let op = Composite::BatchNorm(BatchNorm {
-                epsilon: Float(cx.attr_f("epsilon", 1e-5) as f64),
-                momentum: Float(0.9),
-                training: false,
-            });
-            cx.op(Op::Composite(op), &ins)?
-        }
-        "LayerNormalization" => layer_norm(cx)?,
-        "Split" => return split(cx),
-        "LSTM" | "GRU" | "RNN" => return crate::ops_rnn::convert(cx, op_type),
-        other => return Err(cx.err(format!("no converter for `{other}`"))),
-    };
-    Ok(vec![v])
+/// `Gelu` (opset 20; `approximate = "tanh"` for the tanh form).
+pub(crate) fn gelu(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let approximate = cx.attr_s("approximate").is_some_and(|s| s == "tanh");
+    composite1(cx, Composite::Gelu(Gelu { approximate }))
 }
 
-fn composite1(cx: &mut NodeCx<'_>, c: Composite) -> R<ValueId> {
+/// `Dropout` in inference: the input, and an all-true mask.
+pub(crate) fn dropout(cx: &mut NodeCx<'_>) -> R<Vec<ValueId>> {
+    let x = cx.input(0)?;
+    let mask = cx.ty(x).shape.0;
+    let one = cx.scalar(DType::Bool, 1.0);
+    let m = cx.op(Op::Broadcast(Broadcast { shape: mask }), &[one])?;
+    Ok(vec![x, m])
+}
+
+/// `GlobalAveragePool` / `GlobalMaxPool`: a reduction over every spatial axis, kept.
+pub(crate) fn global_pool(cx: &mut NodeCx<'_>, op: ReduceOp) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let axes: Vec<usize> = (2..cx.ty(x).rank()).collect();
+    cx.op(
+        Op::Reduce(Reduce {
+            op,
+            axes,
+            keepdim: true,
+        }),
+        &[x],
+    )
+}
+
+/// `BatchNormalization` in inference mode.
+pub(crate) fn batch_norm(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    if cx.attr_i("training_mode", 0) != 0 {
+        return Err(cx.err("training_mode=1 is not supported (inference only)"));
+    }
+    let ins = (0..5).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
+    let op = Composite::BatchNorm(BatchNorm {
+        epsilon: Float(cx.attr_f("epsilon", 1e-5) as f64),
+        momentum: Float(0.9),
+        training: false,
+    });
+    cx.op(Op::Composite(op), &ins)
+}
+
+/// `c(input 0)`.
+pub(crate) fn composite1(cx: &mut NodeCx<'_>, c: Composite) -> R<ValueId> {
     let x = cx.input(0)?;
     cx.op(Op::Composite(c), &[x])
 }
 
-fn softmax(cx: &mut NodeCx<'_>, log: bool) -> R<ValueId> {
+pub(crate) fn softmax(cx: &mut NodeCx<'_>, log: bool) -> R<ValueId> {
     let x = cx.input(0)?;
     let t = cx.ty(x);
     let rank = t.rank();
@@ -99,7 +82,7 @@ fn softmax(cx: &mut NodeCx<'_>, log: bool) -> R<ValueId> {
     cx.reshape(y, t.shape.0)
 }
 
-fn activation(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
+pub(crate) fn activation(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
     let x = cx.input(0)?;
     let dt = cx.ty(x).dtype;
     let zero = cx.scalar(dt, 0.0);
@@ -194,7 +177,7 @@ fn activation(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
     Ok(y)
 }
 
-fn clip(cx: &mut NodeCx<'_>) -> R<ValueId> {
+pub(crate) fn clip(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let dt = cx.ty(x).dtype;
     let (lo, hi) = if cx.opset < 11 {
@@ -226,7 +209,7 @@ fn clip(cx: &mut NodeCx<'_>) -> R<ValueId> {
     Ok(y)
 }
 
-fn matmul(cx: &mut NodeCx<'_>) -> R<ValueId> {
+pub(crate) fn matmul(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let (mut a, mut b) = (cx.input(0)?, cx.input(1)?);
     let (ta, tb) = (cx.ty(a), cx.ty(b));
     // numpy rules for 1-D operands: [K] → [1, K] (then drop M), [K] → [K, 1] (then drop N).
@@ -248,7 +231,7 @@ fn matmul(cx: &mut NodeCx<'_>) -> R<ValueId> {
     cx.reshape(y, dims)
 }
 
-fn gemm(cx: &mut NodeCx<'_>) -> R<ValueId> {
+pub(crate) fn gemm(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let (mut a, mut b) = (cx.input(0)?, cx.input(1)?);
     let (alpha, beta) = (cx.attr_f("alpha", 1.0) as f64, cx.attr_f("beta", 1.0) as f64);
     if cx.attr_i("transA", 0) != 0 {
@@ -324,7 +307,7 @@ fn spatial_pads(
     }
 }
 
-fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
+pub(crate) fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let (x, w) = (cx.input(0)?, cx.input(1)?);
     let wt = cx.ty(w);
     let n = wt.rank().saturating_sub(2);
@@ -370,7 +353,7 @@ fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
     }
 }
 
-fn pool(cx: &mut NodeCx<'_>, max: bool) -> R<ValueId> {
+pub(crate) fn pool(cx: &mut NodeCx<'_>, max: bool) -> R<ValueId> {
     let x = cx.input(0)?;
     let xs = cx.ty(x).shape.0;
     let kernel = cx.usizes(
@@ -430,7 +413,7 @@ fn pool(cx: &mut NodeCx<'_>, max: bool) -> R<ValueId> {
     Ok(y)
 }
 
-fn layer_norm(cx: &mut NodeCx<'_>) -> R<ValueId> {
+pub(crate) fn layer_norm(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let rank = cx.ty(x).rank();
     let axis = cx.axis(cx.attr_i("axis", -1), rank)?;
@@ -455,7 +438,7 @@ fn layer_norm(cx: &mut NodeCx<'_>) -> R<ValueId> {
     }
 }
 
-fn split(cx: &mut NodeCx<'_>) -> R<Vec<ValueId>> {
+pub(crate) fn split(cx: &mut NodeCx<'_>) -> R<Vec<ValueId>> {
     let x = cx.input(0)?;
     let t = cx.ty(x);
     let axis = cx.axis(cx.attr_i("axis", 0), t.rank())?;

@@ -14,7 +14,7 @@ use oar_ir::{Composite, Dim, Op, ValueId};
 
 /// The three recurrent op types.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
+pub(crate) enum Kind {
     Lstm,
     Gru,
     Rnn,
@@ -73,12 +73,7 @@ const KNOWN_ACTS: &[&str] = &[
 ];
 
 /// Convert LSTM / GRU / RNN; returns `[Y, Y_h]` (and `Y_c` for LSTM).
-pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
-    let kind = match op_type {
-        "LSTM" => Kind::Lstm,
-        "GRU" => Kind::Gru,
-        _ => Kind::Rnn,
-    };
+pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
     let gates = kind.gates();
     let (x, w, r) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
     let b = cx.opt_input(3);
@@ -90,7 +85,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Vec<ValueId>> {
     };
     let dt = cx.ty(x).dtype;
     if !dt.is_float() {
-        return Err(cx.err(format!("{op_type} needs a float input, got {dt}")));
+        return Err(cx.err(format!("{} needs a float input, got {dt}", cx.op_type())));
     }
     if kind == Kind::Lstm && cx.attr_i("input_forget", 0) != 0 {
         return Err(cx.err("input_forget=1 is not supported"));

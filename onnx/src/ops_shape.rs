@@ -1,150 +1,154 @@
-//! Movement ops (Reshape, Transpose, Slice, Concat, Split, Squeeze, Expand, Tile, Pad, Gather,
-//! Flatten, Range) and reductions.
+//! Movement ops (Reshape, Transpose, Slice, Concat, Squeeze, Expand, Tile, Pad, Gather,
+//! Flatten, Range) and reductions; the import table (`table.rs`) maps each op type here.
 
 use crate::ops::{NodeCx, R};
-use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceRange, UnaryOp};
-use oar_ir::ops::{Broadcast, Concat, Gather, Pad, Permute, Slice};
-use oar_ir::{Dim, Float, Op, TensorData, ValueId};
+use oar_ir::ops::{BinaryOp, ReduceOp, SliceRange, UnaryOp};
+use oar_ir::ops::{BorderPad, Broadcast, Concat, Gather, Pad, PadMode, Permute, Slice};
+use oar_ir::{Composite, Dim, Float, Op, TensorData, ValueId};
 
-/// Convert a movement or reduction op; `None` if `op_type` is not one.
-pub(crate) fn convert(cx: &mut NodeCx<'_>, op_type: &str) -> R<Option<ValueId>> {
-    let v = match op_type {
-        "Reshape" => {
-            let x = cx.input(0)?;
-            let target = if cx.opset < 5 {
-                cx.attr_ints("shape").unwrap_or_default()
-            } else {
-                cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?
-            };
-            let dims = reshape_dims(cx, x, &target, cx.attr_i("allowzero", 0) != 0)?;
-            cx.reshape(x, dims)?
-        }
-        "Flatten" => {
-            let x = cx.input(0)?;
-            let t = cx.ty(x);
-            let axis = cx.attr_i("axis", 1);
-            let axis = if axis == t.rank() as i64 {
-                t.rank()
-            } else {
-                cx.axis(axis, t.rank())?
-            };
-            let a = product(cx, &t.shape.0[..axis])?;
-            let b = product(cx, &t.shape.0[axis..])?;
-            cx.reshape(x, vec![a, b])?
-        }
-        "Transpose" => {
-            let x = cx.input(0)?;
-            let r = cx.ty(x).rank();
-            let perm = match cx.attr_ints("perm") {
-                Some(p) if !p.is_empty() => p.iter().map(|&a| cx.axis(a, r)).collect::<R<Vec<_>>>()?,
-                _ => (0..r).rev().collect(),
-            };
-            cx.op(Op::Permute(Permute { perm }), &[x])?
-        }
-        "Concat" => {
-            let x0 = cx.input(0)?;
-            let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x0).rank())?;
-            let ins = (0..cx.n_inputs()).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
-            if ins.len() == 1 {
-                x0
-            } else {
-                cx.op(Op::Concat(Concat { axis }), &ins)?
-            }
-        }
-        "Squeeze" | "Unsqueeze" => {
-            let x = cx.input(0)?;
-            let axes = if cx.opset >= 13 {
-                cx.const_ints(1)?
-            } else {
-                cx.attr_ints("axes")
-            };
-            let mut dims = cx.ty(x).shape.0;
-            if op_type == "Squeeze" {
-                let rank = dims.len();
-                let drop: Vec<usize> = match axes {
-                    Some(a) if !a.is_empty() => a.iter().map(|&a| cx.axis(a, rank)).collect::<R<_>>()?,
-                    _ => (0..rank).filter(|&i| dims[i] == Dim::Static(1)).collect(),
-                };
-                for &a in &drop {
-                    if dims[a] != Dim::Static(1) {
-                        return Err(cx.err(format!("cannot squeeze axis {a} of size {}", dims[a])));
-                    }
-                }
-                dims = dims
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(i, _)| !drop.contains(i))
-                    .map(|(_, d)| d)
-                    .collect();
-            } else {
-                let axes = axes.ok_or_else(|| cx.err("needs axes"))?;
-                let out_rank = dims.len() + axes.len();
-                let mut ax = axes.iter().map(|&a| cx.axis(a, out_rank)).collect::<R<Vec<_>>>()?;
-                ax.sort_unstable();
-                for a in ax {
-                    dims.insert(a, Dim::Static(1));
-                }
-            }
-            cx.reshape(x, dims)?
-        }
-        "Expand" => {
-            let x = cx.input(0)?;
-            let shape = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?;
-            let shape = oar_ir::Shape(cx.usizes(&shape)?.into_iter().map(Dim::Static).collect());
-            let out = oar_ir::broadcast_shapes(&cx.ty(x).shape, &shape).map_err(|e| cx.err(e))?;
-            if out == cx.ty(x).shape {
-                x
-            } else {
-                cx.op(Op::Broadcast(Broadcast { shape: out.0 }), &[x])?
-            }
-        }
-        "Tile" => {
-            let x = cx.input(0)?;
-            let reps = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its repeats input"))?;
-            let shape = cx.static_shape(x)?;
-            let reps = cx.usizes(&reps)?;
-            if reps.len() != shape.len() {
-                return Err(cx.err(format!("repeats {reps:?} do not match rank {}", shape.len())));
-            }
-            // x[d0, d1] → [1, d0, 1, d1] → broadcast [r0, d0, r1, d1] → reshape [r0*d0, r1*d1].
-            let inter: Vec<Dim> = shape.iter().flat_map(|&d| [Dim::Static(1), Dim::Static(d)]).collect();
-            let wide: Vec<Dim> = shape
-                .iter()
-                .zip(&reps)
-                .flat_map(|(&d, &r)| [Dim::Static(r), Dim::Static(d)])
-                .collect();
-            let out: Vec<Dim> = shape.iter().zip(&reps).map(|(&d, &r)| Dim::Static(d * r)).collect();
-            let y = cx.reshape(x, inter)?;
-            let y = cx.op(Op::Broadcast(Broadcast { shape: wide }), &[y])?;
-            cx.reshape(y, out)?
-        }
-        "Slice" => slice(cx)?,
-        "Gather" => {
-            let (x, i) = (cx.input(0)?, cx.input(1)?);
-            let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x).rank())?;
-            let i = cx.cast(i, oar_ir::DType::I64)?;
-            cx.op(Op::Gather(Gather { axis }), &[x, i])?
-        }
-        "Pad" => pad(cx)?,
-        "Range" => {
-            let (s, l, d) = (cx.const_scalar(0)?, cx.const_scalar(1)?, cx.const_scalar(2)?);
-            let (s, l, d) = (s.unwrap_or(0.0), l.unwrap_or(0.0), d.unwrap_or(1.0));
-            let dt = cx.ty(cx.input(0)?).dtype;
-            let n = ((l - s) / d).ceil().max(0.0);
-            if !n.is_finite() || n > 1e8 {
-                return Err(cx.err(format!("range({s}, {l}, {d}) is too long")));
-            }
-            let vals: Vec<f64> = (0..n as usize).map(|k| s + k as f64 * d).collect();
-            let t = TensorData::from_f64_slice(dt, vec![vals.len()], &vals).map_err(|e| cx.err(e.to_string()))?;
-            cx.g.add_constant(t)
-        }
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
-        | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" => reduce(cx, op_type)?,
-        "ArgMax" => cx.arg_reduce(ArgReduceOp::ArgMax)?,
-        "ArgMin" => cx.arg_reduce(ArgReduceOp::ArgMin)?,
-        _ => return Ok(None),
+/// `Reshape(x, shape)` (opset < 5: the `shape` attribute).
+pub(crate) fn reshape(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let target = if cx.opset < 5 {
+        cx.attr_ints("shape").unwrap_or_default()
+    } else {
+        cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?
     };
-    Ok(Some(v))
+    let dims = reshape_dims(cx, x, &target, cx.attr_i("allowzero", 0) != 0)?;
+    cx.reshape(x, dims)
+}
+
+/// `Flatten(x)` around `axis` into two dims.
+pub(crate) fn flatten(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let t = cx.ty(x);
+    let axis = cx.attr_i("axis", 1);
+    let axis = if axis == t.rank() as i64 {
+        t.rank()
+    } else {
+        cx.axis(axis, t.rank())?
+    };
+    let a = product(cx, &t.shape.0[..axis])?;
+    let b = product(cx, &t.shape.0[axis..])?;
+    cx.reshape(x, vec![a, b])
+}
+
+/// `Transpose(x)` by `perm` (default: reversed axes).
+pub(crate) fn transpose(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let r = cx.ty(x).rank();
+    let perm = match cx.attr_ints("perm") {
+        Some(p) if !p.is_empty() => p.iter().map(|&a| cx.axis(a, r)).collect::<R<Vec<_>>>()?,
+        _ => (0..r).rev().collect(),
+    };
+    cx.op(Op::Permute(Permute { perm }), &[x])
+}
+
+/// `Concat` along `axis`.
+pub(crate) fn concat(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x0 = cx.input(0)?;
+    let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x0).rank())?;
+    let ins = (0..cx.n_inputs()).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
+    if ins.len() == 1 {
+        Ok(x0)
+    } else {
+        cx.op(Op::Concat(Concat { axis }), &ins)
+    }
+}
+
+/// `Squeeze` (`squeeze`) or `Unsqueeze`: axes from the attribute or (opset ≥ 13) the input.
+pub(crate) fn squeeze(cx: &mut NodeCx<'_>, squeeze: bool) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let axes = if cx.opset >= 13 {
+        cx.const_ints(1)?
+    } else {
+        cx.attr_ints("axes")
+    };
+    let mut dims = cx.ty(x).shape.0;
+    if squeeze {
+        let rank = dims.len();
+        let drop: Vec<usize> = match axes {
+            Some(a) if !a.is_empty() => a.iter().map(|&a| cx.axis(a, rank)).collect::<R<_>>()?,
+            _ => (0..rank).filter(|&i| dims[i] == Dim::Static(1)).collect(),
+        };
+        for &a in &drop {
+            if dims[a] != Dim::Static(1) {
+                return Err(cx.err(format!("cannot squeeze axis {a} of size {}", dims[a])));
+            }
+        }
+        dims = dims
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !drop.contains(i))
+            .map(|(_, d)| d)
+            .collect();
+    } else {
+        let axes = axes.ok_or_else(|| cx.err("needs axes"))?;
+        let out_rank = dims.len() + axes.len();
+        let mut ax = axes.iter().map(|&a| cx.axis(a, out_rank)).collect::<R<Vec<_>>>()?;
+        ax.sort_unstable();
+        for a in ax {
+            dims.insert(a, Dim::Static(1));
+        }
+    }
+    cx.reshape(x, dims)
+}
+
+/// `Expand(x, shape)`: numpy broadcasting to a constant shape.
+pub(crate) fn expand(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let shape = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?;
+    let shape = oar_ir::Shape(cx.usizes(&shape)?.into_iter().map(Dim::Static).collect());
+    let out = oar_ir::broadcast_shapes(&cx.ty(x).shape, &shape).map_err(|e| cx.err(e))?;
+    if out == cx.ty(x).shape {
+        Ok(x)
+    } else {
+        cx.op(Op::Broadcast(Broadcast { shape: out.0 }), &[x])
+    }
+}
+
+/// `Tile(x, repeats)`.
+pub(crate) fn tile(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let reps = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its repeats input"))?;
+    let shape = cx.static_shape(x)?;
+    let reps = cx.usizes(&reps)?;
+    if reps.len() != shape.len() {
+        return Err(cx.err(format!("repeats {reps:?} do not match rank {}", shape.len())));
+    }
+    // x[d0, d1] → [1, d0, 1, d1] → broadcast [r0, d0, r1, d1] → reshape [r0*d0, r1*d1].
+    let inter: Vec<Dim> = shape.iter().flat_map(|&d| [Dim::Static(1), Dim::Static(d)]).collect();
+    let wide: Vec<Dim> = shape
+        .iter()
+        .zip(&reps)
+        .flat_map(|(&d, &r)| [Dim::Static(r), Dim::Static(d)])
+        .collect();
+    let out: Vec<Dim> = shape.iter().zip(&reps).map(|(&d, &r)| Dim::Static(d * r)).collect();
+    let y = cx.reshape(x, inter)?;
+    let y = cx.op(Op::Broadcast(Broadcast { shape: wide }), &[y])?;
+    cx.reshape(y, out)
+}
+
+/// `Gather(x, indices)` along `axis`.
+pub(crate) fn gather(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (x, i) = (cx.input(0)?, cx.input(1)?);
+    let axis = cx.axis(cx.attr_i("axis", 0), cx.ty(x).rank())?;
+    let i = cx.cast(i, oar_ir::DType::I64)?;
+    cx.op(Op::Gather(Gather { axis }), &[x, i])
+}
+
+/// `Range(start, limit, delta)` of constants, folded.
+pub(crate) fn range(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (s, l, d) = (cx.const_scalar(0)?, cx.const_scalar(1)?, cx.const_scalar(2)?);
+    let (s, l, d) = (s.unwrap_or(0.0), l.unwrap_or(0.0), d.unwrap_or(1.0));
+    let dt = cx.ty(cx.input(0)?).dtype;
+    let n = ((l - s) / d).ceil().max(0.0);
+    if !n.is_finite() || n > 1e8 {
+        return Err(cx.err(format!("range({s}, {l}, {d}) is too long")));
+    }
+    let vals: Vec<f64> = (0..n as usize).map(|k| s + k as f64 * d).collect();
+    let t = TensorData::from_f64_slice(dt, vec![vals.len()], &vals).map_err(|e| cx.err(e.to_string()))?;
+    Ok(cx.g.add_constant(t))
 }
 
 /// Product of dims: static when all are static, the symbol itself when exactly one is symbolic
@@ -213,7 +217,8 @@ fn reshape_dims(cx: &NodeCx<'_>, x: ValueId, target: &[i64], allowzero: bool) ->
     Ok(out.into_iter().flatten().collect())
 }
 
-fn slice(cx: &mut NodeCx<'_>) -> R<ValueId> {
+/// `Slice` by starts/ends/axes/steps (attributes before opset 10, inputs after).
+pub(crate) fn slice(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let rank = cx.ty(x).rank();
     let (starts, ends, axes, steps) = if cx.opset < 10 {
@@ -249,13 +254,17 @@ fn slice(cx: &mut NodeCx<'_>) -> R<ValueId> {
     cx.op(Op::Slice(Slice { ranges }), &[x])
 }
 
-fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
+/// `Pad` (constant, reflect, edge, wrap).
+pub(crate) fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let rank = cx.ty(x).rank();
-    let mode = cx.attr_s("mode").unwrap_or_else(|| "constant".into());
-    if mode != "constant" {
-        return Err(cx.err(format!("pad mode `{mode}` is not supported")));
-    }
+    let mode = match cx.attr_s("mode").as_deref().unwrap_or("constant") {
+        "constant" => None,
+        "reflect" => Some(PadMode::Reflect),
+        "edge" => Some(PadMode::Replicate),
+        "wrap" => Some(PadMode::Circular),
+        other => return Err(cx.err(format!("pad mode `{other}` is not supported"))),
+    };
     let (pads, value, axes) = if cx.opset < 11 {
         (
             cx.attr_ints("pads").or(cx.attr_ints("paddings")),
@@ -282,41 +291,50 @@ fn pad(cx: &mut NodeCx<'_>) -> R<ValueId> {
         before[a] = p[k];
         after[a] = p[k + n];
     }
-    cx.op(
-        Op::Pad(Pad {
+    let op = match mode {
+        None => Op::Pad(Pad {
             before,
             after,
             value: Float(value),
         }),
-        &[x],
-    )
+        Some(mode) => Op::Composite(Composite::BorderPad(BorderPad { before, after, mode })),
+    };
+    cx.op(op, &[x])
 }
 
-fn reduce(cx: &mut NodeCx<'_>, op_type: &str) -> R<ValueId> {
+/// A reduction as ONNX spells it: `post(reduce(pre(x)))`, with the input squared first for
+/// L2 and SumSquare; axes from the attribute or, from opset `axes_input_from`, the input.
+pub(crate) struct Reduction {
+    pub pre: Option<UnaryOp>,
+    pub square: bool,
+    pub op: ReduceOp,
+    pub post: Option<UnaryOp>,
+    pub axes_input_from: i64,
+}
+
+/// A plain reduction (axes as an input from opset 18).
+pub(crate) const fn plain(op: ReduceOp) -> Reduction {
+    Reduction {
+        pre: None,
+        square: false,
+        op,
+        post: None,
+        axes_input_from: 18,
+    }
+}
+
+pub(crate) fn reduce(cx: &mut NodeCx<'_>, r: Reduction) -> R<ValueId> {
     let x = cx.input(0)?;
-    let from = if op_type == "ReduceSum" { 13 } else { 18 };
-    let axes = cx.reduce_axes(cx.ty(x).rank(), from)?;
-    let (pre, op, post): (Option<UnaryOp>, ReduceOp, Option<UnaryOp>) = match op_type {
-        "ReduceSum" => (None, ReduceOp::Sum, None),
-        "ReduceMean" => (None, ReduceOp::Mean, None),
-        "ReduceMax" => (None, ReduceOp::Max, None),
-        "ReduceMin" => (None, ReduceOp::Min, None),
-        "ReduceProd" => (None, ReduceOp::Prod, None),
-        "ReduceL1" => (Some(UnaryOp::Abs), ReduceOp::Sum, None),
-        "ReduceL2" => (None, ReduceOp::Sum, Some(UnaryOp::Sqrt)),
-        "ReduceLogSum" => (None, ReduceOp::Sum, Some(UnaryOp::Log)),
-        "ReduceLogSumExp" => (Some(UnaryOp::Exp), ReduceOp::Sum, Some(UnaryOp::Log)),
-        _ => (None, ReduceOp::Sum, None), // ReduceSumSquare
-    };
+    let axes = cx.reduce_axes(cx.ty(x).rank(), r.axes_input_from)?;
     let mut y = x;
-    if let Some(u) = pre {
+    if let Some(u) = r.pre {
         y = cx.un(u, y)?;
     }
-    if matches!(op_type, "ReduceL2" | "ReduceSumSquare") {
+    if r.square {
         y = cx.bin(BinaryOp::Mul, y, y)?;
     }
-    y = cx.reduce(op, y, axes)?;
-    if let Some(u) = post {
+    y = cx.reduce(r.op, y, axes)?;
+    if let Some(u) = r.post {
         y = cx.un(u, y)?;
     }
     Ok(y)

@@ -3,8 +3,9 @@
 //!
 //! Each resized axis is resampled on its own (the modes are separable): output index `i` maps
 //! to a source coordinate `c` (`half_pixel`: `(i + 0.5)/s - 0.5`; `pytorch_half_pixel`: the
-//! same, or 0 when the output has one element; `align_corners`: `i·(n-1)/(m-1)`; `asymmetric`:
-//! `i/s`; `s` is the given scale or `m/n`), which picks one source element (nearest, rounded
+//! same, or 0 when the output has one element; `align_corners`: `i·(n-1)/(s·n-1)`;
+//! `asymmetric`: `i/s`; `half_pixel_symmetric`: `half_pixel` shifted by `n/2·(1 - m/(s·n))`;
+//! `s` is the given scale or `m/n`), which picks one source element (nearest, rounded
 //! by `nearest`), two (linear) or four (cubic, Keys' kernel with coefficient `cubic_a`) with
 //! weights; source indices outside the axis are clamped to its edge (or, with
 //! `exclude_outside`, dropped and the weights renormalized). PyTorch's modes: `nearest` is
@@ -48,6 +49,8 @@ named_enum!(
         AlignCorners => "align_corners",
         /// `i/s`.
         Asymmetric => "asymmetric",
+        /// `half_pixel` with the sampled span centred on the input (ONNX opset 19).
+        HalfPixelSymmetric => "half_pixel_symmetric",
     }
 );
 word_attr!(CoordMode);
@@ -95,15 +98,21 @@ impl Resize {
     /// the resized axis' position `k` among [`Resize::sizes`].
     pub fn taps(&self, n: usize, m: usize, k: usize) -> Vec<Taps> {
         let scale = self.scales.get(k).map_or(m as f64 / n as f64, |s| s.0);
+        // The output length the scale describes (ONNX: not rounded to the element count).
+        let out_len = scale * n as f64;
         let coord = |i: usize| -> f64 {
             let i = i as f64;
             match self.coordinate {
                 CoordMode::HalfPixel => (i + 0.5) / scale - 0.5,
                 CoordMode::PytorchHalfPixel if m > 1 => (i + 0.5) / scale - 0.5,
                 CoordMode::PytorchHalfPixel => 0.0,
-                CoordMode::AlignCorners if m > 1 => i * (n as f64 - 1.0) / (m as f64 - 1.0),
+                CoordMode::AlignCorners if out_len != 1.0 => i * (n as f64 - 1.0) / (out_len - 1.0),
                 CoordMode::AlignCorners => 0.0,
                 CoordMode::Asymmetric => i / scale,
+                CoordMode::HalfPixelSymmetric => {
+                    let offset = n as f64 / 2.0 * (1.0 - m as f64 / out_len);
+                    offset + (i + 0.5) / scale - 0.5
+                }
             }
         };
         let clamp = |j: i64| j.clamp(0, n as i64 - 1) as usize;

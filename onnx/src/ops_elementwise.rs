@@ -1,0 +1,104 @@
+//! Elementwise and value ops whose conversion is more than one oar op: Pow with a mixed
+//! exponent dtype, Mod (numpy and C `fmod`), the variadic Max/Min/Sum/Mean, Cast/CastLike, and
+//! the shape-valued ConstantOfShape, Shape, Size.
+
+use crate::ops::{NodeCx, R};
+use crate::tensor::{dtype_from_onnx, tensor_from_proto};
+use oar_ir::ops::BinaryOp as B;
+use oar_ir::{Op, TensorData, ValueId};
+
+/// `Pow(a, e)`; the exponent is cast to the base's dtype.
+pub(crate) fn pow(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (a, e) = (cx.input(0)?, cx.input(1)?);
+    let e = cx.cast(e, cx.ty(a).dtype)?;
+    cx.bin(B::Pow, a, e)
+}
+
+/// `Mod`: the remainder with the divisor's sign, or with `fmod=1` the dividend's
+/// (`a - trunc(a / b) · b`, floats only).
+pub(crate) fn modulo(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (a, b) = (cx.input(0)?, cx.input(1)?);
+    if cx.attr_i("fmod", 0) == 0 {
+        return cx.bin(B::Rem, a, b);
+    }
+    let dt = cx.ty(a).dtype;
+    if !dt.is_float() {
+        return Err(cx.err("fmod=1 on integers is not supported"));
+    }
+    let r = cx.bin(B::Rem, a, b)?;
+    let zero = cx.scalar(dt, 0.0);
+    let rz = cx.bin(B::Ne, r, zero)?;
+    let sa = cx.bin(B::Lt, a, zero)?;
+    let sr = cx.bin(B::Lt, r, zero)?;
+    let differ = cx.bin(B::Xor, sa, sr)?;
+    let fix = cx.bin(B::And, differ, rz)?;
+    let r2 = cx.bin(B::Sub, r, b)?;
+    cx.op(Op::Where, &[fix, r2, r])
+}
+
+/// Max/Min/Sum of any number of inputs folded with `op`; `mean` divides by their count.
+pub(crate) fn variadic(cx: &mut NodeCx<'_>, op: B, mean: bool) -> R<ValueId> {
+    let mut acc = cx.input(0)?;
+    for i in 1..cx.n_inputs() {
+        let x = cx.input(i)?;
+        acc = cx.bin(op, acc, x)?;
+    }
+    if mean {
+        let n = cx.n_inputs() as f64;
+        acc = cx.bin_c(B::Div, acc, n)?;
+    }
+    Ok(acc)
+}
+
+/// `Cast` to the `to` attribute's dtype.
+pub(crate) fn cast(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let code = cx.attr_i("to", 0) as i32;
+    let to = dtype_from_onnx(code).ok_or_else(|| {
+        cx.err(format!(
+            "cast to {} is not supported",
+            crate::tensor::onnx_type_name(code)
+        ))
+    })?;
+    let x = cx.input(0)?;
+    cx.cast(x, to)
+}
+
+/// `CastLike(x, like)`: to `like`'s dtype.
+pub(crate) fn cast_like(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (x, like) = (cx.input(0)?, cx.input(1)?);
+    let to = cx.ty(like).dtype;
+    cx.cast(x, to)
+}
+
+/// `ConstantOfShape(shape)`: a constant tensor of the `value` attribute's dtype.
+pub(crate) fn constant_of_shape(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let dims = cx.const_ints(0)?.ok_or_else(|| cx.err("needs its shape input"))?;
+    let value = match cx.attr("value").and_then(|a| a.t.as_ref()) {
+        Some(t) => tensor_from_proto(t, None)?,
+        None => TensorData::scalar(0.0f32),
+    };
+    let shape = cx.usizes(&dims)?;
+    let v = value.to_f64_vec().first().copied().unwrap_or(0.0);
+    let t = TensorData::full(value.dtype(), shape, v).map_err(|e| cx.err(e.to_string()))?;
+    Ok(cx.g.add_constant(t))
+}
+
+/// `Shape(x)` (with `start`/`end`), a constant: x's shape must be static.
+pub(crate) fn shape(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let shape = cx.static_shape(x)?;
+    let r = shape.len() as i64;
+    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let (s, e) = (clampi(cx.attr_i("start", 0)), clampi(cx.attr_i("end", r)));
+    let dims: Vec<i64> = shape[s..e.max(s)].iter().map(|&d| d as i64).collect();
+    let n = dims.len();
+    let t = TensorData::from_vec(vec![n], dims).map_err(|e| cx.err(e.to_string()))?;
+    Ok(cx.g.add_constant(t))
+}
+
+/// `Size(x)`, a constant.
+pub(crate) fn size(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let n: usize = cx.static_shape(x)?.iter().product();
+    Ok(cx.g.add_constant(TensorData::scalar(n as i64)))
+}
