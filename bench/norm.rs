@@ -1,5 +1,6 @@
 //! layer_norm and softmax over rows, compiled on the `cpu` backend (each one fused kernel with
-//! two reduction stages per row, run a block of rows at a time), single-threaded.
+//! two reduction stages per row, run a block of rows at a time), and the elementwise
+//! transcendentals gelu (erf) and tanh (the legalized math), single-threaded.
 //! Run through `bench/norm.sh`, which times PyTorch on the same shapes and prints ratios.
 
 use oar::ir::ops::Composite;
@@ -8,14 +9,14 @@ use std::collections::BTreeMap;
 
 #[path = "timing.rs"]
 mod timing;
-use oar::ir::ops::{LayerNorm, Softmax};
+use oar::ir::ops::{Gelu, LayerNorm, Softmax, UnaryOp};
 use timing::median_secs;
 
 fn main() -> oar::Result<()> {
     oar::seed(0);
     let cpu = oar::backend::get("cpu")?;
     for (rows, d) in [(4096usize, 768usize), (16384, 128)] {
-        for what in ["add", "layer_norm", "softmax"] {
+        for what in ["add", "layer_norm", "softmax", "gelu", "tanh"] {
             let mut g = Graph::new(what);
             let x = g.add_input("x", TensorType::of(DType::F32, &[rows, d]))?;
             let mut w = Weights::new();
@@ -33,6 +34,10 @@ fn main() -> oar::Result<()> {
                     epsilon: Float(1e-5),
                 });
                 g.add_op1(Op::Composite(c), &[x, gw, gb])?
+            } else if what == "gelu" {
+                g.add_op1(Op::Composite(Composite::Gelu(Gelu { approximate: false })), &[x])?
+            } else if what == "tanh" {
+                g.add_op1(Op::Unary(UnaryOp::Tanh), &[x])?
             } else {
                 g.add_op1(Op::Composite(Composite::Softmax(Softmax { axis: 1 })), &[x])?
             };

@@ -24,6 +24,8 @@ with torch.no_grad():
             ("add", lambda: x + 1),
             ("layer_norm", lambda: torch.nn.functional.layer_norm(x, (d,), g, b, 1e-5)),
             ("softmax", lambda: torch.softmax(x, 1)),
+            ("gelu", lambda: torch.nn.functional.gelu(x)),
+            ("tanh", lambda: torch.tanh(x)),
         ):
             s = median_secs(15, f)
             print(f"{what} f32 {rows}x{d}: {s * 1e3:.3f} ms, {2 * rows * d * 4 / s / 1e9:.1f} GB/s")

@@ -62,6 +62,35 @@ impl DType {
         matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
     }
 
+    /// The smallest and largest value of an integer dtype; `None` for floats and bool.
+    pub fn int_range(self) -> Option<(i64, i64)> {
+        Some(match self {
+            DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+            DType::U8 => (0, u8::MAX as i64),
+            DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+            DType::I64 => (i64::MIN, i64::MAX),
+            _ => return None,
+        })
+    }
+
+    /// The smallest value of the dtype (−inf for floats, false for bool): the identity of max.
+    pub fn lowest(self) -> f64 {
+        match self.int_range() {
+            Some((lo, _)) => lo as f64,
+            None if self == DType::Bool => 0.0,
+            None => f64::NEG_INFINITY,
+        }
+    }
+
+    /// The largest value of the dtype (+inf for floats, true for bool): the identity of min.
+    pub fn highest(self) -> f64 {
+        match self.int_range() {
+            Some((_, hi)) => hi as f64,
+            None if self == DType::Bool => 1.0,
+            None => f64::INFINITY,
+        }
+    }
+
     /// True for numeric types (float or integer), i.e. everything but bool.
     pub fn is_numeric(self) -> bool {
         self != DType::Bool

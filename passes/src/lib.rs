@@ -14,6 +14,7 @@ mod error;
 mod fold;
 pub mod fuse;
 mod fuse_build;
+pub mod legalize;
 mod manager;
 pub mod memory_plan;
 mod regions;

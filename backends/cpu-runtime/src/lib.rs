@@ -5,7 +5,6 @@
 //! - [`Model`]: runs a program with a table of generated kernel functions — generated loop
 //!   kernels split across threads, matmul/conv through `gemm` with generated epilogues, and the
 //!   reference interpreter for the few kernels the code generator leaves alone.
-//! - [`math`]: scalar functions generated code calls (`exp`, `tanh`, `erf`, ...).
 //!
 //! Built as an rlib (linked into the JIT) and as a static library (linked into AOT executables
 //! and shared libraries, which then depend on nothing beyond libc).
@@ -15,7 +14,6 @@ mod contraction;
 mod conv;
 mod conv_direct;
 pub mod exe;
-pub mod math;
 mod model;
 pub mod native;
 pub mod program;

@@ -1,5 +1,5 @@
-//! In-process JIT: generated kernels in executable memory, resolved against the runtime's
-//! math symbols.
+//! In-process JIT: generated kernels in executable memory (they call nothing: math arrives
+//! expanded by `oar_passes::legalize`).
 
 use crate::CpuError;
 use crate::codegen;
@@ -57,10 +57,7 @@ impl Drop for JitCode {
 /// Compile every function of `lowered` into executable memory.
 pub fn jit(lowered: &Lowered) -> Result<JitCode, CpuError> {
     let isa = host_isa(false)?;
-    let mut builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
-    for (name, ptr) in oar_cpu_runtime::math::symbols() {
-        builder.symbol(name, ptr);
-    }
+    let builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
     let mut module = JITModule::new(builder);
     let mut ids = Vec::with_capacity(lowered.funcs.len());
     for spec in &lowered.funcs {

@@ -19,8 +19,17 @@ pub mod lower;
 use oar_cpu_runtime::Model;
 use oar_ir::backend::{BoundedCache, check_inputs};
 use oar_ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
+use oar_passes::legalize::{Expand, Natives};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
+
+/// What the generated code computes natively (everything else is expanded by
+/// `oar_passes::legalize` before code generation): NaN-propagating `max`/`min` (one compare and
+/// select, or `maxps` with a constant), saturating float → int casts (`fcvt_to_sint_sat`) and
+/// `rsqrt` (in f64 on vectors, bit-identical to the reference).
+pub fn natives() -> Natives {
+    Natives::of(&[Expand::NanMinMax, Expand::SaturatingCast, Expand::Rsqrt])
+}
 
 /// Why the CPU backend could not compile a graph.
 #[derive(Debug, thiserror::Error)]

@@ -47,6 +47,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     if !symbolic.is_empty() {
         return Err(CpuError::Symbolic(symbolic));
     }
+    oar_passes::legalize::legalize(&mut program, &crate::natives());
     let mut consts = Weights::new();
     for (i, b) in program.buffers.iter_mut().enumerate() {
         if let BufferKind::Constant(t) = &b.kind {

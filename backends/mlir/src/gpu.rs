@@ -1,7 +1,8 @@
 //! The GPU path: the same kernels generated for [`Target::Gpu`] (one `gpu.launch` each),
 //! outlined and lowered through NVVM to PTX by MLIR (`gpu-module-to-binary{format=isa}`).
 //! Memrefs are passed with MLIR's bare-pointer convention: every buffer is one `.u64` device
-//! pointer. Float math (`math.exp`, ...) becomes libdevice calls (`__nv_exp`), linked from
+//! pointer. The transcendentals arrive expanded (`oar_passes::legalize`); the rounding ops
+//! left in `math` (`math.floor`, ...) become libdevice calls (`__nv_floor`), linked from
 //! `libdevice.10.bc` when one is given, else left as `.extern` functions. Nothing here needs
 //! a GPU; [`crate::ptx_module`] assembles the kernels into one PTX module that the `ptx`
 //! backend's cudarc runtime launches (`mlir-gpu`, see `docs/MLIR.md`).

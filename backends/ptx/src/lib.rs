@@ -84,6 +84,14 @@ pub fn compile_to_ptx(
     Ok((program, module))
 }
 
+/// What the generated PTX computes natively; `oar_passes::legalize` expands the rest (the
+/// transcendentals, `rsqrt`, `pow`, float `rem`) before code generation: `max.NaN`/`min.NaN`
+/// (f64 by hand), saturating `cvt.rzi` casts and integer `rem` (with the error word).
+pub fn natives() -> oar_passes::legalize::Natives {
+    use oar_passes::legalize::{Expand, Natives};
+    Natives::of(&[Expand::NanMinMax, Expand::SaturatingCast, Expand::IntRem])
+}
+
 /// The PTX backend (registry name `ptx`). Constructing it touches no driver; compiling checks
 /// for one and fails with [`BackendError::Unavailable`] when there is none.
 #[derive(Clone, Copy, Debug, Default)]

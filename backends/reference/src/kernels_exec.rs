@@ -10,8 +10,8 @@
 //! the planned offsets, so a plan that overlaps two live buffers corrupts the results.
 
 use crate::interp::{Bindings, Interp, bind_shape, resolve};
-use ndarray::{ArrayD, IxDyn};
-use oar_ir::eval::{Data, Res, Site, Value, eval_one};
+use ndarray::{ArrayD, IxDyn, Zip};
+use oar_ir::eval::{Data, Res, Site, Value, broadcast_dims, eval_one, view_as};
 use oar_ir::kernel::{
     Buffer, BufferId, BufferKind, Contraction, IndexMap, Inst, Kernel, KernelBody, KernelProgram, Load, MemoryPlan,
     ScalarOp,
@@ -277,6 +277,10 @@ impl<'p> Exec<'p> {
                 ScalarOp::Binary(b, x, y) => eval_one(&s, b, &[arg(*x)?, arg(*y)?])?,
                 ScalarOp::Where(c, a, b) => eval_one(&s, &Where, &[arg(*c)?, arg(*a)?, arg(*b)?])?,
                 ScalarOp::Cast(a) => eval_one(&s, &Cast { to: inst.dtype }, &[arg(*a)?])?,
+                ScalarOp::Bitcast(a) => bitcast(&s, arg(*a)?, inst.dtype)?,
+                ScalarOp::ShiftLeft(a, n) => shift(&s, arg(*a)?, *n, true)?,
+                ScalarOp::ShiftRight(a, n) => shift(&s, arg(*a)?, *n, false)?,
+                ScalarOp::MulAdd(a, b, c) => mul_add(&s, [arg(*a)?, arg(*b)?, arg(*c)?], inst.dtype)?,
             };
             if v.dtype != inst.dtype {
                 return Err(s.err(format!("computed {} but the instruction says {}", v.dtype, inst.dtype)));
@@ -384,6 +388,59 @@ impl<'p> Exec<'p> {
             _ => Err(s.err("a loop or contraction kernel writes exactly one buffer")),
         }
     }
+}
+
+/// The bits of `v` read as `to` (f32 ↔ i32, f64 ↔ i64).
+fn bitcast(s: &Site, v: &Value, to: DType) -> Res<Value> {
+    let data = match (&v.data, v.dtype, to) {
+        (Data::F(a), DType::F32, DType::I32) => Data::I(a.mapv(|x| (x as f32).to_bits() as i32 as i64)),
+        (Data::I(a), DType::I32, DType::F32) => Data::F(a.mapv(|x| f32::from_bits(x as i32 as u32) as f64)),
+        (Data::F(a), DType::F64, DType::I64) => Data::I(a.mapv(|x| x.to_bits() as i64)),
+        (Data::I(a), DType::I64, DType::F64) => Data::F(a.mapv(|x| f64::from_bits(x as u64))),
+        _ => return Err(s.err(format!("bitcast from {} to {to}", v.dtype))),
+    };
+    Ok(Value { dtype: to, data })
+}
+
+/// `a·b + c` rounded once in `dtype` (f32: `f32::mul_add`, the correctly rounded `fmaf`).
+fn mul_add(s: &Site, [a, b, c]: [&Value; 3], dtype: DType) -> Res<Value> {
+    if [a, b, c].iter().any(|v| v.dtype != dtype) || !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(s.err(format!(
+            "muladd of {}, {}, {} giving {dtype}",
+            a.dtype, b.dtype, c.dtype
+        )));
+    }
+    let (x, y, z) = (a.as_f(s, "muladd")?, b.as_f(s, "muladd")?, c.as_f(s, "muladd")?);
+    let shape = broadcast_dims(s, &broadcast_dims(s, x.shape(), y.shape())?, z.shape())?;
+    let (x, y, z) = (view_as(s, x, &shape)?, view_as(s, y, &shape)?, view_as(s, z, &shape)?);
+    let out = Zip::from(&x).and(&y).and(&z).map_collect(|&p, &q, &r| {
+        if dtype == DType::F32 {
+            (p as f32).mul_add(q as f32, r as f32) as f64
+        } else {
+            p.mul_add(q, r)
+        }
+    });
+    Ok(Value::float(dtype, out))
+}
+
+/// `v << n` (`left`) or `v >> n` (arithmetic), in its integer dtype.
+fn shift(s: &Site, v: &Value, n: u32, left: bool) -> Res<Value> {
+    let a = v.as_i(s, "shift operand")?;
+    let bits = match v.dtype {
+        DType::I32 => 32,
+        DType::I64 => 64,
+        d => return Err(s.err(format!("shift of {d}"))),
+    };
+    if n >= bits {
+        return Err(s.err(format!("shift by {n} of a {bits}-bit integer")));
+    }
+    let out = a.mapv(|x| match (bits, left) {
+        (32, true) => ((x as i32) << n) as i64,
+        (32, false) => ((x as i32) >> n) as i64,
+        (_, true) => x << n,
+        _ => x >> n,
+    });
+    Ok(v.with(Data::I(out)))
 }
 
 /// `v` with `n` trailing axes of size 1 (a stage result seen from inner loops).

@@ -78,12 +78,32 @@ fn helper(table: &str, op: &str, d: DType, args: &str) -> R<String> {
     Ok(format!("{op}_{kind}({args})"))
 }
 
-fn cast(from: DType, to: DType, x: &str) -> R<String> {
-    let limits = c_type(to)?.trim_end_matches("_t").to_uppercase(); // INT8_MIN, INT8_MAX, ...
-    Ok(match to {
+/// A cast is C's conversion (float → int operands are in range: `legalize` saturates first).
+fn cast(to: DType, x: &str) -> String {
+    match to {
         DType::Bool => format!("({x} != 0)"),
-        _ if from.is_float() && !to.is_float() => format!("f2i({x}, {limits}_MIN, {limits}_MAX)"),
         _ => x.to_string(),
+    }
+}
+
+/// The same bits as another type (f32 ↔ i32, f64 ↔ i64), through the prelude's `memcpy`s.
+fn bitcast(from: DType, to: DType, x: &str) -> R<String> {
+    Ok(match (from, to) {
+        (DType::F32, DType::I32) => format!("bits_of_f32({x})"),
+        (DType::I32, DType::F32) => format!("f32_of_bits({x})"),
+        (DType::F64, DType::I64) => format!("bits_of_f64({x})"),
+        (DType::I64, DType::F64) => format!("f64_of_bits({x})"),
+        _ => return Err(format!("bitcast {from} -> {to}")),
+    })
+}
+
+/// `x << n` (wrapping, through the unsigned type) or the arithmetic `x >> n`.
+fn shift(d: DType, x: &str, n: u32, left: bool) -> R<String> {
+    let u = if d == DType::I64 { "uint64_t" } else { "uint32_t" };
+    Ok(if left {
+        format!("({u}){x} << {n}")
+    } else {
+        format!("{x} >> {n}")
     })
 }
 
@@ -99,7 +119,14 @@ fn body(out: &mut String, p: &KernelProgram, insts: &[Inst], loads: &[Load], var
             ScalarOp::Unary(op, a) => helper("U", op.name(), dt(*a)?, &v(*a))?,
             ScalarOp::Binary(op, a, b) => helper("B", op.name(), dt(*a)?, &format!("{}, {}, &e", v(*a), v(*b)))?,
             ScalarOp::Where(c, a, b) => format!("({} ? {} : {})", v(*c), v(*a), v(*b)),
-            ScalarOp::Cast(a) => cast(dt(*a)?, inst.dtype, &v(*a))?,
+            ScalarOp::Cast(a) => cast(inst.dtype, &v(*a)),
+            ScalarOp::Bitcast(a) => bitcast(dt(*a)?, inst.dtype, &v(*a))?,
+            ScalarOp::MulAdd(a, b, c) => {
+                let f = if inst.dtype == DType::F32 { "fmaf" } else { "fma" };
+                format!("{f}({}, {}, {})", v(*a), v(*b), v(*c))
+            }
+            ScalarOp::ShiftLeft(a, n) => shift(inst.dtype, &v(*a), *n, true)?,
+            ScalarOp::ShiftRight(a, n) => shift(inst.dtype, &v(*a), *n, false)?,
         };
         let ty = c_type(inst.dtype)?;
         let _ = writeln!(out, "    {ty} {pre}{n} = ({ty}) ({expr});");

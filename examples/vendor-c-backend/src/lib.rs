@@ -84,7 +84,10 @@ impl CExecutable {
 fn compile_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Compiled, BackendError> {
     // Kernels with several reduction stages (layer_norm) as plain pieces: one reduction each.
     let program = oar::lowering::kernel_program(graph, bindings)?.split_stages();
-    let program = program.map_err(|e| runtime_err("split_stages", graph.name(), e))?;
+    let mut program = program.map_err(|e| runtime_err("split_stages", graph.name(), e))?;
+    // The math this C backend does not write itself (exp, log, pow, NaN-aware max, ...)
+    // becomes core arithmetic, the same instructions every oar backend runs.
+    oar::passes::legalize::legalize(&mut program, &oar::passes::legalize::Natives::none());
     let (source, symbols) = emit::emit_program(&program);
     let (mut fns, mut lib) = (Vec::new(), None);
     for sym in &symbols {

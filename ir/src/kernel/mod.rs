@@ -183,6 +183,47 @@ pub enum ScalarOp {
     Where(usize, usize, usize),
     /// Convert to the instruction's dtype.
     Cast(usize),
+    /// The same bits read as the instruction's dtype (f32 ↔ i32, f64 ↔ i64). Only `legalize`
+    /// emits it, in its math expansions.
+    Bitcast(usize),
+    /// Shift an integer left by a constant (zeros enter). Emitted by `legalize`.
+    ShiftLeft(usize, u32),
+    /// Shift a signed integer right by a constant (the sign bit enters). Emitted by `legalize`.
+    ShiftRight(usize, u32),
+    /// Fused multiply-add `a·b + c` of f32 or f64, rounded once (IEEE `fma`). Emitted by
+    /// `legalize` for its polynomials.
+    MulAdd(usize, usize, usize),
+}
+
+impl ScalarOp {
+    /// The instructions this one reads, in operand order.
+    pub fn operands(&self) -> Vec<usize> {
+        match *self {
+            ScalarOp::Load(_) | ScalarOp::Const(_) | ScalarOp::Acc(_) => Vec::new(),
+            ScalarOp::Unary(_, a)
+            | ScalarOp::Cast(a)
+            | ScalarOp::Bitcast(a)
+            | ScalarOp::ShiftLeft(a, _)
+            | ScalarOp::ShiftRight(a, _) => vec![a],
+            ScalarOp::Binary(_, a, b) => vec![a, b],
+            ScalarOp::Where(c, a, b) | ScalarOp::MulAdd(c, a, b) => vec![c, a, b],
+        }
+    }
+
+    /// The same op reading `f(operand)` instead of each operand.
+    pub fn map_operands(&self, f: impl Fn(usize) -> usize) -> ScalarOp {
+        match *self {
+            ScalarOp::Load(_) | ScalarOp::Const(_) | ScalarOp::Acc(_) => self.clone(),
+            ScalarOp::Unary(u, a) => ScalarOp::Unary(u, f(a)),
+            ScalarOp::Cast(a) => ScalarOp::Cast(f(a)),
+            ScalarOp::Bitcast(a) => ScalarOp::Bitcast(f(a)),
+            ScalarOp::ShiftLeft(a, n) => ScalarOp::ShiftLeft(f(a), n),
+            ScalarOp::ShiftRight(a, n) => ScalarOp::ShiftRight(f(a), n),
+            ScalarOp::Binary(b, x, y) => ScalarOp::Binary(b, f(x), f(y)),
+            ScalarOp::Where(c, a, b) => ScalarOp::Where(f(c), f(a), f(b)),
+            ScalarOp::MulAdd(a, b, c) => ScalarOp::MulAdd(f(a), f(b), f(c)),
+        }
+    }
 }
 
 /// One SSA instruction: an op and the dtype of its result. Every result is rounded (floats) or

@@ -52,6 +52,10 @@ impl Display for ScalarOp {
             ScalarOp::Binary(b, x, y) => write!(f, "{} %{x}, %{y}", b.name()),
             ScalarOp::Where(c, a, b) => write!(f, "where %{c}, %{a}, %{b}"),
             ScalarOp::Cast(a) => write!(f, "cast %{a}"),
+            ScalarOp::Bitcast(a) => write!(f, "bitcast %{a}"),
+            ScalarOp::MulAdd(a, b, c) => write!(f, "muladd %{a}, %{b}, %{c}"),
+            ScalarOp::ShiftLeft(a, n) => write!(f, "shl %{a}, {n}"),
+            ScalarOp::ShiftRight(a, n) => write!(f, "shr %{a}, {n}"),
         }
     }
 }

@@ -39,6 +39,20 @@ named_enum!(
     }
 );
 
+impl ReduceOp {
+    /// The value a reduction of nothing starts from in `dtype` (what every code generator
+    /// initializes its accumulator with): 0 for sum and mean, 1 for prod, the dtype's lowest
+    /// value for max and its highest for min.
+    pub fn identity(self, dtype: DType) -> f64 {
+        match self {
+            ReduceOp::Sum | ReduceOp::Mean => 0.0,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Max => dtype.lowest(),
+            ReduceOp::Min => dtype.highest(),
+        }
+    }
+}
+
 /// Reduction over `axes` (sorted, unique).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Reduce {

@@ -57,6 +57,13 @@ impl UnaryOp {
         )
     }
 
+    /// True for the transcendental functions (`exp log sin cos tanh erf`), which code
+    /// generators get expanded into the core set (`oar_passes::legalize`).
+    pub fn is_transcendental(self) -> bool {
+        use UnaryOp::*;
+        matches!(self, Exp | Log | Sin | Cos | Tanh | Erf)
+    }
+
     /// The op on one f64 (the reference's float semantics).
     pub fn eval_f64(self, v: f64) -> f64 {
         use UnaryOp::*;

@@ -2,6 +2,7 @@
 
 mod filetests;
 mod fusion;
+mod legalize;
 mod manager;
 mod memory_plan;
 mod numeric;

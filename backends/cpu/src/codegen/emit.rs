@@ -5,7 +5,7 @@
 use super::ops::{scalar_ty, ty_of};
 use super::plan::{Mode, Plan, Red};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{FuncRef, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
 use cranelift_frontend::{FunctionBuilder, Variable};
 use oar_ir::DType;
 use oar_ir::kernel::{Inst, LoopKernel, ScalarOp};
@@ -31,9 +31,6 @@ enum Body {
 pub(super) struct Em<'a, 'f> {
     pub b: &'a mut FunctionBuilder<'f>,
     pub plan: &'a Plan,
-    pub math: HashMap<String, FuncRef>,
-    /// Fused multiply-add is native (polynomials use it).
-    pub fma: bool,
     kernel: &'a LoopKernel,
     /// Base address per access.
     bases: Vec<Value>,
@@ -59,19 +56,11 @@ fn consts(body: &[Inst]) -> Vec<Option<f64>> {
 }
 
 impl<'a, 'f> Em<'a, 'f> {
-    pub(super) fn new(
-        b: &'a mut FunctionBuilder<'f>,
-        plan: &'a Plan,
-        kernel: &'a LoopKernel,
-        math: HashMap<String, FuncRef>,
-        fma: bool,
-    ) -> Self {
+    pub(super) fn new(b: &'a mut FunctionBuilder<'f>, plan: &'a Plan, kernel: &'a LoopKernel) -> Self {
         let nred = kernel.reduce.first().map_or(0, |r| r.body.len());
         Em {
             b,
             plan,
-            math,
-            fma,
             kernel,
             bases: Vec::new(),
             off1: Vec::new(),
@@ -390,12 +379,8 @@ impl<'a, 'f> Em<'a, 'f> {
             Body::Epi => (&self.env_epi, &self.const_epi),
         };
         let get = |a: usize| env[a].clone().expect("operand emitted before use");
-        let args: Vec<usize> = match op {
-            ScalarOp::Unary(_, a) | ScalarOp::Cast(a) => vec![*a],
-            ScalarOp::Binary(_, a, b) => vec![*a, *b],
-            ScalarOp::Where(c, a, b) => vec![*c, *a, *b],
-            _ => unreachable!("loads, constants and acc are handled by the caller"),
-        };
+        let args = op.operands();
+        debug_assert!(!args.is_empty(), "loads, constants and acc are handled by the caller");
         let vals: Vec<Val> = args.iter().map(|&a| get(a)).collect();
         let dts: Vec<DType> = args.iter().map(|&a| body[a].dtype).collect();
         let consts: Vec<Option<f64>> = args.iter().map(|&a| cst[a]).collect();
@@ -416,6 +401,10 @@ impl<'a, 'f> Em<'a, 'f> {
                 ScalarOp::Binary(o, _, _) => self.binary(*o, dts[0], xs[0], xs[1], consts[0], consts[1]),
                 ScalarOp::Where(..) => self.select(xs[0], xs[1], xs[2]),
                 ScalarOp::Cast(_) => self.cast(xs[0], dts[0], dt),
+                ScalarOp::Bitcast(_) => self.reinterpret(xs[0], dt),
+                ScalarOp::ShiftLeft(_, n) => self.shift(xs[0], *n, true),
+                ScalarOp::ShiftRight(_, n) => self.shift(xs[0], *n, false),
+                ScalarOp::MulAdd(..) => self.b.ins().fma(xs[0], xs[1], xs[2]),
                 _ => unreachable!(),
             };
             out.push(r);
@@ -660,28 +649,12 @@ impl<'a, 'f> Em<'a, 'f> {
                     // NaN mask of a vector float max/min.
                     return self.iconst(t, 0);
                 }
+                let v = red.op.identity(dt);
                 if t.lane_type().is_float() {
-                    let v = match red.op {
-                        ReduceOp::Sum | ReduceOp::Mean => 0.0,
-                        ReduceOp::Prod => 1.0,
-                        ReduceOp::Max => f64::NEG_INFINITY,
-                        ReduceOp::Min => f64::INFINITY,
-                    };
                     self.fconst(t, v)
                 } else {
-                    let (min, max) = match dt {
-                        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
-                        DType::U8 => (0, u8::MAX as i64),
-                        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
-                        _ => (i64::MIN, i64::MAX),
-                    };
-                    let v = match red.op {
-                        ReduceOp::Sum | ReduceOp::Mean => 0,
-                        ReduceOp::Prod => 1,
-                        ReduceOp::Max => min,
-                        ReduceOp::Min => max,
-                    };
-                    self.iconst(t, v)
+                    // ±2^63 as f64 saturate to the i64 bounds.
+                    self.iconst(t, v as i64)
                 }
             })
             .collect()

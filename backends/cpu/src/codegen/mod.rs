@@ -5,8 +5,9 @@
 //!   extent and per-iteration cost; it must agree with [`define_function`].
 //! - [`define_function`] declares (export linkage, the spec's name) and defines one function
 //!   `extern "C" fn(bufs: *const *mut u8, lo: i64, hi: i64)` computing outer iterations
-//!   `lo..hi`; `bufs[b]` is buffer `b`'s base address. Math calls go to the runtime's
-//!   `oar_rt_*` functions (imported by name).
+//!   `lo..hi`; `bufs[b]` is buffer `b`'s base address. Kernels reach it legalized
+//!   (`oar_passes::legalize` with [`crate::natives`]): no transcendental, `pow` or float `rem`
+//!   is left, so the functions call nothing.
 //!
 //! # The loop nest
 //!
@@ -36,10 +37,10 @@
 //! # Numerics
 //!
 //! Every instruction's result is in its dtype, as in the reference backend (`+ - * / sqrt` and
-//! `rsqrt`, computed in f64 and rounded once, are bit-identical to it; transcendental calls go
-//! to the runtime's functions, which round the f64 result once like the reference; f32 `exp`,
-//! `tanh` and `erf` are inline polynomials within 3 ulp, see [`vmath`]; set `OAR_CPU_LIBM=1`
-//! to call the runtime for them too).
+//! `rsqrt`, computed in f64 and rounded once, are bit-identical to it). The transcendental
+//! functions, `pow` and float `rem` arrive expanded by `oar_passes::legalize` into the core
+//! ops (its accuracy table: ≤ 1–3 ulp), the same instructions every backend runs; NaN-
+//! propagating `max`/`min`, saturating float → int casts and `rsqrt` are native here.
 //!
 //! Reductions: float sums, means and products of f32 accumulate in f64 (like the reference,
 //! which accumulates in f64), f64 ones in f64. The order differs from the reference's
@@ -53,7 +54,6 @@
 mod emit;
 mod ops;
 mod plan;
-mod vmath;
 
 use crate::CpuError;
 use crate::lower::FuncSpec;
@@ -61,7 +61,6 @@ use cranelift_codegen::ir::{AbiParam, InstBuilder, UserFuncName, types};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Linkage, Module, ModuleError};
 use oar_ir::kernel::{Buffer, BufferId, LoopKernel};
-use std::collections::HashMap;
 
 /// Whether `k` (writing `out`) can be compiled: `(outer extent, cost per outer iteration)`,
 /// or the reason it cannot.
@@ -117,25 +116,6 @@ pub fn define_function<M: Module>(
     let mut ctx = module.make_context();
     ctx.func.signature = sig;
     ctx.func.name = UserFuncName::testcase(&spec.name);
-    // Runtime math functions.
-    let mut calls = Vec::new();
-    ops::math_calls(&spec.kernel.body, plan.poly, &mut calls);
-    if let Some(r) = spec.kernel.reduce.first() {
-        ops::math_calls(&r.body, plan.poly, &mut calls);
-    }
-    let mut math = HashMap::new();
-    for (name, arity, dt) in calls {
-        let t = ops::scalar_ty(dt);
-        let mut msig = module.make_signature();
-        msig.params = vec![AbiParam::new(t); arity];
-        msig.returns = vec![AbiParam::new(t)];
-        let f = module
-            .declare_function(&name, Linkage::Import, &msig)
-            .map_err(|e| err(e.to_string()))?;
-        let fref = module.declare_func_in_func(f, &mut ctx.func);
-        math.insert(name, fref);
-    }
-    let fma = module.isa().has_native_fma();
     let mut fctx = FunctionBuilderContext::new();
     {
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
@@ -144,7 +124,7 @@ pub fn define_function<M: Module>(
         b.switch_to_block(entry);
         let params = b.block_params(entry).to_vec();
         {
-            let mut em = emit::Em::new(&mut b, &plan, &spec.kernel, math, fma);
+            let mut em = emit::Em::new(&mut b, &plan, &spec.kernel);
             em.build(params[0], params[1], params[2]);
         }
         b.ins().return_(&[]);

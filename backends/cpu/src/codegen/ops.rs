@@ -47,28 +47,6 @@ pub(super) fn le() -> MemFlagsData {
     MemFlagsData::new().with_endianness(Endianness::Little)
 }
 
-/// The integer type with the same layout as float type `t` (scalar or vector).
-fn int_twin(t: Type) -> Type {
-    let lane = if t.lane_type() == types::F32 {
-        types::I32
-    } else {
-        types::I64
-    };
-    if t.is_vector() {
-        lane.by(t.lane_count()).expect("vector")
-    } else {
-        lane
-    }
-}
-
-/// Math functions of the runtime (`oar_rt_*`), by dtype.
-pub(super) fn math_name(op: &str, dt: DType) -> String {
-    match dt {
-        DType::F32 => format!("oar_rt_{op}f"),
-        _ => format!("oar_rt_{op}"),
-    }
-}
-
 impl Em<'_, '_> {
     /// A float constant of type `t` (scalar or splat).
     pub(super) fn fconst(&mut self, t: Type, v: f64) -> Value {
@@ -150,26 +128,6 @@ impl Em<'_, '_> {
         self.choose(lt, c, x)
     }
 
-    /// `|r|` with the sign of `s` (float scalars or vectors).
-    pub(super) fn copysign(&mut self, r: Value, s: Value) -> Value {
-        let t = self.b.func.dfg.value_type(r);
-        if !t.is_vector() {
-            return self.b.ins().fcopysign(r, s);
-        }
-        let it = int_twin(t);
-        let sign = if it.lane_type() == types::I32 {
-            i32::MIN as i64
-        } else {
-            i64::MIN
-        };
-        let (ri, si) = (self.bitcast(it, r), self.bitcast(it, s));
-        let m = self.iconst(it, sign);
-        let mag = self.b.ins().band_not(ri, m);
-        let sg = self.b.ins().band(si, m);
-        let o = self.b.ins().bor(mag, sg);
-        self.bitcast(t, o)
-    }
-
     /// Lanes 2, 3 of an f32x4 moved to lanes 0, 1.
     pub(super) fn high_half(&mut self, x: Value) -> Value {
         let b = self.bitcast(types::I8X16, x);
@@ -235,30 +193,6 @@ impl Em<'_, '_> {
         self.demote(lo, hi)
     }
 
-    /// Call a runtime math function on every lane.
-    pub(super) fn call_math(&mut self, name: &str, args: &[Value]) -> Value {
-        let f = *self
-            .math
-            .get(name)
-            .unwrap_or_else(|| panic!("math function {name} was not declared"));
-        let t = self.b.func.dfg.value_type(args[0]);
-        if !t.is_vector() {
-            let c = self.b.ins().call(f, args);
-            return self.b.inst_results(c)[0];
-        }
-        let mut out = None;
-        for lane in 0..t.lane_count() as u8 {
-            let a: Vec<Value> = args.iter().map(|&v| self.b.ins().extractlane(v, lane)).collect();
-            let c = self.b.ins().call(f, &a);
-            let r = self.b.inst_results(c)[0];
-            out = Some(match out {
-                None => self.b.ins().splat(t, r),
-                Some(v) => self.b.ins().insertlane(v, r, lane),
-            });
-        }
-        out.expect("at least one lane")
-    }
-
     /// A unary op on `x` of dtype `dt`.
     pub(super) fn unary(&mut self, op: UnaryOp, dt: DType, x: Value) -> Value {
         use UnaryOp::*;
@@ -306,14 +240,7 @@ impl Em<'_, '_> {
                     let gt = self.b.ins().fcmp(FloatCC::GreaterThan, x, zero);
                     self.choose(gt, one, neg)
                 }
-                Exp if dt == DType::F32 && self.plan.poly => self.exp_f32(x),
-                Tanh if dt == DType::F32 && self.plan.poly => self.tanh_f32(x),
-                Erf if dt == DType::F32 && self.plan.poly => self.erf_f32(x),
-                Exp | Log | Sin | Cos | Tanh | Erf => {
-                    let name = math_name(transcendental(op), dt);
-                    self.call_math(&name, &[x])
-                }
-                Not => unreachable!("rejected when planning"),
+                Not | Exp | Log | Sin | Cos | Tanh | Erf => unreachable!("rejected when planning"),
             };
         }
         // Integers (u8 is unsigned: abs is the identity, sign is 0/1).
@@ -349,7 +276,6 @@ impl Em<'_, '_> {
         cy: Option<f64>,
     ) -> Value {
         use BinaryOp::*;
-        let t = self.b.func.dfg.value_type(x);
         if op.is_comparison() {
             return self.compare(op, dt, x, y);
         }
@@ -386,35 +312,7 @@ impl Em<'_, '_> {
                         self.min_keep_nan(v, c)
                     }
                 }
-                Pow => match cy {
-                    Some(0.0) => self.fconst(t, 1.0),
-                    Some(1.0) => x,
-                    Some(2.0) => self.b.ins().fmul(x, x),
-                    Some(-1.0) => {
-                        let one = self.fconst(t, 1.0);
-                        self.b.ins().fdiv(one, x)
-                    }
-                    Some(e) if (e == 3.0 || e == 4.0) && dt == DType::F32 => {
-                        // x² is exact in f64; one more rounding in f64, then once to f32.
-                        let k = e as u32;
-                        self.via_f64(x, |s, v| {
-                            let mut p = s.b.ins().fmul(v, v);
-                            for _ in 2..k {
-                                p = s.b.ins().fmul(p, v);
-                            }
-                            p
-                        })
-                    }
-                    _ => {
-                        let name = math_name("pow", dt);
-                        self.call_math(&name, &[x, y])
-                    }
-                },
-                Rem => {
-                    let name = math_name("rem", dt);
-                    self.call_math(&name, &[x, y])
-                }
-                _ => unreachable!("logical op on floats is rejected when planning"),
+                _ => unreachable!("logical ops, pow and rem on floats are rejected when planning"),
             };
         }
         let unsigned = dt == DType::U8;
@@ -473,6 +371,26 @@ impl Em<'_, '_> {
             (_, true) => IntCC::UnsignedGreaterThanOrEqual,
         };
         self.b.ins().icmp(cc, x, y)
+    }
+
+    /// The bits of `x` read as `to` (same size; scalar or vector).
+    pub(super) fn reinterpret(&mut self, x: Value, to: DType) -> Value {
+        let t = self.b.func.dfg.value_type(x);
+        let tt = ty_of(to, if t.is_vector() { t.lane_count() as u8 } else { 1 });
+        if t.is_vector() {
+            self.bitcast(tt, x)
+        } else {
+            self.b.ins().bitcast(tt, MemFlagsData::new(), x)
+        }
+    }
+
+    /// `x << n` (`left`) or the arithmetic `x >> n` of an integer (scalar or vector).
+    pub(super) fn shift(&mut self, x: Value, n: u32, left: bool) -> Value {
+        if left {
+            self.b.ins().ishl_imm_s(x, n as i64)
+        } else {
+            self.b.ins().sshr_imm_s(x, n as i64)
+        }
     }
 
     /// `where(c, a, b)` (c a bool of the same lanes).
@@ -568,44 +486,6 @@ impl Em<'_, '_> {
             }
             (f, _) if f.is_float() => self.b.ins().fcvt_to_sint_sat(tt, x),
             _ => self.b.ins().fcvt_from_sint(tt, x),
-        }
-    }
-}
-
-/// The runtime's name stem of a transcendental op.
-fn transcendental(op: UnaryOp) -> &'static str {
-    match op {
-        UnaryOp::Exp => "exp",
-        UnaryOp::Log => "log",
-        UnaryOp::Sin => "sin",
-        UnaryOp::Cos => "cos",
-        UnaryOp::Tanh => "tanh",
-        _ => "erf",
-    }
-}
-
-/// The runtime functions a body calls, as `(name, arity, dtype)` (declared before the function
-/// is built).
-pub(super) fn math_calls(body: &[oar_ir::kernel::Inst], poly: bool, out: &mut Vec<(String, usize, DType)>) {
-    use oar_ir::kernel::ScalarOp;
-    for inst in body {
-        let dt = inst.dtype;
-        if !dt.is_float() {
-            continue;
-        }
-        let (stem, arity) = match &inst.op {
-            ScalarOp::Unary(UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Erf, _) if poly && dt == DType::F32 => continue,
-            ScalarOp::Unary(
-                op @ (UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf),
-                _,
-            ) => (transcendental(*op), 1),
-            ScalarOp::Binary(BinaryOp::Pow, ..) => ("pow", 2),
-            ScalarOp::Binary(BinaryOp::Rem, ..) => ("rem", 2),
-            _ => continue,
-        };
-        let name = math_name(stem, dt);
-        if !out.iter().any(|(n, ..)| *n == name) {
-            out.push((name, arity, dt));
         }
     }
 }

@@ -90,8 +90,6 @@ pub(super) struct Plan {
     pub lvl_red: Vec<usize>,
     /// Level of the vector loop.
     pub vlevel: usize,
-    /// Use the inline polynomial exp/tanh/erf for f32 (else runtime calls).
-    pub poly: bool,
 }
 
 impl Plan {
@@ -179,6 +177,12 @@ fn check_body(body: &[Inst], loads: &[Access], acc: Option<DType>, what: &str) -
                 if at != dt {
                     return bad("unary op changes the dtype");
                 }
+                if dt.is_float() && op.is_transcendental() {
+                    return bad(&format!(
+                        "{} reaches code generation unexpanded (legalize expands it)",
+                        op.name()
+                    ));
+                }
                 let ok = if dt.is_float() {
                     *op != UnaryOp::Not
                 } else if dt.is_int() {
@@ -203,6 +207,12 @@ fn check_body(body: &[Inst], loads: &[Access], acc: Option<DType>, what: &str) -
                     if at != dt {
                         return bad("binary op changes the dtype");
                     }
+                    if dt.is_float() && matches!(op, BinaryOp::Pow | BinaryOp::Rem) {
+                        return bad(&format!(
+                            "{} on {dt} reaches code generation unexpanded (legalize expands it)",
+                            op.name()
+                        ));
+                    }
                     let ok = if dt.is_float() {
                         !op.is_logical()
                     } else if dt.is_int() {
@@ -222,6 +232,22 @@ fn check_body(body: &[Inst], loads: &[Access], acc: Option<DType>, what: &str) -
             }
             ScalarOp::Cast(a) => {
                 arg(*a)?;
+            }
+            ScalarOp::MulAdd(a, b, c) => {
+                if [arg(*a)?, arg(*b)?, arg(*c)?].iter().any(|&t| t != dt) || !matches!(dt, DType::F32 | DType::F64) {
+                    return bad("muladd needs three operands of its f32/f64 dtype");
+                }
+            }
+            ScalarOp::Bitcast(a) => {
+                let at = arg(*a)?;
+                if at.size_bytes() != dt.size_bytes() || at == DType::Bool || dt == DType::Bool {
+                    return bad(&format!("bitcast from {at} to {dt}"));
+                }
+            }
+            ScalarOp::ShiftLeft(a, n) | ScalarOp::ShiftRight(a, n) => {
+                if arg(*a)? != dt || !dt.is_int() || *n as usize >= 8 * dt.size_bytes() {
+                    return bad(&format!("shift of {dt} by {n}"));
+                }
             }
         }
     }
@@ -249,9 +275,13 @@ fn uniform(body: &[Inst], uniform_load: &[bool]) -> Vec<bool> {
             ScalarOp::Load(l) => uniform_load[*l],
             ScalarOp::Const(_) => true,
             ScalarOp::Acc(_) => false,
-            ScalarOp::Unary(_, a) | ScalarOp::Cast(a) => u[*a],
+            ScalarOp::Unary(_, a)
+            | ScalarOp::Cast(a)
+            | ScalarOp::Bitcast(a)
+            | ScalarOp::ShiftLeft(a, _)
+            | ScalarOp::ShiftRight(a, _) => u[*a],
             ScalarOp::Binary(_, a, b) => u[*a] && u[*b],
-            ScalarOp::Where(c, a, b) => u[*c] && u[*a] && u[*b],
+            ScalarOp::Where(c, a, b) | ScalarOp::MulAdd(c, a, b) => u[*c] && u[*a] && u[*b],
         };
         u.push(v);
     }
@@ -296,10 +326,14 @@ fn vectorizable(body: &[Inst], w: usize, uni: &[bool]) -> bool {
             }
             ScalarOp::Unary(UnaryOp::Abs | UnaryOp::Sign, a) => body[*a].dtype != DType::I64,
             ScalarOp::Unary(..)
+            | ScalarOp::Bitcast(_)
+            | ScalarOp::ShiftLeft(..)
+            | ScalarOp::ShiftRight(..)
             | ScalarOp::Binary(..)
             | ScalarOp::Const(_)
             | ScalarOp::Acc(_)
-            | ScalarOp::Where(..) => true,
+            | ScalarOp::Where(..)
+            | ScalarOp::MulAdd(..) => true,
         }
     })
 }
@@ -309,24 +343,15 @@ fn body_cost(body: &[Inst]) -> u64 {
     body.iter()
         .map(|i| match &i.op {
             ScalarOp::Const(_) | ScalarOp::Acc(_) => 0,
-            ScalarOp::Unary(op, _) => match op {
-                UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf => 20,
-                UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => 4,
-                _ => 1,
-            },
-            ScalarOp::Binary(op, ..) => match op {
-                BinaryOp::Pow | BinaryOp::Rem => 20,
-                BinaryOp::Div => 4,
-                _ => 1,
-            },
+            ScalarOp::Unary(UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip, _) => 4,
+            ScalarOp::Binary(BinaryOp::Div, ..) => 4,
             _ => 1,
         })
         .sum()
 }
 
-fn poly_enabled() -> bool {
-    !matches!(std::env::var("OAR_CPU_LIBM").as_deref(), Ok("1") | Ok("true"))
-}
+/// Bodies longer than this run one vector per iteration.
+const HEAVY_BODY: usize = 24;
 
 /// Plan `k` writing `out`.
 pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<Plan, String> {
@@ -455,7 +480,6 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             return Err(format!("the epilogue's load l{l} depends on a reduction loop"));
         }
     }
-    let poly = poly_enabled();
     let numel: u64 = shape.iter().product();
     let per_red = red.map_or(0, |r| r.count);
     let cost_red = k.reduce.first().map_or(0, |r| body_cost(&r.body));
@@ -490,7 +514,6 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             lvl_body: vec![0; k.body.len()],
             lvl_red: vec![0; k.reduce.first().map_or(0, |r| r.body.len())],
             vlevel: 2,
-            poly,
         });
     }
     // Drop unit loops and collapse adjacent loops that are contiguous for every access.
@@ -615,19 +638,9 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         }
     };
     let lanes = if vec { lanes } else { 1 };
-    // Two vectors per iteration hide latency in cheap bodies; long polynomial bodies already
-    // have independent work and would only spill.
-    let heavy = |body: &[Inst]| {
-        body.iter().any(|i| {
-            matches!(
-                i.op,
-                ScalarOp::Unary(
-                    UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos,
-                    _
-                ) | ScalarOp::Binary(BinaryOp::Pow | BinaryOp::Rem, ..)
-            )
-        })
-    };
+    // Two vectors per iteration hide latency in cheap bodies; long bodies (expanded math)
+    // already have independent work and would only spill.
+    let heavy = |body: &[Inst]| body.len() > HEAVY_BODY;
     let is_heavy = heavy(&k.body) || k.reduce.first().is_some_and(|r| heavy(&r.body));
     // Across outputs, four vectors cover a 64-byte line of f32 outputs per reduction step.
     let unroll: u8 = match (vec, is_heavy, mode) {
@@ -700,9 +713,13 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
                 ScalarOp::Load(l) => load_level[*l],
                 ScalarOp::Const(_) => 0,
                 ScalarOp::Acc(_) => acc_level,
-                ScalarOp::Unary(_, a) | ScalarOp::Cast(a) => lv[*a],
+                ScalarOp::Unary(_, a)
+                | ScalarOp::Cast(a)
+                | ScalarOp::Bitcast(a)
+                | ScalarOp::ShiftLeft(a, _)
+                | ScalarOp::ShiftRight(a, _) => lv[*a],
                 ScalarOp::Binary(_, a, b) => lv[*a].max(lv[*b]),
-                ScalarOp::Where(c, a, b) => lv[*c].max(lv[*a]).max(lv[*b]),
+                ScalarOp::Where(c, a, b) | ScalarOp::MulAdd(c, a, b) => lv[*c].max(lv[*a]).max(lv[*b]),
             };
             lv.push(l);
         }
@@ -730,6 +747,5 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         lvl_body,
         lvl_red,
         vlevel,
-        poly,
     })
 }

@@ -89,7 +89,12 @@ pub fn generate(p: &KernelProgram) -> MlirModule {
 }
 
 /// Generate the MLIR module for `p` for `target`.
+/// Kernel bodies are legalized first (`oar_passes::legalize`, nothing native: the module
+/// uses only `arith` and the rounding ops of `math`, so it needs no math library).
 pub fn generate_for(p: &KernelProgram, target: Target) -> MlirModule {
+    let mut legal = p.clone();
+    oar_passes::legalize::legalize(&mut legal, &oar_passes::legalize::Natives::none());
+    let p = &legal;
     let attrs = if target == Target::Gpu {
         " attributes {gpu.container_module}"
     } else {
@@ -437,28 +442,18 @@ fn emit_loop(f: &mut Func, l: &LoopKernel, out: BufferId) -> R<()> {
 
 /// The `f64` / integer accumulator type and initial value of a reduction in dtype `d`.
 fn reduce_init(f: &mut Func, op: ReduceOp, d: DType) -> R<(String, String)> {
+    let c = op.identity(d);
     if d.is_float() {
-        let c = match op {
-            ReduceOp::Sum | ReduceOp::Mean => 0.0f64,
-            ReduceOp::Prod => 1.0,
-            ReduceOp::Max => f64::NEG_INFINITY,
-            ReduceOp::Min => f64::INFINITY,
-        };
         return Ok((
             f.def(&format!("arith.constant {:#018X} : f64", c.to_bits())),
             "f64".into(),
         ));
     }
+    if op == ReduceOp::Mean || d == DType::Bool {
+        return unsupported(format!("reduce_{} on {d}", op.name()));
+    }
     let ty = mlir_type(d);
-    let (lo, hi) = scalar::int_limits(d)?;
-    let c = match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Prod => 1,
-        ReduceOp::Max => lo,
-        ReduceOp::Min => hi,
-        ReduceOp::Mean => return unsupported(format!("reduce_mean on {d}")),
-    };
-    let c = scalar::int_literal(d, c);
+    let c = scalar::int_literal(d, c as i64);
     Ok((f.def(&format!("arith.constant {c} : {ty}")), ty.to_string()))
 }
 

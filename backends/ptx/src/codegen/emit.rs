@@ -5,7 +5,6 @@
 //! to their dtype after every instruction, as the graph op would); f64 in `.f64`; i8, u8, i32
 //! and bool in `.b32` (i8/u8 kept wrapped, bool as 0/1); i64 in `.b64`.
 
-use super::{math, math64};
 use oar_ir::DType;
 use oar_ir::kernel::{IndexMap, Inst, ScalarOp};
 use oar_ir::ops::{BinaryOp, UnaryOp};
@@ -364,8 +363,22 @@ pub struct BodyEnv<'a> {
 
 /// Emit a scalar body; returns the register of its last instruction.
 pub fn body(e: &mut Emitter, insts: &[Inst], env: &BodyEnv) -> GenResult<String> {
+    body_from(e, insts, env, vec![None; env.loads.len()])
+}
+
+/// Emit a scalar body whose load `l` is register `args[l]` (already of the load's dtype);
+/// returns the register of its last instruction.
+pub fn body_of_registers(e: &mut Emitter, insts: &[Inst], args: &[String]) -> GenResult<String> {
+    let env = BodyEnv {
+        loads: &[],
+        loops: &[],
+        acc: None,
+    };
+    body_from(e, insts, &env, args.iter().cloned().map(Some).collect())
+}
+
+fn body_from(e: &mut Emitter, insts: &[Inst], env: &BodyEnv, mut loaded: Vec<Option<String>>) -> GenResult<String> {
     let mut regs: Vec<String> = Vec::with_capacity(insts.len());
-    let mut loaded: Vec<Option<String>> = vec![None; env.loads.len()];
     for inst in insts {
         let dt = inst.dtype;
         let get = |i: usize| -> GenResult<&String> {
@@ -374,10 +387,10 @@ pub fn body(e: &mut Emitter, insts: &[Inst], env: &BodyEnv) -> GenResult<String>
         };
         let r = match &inst.op {
             ScalarOp::Load(l) => {
-                let src = env.loads.get(*l).ok_or_else(|| format!("load l{l} out of range"))?;
-                if let Some(r) = &loaded[*l] {
+                if let Some(Some(r)) = loaded.get(*l) {
                     r.clone()
                 } else {
+                    let src = env.loads.get(*l).ok_or_else(|| format!("load l{l} out of range"))?;
                     let a = e.address(src, env.loops)?;
                     let v = e.load_value(src.dtype, &a, "global");
                     let v = if src.dtype != dt {
@@ -422,6 +435,31 @@ pub fn body(e: &mut Emitter, insts: &[Inst], env: &BodyEnv) -> GenResult<String>
                 let x = get(*x)?.clone();
                 cast(e, src, dt, &x)?
             }
+            ScalarOp::MulAdd(a, b, c) => {
+                let (a, b, c) = (get(*a)?.clone(), get(*b)?.clone(), get(*c)?.clone());
+                let r = e.reg(class_of(dt));
+                e.ins(format!("fma.rn.{} {r}, {a}, {b}, {c}", arith(dt)));
+                r
+            }
+            ScalarOp::Bitcast(x) => {
+                let x = get(*x)?.clone();
+                let r = e.reg(class_of(dt));
+                let w = if dt.size_bytes() == 8 { 64 } else { 32 };
+                e.ins(format!("mov.b{w} {r}, {x}"));
+                r
+            }
+            ScalarOp::ShiftLeft(x, n) | ScalarOp::ShiftRight(x, n) => {
+                let x = get(*x)?.clone();
+                let r = e.reg(class_of(dt));
+                let w = if class_of(dt) == Class::R64 { 64 } else { 32 };
+                if matches!(inst.op, ScalarOp::ShiftLeft(..)) {
+                    e.ins(format!("shl.b{w} {r}, {x}, {n}"));
+                } else {
+                    e.ins(format!("shr.s{w} {r}, {x}, {n}"));
+                }
+                e.normalize(dt, &r);
+                r
+            }
         };
         regs.push(r);
     }
@@ -464,10 +502,7 @@ fn unary(e: &mut Emitter, op: UnaryOp, dt: DType, x: &str) -> GenResult<String> 
         Neg => e.ins(format!("neg.{t} {r}, {x}")),
         Abs => e.ins(format!("abs.{t} {r}, {x}")),
         Sqrt => e.ins(format!("sqrt.rn.{t} {r}, {x}")),
-        Rsqrt => {
-            e.ins(format!("sqrt.rn.{t} {r}, {x}"));
-            e.ins(format!("rcp.rn.{t} {r}, {r}"));
-        }
+        Rsqrt => return Err(unexpanded("rsqrt")),
         Recip => e.ins(format!("rcp.rn.{t} {r}, {x}")),
         Floor => e.ins(format!("cvt.rmi.{t}.{t} {r}, {x}")),
         Ceil => e.ins(format!("cvt.rpi.{t}.{t} {r}, {x}")),
@@ -485,15 +520,7 @@ fn unary(e: &mut Emitter, op: UnaryOp, dt: DType, x: &str) -> GenResult<String> 
             e.ins(format!("selp.{t} {r}, {m1}, {r}, {pl}"));
         }
         Not => return Err(format!("not on {dt}")),
-        Exp | Log | Sin | Cos | Tanh | Erf => {
-            if cls == Class::F64 {
-                let v = math64::unary_f64(e, op, x);
-                e.ins(format!("mov.f64 {r}, {v}"));
-            } else {
-                let v = math::unary_f32(e, op, x);
-                e.ins(format!("mov.f32 {r}, {v}"));
-            }
-        }
+        Exp | Log | Sin | Cos | Tanh | Erf => return Err(unexpanded(op.name())),
     }
     e.normalize(dt, &r);
     Ok(r)
@@ -556,15 +583,7 @@ fn binary(e: &mut Emitter, op: BinaryOp, dt: DType, a: &str, b: &str) -> GenResu
                     e.ins(format!("selp.f64 {r}, {s}, {r}, {p}"));
                 }
             }
-            Rem => float_rem(e, cls, &r, a, b),
-            Pow if cls == Class::F64 => {
-                let v = math64::pow_f64(e, a, b);
-                e.ins(format!("mov.f64 {r}, {v}"));
-            }
-            Pow => {
-                let v = math::pow_f32(e, a, b);
-                e.ins(format!("mov.f32 {r}, {v}"));
-            }
+            Rem | Pow => return Err(unexpanded(op.name())),
             _ => unreachable!("logical and comparison ops handled above"),
         }
         e.normalize(dt, &r);
@@ -602,26 +621,9 @@ fn binary(e: &mut Emitter, op: BinaryOp, dt: DType, a: &str, b: &str) -> GenResu
     Ok(r)
 }
 
-/// numpy `mod` for floats: `a - b·trunc(a/b)`, then moved to the divisor's sign.
-fn float_rem(e: &mut Emitter, cls: Class, r: &str, a: &str, b: &str) {
-    let t = if cls == Class::F64 { "f64" } else { "f32" };
-    let q = e.reg(cls);
-    e.ins(format!("div.rn.{t} {q}, {a}, {b}"));
-    e.ins(format!("cvt.rzi.{t}.{t} {q}, {q}"));
-    e.ins(format!("neg.{t} {q}, {q}"));
-    e.ins(format!("fma.rn.{t} {r}, {q}, {b}, {a}"));
-    let (p, s, z) = (e.reg(Class::Pred), e.reg(Class::Pred), e.reg(Class::Pred));
-    e.ins(format!("setp.lt.{t} {p}, {r}, 0.0"));
-    e.ins(format!("setp.lt.{t} {s}, {b}, 0.0"));
-    e.ins(format!("xor.pred {p}, {p}, {s}"));
-    e.ins(format!("setp.ne.{t} {z}, {r}, 0.0"));
-    e.ins(format!("and.pred {p}, {p}, {z}"));
-    let w = e.reg(cls);
-    e.ins(format!("add.rn.{t} {w}, {r}, {b}"));
-    e.ins(format!("selp.{t} {r}, {w}, {r}, {p}"));
-    // A zero remainder takes the divisor's sign (copysign copies the sign of its first operand).
-    e.ins(format!("copysign.{t} {w}, {b}, {r}"));
-    e.ins(format!("selp.{t} {r}, {r}, {w}, {z}"));
+/// The error for an op `oar_passes::legalize` expands before code generation.
+fn unexpanded(op: &str) -> String {
+    format!("`{op}` reaches code generation unexpanded (oar_passes::legalize expands it)")
 }
 
 /// Integer power by squaring (wrapping; the exponent is ≥ 0 as the graph requires).

@@ -136,34 +136,14 @@ pub fn convert_to(e: &mut Emitter, from: DType, to: DType, v: &str) -> GenResult
 
 /// The identity of `op` as an immediate for the accumulator dtype.
 fn identity(op: ReduceOp, dt: DType) -> String {
-    let v = match op {
-        ReduceOp::Sum | ReduceOp::Mean => 0.0,
-        ReduceOp::Prod => 1.0,
-        ReduceOp::Max if dt.is_float() => f64::NEG_INFINITY,
-        ReduceOp::Min if dt.is_float() => f64::INFINITY,
-        ReduceOp::Max => int_bound(dt, false),
-        ReduceOp::Min => int_bound(dt, true),
-    };
+    let v = op.identity(dt);
     match dt {
         // Accumulated in f32 (rounded to the dtype at the end).
         DType::F16 | DType::BF16 => emit::f32_imm(v as f32),
-        DType::I64 => match op {
-            ReduceOp::Max => i64::MIN.to_string(),
-            ReduceOp::Min => i64::MAX.to_string(),
-            _ => emit::const_imm(dt, v),
-        },
+        // ±2^63 as f64 saturate to the i64 bounds.
+        DType::I64 => (v as i64).to_string(),
         _ => emit::const_imm(dt, v),
     }
-}
-
-fn int_bound(dt: DType, upper: bool) -> f64 {
-    let (lo, hi) = match dt {
-        DType::I8 => (-128.0, 127.0),
-        DType::U8 => (0.0, 255.0),
-        DType::Bool => (0.0, 1.0),
-        _ => (f64::from(i32::MIN), f64::from(i32::MAX)),
-    };
-    if upper { hi } else { lo }
 }
 
 /// `acc = acc op v` in the accumulator's register class (unwrapped for i8/u8: the final

@@ -5,8 +5,6 @@
 pub mod contraction;
 pub mod emit;
 pub mod loops;
-pub mod math;
-pub mod math64;
 pub mod opaque;
 
 use oar_ir::kernel::{BufferId, KernelBody, KernelProgram};
@@ -160,8 +158,13 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-/// Generate the module for a program whose dims are all static.
+/// Generate the module for a program whose dims are all static. Kernel bodies are legalized
+/// first (`oar_passes::legalize` with [`crate::natives`]); kernels left to the host run as
+/// written.
 pub fn generate(program: &KernelProgram, arch: Arch) -> PtxModule {
+    let mut legal = program.clone();
+    oar_passes::legalize::legalize(&mut legal, &crate::natives());
+    let program = &legal;
     let mut entries = Vec::new();
     let mut steps = Vec::new();
     for (ki, k) in program.kernels.iter().enumerate() {

@@ -7,9 +7,9 @@ use super::emit::{self, Class, Emitter, GenResult, LoadSrc, static_dims};
 use super::loops::{ELEMENTWISE_BLOCK, MAX_GRID};
 use super::{Entry, Launch, params_of};
 use oar_ir::DType;
-use oar_ir::kernel::{Buffer, BufferId, IndexMap, OpaqueKernel};
+use oar_ir::kernel::{Buffer, BufferId, IndexMap, Inst, OpaqueKernel, ScalarOp};
 use oar_ir::ops::{ArgReduce, Concat, Gather, Iota, Pad, Random};
-use oar_ir::ops::{ArgReduceOp, Op, RandomDist, UnaryOp};
+use oar_ir::ops::{ArgReduceOp, BinaryOp, Op, RandomDist, UnaryOp};
 
 /// Generate `k` writing `out`, if its op is one of those above.
 pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buffer]) -> GenResult<Entry> {
@@ -135,7 +135,7 @@ pub fn opaque_kernel(name: &str, k: &OpaqueKernel, out: BufferId, buffers: &[Buf
             if !out_dt.is_float() {
                 return Err(format!("random of {out_dt}"));
             }
-            let v = random(&mut e, dist, *seed, &n);
+            let v = random(&mut e, dist, *seed, &n)?;
             emit::cast(&mut e, DType::F64, out_dt, &v)?
         }
         _ => unreachable!("checked above"),
@@ -341,8 +341,8 @@ fn uniform(e: &mut Emitter, seed: u64, i: &str) -> String {
 }
 
 /// Element `n` of `dist` with `seed`, in f64 (uniform: bit-exact with the reference; normal:
-/// Box–Muller with this backend's f64 `log`/`cos`, within a few ulp).
-fn random(e: &mut Emitter, dist: &RandomDist, seed: u64, n: &str) -> String {
+/// Box–Muller with the legalized f64 `log`/`cos`, within a few ulp).
+fn random(e: &mut Emitter, dist: &RandomDist, seed: u64, n: &str) -> GenResult<String> {
     let v = e.reg(Class::F64);
     match *dist {
         RandomDist::Uniform { low, high } => {
@@ -356,18 +356,32 @@ fn random(e: &mut Emitter, dist: &RandomDist, seed: u64, n: &str) -> String {
             e.ins(format!("add.u64 {i2}, {i1}, 1"));
             let (u1, u2) = (uniform(e, seed, &i1), uniform(e, seed, &i2));
             e.ins(format!("sub.rn.f64 {u1}, 0d3FF0000000000000, {u1}"));
-            let l = super::math64::unary_f64(e, UnaryOp::Log, &u1);
-            e.ins(format!("mul.rn.f64 {l}, {l}, 0dC000000000000000"));
-            e.ins(format!("sqrt.rn.f64 {l}, {l}"));
             e.ins(format!(
                 "mul.rn.f64 {u2}, {u2}, {}",
                 f64_imm(2.0 * std::f64::consts::PI)
             ));
-            let c = super::math64::unary_f64(e, UnaryOp::Cos, &u2);
-            e.ins(format!("mul.rn.f64 {l}, {l}, {c}"));
+            let body = oar_passes::legalize::legalize_body(&box_muller(), &crate::natives()).unwrap_or_else(box_muller);
+            let l = emit::body_of_registers(e, &body, &[u1, u2])?;
             e.ins(format!("mul.rn.f64 {v}, {l}, {}", f64_imm(std.0)));
             e.ins(format!("add.rn.f64 {v}, {v}, {}", f64_imm(mean.0)));
         }
     }
-    v
+    Ok(v)
+}
+
+/// `sqrt(-2·ln(a))·cos(b)` of two f64 loads, as the reference computes the standard normal
+/// (legalized with the kernels' math).
+fn box_muller() -> Vec<Inst> {
+    let f = DType::F64;
+    let i = |op, dtype| Inst { op, dtype };
+    vec![
+        i(ScalarOp::Load(0), f),
+        i(ScalarOp::Load(1), f),
+        i(ScalarOp::Unary(UnaryOp::Log, 0), f),
+        i(ScalarOp::Const(oar_ir::Float(-2.0)), f),
+        i(ScalarOp::Binary(BinaryOp::Mul, 3, 2), f),
+        i(ScalarOp::Unary(UnaryOp::Sqrt, 4), f),
+        i(ScalarOp::Unary(UnaryOp::Cos, 1), f),
+        i(ScalarOp::Binary(BinaryOp::Mul, 5, 6), f),
+    ]
 }

@@ -165,14 +165,7 @@ pub(crate) fn reshape<E: Emitter>(g: &mut E, x: E::Value, dims: Vec<Dim>) -> V<E
 
 /// The smallest value of a dtype, used as the identity of max (−inf for floats).
 pub(crate) fn lowest(d: DType) -> f64 {
-    match d {
-        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
-        DType::I8 => i8::MIN as f64,
-        DType::I32 => i32::MIN as f64,
-        // i64::MIN is a power of two, so it is exact in f64.
-        DType::I64 => i64::MIN as f64,
-        DType::U8 | DType::Bool => 0.0,
-    }
+    d.lowest()
 }
 
 /// A type error raised by a decomposition itself (operands the rule accepts but the

@@ -1,0 +1,337 @@
+//! `legalize`'s expansions against the reference, in ulps: each op is put in a one-kernel
+//! program (`y[i] = op(x[i])`), legalized with nothing native, run by the reference's kernel
+//! interpreter, and compared with the reference's own evaluation of the op (f64 libm, rounded
+//! once) over dense grids that include ±0, ±inf, NaN, subnormals and overflow.
+//!
+//! Bounds (ulps of the result's dtype): exp, log, tanh ≤ 1 (f32), ≤ 2 (f64, against a libm
+//! that is itself within about an ulp); sin/cos ≤ 2 for
+//! |x| ≤ 8000; erf ≤ 2 (f32), ≤ 3 (f64); f16/bf16 ≤ 1; rsqrt, float and integer rem,
+//! NaN-propagating max/min and saturating casts exactly; pow ≤ 1 (f32) and ≤ 2e-13 relative
+//! (f64, the error of `ln` scaled by `|b·ln a|`).
+
+use oar_backend_reference::run_kernel_program;
+use oar_ir::kernel::{
+    Buffer, BufferId, BufferKind, IndexMap, Inst, Kernel, KernelBody, KernelProgram, Load, LoopKernel, ScalarOp,
+};
+use oar_ir::ops::{BinaryOp, UnaryOp};
+use oar_ir::{DType, Dim, TensorData, TensorType, Weights};
+use oar_passes::legalize::{Natives, legalize};
+use std::collections::BTreeMap;
+
+/// `y = op(x0[, x1])` elementwise over `n` elements; inputs `x0`, `x1`.
+fn program(op: ScalarOp, ins: &[DType], out: DType, n: usize) -> KernelProgram {
+    let shape = vec![Dim::Static(n)];
+    let mut buffers: Vec<Buffer> = ins
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| Buffer {
+            kind: BufferKind::Input { name: format!("x{i}") },
+            ty: TensorType::new(d, shape.clone()),
+            value: format!("%{i}"),
+        })
+        .collect();
+    buffers.push(Buffer {
+        kind: BufferKind::Output,
+        ty: TensorType::new(out, shape.clone()),
+        value: "%y".into(),
+    });
+    let mut body: Vec<Inst> = ins
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| Inst {
+            op: ScalarOp::Load(i),
+            dtype: d,
+        })
+        .collect();
+    body.push(Inst { op, dtype: out });
+    let loads = (0..ins.len())
+        .map(|i| Load {
+            buffer: BufferId(i as u32),
+            map: IndexMap::identity(&shape),
+        })
+        .collect();
+    KernelProgram {
+        name: "legalize".into(),
+        kernels: vec![Kernel {
+            name: "k".into(),
+            body: KernelBody::Loop(LoopKernel {
+                shape: shape.clone(),
+                loads,
+                outer: 1,
+                reduce: vec![],
+                body,
+            }),
+            outputs: vec![BufferId(ins.len() as u32)],
+        }],
+        outputs: vec![("y".into(), BufferId(ins.len() as u32))],
+        buffers,
+    }
+}
+
+/// The op on `inputs`, legalized and as is (the reference's own evaluation).
+fn both(op: ScalarOp, inputs: &[TensorData], out: DType) -> (TensorData, TensorData) {
+    let dts: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
+    let n = inputs[0].len();
+    let plain = program(op, &dts, out, n);
+    let mut legal = plain.clone();
+    legalize(&mut legal, &Natives::none());
+    assert_ne!(legal, plain, "nothing was expanded");
+    let feed: BTreeMap<String, TensorData> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (format!("x{i}"), t.clone()))
+        .collect();
+    let run = |p: &KernelProgram| run_kernel_program(p, &Weights::new(), &feed).unwrap().remove(0).1;
+    (run(&legal), run(&plain))
+}
+
+/// Distance in units in the last place of `want`'s dtype (0 when both are NaN or equal).
+fn ulps(dtype: DType, got: f64, want: f64) -> f64 {
+    if got.is_nan() && want.is_nan() || got == want {
+        return 0.0;
+    }
+    if got.is_nan() || want.is_nan() || got.is_infinite() || want.is_infinite() {
+        return f64::INFINITY;
+    }
+    let ulp = match dtype {
+        DType::F32 => {
+            let w = want as f32;
+            ((f32::from_bits(w.abs().to_bits() + 1) - w.abs()) as f64).max(f32::from_bits(1) as f64)
+        }
+        DType::F16 => half::f16::from_f64(want).to_f64().abs().max(6.1e-5) * 2f64.powi(-10),
+        DType::BF16 => half::bf16::from_f64(want).to_f64().abs().max(1.2e-38) * 2f64.powi(-7),
+        _ => (f64::from_bits(want.abs().to_bits() + 1) - want.abs()).max(f64::from_bits(1)),
+    };
+    (got - want).abs() / ulp
+}
+
+fn check_ulps(what: &str, inputs: &[TensorData], op: ScalarOp, out: DType, bound: f64) {
+    let (got, want) = both(op, inputs, out);
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let x = inputs[0].to_f64_vec();
+    let mut worst = (0.0, 0.0);
+    for i in 0..g.len() {
+        let e = ulps(out, g[i], w[i]);
+        assert!(
+            e <= bound,
+            "{what}({}) = {} but the reference gives {} ({e} ulps > {bound})",
+            x[i],
+            g[i],
+            w[i]
+        );
+        if e > worst.0 {
+            worst = (e, x[i]);
+        }
+    }
+    eprintln!("{what}: max {} ulps at {}", worst.0, worst.1);
+}
+
+fn grid(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    (0..n).map(|i| lo + (hi - lo) * i as f64 / (n - 1) as f64).collect()
+}
+
+fn specials() -> Vec<f64> {
+    vec![
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        1.0,
+        -1.0,
+        1e-40,
+        -1e-40,
+        1e-310,
+    ]
+}
+
+fn tensor(dtype: DType, v: &[f64]) -> TensorData {
+    TensorData::from_f64_slice(dtype, vec![v.len()], v).unwrap()
+}
+
+fn unary(u: UnaryOp, dtype: DType, values: &[f64], bound: f64) {
+    let mut v = values.to_vec();
+    v.extend(specials());
+    check_ulps(
+        &format!("{} {dtype}", u.name()),
+        &[tensor(dtype, &v)],
+        ScalarOp::Unary(u, 0),
+        dtype,
+        bound,
+    );
+}
+
+#[test]
+fn exp_log_tanh_erf_within_their_ulp_bounds() {
+    use UnaryOp::*;
+    for (dt, b) in [(DType::F32, 1.0), (DType::F64, 2.0)] {
+        unary(Exp, dt, &grid(-750.0, 720.0, 20001), b);
+        unary(Exp, dt, &grid(-110.0, 95.0, 20001), b);
+        let mut pos: Vec<f64> = (0..20001)
+            .map(|i| 10f64.powf(-320.0 + 640.0 * i as f64 / 20000.0))
+            .collect();
+        pos.extend(grid(0.5, 2.0, 4001));
+        pos.extend(grid(-3.0, -0.1, 11));
+        unary(Log, dt, &pos, b);
+        unary(Tanh, dt, &grid(-25.0, 25.0, 20001), b);
+        unary(Tanh, dt, &grid(-1.0, 1.0, 4001), b);
+    }
+    unary(Erf, DType::F32, &grid(-6.0, 6.0, 20001), 2.0);
+    unary(Erf, DType::F64, &grid(-7.0, 7.0, 20001), 3.0);
+    for dt in [DType::F16, DType::BF16] {
+        unary(Exp, dt, &grid(-20.0, 11.0, 4001), 1.0);
+        unary(Log, dt, &grid(0.001, 1000.0, 4001), 1.0);
+        unary(Tanh, dt, &grid(-5.0, 5.0, 4001), 1.0);
+        unary(Erf, dt, &grid(-4.0, 4.0, 4001), 1.0);
+    }
+}
+
+#[test]
+fn sin_cos_within_two_ulps() {
+    for dt in [DType::F32, DType::F64] {
+        for u in [UnaryOp::Sin, UnaryOp::Cos] {
+            unary(u, dt, &grid(-8000.0, 8000.0, 40001), 2.0);
+            unary(u, dt, &grid(-7.0, 7.0, 20001), 2.0);
+        }
+    }
+}
+
+#[test]
+fn rsqrt_rem_minmax_and_casts_are_exact() {
+    let mut pos = grid(1e-3, 1e4, 20001);
+    pos.extend([0.0, f64::INFINITY, -1.0, f64::NAN, 1e-40]);
+    for dt in [DType::F32, DType::F64, DType::F16] {
+        check_ulps(
+            "rsqrt",
+            &[tensor(dt, &pos)],
+            ScalarOp::Unary(UnaryOp::Rsqrt, 0),
+            dt,
+            0.0,
+        );
+    }
+    let mut a = grid(-50.0, 50.0, 4001);
+    let mut b: Vec<f64> = (0..4001).map(|i| [3.0, -3.0, 0.7, -0.25, 7.5][i % 5]).collect();
+    // Infinite, zero and NaN operands.
+    let inf = f64::INFINITY;
+    a.extend([2.5, 2.5, -2.5, -2.5, 0.0, -0.0, inf, 2.5, f64::NAN, 3.0, 1e8]);
+    b.extend([inf, -inf, inf, -inf, -inf, inf, 3.0, 0.0, 2.0, f64::NAN, 7.0]);
+    for dt in [DType::F32, DType::F64] {
+        check_ulps(
+            "rem",
+            &[tensor(dt, &a), tensor(dt, &b)],
+            ScalarOp::Binary(BinaryOp::Rem, 0, 1),
+            dt,
+            0.0,
+        );
+        let mut x = a.clone();
+        let mut y = b.clone();
+        x.extend([f64::NAN, 1.0, f64::NAN, -0.0, 0.0]);
+        y.extend([1.0, f64::NAN, f64::NAN, 0.0, -0.0]);
+        for op in [BinaryOp::Max, BinaryOp::Min] {
+            check_ulps(
+                op.name(),
+                &[tensor(dt, &x), tensor(dt, &y)],
+                ScalarOp::Binary(op, 0, 1),
+                dt,
+                0.0,
+            );
+        }
+    }
+    let ia: Vec<f64> = grid(-40.0, 40.0, 81);
+    let ib: Vec<f64> = (0..81).map(|i| [3.0, -3.0, 7.0, -1.0][i % 4]).collect();
+    for dt in [DType::I32, DType::I64] {
+        check_ulps(
+            "int rem",
+            &[tensor(dt, &ia), tensor(dt, &ib)],
+            ScalarOp::Binary(BinaryOp::Rem, 0, 1),
+            dt,
+            0.0,
+        );
+    }
+    let mut c = grid(-3e9, 3e9, 2001);
+    c.extend([
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        255.7,
+        -0.9,
+        2147483647.0,
+        1e19,
+        -1e19,
+    ]);
+    for from in [DType::F32, DType::F64] {
+        for to in [DType::I8, DType::U8, DType::I32, DType::I64] {
+            check_ulps(
+                &format!("cast {from}->{to}"),
+                &[tensor(from, &c)],
+                ScalarOp::Cast(0),
+                to,
+                0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn pow_follows_the_special_cases_and_stays_close() {
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let bases = [
+        -8.0,
+        -2.5,
+        -1.0,
+        -0.5,
+        -0.0,
+        0.0,
+        0.5,
+        1.0,
+        1.5,
+        2.0,
+        10.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let exps = [
+        -3.0,
+        -2.0,
+        -1.5,
+        -1.0,
+        -0.5,
+        0.0,
+        0.5,
+        1.0,
+        2.0,
+        3.0,
+        7.25,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    for &x in &bases {
+        for &y in &exps {
+            a.push(x);
+            b.push(y);
+        }
+    }
+    for (x, y) in grid(0.01, 30.0, 3001).into_iter().zip(grid(-8.0, 8.0, 3001)) {
+        a.push(x);
+        b.push(y);
+    }
+    check_ulps(
+        "pow f32",
+        &[tensor(DType::F32, &a), tensor(DType::F32, &b)],
+        ScalarOp::Binary(BinaryOp::Pow, 0, 1),
+        DType::F32,
+        1.0,
+    );
+    let (got, want) = both(
+        ScalarOp::Binary(BinaryOp::Pow, 0, 1),
+        &[tensor(DType::F64, &a), tensor(DType::F64, &b)],
+        DType::F64,
+    );
+    for (i, (g, w)) in got.to_f64_vec().into_iter().zip(want.to_f64_vec()).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= 2e-13 * w.abs();
+        assert!(ok, "pow({}, {}) = {g}, reference {w}", a[i], b[i]);
+    }
+}
