@@ -230,6 +230,14 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> BoundedCache<K, V> {
         Ok(v)
     }
 
+    /// Keep only the entries for which `keep` is true.
+    pub fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, v| keep(k, v));
+    }
+
     /// Entries held now.
     pub fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()

@@ -18,6 +18,7 @@ pub mod graph_def;
 pub mod kernel;
 pub mod npy;
 pub mod ops;
+pub mod runner;
 pub mod shape;
 pub mod stats;
 pub mod tensor_data;

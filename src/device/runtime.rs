@@ -25,10 +25,12 @@ fn registry() -> &'static RwLock<Vec<Arc<dyn DeviceRuntime>>> {
 /// Register (or replace) the runtime for its device kind: afterwards `Tensor::to` accepts
 /// devices of that kind and eager ops on such tensors run through it.
 pub fn register_runtime(runtime: Arc<dyn DeviceRuntime>) {
+    let kind = runtime.kind().to_string();
     let mut list = registry().write().unwrap_or_else(|e| e.into_inner());
-    list.retain(|r| r.kind() != runtime.kind());
+    list.retain(|r| r.kind() != kind);
     list.push(runtime);
-    clear_cache();
+    // Executables of the replaced runtime go; other kinds' stay.
+    cache().map.retain(|k, _| k.kind != kind);
 }
 
 /// Every registered device runtime, in registration order.

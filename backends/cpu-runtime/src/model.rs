@@ -3,6 +3,7 @@
 use crate::contraction;
 use crate::program::{CpuProgram, KernelFn, LoopCall, RowPiece, Step, const_name, static_shape};
 use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
+use oar_ir::runner::{self, Host, Launched, Launcher};
 use oar_ir::{BackendError, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 
@@ -16,8 +17,9 @@ const ROW_BLOCK_WORK: u64 = 1 << 14;
 pub struct Model {
     prog: CpuProgram,
     funcs: Vec<KernelFn>,
-    /// Params and constants by buffer (checked against the program's types).
-    leaves: BTreeMap<BufferId, TensorData>,
+    /// Params by name (constants moved out of the program under [`const_name`]), checked
+    /// against the program's types when the model is made.
+    weights: Weights,
     /// Weights the regions of interpreted `cond`/`while` kernels read by name (empty when the
     /// program has no such kernel).
     region_weights: Weights,
@@ -54,24 +56,32 @@ impl Model {
                 ),
             });
         }
-        let mut leaves = BTreeMap::new();
+        let mut kept = Weights::new();
         for (i, b) in prog.program.buffers.iter().enumerate() {
-            let id = BufferId(i as u32);
             let name = match &b.kind {
                 BufferKind::Param { name } => name.clone(),
-                BufferKind::Constant(_) => const_name(id),
+                // A constant left in the program may be overridden by a weight of its name.
+                BufferKind::Constant(_) => const_name(BufferId(i as u32)),
                 _ => continue,
             };
-            let t = match &b.kind {
-                BufferKind::Constant(t) if weights.get(&name).is_none() => t,
-                _ => weights
-                    .get(&name)
-                    .ok_or_else(|| weight_err(&name, format!("no weight given (expected {})", b.ty)))?,
+            let Some(t) = weights.get(&name) else {
+                if matches!(b.kind, BufferKind::Constant(_)) {
+                    continue;
+                }
+                return Err(weight_err(&name, format!("no weight given (expected {})", b.ty)));
             };
             if t.tensor_type() != b.ty {
                 return Err(weight_err(&name, format!("expected {}, got {}", b.ty, t.tensor_type())));
             }
-            leaves.insert(id, t.clone());
+            kept.insert(name, t.clone());
+        }
+        // Constants overridden by name become params.
+        let mut prog = prog;
+        for (i, b) in prog.program.buffers.iter_mut().enumerate() {
+            let name = const_name(BufferId(i as u32));
+            if matches!(b.kind, BufferKind::Constant(_)) && kept.contains_key(&name) {
+                b.kind = BufferKind::Param { name };
+            }
         }
         let has_regions = prog
             .program
@@ -89,7 +99,7 @@ impl Model {
         Ok(Model {
             prog,
             funcs,
-            leaves,
+            weights: kept,
             region_weights,
             arenas: std::sync::Mutex::new(Vec::new()),
             threads: rayon::current_num_threads().max(1),
@@ -162,96 +172,15 @@ impl Model {
         Ok(())
     }
 
-    /// Run with inputs by name; outputs by name in graph order.
+    /// Run with inputs by name; outputs by name in graph order (oar's host runner,
+    /// [`oar_ir::runner::run`], with this model as launcher).
     pub fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
         self.check_inputs(inputs)?;
-        let p = &self.prog.program;
-        let plan = &self.prog.plan;
-        // The arena, 64-byte aligned (u128 storage is 16-aligned; offset the base to 64).
-        let arena_len = plan.arena_bytes.div_ceil(16) + 4;
-        let mut arena = self
-            .arenas
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .filter(|a| a.len() == arena_len)
-            .unwrap_or_else(|| vec![0u128; arena_len]);
-        let arena_base = {
-            let ptr = arena.as_mut_ptr() as *mut u8;
-            unsafe { ptr.add(ptr.align_offset(64)) }
+        let host = Host {
+            kernel: oar_backend_reference::run_kernel,
+            weights: &self.region_weights,
         };
-        let mut outs: BTreeMap<BufferId, Vec<u8>> = BTreeMap::new();
-        let mut bufs: Vec<*mut u8> = vec![std::ptr::null_mut(); p.buffers.len()];
-        for (i, b) in p.buffers.iter().enumerate() {
-            let id = BufferId(i as u32);
-            bufs[i] = match &b.kind {
-                BufferKind::Input { name } => inputs[name].bytes().as_ptr() as *mut u8,
-                BufferKind::Param { .. } | BufferKind::Constant(_) => self.leaves[&id].bytes().as_ptr() as *mut u8,
-                BufferKind::Temp => {
-                    let off = *plan.offsets.get(&id).ok_or_else(|| BackendError::Runtime {
-                        op: "arena".into(),
-                        value: b.value.clone(),
-                        detail: format!("temporary {id} has no place in the memory plan"),
-                    })?;
-                    unsafe { arena_base.add(off) }
-                }
-                BufferKind::Output => {
-                    let n = byte_len(b);
-                    let v = outs.entry(id).or_insert_with(|| vec![0u8; n.max(1)]);
-                    v.as_mut_ptr()
-                }
-            };
-        }
-        for step in &self.prog.steps {
-            match step {
-                Step::Loop { call, .. } => self.call(call, &bufs),
-                Step::Rows { rows, pieces, .. } => self.rows(*rows, pieces, &bufs),
-                Step::Contraction { kernel, epilogue } => {
-                    let k = &p.kernels[*kernel as usize];
-                    let KernelBody::Contraction(c) = &k.body else {
-                        return Err(bad_step(k, "contraction step on a non-contraction kernel"));
-                    };
-                    unsafe { contraction::run(c, k.outputs[0], p, &bufs, self.threads)? };
-                    if let Some(call) = epilogue {
-                        self.call(call, &bufs);
-                    }
-                }
-                Step::Native { kernel } => {
-                    let k = &p.kernels[*kernel as usize];
-                    unsafe { crate::native::run(p, k, &bufs)? };
-                }
-                Step::Interpret { kernel, .. } => {
-                    unsafe { interpret(p, *kernel as usize, &bufs, &self.region_weights)? };
-                }
-            }
-        }
-        let mut result = Vec::with_capacity(p.outputs.len());
-        for (i, (name, id)) in p.outputs.iter().enumerate() {
-            let b = p.buffer(*id);
-            let bytes = match &b.kind {
-                BufferKind::Output => {
-                    // Hand the buffer over unless a later output reads the same one.
-                    let shared = p.outputs[i + 1..].iter().any(|(_, o)| o == id);
-                    let mut v = if shared {
-                        outs[id].clone()
-                    } else {
-                        outs.remove(id).unwrap_or_default()
-                    };
-                    v.truncate(byte_len(b));
-                    v
-                }
-                _ => unsafe { std::slice::from_raw_parts(bufs[id.index()], byte_len(b)).to_vec() },
-            };
-            let t =
-                TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), bytes).map_err(|e| BackendError::Runtime {
-                    op: "output".into(),
-                    value: name.clone(),
-                    detail: e.to_string(),
-                })?;
-            result.push((name.clone(), t));
-        }
-        self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
-        Ok(result)
+        runner::run(self, &self.prog.program, &self.weights, inputs, host)
     }
 
     /// Call a generated function over `0..extent`, split across threads when it is worth it.
@@ -343,30 +272,126 @@ pub(crate) fn byte_len(b: &Buffer) -> usize {
     static_shape(&b.ty).iter().product::<usize>() * b.ty.dtype.size_bytes()
 }
 
-/// Run kernel `index` on the reference interpreter ([`oar_backend_reference::run_kernel`]):
-/// its operands are read out of the buffers and its results copied back.
-///
-/// # Safety
-/// `bufs` holds a live pointer for every buffer of `p`, each as long as its static type.
-unsafe fn interpret(
-    p: &KernelProgram,
-    index: usize,
-    bufs: &[*mut u8],
-    region_weights: &Weights,
-) -> Result<(), BackendError> {
-    let k = &p.kernels[index];
-    let results = oar_backend_reference::run_kernel(p, index, region_weights, &mut |id| {
-        let b = p.buffer(id);
-        // Safety: the caller's contract on `bufs`.
-        let bytes = unsafe { std::slice::from_raw_parts(bufs[id.index()], byte_len(b)) }.to_vec();
-        TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), bytes).map_err(|e| bad_step(k, &e.to_string()))
-    })?;
-    for (&id, t) in k.outputs.iter().zip(&results) {
-        let n = byte_len(p.buffer(id));
-        if t.bytes().len() != n {
-            return Err(bad_step(k, "interpreted kernel produced a result of the wrong size"));
-        }
-        unsafe { std::ptr::copy_nonoverlapping(t.bytes().as_ptr(), bufs[id.index()], n) };
+/// One run's memory: the arena (temporaries, 64-byte aligned), the outputs, and a pointer per
+/// buffer (inputs and weights are read where they are).
+pub struct CpuFrame {
+    arena: Vec<u128>,
+    base: *mut u8,
+    outs: BTreeMap<BufferId, Vec<u8>>,
+    bufs: Vec<*mut u8>,
+}
+
+impl Launcher for Model {
+    type Frame = CpuFrame;
+
+    fn frame(&self, p: &KernelProgram) -> Result<CpuFrame, BackendError> {
+        let arena_len = self.prog.plan.arena_bytes.div_ceil(16) + 4;
+        let mut arena = self
+            .arenas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .filter(|a| a.len() == arena_len)
+            .unwrap_or_else(|| vec![0u128; arena_len]);
+        let base = {
+            let ptr = arena.as_mut_ptr() as *mut u8;
+            // Safety: the arena has 64 spare bytes for the alignment.
+            unsafe { ptr.add(ptr.align_offset(64)) }
+        };
+        Ok(CpuFrame {
+            arena,
+            base,
+            outs: BTreeMap::new(),
+            bufs: Vec::with_capacity(p.buffers.len()),
+        })
     }
-    Ok(())
+
+    fn bind(&self, f: &mut CpuFrame, id: BufferId, b: &Buffer, leaf: Option<&TensorData>) -> Result<(), BackendError> {
+        let ptr = match (&b.kind, leaf) {
+            // Read in place: kernels never write their inputs or weights.
+            (_, Some(t)) => t.bytes().as_ptr() as *mut u8,
+            (BufferKind::Output, None) => {
+                let n = byte_len(b);
+                f.outs.entry(id).or_insert_with(|| vec![0u8; n.max(1)]).as_mut_ptr()
+            }
+            _ => {
+                let off = *self.prog.plan.offsets.get(&id).ok_or_else(|| BackendError::Runtime {
+                    op: "arena".into(),
+                    value: b.value.clone(),
+                    detail: format!("temporary {id} has no place in the memory plan"),
+                })?;
+                // Safety: the plan keeps every temporary inside the arena.
+                unsafe { f.base.add(off) }
+            }
+        };
+        f.bufs.push(ptr);
+        Ok(())
+    }
+
+    fn launch(&self, f: &mut CpuFrame, index: usize) -> Result<Launched, BackendError> {
+        let p = &self.prog.program;
+        let bufs = &f.bufs;
+        match self.prog.steps.get(index) {
+            Some(Step::Loop { call, .. }) => self.call(call, bufs),
+            Some(Step::Rows { rows, pieces, .. }) => self.rows(*rows, pieces, bufs),
+            Some(Step::Contraction { kernel, epilogue }) => {
+                let k = &p.kernels[*kernel as usize];
+                let KernelBody::Contraction(c) = &k.body else {
+                    return Err(bad_step(k, "contraction step on a non-contraction kernel"));
+                };
+                // Safety: every buffer pointer is live and as long as its static type.
+                unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads)? };
+                if let Some(call) = epilogue {
+                    self.call(call, bufs);
+                }
+            }
+            Some(Step::Native { kernel }) => {
+                let k = &p.kernels[*kernel as usize];
+                // Safety: as above.
+                unsafe { crate::native::run(p, k, bufs)? };
+            }
+            Some(Step::Interpret { .. }) => return Ok(Launched::Host),
+            None => return Err(bad_step(&p.kernels[index], "no step for the kernel")),
+        }
+        Ok(Launched::Device)
+    }
+
+    fn read(&self, f: &CpuFrame, id: BufferId, b: &Buffer) -> Result<TensorData, BackendError> {
+        // Safety: the buffer's pointer is live and holds its static type's bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(f.bufs[id.index()], byte_len(b)) }.to_vec();
+        TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), bytes).map_err(|e| BackendError::Runtime {
+            op: "read".into(),
+            value: b.value.clone(),
+            detail: e.to_string(),
+        })
+    }
+
+    fn write(&self, f: &mut CpuFrame, id: BufferId, b: &Buffer, t: &TensorData) -> Result<(), BackendError> {
+        let n = byte_len(b).min(t.bytes().len());
+        // Safety: the destination holds the buffer's bytes; the runner checked `t`'s type.
+        unsafe { std::ptr::copy_nonoverlapping(t.bytes().as_ptr(), f.bufs[id.index()], n) };
+        Ok(())
+    }
+
+    fn output(&self, f: &mut CpuFrame, id: BufferId, b: &Buffer, last: bool) -> Result<TensorData, BackendError> {
+        if !matches!(b.kind, BufferKind::Output) {
+            return self.read(f, id, b);
+        }
+        // Hand the buffer over unless a later output reads the same one.
+        let mut v = if last {
+            f.outs.remove(&id).unwrap_or_default()
+        } else {
+            f.outs.get(&id).cloned().unwrap_or_default()
+        };
+        v.truncate(byte_len(b));
+        TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), v).map_err(|e| BackendError::Runtime {
+            op: "output".into(),
+            value: b.value.clone(),
+            detail: e.to_string(),
+        })
+    }
+
+    fn finish(&self, f: CpuFrame) {
+        self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(f.arena);
+    }
 }

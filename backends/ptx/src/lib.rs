@@ -20,12 +20,10 @@ pub mod runtime;
 
 pub use codegen::{Arch, PtxModule, Step, generate};
 
-use oar_ir::backend::BoundedCache;
-use oar_ir::backend::check_inputs;
 use oar_ir::kernel::KernelProgram;
-use oar_ir::{Backend, BackendError, Executable, Graph, TensorData, Weights};
+use oar_ir::runner::Specializing;
+use oar_ir::{Backend, BackendError, Executable, Graph, Weights};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Why the PTX backend could not compile a graph.
 #[derive(Debug, thiserror::Error)]
@@ -114,44 +112,14 @@ impl Backend for PtxBackend {
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>, BackendError> {
-        oar_ir::verify(graph)?;
-        let gpu = runtime::gpu()?;
-        let exe = PtxExecutable {
-            graph: graph.clone(),
-            weights: weights.clone(),
-            arch: gpu.arch,
-            loaded: BoundedCache::new(CACHE_CAPACITY),
-        };
-        let symbolic = graph.input_specs().iter().any(|(_, t)| !t.shape.is_static());
-        if !symbolic {
-            exe.loaded(&BTreeMap::new())?;
-        }
+        let arch = runtime::gpu()?.arch;
+        let w = weights.clone();
+        // oar's runner: one loaded program per binding of symbolic dims, run by the host
+        // runner with this GPU as launcher.
+        let exe = Specializing::new(graph, weights, oar_backend_reference::run_kernel, move |g, b| {
+            let (program, module) = compile_to_ptx(g, b, arch)?;
+            runtime::GpuProgram::load(program, module, &w)
+        })?;
         Ok(Box::new(exe))
-    }
-}
-
-/// Most bindings kept loaded per executable.
-const CACHE_CAPACITY: usize = 16;
-
-struct PtxExecutable {
-    graph: Graph,
-    weights: Weights,
-    arch: Arch,
-    loaded: BoundedCache<BTreeMap<String, usize>, Arc<runtime::GpuProgram>>,
-}
-
-impl PtxExecutable {
-    fn loaded(&self, bindings: &BTreeMap<String, usize>) -> Result<Arc<runtime::GpuProgram>, BackendError> {
-        self.loaded.get_or_try_insert_with(bindings, || {
-            let (program, module) = compile_to_ptx(&self.graph, bindings, self.arch)?;
-            Ok(Arc::new(runtime::GpuProgram::load(program, module, &self.weights)?))
-        })
-    }
-}
-
-impl Executable for PtxExecutable {
-    fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
-        let bindings = check_inputs(&self.graph, inputs)?;
-        self.loaded(&bindings)?.run(inputs)
     }
 }

@@ -5,15 +5,18 @@
 //! constants uploaded once. Each run takes a device buffer per other program buffer (from a
 //! caching allocator: freed blocks are kept by size and reused, see [`crate::pool`]), uploads
 //! the inputs (or takes device-resident ones: [`GpuProgram::run_resident`]), launches the
-//! kernels in order on the default stream (host steps synchronize, download their operands,
-//! run the reference interpreter and upload the results), checks the error words, and hands
-//! over or downloads the outputs. Simple on purpose: no arena, no streams, no graph capture yet.
+//! kernels in order on the default stream, checks the error words, and hands over or
+//! downloads the outputs. The loop itself is oar's host runner ([`oar_ir::runner`]; host
+//! steps synchronize, download their operands, run the reference interpreter and upload the
+//! results): this file supplies device memory and launches ([`Launcher`]). Simple on purpose:
+//! no arena, no streams, no graph capture yet.
 
 use crate::codegen::{Arch, PtxModule, Step};
 use crate::pool::SizePool;
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use oar_ir::kernel::{Buffer, BufferKind, Kernel, KernelBody, KernelProgram};
+use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
+use oar_ir::runner::{self, Host, Launched, Launcher};
 use oar_ir::{BackendError, DType, TensorData, Weights};
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_void};
@@ -211,28 +214,17 @@ impl GpuProgram {
     }
 
     /// Run with inputs by name (already checked against the graph): upload them, run, download
-    /// the outputs.
+    /// the outputs — oar's host runner ([`oar_ir::runner::run`]) with this GPU as launcher.
     pub fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
-        let g = gpu()?;
-        g.bind()?;
-        let p = &self.program;
-        let mut uploaded: BTreeMap<String, GpuMemory> = BTreeMap::new();
-        for b in &p.buffers {
-            if let BufferKind::Input { name } = &b.kind {
-                let t = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
-                    name: name.clone(),
-                    expected: b.ty.to_string(),
-                })?;
-                uploaded.insert(name.clone(), GpuMemory::upload(t.bytes(), &b.value)?);
-            }
+        runner::run(self, &self.program, &self.weights, inputs, self.host())
+    }
+
+    /// The host fallback of the runner: the reference interpreter, one kernel at a time.
+    fn host(&self) -> Host<'_> {
+        Host {
+            kernel: oar_backend_reference::run_kernel,
+            weights: &self.weights,
         }
-        let ptrs: BTreeMap<String, sys::CUdeviceptr> = uploaded.iter().map(|(n, m)| (n.clone(), m.ptr())).collect();
-        let outs = self.run_resident(&ptrs)?;
-        let mut out = Vec::with_capacity(outs.len());
-        for ((name, id), (_, m)) in p.outputs.iter().zip(outs) {
-            out.push((name.clone(), download(p.buffer(*id), m.ptr())?));
-        }
-        Ok(out)
     }
 
     /// Run with device-resident inputs (by input name, each holding the input's bytes); the
@@ -242,106 +234,24 @@ impl GpuProgram {
         &self,
         inputs: &BTreeMap<String, sys::CUdeviceptr>,
     ) -> Result<Vec<(String, GpuMemory)>, BackendError> {
-        let g = gpu()?;
-        g.bind()?;
         let p = &self.program;
-        let mut mem = DeviceBuffers::default();
+        let mut frame = self.frame(p)?;
         for (i, b) in p.buffers.iter().enumerate() {
-            let resident = self.resident.ptrs[i];
-            if resident != 0 {
-                mem.ptrs.push(resident);
-                continue;
-            }
-            if let BufferKind::Input { name } = &b.kind {
-                let ptr = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
-                    name: name.clone(),
-                    expected: b.ty.to_string(),
-                })?;
-                mem.ptrs.push(*ptr);
-                continue;
-            }
-            let ptr = dev_alloc(byte_len(b), &b.value)?;
-            mem.ptrs.push(ptr);
-            mem.free.push((ptr, byte_len(b)));
-        }
-        // One error word per entry that can fail (gather indices, integer division by zero,
-        // negative integer powers), zeroed.
-        let n_entries = self.module.entries.len();
-        let checks = self.module.entries.iter().any(|e| e.error_word);
-        let errors = if checks {
-            let ptr = dev_alloc(4 * n_entries, "error words")?;
-            mem.free.push((ptr, 4 * n_entries));
-            upload(ptr, &vec![0u8; 4 * n_entries], "error words")?;
-            Some(ptr)
-        } else {
-            None
-        };
-        for step in &self.module.steps {
-            match step {
-                Step::Launch { kernel, entry } => {
-                    let e = &self.module.entries[*entry];
-                    let mut args: Vec<u64> = e.params.iter().map(|b| mem.ptrs[b.index()]).collect();
-                    if let (true, Some(base)) = (e.error_word, errors) {
-                        args.push(base + 4 * *entry as u64);
-                    }
-                    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
-                    let name = &p.kernels[*kernel].name;
-                    // SAFETY: the entry takes exactly `params.len()` u64 pointers, each a live
-                    // allocation of the buffer's size; `args` outlives the (synchronized) run.
-                    unsafe {
-                        cu::launch_kernel(
-                            self.funcs[*entry],
-                            e.launch.grid,
-                            e.launch.block,
-                            0,
-                            std::ptr::null_mut(),
-                            &mut params,
-                        )
-                    }
-                    .map_err(|err| drv(name, "launch", err))?;
+            match &b.kind {
+                BufferKind::Input { name } if self.resident.ptrs[i] == 0 => {
+                    let ptr = inputs.get(name).ok_or_else(|| BackendError::MissingInput {
+                        name: name.clone(),
+                        expected: b.ty.to_string(),
+                    })?;
+                    frame.mem.ptrs.push(*ptr);
                 }
-                Step::Host { kernel, .. } => {
-                    let k = &p.kernels[*kernel];
-                    cu::ctx::synchronize().map_err(|e| drv(&k.name, "synchronize", e))?;
-                    self.host_kernel(*kernel, &mem)?;
-                }
+                _ => self.bind(&mut frame, BufferId(i as u32), b, None)?,
             }
         }
-        cu::ctx::synchronize().map_err(|e| drv(&p.name, "synchronize", e))?;
-        if let Some(base) = errors {
-            let mut words = vec![0u32; n_entries];
-            // SAFETY: `base` holds `n_entries` u32 words.
-            unsafe { cu::memcpy_dtoh_sync(&mut words, base) }.map_err(|e| drv("error words", "download", e))?;
-            if let Some(i) = words.iter().position(|&w| w != 0) {
-                let k = self.module.steps.iter().find_map(|s| match s {
-                    Step::Launch { kernel, entry } if *entry == i => Some(&p.kernels[*kernel]),
-                    _ => None,
-                });
-                let (op, value) = match k {
-                    Some(Kernel {
-                        body: KernelBody::Opaque(o),
-                        name,
-                        ..
-                    }) => (o.op.name().to_string(), name.clone()),
-                    Some(k) => ("kernel".to_string(), k.name.clone()),
-                    None => ("ptx".to_string(), self.module.entries[i].name.clone()),
-                };
-                let opaque = matches!(
-                    k,
-                    Some(Kernel {
-                        body: KernelBody::Opaque(_),
-                        ..
-                    })
-                );
-                return Err(BackendError::Runtime {
-                    op,
-                    value,
-                    detail: error_word_detail(words[i], opaque),
-                });
-            }
-        }
+        runner::execute(self, &mut frame, p, self.host())?;
         // Hand each output's allocation to the caller; an output that is an input, a weight or
         // an output already handed over is copied instead.
+        let mem = &mut frame.mem;
         let mut out = Vec::with_capacity(p.outputs.len());
         for (name, id) in &p.outputs {
             let b = p.buffer(*id);
@@ -366,26 +276,135 @@ impl GpuProgram {
         Ok(out)
     }
 
-    /// Run kernel `index` on the host: download its operands, interpret it alone
-    /// ([`oar_backend_reference::run_kernel`]), upload its results.
-    fn host_kernel(&self, index: usize, mem: &DeviceBuffers) -> Result<(), BackendError> {
+    /// The error word set by entry `i`, as the runtime error naming its kernel.
+    fn entry_error(&self, i: usize, word: u32) -> BackendError {
         let p = &self.program;
-        let k = &p.kernels[index];
-        let results = oar_backend_reference::run_kernel(p, index, &self.weights, &mut |id| {
-            download(p.buffer(id), mem.ptrs[id.index()])
-        })?;
-        for (&id, t) in k.outputs.iter().zip(&results) {
-            let b = p.buffer(id);
-            if t.bytes().len() != byte_len(b) {
-                return Err(BackendError::Runtime {
-                    op: "ptx".into(),
-                    value: k.name.clone(),
-                    detail: "host kernel produced a result of the wrong size".into(),
-                });
-            }
-            upload(mem.ptrs[id.index()], t.bytes(), &b.value)?;
+        let k = self.module.steps.iter().find_map(|s| match s {
+            Step::Launch { kernel, entry } if *entry == i => Some(&p.kernels[*kernel]),
+            _ => None,
+        });
+        let (op, value) = match k {
+            Some(Kernel {
+                body: KernelBody::Opaque(o),
+                name,
+                ..
+            }) => (o.op.name().to_string(), name.clone()),
+            Some(k) => ("kernel".to_string(), k.name.clone()),
+            None => ("ptx".to_string(), self.module.entries[i].name.clone()),
+        };
+        let opaque = matches!(
+            k,
+            Some(Kernel {
+                body: KernelBody::Opaque(_),
+                ..
+            })
+        );
+        BackendError::Runtime {
+            op,
+            value,
+            detail: error_word_detail(word, opaque),
+        }
+    }
+}
+
+impl runner::Compiled for GpuProgram {
+    fn program(&self) -> &KernelProgram {
+        &self.program
+    }
+}
+
+/// One run's device memory: a pointer per program buffer, the allocations it frees, and the
+/// error words (one per entry, zeroed) when an entry can fail.
+pub struct PtxFrame {
+    mem: DeviceBuffers,
+    errors: Option<sys::CUdeviceptr>,
+}
+
+impl Launcher for GpuProgram {
+    type Frame = PtxFrame;
+
+    fn frame(&self, _: &KernelProgram) -> Result<PtxFrame, BackendError> {
+        gpu()?.bind()?;
+        let mut mem = DeviceBuffers::default();
+        // Gather indices, integer division by zero and negative integer powers set them.
+        let n = self.module.entries.len();
+        let errors = if self.module.entries.iter().any(|e| e.error_word) {
+            let ptr = dev_alloc(4 * n, "error words")?;
+            mem.free.push((ptr, 4 * n));
+            upload(ptr, &vec![0u8; 4 * n], "error words")?;
+            Some(ptr)
+        } else {
+            None
+        };
+        Ok(PtxFrame { mem, errors })
+    }
+
+    fn bind(&self, f: &mut PtxFrame, id: BufferId, b: &Buffer, leaf: Option<&TensorData>) -> Result<(), BackendError> {
+        // Parameters and constants stay on the device from `load`.
+        let resident = self.resident.ptrs[id.index()];
+        if resident != 0 {
+            f.mem.ptrs.push(resident);
+            return Ok(());
+        }
+        let ptr = dev_alloc(byte_len(b), &b.value)?;
+        f.mem.ptrs.push(ptr);
+        f.mem.free.push((ptr, byte_len(b)));
+        if let Some(t) = leaf {
+            upload(ptr, t.bytes(), &b.value)?;
         }
         Ok(())
+    }
+
+    fn launch(&self, f: &mut PtxFrame, index: usize) -> Result<Launched, BackendError> {
+        let entry = self.module.steps.iter().find_map(|s| match s {
+            Step::Launch { kernel, entry } if *kernel == index => Some(*entry),
+            _ => None,
+        });
+        let Some(entry) = entry else {
+            return Ok(Launched::Host);
+        };
+        let e = &self.module.entries[entry];
+        let mut args: Vec<u64> = e.params.iter().map(|b| f.mem.ptrs[b.index()]).collect();
+        if let (true, Some(base)) = (e.error_word, f.errors) {
+            args.push(base + 4 * entry as u64);
+        }
+        let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
+        let name = &self.program.kernels[index].name;
+        // SAFETY: the entry takes exactly `params.len()` u64 pointers, each a live allocation
+        // of the buffer's size; the launch copies the parameter values before returning.
+        unsafe {
+            cu::launch_kernel(
+                self.funcs[entry],
+                e.launch.grid,
+                e.launch.block,
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(|err| drv(name, "launch", err))?;
+        Ok(Launched::Device)
+    }
+
+    fn sync(&self, f: &mut PtxFrame) -> Result<(), BackendError> {
+        cu::ctx::synchronize().map_err(|e| drv(&self.program.name, "synchronize", e))?;
+        if let Some(base) = f.errors {
+            let mut words = vec![0u32; self.module.entries.len()];
+            // SAFETY: `base` holds one u32 word per entry.
+            unsafe { cu::memcpy_dtoh_sync(&mut words, base) }.map_err(|e| drv("error words", "download", e))?;
+            if let Some(i) = words.iter().position(|&w| w != 0) {
+                return Err(self.entry_error(i, words[i]));
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&self, f: &PtxFrame, id: BufferId, b: &Buffer) -> Result<TensorData, BackendError> {
+        download(b, f.mem.ptrs[id.index()])
+    }
+
+    fn write(&self, f: &mut PtxFrame, id: BufferId, b: &Buffer, t: &TensorData) -> Result<(), BackendError> {
+        upload(f.mem.ptrs[id.index()], t.bytes(), &b.value)
     }
 }
 
