@@ -13,6 +13,12 @@ pub(crate) use apply::{apply, apply1};
 pub fn apply_op(op: oar_ir::Op, inputs: &[&Tensor]) -> crate::Result<Vec<Tensor>> {
     apply(op, inputs)
 }
+
+/// How many (op, operand types) eager CPU ops have been compiled to machine code and are
+/// cached in this process (each later call with the same op and types reuses its code).
+pub fn compiled_eager_ops() -> usize {
+    crate::kernels::cached()
+}
 pub(crate) use create::with_rng;
 pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
 pub use methods::{

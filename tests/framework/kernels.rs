@@ -89,3 +89,33 @@ fn conv_matches_reference() {
         }
     }
 }
+
+/// Eager ops run the cpu backend's compiled code (cached per op and operand types), not the
+/// interpreter: the same bits as a `to_static` graph on `cpu`, close to the reference (the
+/// legalized exp is within 2 ulp), with typed errors and random ops still working.
+#[test]
+fn eager_ops_run_compiled_cpu_kernels() {
+    seed(7);
+    let x = rand(&[3, 7, 11], DType::F64);
+    let before = oar::tensor::compiled_eager_ops();
+    let y = x.exp().unwrap();
+    let after = oar::tensor::compiled_eager_ops();
+    assert!(after > before || after == 4096, "exp on a new shape compiles");
+    let again = x.exp().unwrap();
+    assert_eq!(again.to_vec::<f64>().unwrap(), y.to_vec::<f64>().unwrap());
+    let want = reference(&Op::Unary(oar::ir::ops::UnaryOp::Exp), &[x.data()]);
+    assert_close(&y.data(), &want, 1e-15, "eager exp vs reference");
+    // The same op traced and compiled on cpu gives the same bits.
+    let spec = oar::jit::InputSpec::new(&[Some(3), Some(7), Some(11)], DType::F64, "x");
+    let f = oar::jit::to_static(|xs| Ok(vec![xs[0].exp()?]), &[spec]).unwrap();
+    let s = f.with_backend("cpu").unwrap().call(&[&x]).unwrap().remove(0);
+    assert_eq!(s.to_vec::<f64>().unwrap(), y.to_vec::<f64>().unwrap());
+    // Integer division by zero is still a typed error naming the op.
+    let a = Tensor::from_vec(vec![1i32, 2, 3], &[3]).unwrap();
+    let b = Tensor::from_vec(vec![1i32, 0, 3], &[3]).unwrap();
+    let e = (&a / &b).unwrap_err().to_string();
+    assert!(e.contains("div"), "{e}");
+    // Random ops (a fresh seed per call) stay correct.
+    let u = rand(&[1000], DType::F32).to_vec::<f32>().unwrap();
+    assert!(u.iter().all(|v| (-1.0..1.0).contains(v)));
+}
