@@ -13,8 +13,8 @@
 
 pub mod aot;
 pub mod codegen;
-pub mod jit;
 pub mod lower;
+pub mod machine;
 
 use oar_cpu_runtime::Model;
 use oar_ir::backend::{BoundedCache, check_inputs};
@@ -78,7 +78,7 @@ pub struct Compiled {
     /// What was compiled.
     pub lowered: lower::Lowered,
     /// The machine code.
-    pub code: jit::JitCode,
+    pub code: machine::MachineCode,
 }
 
 type CacheKey = (String, BTreeMap<String, usize>);
@@ -97,7 +97,7 @@ pub fn compile_cached(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Resu
     let key = (oar_ir::text::print_graph(graph), bindings.clone());
     cache().get_or_try_insert_with(&key, || {
         let lowered = lower::lower(graph, bindings)?;
-        let code = jit::jit(&lowered)?;
+        let code = machine::compile(&lowered)?;
         Ok(Arc::new(Compiled { lowered, code }))
     })
 }

@@ -8,7 +8,7 @@
 //! backend's cudarc runtime launches (`mlir-gpu`, see `docs/MLIR.md`).
 
 use crate::codegen::{CodegenError, Target, generate_for};
-use crate::{MlirError, jit};
+use crate::{MlirError, engine};
 use oar_ir::kernel::{BufferId, KernelBody, KernelProgram};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -130,11 +130,11 @@ pub fn kernels(
         }
     }
     let (outlined, text) = if module.kernels.iter().any(Result::is_ok) {
-        let (ctx, diags) = jit::context();
-        let mut m = jit::parse(&ctx, &diags, &module.text)?;
-        jit::run_pipeline(&ctx, &diags, &mut m, OUTLINING)?;
+        let (ctx, diags) = engine::context();
+        let mut m = engine::parse(&ctx, &diags, &module.text)?;
+        engine::run_pipeline(&ctx, &diags, &mut m, OUTLINING)?;
         let outlined = m.as_operation().to_string();
-        jit::run_pipeline(&ctx, &diags, &mut m, &lowering(chip, libdevice))?;
+        engine::run_pipeline(&ctx, &diags, &mut m, &lowering(chip, libdevice))?;
         (outlined, m.as_operation().to_string())
     } else {
         (String::new(), String::new())

@@ -4,7 +4,7 @@
 //! (`oar_passes::fuse::lower_to_kernels`), as for the `cpu` and `ptx` backends; [`codegen`]
 //! writes one MLIR module (text: `func`, `scf`, `arith`, `math`, `memref`) with a function per
 //! loop and contraction kernel. With the `mlir` cargo feature (needs LLVM/MLIR 19), the module
-//! is parsed and verified, lowered to the LLVM dialect by [`jit::CPU_PIPELINE`] and
+//! is parsed and verified, lowered to the LLVM dialect by [`engine::CPU_PIPELINE`] and
 //! JIT-compiled by MLIR's `ExecutionEngine` (all through `melior`); opaque kernels (gather,
 //! concat, pad, control flow, ...) run on the reference interpreter, one kernel at a time.
 //! Without the feature the crate only generates text and the backend reports
@@ -18,11 +18,11 @@
 
 pub mod codegen;
 #[cfg(feature = "mlir")]
+pub mod engine;
+#[cfg(feature = "mlir")]
 pub mod gpu;
 #[cfg(feature = "mlir")]
 mod gpu_runtime;
-#[cfg(feature = "mlir")]
-pub mod jit;
 #[cfg(feature = "mlir")]
 pub mod ptx_module;
 #[cfg(feature = "mlir")]
@@ -145,10 +145,10 @@ pub fn emit_mlir(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<St
 #[cfg(feature = "mlir")]
 pub fn emit_llvm(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<String, MlirError> {
     let module = generate_checked(&lower(graph, bindings)?)?;
-    let (ctx, diags) = jit::context();
-    let mut m = jit::parse(&ctx, &diags, &module.text)?;
-    jit::run_pipeline(&ctx, &diags, &mut m, jit::CPU_PIPELINE)?;
-    jit::llvm_ir(&m)
+    let (ctx, diags) = engine::context();
+    let mut m = engine::parse(&ctx, &diags, &module.text)?;
+    engine::run_pipeline(&ctx, &diags, &mut m, engine::CPU_PIPELINE)?;
+    engine::llvm_ir(&m)
 }
 
 /// What both backends answer in a build without the `mlir` feature: the graph is checked,

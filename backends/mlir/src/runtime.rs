@@ -3,7 +3,7 @@
 //! `llvm.emit_c_interface` functions.
 
 use crate::codegen::{ERR_DIV_ZERO, ERR_EMPTY, ERR_INDEX, ERR_NEG_POW, KernelFn};
-use crate::{MlirError, generate_checked, jit, lower};
+use crate::{MlirError, engine, generate_checked, lower};
 use oar_ir::kernel::KernelProgram;
 use oar_ir::runner::{Compiled, HostBuffers, HostLauncher, Launched, Specializing};
 use oar_ir::{BackendError, Executable, Graph, Weights};
@@ -57,10 +57,10 @@ fn compile_program(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<
             _engine: None,
         });
     }
-    let (ctx, diags) = jit::context();
-    let mut m = jit::parse(&ctx, &diags, &module.text)?;
-    jit::run_pipeline(&ctx, &diags, &mut m, jit::CPU_PIPELINE)?;
-    let engine = jit::engine(&m);
+    let (ctx, diags) = engine::context();
+    let mut m = engine::parse(&ctx, &diags, &module.text)?;
+    engine::run_pipeline(&ctx, &diags, &mut m, engine::CPU_PIPELINE)?;
+    let engine = engine::engine(&m);
     let mut fns = Vec::with_capacity(module.kernels.len());
     for (k, f) in program.kernels.iter().zip(module.kernels) {
         let Ok(f) = f else {

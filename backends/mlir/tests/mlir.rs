@@ -156,9 +156,9 @@ fn symbolic_dims_are_a_typed_error() {
 }
 
 #[cfg(feature = "mlir")]
-mod jit {
+mod executed {
     use super::*;
-    use oar_backend_mlir::{MlirBackend, jit};
+    use oar_backend_mlir::{MlirBackend, engine};
     use oar_ir::{Backend, BackendError, DType, TensorData, Weights};
 
     const INTS: &str = r#"graph @ints {
@@ -276,8 +276,8 @@ mod jit {
     #[test]
     fn a_bad_module_is_a_parse_error_naming_the_kernel() {
         let text = "module {\n  // kernel 0 `k0_exp`\n  func.func @f() {\n    %0 = arith.addf %1 : f32\n  }\n}\n";
-        let (ctx, diags) = jit::context();
-        match jit::parse(&ctx, &diags, text) {
+        let (ctx, diags) = engine::context();
+        match engine::parse(&ctx, &diags, text) {
             Err(e @ MlirError::Parse { .. }) => {
                 let s = e.to_string();
                 assert!(s.contains("k0_exp"), "{s}");

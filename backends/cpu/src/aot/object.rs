@@ -3,8 +3,8 @@
 
 use crate::CpuError;
 use crate::codegen;
-use crate::jit::host_isa;
 use crate::lower::Lowered;
+use crate::machine::host_isa;
 use cranelift_codegen::ir::{AbiParam, InstBuilder, types};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module};

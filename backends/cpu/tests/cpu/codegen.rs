@@ -140,7 +140,7 @@ struct Compiled {
     funcs: Vec<KernelFn>,
 }
 
-/// The host ISA as `oar_backend_cpu::jit::host_isa` configures it, but not PIC (cranelift-jit
+/// The host ISA as `oar_backend_cpu::machine::host_isa` configures it, but not PIC (cranelift-jit
 /// refuses PIC code).
 fn jit_isa() -> cranelift_codegen::isa::OwnedTargetIsa {
     use cranelift_codegen::settings::{self, Configurable};

@@ -1,4 +1,5 @@
-//! Parse, lower and JIT-compile a generated module with MLIR 19 through melior.
+//! Parse, lower and compile a generated module to machine code in this process (MLIR 19's
+//! execution engine, through melior).
 
 use crate::MlirError;
 use melior::dialect::DialectRegistry;

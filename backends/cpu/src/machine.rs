@@ -1,5 +1,6 @@
-//! In-process JIT: generated kernels in executable memory (they call nothing: math arrives
-//! expanded by `oar_passes::legalize`).
+//! Machine code in this process: the generated kernels compiled by Cranelift into executable
+//! memory (they call nothing: math arrives expanded by `oar_passes::legalize`). ("jit" in oar
+//! means tracing, `oar::jit`; this is the code generator's in-process output.)
 
 use crate::CpuError;
 use crate::codegen;
@@ -33,7 +34,7 @@ pub fn host_isa(pic: bool) -> Result<OwnedTargetIsa, CpuError> {
 }
 
 /// Machine code for a lowered program, kept alive as long as its functions are used.
-pub struct JitCode {
+pub struct MachineCode {
     module: Option<JITModule>,
     /// The function table, in `Lowered::funcs` order.
     pub funcs: Vec<KernelFn>,
@@ -41,21 +42,21 @@ pub struct JitCode {
 
 // Safety: the module is only kept to own the executable memory; it is never touched again
 // until it is dropped, and the function pointers are plain code.
-unsafe impl Send for JitCode {}
-unsafe impl Sync for JitCode {}
+unsafe impl Send for MachineCode {}
+unsafe impl Sync for MachineCode {}
 
-impl Drop for JitCode {
+impl Drop for MachineCode {
     fn drop(&mut self) {
         if let Some(m) = self.module.take() {
-            // Safety: nothing else holds the function pointers once the JitCode is dropped
-            // (executables keep the JitCode in an Arc next to their Model).
+            // Safety: nothing else holds the function pointers once the MachineCode is dropped
+            // (executables keep the MachineCode in an Arc next to their Model).
             unsafe { m.free_memory() };
         }
     }
 }
 
 /// Compile every function of `lowered` into executable memory.
-pub fn jit(lowered: &Lowered) -> Result<JitCode, CpuError> {
+pub fn compile(lowered: &Lowered) -> Result<MachineCode, CpuError> {
     let isa = host_isa(false)?;
     let builder = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
     let mut module = JITModule::new(builder);
@@ -75,7 +76,7 @@ pub fn jit(lowered: &Lowered) -> Result<JitCode, CpuError> {
             unsafe { std::mem::transmute::<*const u8, KernelFn>(p) }
         })
         .collect();
-    Ok(JitCode {
+    Ok(MachineCode {
         module: Some(module),
         funcs,
     })
