@@ -1,5 +1,6 @@
-//! The text form of a kernel program (for `oar` output, tests and docs; not parsed back —
-//! the serde form is the interchange format).
+//! The text form of a kernel program (for `oar` output, tests and docs), parsed back by
+//! `oar_ir::text::parse_kernel_program` (kernel file tests start from it); the serde form is
+//! the interchange format.
 
 use super::*;
 use crate::ops::Conv;
@@ -123,21 +124,31 @@ impl Display for Kernel {
             KernelBody::Contraction(k) => {
                 writeln!(
                     f,
-                    "  {}: {} lhs {} : {} rhs {} : {} -> {outs} : {}",
+                    "  {}: {} lhs {} : {} rhs {} : {} -> {outs} : {} acc {}",
                     self.name,
                     k.op,
                     k.lhs.load,
                     dims(&k.lhs.shape),
                     k.rhs.load,
                     dims(&k.rhs.shape),
-                    dims(&k.shape)
+                    dims(&k.shape),
+                    k.acc_dtype
                 )?;
                 loads(f, &k.loads)?;
                 insts(f, "    ", &k.epilogue)
             }
             KernelBody::Opaque(k) => {
                 let ins: Vec<String> = k.inputs.iter().map(BufferId::to_string).collect();
-                writeln!(f, "  {}: opaque {:?} ({}) -> {outs}", self.name, k.op, ins.join(", "))
+                write!(f, "  {}: opaque {}({})", self.name, k.op.name(), ins.join(", "))?;
+                let attrs = crate::ops::OpText::print_attrs(&k.op);
+                if !attrs.is_empty() {
+                    let kv: Vec<String> = attrs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                    write!(f, " {{{}}}", kv.join(", "))?;
+                }
+                if !k.regions.is_empty() {
+                    write!(f, " regions {}", k.regions.len())?;
+                }
+                writeln!(f, " -> {outs}")
             }
         }
     }
@@ -150,7 +161,16 @@ impl Display for KernelProgram {
             let kind = match &b.kind {
                 BufferKind::Input { name } => format!("input {name:?}"),
                 BufferKind::Param { name } => format!("param {name:?}"),
-                BufferKind::Constant(_) => "constant".into(),
+                BufferKind::Constant(t) => {
+                    writeln!(
+                        f,
+                        "  b{i} = constant dense<{}> : {}  ; {}",
+                        crate::text::fmt_dense(t),
+                        b.ty,
+                        b.value
+                    )?;
+                    continue;
+                }
                 BufferKind::Temp => "temp".into(),
                 BufferKind::Output => "output".into(),
             };

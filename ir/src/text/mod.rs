@@ -36,6 +36,7 @@
 
 mod attrs;
 mod dense;
+mod kernel;
 mod lexer;
 mod literal;
 mod parse;
@@ -43,6 +44,7 @@ mod print;
 
 pub(crate) use attrs::word_attr;
 pub use attrs::{AttrCx, AttrVal, AttrValue, Attrs, Spanned, single_result, unknown_op};
+pub(crate) use literal::fmt_dense;
 
 /// A parse error with its line and column.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +63,12 @@ pub fn print_graph(graph: &crate::Graph) -> String {
     let mut out = String::new();
     print::print_block(graph, "graph", 0, &mut out);
     out
+}
+
+/// Parse a kernel program in the form `KernelProgram`'s `Display` prints (see
+/// `docs/KERNELS.md`): buffers with their types (constants with their data), kernels, outputs.
+pub fn parse_kernel_program(text: &str) -> Result<crate::kernel::KernelProgram, ParseError> {
+    kernel::parse(text)
 }
 
 /// Parse a graph from text.

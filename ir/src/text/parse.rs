@@ -53,6 +53,41 @@ fn ir_msg(e: IrError) -> String {
 }
 
 impl Parser {
+    /// A parser over `text` (the kernel format parses pieces of its lines with it).
+    pub(super) fn new(text: &str) -> Result<Parser, ParseError> {
+        Ok(Parser {
+            toks: tokenize(text)?,
+            pos: 0,
+            params: HashMap::new(),
+        })
+    }
+
+    /// Whether every token was consumed.
+    pub(super) fn at_end(&self) -> bool {
+        self.peek() == &Tok::Eof
+    }
+
+    /// `mnemonic {attrs}` of an op whose results have `types` (no operands: the kernel
+    /// format names buffers itself).
+    pub(super) fn op_with_attrs(&mut self, types: &[TensorType]) -> Result<Op, ParseError> {
+        let op_tok = self.bump();
+        let Tok::Ident(mnemonic) = &op_tok.tok else {
+            return Err(Self::err_at(
+                &op_tok,
+                format!("expected an op name, found {}", op_tok.tok.describe()),
+            ));
+        };
+        let items = if self.peek() == &Tok::Punct('{') {
+            self.attr_dict()?
+        } else {
+            vec![]
+        };
+        let mut attrs = Attrs::new(mnemonic, op_tok.line, op_tok.col, items);
+        let op = Op::parse(mnemonic, &mut attrs, types)?;
+        attrs.finish()?;
+        Ok(op)
+    }
+
     pub(super) fn tok(&self) -> &Token {
         // The token list always ends with Eof, and `bump` never moves past it.
         &self.toks[self.pos.min(self.toks.len() - 1)]

@@ -68,6 +68,11 @@ pub enum Expand {
 }
 
 impl Expand {
+    /// The expansion named as in its variant (`Exp`, `NanMinMax`, ...).
+    pub fn from_name(name: &str) -> Option<Expand> {
+        Expand::ALL.into_iter().find(|e| format!("{e:?}") == name)
+    }
+
     /// Every expansion.
     pub const ALL: [Expand; 12] = [
         Expand::Exp,

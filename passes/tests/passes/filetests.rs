@@ -1,5 +1,9 @@
 //! File tests: each `passes/filetests/*.oir` file is a pipeline, an input graph and the expected
-//! output, in the style of LLVM's FileCheck.
+//! output, in the style of LLVM's FileCheck; each `passes/filetests/*.okt` file the same for a
+//! kernel program (the text `KernelProgram` prints) and the kernel-level transforms
+//! (`legalize`, `legalize{NanMinMax,SaturatingCast}` with those natives, `split-stages`),
+//! checked numerically on the reference's kernel interpreter (inputs drawn in [-3, 3]; floats
+//! within 1e-6 relative, the legalized math's accuracy; everything else exactly).
 //!
 //! ```text
 //! // RUN: canonicalize,fold
@@ -17,8 +21,13 @@
 //!   right after it; `CHECK-NOT:` must not occur between the previous match and the next
 //!   positive match (or the end of the output).
 
-use oar_ir::text::{parse_graph, print_graph};
+use oar_backend_reference::run_kernel_program;
+use oar_ir::kernel::{BufferKind, KernelProgram};
+use oar_ir::text::{parse_graph, parse_kernel_program, print_graph};
+use oar_ir::{TensorData, Weights};
+use oar_passes::legalize::{Expand, Natives, legalize};
 use oar_passes::{NumericsCheck, PassManager, SpecializeShapes, pass_by_name};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// One directive of a file test.
@@ -153,20 +162,126 @@ fn run_file(path: &Path) -> Result<(), String> {
     file_check(&out, &checks).map_err(|e| format!("{e}\n--- output ---\n{out}"))
 }
 
-fn files() -> Vec<PathBuf> {
+/// Apply one kernel-level transform spec.
+fn kernel_transform(p: &mut KernelProgram, spec: &str) -> Result<(), String> {
+    if spec == "split-stages" {
+        *p = p.split_stages()?;
+        return Ok(());
+    }
+    let natives = match spec.strip_prefix("legalize") {
+        Some("") => Natives::none(),
+        Some(r) => {
+            let list = r
+                .strip_prefix('{')
+                .and_then(|r| r.strip_suffix('}'))
+                .ok_or(format!("bad `{spec}`"))?;
+            let ops: Vec<Expand> = list
+                .split(',')
+                .map(|n| Expand::from_name(n.trim()).ok_or(format!("unknown expansion `{n}`")))
+                .collect::<Result<_, _>>()?;
+            Natives::of(&ops)
+        }
+        None => return Err(format!("unknown kernel transform `{spec}`")),
+    };
+    legalize(p, &natives);
+    Ok(())
+}
+
+/// Inputs for every input buffer of `p` (static shapes), drawn in [-3, 3].
+fn kernel_feeds(p: &KernelProgram) -> Result<BTreeMap<String, TensorData>, String> {
+    let mut feeds = BTreeMap::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for b in &p.buffers {
+        if let BufferKind::Input { name } = &b.kind {
+            let shape =
+                b.ty.shape
+                    .as_static()
+                    .ok_or(format!("input {name} has a symbolic shape"))?;
+            let n: usize = shape.iter().product();
+            let v: Vec<f64> = (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((state >> 11) as f64 / (1u64 << 53) as f64) * 6.0 - 3.0
+                })
+                .collect();
+            feeds.insert(
+                name.clone(),
+                TensorData::from_f64_slice(b.ty.dtype, shape, &v).map_err(|e| e.to_string())?,
+            );
+        }
+    }
+    Ok(feeds)
+}
+
+/// Run one kernel file test: parse, transform, check the text, compare the numerics.
+fn run_kernel_file(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let (specs, checks) = directives(&text);
+    if specs.is_empty() || checks.is_empty() {
+        return Err("needs a `// RUN:` line and at least one `// CHECK` line".into());
+    }
+    let before = parse_kernel_program(&text).map_err(|e| format!("parse: {e}"))?;
+    let mut p = before.clone();
+    for spec in &specs {
+        kernel_transform(&mut p, spec)?;
+    }
+    let out = p.to_string();
+    file_check(&out, &checks).map_err(|e| format!("{e}\n--- output ---\n{out}"))?;
+    let feeds = kernel_feeds(&before)?;
+    let want = run_kernel_program(&before, &Weights::new(), &feeds).map_err(|e| e.to_string())?;
+    let got = run_kernel_program(&p, &Weights::new(), &feeds).map_err(|e| e.to_string())?;
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        let float = w.dtype().is_float();
+        for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            let ok = if float && b.is_finite() {
+                (a - b).abs() <= 1e-6 * b.abs().max(1e-30)
+            } else {
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+            };
+            if !ok {
+                return Err(format!("{name}[{i}]: {a} after the transforms, {b} before\n{out}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn files(ext: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("filetests");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("passes/filetests exists")
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "oir"))
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
         .collect();
     files.sort();
     files
 }
 
 #[test]
+fn kernel_file_tests() {
+    let files = files("okt");
+    assert!(
+        files.len() >= 3,
+        "expected the kernel file tests, found {}",
+        files.len()
+    );
+    let failures: Vec<String> = files
+        .iter()
+        .filter_map(|f| run_kernel_file(f).err().map(|e| format!("{}: {e}", f.display())))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} kernel file test(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
 fn pass_file_tests() {
-    let files = files();
+    let files = files("oir");
     assert!(files.len() >= 12, "expected the file tests, found {}", files.len());
     let failures: Vec<String> = files
         .iter()
@@ -204,4 +319,58 @@ fn file_check_semantics() {
         split_pipeline("fold, specialize-shapes{N=8,M=2},cse"),
         ["fold", "specialize-shapes{N=8,M=2}", "cse"]
     );
+}
+
+/// The kernel text form round-trips: every op sample and every pass file test's graph
+/// (symbols bound to 3), lowered to kernels, printed, parsed back — equal to the original.
+#[test]
+fn kernel_text_round_trips() {
+    use oar_ir::{Graph, Op, TensorType};
+    let check = |what: &str, p: &KernelProgram| {
+        let regions = p
+            .kernels
+            .iter()
+            .any(|k| matches!(&k.body, oar_ir::kernel::KernelBody::Opaque(o) if !o.regions.is_empty()));
+        if regions {
+            return; // cond/while regions have no kernel text form
+        }
+        let text = p.to_string();
+        let q = parse_kernel_program(&text).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
+        assert!(q == *p, "{what}: the parsed program differs\n{text}\n---\n{q}");
+    };
+    let mut n = 0;
+    for s in Op::all_samples() {
+        let mut g = Graph::new("sample");
+        let ins: Vec<_> = s
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                g.add_input(&format!("x{i}"), TensorType::of(x.dtype, &x.shape))
+                    .unwrap()
+            })
+            .collect();
+        for (i, v) in g.add_op(s.op.clone(), &ins).unwrap().into_iter().enumerate() {
+            g.add_output(&format!("y{i}"), v).unwrap();
+        }
+        let p = oar_passes::fuse::lower_to_kernels(&g, &BTreeMap::new()).unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        check(&s.name, &p);
+        n += 1;
+    }
+    for f in files("oir") {
+        let g = parse_graph(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        let binds: BTreeMap<String, usize> = g
+            .input_specs()
+            .iter()
+            .flat_map(|(_, t)| t.shape.dims().to_vec())
+            .filter_map(|d| match d {
+                oar_ir::Dim::Sym(s) => Some((s, 3)),
+                oar_ir::Dim::Static(_) => None,
+            })
+            .collect();
+        let p = oar_passes::fuse::lower_to_kernels(&g, &binds).unwrap();
+        check(&f.display().to_string(), &p);
+        n += 1;
+    }
+    assert!(n > 40, "{n} programs");
 }
