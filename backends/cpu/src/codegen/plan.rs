@@ -364,7 +364,6 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     if shape != oshape {
         return Err(format!("kernel shape {shape:?} differs from the output's {oshape:?}"));
     }
-    let rank = shape.len();
     if !k.is_plain() {
         return Err(format!(
             "{} reduction stages per {} outer loops (split them with LoopKernel::split_stages)",
@@ -372,38 +371,105 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             k.outer
         ));
     }
-    let (rdims, red) = match k.reduce.first() {
-        Some(r) => {
-            let d = static_dims(&r.dims, "the reduction")?;
-            let dt = r.body.last().map(|i| i.dtype).ok_or("empty reduction body")?;
-            let count: u64 = d.iter().product();
-            if matches!(r.op, ReduceOp::Max | ReduceOp::Min) && count == 0 {
-                return Err(format!(
-                    "{} over an empty axis (an error the interpreter reports)",
-                    r.op.name()
-                ));
-            }
-            if r.op == ReduceOp::Mean && !dt.is_float() {
-                return Err(format!("reduce_mean of {dt}"));
-            }
-            if dt == DType::Bool {
-                return Err("reduction of bool".into());
-            }
-            (
-                d,
-                Some(Red {
-                    op: r.op,
-                    dtype: dt,
-                    count,
-                    empty: count == 0,
-                }),
-            )
-        }
-        None => (Vec::new(), None),
-    };
-    let nloops = rank + rdims.len();
+    let rank = shape.len();
+    let (rdims, red) = reduction(k)?;
     let extents: Vec<u64> = shape.iter().chain(&rdims).copied().collect();
-    // Accesses: compose each load's view and affine axes into one element offset.
+    let (acc, coefs) = accesses(k, out, ob.ty.dtype, buffers, &extents, rank)?;
+    let used_body = check_bodies(k, &acc, &coefs, red, ob.ty.dtype, rank)?;
+    let numel: u64 = shape.iter().product();
+    if numel == 0 {
+        return Ok(empty_plan(k, acc, red));
+    }
+    let (mut outl, redl) = loop_nests(&extents, &coefs, rank, red);
+    let (mode, lanes, unroll) = vectorize(k, &acc, &outl, &redl, red, &used_body);
+    let (outer, vloop, red_loops) = match mode {
+        Mode::ReduceInner => (outl, None, redl),
+        _ => {
+            let v = outl.pop().expect("at least one output loop");
+            (outl, Some(v), redl)
+        }
+    };
+    // Work per element of the vector loop, per reduction point and per output element.
+    let cost_red = k.reduce.first().map_or(0, |r| body_cost(&r.body));
+    let cost_body = body_cost(&k.body) + 1;
+    let red_points: u64 = red_loops
+        .iter()
+        .map(|l| l.n)
+        .product::<u64>()
+        .max(red.map_or(0, |r| r.count).min(1));
+    let per_elem = match mode {
+        Mode::Elementwise => cost_body,
+        Mode::ReduceInner => 0,
+        Mode::ReduceOuter => red_points * (cost_red + 1) + cost_body,
+    };
+    let outer_n: u64 = outer.iter().map(|l| l.n).product();
+    let (block, nblocks) = blocks(vloop.as_ref(), outer_n, lanes as u64 * unroll as u64, per_elem);
+    let cost = match mode {
+        Mode::Elementwise => block * cost_body,
+        Mode::ReduceInner => red_points * (cost_red + 1) + cost_body,
+        Mode::ReduceOuter => block * (red_points * (cost_red + 1) + cost_body),
+    }
+    .max(1);
+    let (lvl_body, lvl_red, vlevel) = hoisting(k, mode, &outer, vloop.as_ref(), &red_loops);
+    Ok(Plan {
+        acc,
+        outer,
+        vloop,
+        block,
+        nblocks,
+        red: red_loops,
+        mode,
+        lanes,
+        unroll,
+        reduce: red,
+        extent: outer_n * nblocks,
+        cost,
+        lvl_body,
+        lvl_red,
+        vlevel,
+    })
+}
+
+/// The reduction loops' extents and what the first (only) stage reduces.
+fn reduction(k: &LoopKernel) -> Result<(Vec<u64>, Option<Red>), String> {
+    let Some(r) = k.reduce.first() else {
+        return Ok((Vec::new(), None));
+    };
+    let d = static_dims(&r.dims, "the reduction")?;
+    let dt = r.body.last().map(|i| i.dtype).ok_or("empty reduction body")?;
+    let count: u64 = d.iter().product();
+    if matches!(r.op, ReduceOp::Max | ReduceOp::Min) && count == 0 {
+        return Err(format!(
+            "{} over an empty axis (an error the interpreter reports)",
+            r.op.name()
+        ));
+    }
+    if r.op == ReduceOp::Mean && !dt.is_float() {
+        return Err(format!("reduce_mean of {dt}"));
+    }
+    if dt == DType::Bool {
+        return Err("reduction of bool".into());
+    }
+    let red = Red {
+        op: r.op,
+        dtype: dt,
+        count,
+        empty: count == 0,
+    };
+    Ok((d, Some(red)))
+}
+
+/// Every load's view and affine axes composed into one element offset `c0 + Σ coef·i`
+/// (checked to stay inside its buffer), then the output's row-major offset.
+fn accesses(
+    k: &LoopKernel,
+    out: BufferId,
+    out_dt: DType,
+    buffers: &[Buffer],
+    extents: &[u64],
+    rank: usize,
+) -> Result<(Vec<Access>, Vec<Vec<i64>>), String> {
+    let nloops = extents.len();
     let mut acc = Vec::new();
     let mut coefs: Vec<Vec<i64>> = Vec::new();
     let nonempty = extents.iter().all(|&n| n > 0);
@@ -449,30 +515,38 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         });
         coefs.push(coef);
     }
-    {
-        let mut coef = vec![0i64; nloops];
-        let mut s = 1i64;
-        for l in (0..rank).rev() {
-            coef[l] = s;
-            s *= shape[l] as i64;
-        }
-        acc.push(Access {
-            buffer: out,
-            dtype: ob.ty.dtype,
-            c0: 0,
-        });
-        coefs.push(coef);
+    let mut coef = vec![0i64; nloops];
+    let mut s = 1i64;
+    for l in (0..rank).rev() {
+        coef[l] = s;
+        s *= extents[l] as i64;
     }
-    // Bodies.
+    acc.push(Access {
+        buffer: out,
+        dtype: out_dt,
+        c0: 0,
+    });
+    coefs.push(coef);
+    Ok((acc, coefs))
+}
+
+/// Check the bodies against the loads and the output; returns which loads the epilogue reads.
+fn check_bodies(
+    k: &LoopKernel,
+    acc: &[Access],
+    coefs: &[Vec<i64>],
+    red: Option<Red>,
+    out_dt: DType,
+    rank: usize,
+) -> Result<Vec<bool>, String> {
     let loads = &acc[..k.loads.len()];
-    let acc_dt = red.map(|r| r.dtype);
-    check_body(&k.body, loads, acc_dt, "body")?;
+    check_body(&k.body, loads, red.map(|r| r.dtype), "body")?;
     if let Some(r) = k.reduce.first() {
         check_body(&r.body, loads, None, "reduction body")?;
     }
-    let out_dt = k.body.last().map(|i| i.dtype).ok_or("empty body")?;
-    if out_dt != ob.ty.dtype {
-        return Err(format!("the body computes {out_dt}, the output is {}", ob.ty.dtype));
+    let body_dt = k.body.last().map(|i| i.dtype).ok_or("empty body")?;
+    if body_dt != out_dt {
+        return Err(format!("the body computes {body_dt}, the output is {out_dt}"));
     }
     let used_body = loads_used(&k.body, k.loads.len());
     for (l, u) in used_body.iter().enumerate() {
@@ -480,43 +554,45 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             return Err(format!("the epilogue's load l{l} depends on a reduction loop"));
         }
     }
-    let numel: u64 = shape.iter().product();
-    let per_red = red.map_or(0, |r| r.count);
-    let cost_red = k.reduce.first().map_or(0, |r| body_cost(&r.body));
-    let cost_body = body_cost(&k.body) + 1;
-    let n_acc = acc.len();
-    let mk = |idx: &[usize]| -> Vec<Lp> {
-        idx.iter()
-            .map(|&l| Lp {
-                n: extents[l],
-                coef: coefs.iter().map(|c| c[l]).collect(),
-            })
-            .collect()
-    };
-    if numel == 0 {
-        return Ok(Plan {
-            acc,
-            outer: Vec::new(),
-            vloop: None,
-            block: 0,
-            nblocks: 0,
-            red: Vec::new(),
-            mode: if red.is_some() {
-                Mode::ReduceInner
-            } else {
-                Mode::Elementwise
-            },
-            lanes: 1,
-            unroll: 1,
-            reduce: red,
-            extent: 0,
-            cost: 0,
-            lvl_body: vec![0; k.body.len()],
-            lvl_red: vec![0; k.reduce.first().map_or(0, |r| r.body.len())],
-            vlevel: 2,
-        });
+    Ok(used_body)
+}
+
+/// The plan of a kernel with no output element.
+fn empty_plan(k: &LoopKernel, acc: Vec<Access>, red: Option<Red>) -> Plan {
+    Plan {
+        acc,
+        outer: Vec::new(),
+        vloop: None,
+        block: 0,
+        nblocks: 0,
+        red: Vec::new(),
+        mode: if red.is_some() {
+            Mode::ReduceInner
+        } else {
+            Mode::Elementwise
+        },
+        lanes: 1,
+        unroll: 1,
+        reduce: red,
+        extent: 0,
+        cost: 0,
+        lvl_body: vec![0; k.body.len()],
+        lvl_red: vec![0; k.reduce.first().map_or(0, |r| r.body.len())],
+        vlevel: 2,
     }
-    // Drop unit loops and collapse adjacent loops that are contiguous for every access.
+}
+
+/// The output loops and the reduction loops, unit loops dropped and adjacent loops merged
+/// where every access is contiguous across them (at least one loop each, when present).
+fn loop_nests(extents: &[u64], coefs: &[Vec<i64>], rank: usize, red: Option<Red>) -> (Vec<Lp>, Vec<Lp>) {
+    let n_acc = coefs.len();
+    let mk = |idx: std::ops::Range<usize>| -> Vec<Lp> {
+        idx.map(|l| Lp {
+            n: extents[l],
+            coef: coefs.iter().map(|c| c[l]).collect(),
+        })
+        .collect()
+    };
     let collapse = |loops: Vec<Lp>| -> Vec<Lp> {
         let mut out: Vec<Lp> = Vec::new();
         for l in loops.into_iter().filter(|l| l.n != 1) {
@@ -535,27 +611,41 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         n: 1,
         coef: vec![0; n_acc],
     };
-    let mut outl = collapse(mk(&(0..rank).collect::<Vec<_>>()));
+    let mut outl = collapse(mk(0..rank));
     if outl.is_empty() {
         outl.push(unit());
     }
-    let mut redl = if red.is_some_and(|r| !r.empty) {
-        collapse(mk(&(rank..nloops).collect::<Vec<_>>()))
-    } else {
-        Vec::new()
-    };
-    if red.is_some_and(|r| !r.empty) && redl.is_empty() {
-        redl.push(unit());
+    let mut redl = Vec::new();
+    if red.is_some_and(|r| !r.empty) {
+        redl = collapse(mk(rank..extents.len()));
+        if redl.is_empty() {
+            redl.push(unit());
+        }
     }
-    // Vectorization: one lane width for every value (bools become lane masks).
+    (outl, redl)
+}
+
+/// The loop mode, lane count (1: scalar code) and vectors per iteration: one lane width for
+/// every value (bools become lane masks), along the reduction when its innermost loop is
+/// contiguous, else across outputs when the output loop is.
+fn vectorize(
+    k: &LoopKernel,
+    acc: &[Access],
+    outl: &[Lp],
+    redl: &[Lp],
+    red: Option<Red>,
+    used_body: &[bool],
+) -> (Mode, u8, u8) {
+    let n_acc = acc.len();
+    let out_dt = acc[n_acc - 1].dtype;
     let used_red = k
         .reduce
         .first()
         .map_or(vec![false; k.loads.len()], |r| loads_used(&r.body, k.loads.len()));
-    let any_used: Vec<bool> = used_red.iter().zip(&used_body).map(|(a, b)| *a || *b).collect();
+    let any_used: Vec<bool> = used_red.iter().zip(used_body).map(|(a, b)| *a || *b).collect();
     // Loads of one element for every iteration (all coefficients 0) are loop-invariant.
     let uniform_load: Vec<bool> = (0..k.loads.len())
-        .map(|a| outl.iter().chain(&redl).all(|l| l.coef[a] == 0))
+        .map(|a| outl.iter().chain(redl).all(|l| l.coef[a] == 0))
         .collect();
     let uni_body = uniform(&k.body, &uniform_load);
     let uni_red = k.reduce.first().map_or(Vec::new(), |r| uniform(&r.body, &uniform_load));
@@ -570,7 +660,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     let lane_dtype = |dt: DType| matches!(dt, DType::F32 | DType::F64 | DType::I32 | DType::I64);
     let loads_ok = |used: &[bool], w: usize| {
         used.iter()
-            .zip(&acc)
+            .zip(acc)
             .all(|(u, a)| !*u || a.dtype.size_bytes() == w || a.dtype == DType::Bool)
     };
     let lanes_of = |w: usize| -> u8 { if w == 4 { 4 } else { 2 } };
@@ -637,37 +727,24 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
             }
         }
     };
-    let lanes = if vec { lanes } else { 1 };
     // Two vectors per iteration hide latency in cheap bodies; long bodies (expanded math)
-    // already have independent work and would only spill.
+    // already have independent work and would only spill. Across outputs, four vectors
+    // cover a 64-byte line of f32 outputs per reduction step.
     let heavy = |body: &[Inst]| body.len() > HEAVY_BODY;
     let is_heavy = heavy(&k.body) || k.reduce.first().is_some_and(|r| heavy(&r.body));
-    // Across outputs, four vectors cover a 64-byte line of f32 outputs per reduction step.
     let unroll: u8 = match (vec, is_heavy, mode) {
         (false, ..) => 1,
         (true, true, _) => 1,
         (true, false, Mode::ReduceOuter) => 4,
         (true, false, _) => 2,
     };
-    let (outer, vloop, red_loops) = match mode {
-        Mode::ReduceInner => (outl, None, redl),
-        _ => {
-            let v = outl.pop().expect("at least one output loop");
-            (outl, Some(v), redl)
-        }
-    };
-    let outer_n: u64 = outer.iter().map(|l| l.n).product();
-    let red_points: u64 = red_loops.iter().map(|l| l.n).product::<u64>().max(per_red.min(1));
-    // Work per element of the vector loop.
-    let per_elem = match mode {
-        Mode::Elementwise => cost_body,
-        Mode::ReduceInner => 0,
-        Mode::ReduceOuter => red_points * (cost_red + 1) + cost_body,
-    };
-    // Split the vector loop into blocks when the outer loops alone are too few to share
-    // across threads, keeping each block worth at least MIN_BLOCK_WORK.
-    let step = lanes as u64 * unroll as u64;
-    let (block, nblocks) = match &vloop {
+    (mode, if vec { lanes } else { 1 }, unroll)
+}
+
+/// Split the vector loop into blocks when the outer loops alone are too few to share across
+/// threads, keeping each block worth at least `MIN_BLOCK_WORK`: `(block, blocks)`.
+fn blocks(vloop: Option<&Lp>, outer_n: u64, step: u64, per_elem: u64) -> (u64, u64) {
+    match vloop {
         Some(v) if outer_n < MIN_OUTER && v.n > step => {
             let want = MIN_OUTER.div_ceil(outer_n.max(1));
             let by_count = v.n.div_ceil(want);
@@ -677,19 +754,22 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         }
         Some(v) => (v.n, 1),
         None => (0, 1),
-    };
-    let extent = outer_n * nblocks;
-    let cost = match mode {
-        Mode::Elementwise => block * cost_body,
-        Mode::ReduceInner => red_points * (cost_red + 1) + cost_body,
-        Mode::ReduceOuter => block * (red_points * (cost_red + 1) + cost_body),
     }
-    .max(1);
-    // Hoisting levels.
+}
+
+/// The hoisting level of every instruction of the epilogue and of the reduction body, and
+/// the vector loop's level: each instruction goes to the outermost loop it depends on.
+fn hoisting(
+    k: &LoopKernel,
+    mode: Mode,
+    outer: &[Lp],
+    vloop: Option<&Lp>,
+    red_loops: &[Lp],
+) -> (Vec<usize>, Vec<usize>, usize) {
     let inner: Vec<&Lp> = match mode {
-        Mode::Elementwise => vloop.iter().collect(),
+        Mode::Elementwise => vloop.into_iter().collect(),
         Mode::ReduceInner => red_loops.iter().collect(),
-        Mode::ReduceOuter => vloop.iter().chain(red_loops.iter()).collect(),
+        Mode::ReduceOuter => vloop.into_iter().chain(red_loops.iter()).collect(),
     };
     let vlevel = match mode {
         Mode::ReduceInner => 1 + inner.len(),
@@ -713,13 +793,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
                 ScalarOp::Load(l) => load_level[*l],
                 ScalarOp::Const(_) => 0,
                 ScalarOp::Acc(_) => acc_level,
-                ScalarOp::Unary(_, a)
-                | ScalarOp::Cast(a)
-                | ScalarOp::Bitcast(a)
-                | ScalarOp::ShiftLeft(a, _)
-                | ScalarOp::ShiftRight(a, _) => lv[*a],
-                ScalarOp::Binary(_, a, b) => lv[*a].max(lv[*b]),
-                ScalarOp::Where(c, a, b) | ScalarOp::MulAdd(c, a, b) => lv[*c].max(lv[*a]).max(lv[*b]),
+                op => op.operands().iter().map(|&a| lv[a]).max().unwrap_or(0),
             };
             lv.push(l);
         }
@@ -731,21 +805,5 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     };
     let lvl_body = levels(&k.body, acc_level);
     let lvl_red = k.reduce.first().map_or(Vec::new(), |r| levels(&r.body, 0));
-    Ok(Plan {
-        acc,
-        outer,
-        vloop,
-        block,
-        nblocks,
-        red: red_loops,
-        mode,
-        lanes,
-        unroll,
-        reduce: red,
-        extent,
-        cost,
-        lvl_body,
-        lvl_red,
-        vlevel,
-    })
+    (lvl_body, lvl_red, vlevel)
 }
