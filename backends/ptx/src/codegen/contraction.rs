@@ -70,36 +70,11 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     let (row, col) = (e.reg(Class::R64), e.reg(Class::R64));
     e.ins(format!("mad.lo.u64 {row}, {by}, {TILE}, {ty}"));
     e.ins(format!("mad.lo.u64 {col}, {bx}, {TILE}, {tx}"));
-    let kind = match &c.op {
-        Contraction::MatMul => Kind::MatMul(matmul_geometry(&shape, &lshape, &rshape)?),
-        Contraction::Conv(Conv {
-            stride,
-            pad_before,
-            dilation,
-            groups,
-            ..
-        }) => Kind::Conv(conv_geometry(
-            &shape, &lshape, &rshape, stride, pad_before, dilation, *groups,
-        )?),
-    };
+    let (kind, launch) = geometry(c, &shape, &lshape, &rshape)?;
     let g = match &kind {
         Kind::MatMul(m) => &m.g,
         Kind::Conv(v) => &v.g,
     };
-    if g.batch > 65535 {
-        return Err(format!("{} batches (more than gridDim.z allows)", g.batch));
-    }
-    let launch = Launch {
-        grid: (
-            g.cols.div_ceil(u64::from(TILE)).max(1) as u32,
-            g.rows.div_ceil(u64::from(TILE)).max(1) as u32,
-            g.batch.max(1) as u32,
-        ),
-        block: (TILE, TILE, 1),
-    };
-    if launch.grid.0 as u64 != g.cols.div_ceil(u64::from(TILE)).max(1) || g.rows.div_ceil(u64::from(TILE)) > 65535 {
-        return Err("output too large for one grid".into());
-    }
     let (rows, cols, kk) = (g.rows, g.cols, g.k);
     let acc = e.reg(cls);
     let zero = match cls {
@@ -195,6 +170,41 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
         launch,
         error_word,
     })
+}
+
+/// The contraction's geometry and its grid: one 16×16 block per output tile, batches on z.
+fn geometry(c: &ContractionKernel, shape: &[usize], lshape: &[usize], rshape: &[usize]) -> GenResult<(Kind, Launch)> {
+    let kind = match &c.op {
+        Contraction::MatMul => Kind::MatMul(matmul_geometry(shape, lshape, rshape)?),
+        Contraction::Conv(Conv {
+            stride,
+            pad_before,
+            dilation,
+            groups,
+            ..
+        }) => Kind::Conv(conv_geometry(
+            shape, lshape, rshape, stride, pad_before, dilation, *groups,
+        )?),
+    };
+    let g = match &kind {
+        Kind::MatMul(m) => &m.g,
+        Kind::Conv(v) => &v.g,
+    };
+    if g.batch > 65535 {
+        return Err(format!("{} batches (more than gridDim.z allows)", g.batch));
+    }
+    let launch = Launch {
+        grid: (
+            g.cols.div_ceil(u64::from(TILE)).max(1) as u32,
+            g.rows.div_ceil(u64::from(TILE)).max(1) as u32,
+            g.batch.max(1) as u32,
+        ),
+        block: (TILE, TILE, 1),
+    };
+    if launch.grid.0 as u64 != g.cols.div_ceil(u64::from(TILE)).max(1) || g.rows.div_ceil(u64::from(TILE)) > 65535 {
+        return Err("output too large for one grid".into());
+    }
+    Ok((kind, launch))
 }
 
 enum Kind {
