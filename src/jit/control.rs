@@ -4,7 +4,7 @@
 //! enclosing trace that a branch uses become extra operands (and, for a loop, extra carried
 //! values that the body returns unchanged).
 
-use super::trace::{CurrentGuard, TraceCtx, Traced, current, input};
+use super::trace::{CurrentGuard, TraceCtx, Traced, as_trace, current, input, traced_ctx};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use oar_ir::{Graph, Op, TensorType, ValueId};
@@ -146,8 +146,8 @@ pub fn cond(
             };
         }
         Some(tr) => match current() {
-            Some(cur) if cur.is_within(&tr.ctx) => cur,
-            _ => tr.ctx.clone(),
+            Some(cur) if as_trace(tr.ctx.clone()).is_some_and(|t| cur.is_within(&t)) => cur,
+            _ => traced_ctx(tr)?,
         },
     };
     let p = {
@@ -191,7 +191,9 @@ pub fn while_loop(
     body_fn: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
     init: Vec<Tensor>,
 ) -> Result<Vec<Tensor>> {
-    let traced = init.iter().find_map(|t| t.0.trace.as_ref().map(|tr| tr.ctx.clone()));
+    let traced = init
+        .iter()
+        .find_map(|t| t.0.trace.as_ref().and_then(|tr| as_trace(tr.ctx.clone())));
     let ctx = match (current(), traced) {
         (Some(cur), Some(t)) if cur.is_within(&t) => cur,
         (_, Some(t)) => t,

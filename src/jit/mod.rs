@@ -13,7 +13,7 @@ mod trace;
 
 pub use control::{__macro, MAX_EAGER_ITERATIONS, cond, while_loop};
 
-pub(crate) use trace::{Traced, current, trace_apply};
+pub(crate) use trace::current;
 
 use crate::error::{Error, Result};
 use crate::nn::Layer;
@@ -478,7 +478,7 @@ impl Tensor {
         match &value.0.trace {
             None => self.set_value(value),
             Some(tr) => {
-                let ctx: &Arc<TraceCtx> = &tr.ctx;
+                let ctx: &Arc<TraceCtx> = &trace::traced_ctx(tr)?;
                 let name = ctx.name_of(self).ok_or_else(|| {
                     Error::invalid(
                         "assign",

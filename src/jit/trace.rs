@@ -9,49 +9,41 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+pub(crate) use crate::tensor::intercept::Traced;
+use crate::tensor::intercept::{self, Interceptor};
 use oar_ir::ops::{Broadcast, Slice};
 use oar_ir::ops::{SliceRange, infer_types};
 use oar_ir::{DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-thread_local! {
-    static CURRENT: std::cell::RefCell<Option<Arc<TraceCtx>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// The trace running on this thread, if any: while it runs, every op is recorded, even one
-/// whose inputs are all eager (e.g. a parameter broadcast to the batch size).
+/// The trace running on this thread, if any (the current interceptor, when it is a trace).
 pub(crate) fn current() -> Option<Arc<TraceCtx>> {
-    CURRENT.with(|c| c.borrow().clone())
+    intercept::current().and_then(as_trace)
 }
 
-/// Makes `ctx` the current trace until dropped.
-pub(crate) struct CurrentGuard(Option<Arc<TraceCtx>>);
+/// The trace an interceptor is, if it is one.
+pub(crate) fn as_trace(i: Arc<dyn Interceptor>) -> Option<Arc<TraceCtx>> {
+    i.into_any().downcast::<TraceCtx>().ok()
+}
+
+/// The trace a traced tensor belongs to (an error if another interceptor made it).
+pub(crate) fn traced_ctx(tr: &Traced) -> Result<Arc<TraceCtx>> {
+    as_trace(tr.ctx.clone())
+        .ok_or_else(|| Error::invalid("to_static", "a tensor of another interceptor was used while tracing"))
+}
+
+/// Makes `ctx` the current trace (the tensor dispatcher's interceptor) until dropped.
+pub(crate) struct CurrentGuard(#[allow(dead_code)] intercept::Guard);
 
 impl CurrentGuard {
     pub(crate) fn enter(ctx: &Arc<TraceCtx>) -> CurrentGuard {
-        CurrentGuard(CURRENT.with(|c| c.replace(Some(ctx.clone()))))
-    }
-}
-
-impl Drop for CurrentGuard {
-    fn drop(&mut self) {
-        CURRENT.with(|c| *c.borrow_mut() = self.0.take());
+        CurrentGuard(intercept::Guard::enter(ctx.clone()))
     }
 }
 
 /// Probe sizes for symbolic dims: primes below 10 000, unlikely as real sizes or products.
 const PROBES: [usize; 8] = [9973, 9967, 9949, 9941, 9931, 9929, 9923, 9907];
-
-/// A traced tensor's link to the graph being built.
-#[derive(Clone)]
-pub(crate) struct Traced {
-    pub(crate) ctx: Arc<TraceCtx>,
-    pub(crate) value: ValueId,
-    pub(crate) dtype: DType,
-    /// Shape with symbolic dims at their probe size.
-    pub(crate) shape: Vec<usize>,
-}
 
 /// The state of one trace.
 pub(crate) struct TraceCtx {
@@ -113,7 +105,7 @@ impl TraceCtx {
         }
         let value = self.value_of(t)?;
         Ok(Tensor::traced(Traced {
-            ctx: self.clone(),
+            ctx: self.clone() as Arc<dyn Interceptor>,
             value,
             dtype: t.dtype(),
             shape: t.shape(),
@@ -238,12 +230,12 @@ impl TraceCtx {
     /// constants).
     pub(crate) fn value_of(self: &Arc<Self>, t: &Tensor) -> Result<ValueId> {
         if let Some(tr) = &t.0.trace {
-            if Arc::ptr_eq(&tr.ctx, self) {
+            if std::ptr::addr_eq(Arc::as_ptr(&tr.ctx), Arc::as_ptr(self)) {
                 return Ok(tr.value);
             }
             // A value of an enclosing trace used inside a region: it enters as a region input.
             if let Some(parent) = &self.parent
-                && self.is_within(&tr.ctx)
+                && as_trace(tr.ctx.clone()).is_some_and(|c| self.is_within(&c))
             {
                 let outer = parent.value_of(t)?;
                 return self.capture_outer(outer);
@@ -298,6 +290,20 @@ impl TraceCtx {
             .unwrap_or_else(|e| e.into_inner())
             .insert(t.id(), v);
         Ok(v)
+    }
+}
+
+impl Interceptor for TraceCtx {
+    fn intercept(self: Arc<Self>, op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        trace_apply(&self, op, inputs)
+    }
+
+    fn symbolic_type(&self, v: ValueId) -> TensorType {
+        TraceCtx::symbolic_type(self, v)
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }
 

@@ -15,14 +15,14 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let trace = inputs
         .iter()
         .find_map(|t| t.0.trace.as_ref().map(|tr| tr.ctx.clone()))
-        .or_else(crate::jit::current);
+        .or_else(super::intercept::current);
     let needs_grad = is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
     // A traced composite stays one node unless its gradient is needed (a traced training
     // step): then, as in eager mode, it runs as its decomposition so the primitives' VJPs apply.
     if let Some(ctx) = &trace
         && !(needs_grad && matches!(op, Op::Composite(_)))
     {
-        return crate::jit::trace_apply(ctx, op, inputs);
+        return ctx.clone().intercept(op, inputs);
     }
     if let Op::Composite(c) = &op {
         let mut em = EagerEmitter {

@@ -3,6 +3,7 @@
 mod apply;
 mod create;
 mod display;
+pub(crate) mod intercept;
 mod methods;
 mod operators;
 mod ordering;
@@ -50,7 +51,7 @@ pub(crate) struct Inner {
     pub(crate) creator: Option<(Arc<GradNode>, usize)>,
     /// Set while `jit::to_static` traces: the tensor is a value of the graph being built and
     /// has no data (`data` holds an empty placeholder).
-    pub(crate) trace: Option<crate::jit::Traced>,
+    pub(crate) trace: Option<intercept::Traced>,
 }
 
 /// Where a tensor's elements are: host memory, or a device runtime's memory.
@@ -127,7 +128,7 @@ impl Tensor {
     }
 
     /// A traced tensor: a value of the graph `to_static` is building.
-    pub(crate) fn traced(trace: crate::jit::Traced) -> Tensor {
+    pub(crate) fn traced(trace: intercept::Traced) -> Tensor {
         let placeholder = placeholder(trace.dtype);
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
