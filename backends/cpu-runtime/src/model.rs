@@ -4,7 +4,7 @@ use crate::contraction;
 use crate::program::{CpuProgram, KernelFn, LoopCall, RowPiece, Step, const_name, static_shape};
 use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
 use oar_ir::runner::{self, Host, Launched, Launcher};
-use oar_ir::{BackendError, TensorData, TensorType, Weights};
+use oar_ir::{BackendError, DType, Op, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 
 /// Work (outer extent × cost) below which a loop runs on the calling thread.
@@ -27,6 +27,8 @@ pub struct Model {
     /// concurrent run at most).
     arenas: std::sync::Mutex<Vec<Vec<u128>>>,
     threads: usize,
+    /// The compiled regions of control-flow kernels, as models of their own.
+    regions: Vec<Model>,
 }
 
 // Safety: kernel functions are plain machine code that only touch the buffers passed to them;
@@ -96,9 +98,15 @@ impl Model {
                 }
             }
         }
+        let regions = prog
+            .regions
+            .iter()
+            .map(|r| Model::new(r.program.clone(), funcs.clone(), weights))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Model {
             prog,
             funcs,
+            regions,
             weights: kept,
             region_weights,
             arenas: std::sync::Mutex::new(Vec::new()),
@@ -114,6 +122,9 @@ impl Model {
     /// Limit the threads kernels are split across (1: run everything on the calling thread).
     pub fn set_threads(&mut self, n: usize) {
         self.threads = n.max(1);
+        for r in &mut self.regions {
+            r.set_threads(n);
+        }
     }
 
     /// Graph inputs `(name, type)`, in buffer order.
@@ -272,6 +283,93 @@ pub(crate) fn byte_len(b: &Buffer) -> usize {
     static_shape(&b.ty).iter().product::<usize>() * b.ty.dtype.size_bytes()
 }
 
+/// Iterations after which a `while` loop is an error (as the reference interpreter's).
+const MAX_WHILE_ITERATIONS: u64 = 1_000_000;
+
+impl Model {
+    /// Run compiled region `r` on `args` (in the region graph's input order); its outputs in
+    /// order.
+    fn region(&self, r: u32, args: &[TensorData]) -> Result<Vec<TensorData>, BackendError> {
+        let m = &self.regions[r as usize];
+        let names = &self.prog.regions[r as usize].inputs;
+        let used: Vec<String> = m.inputs().into_iter().map(|(n, _)| n).collect();
+        let feeds: BTreeMap<String, TensorData> = names
+            .iter()
+            .zip(args)
+            .filter(|(n, _)| used.contains(n))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        Ok(m.run(&feeds)?.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// A `cond` or `while` kernel: the branch or the loop on the host, the regions compiled.
+    fn control(&self, f: &mut CpuFrame, index: usize, regions: &[u32]) -> Result<(), BackendError> {
+        let p = &self.prog.program;
+        let k = &p.kernels[index];
+        let KernelBody::Opaque(o) = &k.body else {
+            return Err(bad_step(k, "control step on a kernel that is not cond/while"));
+        };
+        let args = o
+            .inputs
+            .iter()
+            .map(|id| self.read(f, *id, p.buffer(*id)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let truth = |t: &TensorData, what: &str| -> Result<bool, BackendError> {
+            match (t.dtype(), t.bytes()) {
+                (DType::Bool, [b]) => Ok(*b != 0),
+                _ => Err(bad_step(
+                    k,
+                    &format!("{what} must be a bool scalar, got {}", t.tensor_type()),
+                )),
+            }
+        };
+        let results = match (&o.op, regions) {
+            (Op::Cond, &[then_r, else_r]) => {
+                let (pred, rest) = args
+                    .split_first()
+                    .ok_or_else(|| bad_step(k, "cond needs a predicate"))?;
+                self.region(if truth(pred, "the predicate")? { then_r } else { else_r }, rest)?
+            }
+            (Op::While, &[cond_r, body_r]) => {
+                let mut carried = args;
+                let mut n = 0u64;
+                loop {
+                    let c = self.region(cond_r, &carried)?;
+                    if !truth(
+                        c.first().ok_or_else(|| bad_step(k, "while condition gave nothing"))?,
+                        "the while condition",
+                    )? {
+                        break carried;
+                    }
+                    if n >= MAX_WHILE_ITERATIONS {
+                        return Err(bad_step(
+                            k,
+                            &format!("while loop exceeded {MAX_WHILE_ITERATIONS} iterations"),
+                        ));
+                    }
+                    n += 1;
+                    carried = self.region(body_r, &carried)?;
+                }
+            }
+            _ => return Err(bad_step(k, "control step with the wrong regions")),
+        };
+        if results.len() != k.outputs.len() {
+            return Err(bad_step(k, "a region gave a different number of results than outputs"));
+        }
+        for (&id, t) in k.outputs.iter().zip(&results) {
+            let b = p.buffer(id);
+            if t.tensor_type() != b.ty {
+                return Err(bad_step(
+                    k,
+                    &format!("a region gave {} for a {} buffer", t.tensor_type(), b.ty),
+                ));
+            }
+            self.write(f, id, b, t)?;
+        }
+        Ok(())
+    }
+}
+
 /// One run's memory: the arena (temporaries, 64-byte aligned), the outputs, and a pointer per
 /// buffer (inputs and weights are read where they are).
 pub struct CpuFrame {
@@ -350,6 +448,7 @@ impl Launcher for Model {
                 // Safety: as above.
                 unsafe { crate::native::run(p, k, bufs)? };
             }
+            Some(Step::Control { kernel, regions }) => self.control(f, *kernel as usize, regions)?,
             Some(Step::Interpret { .. }) => return Ok(Launched::Host),
             None => return Err(bad_step(&p.kernels[index], "no step for the kernel")),
         }

@@ -72,6 +72,14 @@ pub enum Step {
         /// Index into `program.kernels`.
         kernel: u32,
     },
+    /// `cond` / `while`: each region compiled as its own program ([`CpuProgram::regions`]);
+    /// the runtime picks the branch, or loops, on the host and runs the regions' programs.
+    Control {
+        /// Index into `program.kernels`.
+        kernel: u32,
+        /// The regions' programs (`then`/`else`, or `cond`/`body`), indices into `regions`.
+        regions: Vec<u32>,
+    },
     /// Run by the reference interpreter (opaque ops, dtypes the code generator does not handle).
     Interpret {
         /// Index into `program.kernels`.
@@ -91,8 +99,21 @@ pub struct CpuProgram {
     pub plan: MemoryPlan,
     /// One step per kernel, in order.
     pub steps: Vec<Step>,
-    /// Number of generated functions (the function table's length).
+    /// Number of generated functions (the function table's length, shared with the regions).
     pub n_funcs: u32,
+    /// The compiled regions of control-flow kernels ([`Step::Control`]).
+    #[serde(default)]
+    pub regions: Vec<Region>,
+}
+
+/// A control-flow region compiled on its own: its program (function indices into the same
+/// table as the enclosing program's) and its graph's input names in operand order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Region {
+    /// The region's program.
+    pub program: CpuProgram,
+    /// The region graph's inputs, in operand order.
+    pub inputs: Vec<String>,
 }
 
 /// The weight name a program constant is stored under.

@@ -125,6 +125,7 @@ fn model(p: &KernelProgram) -> Result<Model, String> {
             epilogue: None,
         }],
         n_funcs: 0,
+        regions: Vec::new(),
     };
     Model::new(prog, vec![], &Weights::new()).map_err(|e| e.to_string())
 }

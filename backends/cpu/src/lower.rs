@@ -4,6 +4,7 @@
 
 use crate::CpuError;
 use crate::codegen;
+use oar_cpu_runtime::program::Region;
 use oar_cpu_runtime::program::const_name;
 use oar_cpu_runtime::{CpuProgram, LoopCall, RowPiece, Step};
 use oar_ir::kernel::{
@@ -12,6 +13,7 @@ use oar_ir::kernel::{
 };
 use oar_ir::{DType, Graph, Weights};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// One function the code generator must emit: a loop kernel writing buffer `out`.
 #[derive(Clone, Debug)]
@@ -22,6 +24,9 @@ pub struct FuncSpec {
     pub kernel: LoopKernel,
     /// The buffer it writes.
     pub out: BufferId,
+    /// The buffers of the program it belongs to (a control-flow region's own, for region
+    /// functions); what `codegen::define_function` takes.
+    pub buffers: Arc<Vec<Buffer>>,
 }
 
 /// A lowered program: what the runtime runs, what the code generator emits, and the
@@ -59,6 +64,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     let mut plan = oar_passes::memory_plan(&program, &BTreeMap::new())?;
     let mut funcs = Vec::new();
     let mut steps = Vec::new();
+    let mut regions = Vec::new();
     for ki in 0..program.kernels.len() {
         let k = program.kernels[ki].clone();
         let kernel = ki as u32;
@@ -92,6 +98,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                                     name: format!("oar_k{ki}_{}_{part}", sanitize(&k.name)),
                                     kernel: piece,
                                     out: written,
+                                    buffers: Arc::default(),
                                 });
                                 RowPiece {
                                     call: LoopCall { func, extent, cost },
@@ -111,6 +118,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                         name: format!("oar_k{ki}_{}", sanitize(&k.name)),
                         kernel: l.clone(),
                         out: k.outputs[0],
+                        buffers: Arc::default(),
                     });
                     Step::Loop {
                         kernel,
@@ -133,6 +141,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                                     name: format!("oar_k{ki}_{}_epilogue", sanitize(&k.name)),
                                     kernel: l,
                                     out: k.outputs[0],
+                                    buffers: Arc::default(),
                                 });
                                 Step::Contraction {
                                     kernel,
@@ -145,6 +154,20 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                 }
             },
             KernelBody::Opaque(o) if oar_cpu_runtime::native::supports(o, &program) => Step::Native { kernel },
+            KernelBody::Opaque(o) if !o.regions.is_empty() => {
+                match lower_regions(&o.regions, ki, &mut funcs, &mut consts) {
+                    Ok(compiled) => {
+                        let first = regions.len() as u32;
+                        let n = compiled.len() as u32;
+                        regions.extend(compiled);
+                        Step::Control {
+                            kernel,
+                            regions: (first..first + n).collect(),
+                        }
+                    }
+                    Err(reason) => Step::Interpret { kernel, reason },
+                }
+            }
             KernelBody::Opaque(o) => Step::Interpret {
                 kernel,
                 reason: format!("opaque op `{}`", o.op.name()),
@@ -152,16 +175,97 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
         };
         steps.push(step);
     }
-    Ok(Lowered {
-        cpu: CpuProgram {
-            program,
-            plan,
-            steps,
-            n_funcs: funcs.len() as u32,
-        },
-        funcs,
-        consts,
-    })
+    // This program's functions read its final buffers (stage scratch buffers included);
+    // region functions already have their region's.
+    let bufs = Arc::new(program.buffers.clone());
+    for f in funcs.iter_mut().filter(|f| f.buffers.is_empty()) {
+        f.buffers = bufs.clone();
+    }
+    let mut cpu = CpuProgram {
+        program,
+        plan,
+        steps,
+        n_funcs: 0,
+        regions,
+    };
+    set_table_len(&mut cpu, funcs.len() as u32);
+    Ok(Lowered { cpu, funcs, consts })
+}
+
+/// Every (nested) program shares one function table of `n` entries.
+fn set_table_len(p: &mut CpuProgram, n: u32) {
+    p.n_funcs = n;
+    for r in &mut p.regions {
+        set_table_len(&mut r.program, n);
+    }
+}
+
+/// Lower each region of control-flow kernel `ki` (IR text) as a program of its own: its
+/// functions join `funcs` (renamed, their indices shifted), its constants join `consts` under
+/// names of their own.
+fn lower_regions(
+    texts: &[String],
+    ki: usize,
+    funcs: &mut Vec<FuncSpec>,
+    consts: &mut Weights,
+) -> Result<Vec<Region>, String> {
+    let mut out = Vec::with_capacity(texts.len());
+    for (ri, text) in texts.iter().enumerate() {
+        let g = oar_ir::text::parse_graph(text).map_err(|e| format!("region {ri}: {e}"))?;
+        let inputs = g.input_specs().into_iter().map(|(n, _)| n).collect();
+        let mut l = lower(&g, &BTreeMap::new()).map_err(|e| format!("region {ri}: {e}"))?;
+        let prefix = format!("r{ki}_{ri}_");
+        rename_consts(&mut l.cpu, &mut l.consts, &format!("@k{ki}r{ri}"));
+        shift_funcs(&mut l.cpu, funcs.len() as u32);
+        for mut f in l.funcs {
+            f.name = format!("{prefix}{}", f.name);
+            funcs.push(f);
+        }
+        consts.extend(l.consts);
+        out.push(Region { program: l.cpu, inputs });
+    }
+    Ok(out)
+}
+
+/// Constants of a region program (and its own regions) renamed `<tag>/<name>`, so they do not
+/// collide with the enclosing program's in the shared weights.
+fn rename_consts(p: &mut CpuProgram, consts: &mut Weights, tag: &str) {
+    let mut renamed = Weights::new();
+    let mut fix = |p: &mut CpuProgram| {
+        for b in &mut p.program.buffers {
+            if let BufferKind::Param { name } = &mut b.kind
+                && let Some(t) = consts.remove(name.as_str())
+            {
+                *name = format!("{tag}/{name}");
+                renamed.insert(name.clone(), t);
+            }
+        }
+    };
+    fn walk(p: &mut CpuProgram, f: &mut dyn FnMut(&mut CpuProgram)) {
+        f(p);
+        for r in &mut p.regions {
+            walk(&mut r.program, f);
+        }
+    }
+    walk(p, &mut fix);
+    consts.extend(renamed);
+}
+
+/// Shift every function index of `p` (and its regions) by `by`.
+fn shift_funcs(p: &mut CpuProgram, by: u32) {
+    for s in &mut p.steps {
+        match s {
+            Step::Loop { call, .. } => call.func += by,
+            Step::Contraction {
+                epilogue: Some(call), ..
+            } => call.func += by,
+            Step::Rows { pieces, .. } => pieces.iter_mut().for_each(|p| p.call.func += by),
+            _ => {}
+        }
+    }
+    for r in &mut p.regions {
+        shift_funcs(&mut r.program, by);
+    }
 }
 
 type AnalyzedPiece = (LoopKernel, BufferId, (u64, u64, u64));

@@ -62,7 +62,7 @@ pub fn compile(lowered: &Lowered) -> Result<MachineCode, CpuError> {
     let mut module = JITModule::new(builder);
     let mut ids = Vec::with_capacity(lowered.funcs.len());
     for spec in &lowered.funcs {
-        let (id, _) = codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, false)?;
+        let (id, _) = codegen::define_function(&mut module, spec, &spec.buffers, false)?;
         ids.push(id);
     }
     module

@@ -235,11 +235,19 @@ fn signature(graph: &Graph, bindings: &BTreeMap<String, usize>, external_weights
     })
 }
 
-/// The parameters the program reads, checked against the program's types (so a missing or
-/// mistyped weight is a compile error, not a load error).
+/// The parameters the program (and its control-flow regions) reads, checked against the
+/// program's types (so a missing or mistyped weight is a compile error, not a load error).
 fn collect_params(lowered: &Lowered, weights: &Weights) -> Result<Weights, CpuError> {
+    fn buffers<'a>(p: &'a oar_cpu_runtime::CpuProgram, out: &mut Vec<&'a oar_ir::kernel::Buffer>) {
+        out.extend(&p.program.buffers);
+        for r in &p.regions {
+            buffers(&r.program, out);
+        }
+    }
+    let mut all = Vec::new();
+    buffers(&lowered.cpu, &mut all);
     let mut out = Weights::new();
-    for b in &lowered.cpu.program.buffers {
+    for b in all {
         let BufferKind::Param { name } = &b.kind else { continue };
         if lowered.consts.contains_key(name) {
             continue;

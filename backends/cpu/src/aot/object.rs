@@ -41,7 +41,7 @@ fn define_kernels(
     lowered
         .funcs
         .iter()
-        .map(|spec| codegen::define_function(module, spec, &lowered.cpu.program.buffers, want_clif))
+        .map(|spec| codegen::define_function(module, spec, &spec.buffers, want_clif))
         .collect()
 }
 
@@ -182,6 +182,10 @@ fn step_listing(lowered: &Lowered) -> String {
                     ),
                     None => String::new(),
                 }
+            ),
+            Step::Control { kernel, regions } => format!(
+                "kernel {kernel} `{}`: control flow on the host, its regions compiled (region programs {regions:?})",
+                p.kernels[*kernel as usize].name
             ),
             Step::Rows { kernel, rows, pieces } => format!(
                 "kernel {kernel} `{}`: {} reduction stages then the epilogue over {rows} rows, {}: functions {}",

@@ -790,3 +790,46 @@ fn mlp_and_cnn_match_reference_and_jit() {
         assert!(s.contains("gemm contraction"), "{s}");
     }
 }
+
+/// A model with `cond` and `while` as an executable: the regions are compiled into the same
+/// object (their own programs in the blob, their constants among the weights) and the exe
+/// matches the reference on both branches.
+#[test]
+fn control_flow_runs_compiled_in_an_executable() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = oar_ir::text::parse_graph(crate::codegen::CONTROL_FLOW).unwrap();
+    let w = Weights::from([(
+        "w".to_string(),
+        TensorData::from_vec(vec![4], vec![0.5f32, -1.0, 2.0, 0.25]).unwrap(),
+    )]);
+    let exe = dir.path().join("control");
+    let report = compile(&g, &w, Emit::Exe, &exe, WeightsMode::Embedded);
+    assert!(report.interpreted.is_empty(), "{:?}", report.interpreted);
+    for p in [true, false] {
+        let inputs = BTreeMap::from([
+            ("p".to_string(), TensorData::from_vec(vec![], vec![p]).unwrap()),
+            (
+                "x".to_string(),
+                TensorData::from_vec(vec![4], vec![0.1f32, -2.0, 1.5, 3.0]).unwrap(),
+            ),
+        ]);
+        let want = reference(&g, &w, &inputs);
+        let files = write_inputs(dir.path(), &inputs);
+        let out = dir.path().join(format!("out{p}"));
+        ok(&run(
+            &exe,
+            &[
+                "-i",
+                &arg("p", &files["p"]),
+                "-i",
+                &arg("x", &files["x"]),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+        ));
+        for (name, t) in &want {
+            let got = oar_ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
+            assert_close(&got, t, &format!("exe {name} (p = {p}) vs reference"));
+        }
+    }
+}

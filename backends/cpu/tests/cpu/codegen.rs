@@ -163,7 +163,7 @@ fn compile(g: &Graph) -> Arc<Compiled> {
         .funcs
         .iter()
         .map(|spec| {
-            oar_backend_cpu::codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, false)
+            oar_backend_cpu::codegen::define_function(&mut module, spec, &spec.buffers, false)
                 .unwrap_or_else(|e| panic!("{e}\n{}", lowered.cpu.program))
                 .0
         })
@@ -1010,9 +1010,7 @@ fn clif_of(g: &Graph) -> Vec<(String, String)> {
         .funcs
         .iter()
         .map(|spec| {
-            let (_, clif) =
-                oar_backend_cpu::codegen::define_function(&mut module, spec, &lowered.cpu.program.buffers, true)
-                    .unwrap();
+            let (_, clif) = oar_backend_cpu::codegen::define_function(&mut module, spec, &spec.buffers, true).unwrap();
             (spec.name.clone(), clif.unwrap())
         })
         .collect()
@@ -1133,7 +1131,7 @@ fn kernels_compile_for_baseline_x86_64() {
             let mut spec = spec.clone();
             spec.name = format!("{}_{n}", spec.name);
             n += 1;
-            oar_backend_cpu::codegen::define_function(&mut module, &spec, &lowered.cpu.program.buffers, false)
+            oar_backend_cpu::codegen::define_function(&mut module, &spec, &spec.buffers, false)
                 .unwrap_or_else(|e| panic!("{e}\n{}", oar_ir::text::print_graph(g)));
         }
     }
@@ -1432,5 +1430,82 @@ fn bool_buffers_in_vector_kernels() {
                 assert!(text.contains("uwiden_low") && text.contains("snarrow"), "{text}");
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------- control flow
+
+/// A `cond` (params and constants in its branches) feeding a `while` (a counter and a halving).
+pub(crate) const CONTROL_FLOW: &str = r#"graph @g {
+  %p = input "p" : bool[]
+  %x = input "x" : f32[4]
+  %y = cond(%p, %x) : f32[4] {
+    then @t {
+      %a = input "a" : f32[4]
+      %w = param "w" : f32[4]
+      %m = mul(%a, %w) : f32[4]
+      %e = exp(%m) : f32[4]
+      output "r" = %e
+    }
+    else @e {
+      %a = input "a" : f32[4]
+      %c = constant dense<[1.0, 2.0, 3.0, 4.0]> : f32[4]
+      %s = sub(%a, %c) : f32[4]
+      output "r" = %s
+    }
+  }
+  %i0 = constant dense<0> : i32[]
+  %r:2 = while(%i0, %y) : i32[], f32[4] {
+    cond @c {
+      %i = input "i" : i32[]
+      %v = input "v" : f32[4]
+      %n = constant dense<3> : i32[]
+      %k = lt(%i, %n) : bool[]
+      output "k" = %k
+    }
+    body @b {
+      %i = input "i" : i32[]
+      %v = input "v" : f32[4]
+      %one = constant dense<1> : i32[]
+      %j = add(%i, %one) : i32[]
+      %h = constant dense<0.5> : f32[]
+      %u = mul(%v, %h) : f32[4]
+      output "i" = %j
+      output "v" = %u
+    }
+  }
+  output "y" = %r#1
+  output "n" = %r#0
+}"#;
+
+/// `cond` and `while` run compiled: each region is a program of its own (params read by name,
+/// constants of its own), the branch and the loop on the host; no kernel is interpreted.
+#[test]
+fn cond_and_while_regions_are_compiled() {
+    let text = CONTROL_FLOW;
+    let g = oar_ir::text::parse_graph(text).unwrap();
+    let mut w = Weights::new();
+    w.insert(
+        "w".into(),
+        TensorData::from_vec(vec![4], vec![0.5f32, -1.0, 2.0, 0.25]).unwrap(),
+    );
+    for p in [true, false] {
+        let feeds = feeds(&[
+            ("p", TensorData::from_vec(vec![], vec![p]).unwrap()),
+            (
+                "x",
+                TensorData::from_vec(vec![4], vec![0.1f32, -2.0, 1.5, 3.0]).unwrap(),
+            ),
+        ]);
+        let c = check_with(&g, &w, &feeds, math_tol(DType::F32), true);
+        let control = c
+            .lowered
+            .cpu
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Control { .. }))
+            .count();
+        assert_eq!(control, 2, "cond and while run as Control steps");
+        assert_eq!(c.lowered.cpu.regions.len(), 4);
     }
 }
