@@ -167,7 +167,7 @@ impl Tensor {
                 ));
             }
             Some(g) => g.detach().to(&self.device())?,
-            None => crate::tensor::full(&self.shape(), 1.0, self.dtype())?.to(&self.device())?,
+            None => crate::tensor::full_dims(&self.dims(), 1.0, self.dtype())?.to(&self.device())?,
         };
         let _mode = crate::autograd::no_grad();
         let Some((root, out)) = &self.0.creator else {

@@ -24,12 +24,13 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use nn::functional::einsum;
 pub use oar_ir::DType;
+pub use oar_ir::Dim;
 pub use oar_macros::to_static;
 pub use serialization::{load, load_layer, save, save_layer};
 pub use tensor::{
-    Tensor, abs, add, arange, cast, ceil, concat, cos, divide, erf, exp, floor, full, linspace, log, matmul, max,
-    maximum, mean, min, minimum, multiply, normal, ones, prod, rand, randn, reshape, round, rsqrt, seed, sign, sin,
-    sqrt, stack, subtract, sum, tanh, transpose, uniform, where_, zeros,
+    SYMBOLIC_SIZE, Tensor, abs, add, arange, cast, ceil, concat, cos, divide, erf, exp, floor, full, full_dims,
+    linspace, log, matmul, max, maximum, mean, min, minimum, multiply, normal, ones, prod, rand, randn, reshape, round,
+    rsqrt, seed, sign, sin, sqrt, stack, subtract, sum, tanh, transpose, uniform, where_, zeros, zeros_dims,
 };
 
 pub use oar_backend_cpu as cpu;

@@ -233,6 +233,13 @@ einsum("bilinear", "bn,anm,bm->ba", [f32(2, 3), f32(4, 3, 5), f32(2, 5)])
 einsum("i32_sum", "ij->", [rng.integers(-9, 10, (3, 4)).astype(np.int32)], EXACT)
 
 
+# ---- shape_of -------------------------------------------------------------------------
+
+for name, x in [("f32_rank3", f32(3, 1, 4)), ("i64_rank1", np.arange(5, dtype=np.int64)), ("f64_scalar", f64())]:
+    shape = torch.tensor(torch.from_numpy(np.asarray(x)).shape, dtype=torch.int64)  # ONNX Shape
+    case("torch_shape_of", name, {"Composite": "ShapeOf"}, [x], [shape.numpy()], EXACT)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

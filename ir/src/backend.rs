@@ -171,19 +171,13 @@ pub fn check_inputs(
         if t.dtype() != ty.dtype || t.shape().len() != ty.rank() {
             return Err(mismatch());
         }
-        for (d, &n) in ty.shape.dims().iter().zip(t.shape()) {
-            match d {
-                crate::Dim::Static(s) if *s != n => return Err(mismatch()),
-                crate::Dim::Sym(s) if *bind.entry(s.clone()).or_insert(n) != n => {
-                    return Err(BackendError::InputMismatch {
-                        name: name.clone(),
-                        expected: format!("{ty} with {s} = {}", bind[s]),
-                        got: t.tensor_type().to_string(),
-                    });
-                }
-                _ => {}
+        crate::shape::bind_dims(ty.shape.dims(), t.shape(), &mut bind).map_err(|detail| {
+            BackendError::InputMismatch {
+                name: name.clone(),
+                expected: format!("{ty} ({detail})"),
+                got: t.tensor_type().to_string(),
             }
-        }
+        })?;
     }
     Ok(bind)
 }

@@ -113,6 +113,7 @@ fn value_info(name: &str, t: &TensorType) -> ValueInfoProto {
             value: Some(match d {
                 Dim::Static(n) => dimension::Value::DimValue(*n as i64),
                 Dim::Sym(s) => dimension::Value::DimParam(s.clone()),
+                Dim::Expr(e) => dimension::Value::DimParam(e.to_string()),
             }),
             ..Default::default()
         })
@@ -562,6 +563,7 @@ impl Exporter<'_> {
             Composite::Softmax(Softmax { axis }) => self.emit("Softmax", ins, vec![int("axis", *axis as i64)]),
             Composite::LogSoftmax(LogSoftmax { axis }) => self.emit("LogSoftmax", ins, vec![int("axis", *axis as i64)]),
             Composite::Relu => self.emit("Relu", ins, vec![]),
+            Composite::ShapeOf => self.emit("Shape", ins, vec![]),
             Composite::Sigmoid => self.emit("Sigmoid", ins, vec![]),
             Composite::Silu => {
                 let s = self.emit("Sigmoid", ins.clone(), vec![]);

@@ -131,6 +131,7 @@ fn import_model(model: &ModelProto, model_dir: Option<&Path>, options: &ImportOp
         values.insert(name, v);
     }
 
+    let mut shape_values = crate::shape_values::ShapeValues::new();
     for (index, node) in gp.node.iter().enumerate() {
         let label = node_label(node, index);
         let mut ins = Vec::with_capacity(node.input.len());
@@ -147,7 +148,13 @@ fn import_model(model: &ModelProto, model_dir: Option<&Path>, options: &ImportOp
             })?;
             ins.push(Some(v));
         }
-        let outs = convert_or_fold(&mut g, node, &label, opset, ins, &param_values)?;
+        let followed = crate::shape_values::propagate(&g, &shape_values, node, &ins);
+        let outs = convert_or_fold(&mut g, node, &label, opset, ins, &param_values, &shape_values)?;
+        if let (Some(e), Some(&v)) = (followed, outs.first())
+            && !matches!(g.node(v.node).op, Op::Constant(_))
+        {
+            shape_values.insert(v, e);
+        }
         for (i, name) in node.output.iter().enumerate() {
             if name.is_empty() {
                 continue;
@@ -192,6 +199,7 @@ fn convert_or_fold(
     opset: i64,
     ins: Vec<Option<ValueId>>,
     param_values: &HashMap<ValueId, TensorData>,
+    shape_values: &crate::shape_values::ShapeValues,
 ) -> Result<Vec<ValueId>, OnnxError> {
     let consts: Option<Vec<Option<TensorData>>> = ins
         .iter()
@@ -207,7 +215,7 @@ fn convert_or_fold(
         let mut scratch = Graph::new("fold");
         let sins: Vec<Option<ValueId>> = consts.into_iter().map(|t| t.map(|t| scratch.add_constant(t))).collect();
         let none = HashMap::new();
-        let outs = NodeCx::new(&mut scratch, node, label, opset, sins, &none).convert()?;
+        let outs = NodeCx::new(&mut scratch, node, label, opset, sins, &none, &Default::default()).convert()?;
         for (i, v) in outs.iter().enumerate() {
             scratch.add_output(&format!("o{i}"), *v)?;
         }
@@ -221,7 +229,7 @@ fn convert_or_fold(
         })?;
         return Ok(results.into_iter().map(|(_, t)| g.add_constant(t)).collect());
     }
-    NodeCx::new(g, node, label, opset, ins, param_values).convert()
+    NodeCx::new(g, node, label, opset, ins, param_values, shape_values).convert()
 }
 
 fn declared_dtype(vi: &ValueInfoProto) -> Result<Option<oar_ir::DType>, OnnxError> {
@@ -263,6 +271,10 @@ fn value_type(vi: &ValueInfoProto) -> Result<TensorType, OnnxError> {
         dims.push(match &d.value {
             Some(dimension::Value::DimValue(n)) => {
                 Dim::Static(usize::try_from(*n).map_err(|_| bad(format!("negative dim {n} on axis {i}")))?)
+            }
+            // A size expression written by `save` (`N*C`) reads back as one.
+            Some(dimension::Value::DimParam(p)) if p.contains(['*', '+', '/', '(']) => {
+                p.parse::<Dim>().unwrap_or_else(|_| Dim::Sym(p.clone()))
             }
             Some(dimension::Value::DimParam(p)) if !p.is_empty() => Dim::Sym(p.clone()),
             _ => Dim::Sym(format!("{name}_d{i}")),

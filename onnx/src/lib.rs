@@ -15,6 +15,7 @@ mod ops_nn;
 mod ops_rnn;
 mod ops_shape;
 mod ops_vision;
+mod shape_values;
 mod table;
 pub mod tensor;
 

@@ -28,6 +28,7 @@ pub struct NodeCx<'a> {
     pub opset: i64,
     ins: Vec<Option<ValueId>>,
     param_values: &'a HashMap<ValueId, TensorData>,
+    shape_values: &'a crate::shape_values::ShapeValues,
 }
 
 pub(crate) type R<T> = Result<T, OnnxError>;
@@ -41,6 +42,7 @@ impl<'a> NodeCx<'a> {
         opset: i64,
         ins: Vec<Option<ValueId>>,
         param_values: &'a HashMap<ValueId, TensorData>,
+        shape_values: &'a crate::shape_values::ShapeValues,
     ) -> Self {
         NodeCx {
             g,
@@ -49,6 +51,7 @@ impl<'a> NodeCx<'a> {
             opset,
             ins,
             param_values,
+            shape_values,
         }
     }
 
@@ -141,6 +144,27 @@ impl<'a> NodeCx<'a> {
             .const_input(i)?
             .map(|t| t.to_f64_vec().into_iter().map(|v| v as i64).collect()))
     }
+    /// Input `i` as a shape: integer entries known at import time, symbolic ones (`N`, `N*C`)
+    /// included when the importer followed a shape computation (`Shape` → `Gather` → `Concat`).
+    pub(crate) fn shape_ints(&self, i: usize) -> R<Option<Vec<oar_ir::SymExpr>>> {
+        let Some(v) = self.opt_input(i) else { return Ok(None) };
+        if let Some(e) = crate::shape_values::entries(self.g, self.shape_values, v) {
+            return Ok(Some(e));
+        }
+        Ok(self
+            .const_ints(i)?
+            .map(|v| v.into_iter().map(oar_ir::SymExpr::constant).collect()))
+    }
+
+    /// A shape input as dims (entries must be sizes ≥ 0).
+    pub(crate) fn shape_dims(&self, i: usize) -> R<Option<Vec<Dim>>> {
+        let Some(e) = self.shape_ints(i)? else { return Ok(None) };
+        e.into_iter()
+            .map(|e| Dim::from_expr(e).map_err(|m| self.err(format!("shape input {i}: {m}"))))
+            .collect::<R<Vec<_>>>()
+            .map(Some)
+    }
+
     /// Input `i` as one float scalar, when present (must be constant).
     pub fn const_scalar(&self, i: usize) -> R<Option<f64>> {
         match self.const_input(i)? {

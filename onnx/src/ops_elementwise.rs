@@ -72,24 +72,38 @@ pub(crate) fn cast_like(cx: &mut NodeCx<'_>) -> R<ValueId> {
 
 /// `ConstantOfShape(shape)`: a constant tensor of the `value` attribute's dtype.
 pub(crate) fn constant_of_shape(cx: &mut NodeCx<'_>) -> R<ValueId> {
-    let dims = cx.const_ints(0)?.ok_or_else(|| cx.err("needs its shape input"))?;
+    let dims = cx.shape_dims(0)?.ok_or_else(|| cx.err("needs its shape input"))?;
     let value = match cx.attr("value").and_then(|a| a.t.as_ref()) {
         Some(t) => tensor_from_proto(t, None)?,
         None => TensorData::scalar(0.0f32),
     };
-    let shape = cx.usizes(&dims)?;
     let v = value.to_f64_vec().first().copied().unwrap_or(0.0);
+    let Some(shape) = oar_ir::Shape(dims.clone()).as_static() else {
+        // A symbolic shape: the fill value broadcast to it at run time.
+        let s =
+            cx.g.add_constant(TensorData::full(value.dtype(), vec![], v).map_err(|e| cx.err(e.to_string()))?);
+        return cx.op(Op::Broadcast(oar_ir::ops::Broadcast { shape: dims }), &[s]);
+    };
     let t = TensorData::full(value.dtype(), shape, v).map_err(|e| cx.err(e.to_string()))?;
     Ok(cx.g.add_constant(t))
 }
 
-/// `Shape(x)` (with `start`/`end`), a constant: x's shape must be static.
+/// `Shape(x)` (with `start`/`end`): a constant when x's shape is static, else `shape_of`
+/// (which the importer also follows symbolically, see `shape_values`).
 pub(crate) fn shape(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
-    let shape = cx.static_shape(x)?;
-    let r = shape.len() as i64;
+    let t = cx.ty(x);
+    let r = t.rank() as i64;
     let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
     let (s, e) = (clampi(cx.attr_i("start", 0)), clampi(cx.attr_i("end", r)));
+    let Some(shape) = t.shape.as_static() else {
+        let all = cx.op(Op::Composite(oar_ir::Composite::ShapeOf), &[x])?;
+        if (s, e) == (0, r as usize) {
+            return Ok(all);
+        }
+        let ranges = vec![oar_ir::ops::SliceRange::new(s as i64, e.max(s) as i64)];
+        return cx.op(Op::Slice(oar_ir::ops::Slice { ranges }), &[all]);
+    };
     let dims: Vec<i64> = shape[s..e.max(s)].iter().map(|&d| d as i64).collect();
     let n = dims.len();
     let t = TensorData::from_vec(vec![n], dims).map_err(|e| cx.err(e.to_string()))?;

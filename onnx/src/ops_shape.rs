@@ -4,15 +4,16 @@
 use crate::ops::{NodeCx, R};
 use oar_ir::ops::{BinaryOp, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::ops::{BorderPad, Broadcast, Concat, Gather, Pad, PadMode, Permute, Slice};
-use oar_ir::{Composite, Dim, Float, Op, TensorData, ValueId};
+use oar_ir::{Composite, Dim, Float, Op, SymExpr, TensorData, ValueId};
 
 /// `Reshape(x, shape)` (opset < 5: the `shape` attribute).
 pub(crate) fn reshape(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let target = if cx.opset < 5 {
-        cx.attr_ints("shape").unwrap_or_default()
+        let t = cx.attr_ints("shape").unwrap_or_default();
+        t.into_iter().map(SymExpr::constant).collect()
     } else {
-        cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?
+        cx.shape_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?
     };
     let dims = reshape_dims(cx, x, &target, cx.attr_i("allowzero", 0) != 0)?;
     cx.reshape(x, dims)
@@ -97,8 +98,7 @@ pub(crate) fn squeeze(cx: &mut NodeCx<'_>, squeeze: bool) -> R<ValueId> {
 /// `Expand(x, shape)`: numpy broadcasting to a constant shape.
 pub(crate) fn expand(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
-    let shape = cx.const_ints(1)?.ok_or_else(|| cx.err("needs its shape input"))?;
-    let shape = oar_ir::Shape(cx.usizes(&shape)?.into_iter().map(Dim::Static).collect());
+    let shape = oar_ir::Shape(cx.shape_dims(1)?.ok_or_else(|| cx.err("needs its shape input"))?);
     let out = oar_ir::broadcast_shapes(&cx.ty(x).shape, &shape).map_err(|e| cx.err(e))?;
     if out == cx.ty(x).shape {
         Ok(x)
@@ -151,40 +151,28 @@ pub(crate) fn range(cx: &mut NodeCx<'_>) -> R<ValueId> {
     Ok(cx.g.add_constant(t))
 }
 
-/// Product of dims: static when all are static, the symbol itself when exactly one is symbolic
-/// and the rest are 1.
+/// Product of dims (`N*C` when symbolic).
 fn product(cx: &NodeCx<'_>, dims: &[Dim]) -> R<Dim> {
-    let mut n = 1usize;
-    let mut sym = None;
-    for d in dims {
-        match d {
-            Dim::Static(k) => n = n.checked_mul(*k).ok_or_else(|| cx.err("shape overflows"))?,
-            Dim::Sym(_) if sym.is_none() => sym = Some(d.clone()),
-            Dim::Sym(_) => return Err(cx.err(format!("cannot merge symbolic dims {dims:?}"))),
-        }
-    }
-    match sym {
-        None => Ok(Dim::Static(n)),
-        Some(s) if n == 1 => Ok(s),
-        Some(_) => Err(cx.err(format!("cannot merge symbolic dims {dims:?} into one"))),
-    }
+    Dim::product(dims).map_err(|e| cx.err(e))
 }
 
-/// ONNX reshape target → dims: `0` copies the input dim (unless `allowzero`), `-1` is inferred.
-fn reshape_dims(cx: &NodeCx<'_>, x: ValueId, target: &[i64], allowzero: bool) -> R<Vec<Dim>> {
-    let in_dims = cx.ty(x).shape.0;
+/// ONNX reshape target → dims: `0` copies the input dim (unless `allowzero`), `-1` is the
+/// element count divided by the other dims (exactly, as polynomials when symbolic).
+fn reshape_dims(cx: &NodeCx<'_>, x: ValueId, target: &[SymExpr], allowzero: bool) -> R<Vec<Dim>> {
+    let in_shape = cx.ty(x).shape;
+    let in_dims = &in_shape.0;
     let mut out: Vec<Option<Dim>> = Vec::with_capacity(target.len());
-    for (i, &t) in target.iter().enumerate() {
-        out.push(match t {
-            0 if !allowzero => Some(
+    for (i, t) in target.iter().enumerate() {
+        out.push(match t.as_constant() {
+            Some(0) if !allowzero => Some(
                 in_dims
                     .get(i)
                     .cloned()
                     .ok_or_else(|| cx.err("0 in shape past the input rank"))?,
             ),
-            -1 => None,
-            t if t >= 0 => Some(Dim::Static(t as usize)),
-            t => return Err(cx.err(format!("bad reshape dim {t}"))),
+            Some(-1) => None,
+            Some(c) if c < 0 => return Err(cx.err(format!("bad reshape dim {c}"))),
+            _ => Some(Dim::from_expr(t.clone()).map_err(|e| cx.err(format!("reshape dim {t}: {e}")))?),
         });
     }
     let holes = out.iter().filter(|d| d.is_none()).count();
@@ -192,26 +180,16 @@ fn reshape_dims(cx: &NodeCx<'_>, x: ValueId, target: &[i64], allowzero: bool) ->
         return Err(cx.err("more than one -1 in the reshape target"));
     }
     if holes == 1 {
-        // Cancel the symbolic dims copied through; the rest must be static.
-        let mut syms_in: Vec<&Dim> = in_dims.iter().filter(|d| matches!(d, Dim::Sym(_))).collect();
-        let mut known = 1usize;
-        for d in out.iter().flatten() {
-            match d {
-                Dim::Static(k) => known = known.saturating_mul(*k),
-                s => match syms_in.iter().position(|x| *x == s) {
-                    Some(p) => {
-                        syms_in.remove(p);
-                    }
-                    None => return Err(cx.err("cannot infer -1 with symbolic dims")),
-                },
-            }
-        }
-        let total: usize = in_dims.iter().filter_map(Dim::as_static).product();
-        let fill = match syms_in.as_slice() {
-            [] if known > 0 && total % known == 0 => Dim::Static(total / known),
-            [s] if known == total => (*s).clone(),
-            _ => return Err(cx.err(format!("cannot infer -1 reshaping {} to {target:?}", cx.ty(x)))),
-        };
+        let total = in_shape.num_elements_dim().map_err(|e| cx.err(e))?;
+        let known = product(cx, &out.iter().flatten().cloned().collect::<Vec<_>>())?;
+        let show: Vec<String> = target.iter().map(|t| t.to_string()).collect();
+        let fill = total.div_exact(&known).ok_or_else(|| {
+            cx.err(format!(
+                "cannot infer -1 reshaping {} to [{}]",
+                cx.ty(x),
+                show.join(",")
+            ))
+        })?;
         return Ok(out.into_iter().map(|d| d.unwrap_or_else(|| fill.clone())).collect());
     }
     Ok(out.into_iter().flatten().collect())

@@ -36,7 +36,7 @@ fn slice_is_identity(ranges: &[oar_ir::ops::SliceRange], dims: &[Dim]) -> bool {
                 let (start, len) = r.resolve(*n);
                 start == 0 && len == *n && (r.step == 1 || *n <= 1)
             }
-            Dim::Sym(_) => r.is_full(),
+            _ => r.is_full(),
         })
 }
 

@@ -10,7 +10,7 @@ use oar_backend_reference::run_graph;
 use oar_ir::backend::check_inputs;
 use oar_ir::ops::Param;
 use oar_ir::ops::random_stream::uniform;
-use oar_ir::{DType, Dim, Graph, Op, TensorData, TensorType, Weights};
+use oar_ir::{DType, Graph, Op, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 
 /// Default relative tolerance for f32/f64/ints (halves get [`HALF_RTOL`]).
@@ -107,9 +107,9 @@ impl NumericsCheck {
             .shape
             .dims()
             .iter()
-            .map(|d| match d {
-                Dim::Static(n) => *n,
-                Dim::Sym(s) => self.binds.get(s).copied().unwrap_or(self.default_dim),
+            .map(|d| {
+                d.eval(&|s| Some(self.binds.get(s).copied().unwrap_or(self.default_dim)))
+                    .unwrap_or(self.default_dim)
             })
             .collect();
         let n = shape

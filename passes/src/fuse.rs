@@ -242,6 +242,10 @@ type Built = Result<KernelProgram, BTreeSet<ValueId>>;
 /// Build every kernel for this materialized set, or return the values that must be added.
 fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueId>) -> Result<Built, PassError> {
     let mut table = BufferTable::default();
+    // Every graph input has a buffer, used or not: the signature stays the graph's.
+    for &n in g.inputs() {
+        table.of(g, ValueId::first(n));
+    }
     let mut kernels = Vec::new();
     let mut needs = BTreeSet::new();
     let mut anchor_claims: BTreeMap<ValueId, usize> = BTreeMap::new();

@@ -10,9 +10,9 @@
 //! XLA's heap simulator, without their refinements).
 
 use crate::PassError;
+use oar_ir::IrError;
 use oar_ir::kernel::{BufferId, BufferKind, KernelBody, KernelProgram, MemoryPlan};
 use oar_ir::tensor_data::checked_byte_len;
-use oar_ir::{Dim, IrError};
 use std::collections::BTreeMap;
 
 /// Alignment of every arena offset, in bytes (a cache line; enough for any vector load).
@@ -52,12 +52,9 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
             b.ty.shape
                 .dims()
                 .iter()
-                .map(|d| match d {
-                    Dim::Static(n) => Ok(*n),
-                    Dim::Sym(s) => bindings
-                        .get(s)
-                        .copied()
-                        .ok_or_else(|| err(program, format!("b{i} ({}): symbol `{s}` is not bound", b.ty))),
+                .map(|d| {
+                    d.eval(&|s| bindings.get(s).copied())
+                        .ok_or_else(|| err(program, format!("b{i} ({}): size `{d}` is not bound", b.ty)))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
         let bytes = checked_byte_len(b.ty.dtype, &dims).map_err(|e| err(program, format!("b{i}: {e}")))?;

@@ -28,12 +28,7 @@ impl SpecializeShapes {
     }
 
     fn dims(&self, dims: &[Dim]) -> Vec<Dim> {
-        dims.iter()
-            .map(|d| match d {
-                Dim::Sym(s) => self.binds.get(s).map_or_else(|| d.clone(), |&n| Dim::Static(n)),
-                _ => d.clone(),
-            })
-            .collect()
+        dims.iter().map(|d| d.bind(&|s| self.binds.get(s).copied())).collect()
     }
 
     fn ty(&self, t: &TensorType) -> TensorType {
@@ -56,7 +51,7 @@ impl SpecializeShapes {
     fn mentions(&self, graph: &Graph) -> bool {
         let bound = |dims: &[Dim]| {
             dims.iter()
-                .any(|d| matches!(d, Dim::Sym(s) if self.binds.contains_key(s)))
+                .any(|d| d.symbols().iter().any(|s| self.binds.contains_key(s)))
         };
         graph.node_ids().any(|id| {
             let n = graph.node(id);

@@ -45,7 +45,7 @@ fn eager_truth(op: &str, p: &Tensor) -> Result<bool> {
 }
 
 /// A traced region: its graph, the parent values its capture inputs stand for, and the
-/// concrete (probe-size) types of its results.
+/// (symbolic) types of its results.
 struct Region {
     graph: Graph,
     captures: Vec<(ValueId, ValueId)>,
@@ -122,7 +122,7 @@ fn results(ctx: &Arc<TraceCtx>, values: Vec<ValueId>, concrete: &[TensorType]) -
                 ctx: ctx.clone(),
                 value,
                 dtype: c.dtype,
-                shape: c.shape.as_static().unwrap_or_default(),
+                dims: c.shape.0.clone(),
             })
         })
         .collect()

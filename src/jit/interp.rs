@@ -24,12 +24,10 @@ fn bind_op(op: &Op, binds: &BTreeMap<String, usize>) -> Result<Op> {
     let mut bound = op.clone();
     if let Some(shape) = bound.shape_attr_mut() {
         for d in shape.iter_mut() {
-            if let Dim::Sym(s) = d {
-                let n = binds
-                    .get(s.as_str())
-                    .ok_or_else(|| Error::invalid(op.name(), format!("symbol {s} is not bound by any input")))?;
-                *d = Dim::Static(*n);
-            }
+            let n = d
+                .eval(&|s| binds.get(s).copied())
+                .ok_or_else(|| Error::invalid(op.name(), format!("size {d} is not bound by the inputs")))?;
+            *d = Dim::Static(n);
         }
     }
     Ok(bound)

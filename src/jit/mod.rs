@@ -88,23 +88,7 @@ fn trace(
     train_step: bool,
     f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<StaticFunction> {
-    let mut symbols: Vec<String> = Vec::new();
-    for s in specs {
-        for d in &s.dims {
-            if let Dim::Sym(sym) = d
-                && !symbols.contains(sym)
-            {
-                symbols.push(sym.clone());
-            }
-        }
-    }
-    let probes = symbols
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| TraceCtx::probe(i).map(|p| (s, p)))
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| Error::invalid("to_static", "too many distinct symbolic dims (at most 8)"))?;
-    let ctx = TraceCtx::new(Graph::new(name), probes, names);
+    let ctx = TraceCtx::new(Graph::new(name), names);
     let inputs = specs
         .iter()
         .map(|s| trace::input(&ctx, &s.name, &s.dims, s.dtype))

@@ -1,7 +1,9 @@
 //! Tracing: while `to_static` runs the user's function, every op on a traced tensor is
-//! recorded into a `Graph` instead of computed. Symbolic dims (the batch `N`) are traced with a
-//! probe size that no real model uses; dims equal to a probe become the symbol again in the
-//! graph, and the graph's symbolic types are checked against the traced (probe) types.
+//! recorded into a `Graph` instead of computed. Traced tensors carry the graph's symbolic types
+//! (`f32[N,784]`); ops infer theirs symbolically, so reshaping the batch dim together with other
+//! axes gives `N*C`. `Tensor::dims` reads them; `Tensor::shape` reads a symbolic dim as
+//! `SYMBOLIC_SIZE`, which ops and constructors reject while tracing, so a size computed from it
+//! never becomes a wrong constant.
 //!
 //! Regions (`jit::cond` branches, `jit::while_loop` bodies) are traced by a nested `TraceCtx`
 //! with a `parent`: while it is current, ops on the parent's tensors are recorded into the
@@ -11,9 +13,8 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 pub(crate) use crate::tensor::intercept::Traced;
 use crate::tensor::intercept::{self, Interceptor};
-use oar_ir::ops::{Broadcast, Slice};
-use oar_ir::ops::{SliceRange, infer_types};
-use oar_ir::{DType, Dim, Graph, IrError, Op, Shape, TensorType, ValueId};
+use oar_ir::ops::Slice;
+use oar_ir::{DType, Dim, Graph, Op, Shape, TensorType, ValueId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -42,14 +43,9 @@ impl CurrentGuard {
     }
 }
 
-/// Probe sizes for symbolic dims: primes below 10 000, unlikely as real sizes or products.
-const PROBES: [usize; 8] = [9973, 9967, 9949, 9941, 9931, 9929, 9923, 9907];
-
 /// The state of one trace.
 pub(crate) struct TraceCtx {
     pub(crate) graph: Mutex<Graph>,
-    /// Symbol → probe size.
-    pub(crate) probes: Vec<(String, usize)>,
     /// Eager tensors the function may use that become named params (layer parameters and
     /// buffers), by tensor id.
     pub(crate) names: Mutex<BTreeMap<u64, String>>,
@@ -68,10 +64,9 @@ pub(crate) struct TraceCtx {
 }
 
 impl TraceCtx {
-    pub(crate) fn new(graph: Graph, probes: Vec<(String, usize)>, names: BTreeMap<u64, String>) -> Arc<TraceCtx> {
+    pub(crate) fn new(graph: Graph, names: BTreeMap<u64, String>) -> Arc<TraceCtx> {
         Arc::new(TraceCtx {
             graph: Mutex::new(graph),
-            probes,
             names: Mutex::new(names),
             captured: Mutex::new(BTreeMap::new()),
             params: Mutex::new(BTreeMap::new()),
@@ -108,7 +103,7 @@ impl TraceCtx {
             ctx: self.clone() as Arc<dyn Interceptor>,
             value,
             dtype: t.dtype(),
-            shape: t.shape(),
+            dims: t.dims(),
         }))
     }
 
@@ -116,7 +111,6 @@ impl TraceCtx {
     pub(crate) fn new_region(parent: &Arc<TraceCtx>, graph: Graph) -> Arc<TraceCtx> {
         Arc::new(TraceCtx {
             graph: Mutex::new(graph),
-            probes: parent.probes.clone(),
             names: Mutex::new(parent.names.lock().unwrap_or_else(|e| e.into_inner()).clone()),
             captured: Mutex::new(BTreeMap::new()),
             params: Mutex::new(BTreeMap::new()),
@@ -160,46 +154,6 @@ impl TraceCtx {
         Ok(inner)
     }
 
-    /// The probe size for the `i`-th distinct symbol.
-    pub(crate) fn probe(i: usize) -> Option<usize> {
-        PROBES.get(i).copied()
-    }
-
-    fn symbol_of(&self, n: usize) -> Option<&str> {
-        self.probes.iter().find(|(_, p)| *p == n).map(|(s, _)| s.as_str())
-    }
-
-    /// Dims equal to a probe become their symbol.
-    pub(crate) fn symbolize_dims(&self, dims: &[usize]) -> Vec<Dim> {
-        dims.iter()
-            .map(|&d| self.symbol_of(d).map_or(Dim::Static(d), Dim::sym))
-            .collect()
-    }
-
-    fn symbolize_attr(&self, dims: &[Dim]) -> Vec<Dim> {
-        dims.iter()
-            .map(|d| match d {
-                Dim::Static(n) => self.symbol_of(*n).map_or(d.clone(), Dim::sym),
-                _ => d.clone(),
-            })
-            .collect()
-    }
-
-    /// The op with symbols in its shape attribute replaced by their probe sizes (ops built
-    /// from symbolic types, e.g. by gradient rules, before computing traced shapes).
-    fn concretize_op(&self, mut op: Op) -> Op {
-        if let Some(shape) = op.shape_attr_mut() {
-            for d in shape.iter_mut() {
-                if let Dim::Sym(s) = d
-                    && let Some((_, p)) = self.probes.iter().find(|(n, _)| n == s)
-                {
-                    *d = Dim::Static(*p);
-                }
-            }
-        }
-        op
-    }
-
     /// The graph (symbolic) type of a traced value.
     pub(crate) fn symbolic_type(&self, v: ValueId) -> TensorType {
         self.graph
@@ -207,23 +161,6 @@ impl TraceCtx {
             .unwrap_or_else(|e| e.into_inner())
             .value_type(v)
             .clone()
-    }
-
-    /// The op with probe sizes in its attributes replaced by symbols (shape attributes, and
-    /// slices that run to a probe-sized end, which take the whole symbolic axis).
-    fn symbolize_op(&self, mut op: Op) -> Op {
-        if let Some(shape) = op.shape_attr_mut() {
-            *shape = self.symbolize_attr(shape);
-        }
-        if let Op::Slice(Slice { ranges }) = &mut op {
-            for r in ranges.iter_mut() {
-                let whole = r.start == 0 && r.step == 1 && r.end >= 0 && self.symbol_of(r.end as usize).is_some();
-                if whole {
-                    *r = SliceRange::FULL;
-                }
-            }
-        }
-        op
     }
 
     /// The graph value of `t`, capturing eager tensors (named ones as params, others as
@@ -261,27 +198,6 @@ impl TraceCtx {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(name.clone(), t.clone());
             g.add_param(&name, t.tensor_type())?
-        } else if t.shape().iter().any(|&d| self.symbol_of(d).is_some()) {
-            // Made with a traced size (e.g. zeros of the batch size): keep it symbolic when it
-            // is a fill value, which is what such tensors are in practice.
-            let data = t.try_data()?;
-            let vals = data.to_f64_vec();
-            if vals.windows(2).any(|w| w[0].to_bits() != w[1].to_bits()) || vals.is_empty() {
-                return Err(Error::invalid(
-                    "to_static",
-                    format!(
-                        "a tensor of shape {:?} was created with a traced (symbolic) size; derive it from the inputs instead",
-                        t.shape()
-                    ),
-                ));
-            }
-            let s = g.add_scalar(data.dtype(), vals[0]);
-            g.add_op1(
-                Op::Broadcast(Broadcast {
-                    shape: self.symbolize_dims(&t.shape()),
-                }),
-                &[s],
-            )?
         } else {
             g.add_constant(t.try_data()?)
         };
@@ -307,6 +223,28 @@ impl Interceptor for TraceCtx {
     }
 }
 
+/// Sizes in `op`'s attributes (shape attributes, slice bounds, padding) must not come from a
+/// symbolic dim read through `shape()`.
+fn check_attr_sizes(op: &Op) -> Result<()> {
+    let mut sizes: Vec<usize> = Vec::new();
+    let mut op = op.clone();
+    if let Some(shape) = op.shape_attr_mut() {
+        sizes.extend(shape.iter().filter_map(Dim::as_static));
+    }
+    match &op {
+        Op::Slice(Slice { ranges }) => sizes.extend(
+            ranges
+                .iter()
+                .flat_map(|r| [r.start, r.end])
+                .filter(|&v| v != i64::MAX)
+                .map(|v| v.unsigned_abs() as usize),
+        ),
+        Op::Pad(oar_ir::ops::Pad { before, after, .. }) => sizes.extend(before.iter().chain(after).copied()),
+        _ => {}
+    }
+    intercept::check_sizes(op.name(), sizes)
+}
+
 /// Record `op(inputs)` into the trace that one of the inputs belongs to.
 pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     // Inside a region (a cond branch, a while body), ops on the enclosing trace's tensors are
@@ -315,52 +253,25 @@ pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Re
         Some(cur) if cur.is_within(ctx) => cur,
         _ => ctx.clone(),
     };
-    let op = ctx.concretize_op(op);
+    check_attr_sizes(&op)?;
     let values = inputs.iter().map(|t| ctx.value_of(t)).collect::<Result<Vec<_>>>()?;
-    let concrete_in: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
-    let concrete = infer_types(&op, &concrete_in, &[]).map_err(|detail| IrError::Type {
-        op: op.name().to_string(),
-        value: "(traced)".into(),
-        detail,
-    })?;
-    let name = op.name();
-    let sym_op_for_tape = op.clone();
-    let sym_op = ctx.symbolize_op(op);
+    let tape_op = op.clone();
     let outs = ctx
         .graph
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .add_op(sym_op, &values)
-        .map_err(|e| {
-            let syms: Vec<&str> = ctx.probes.iter().map(|(s, _)| s.as_str()).collect();
-            Error::invalid(
-                "to_static",
-                format!("{e} (while tracing, the symbolic dims {syms:?} must stay on their own axes)"),
-            )
-        })?;
-    let g = ctx.graph.lock().unwrap_or_else(|e| e.into_inner());
-    let probe = |s: &str| ctx.probes.iter().find(|(n, _)| n == s).map(|(_, p)| *p);
-    drop(g);
+        .add_op(op, &values)
+        .map_err(|e| Error::invalid("to_static", format!("{e} (while tracing)")))?;
     let record = crate::autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
     let mut result = Vec::with_capacity(outs.len());
     let g = ctx.graph.lock().unwrap_or_else(|e| e.into_inner());
-    for (v, c) in outs.into_iter().zip(concrete) {
-        let sym = g.value_type(v);
-        if sym.shape.bind(&probe) != c.shape {
-            return Err(Error::invalid(
-                "to_static",
-                format!(
-                    "op `{name}` gives {sym} in the graph but {c} when traced: it mixes a symbolic dim with \
-                     other sizes (e.g. reshaping N×K into one axis); keep the symbolic dim on its own axis"
-                ),
-            ));
-        }
-        let shape = c.shape.as_static().unwrap_or_default();
+    for v in outs {
+        let ty = g.value_type(v);
         result.push(Tensor::traced(Traced {
             ctx: ctx.clone(),
             value: v,
-            dtype: c.dtype,
-            shape,
+            dtype: ty.dtype,
+            dims: ty.shape.0.clone(),
         }));
     }
     drop(g);
@@ -369,7 +280,7 @@ pub(crate) fn trace_apply(ctx: &Arc<TraceCtx>, op: Op, inputs: &[&Tensor]) -> Re
         // `backward()` records the backward ops into the same graph.
         let saved_in = inputs.iter().map(|t| ctx.as_traced(t)).collect::<Result<Vec<_>>>()?;
         let node = Arc::new(crate::autograd::GradNode::new(
-            sym_op_for_tape,
+            tape_op,
             inputs,
             saved_in,
             result.clone(),
@@ -391,12 +302,10 @@ pub(crate) fn input(ctx: &Arc<TraceCtx>, name: &str, dims: &[Dim], dtype: DType)
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .add_input(name, ty.clone())?;
-    let probe = |s: &str| ctx.probes.iter().find(|(n, _)| n == s).map(|(_, p)| *p);
-    let shape = ty.shape.bind(&probe).as_static().unwrap_or_default();
     Ok(Tensor::traced(Traced {
         ctx: ctx.clone(),
         value: v,
         dtype,
-        shape,
+        dims: dims.to_vec(),
     }))
 }

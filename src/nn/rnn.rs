@@ -243,6 +243,15 @@ impl Stack {
             ));
         }
         let (n, t) = (shape[0], shape[1]);
+        if x.dims()[1].is_symbolic() {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "the sequence length of {} must be static (the steps are unrolled)",
+                    dims(&x)
+                ),
+            ));
+        }
         if n == 0 || t == 0 {
             return Err(Error::invalid(
                 name,
@@ -257,7 +266,7 @@ impl Stack {
         if let Some(c0) = c0 {
             check_state(name, "c", c0, &state_shape, self.dtype)?;
         }
-        let zeros = crate::tensor::zeros(&[n, hs], self.dtype)?;
+        let zeros = crate::tensor::zeros_dims(&[x.dims()[0].clone(), oar_ir::Dim::Static(hs)], self.dtype)?;
         let (mut h_last, mut c_last) = (Vec::new(), Vec::new());
         let mut layer_in = x;
         for l in 0..self.num_layers {
@@ -280,7 +289,7 @@ impl Stack {
                     (0..t).rev().collect()
                 };
                 for s in order {
-                    let xg = xg_all.slice(1, s as i64, s as i64 + 1, 1)?.reshape(&[n as i64, g])?;
+                    let xg = xg_all.slice(1, s as i64, s as i64 + 1, 1)?.reshape(&[0, g])?;
                     let (h2, c2) = step(self.kind, p, &w_hh_t, &xg, &h, c.as_ref())?;
                     outs[s] = Some(h2.clone());
                     h = h2;
@@ -488,7 +497,10 @@ impl Cell {
             ));
         }
         let state = [s[0], self.hidden_size];
-        let zeros = crate::tensor::zeros(&state, self.dtype)?;
+        let zeros = crate::tensor::zeros_dims(
+            &[x.dims()[0].clone(), oar_ir::Dim::Static(self.hidden_size)],
+            self.dtype,
+        )?;
         let h = match h {
             Some(h) => {
                 check_state(name, "h", h, &state, self.dtype)?;

@@ -223,10 +223,8 @@ impl MultiHeadAttention {
 
     /// `[N, L, E]` → `[N, heads, L, E/heads]`.
     fn split_heads(&self, x: &Tensor) -> Result<Tensor> {
-        let s = x.shape();
         let hd = (self.embed_dim / self.num_heads) as i64;
-        x.reshape(&[s[0] as i64, s[1] as i64, self.num_heads as i64, hd])?
-            .transpose(&[0, 2, 1, 3])
+        x.reshape(&[0, 0, self.num_heads as i64, hd])?.transpose(&[0, 2, 1, 3])
     }
 
     /// Attention of `q [N, L, E]` over `k [N, S, kdim]`, `v [N, S, vdim]`; `attn_mask` broadcasts
@@ -281,7 +279,7 @@ impl MultiHeadAttention {
         };
         let merged = heads
             .transpose(&[0, 2, 1, 3])?
-            .reshape(&[n as i64, l as i64, self.embed_dim as i64])?;
+            .reshape(&[0, 0, self.embed_dim as i64])?;
         self.out_proj.forward(&merged)
     }
 }

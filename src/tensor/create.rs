@@ -3,7 +3,7 @@
 use super::Tensor;
 use crate::error::{Error, Result};
 use oar_ir::tensor_data::checked_byte_len;
-use oar_ir::{DType, TensorData};
+use oar_ir::{DType, Dim, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Mutex;
@@ -22,6 +22,7 @@ pub(crate) fn with_rng<T>(f: impl FnOnce(&mut StdRng) -> T) -> T {
 }
 
 fn count(op: &str, shape: &[usize], dtype: DType) -> Result<usize> {
+    super::intercept::check_sizes(op, shape.iter().copied())?;
     checked_byte_len(dtype, shape).map_err(|e| Error::invalid(op, e.to_string()))?;
     Ok(shape.iter().product())
 }
@@ -30,6 +31,20 @@ fn count(op: &str, shape: &[usize], dtype: DType) -> Result<usize> {
 pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor> {
     count("full", shape, dtype)?;
     Ok(Tensor::from_data(TensorData::full(dtype, shape.to_vec(), value)?))
+}
+
+/// A tensor of `value` with dims that may be symbolic while tracing (`[N, 128]`, from
+/// [`Tensor::dims`]): a broadcast scalar in the traced graph, an ordinary tensor eagerly.
+pub fn full_dims(dims: &[Dim], value: f64, dtype: DType) -> Result<Tensor> {
+    match dims.iter().map(Dim::as_static).collect::<Option<Vec<usize>>>() {
+        Some(shape) => full(&shape, value, dtype),
+        None => full(&[], value, dtype)?.broadcast_to_dims(dims),
+    }
+}
+
+/// Zeros with dims that may be symbolic (see [`full_dims`]).
+pub fn zeros_dims(dims: &[Dim], dtype: DType) -> Result<Tensor> {
+    full_dims(dims, 0.0, dtype)
 }
 
 /// A tensor of zeros.

@@ -8,7 +8,7 @@
 
 use super::Tensor;
 use crate::error::Result;
-use oar_ir::{DType, Op, TensorType, ValueId};
+use oar_ir::{DType, Dim, Op, TensorType, ValueId};
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -24,13 +24,35 @@ pub(crate) trait Interceptor: Send + Sync {
 }
 
 /// A tensor's link to the interceptor that made it: which of its values it is, and its type
-/// (symbolic dims at the tracer's probe sizes).
+/// (with its symbolic dims: `N`, `N*C`).
 #[derive(Clone)]
 pub(crate) struct Traced {
     pub(crate) ctx: Arc<dyn Interceptor>,
     pub(crate) value: ValueId,
     pub(crate) dtype: DType,
-    pub(crate) shape: Vec<usize>,
+    pub(crate) dims: Vec<Dim>,
+}
+
+/// What [`Tensor::shape`] reads for a symbolic dim while tracing: larger than any tensor oar
+/// allocates, so a size computed from it is caught ([`check_sizes`]) instead of being baked into
+/// the graph as a number. Symbolic-aware code reads [`Tensor::dims`].
+pub const SYMBOLIC_SIZE: usize = 1 << 40;
+
+/// Sizes at or above this, seen while tracing, come from [`SYMBOLIC_SIZE`] (`n`, `n * 784`,
+/// `n / 4`).
+const SYMBOLIC_THRESHOLD: usize = 1 << 31;
+
+/// An error if a trace is running and `sizes` holds a size derived from a symbolic dim read
+/// through `shape()`.
+pub(crate) fn check_sizes(op: &str, sizes: impl IntoIterator<Item = usize>) -> Result<()> {
+    if current().is_some() && sizes.into_iter().any(|s| s >= SYMBOLIC_THRESHOLD) {
+        return Err(crate::error::Error::invalid(
+            op,
+            "a size computed from a symbolic dim read with `shape()` while tracing; use `dims()` (symbolic \
+             sizes such as N or N*C), `reshape` with 0/-1, or `full_dims`",
+        ));
+    }
+    Ok(())
 }
 
 thread_local! {

@@ -210,48 +210,50 @@ impl Tensor {
     }
 
     /// New shape with the same elements; one entry may be -1 (inferred), 0 keeps that dim.
+    /// While tracing both work on symbolic dims: `[N, 8]` reshaped to `[-1, 4]` is `[2*N, 4]`.
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
-        let cur = self.shape();
-        let total: usize = cur.iter().product();
-        let mut dims: Vec<usize> = Vec::with_capacity(shape.len());
-        let mut infer = None;
+        let cur = self.dims();
+        let bad = || {
+            Error::invalid(
+                "reshape",
+                format!("bad target shape {shape:?} for {}", self.tensor_type()),
+            )
+        };
+        super::intercept::check_sizes("reshape", shape.iter().map(|&d| d.max(0) as usize))?;
+        let mut dims: Vec<Option<Dim>> = Vec::with_capacity(shape.len());
         for (i, &d) in shape.iter().enumerate() {
-            match d {
-                -1 if infer.is_none() => {
-                    infer = Some(i);
-                    dims.push(1);
-                }
-                0 if i < cur.len() => dims.push(cur[i]),
-                d if d > 0 => dims.push(d as usize),
-                _ => {
-                    return Err(Error::invalid(
-                        "reshape",
-                        format!("bad target shape {shape:?} for {:?}", cur),
-                    ));
-                }
-            }
+            dims.push(match d {
+                -1 if !dims.iter().any(Option::is_none) => None,
+                0 if i < cur.len() => Some(cur[i].clone()),
+                d if d > 0 => Some(Dim::Static(d as usize)),
+                _ => return Err(bad()),
+            });
         }
-        if let Some(i) = infer {
-            let known: usize = dims.iter().product();
-            if known == 0 || total % known != 0 {
-                return Err(Error::invalid(
-                    "reshape",
-                    format!("cannot reshape {cur:?} to {shape:?}"),
-                ));
+        let dims: Vec<Dim> = if dims.iter().any(Option::is_none) {
+            let known: Vec<Dim> = dims.iter().flatten().cloned().collect();
+            let known = Dim::product(&known).map_err(|e| Error::invalid("reshape", e))?;
+            let total = Dim::product(&cur).map_err(|e| Error::invalid("reshape", e))?;
+            let fill = match (&total, &known) {
+                (_, Dim::Static(0)) => None,
+                _ => total.div_exact(&known),
             }
-            dims[i] = total / known;
-        }
-        apply1(
-            Op::Reshape(Reshape {
-                shape: dims.into_iter().map(Dim::Static).collect(),
-            }),
-            &[self],
-        )
+            .ok_or_else(|| Error::invalid("reshape", format!("cannot reshape {} to {shape:?}", self.tensor_type())))?;
+            dims.into_iter().map(|d| d.unwrap_or_else(|| fill.clone())).collect()
+        } else {
+            dims.into_iter().flatten().collect()
+        };
+        self.reshape_dims(&dims)
+    }
+
+    /// New shape with the same elements, given as dims (symbolic ones from [`Tensor::dims`]:
+    /// `x.reshape_dims(&[d[0].mul(&d[1])?, d[2].clone()])`).
+    pub fn reshape_dims(&self, dims: &[Dim]) -> Result<Tensor> {
+        apply1(Op::Reshape(Reshape { shape: dims.to_vec() }), &[self])
     }
 
     /// Flatten axes `start..=end` into one.
     pub fn flatten(&self, start: i64, end: i64) -> Result<Tensor> {
-        let shape = self.shape();
+        let shape = self.dims();
         if shape.is_empty() {
             return self.reshape(&[1]);
         }
@@ -265,10 +267,10 @@ impl Tensor {
                 format!("start axis {start} is after end axis {end}"),
             ));
         }
-        let mut out: Vec<i64> = shape[..s].iter().map(|&d| d as i64).collect();
-        out.push(shape[s..=e].iter().product::<usize>() as i64);
-        out.extend(shape[e + 1..].iter().map(|&d| d as i64));
-        self.reshape(&out)
+        let mut out: Vec<Dim> = shape[..s].to_vec();
+        out.push(Dim::product(&shape[s..=e]).map_err(|m| Error::invalid("flatten", m))?);
+        out.extend(shape[e + 1..].iter().cloned());
+        self.reshape_dims(&out)
     }
 
     /// Permute axes (`perm[i]` is the input axis that becomes axis `i`).
@@ -293,37 +295,39 @@ impl Tensor {
 
     /// Insert a size-1 axis at `axis`.
     pub fn unsqueeze(&self, axis: i64) -> Result<Tensor> {
-        let mut s: Vec<i64> = self.shape().iter().map(|&d| d as i64).collect();
+        let mut s = self.dims();
         let a = norm_axis("unsqueeze", axis, s.len() + 1)?;
-        s.insert(a, 1);
-        self.reshape(&s)
+        s.insert(a, Dim::Static(1));
+        self.reshape_dims(&s)
     }
 
     /// Remove size-1 axes (all of them when `axes` is empty).
     pub fn squeeze(&self, axes: &[i64]) -> Result<Tensor> {
-        let shape = self.shape();
+        let shape = self.dims();
+        let one = Dim::Static(1);
         let drop = if axes.is_empty() {
-            (0..shape.len()).filter(|&i| shape[i] == 1).collect()
+            (0..shape.len()).filter(|&i| shape[i] == one).collect()
         } else {
             norm_axes("squeeze", axes, shape.len())?
         };
-        let s: Vec<i64> = shape
+        let s: Vec<Dim> = shape
             .iter()
             .enumerate()
-            .filter(|(i, d)| !(drop.contains(i) && **d == 1))
-            .map(|(_, &d)| d as i64)
+            .filter(|(i, d)| !(drop.contains(i) && **d == one))
+            .map(|(_, d)| d.clone())
             .collect();
-        self.reshape(&s)
+        self.reshape_dims(&s)
     }
 
     /// Broadcast to `shape` (numpy `broadcast_to`, Paddle `expand`).
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
-        apply1(
-            Op::Broadcast(Broadcast {
-                shape: shape.iter().map(|&d| Dim::Static(d)).collect(),
-            }),
-            &[self],
-        )
+        super::intercept::check_sizes("broadcast_to", shape.iter().copied())?;
+        self.broadcast_to_dims(&shape.iter().map(|&d| Dim::Static(d)).collect::<Vec<_>>())
+    }
+
+    /// Broadcast to dims that may be symbolic (see [`Tensor::dims`]).
+    pub fn broadcast_to_dims(&self, dims: &[Dim]) -> Result<Tensor> {
+        apply1(Op::Broadcast(Broadcast { shape: dims.to_vec() }), &[self])
     }
 
     /// Elements `start..end` (step `step`) along `axis`; negative indices count from the end.

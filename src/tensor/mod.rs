@@ -21,7 +21,8 @@ pub fn compiled_eager_ops() -> usize {
     crate::kernels::cached()
 }
 pub(crate) use create::with_rng;
-pub use create::{arange, full, linspace, normal, ones, rand, randn, seed, uniform, zeros};
+pub use create::{arange, full, full_dims, linspace, normal, ones, rand, randn, seed, uniform, zeros, zeros_dims};
+pub use intercept::SYMBOLIC_SIZE;
 pub use methods::{
     abs, add, cast, ceil, concat, cos, divide, erf, exp, floor, log, matmul, max, maximum, mean, min, minimum,
     multiply, prod, reshape, round, rsqrt, sign, sin, sqrt, stack, subtract, sum, tanh, transpose, where_,
@@ -32,7 +33,7 @@ pub(crate) use methods::{norm_axes, norm_axis};
 use crate::autograd::GradNode;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use oar_ir::{DType, DeviceTensor, Element, TensorData, TensorType};
+use oar_ir::{DType, DeviceTensor, Dim, Element, TensorData, TensorType};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -285,27 +286,46 @@ impl Tensor {
         }
     }
 
-    /// Shape. While tracing, symbolic dims read as their probe size (see `jit`).
+    /// Shape. While tracing (`jit::to_static`), a symbolic dim reads as
+    /// [`SYMBOLIC_SIZE`](intercept::SYMBOLIC_SIZE), which no op or constructor accepts: code
+    /// that must run traced reads [`Tensor::dims`] instead.
     pub fn shape(&self) -> Vec<usize> {
         match &self.0.trace {
-            Some(t) => t.shape.clone(),
+            Some(t) => t
+                .dims
+                .iter()
+                .map(|d| d.as_static().unwrap_or(intercept::SYMBOLIC_SIZE))
+                .collect(),
             None => self.stored().shape(),
+        }
+    }
+
+    /// The dims: the shape, with symbolic sizes (`N`, `N*C`) while tracing. Sizes computed
+    /// from them (`Dim::mul`, `Dim::add`, `Dim::floor_div`) go into [`Tensor::reshape_dims`],
+    /// [`Tensor::broadcast_to_dims`] and [`full_dims`].
+    pub fn dims(&self) -> Vec<Dim> {
+        match &self.0.trace {
+            Some(t) => t.dims.clone(),
+            None => self.stored().shape().into_iter().map(Dim::Static).collect(),
         }
     }
 
     /// Number of axes.
     pub fn ndim(&self) -> usize {
-        self.shape().len()
+        match &self.0.trace {
+            Some(t) => t.dims.len(),
+            None => self.stored().shape().len(),
+        }
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating while tracing, where symbolic dims are huge).
     pub fn numel(&self) -> usize {
-        self.shape().iter().product()
+        self.shape().iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
 
-    /// dtype and shape as an IR type.
+    /// dtype and shape as an IR type (symbolic dims included while tracing).
     pub fn tensor_type(&self) -> TensorType {
-        TensorType::of(self.dtype(), &self.shape())
+        TensorType::new(self.dtype(), self.dims())
     }
 
     /// The device the tensor lives on.

@@ -182,15 +182,24 @@ fn closures_and_errors() {
     let outs = f.call(&[&a, &b]).unwrap();
     assert_eq!(outs[0].to_vec::<f64>().unwrap(), vec![-2.0, -2.0]);
     assert_eq!(outs[1].shape(), vec![2, 3]);
-    // Merging the symbolic batch dim into another axis cannot be expressed: a clear error.
+    // A size computed from `shape()` of a symbolic dim is an error naming the way out, not a
+    // wrong constant in the graph.
     let e = to_static(
-        |xs| Ok(vec![xs[0].reshape(&[-1])?]),
+        |xs| Ok(vec![xs[0].reshape(&[xs[0].shape()[0] as i64 * 3])?]),
         &[InputSpec::new(&[None, Some(3)], DType::F32, "x")],
     )
     .err()
     .unwrap()
     .to_string();
-    assert!(e.contains("reshape") && e.contains("symbolic"), "{e}");
+    assert!(e.contains("reshape") && e.contains("dims()"), "{e}");
+    let e = to_static(
+        |xs| Ok(vec![(&xs[0] + &oar::zeros(&[xs[0].shape()[0], 3], DType::F32)?)?]),
+        &[InputSpec::new(&[None, Some(3)], DType::F32, "x")],
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("full") && e.contains("full_dims"), "{e}");
     // Reading a traced value is an error, not a wrong number.
     let e = to_static(
         |xs| Ok(vec![Tensor::scalar(xs[0].item()? as f32)]),
@@ -261,4 +270,93 @@ fn gradients_agree_on_the_layer_zoo() {
         &x,
         "transformer",
     );
+}
+
+/// Symbolic dims as expressions: the batch dim reshaped together with other axes (`N*C`),
+/// split again, concatenated (`2*N`), padded (`N+2`), and sizes computed with `dims()`; one
+/// graph, checked against eager code at several batch sizes.
+#[test]
+fn symbolic_dims_merge_split_and_grow() {
+    oar::seed(9);
+    let w = oar::randn(&[6, 5], DType::F32).unwrap();
+    let f = |x: &Tensor| -> oar::error::Result<Vec<Tensor>> {
+        // [N, 3, 2] → [N*3, 2] → linear → [N*3, 5] → back to [N, 3, 5].
+        let flat = x.reshape(&[-1, 2])?;
+        let d = x.dims();
+        let merged = x.reshape_dims(&[d[0].mul(&d[1]).unwrap(), d[2].clone()])?;
+        assert_eq!(flat.dims(), merged.dims());
+        let h = flat.matmul(&w.slice(0, 0, 2, 1)?)?.reshape(&[-1, 3, 5])?;
+        let h = h.reshape(&[0, -1])?; // [N, 15]
+        let both = oar::concat(&[&h, &h.scale(2.0, 0.0)?], 0)?; // [2*N, 15]
+        let padded = both.pad(&[(1, 1), (0, 0)], 0.5)?; // [2*N+2, 15]
+        let ones = oar::full_dims(&padded.dims(), 1.0, DType::F32)?;
+        Ok(vec![(&padded + &ones)?, flat.sum(&[0], false)?])
+    };
+    let sf = to_static(
+        |xs| f(&xs[0]),
+        &[InputSpec::new(&[None, Some(3), Some(2)], DType::F32, "x")],
+    )
+    .unwrap();
+    let g = sf.graph();
+    let outs: Vec<String> = g.output_types().iter().map(|t| t.to_string()).collect();
+    assert_eq!(outs, ["f32[2*N+2,15]", "f32[2]"], "{g}");
+    assert!(g.to_string().contains("3*N"), "{g}");
+    let _ng = oar::no_grad();
+    for n in [1, 2, 5] {
+        let x = oar::randn(&[n, 3, 2], DType::F32).unwrap();
+        let want = f(&x).unwrap();
+        let got = sf.call(&[&x]).unwrap();
+        assert_eq!(got[0].shape(), vec![2 * n + 2, 15]);
+        for (a, b) in want.iter().zip(&got) {
+            assert!(max_rel_diff(a, b) < 1e-5, "batch {n}");
+        }
+    }
+}
+
+/// A conv net's training step traced with a symbolic batch: the weight gradient contracts over
+/// `N` (reshapes to `[C, N*H*W]`), and the traced step matches eager training at two batch
+/// sizes.
+#[test]
+fn conv_train_step_with_symbolic_batch() {
+    oar::seed(12);
+    let make = || {
+        Sequential::new()
+            .add(Conv2D::new(1, 3, 3).unwrap())
+            .add(ReLU)
+            .add(Flatten::new(1, -1))
+            .add(Linear::new(3 * 4 * 4, 2).unwrap())
+    };
+    let eager = make();
+    let st = make();
+    for (a, b) in eager.parameters().iter().zip(st.parameters()) {
+        b.set_data(a.data()).unwrap();
+    }
+    let mut opt_e = oar::optimizer::SGD::new(eager.named_parameters(), 0.1);
+    let mut opt_s = oar::optimizer::SGD::new(st.named_parameters(), 0.1);
+    let specs = [
+        InputSpec::new(&[None, Some(1), Some(6), Some(6)], DType::F32, "x"),
+        InputSpec::new(&[None], DType::I64, "y"),
+    ];
+    let step = oar::jit::to_static_train_step(&st, &mut opt_s, &specs, |xs| {
+        cross_entropy(&st.forward(&xs[0])?, &xs[1], Reduction::Mean)
+    })
+    .unwrap();
+    assert_eq!(step.graph().input_specs()[0].1.to_string(), "f32[N,1,6,6]");
+    for n in [4, 3, 4] {
+        let x = oar::randn(&[n, 1, 6, 6], DType::F32).unwrap();
+        let y = Tensor::from_vec((0..n as i64).map(|i| i % 2).collect::<Vec<_>>(), &[n]).unwrap();
+        let le = cross_entropy(&eager.forward(&x).unwrap(), &y, Reduction::Mean).unwrap();
+        le.backward().unwrap();
+        opt_e.step().unwrap();
+        opt_e.clear_grad();
+        let ls = step.call(&[&x, &y]).unwrap().remove(0);
+        let (le, ls) = (le.item().unwrap(), ls.item().unwrap());
+        assert!(
+            (le - ls).abs() <= 1e-5 * (1.0 + le.abs()),
+            "batch {n}: loss {le} vs {ls}"
+        );
+        for (a, b) in eager.parameters().iter().zip(st.parameters()) {
+            assert!(max_rel_diff(a, &b) < 1e-5, "batch {n}: parameters differ");
+        }
+    }
 }

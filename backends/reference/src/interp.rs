@@ -24,23 +24,18 @@ pub(crate) struct Interp<'w> {
 /// Concrete sizes of `dims`; an unbound symbol is an error.
 pub(crate) fn resolve(site: &Site, dims: &[Dim], binds: &Bindings) -> Res<Vec<usize>> {
     dims.iter()
-        .map(|d| match d {
-            Dim::Static(n) => Ok(*n),
-            Dim::Sym(s) => binds
-                .get(s)
-                .copied()
-                .ok_or_else(|| site.err(format!("symbolic dim `{s}` is not bound by any input"))),
+        .map(|d| {
+            d.eval(&|s| binds.get(s).copied()).ok_or_else(|| match d {
+                Dim::Expr(e) => site.err(format!("size `{e}` has an unbound symbol or is negative")),
+                _ => site.err(format!("symbolic dim `{d}` is not bound by any input")),
+            })
         })
         .collect()
 }
 
 /// Bind the symbols of `ty` from a concrete shape; false on any disagreement.
 pub(crate) fn bind_shape(ty: &TensorType, shape: &[usize], binds: &mut Bindings) -> bool {
-    ty.rank() == shape.len()
-        && ty.shape.dims().iter().zip(shape).all(|(d, &n)| match d {
-            Dim::Static(s) => *s == n,
-            Dim::Sym(s) => *binds.entry(s.clone()).or_insert(n) == n,
-        })
+    oar_ir::bind_dims(ty.shape.dims(), shape, binds).is_ok()
 }
 
 fn type_str(v: &Value) -> String {

@@ -399,11 +399,9 @@ impl KernelProgram {
     pub fn symbolic_dims(&self) -> Vec<String> {
         let mut symbolic: Vec<String> = Vec::new();
         for b in &self.buffers {
-            for d in b.ty.shape.dims() {
-                if let Dim::Sym(s) = d
-                    && !symbolic.contains(s)
-                {
-                    symbolic.push(s.clone());
+            for s in b.ty.shape.dims().iter().flat_map(Dim::symbols) {
+                if !symbolic.contains(&s) {
+                    symbolic.push(s);
                 }
             }
         }

@@ -119,9 +119,18 @@ pub(crate) fn conv_type(x: &TensorType, w: &TensorType, c: &Conv) -> Result<Tens
         d.as_static()
             .ok_or_else(|| format!("conv {what} must be static, got {x} and {w}"))
     };
-    let ch = stat(&x.shape.0[1], "channels")?;
     let o = stat(&w.shape.0[0], "output channels")?;
-    let wc = stat(&w.shape.0[1], "weight channels")?;
+    // Without groups the reduced channel axis may be symbolic (a weight gradient contracts over
+    // the batch: x[C, N, ..] with g[O, N, ..]); it must then be the same size on both sides.
+    let symbolic_ok = groups == 1 && x.shape.0[1].is_symbolic() && x.shape.0[1] == w.shape.0[1];
+    let (ch, wc) = if symbolic_ok {
+        (1, 1)
+    } else {
+        (
+            stat(&x.shape.0[1], "channels")?,
+            stat(&w.shape.0[1], "weight channels")?,
+        )
+    };
     if ch % groups != 0 || o % groups != 0 || wc != ch / groups {
         return Err(format!(
             "conv channels: x {x}, w {w}, groups {groups} (need w[1] = C/groups, O % groups = 0)"

@@ -132,23 +132,31 @@ op_struct! {
     }
 }
 
-/// Equal element counts, comparing the product of static dims and the multiset of symbols.
+/// Equal element counts, as polynomials in the symbols (`[N,C,4] ~ [N*C*2, 2]`).
 fn same_element_count(a: &Shape, b: &Shape) -> bool {
-    fn split(s: &Shape) -> (Option<usize>, Vec<&str>) {
-        let mut p = Some(1usize);
-        let mut syms = Vec::new();
-        for d in &s.0 {
-            match d {
-                Dim::Static(n) => p = p.and_then(|p| p.checked_mul(*n)),
-                Dim::Sym(x) => syms.push(x.as_str()),
-            }
-        }
-        syms.sort_unstable();
-        (p, syms)
+    match (a.num_elements_dim(), b.num_elements_dim()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
     }
-    let (pa, sa) = split(a);
-    let (pb, sb) = split(b);
-    pa.is_some() && (pa == pb && (sa == sb || pa == Some(0)))
+}
+
+/// The length of `r` on a symbolic axis of size `d`: full, or from a start `≥ 0` to the end or
+/// to `end < 0` before it (what pad's and concat's gradients take), assuming the axis is long
+/// enough; other ranges on symbolic axes are an error.
+fn symbolic_slice_len(r: &SliceRange, d: &Dim) -> Option<Dim> {
+    if r.is_full() {
+        return Some(d.clone());
+    }
+    if r.start < 0 || r.step < 1 || (r.end >= 0 && r.end != i64::MAX) {
+        return None;
+    }
+    let stop = if r.end < 0 {
+        d.to_expr().add(&crate::SymExpr::constant(r.end)).ok()?
+    } else {
+        d.to_expr()
+    };
+    let span = stop.add(&crate::SymExpr::constant(r.step - 1 - r.start)).ok()?;
+    Dim::from_expr(span.floor_div(r.step).ok()?).ok()
 }
 
 /// The common parts of a movement op's definition: family and 0 FLOPs.
@@ -275,8 +283,12 @@ impl OpDef for Slice {
             }
             out.push(match d {
                 Dim::Static(n) => Dim::Static(r.resolve(*n).1),
-                Dim::Sym(_) if r.is_full() => d.clone(),
-                Dim::Sym(_) => return Err(format!("only a full slice is allowed on symbolic axis {axis} of {x}")),
+                _ => symbolic_slice_len(r, d).ok_or_else(|| {
+                    format!(
+                        "slice {}:{}:{} on symbolic axis {axis} of {x}: only a start ≥ 0 with an end at or before the end (negative) is allowed",
+                        r.start, r.end, r.step
+                    )
+                })?,
             });
         }
         Ok(vec![TensorType::new(x.dtype, out)])
@@ -308,8 +320,7 @@ impl OpDef for Pad {
                 .ok_or("padding overflows")?;
             out.push(match d {
                 Dim::Static(n) => Dim::Static(n.checked_add(extra).ok_or("padding overflows")?),
-                Dim::Sym(_) if extra == 0 => d.clone(),
-                Dim::Sym(_) => return Err(format!("cannot pad symbolic axis {axis} of {x}")),
+                _ => d.add(&Dim::Static(extra))?,
             });
         }
         Ok(vec![TensorType::new(x.dtype, out)])
@@ -321,9 +332,11 @@ impl OpDef for Pad {
             .0
             .iter()
             .zip(&self.before)
-            .map(|(d, &b)| match d {
+            .zip(&self.after)
+            .map(|((d, &b), &af)| match d {
                 Dim::Static(n) => SliceRange::new(b as i64, (b + n) as i64),
-                Dim::Sym(_) => SliceRange::FULL,
+                _ if af == 0 => SliceRange::new(b as i64, i64::MAX),
+                _ => SliceRange::new(b as i64, -(af as i64)),
             })
             .collect();
         Ok(vec![Some(e.add_op1(Op::Slice(Slice { ranges }), &[a.g])?)])
@@ -342,41 +355,52 @@ impl OpDef for Concat {
         let axis = self.axis;
         let first = inputs.first().ok_or("concat needs at least one input")?;
         check_axes(&[axis], first.rank())?;
-        let mut total = 0usize;
+        let mut total = Dim::Static(0);
         for t in inputs {
             same_dtype(first, t)?;
             let ok = t.rank() == first.rank() && (0..t.rank()).all(|i| i == axis || t.shape.0[i] == first.shape.0[i]);
             if !ok {
                 return Err(format!("cannot concat {first} and {t} along axis {axis}"));
             }
-            match &t.shape.0[axis] {
-                Dim::Static(n) => total = total.checked_add(*n).ok_or("concat size overflows")?,
-                Dim::Sym(_) if inputs.len() == 1 => return Ok(vec![first.clone()]),
-                Dim::Sym(_) => return Err(format!("cannot concat along symbolic axis {axis} of {t}")),
-            }
+            total = total.add(&t.shape.0[axis]).map_err(|e| format!("concat size: {e}"))?;
         }
         let mut s = first.shape.0.clone();
-        s[axis] = Dim::Static(total);
+        s[axis] = total;
         Ok(vec![TensorType::new(first.dtype, s)])
     }
 
     fn vjp<E: Emitter>(&self, e: &mut E, a: &VjpArgs<E::Value>) -> Grads<E> {
-        let mut offset = 0i64;
+        // Each part is sliced out from the front when the parts before it are static, else
+        // from the back when the parts after it are.
+        let lens: Vec<Option<i64>> = a
+            .inputs
+            .iter()
+            .map(|&x| e.value_type(x).shape.0[self.axis].as_static().map(|l| l as i64))
+            .collect();
+        let sum = |ls: &[Option<i64>]| ls.iter().try_fold(0i64, |acc, l| Some(acc.saturating_add((*l)?)));
         let mut out = Vec::with_capacity(a.inputs.len());
         for (i, &x) in a.inputs.iter().enumerate() {
-            let t = e.value_type(x);
-            let len = match &t.shape.0[self.axis] {
-                Dim::Static(l) => *l as i64,
-                Dim::Sym(_) => i64::MAX - offset,
-            };
-            if a.want(i) {
-                let mut ranges = vec![SliceRange::FULL; t.rank()];
-                ranges[self.axis] = SliceRange::new(offset, offset.saturating_add(len));
-                out.push(Some(e.add_op1(Op::Slice(Slice { ranges }), &[a.g])?));
-            } else {
+            if !a.want(i) {
                 out.push(None);
+                continue;
             }
-            offset = offset.saturating_add(len);
+            let (before, after) = (sum(&lens[..i]), sum(&lens[i + 1..]));
+            let to_end = |after: i64| if after == 0 { i64::MAX } else { -after };
+            let range = match (before, lens[i], after) {
+                (Some(b), Some(l), _) => SliceRange::new(b, b.saturating_add(l)),
+                (Some(b), None, Some(af)) => SliceRange::new(b, to_end(af)),
+                (None, Some(l), Some(af)) => SliceRange::new(-(af.saturating_add(l)), to_end(af)),
+                _ => {
+                    return Err(vjp_error(
+                        "concat",
+                        format!("along axis {}: input {i} has symbolic sizes on both sides", self.axis),
+                    ));
+                }
+            };
+            let t = e.value_type(x);
+            let mut ranges = vec![SliceRange::FULL; t.rank()];
+            ranges[self.axis] = range;
+            out.push(Some(e.add_op1(Op::Slice(Slice { ranges }), &[a.g])?));
         }
         Ok(out)
     }
@@ -386,6 +410,16 @@ impl OpDef for Concat {
     }
 }
 
+/// An error of a gradient rule.
+fn vjp_error<Er: From<crate::IrError>>(op: &str, detail: String) -> Er {
+    crate::IrError::Type {
+        op: op.into(),
+        value: "<vjp>".into(),
+        detail,
+    }
+    .into()
+}
+
 /// Gradient of a strided slice: place `g` back into zeros of the input's shape.
 fn slice_grad<E: Emitter>(e: &mut E, ranges: &[SliceRange], x: E::Value, g: E::Value) -> Result<E::Value, E::Error> {
     let xt = e.value_type(x);
@@ -393,7 +427,25 @@ fn slice_grad<E: Emitter>(e: &mut E, ranges: &[SliceRange], x: E::Value, g: E::V
     for (axis, (r, d)) in ranges.iter().zip(&xt.shape.0).enumerate() {
         let size = match d {
             Dim::Static(n) => *n,
-            Dim::Sym(_) => continue, // only full slices are allowed on symbolic axes
+            _ if r.is_full() => continue,
+            _ if r.step == 1 => {
+                // A start ≥ 0 to the end, or to `end < 0` before it: pad back what was cut.
+                let after = if r.end < 0 { r.end.unsigned_abs() as usize } else { 0 };
+                let mut before = vec![0; xt.rank()];
+                let mut aft = vec![0; xt.rank()];
+                before[axis] = r.start.max(0) as usize;
+                aft[axis] = after;
+                cur = e.add_op1(
+                    Op::Pad(Pad {
+                        before,
+                        after: aft,
+                        value: Float(0.0),
+                    }),
+                    &[cur],
+                )?;
+                continue;
+            }
+            _ => return Err(vjp_error("slice", format!("a strided slice on symbolic axis {axis}"))),
         };
         let (start, count) = r.resolve(size);
         let step = r.step.max(1) as usize;

@@ -232,13 +232,11 @@ fn dims(l: &Line, s: &str) -> R<Vec<Dim>> {
         .split(',')
         .map(|d| {
             let d = d.trim();
-            if let Ok(n) = d.parse::<usize>() {
-                Ok(Dim::Static(n))
-            } else if super::lexer::is_ident(d) {
-                Ok(Dim::sym(d))
-            } else {
-                Err(l.err(format!("expected a dim (a number or a name), found '{d}'")))
-            }
+            d.parse::<Dim>().map_err(|m| {
+                l.err(format!(
+                    "expected a dim (a number, a name or a size expression), found '{d}': {m}"
+                ))
+            })
         })
         .collect()
 }

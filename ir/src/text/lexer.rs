@@ -20,7 +20,7 @@ pub(crate) enum Tok {
     Number(String),
     /// A double-quoted string, unescaped.
     Str(String),
-    /// One punctuation character: `( ) [ ] { } < > , = :`.
+    /// One punctuation character: `( ) [ ] { } < > , = : * + /`.
     Punct(char),
     /// End of input.
     Eof,
@@ -185,7 +185,13 @@ pub(crate) fn tokenize(text: &str) -> Result<Vec<Token>, ParseError> {
             '/' => {
                 lx.bump();
                 if lx.peek() != Some('/') {
-                    return Err(lx.err(line, col, "unexpected character '/' (comments start with //)".into()));
+                    // Floor division in a size expression (`N/2`).
+                    out.push(Token {
+                        tok: Tok::Punct('/'),
+                        line,
+                        col,
+                    });
+                    continue;
                 }
                 lx.take_while(|c| c != '\n');
                 continue;
@@ -222,7 +228,7 @@ pub(crate) fn tokenize(text: &str) -> Result<Vec<Token>, ParseError> {
                 }
             }
             '"' => Tok::Str(lx.string(line, col)?),
-            '(' | ')' | '[' | ']' | '{' | '}' | '<' | '>' | ',' | '=' | ':' => {
+            '(' | ')' | '[' | ']' | '{' | '}' | '<' | '>' | ',' | '=' | ':' | '*' | '+' => {
                 lx.bump();
                 Tok::Punct(c)
             }

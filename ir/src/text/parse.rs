@@ -165,6 +165,45 @@ impl Parser {
         }
     }
 
+    /// One dim: `3`, `N`, `"batch size"`, or a size expression `N*C`, `(N+1)/2`.
+    fn dim(&mut self) -> Result<Dim, ParseError> {
+        if let Tok::Str(s) = self.peek().clone() {
+            self.bump();
+            return Ok(Dim::Sym(s));
+        }
+        let (mut text, mut depth) = (String::new(), 0usize);
+        let err_at = self.err(String::new());
+        loop {
+            match self.peek().clone() {
+                Tok::Punct(',' | ']') if depth == 0 => break,
+                Tok::Punct('(') => {
+                    depth += 1;
+                    text.push('(');
+                }
+                Tok::Punct(')') if depth > 0 => {
+                    depth -= 1;
+                    text.push(')');
+                }
+                Tok::Punct(c @ ('*' | '+' | '/')) => text.push(c),
+                // `N-1` lexes as `N` and `-1`: the text reads as a subtraction again.
+                Tok::Number(s) | Tok::Ident(s) => text.push_str(&s),
+                t if text.is_empty() => return Err(self.err(format!("expected a dimension, found {}", t.describe()))),
+                t => return Err(self.err(format!("expected ']' or ',' in a shape, found {}", t.describe()))),
+            }
+            self.bump();
+        }
+        if text.is_empty() {
+            return Err(self.err(format!("expected a dimension, found {}", self.peek().describe())));
+        }
+        if text.bytes().all(|c| c.is_ascii_digit()) {
+            return Ok(Dim::Static(parse_int(&text, "a dimension").map_err(|m| self.err(m))?));
+        }
+        text.parse::<Dim>().map_err(|m| ParseError {
+            msg: format!("bad dimension `{text}`: {m}"),
+            ..err_at
+        })
+    }
+
     /// `f32[N,784]`.
     pub(super) fn ty(&mut self) -> Result<TensorType, ParseError> {
         let dtype = match self.peek().clone() {
@@ -178,12 +217,7 @@ impl Parser {
         let mut dims = Vec::new();
         if !self.eat(']') {
             loop {
-                let d = match self.peek().clone() {
-                    Tok::Number(n) => Dim::Static(parse_int(&n, "a dimension").map_err(|m| self.err(m))?),
-                    Tok::Ident(s) | Tok::Str(s) => Dim::Sym(s),
-                    t => return Err(self.err(format!("expected a dimension, found {}", t.describe()))),
-                };
-                self.bump();
+                let d = self.dim()?;
                 dims.push(d);
                 if self.eat(']') {
                     break;

@@ -43,6 +43,7 @@ pub(crate) fn fmt_type(t: &TensorType) -> String {
         .map(|d| match d {
             Dim::Static(n) => n.to_string(),
             Dim::Sym(s) => name_or_quoted(s),
+            Dim::Expr(e) => e.to_string(),
         })
         .collect();
     format!("{}[{}]", t.dtype, dims.join(","))

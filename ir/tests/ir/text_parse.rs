@@ -466,3 +466,18 @@ fn bool_constant_bytes_must_be_zero_or_one() {
     assert_eq!(e.line, 2, "{e}");
     assert!(e.msg.contains("not 0 or 1"), "{e}");
 }
+
+/// Size expressions in types parse, print canonically and round-trip; a malformed one is an
+/// error at its position.
+#[test]
+fn size_expressions_in_types_round_trip() {
+    let text = "graph @g {\n  %x = input \"x\" : f32[N,C,4]\n  %r = reshape(%x) : f32[N*C,4]\n  %p = pad(%r) {before = [1, 0], after = [0, 0], value = 0.0} : f32[C*N+1,4]\n  output \"y\" = %p\n}\n";
+    let g = parse_graph(text).unwrap_or_else(|e| panic!("{e}"));
+    let out = &g.output_types()[0];
+    assert_eq!(out.to_string(), "f32[C*N+1,4]");
+    assert!(matches!(&out.shape.0[0], Dim::Expr(_)));
+    let printed = print_graph(&g);
+    assert_eq!(print_graph(&parse_graph(&printed).unwrap()), printed);
+    let e = err("graph @g {\n  %x = input \"x\" : f32[N/M]\n  output \"y\" = %x\n}\n");
+    assert!(e.msg.contains("N/M") && e.line == 2, "{e:?}");
+}

@@ -16,9 +16,7 @@ fn ty(s: &str) -> TensorType {
     let dims = if dims.is_empty() {
         vec![]
     } else {
-        dims.split(',')
-            .map(|x| x.parse::<usize>().map(Dim::Static).unwrap_or_else(|_| Dim::sym(x)))
-            .collect()
+        dims.split(',').map(|x| x.parse::<Dim>().expect("a dim")).collect()
     };
     TensorType::new(d.parse::<DType>().unwrap(), Shape(dims))
 }
@@ -157,6 +155,26 @@ fn movement() {
         &["f32[N,6]"],
         &["f32[N,6]"],
     );
+    // Symbolic dims merge and split as expressions: the element counts are equal polynomials.
+    ok(
+        Op::Reshape(Reshape {
+            shape: dims(&["N*3", "4"]),
+        }),
+        &["f32[N,3,4]"],
+        "f32[3*N,4]",
+    );
+    ok(
+        Op::Reshape(Reshape {
+            shape: dims(&["N", "C", "2"]),
+        }),
+        &["f32[C*N*2]"],
+        "f32[N,C,2]",
+    );
+    err(
+        Op::Reshape(Reshape { shape: dims(&["N*C"]) }),
+        &["f32[N,3]"],
+        &["element counts"],
+    );
     ok(
         Op::Permute(Permute { perm: vec![2, 0, 1] }),
         &["f32[N,3,4]"],
@@ -194,6 +212,13 @@ fn movement() {
         &["f32[N]"],
         &["symbolic", "f32[N]"],
     );
+    ok(
+        Op::Slice(Slice {
+            ranges: vec![r(1, -2, 1), r(1, i64::MAX, 2)],
+        }),
+        &["f32[N,M]"],
+        "f32[N-3,M/2]",
+    );
     err(
         Op::Slice(Slice {
             ranges: vec![r(0, 2, 0)],
@@ -210,19 +235,24 @@ fn movement() {
         &["f32[N,3]"],
         "f32[N,6]",
     );
-    err(
+    ok(
         Op::Pad(Pad {
             before: vec![1],
-            after: vec![0],
+            after: vec![2],
             value: Float(0.0),
         }),
         &["f32[N]"],
-        &["symbolic"],
+        "f32[N+3]",
     );
     ok(
         Op::Concat(Concat { axis: 1 }),
         &["f32[N,2]", "f32[N,3]", "f32[N,1]"],
         "f32[N,6]",
+    );
+    ok(
+        Op::Concat(Concat { axis: 0 }),
+        &["f32[N,2]", "f32[1,2]", "f32[N,2]"],
+        "f32[2*N+1,2]",
     );
     err(
         Op::Concat(Concat { axis: 1 }),

@@ -178,6 +178,56 @@ fn shape_chain_folds_to_a_constant_reshape() {
     assert!(ops.iter().all(|o| ["input", "reshape"].contains(o)), "{ops:?}");
 }
 
+/// A dynamic-batch shape computation: `Reshape(x, Concat(Gather(Shape(x), 0), [-1]))` and a
+/// `Reshape` to `[N*2, 3]` built from `Mul(Gather(Shape(x), 0), 2)`, on `x[batch, 2, 3]`: the
+/// importer follows the shape tensors symbolically, so the reshapes get `[batch, 6]` and
+/// `[2*batch, 3]`, and one imported graph runs every batch size.
+#[test]
+fn shape_chain_on_a_symbolic_batch_reshapes_symbolically() {
+    let axis0 = || AttributeProto {
+        name: Some("axis".into()),
+        i: Some(0),
+        ..Default::default()
+    };
+    let nodes = vec![
+        node("Shape", &["x"], "s", vec![]),
+        node("Gather", &["s", "i"], "d0", vec![]),
+        node("Unsqueeze", &["d0", "ax"], "d0v", vec![]),
+        node("Concat", &["d0v", "m1"], "shape", vec![axis0()]),
+        node("Reshape", &["x", "shape"], "flat", vec![]),
+        node("Mul", &["d0v", "two"], "n2", vec![]),
+        node("Concat", &["n2", "three"], "shape2", vec![axis0()]),
+        node("Reshape", &["flat", "shape2"], "y", vec![]),
+    ];
+    let i64s = |v: Vec<i64>| TensorData::from_vec(vec![v.len()], v).unwrap();
+    let mut m = model(
+        nodes,
+        vec![
+            tensor_to_proto("i", &TensorData::scalar(0i64)),
+            tensor_to_proto("m1", &i64s(vec![-1])),
+            tensor_to_proto("ax", &i64s(vec![0])),
+            tensor_to_proto("two", &i64s(vec![2])),
+            tensor_to_proto("three", &i64s(vec![3])),
+        ],
+        13,
+    );
+    let g = m.graph.as_mut().unwrap();
+    g.input = vec![vi("x", &[Err("batch"), Ok(2), Ok(3)])];
+    g.output = vec![vi("y", &[Err("batch2"), Ok(3)])];
+    let imported = oar_onnx::from_bytes(&m.encode_to_vec()).unwrap();
+    let out = imported.graph.output_types()[0].to_string();
+    assert_eq!(out, "f32[2*batch,3]", "{}", imported.graph);
+    for n in [1usize, 4] {
+        let v: Vec<f32> = (0..n * 6).map(|k| k as f32).collect();
+        let x = TensorData::from_vec(vec![n, 2, 3], v.clone()).unwrap();
+        let got = run(&imported, &x);
+        assert_eq!(got, v.iter().map(|&k| k as f64).collect::<Vec<_>>(), "batch {n}");
+    }
+    // Export writes the expression as a dim_param that reads back as the same size.
+    let back = oar_onnx::from_bytes(&oar_onnx::to_bytes(&imported).unwrap()).unwrap();
+    assert_eq!(back.graph.output_types()[0].to_string(), "f32[2*batch,3]");
+}
+
 #[test]
 fn unsupported_ops_are_listed_in_one_error() {
     let nodes = vec![

@@ -183,3 +183,30 @@ fn committed_models_fit_the_size_budget() {
     let total = size(&dir());
     assert!(total <= 20_000_000, "onnx/tests/models holds {total} bytes (> 20 MB)");
 }
+
+/// A CNN exported with a dynamic batch axis (`tools/export_dynamic_onnx.py`): its reshape
+/// targets are computed from `Shape(x)` at run time (`view(x.size(0), -1)`, a reshape to
+/// `[n*c, h*w]`). One import serves batch 2 and 5, on the reference and the cpu backend, against
+/// onnxruntime's outputs.
+#[test]
+fn dynamic_batch_export_runs_at_every_batch_size() {
+    let d = dir().join("dynamic");
+    let model = oar_onnx::load(&d.join("dyn_cnn.onnx")).unwrap();
+    let specs = model.graph.input_specs();
+    assert_eq!(specs[0].1.to_string(), "f32[batch,2,6,6]");
+    let text = model.graph.to_string();
+    assert!(text.contains("4*batch"), "the batch merged with the channels: {text}");
+    let cpu = oar_backend_cpu::CpuBackend::new();
+    let exe = cpu.compile(&model.graph, &model.weights).unwrap();
+    for b in [2, 5] {
+        let x = read_npy(&d.join(format!("dyn_cnn.input_{b}.npy"))).unwrap();
+        let want = read_npy(&d.join(format!("dyn_cnn.output_{b}.npy"))).unwrap();
+        let inputs = BTreeMap::from([(specs[0].0.clone(), x)]);
+        let r = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
+        let err = max_rel_err(&format!("dyn_cnn batch {b} (reference)"), &r[0].1, &want);
+        assert!(err <= RTOL, "batch {b}: reference max relative error {err:.3e}");
+        let c = exe.run(&inputs).unwrap();
+        let err = max_rel_err(&format!("dyn_cnn batch {b} (cpu)"), &c[0].1, &want);
+        assert!(err <= RTOL, "batch {b}: cpu max relative error {err:.3e}");
+    }
+}

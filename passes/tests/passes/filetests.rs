@@ -363,10 +363,8 @@ fn kernel_text_round_trips() {
             .input_specs()
             .iter()
             .flat_map(|(_, t)| t.shape.dims().to_vec())
-            .filter_map(|d| match d {
-                oar_ir::Dim::Sym(s) => Some((s, 3)),
-                oar_ir::Dim::Static(_) => None,
-            })
+            .flat_map(|d| d.symbols())
+            .map(|s| (s, 3))
             .collect();
         let p = oar_passes::fuse::lower_to_kernels(&g, &binds).unwrap();
         check(&f.display().to_string(), &p);

@@ -216,11 +216,9 @@ fn signature(graph: &Graph, bindings: &BTreeMap<String, usize>, external_weights
     let mut unbound: Vec<String> = Vec::new();
     for (name, t) in graph.input_specs() {
         let shape: Shape = t.shape.bind(&|s| bindings.get(s).copied());
-        for d in shape.dims() {
-            if let Dim::Sym(s) = d
-                && !unbound.contains(s)
-            {
-                unbound.push(s.clone());
+        for s in shape.dims().iter().flat_map(Dim::symbols) {
+            if !unbound.contains(&s) {
+                unbound.push(s);
             }
         }
         inputs.push((name, TensorType { dtype: t.dtype, shape }));

@@ -109,7 +109,7 @@ pub fn static_dims(dims: &[oar_ir::Dim]) -> GenResult<Vec<usize>> {
     dims.iter()
         .map(|d| match d {
             oar_ir::Dim::Static(n) => Ok(*n),
-            oar_ir::Dim::Sym(s) => Err(format!("symbolic dim `{s}`")),
+            d => Err(format!("symbolic dim `{d}`")),
         })
         .collect()
 }

@@ -107,7 +107,7 @@ fn sdpa<E: Emitter>(g: &mut E, x: &[E::Value], types: &[TensorType], causal: boo
     let scaled = match (scale, e) {
         (Some(s), _) => g.binary_scalar(BinaryOp::Mul, scores, s)?,
         (None, Dim::Static(n)) => g.binary_scalar(BinaryOp::Mul, scores, 1.0 / (*n as f64).sqrt())?,
-        (None, Dim::Sym(_)) => {
+        (None, _) => {
             // E is only known at run time: count it by summing ones of shape [E].
             let one = scalar_like(g, q, 1.0)?;
             let ones = g.add_op1(Op::Broadcast(Broadcast { shape: vec![e.clone()] }), &[one])?;

@@ -19,6 +19,7 @@ mod pooling;
 mod resize;
 mod scan;
 mod select;
+mod shape_of;
 
 pub use activation::{Dropout, Gelu, LogSoftmax, Relu, Sigmoid, Silu, Softmax};
 pub use attention::ScaledDotProductAttention;
@@ -33,6 +34,7 @@ pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
 pub use scan::CumSum;
 pub use select::{MaskedFill, OneHot};
+pub use shape_of::ShapeOf;
 
 use super::op_set;
 use crate::{DType, Dim, Emitter, IrError, Op, TensorType};
@@ -98,6 +100,8 @@ op_set! {
         OneHot(OneHot),
         /// Einstein summation.
         Einsum(Einsum),
+        /// The input's shape as a tensor.
+        ShapeOf,
     }
 }
 
