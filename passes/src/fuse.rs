@@ -17,7 +17,7 @@
 //!    recomputed instead of stored;
 //! 4. repeat until no walk asks for anything (the materialized set only grows, so this ends).
 
-use crate::fuse_build::{Body, BufferTable, KernelBuilder, Phase, Role, Stop, identity, role};
+use crate::fuse_build::{Body, BufferTable, KernelBuilder, MAX_INLINE_DEPTH, Phase, Role, Stop, identity, role};
 use crate::{Decompose, Pass, PassError};
 use oar_ir::kernel::{
     AffineExpr, BufferKind, Contraction, ContractionKernel, Kernel, KernelBody, KernelProgram, LoopKernel,
@@ -160,6 +160,32 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
             materialized.insert(v);
         }
     }
+    // Chains deeper than a kernel computes inline get a buffer every so many ops up front, in
+    // one linear pass (`Stop::Deep` would find the same cuts one round at a time).
+    let mut depth: BTreeMap<ValueId, usize> = BTreeMap::new();
+    for &n in &order {
+        let node = g.node(n);
+        if role(g, node) == Role::Leaf {
+            continue;
+        }
+        let below = node
+            .inputs()
+            .iter()
+            .filter(|x| !materialized.contains(x))
+            .map(|x| depth.get(x).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        for output in 0..node.outputs().len() as u32 {
+            let v = ValueId { node: n, output };
+            let d = if materialized.contains(&v) { 0 } else { below + 1 };
+            if d >= MAX_INLINE_DEPTH - 8 {
+                materialized.insert(v);
+                depth.insert(v, 0);
+            } else {
+                depth.insert(v, d);
+            }
+        }
+    }
     // Each round adds at least one value, so at most one round per value (plus one).
     // (Quadratic in the worst case; fine for the graphs of today, see docs/KERNELS.md.)
     let limit = order.iter().map(|&n| g.node(n).outputs().len()).sum::<usize>() + 2;
@@ -180,23 +206,28 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
 
 /// Cost of recomputing the inline cone of `v` (stops at buffers; anchors are never recomputed).
 fn cone_cost(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId, seen: &mut BTreeSet<ValueId>) -> usize {
-    if !seen.insert(v) || materialized.contains(&v) {
-        return 0;
+    // An explicit stack: cones can be chains of any length.
+    let mut total = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) || materialized.contains(&v) {
+            continue;
+        }
+        let node = g.node(v.node);
+        total = total.saturating_add(match (&node.op, role(g, node)) {
+            (_, Role::Leaf) => continue,
+            (_, Role::Anchor | Role::Opaque) => {
+                total = total.saturating_add(1000);
+                continue;
+            }
+            (_, Role::Movement) => 0,
+            (Op::Unary(u), _) if u.float_only() && !matches!(u, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round) => 4,
+            (Op::Binary(oar_ir::ops::BinaryOp::Div | oar_ir::ops::BinaryOp::Pow), _) => 4,
+            _ => 1,
+        });
+        stack.extend(node.inputs().iter().copied());
     }
-    let node = g.node(v.node);
-    let own = match (&node.op, role(g, node)) {
-        (_, Role::Leaf) => return 0,
-        (_, Role::Anchor | Role::Opaque) => return 1000,
-        (_, Role::Movement) => 0,
-        (Op::Unary(u), _) if u.float_only() && !matches!(u, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round) => 4,
-        (Op::Binary(oar_ir::ops::BinaryOp::Div | oar_ir::ops::BinaryOp::Pow), _) => 4,
-        _ => 1,
-    };
-    own + node
-        .inputs()
-        .iter()
-        .map(|&x| cone_cost(g, materialized, x, seen))
-        .sum::<usize>()
+    total
 }
 
 /// True if `v` is a contraction or a same-shape elementwise function of one (a would-be
@@ -204,18 +235,25 @@ fn cone_cost(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId, seen: &mut
 /// `x - mean`) becomes a reduction stage of the reader's kernel (see `fuse_build.rs`), and one
 /// claimed by several kernels is materialized by the claim count.
 fn has_epilogue_anchor(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId) -> bool {
-    if materialized.contains(&v) {
-        return false;
+    // An explicit stack: elementwise chains can be of any length.
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        if materialized.contains(&v) || !seen.insert(v) {
+            continue;
+        }
+        let node = g.node(v.node);
+        match role(g, node) {
+            Role::Anchor if !matches!(node.op, Op::Reduce(_)) => return true,
+            Role::Elementwise => stack.extend(
+                node.inputs()
+                    .iter()
+                    .filter(|&&x| g.value_type(x).shape == g.value_type(v).shape),
+            ),
+            _ => {}
+        }
     }
-    let node = g.node(v.node);
-    match role(g, node) {
-        Role::Anchor => !matches!(node.op, Op::Reduce(_)),
-        Role::Elementwise => node
-            .inputs()
-            .iter()
-            .any(|&x| g.value_type(x).shape == g.value_type(v).shape && has_epilogue_anchor(g, materialized, x)),
-        _ => false,
-    }
+    false
 }
 
 /// The value to materialize for an anchor several kernels read: the top of the chain of
@@ -248,6 +286,7 @@ fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueI
     }
     let mut kernels = Vec::new();
     let mut needs = BTreeSet::new();
+    let mut deep = BTreeSet::new();
     let mut anchor_claims: BTreeMap<ValueId, usize> = BTreeMap::new();
     let mut computed: BTreeMap<ValueId, usize> = BTreeMap::new();
     for &n in order {
@@ -292,6 +331,10 @@ fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueI
                     needs.insert(x);
                 }
             }
+            // Structural, not a conflict: every kernel's deep operand gets its buffer now.
+            Err(Stop::Deep(x)) => {
+                deep.insert(x);
+            }
         }
     }
     // Sharing decisions first: they often resolve the walks' conflicts in a better way than
@@ -309,7 +352,8 @@ fn build_all(g: &Graph, order: &[oar_ir::NodeId], materialized: &BTreeSet<ValueI
     if !shared.is_empty() {
         return Ok(Err(shared));
     }
-    if !needs.is_empty() {
+    if !needs.is_empty() || !deep.is_empty() {
+        needs.extend(deep);
         return Ok(Err(needs));
     }
     let mut outputs = Vec::new();

@@ -21,7 +21,14 @@ pub(crate) type Map = Vec<AffineExpr>;
 pub(crate) enum Stop {
     /// This value must be materialized in a buffer first.
     Need(ValueId),
+    /// This value is [`MAX_INLINE_DEPTH`] ops below the kernel's root: it gets a buffer of its
+    /// own, so a chain of any length becomes a bounded number of bounded kernels (and neither
+    /// this recursion nor code generation grows with it).
+    Deep(ValueId),
 }
+
+/// How deep a kernel computes values inline before it reads an operand from a buffer.
+pub(crate) const MAX_INLINE_DEPTH: usize = 200;
 
 /// How a node takes part in fusion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,6 +154,8 @@ pub(crate) struct KernelBuilder<'a> {
     pub stages: Vec<(ValueId, Reduction)>,
     /// Non-movement values computed inline, with the map they were computed at.
     pub inlined: BTreeSet<(ValueId, Map)>,
+    /// How many values are being computed inline, nested, right now.
+    depth: usize,
 }
 
 /// Identity map over `rank` loops.
@@ -213,6 +222,7 @@ impl<'a> KernelBuilder<'a> {
             outer: None,
             stages: Vec::new(),
             inlined: BTreeSet::new(),
+            depth: 0,
         }
     }
 
@@ -405,7 +415,13 @@ impl<'a> KernelBuilder<'a> {
             );
             body.push(ScalarOp::Load(l), dtype)
         } else {
-            self.expand(body, v, map.clone())?
+            if self.depth >= MAX_INLINE_DEPTH {
+                return Err(Stop::Deep(v));
+            }
+            self.depth += 1;
+            let r = self.expand(body, v, map.clone());
+            self.depth -= 1;
+            r?
         };
         body.memo.insert((v, map), i);
         Ok(i)
