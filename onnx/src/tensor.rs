@@ -181,11 +181,32 @@ fn read_external(t: &TensorProto, name: &str, nbytes: usize, model_dir: Option<&
             format!("external data length {len} but the shape needs {nbytes} bytes"),
         ));
     }
-    let path = dir.join(rel);
+    let joined = dir.join(rel);
     let io = |source| OnnxError::Io {
-        path: path.display().to_string(),
+        path: joined.display().to_string(),
         source,
     };
+    // Symlinks are resolved before the check: a link (or a linked directory) pointing out of the
+    // model's directory is refused like `../`, as onnx and onnxruntime do. Only regular files are
+    // read (a FIFO would block).
+    let path = joined.canonicalize().map_err(io)?;
+    let root = dir.canonicalize().map_err(io)?;
+    if !path.starts_with(&root) {
+        return Err(terr(
+            name,
+            format!(
+                "external data location `{location}` resolves to {}, outside the model's directory {}",
+                path.display(),
+                root.display()
+            ),
+        ));
+    }
+    if !std::fs::metadata(&path).map_err(io)?.is_file() {
+        return Err(terr(
+            name,
+            format!("external data location `{location}` is not a regular file"),
+        ));
+    }
     let mut f = std::fs::File::open(&path).map_err(io)?;
     let size = f.metadata().map_err(io)?.len();
     if offset.checked_add(nbytes as u64).is_none_or(|end| end > size) {

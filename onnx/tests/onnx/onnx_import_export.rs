@@ -276,6 +276,39 @@ fn external_data_outside_the_model_dir_is_refused() {
     let loaded = oar_onnx::load(&path).unwrap();
     let x = TensorData::from_vec(vec![1, 2], vec![10.0f32, 20.0]).unwrap();
     assert_eq!(run(&loaded, &x), vec![11.0, 22.0]);
+
+    // Symlinks out of the directory (a file link, a linked directory) are refused like `../`
+    // (reliability reproducer 04), and so is anything but a regular file (a FIFO would block).
+    #[cfg(unix)]
+    {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.bin"), [7u8; 8]).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret.bin"), dir.path().join("link.bin")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("d")).unwrap();
+        std::fs::create_dir(dir.path().join("fifo_dir")).unwrap();
+        let fifo = dir.path().join("fifo_dir/p.bin");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success());
+        for (loc, needle) in [
+            ("link.bin", "outside the model's directory"),
+            ("d/secret.bin", "outside the model's directory"),
+            ("fifo_dir/p.bin", "not a regular file"),
+        ] {
+            if loc.starts_with("fifo") && !made {
+                continue;
+            }
+            let mut w3 = tensor_to_proto("w", &TensorData::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap());
+            w3.raw_data = None;
+            w3.data_location = Some(1);
+            w3.external_data = vec![oar_onnx::proto::StringStringEntryProto {
+                key: Some("location".into()),
+                value: Some(loc.into()),
+            }];
+            let m = model(vec![node("Add", &["x", "w"], "y", vec![])], vec![w3], 13);
+            std::fs::write(&path, m.encode_to_vec()).unwrap();
+            let e = oar_onnx::load(&path).unwrap_err().to_string();
+            assert!(e.contains(needle), "{loc}: {e}");
+        }
+    }
 }
 
 #[test]
