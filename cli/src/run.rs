@@ -1,7 +1,6 @@
 //! `oar run`: run a model on .npy inputs.
 
 use crate::{CliResult, load};
-use oar_ir::TensorData;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -31,31 +30,11 @@ pub(crate) fn run_model(file: &Path, inputs: &[String], output: Option<&Path>, b
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     for (name, t) in &outs {
-        println!("{name}: {}", preview(t));
+        println!("{name}: {}", oar_ir::npy::preview(t));
         if let Some(dir) = output {
-            let path = dir.join(format!("{}.npy", sanitize(name)));
+            let path = dir.join(format!("{}.npy", oar_ir::npy::output_file_stem(name)));
             oar_ir::npy::write_npy(&path, t).map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
     Ok(())
-}
-
-/// Output names become file names: keep them to a safe character set.
-fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-fn preview(t: &TensorData) -> String {
-    let v = t.to_f64_vec();
-    let shown: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
-    let more = if v.len() > 6 { ", ..." } else { "" };
-    format!("{} [{}{more}]", t.tensor_type(), shown.join(", "))
 }

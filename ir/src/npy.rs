@@ -115,6 +115,32 @@ pub fn read_npy_bytes(bytes: &[u8]) -> Result<TensorData, NpyError> {
     parse(bytes).map_err(|k| err(IN_MEMORY, k))
 }
 
+/// The file name (without `.npy`) an output named `name` is written to: letters, digits, `-`,
+/// `_` and `.` as they are, every other byte as `%XX`, so different names never share a file
+/// (`a/b` → `a%2Fb`, `a_b` → `a_b`) and no name leaves the directory.
+pub fn output_file_stem(name: &str) -> String {
+    let mut s = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if s.is_empty() || s.chars().all(|c| c == '.') {
+        s.insert(0, '%'); // `.` / `..` / an empty name: not a directory entry of its own
+    }
+    s
+}
+
+/// A one-line summary of a tensor: its type and first six values.
+pub fn preview(t: &TensorData) -> String {
+    let v = t.to_f64_vec();
+    let shown: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+    let more = if v.len() > 6 { ", ..." } else { "" };
+    format!("{} [{}{more}]", t.tensor_type(), shown.join(", "))
+}
+
 /// Write `t` as an npy file.
 pub fn write_npy(path: &Path, t: &TensorData) -> Result<(), NpyError> {
     let shown = path.display().to_string();
@@ -360,4 +386,24 @@ fn parse_header(text: &str) -> Result<Header, NpyErrorKind> {
         fortran_order: fortran.ok_or_else(|| missing("fortran_order"))?,
         shape: shape.ok_or_else(|| missing("shape"))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_file_stems_are_distinct_and_stay_in_the_directory() {
+        let names = ["a/b", "a_b", "a%2Fb", "", ".", "..", "%", "x y", "ü"];
+        let stems: Vec<String> = names.iter().map(|n| output_file_stem(n)).collect();
+        let unique: std::collections::BTreeSet<&String> = stems.iter().collect();
+        assert_eq!(unique.len(), names.len(), "{stems:?}");
+        assert!(
+            stems
+                .iter()
+                .all(|s| !s.contains('/') && !s.is_empty() && s != "." && s != "..")
+        );
+        assert_eq!(output_file_stem("a_b"), "a_b");
+        assert_eq!(output_file_stem("a/b"), "a%2Fb");
+    }
 }

@@ -135,9 +135,9 @@ fn run(args: Args, blob: &[u8], table: &[KernelFn]) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("output directory `{}`: {e}", dir.display()))?;
     }
     for (name, t) in &outs {
-        print!("{name}: {}", preview(t));
+        print!("{name}: {}", oar_ir::npy::preview(t));
         if let Some(dir) = &args.output_dir {
-            let path = dir.join(format!("{}.npy", file_name(name)));
+            let path = dir.join(format!("{}.npy", oar_ir::npy::output_file_stem(name)));
             oar_ir::npy::write_npy(&path, t).map_err(|e| format!("output `{name}`: {e}"))?;
             print!(" -> {}", path.display());
         }
@@ -239,25 +239,6 @@ impl LatencyStats {
 }
 
 /// Output names become file names: keep them to a safe character set.
-fn file_name(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-fn preview(t: &TensorData) -> String {
-    let v = t.to_f64_vec();
-    let shown: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
-    let more = if v.len() > 6 { ", ..." } else { "" };
-    format!("{} [{}{more}]", t.tensor_type(), shown.join(", "))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

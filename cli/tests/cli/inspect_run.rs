@@ -106,3 +106,28 @@ fn errors_are_one_clear_line() {
     assert_clean_error(&oar(&["run", m, "--target", "tpu9000"]), "(registered: reference, cpu");
     assert_clean_error(&oar(&["inspect", m, "--bind", "N"]), "SYM=SIZE");
 }
+
+/// Outputs whose names differ only in characters a file name cannot hold (`a/b`, `a_b`) land
+/// in different files (reliability reproducer 06: one was silently overwritten).
+#[test]
+fn run_writes_every_output_to_its_own_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "graph @g {\n  %x = input \"x\" : f32[2]\n  %n = neg(%x) : f32[2]\n  output \"a/b\" = %x\n  output \"a_b\" = %n\n}\n";
+    let m = dir.path().join("collide.oir");
+    std::fs::write(&m, text).unwrap();
+    let xp = dir.path().join("x.npy");
+    oar::ir::npy::write_npy(&xp, &TensorData::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap()).unwrap();
+    let out = dir.path().join("out");
+    let o = oar(&[
+        "run",
+        m.to_str().unwrap(),
+        "-i",
+        &format!("x={}", xp.display()),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let read = |f: &str| oar::ir::npy::read_npy(&out.join(f)).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(read("a%2Fb.npy"), vec![1.0, 2.0]);
+    assert_eq!(read("a_b.npy"), vec![-1.0, -2.0]);
+}

@@ -287,7 +287,10 @@ fn external_data_outside_the_model_dir_is_refused() {
         std::os::unix::fs::symlink(outside.path(), dir.path().join("d")).unwrap();
         std::fs::create_dir(dir.path().join("fifo_dir")).unwrap();
         let fifo = dir.path().join("fifo_dir/p.bin");
-        let made = std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success());
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success());
         for (loc, needle) in [
             ("link.bin", "outside the model's directory"),
             ("d/secret.bin", "outside the model's directory"),
