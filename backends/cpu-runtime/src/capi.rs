@@ -87,10 +87,34 @@ impl AotModel {
         let (meta, program, mut weights) = decode_aot_blob(blob)?;
         let file_label = match weights_file {
             Some(p) => {
-                for (k, v) in read_weights_file(p)? {
-                    weights.insert(k, v);
+                // The file replaces the parameters: exactly the model's names, shapes and dtypes
+                // (an empty, partial or foreign file is an error, not a silent merge).
+                let label = format!("weights file `{}`", p.display());
+                let given = read_weights_file(p)?;
+                let want = program.params();
+                let unknown: Vec<&String> = given.keys().filter(|k| !want.contains_key(*k)).collect();
+                if !unknown.is_empty() {
+                    return Err(format!("{label}: tensors the model does not have: {unknown:?}"));
                 }
-                Some(format!("weights file `{}`: ", p.display()))
+                let missing: Vec<String> = want
+                    .iter()
+                    .filter(|(k, _)| !given.contains_key(*k))
+                    .map(|(k, t)| format!("{k}: {t}"))
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(format!("{label}: missing parameters {missing:?}"));
+                }
+                for (k, t) in &given {
+                    if t.tensor_type() != want[k] {
+                        return Err(format!(
+                            "{label}: parameter `{k}`: expected {1}, got {0}",
+                            t.tensor_type(),
+                            want[k]
+                        ));
+                    }
+                }
+                weights.extend(given);
+                Some(format!("{label}: "))
             }
             None if meta.external_weights => {
                 return Err(format!(

@@ -121,6 +121,25 @@ pub fn const_name(b: BufferId) -> String {
     format!("@const/{}", b.0)
 }
 
+impl CpuProgram {
+    /// The model's parameters (not its constants), regions included: name → type.
+    pub fn params(&self) -> std::collections::BTreeMap<String, oar_ir::TensorType> {
+        let mut out = std::collections::BTreeMap::new();
+        let mut stack = vec![self];
+        while let Some(p) = stack.pop() {
+            for b in &p.program.buffers {
+                if let oar_ir::kernel::BufferKind::Param { name } = &b.kind
+                    && !name.starts_with("@const/")
+                {
+                    out.insert(name.clone(), b.ty.clone());
+                }
+            }
+            stack.extend(p.regions.iter().map(|r| &r.program));
+        }
+        out
+    }
+}
+
 const MAGIC: &[u8; 8] = b"OARCPU01";
 
 /// Serialize a program and its weights into one blob (`OARCPU01`, program JSON length, JSON,

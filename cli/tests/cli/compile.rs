@@ -82,6 +82,46 @@ fn compile_exe_and_run_it() {
         let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
         assert_close(&got, t, name);
     }
+
+    // `--weights FILE` replaces the parameters: it must hold exactly the model's tensors
+    // (reliability reproducer 07: empty, foreign or partial files ran with exit 0).
+    let write = |name: &str, w: Weights| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, oar::ir::file::encode_weights(&w).unwrap()).unwrap();
+        p
+    };
+    let s3 = |v: [f32; 3]| TensorData::from_vec(vec![3], v.to_vec()).unwrap();
+    let cases = [
+        (write("empty.st", Weights::new()), "missing parameters"),
+        (
+            write(
+                "foreign.st",
+                Weights::from([("s".to_string(), s3([1.0; 3])), ("t".to_string(), s3([1.0; 3]))]),
+            ),
+            "does not have",
+        ),
+        (
+            write(
+                "shape.st",
+                Weights::from([("s".to_string(), TensorData::from_vec(vec![1], vec![1.0f32]).unwrap())]),
+            ),
+            "expected f32[3]",
+        ),
+    ];
+    for (file, needle) in &cases {
+        let r = Command::new(&exe)
+            .args([x.to_str().unwrap(), "--weights", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(!r.status.success() && err.contains(needle), "{}: {err}", file.display());
+    }
+    let good = write("good.st", Weights::from([("s".to_string(), s3([2.0, 2.0, 2.0]))]));
+    let r = Command::new(&exe)
+        .args([x.to_str().unwrap(), "--weights", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 }
 
 #[test]

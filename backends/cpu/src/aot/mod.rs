@@ -24,7 +24,6 @@ mod object;
 use crate::CpuError;
 use crate::lower::{Lowered, lower};
 use oar_cpu_runtime::capi::{AotMeta, encode_aot_blob};
-use oar_ir::kernel::BufferKind;
 use oar_ir::{BackendError, Dim, Graph, Shape, TensorType, Weights};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -236,32 +235,23 @@ fn signature(graph: &Graph, bindings: &BTreeMap<String, usize>, external_weights
 /// The parameters the program (and its control-flow regions) reads, checked against the
 /// program's types (so a missing or mistyped weight is a compile error, not a load error).
 fn collect_params(lowered: &Lowered, weights: &Weights) -> Result<Weights, CpuError> {
-    fn buffers<'a>(p: &'a oar_cpu_runtime::CpuProgram, out: &mut Vec<&'a oar_ir::kernel::Buffer>) {
-        out.extend(&p.program.buffers);
-        for r in &p.regions {
-            buffers(&r.program, out);
-        }
-    }
-    let mut all = Vec::new();
-    buffers(&lowered.cpu, &mut all);
     let mut out = Weights::new();
-    for b in all {
-        let BufferKind::Param { name } = &b.kind else { continue };
-        if lowered.consts.contains_key(name) {
+    for (name, ty) in lowered.cpu.params() {
+        if lowered.consts.contains_key(&name) {
             continue;
         }
-        let t = weights.get(name).ok_or_else(|| BackendError::Weight {
+        let t = weights.get(&name).ok_or_else(|| BackendError::Weight {
             name: name.clone(),
-            detail: format!("no weight given (expected {})", b.ty),
+            detail: format!("no weight given (expected {ty})"),
         })?;
-        if t.tensor_type() != b.ty {
+        if t.tensor_type() != ty {
             return Err(BackendError::Weight {
-                name: name.clone(),
-                detail: format!("expected {}, got {}", b.ty, t.tensor_type()),
+                name,
+                detail: format!("expected {ty}, got {}", t.tensor_type()),
             }
             .into());
         }
-        out.insert(name.clone(), t.clone());
+        out.insert(name, t.clone());
     }
     Ok(out)
 }
