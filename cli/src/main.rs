@@ -108,6 +108,12 @@ pub(crate) fn parse_binds<C: FromIterator<(String, usize)>>(binds: &[String]) ->
 pub(crate) type CliResult<T> = Result<T, String>;
 
 fn main() -> ExitCode {
+    // `oar inspect m.oar | head`: a closed pipe ends the process quietly, as for any Unix tool,
+    // instead of a panic in println!.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Safety net: a bug must still end in one clear line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error (please report): {info}");

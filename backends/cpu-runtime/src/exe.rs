@@ -29,11 +29,11 @@ struct Args {
     /// Write each output to DIR/NAME.npy (created if missing).
     #[arg(long, short = 'o', value_name = "DIR")]
     output_dir: Option<PathBuf>,
-    /// After one warm-up run, time N runs and print latency statistics.
-    #[arg(long, value_name = "N")]
-    bench: Option<usize>,
-    /// Threads to use (default: all cores).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// After one warm-up run, time N runs (1..=1000000) and print latency statistics.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    bench: Option<u64>,
+    /// Threads to use (1..=1024; default: all cores).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
     threads: Option<u64>,
     /// Weights file (safetensors). Default for models compiled with `--weights external`:
     /// this executable's path with `.weights` appended.
@@ -59,6 +59,11 @@ pub unsafe extern "C" fn oar_rt_exe_main(
     table: *const KernelFn,
     n_funcs: usize,
 ) -> c_int {
+    // `exe ... | head`: a closed pipe ends the process quietly (as for any Unix tool).
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // A bug must still end in one clear line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error (please report): {info}");
@@ -101,8 +106,12 @@ fn main_with(args: Vec<OsString>, blob: &[u8], table: &[KernelFn]) -> c_int {
 
 fn run(args: Args, blob: &[u8], table: &[KernelFn]) -> Result<(), String> {
     if let Some(n) = args.threads {
-        // Fails only if a pool exists already, which cannot happen this early.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n as usize).build_global();
+        // Fails when the threads cannot be started (a memory or process limit): an error, not
+        // a panic later in the first parallel loop.
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n as usize)
+            .build_global()
+            .map_err(|e| format!("--threads {n}: cannot start the threads: {e}"))?;
     }
     let (meta, _, _) = crate::capi::decode_aot_blob(blob)?;
     let weights = match (&args.weights, meta.external_weights) {
@@ -144,7 +153,7 @@ fn run(args: Args, blob: &[u8], table: &[KernelFn]) -> Result<(), String> {
         println!();
     }
     if let Some(n) = args.bench {
-        bench(&model, feeds, n)?;
+        bench(&model, feeds, n as usize)?;
     }
     Ok(())
 }

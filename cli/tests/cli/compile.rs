@@ -116,6 +116,17 @@ fn compile_exe_and_run_it() {
         let err = String::from_utf8_lossy(&r.stderr);
         assert!(!r.status.success() && err.contains(needle), "{}: {err}", file.display());
     }
+    // Bounded command-line values: a clear usage error, not an allocation or thousands of threads.
+    for bad in [
+        ["--bench", "18446744073709551615"],
+        ["--threads", "100000"],
+        ["--threads", "0"],
+    ] {
+        let r = Command::new(&exe).arg(x.to_str().unwrap()).args(bad).output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains(bad[0]) && !err.contains("panicked"), "{bad:?}: {err}");
+    }
     let good = write("good.st", Weights::from([("s".to_string(), s3([2.0, 2.0, 2.0]))]));
     let r = Command::new(&exe)
         .args([x.to_str().unwrap(), "--weights", good.to_str().unwrap()])

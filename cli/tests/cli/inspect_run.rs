@@ -131,3 +131,31 @@ fn run_writes_every_output_to_its_own_file() {
     assert_eq!(read("a%2Fb.npy"), vec![1.0, 2.0]);
     assert_eq!(read("a_b.npy"), vec![-1.0, -2.0]);
 }
+
+/// `oar opt big.oir | head -c1`: the reader goes away mid-output and oar ends quietly (by
+/// SIGPIPE, like any Unix tool) instead of panicking in println! (reliability reproducer 09).
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_pipe_is_not_a_panic() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::from("graph @g {\n  %v0 = input \"x\" : f32[4]\n");
+    for i in 1..=5000 {
+        text.push_str(&format!("  %v{i} = tanh(%v{}) : f32[4]\n", i - 1));
+    }
+    text.push_str("  output \"y\" = %v5000\n}\n");
+    let m = dir.path().join("big.oir");
+    std::fs::write(&m, text).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["opt", m.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut one = [0u8; 1];
+    child.stdout.take().unwrap().read_exact(&mut one).unwrap(); // then the pipe closes
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
+}
