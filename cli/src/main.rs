@@ -23,6 +23,14 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Largest tensor or arena oar allocates (`512M`, `4G`; default: 3/4 of the available
+    /// memory, or OAR_MAX_MEMORY): bigger sizes are an error naming the tensor, not an abort.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
+    max_memory: Option<u64>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    oar_ir::memory::parse_size(s)
 }
 
 #[derive(Subcommand)]
@@ -119,6 +127,9 @@ fn main() -> ExitCode {
         eprintln!("error: internal error (please report): {info}");
     }));
     let cli = Cli::parse();
+    if let Some(m) = cli.max_memory {
+        oar_ir::memory::set_limit(m);
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -157,11 +157,20 @@ impl Site {
         }
     }
 
-    /// Refuse a tensor of `dtype` and `shape` that overflows or exceeds `MAX_TENSOR_BYTES`.
+    /// Refuse a tensor of `dtype` and `shape` that overflows or exceeds the memory budget
+    /// ([`crate::memory::limit`]) as the interpreter holds it: 8 bytes per element (f64 / i64).
     pub fn check_size(&self, dtype: DType, shape: &[usize], what: &str) -> Res<()> {
-        checked_byte_len(dtype, shape)
-            .map(|_| ())
-            .map_err(|e| self.err(format!("{what}: {e}")))
+        checked_byte_len(dtype, shape).map_err(|e| self.err(format!("{what}: {e}")))?;
+        let held = shape.iter().try_fold(8usize, |a, &d| a.checked_mul(d));
+        let limit = crate::memory::limit();
+        match held {
+            Some(b) if b as u64 <= limit => Ok(()),
+            _ => Err(self.err(format!(
+                "{what}: {dtype}{shape:?} takes {} bytes in the interpreter (8 per element), the memory limit is {limit} bytes ({})",
+                held.map_or("more than 2^64".to_string(), |b| b.to_string()),
+                crate::memory::limit_source()
+            ))),
+        }
     }
 }
 

@@ -16,6 +16,7 @@ pub mod file;
 pub mod graph;
 pub mod graph_def;
 pub mod kernel;
+pub mod memory;
 pub mod npy;
 pub mod ops;
 pub mod runner;

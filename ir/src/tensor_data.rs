@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// Largest tensor, in bytes, that oar will create from untrusted sizes (16 GiB).
+/// Largest tensor, in bytes, that oar will create from untrusted sizes (16 GiB): the cap of the
+/// default memory budget ([`crate::memory::limit`]).
 pub const MAX_TENSOR_BYTES: usize = 1 << 34;
 
 /// A dense, row-major tensor with a static shape; bytes are little-endian, bool is 0/1.
@@ -158,13 +159,17 @@ pub enum TensorDataError {
         /// Bytes given.
         got: usize,
     },
-    /// The shape's size overflows or exceeds [`MAX_TENSOR_BYTES`].
-    #[error("{dtype}{shape:?} is too large (limit {MAX_TENSOR_BYTES} bytes)")]
+    /// The shape's size overflows or exceeds the memory budget ([`crate::memory::limit`]).
+    #[error("{dtype}{shape:?} is too large: {} bytes, the memory limit is {limit} bytes ({})", bytes.map_or("more than 2^64".to_string(), |b| b.to_string()), crate::memory::limit_source())]
     TooLarge {
         /// Element type.
         dtype: DType,
         /// Shape.
         shape: Vec<usize>,
+        /// Its size in bytes (`None`: more than `usize` holds).
+        bytes: Option<usize>,
+        /// The memory limit it exceeds.
+        limit: u64,
     },
     /// A bool tensor holds a byte other than 0 or 1.
     #[error("bool element {index} is the byte {byte}, not 0 or 1")]
@@ -184,16 +189,20 @@ pub enum TensorDataError {
     },
 }
 
-/// Bytes needed for `shape` of `dtype`, checked against overflow and [`MAX_TENSOR_BYTES`].
+/// Bytes needed for `shape` of `dtype`, checked against overflow and the memory budget
+/// ([`crate::memory::limit`]).
 pub fn checked_byte_len(dtype: DType, shape: &[usize]) -> Result<usize, TensorDataError> {
-    shape
-        .iter()
-        .try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d))
-        .filter(|&n| n <= MAX_TENSOR_BYTES)
-        .ok_or_else(|| TensorDataError::TooLarge {
+    let bytes = shape.iter().try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d));
+    let limit = crate::memory::limit();
+    match bytes {
+        Some(n) if n as u64 <= limit => Ok(n),
+        _ => Err(TensorDataError::TooLarge {
             dtype,
             shape: shape.to_vec(),
-        })
+            bytes,
+            limit,
+        }),
+    }
 }
 
 impl TensorData {

@@ -191,7 +191,13 @@ fn import_model(model: &ModelProto, model_dir: Option<&Path>, options: &ImportOp
     Ok(Model { graph: g, weights })
 }
 
-/// Convert a node; when every input is a constant, evaluate it now and return constants.
+/// Largest node result (in elements, all outputs together) folded into a constant at import
+/// time; bigger results are computed when the model runs, under its memory budget, instead of
+/// being materialized (and stored in the model) here.
+pub(crate) const FOLD_LIMIT_ELEMENTS: usize = 1 << 20;
+
+/// Convert a node; when every input is a constant (and the result is small), evaluate it now
+/// and return constants.
 fn convert_or_fold(
     g: &mut Graph,
     node: &NodeProto,
@@ -216,6 +222,12 @@ fn convert_or_fold(
         let sins: Vec<Option<ValueId>> = consts.into_iter().map(|t| t.map(|t| scratch.add_constant(t))).collect();
         let none = HashMap::new();
         let outs = NodeCx::new(&mut scratch, node, label, opset, sins, &none, &Default::default()).convert()?;
+        let elements = outs.iter().try_fold(0usize, |acc, v| {
+            acc.checked_add(scratch.value_type(*v).shape.num_elements()?)
+        });
+        if elements.is_none_or(|n| n > FOLD_LIMIT_ELEMENTS) {
+            return NodeCx::new(g, node, label, opset, ins, param_values, shape_values).convert();
+        }
         for (i, v) in outs.iter().enumerate() {
             scratch.add_output(&format!("o{i}"), *v)?;
         }

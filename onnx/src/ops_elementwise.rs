@@ -78,8 +78,13 @@ pub(crate) fn constant_of_shape(cx: &mut NodeCx<'_>) -> R<ValueId> {
         None => TensorData::scalar(0.0f32),
     };
     let v = value.to_f64_vec().first().copied().unwrap_or(0.0);
-    let Some(shape) = oar_ir::Shape(dims.clone()).as_static() else {
-        // A symbolic shape: the fill value broadcast to it at run time.
+    let shape = oar_ir::Shape(dims.clone());
+    let small = shape
+        .num_elements()
+        .is_some_and(|n| n <= crate::import::FOLD_LIMIT_ELEMENTS);
+    let Some(shape) = shape.as_static().filter(|_| small) else {
+        // A symbolic or large shape: the fill value broadcast to it at run time (a large
+        // constant would be held in the graph, and the model file, element by element).
         let s =
             cx.g.add_constant(TensorData::full(value.dtype(), vec![], v).map_err(|e| cx.err(e.to_string()))?);
         return cx.op(Op::Broadcast(oar_ir::ops::Broadcast { shape: dims }), &[s]);

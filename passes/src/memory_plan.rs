@@ -44,8 +44,9 @@ struct Slot {
 /// temporary's shape must be bound).
 pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) -> Result<MemoryPlan, PassError> {
     let mut sizes = BTreeMap::new();
+    let mut outputs_bytes = 0u64;
     for (i, b) in program.buffers.iter().enumerate() {
-        if b.kind != BufferKind::Temp {
+        if !matches!(b.kind, BufferKind::Temp | BufferKind::Output) {
             continue;
         }
         let dims =
@@ -58,6 +59,11 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
                 })
                 .collect::<Result<Vec<_>, _>>()?;
         let bytes = checked_byte_len(b.ty.dtype, &dims).map_err(|e| err(program, format!("b{i}: {e}")))?;
+        if b.kind == BufferKind::Output {
+            // Outputs are allocated by the caller, but they count against the budget too.
+            outputs_bytes = outputs_bytes.saturating_add(bytes as u64);
+            continue;
+        }
         sizes.insert(BufferId(i as u32), bytes);
     }
     // Lifetimes in kernel steps.
@@ -150,6 +156,17 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
         for &m in &slot.members {
             offsets.insert(m, offset);
         }
+    }
+    let limit = oar_ir::memory::limit();
+    let total = (arena_bytes as u64).saturating_add(outputs_bytes);
+    if total > limit {
+        return Err(err(
+            program,
+            format!(
+                "needs {total} bytes ({arena_bytes} of temporaries, {outputs_bytes} of outputs); the memory limit is {limit} bytes ({})",
+                oar_ir::memory::limit_source()
+            ),
+        ));
     }
     let steps = program.kernels.len();
     let peak_live_bytes = (0..steps)

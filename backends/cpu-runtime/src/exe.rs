@@ -42,6 +42,10 @@ struct Args {
     /// Print the model's inputs and outputs, then exit.
     #[arg(long)]
     info: bool,
+    /// Largest tensor or arena to allocate (`512M`, `4G`; default: 3/4 of the available
+    /// memory, or OAR_MAX_MEMORY).
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| oar_ir::memory::parse_size(s))]
+    max_memory: Option<u64>,
 }
 
 /// Entry point of an AOT executable (called by the generated `main`). Returns the exit code:
@@ -105,6 +109,9 @@ fn main_with(args: Vec<OsString>, blob: &[u8], table: &[KernelFn]) -> c_int {
 }
 
 fn run(args: Args, blob: &[u8], table: &[KernelFn]) -> Result<(), String> {
+    if let Some(m) = args.max_memory {
+        oar_ir::memory::set_limit(m);
+    }
     if let Some(n) = args.threads {
         // Fails when the threads cannot be started (a memory or process limit): an error, not
         // a panic later in the first parallel loop.

@@ -280,7 +280,9 @@ fn bad_step(k: &Kernel, detail: &str) -> BackendError {
 
 /// Bytes of a static buffer.
 pub(crate) fn byte_len(b: &Buffer) -> usize {
-    static_shape(&b.ty).iter().product::<usize>() * b.ty.dtype.size_bytes()
+    static_shape(&b.ty)
+        .iter()
+        .fold(b.ty.dtype.size_bytes(), |acc, &d| acc.saturating_mul(d))
 }
 
 /// Iterations after which a `while` loop is an error (as the reference interpreter's).
@@ -383,6 +385,26 @@ impl Launcher for Model {
     type Frame = CpuFrame;
 
     fn frame(&self, p: &KernelProgram) -> Result<CpuFrame, BackendError> {
+        // The plan was checked against the budget where it was made (maybe another machine,
+        // for an AOT binary): check this process's budget before allocating.
+        let outputs: u64 = p
+            .buffers
+            .iter()
+            .filter(|b| b.kind == BufferKind::Output)
+            .map(|b| byte_len(b) as u64)
+            .fold(0, u64::saturating_add);
+        let need = (self.prog.plan.arena_bytes as u64).saturating_add(outputs);
+        let limit = oar_ir::memory::limit();
+        if need > limit {
+            return Err(BackendError::Runtime {
+                op: "run".into(),
+                value: p.name.clone(),
+                detail: format!(
+                    "needs {need} bytes of temporaries and outputs; the memory limit is {limit} bytes ({})",
+                    oar_ir::memory::limit_source()
+                ),
+            });
+        }
         let arena_len = self.prog.plan.arena_bytes.div_ceil(16) + 4;
         let mut arena = self
             .arenas

@@ -159,3 +159,80 @@ fn a_closed_stdout_pipe_is_not_a_panic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
 }
+
+/// The memory budget (reliability reproducers 02): sizes past `--max-memory` / OAR_MAX_MEMORY
+/// are one clear error naming the tensor, its bytes and the limit — on the cpu and reference
+/// backends, for `compile`, and in a compiled executable — never an abort or a panic.
+#[test]
+fn sizes_past_the_memory_budget_are_clean_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = |name: &str, body: &str, ty: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(
+            &p,
+            format!("graph @g {{\n  %0 = {body} : {ty}\n  output \"y\" = %0\n}}\n"),
+        )
+        .unwrap();
+        p
+    };
+    let cases = [
+        graph("iota_2p30.oir", "iota() {axis = 0}", "f32[1073741824]"),
+        graph("iota_2p40.oir", "iota() {axis = 0}", "f32[1099511627776]"),
+        graph("iota_u64max.oir", "iota() {axis = 0}", "f32[18446744073709551615]"),
+        graph(
+            "random_2p32.oir",
+            "random() {dist = normal, mean = 0.0, std = 1.0, seed = 1}",
+            "f32[4294967296]",
+        ),
+    ];
+    for p in &cases {
+        let p = p.to_str().unwrap();
+        for backend in ["cpu", "reference"] {
+            let o = oar(&["run", p, "-b", backend, "--max-memory", "64M"]);
+            assert_clean_error(&o, "limit is 67108864 bytes");
+        }
+        let o = oar(&[
+            "compile",
+            p,
+            "--emit",
+            "obj",
+            "-o",
+            dir.path().join("t.o").to_str().unwrap(),
+            "--max-memory",
+            "64M",
+        ]);
+        assert_clean_error(&o, "too large");
+    }
+    // The environment variable works too, and a small graph runs under a small limit.
+    let small = graph("small.oir", "iota() {axis = 0}", "f32[1024]");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["run", cases[0].to_str().unwrap()])
+        .env("OAR_MAX_MEMORY", "1M")
+        .output()
+        .unwrap();
+    assert_clean_error(&o, "OAR_MAX_MEMORY");
+    let o = oar(&["run", small.to_str().unwrap(), "--max-memory", "64K"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // An executable checks its own budget before allocating.
+    let exe = dir.path().join("small_exe");
+    let o = oar(&[
+        "compile",
+        small.to_str().unwrap(),
+        "--emit",
+        "exe",
+        "-o",
+        exe.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = std::process::Command::new(&exe)
+        .args(["--max-memory", "1K"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        !r.status.success() && err.contains("memory limit is 1024 bytes"),
+        "{err}"
+    );
+    let o = oar(&["run", small.to_str().unwrap(), "--max-memory", "lots"]);
+    assert!(!o.status.success() && stderr(&o).contains("lots"), "{}", stderr(&o));
+}

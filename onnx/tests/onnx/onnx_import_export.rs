@@ -366,3 +366,44 @@ fn mutated_models_never_panic() {
     }
     assert!(ok < 600, "some mutations must be rejected");
 }
+
+/// A 137-byte model asking for a 2^30-element ConstantOfShape (reliability reproducer 03):
+/// import does not materialize it (a broadcast scalar computed at run time instead), so import
+/// is instant and the imported graph holds no large constant; Expand of constants past the
+/// folding limit is also left to run time.
+#[test]
+fn large_constant_shapes_are_not_folded_at_import() {
+    let i64s = |v: Vec<i64>| TensorData::from_vec(vec![v.len()], v).unwrap();
+    let nodes = vec![
+        node("ConstantOfShape", &["shape"], "c", vec![]),
+        node("Expand", &["one", "shape"], "e", vec![]),
+        node("Add", &["c", "e"], "s", vec![]),
+        node("ReduceSum", &["s"], "y", vec![]),
+    ];
+    let mut m = model(
+        nodes,
+        vec![
+            tensor_to_proto("shape", &i64s(vec![1 << 30])),
+            tensor_to_proto("one", &TensorData::from_vec(vec![1], vec![1.0f32]).unwrap()),
+        ],
+        13,
+    );
+    let g = m.graph.as_mut().unwrap();
+    g.input = vec![];
+    g.output = vec![vi("y", &[Ok(1)])];
+    let t = std::time::Instant::now();
+    let imported = oar_onnx::from_bytes(&m.encode_to_vec()).unwrap();
+    assert!(t.elapsed().as_secs_f64() < 5.0, "import took {:?}", t.elapsed());
+    let biggest = imported
+        .graph
+        .node_ids()
+        .filter_map(|n| match &imported.graph.node(n).op {
+            Op::Constant(t) => Some(t.len()),
+            _ => None,
+        })
+        .chain(imported.weights.values().map(|t| t.len()))
+        .max()
+        .unwrap_or(0);
+    assert!(biggest <= 1, "a constant of {biggest} elements was materialized");
+    assert_eq!(imported.graph.output_types()[0].to_string(), "f32[1]");
+}
