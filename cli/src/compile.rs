@@ -133,7 +133,7 @@ fn write_text(path: &std::path::Path, text: &str) -> CliResult<bool> {
         print!("{text}");
         return Ok(true);
     }
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    oar_ir::file::write_atomically(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("wrote {} ({})", path.display(), human(text.len() as u64));
     Ok(false)
 }

@@ -152,7 +152,9 @@ fn run(command: Command) -> CliResult<()> {
             let model = load(&file)?;
             let dot = oar_ir::dot::to_dot(&model.graph);
             match output {
-                Some(p) => std::fs::write(&p, dot).map_err(|e| format!("{}: {e}", p.display())),
+                Some(p) => {
+                    oar_ir::file::write_atomically(&p, dot.as_bytes()).map_err(|e| format!("{}: {e}", p.display()))
+                }
                 None => {
                     print!("{dot}");
                     Ok(())

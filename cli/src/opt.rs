@@ -96,7 +96,7 @@ fn param_names(graph: &Graph, out: &mut BTreeSet<String>) {
 
 fn write_output(path: &Path, model: Model) -> CliResult<()> {
     if path.extension().is_some_and(|e| e == "oir") {
-        return std::fs::write(path, oar_ir::text::print_graph(&model.graph))
+        return oar_ir::file::write_atomically(path, oar_ir::text::print_graph(&model.graph).as_bytes())
             .map_err(|e| format!("{}: {e}", path.display()));
     }
     if path.extension().is_none_or(|e| e != "oar") {

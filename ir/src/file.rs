@@ -385,12 +385,15 @@ fn from_st_dtype(d: StDtype) -> Option<DType> {
     DType::ALL.into_iter().find(|&o| to_st_dtype(o) == d)
 }
 
-/// Write `bytes` to `path` through a temp file in the same directory and a rename, so a crash
-/// never leaves a half-written file over a good one. Shared by every oar file writer.
+/// Write `bytes` to `path` through a temp file in the same directory (`.NAME.PID-N.tmp`),
+/// fsync and a rename, so a crash never leaves a half-written file over a good one; temp files
+/// for the same `path` left by crashed processes are removed first. Shared by every oar file
+/// writer (model files, IR text, ONNX, npy outputs, dot, compiled binaries).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let file_name = path
         .file_name()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path does not name a file"))?;
+    remove_stale_temps(path);
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(file_name);
     // Unique per process and per call, so concurrent saves never share a temp file.
@@ -410,6 +413,37 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// Remove `.NAME.PID-N.tmp` files next to `path` whose process is gone (a crash mid-write).
+/// Best effort; only where process liveness can be checked (`/proc`).
+pub fn remove_stale_temps(path: &Path) {
+    let (Some(name), Some(dir)) = (path.file_name().and_then(|n| n.to_str()), path.parent()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let prefix = format!(".{name}.");
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(f) = file.to_str() else { continue };
+        let Some(rest) = f.strip_prefix(&prefix).and_then(|r| r.strip_suffix(".tmp")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Named tensors as a safetensors blob (every oar dtype; `__metadata__` is reserved).

@@ -145,7 +145,7 @@ pub fn preview(t: &TensorData) -> String {
 pub fn write_npy(path: &Path, t: &TensorData) -> Result<(), NpyError> {
     let shown = path.display().to_string();
     let bytes = encode(t).map_err(|k| err(&shown, k))?;
-    std::fs::write(path, bytes).map_err(|e| err(&shown, e.into()))
+    crate::file::write_atomically(path, &bytes).map_err(|e| err(&shown, e.into()))
 }
 
 /// The npy bytes of `t` (format 1.0, or 2.0 when the header needs it), as numpy writes them.

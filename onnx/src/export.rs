@@ -30,7 +30,7 @@ pub const EXPORT_OPSET: i64 = 18;
 /// Write `model` as an `.onnx` file.
 pub fn save(model: &Model, path: &Path) -> Result<(), OnnxError> {
     let bytes = to_bytes(model)?;
-    std::fs::write(path, bytes).map_err(|source| OnnxError::Io {
+    oar_ir::file::write_atomically(path, &bytes).map_err(|source| OnnxError::Io {
         path: path.display().to_string(),
         source,
     })

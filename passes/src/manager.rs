@@ -238,7 +238,7 @@ impl PassManager {
             detail: e.to_string(),
         };
         std::fs::create_dir_all(dir).map_err(|e| fail(dir, e))?;
-        std::fs::write(&path, oar_ir::text::print_graph(graph)).map_err(|e| fail(&path, e))
+        oar_ir::file::write_atomically(&path, oar_ir::text::print_graph(graph).as_bytes()).map_err(|e| fail(&path, e))
     }
 
     fn emit(&mut self, pass: &str, when: &str, graph: &Graph) {

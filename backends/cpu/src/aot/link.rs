@@ -154,8 +154,14 @@ pub(crate) fn link(shared: bool, obj: &[u8], rt: &Path, out: &Path) -> Result<()
             })?;
         }
     }
+    // The scratch directory may be on another filesystem: then copy through an atomic write
+    // (never a half-written binary over a good one) and keep the linker's permissions.
     std::fs::rename(&tmp_out, out)
-        .or_else(|_| std::fs::copy(&tmp_out, out).map(|_| ()))
+        .or_else(|_| {
+            let perms = std::fs::metadata(&tmp_out)?.permissions();
+            oar_ir::file::write_atomically(out, &std::fs::read(&tmp_out)?)?;
+            std::fs::set_permissions(out, perms)
+        })
         .map_err(|e| CpuError::Io(format!("{}: {e}", out.display())))?;
     Ok(())
 }
