@@ -78,6 +78,7 @@ fn import_model(model: &ModelProto, model_dir: Option<&Path>, options: &ImportOp
         .graph
         .as_ref()
         .ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
+    crate::check::check_model(model, gp)?;
     let unsupported: Vec<UnsupportedNode> = gp
         .node
         .iter()

@@ -6,6 +6,7 @@
 //! symbolic, reads initializers (raw, typed or external data) as weights, and folds nodes whose
 //! inputs are all constant. A model with unsupported ops fails with one error listing them all.
 
+mod check;
 mod error;
 mod export;
 mod import;

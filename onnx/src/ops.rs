@@ -5,6 +5,7 @@
 //! (attributes that became inputs, changed defaults).
 
 use crate::error::OnnxError;
+use crate::proto::attribute_proto::AttributeType;
 use crate::proto::{AttributeProto, NodeProto};
 use crate::tensor::tensor_from_proto;
 use oar_ir::ops::{ArgReduce, Cast, Reduce, Reshape, Slice};
@@ -29,6 +30,8 @@ pub struct NodeCx<'a> {
     ins: Vec<Option<ValueId>>,
     param_values: &'a HashMap<ValueId, TensorData>,
     shape_values: &'a crate::shape_values::ShapeValues,
+    /// An attribute read as a type it does not have (reported after the converter ran).
+    bad_attr: std::cell::RefCell<Option<String>>,
 }
 
 pub(crate) type R<T> = Result<T, OnnxError>;
@@ -52,6 +55,7 @@ impl<'a> NodeCx<'a> {
             ins,
             param_values,
             shape_values,
+            bad_attr: std::cell::RefCell::new(None),
         }
     }
 
@@ -74,25 +78,43 @@ impl<'a> NodeCx<'a> {
     pub fn attr(&self, name: &str) -> Option<&AttributeProto> {
         self.node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
     }
+    /// The attribute `name` when it is of type `ty`; one of another type is recorded as the
+    /// node's error (a model onnx.checker refuses), never read as the default.
+    fn typed(&self, name: &str, ty: AttributeType) -> Option<&AttributeProto> {
+        let a = self.attr(name)?;
+        if a.r#type.is_some_and(|t| t != ty as i32) {
+            let got = a
+                .r#type
+                .and_then(|t| AttributeType::try_from(t).ok())
+                .map_or("an unknown type", |t| t.as_str_name());
+            self.bad_attr
+                .borrow_mut()
+                .get_or_insert_with(|| format!("attribute `{name}` must be {}, got {got}", ty.as_str_name()));
+            return None;
+        }
+        Some(a)
+    }
     /// Integer attribute.
     pub fn attr_i(&self, name: &str, default: i64) -> i64 {
-        self.attr(name).and_then(|a| a.i).unwrap_or(default)
+        self.typed(name, AttributeType::Int)
+            .and_then(|a| a.i)
+            .unwrap_or(default)
     }
     /// Float attribute.
     pub fn attr_f(&self, name: &str, default: f32) -> f32 {
-        self.attr(name).and_then(|a| a.f).unwrap_or(default)
+        self.attr_f_opt(name).unwrap_or(default)
     }
     /// Float attribute, when present.
     pub fn attr_f_opt(&self, name: &str) -> Option<f32> {
-        self.attr(name).and_then(|a| a.f)
+        self.typed(name, AttributeType::Float).and_then(|a| a.f)
     }
     /// Float-list attribute.
     pub fn attr_floats(&self, name: &str) -> Option<Vec<f32>> {
-        self.attr(name).map(|a| a.floats.clone())
+        self.typed(name, AttributeType::Floats).map(|a| a.floats.clone())
     }
     /// String-list attribute.
     pub fn attr_strings(&self, name: &str) -> Option<Vec<String>> {
-        self.attr(name).map(|a| {
+        self.typed(name, AttributeType::Strings).map(|a| {
             a.strings
                 .iter()
                 .map(|s| String::from_utf8_lossy(s).into_owned())
@@ -101,13 +123,27 @@ impl<'a> NodeCx<'a> {
     }
     /// Integer-list attribute.
     pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {
-        self.attr(name).map(|a| a.ints.clone())
+        self.typed(name, AttributeType::Ints).map(|a| a.ints.clone())
     }
     /// String attribute.
     pub fn attr_s(&self, name: &str) -> Option<String> {
-        self.attr(name)
+        self.typed(name, AttributeType::String)
             .and_then(|a| a.s.as_ref())
             .map(|s| String::from_utf8_lossy(s).into_owned())
+    }
+
+    /// An error unless the node has `min..=max` inputs (omitted optional ones counted).
+    pub fn arity(&self, min: usize, max: usize) -> R<()> {
+        let n = self.n_inputs();
+        if n < min || n > max {
+            let want = if min == max {
+                format!("{min}")
+            } else {
+                format!("{min} to {max}")
+            };
+            return Err(self.err(format!("takes {want} inputs, got {n}")));
+        }
+        Ok(())
     }
 
     /// Number of inputs (including omitted ones).
@@ -230,11 +266,16 @@ impl<'a> NodeCx<'a> {
         let op_type = self.node.op_type().to_string();
         let convert =
             crate::table::converter(&op_type).ok_or_else(|| self.err(format!("no converter for `{op_type}`")))?;
-        convert(&mut self)
+        let out = convert(&mut self);
+        if let Some(bad) = self.bad_attr.borrow_mut().take() {
+            return Err(self.err(bad));
+        }
+        out
     }
 
-    /// `op(input 0)` for a unary op.
+    /// `op(input 0)` for a unary op (exactly one input).
     pub fn unary(&mut self, op: UnaryOp) -> R<ValueId> {
+        self.arity(1, 1)?;
         let x = self.input(0)?;
         self.un(op, x)
     }

@@ -54,6 +54,7 @@ pub(crate) fn batch_norm(cx: &mut NodeCx<'_>) -> R<ValueId> {
 
 /// `c(input 0)`.
 pub(crate) fn composite1(cx: &mut NodeCx<'_>, c: Composite) -> R<ValueId> {
+    cx.arity(1, 1)?;
     let x = cx.input(0)?;
     cx.op(Op::Composite(c), &[x])
 }

@@ -72,6 +72,9 @@ pub(crate) fn squeeze(cx: &mut NodeCx<'_>, squeeze: bool) -> R<ValueId> {
             Some(a) if !a.is_empty() => a.iter().map(|&a| cx.axis(a, rank)).collect::<R<_>>()?,
             _ => (0..rank).filter(|&i| dims[i] == Dim::Static(1)).collect(),
         };
+        if drop.iter().enumerate().any(|(i, a)| drop[..i].contains(a)) {
+            return Err(cx.err(format!("axes {drop:?} name an axis twice")));
+        }
         for &a in &drop {
             if dims[a] != Dim::Static(1) {
                 return Err(cx.err(format!("cannot squeeze axis {a} of size {}", dims[a])));
@@ -88,6 +91,9 @@ pub(crate) fn squeeze(cx: &mut NodeCx<'_>, squeeze: bool) -> R<ValueId> {
         let out_rank = dims.len() + axes.len();
         let mut ax = axes.iter().map(|&a| cx.axis(a, out_rank)).collect::<R<Vec<_>>>()?;
         ax.sort_unstable();
+        if ax.windows(2).any(|w| w[0] == w[1]) {
+            return Err(cx.err(format!("axes {axes:?} name an axis twice")));
+        }
         for a in ax {
             dims.insert(a, Dim::Static(1));
         }

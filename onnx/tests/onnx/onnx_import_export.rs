@@ -91,7 +91,11 @@ fn node(op: &str, ins: &[&str], out: &str, attrs: Vec<AttributeProto>) -> NodePr
         op_type: Some(op.into()),
         input: ins.iter().map(|s| s.to_string()).collect(),
         output: vec![out.into()],
-        name: Some(format!("{op}_0")),
+        // Node names are unique in a valid model (onnxruntime refuses duplicates).
+        name: Some(format!("{op}_{}", {
+            static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        })),
         attribute: attrs,
         ..Default::default()
     }
@@ -120,6 +124,7 @@ fn gemm_with_transposed_weight_matches_hand_computation() {
     let w = TensorData::from_vec(vec![2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap(); // [out, in]
     let b = TensorData::from_vec(vec![2], vec![0.5f32, -100.0]).unwrap();
     let trans_b = AttributeProto {
+        r#type: Some(2),
         name: Some("transB".into()),
         i: Some(1),
         ..Default::default()
@@ -150,6 +155,7 @@ fn shape_chain_folds_to_a_constant_reshape() {
             &["d0v", "m1"],
             "shape",
             vec![AttributeProto {
+                r#type: Some(2),
                 name: Some("axis".into()),
                 i: Some(0),
                 ..Default::default()
@@ -185,6 +191,7 @@ fn shape_chain_folds_to_a_constant_reshape() {
 #[test]
 fn shape_chain_on_a_symbolic_batch_reshapes_symbolically() {
     let axis0 = || AttributeProto {
+        r#type: Some(2),
         name: Some("axis".into()),
         i: Some(0),
         ..Default::default()
@@ -406,4 +413,36 @@ fn large_constant_shapes_are_not_folded_at_import() {
         .unwrap_or(0);
     assert!(biggest <= 1, "a constant of {biggest} elements was materialized");
     assert_eq!(imported.graph.output_types()[0].to_string(), "f32[1]");
+}
+
+/// Models onnx.checker and onnxruntime refuse (reliability reproducers 05, committed under
+/// `tests/corpus/invalid/`) are refused at import with the rule they break; the conv with
+/// pads of 2^62 imports (its shape is well-defined) but no backend will allocate it.
+#[test]
+fn checker_level_invalid_models_are_refused() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/invalid");
+    let cases = [
+        ("attr_duplicated", "appears twice"),
+        ("attr_wrong_type", "must be INT, got STRING"),
+        ("dup_graph_inputs", "declared twice"),
+        ("dup_output_def", "already defined"),
+        ("ir_version_99", "ir_version 99"),
+        ("mut_attr_type_missing", "has no type"),
+        ("mut_duplicate_node_name", "used by two nodes"),
+        ("relu_two_inputs", "takes 1 inputs, got 2"),
+        ("unsqueeze_dup_axes", "name an axis twice"),
+    ];
+    for (name, needle) in cases {
+        let e = oar_onnx::load(&dir.join(format!("{name}.onnx")))
+            .err()
+            .unwrap_or_else(|| panic!("{name} imported"))
+            .to_string();
+        assert!(e.contains(needle), "{name}: {e}");
+    }
+    let m = oar_onnx::load(&dir.join("conv_pads_2p62.onnx")).unwrap();
+    let cpu = oar_backend_cpu::CpuBackend::new();
+    let e = oar_ir::Backend::compile(&cpu, &m.graph, &m.weights)
+        .err()
+        .map(|e| e.to_string());
+    assert!(e.as_deref().is_some_and(|e| e.contains("too large")), "{e:?}");
 }
