@@ -66,7 +66,7 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
     let opts = AotOptions {
         emit,
         output: args.output.clone(),
-        bindings: parse_binds(&args.binds)?,
+        bindings: parse_binds(&args.binds, &model.graph)?,
         weights,
         runtime_lib: args.runtime_lib.clone(),
     };
@@ -96,7 +96,7 @@ fn compile_ptx(args: &CompileArgs) -> CliResult<()> {
     }
     let model = load(&args.file)?;
     let arch = if args.arch == "sm_90" { Arch::Sm90 } else { Arch::Sm80 };
-    let bindings = parse_binds(&args.binds)?;
+    let bindings = parse_binds(&args.binds, &model.graph)?;
     let (program, module) = oar_backend_ptx::compile_to_ptx(&model.graph, &bindings, arch)
         .map_err(|e| format!("{}: {e}", args.file.display()))?;
     write_ptx(&args.output, &program, &module, "PTX")
@@ -142,7 +142,7 @@ fn write_text(path: &std::path::Path, text: &str) -> CliResult<bool> {
 fn compile_mlir(args: &CompileArgs) -> CliResult<()> {
     let emit = args.emit.as_deref().unwrap_or("mlir");
     let model = load(&args.file)?;
-    let bindings = parse_binds(&args.binds)?;
+    let bindings = parse_binds(&args.binds, &model.graph)?;
     let fail = |e: oar_backend_mlir::MlirError| format!("{}: {e}", args.file.display());
     let text = match emit {
         "mlir" => oar_backend_mlir::emit_mlir(&model.graph, &bindings).map_err(fail)?,
@@ -177,7 +177,7 @@ fn compile_mlir_gpu(args: &CompileArgs) -> CliResult<()> {
     }
     let model = load(&args.file)?;
     let arch = if args.arch == "sm_90" { Arch::Sm90 } else { Arch::Sm80 };
-    let bindings = parse_binds(&args.binds)?;
+    let bindings = parse_binds(&args.binds, &model.graph)?;
     let fail = |e: String| format!("{}: {e}", args.file.display());
     let program = oar_backend_ptx::lower(&model.graph, &bindings).map_err(|e| fail(e.to_string()))?;
     let libdevice = oar_backend_mlir::gpu::find_libdevice();

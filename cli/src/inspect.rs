@@ -7,7 +7,7 @@ use std::path::Path;
 
 pub(crate) fn inspect(file: &Path, binds: &[String], summary_only: bool) -> CliResult<()> {
     let model = load(file)?;
-    let binds: BTreeMap<String, usize> = crate::parse_binds(binds)?;
+    let binds: BTreeMap<String, usize> = crate::parse_binds(binds, &model.graph)?;
     if !summary_only {
         println!("{}", oar_ir::text::print_graph(&model.graph));
     }
@@ -45,8 +45,12 @@ fn print_summary(graph: &Graph, binds: &BTreeMap<String, usize>) {
             .join(", ")
     };
     match stats.flops {
+        Some(u64::MAX) => println!(
+            "flops: more than {} per run, overflows u64 ({bound})",
+            human_count(u64::MAX)
+        ),
         Some(f) => println!("flops: {} per run ({bound})", human_count(f)),
-        None => println!("flops: unknown (a shape stayed symbolic)"),
+        None => println!("flops: unknown (a shape stayed symbolic, or its size overflows)"),
     }
 }
 

@@ -95,8 +95,16 @@ enum Command {
     },
 }
 
-/// `--bind SYM=SIZE` values, parsed.
-pub(crate) fn parse_binds<C: FromIterator<(String, usize)>>(binds: &[String]) -> CliResult<C> {
+/// `--bind SYM=SIZE` values, parsed; each symbol must be one of `graph`'s (a typo is an error,
+/// not a binding silently ignored).
+pub(crate) fn parse_binds<C: FromIterator<(String, usize)>>(binds: &[String], graph: &oar_ir::Graph) -> CliResult<C> {
+    let mut known: Vec<String> = graph
+        .input_specs()
+        .iter()
+        .flat_map(|(_, t)| t.shape.dims().iter().flat_map(oar_ir::Dim::symbols).collect::<Vec<_>>())
+        .collect();
+    known.sort();
+    known.dedup();
     binds
         .iter()
         .map(|b| {
@@ -107,6 +115,16 @@ pub(crate) fn parse_binds<C: FromIterator<(String, usize)>>(binds: &[String]) ->
             let n = v
                 .parse::<usize>()
                 .map_err(|_| format!("--bind `{b}`: `{v}` is not a size"))?;
+            if !known.iter().any(|s| s == k) {
+                return Err(format!(
+                    "--bind `{b}`: the graph has no symbolic dim `{k}` (its symbols: {})",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
             Ok((k.to_string(), n))
         })
         .collect()

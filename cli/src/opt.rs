@@ -125,9 +125,9 @@ pub(crate) fn opt(args: OptArgs) -> CliResult<()> {
         .file
         .as_deref()
         .ok_or("no input file (usage: oar opt FILE -p PASS,... [-o OUT])")?;
-    let binds = crate::parse_binds::<Vec<_>>(&args.binds)?;
-    let mut pm = pipeline(&args.passes, &binds)?;
     let mut model = load(file)?;
+    let binds = crate::parse_binds::<Vec<_>>(&args.binds, &model.graph)?;
+    let mut pm = pipeline(&args.passes, &binds)?;
     pm.verify_each(true);
     if args.print_before_all {
         pm.print_before_all();

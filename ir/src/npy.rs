@@ -106,7 +106,28 @@ fn descr_of(dtype: DType) -> Option<&'static str> {
 /// Read an npy file.
 pub fn read_npy(path: &Path) -> Result<TensorData, NpyError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| err(&shown, e.into()))?;
+    let io = |e: std::io::Error| err(&shown, e.into());
+    // Only regular files (a FIFO or a device would block or never end), and no larger than
+    // the memory budget allows (the header is small).
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    let limit = crate::memory::limit();
+    if meta.len() > limit.saturating_add(1 << 16) {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} bytes is more than the memory limit of {limit} bytes ({})",
+                meta.len(),
+                crate::memory::limit_source()
+            ),
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
     parse(&bytes).map_err(|k| err(&shown, k))
 }
 

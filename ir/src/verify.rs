@@ -46,6 +46,18 @@ fn verify_at(g: &Graph, depth: usize, params: &mut BTreeMap<String, String>) -> 
             })?;
             types.push(t.clone());
         }
+        if node.outputs().iter().any(|t| {
+            t.shape
+                .dims()
+                .iter()
+                .any(|d| matches!(d, crate::Dim::Sym(s) if s.is_empty()))
+        }) {
+            return Err(IrError::Type {
+                op,
+                value,
+                detail: "a symbolic dim has an empty name".into(),
+            });
+        }
         match &node.op {
             Op::Input(Input { name, .. }) => {
                 if !declared.contains(&id) {

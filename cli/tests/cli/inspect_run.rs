@@ -236,3 +236,51 @@ fn sizes_past_the_memory_budget_are_clean_errors() {
     let o = oar(&["run", small.to_str().unwrap(), "--max-memory", "lots"]);
     assert!(!o.status.success() && stderr(&o).contains("lots"), "{}", stderr(&o));
 }
+
+/// Misleading or blocking answers of reliability reproducer 09, each now one clear line: a FLOP
+/// count that overflows, a `--bind` of a symbol the graph lacks, a symbol with an empty name,
+/// a FIFO given as an input.
+#[test]
+fn misleading_answers_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let mm = write(
+        "mm.oir",
+        "graph @g {\n  %x = input \"x\" : f32[2147483648,2147483648]\n  %0 = matmul(%x, %x) : f32[2147483648,2147483648]\n  output \"y\" = %0\n}\n",
+    );
+    let o = oar(&["inspect", "--summary", mm.to_str().unwrap()]);
+    assert!(
+        o.status.success() && stdout(&o).contains("overflows u64"),
+        "{}",
+        stdout(&o)
+    );
+    let m = model(dir.path());
+    let o = oar(&["inspect", m.to_str().unwrap(), "--bind", "Q=3"]);
+    assert_clean_error(&o, "no symbolic dim `Q` (its symbols: N)");
+    let empty = write(
+        "empty.oir",
+        "graph @g {\n  %x = input \"x\" : f32[\"\",3]\n  output \"y\" = %x\n}\n",
+    );
+    let o = oar(&["inspect", empty.to_str().unwrap()]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("empty name"),
+        "{}",
+        stderr(&o)
+    );
+    #[cfg(unix)]
+    {
+        let fifo = dir.path().join("x.npy");
+        if std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let o = oar(&["run", m.to_str().unwrap(), "-i", &format!("x={}", fifo.display())]);
+            assert_clean_error(&o, "not a regular file");
+        }
+    }
+}

@@ -67,7 +67,7 @@ impl OpDef for MatMul {
     fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
         let a = &inputs.first()?.shape.0;
         let k = a.last()?.as_static()? as u64;
-        Some(2 * k * out_elements(outputs)?)
+        Some(2u64.saturating_mul(k).saturating_mul(out_elements(outputs)?))
     }
 
     fn vjp<E: Emitter>(&self, e: &mut E, x: &VjpArgs<E::Value>) -> Grads<E> {
@@ -152,8 +152,11 @@ pub(crate) fn conv_type(x: &TensorType, w: &TensorType, c: &Conv) -> Result<Tens
 /// FLOPs of a convolution: 2 per weight element (of one group) per output element.
 pub(crate) fn conv_flops(inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
     let w = inputs.get(1)?.shape.as_static()?;
-    let per_out: u64 = w[1..].iter().map(|&d| d as u64).product();
-    Some(2 * per_out * super::rules::elements(outputs.first()?)?)
+    let per_out = w[1..].iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
+    Some(
+        2u64.saturating_mul(per_out)
+            .saturating_mul(super::rules::elements(outputs.first()?)?),
+    )
 }
 
 impl OpDef for Conv {

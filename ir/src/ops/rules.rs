@@ -83,12 +83,15 @@ pub fn window_out(
     })
 }
 
-/// Elements of a type with every dim static, as u64 (for FLOP counts).
+/// Elements of a type with every dim static, as u64, for FLOP estimates, saturated at 2^48 so small constant multiples of it never
+/// overflow (a hostile shape gives a huge count, not a wrapped or panicking one).
 pub fn elements(t: &TensorType) -> Option<u64> {
-    t.shape.num_elements().map(|n| n as u64)
+    t.shape.num_elements().map(|n| (n as u64).min(1 << 48))
 }
 
 /// Elements of all `outputs` (one FLOP per output element: elementwise ops).
 pub fn out_elements(outputs: &[TensorType]) -> Option<u64> {
-    outputs.iter().map(elements).sum()
+    outputs
+        .iter()
+        .try_fold(0u64, |acc, t| Some(acc.saturating_add(elements(t)?)))
 }

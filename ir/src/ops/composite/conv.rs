@@ -218,8 +218,9 @@ impl OpDef for ConvTranspose {
         // Every input element meets every weight element of its group: 2·|x|·(Cout/g)·|K|.
         let x = inputs.first()?.shape.num_elements()? as u64;
         let w = inputs.get(1)?.shape.as_static()?;
-        let per_in: u64 = w[1..].iter().map(|&d| d as u64).product();
-        Some(2 * x * per_in + if inputs.len() > 2 { out_elements(outputs)? } else { 0 })
+        let per_in = w[1..].iter().fold(1u64, |a, &d| a.saturating_mul(d as u64));
+        let bias = if inputs.len() > 2 { out_elements(outputs)? } else { 0 };
+        Some(2u64.saturating_mul(x).saturating_mul(per_in).saturating_add(bias))
     }
 
     fn decompose<E: Emitter>(

@@ -41,7 +41,11 @@ impl OpDef for Linear {
     fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
         let k = inputs.get(1)?.shape.0[0].as_static()? as u64;
         let out = out_elements(outputs)?;
-        Some(2 * k * out + if inputs.len() > 2 { out } else { 0 })
+        Some(
+            2u64.saturating_mul(k)
+                .saturating_mul(out)
+                .saturating_add(if inputs.len() > 2 { out } else { 0 }),
+        )
     }
 
     /// `x @ w (+ b)`; a rank-1 `x` is lifted to a row matrix because matmul needs rank ≥ 2.

@@ -148,7 +148,7 @@ impl OpDef for MaxPool2d {
     }
 
     fn flops(&self, _: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
-        Some(out_elements(outputs)? * (self.kernel[0] * self.kernel[1]) as u64)
+        Some(out_elements(outputs)?.saturating_mul((self.kernel[0] as u64).saturating_mul(self.kernel[1] as u64)))
     }
 
     /// Maximum of the window slices of the input padded with the dtype's lowest value.
@@ -191,7 +191,7 @@ impl OpDef for AvgPool2d {
     }
 
     fn flops(&self, _: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
-        Some(out_elements(outputs)? * (self.kernel[0] * self.kernel[1]) as u64)
+        Some(out_elements(outputs)?.saturating_mul((self.kernel[0] as u64).saturating_mul(self.kernel[1] as u64)))
     }
 
     fn mode(&self) -> Option<String> {
