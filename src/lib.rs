@@ -25,6 +25,7 @@ pub use error::{Error, Result};
 pub use nn::functional::einsum;
 pub use oar_ir::DType;
 pub use oar_ir::Dim;
+pub use oar_ir::numerics::check_nan_inf;
 pub use oar_macros::to_static;
 pub use serialization::{load, load_layer, save, save_layer};
 pub use tensor::{

@@ -18,6 +18,7 @@ pub mod graph_def;
 pub mod kernel;
 pub mod memory;
 pub mod npy;
+pub mod numerics;
 pub mod ops;
 pub mod runner;
 pub mod shape;

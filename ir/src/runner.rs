@@ -129,8 +129,13 @@ pub fn execute<L: Launcher>(
     program: &KernelProgram,
     host: Host,
 ) -> Result<(), BackendError> {
+    let check = crate::numerics::enabled();
     for (index, k) in program.kernels.iter().enumerate() {
         if launcher.launch(frame, index)? == Launched::Device {
+            if check {
+                launcher.sync(frame)?;
+                check_results(launcher, frame, program, k)?;
+            }
             continue;
         }
         launcher.sync(frame)?;
@@ -150,8 +155,36 @@ pub fn execute<L: Launcher>(
             }
             launcher.write(frame, id, b, t)?;
         }
+        if check {
+            check_results(launcher, frame, program, k)?;
+        }
     }
     launcher.sync(frame)
+}
+
+/// The NaN/Inf debug mode: an error naming the kernel and the graph value it wrote when one of
+/// its float results holds a NaN or an infinity.
+fn check_results<L: Launcher>(
+    launcher: &L,
+    frame: &L::Frame,
+    program: &KernelProgram,
+    k: &crate::kernel::Kernel,
+) -> Result<(), BackendError> {
+    for &id in &k.outputs {
+        let b = program.buffer(id);
+        if !b.ty.dtype.is_float() {
+            continue;
+        }
+        let t = launcher.read(frame, id, b)?;
+        if let Some((i, v)) = crate::numerics::first_non_finite(&t) {
+            return Err(BackendError::Runtime {
+                op: k.name.clone(),
+                value: b.value.clone(),
+                detail: format!("kernel writing {} {}", b.ty, crate::numerics::describe(i, v)),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn wrong_result(k: &crate::kernel::Kernel, detail: &str) -> BackendError {

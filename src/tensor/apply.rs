@@ -43,6 +43,21 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         detail,
     })?;
     let outs = crate::kernels::run(&op, &datas)?;
+    if oar_ir::numerics::enabled() {
+        for t in &outs {
+            if let Some((i, v)) = oar_ir::numerics::first_non_finite(t) {
+                let ins: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+                return Err(Error::invalid(
+                    op.name(),
+                    format!(
+                        "(eager, operands {}) {}",
+                        ins.join(", "),
+                        oar_ir::numerics::describe(i, v)
+                    ),
+                ));
+            }
+        }
+    }
     let host = |d: Vec<TensorData>| d.into_iter().map(Storage::Host).collect();
     Ok(outputs(op, inputs, needs_grad, host(datas), host(outs)))
 }

@@ -360,3 +360,35 @@ fn conv_train_step_with_symbolic_batch() {
         }
     }
 }
+
+/// The NaN/Inf debug mode (`OAR_CHECK_NAN_INF=1`, or `oar::check_nan_inf(true)` on this thread):
+/// an eager op and a compiled static graph stop at the op producing NaN/Inf and name it; off,
+/// the NaN flows through as IEEE says.
+#[test]
+fn check_nan_inf_names_the_first_op_that_produced_one() {
+    let x = Tensor::from_vec(vec![1.0f32, -1.0, 4.0], &[3]).unwrap();
+    let f = to_static(
+        |xs| Ok(vec![xs[0].sqrt()?.exp()?.sum(&[], false)?]),
+        &[InputSpec::new(&[None], DType::F32, "x")],
+    )
+    .unwrap();
+    assert!(x.sqrt().unwrap().to_vec::<f32>().unwrap()[1].is_nan());
+    assert!(f.call(&[&x]).unwrap()[0].item().unwrap().is_nan());
+    let _on = oar::check_nan_inf(true);
+    let e = x.sqrt().unwrap_err().to_string();
+    assert!(
+        e.contains("sqrt") && e.contains("NaN") && e.contains("element 1") && e.contains("f32[3]"),
+        "{e}"
+    );
+    let e = f.call(&[&x]).unwrap_err().to_string();
+    assert!(e.contains("NaN") && e.contains("OAR_CHECK_NAN_INF"), "{e}");
+    // The reference interpreter names the graph op and its operands.
+    let r = oar_backend_reference::run_graph(
+        f.graph(),
+        &oar::ir::Weights::new(),
+        &std::collections::BTreeMap::from([("x".to_string(), x.data())]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(r.contains("sqrt") && r.contains("NaN"), "{r}");
+}

@@ -93,6 +93,19 @@ impl Interp<'_> {
                     node.outputs().len()
                 )));
             }
+            if oar_ir::numerics::enabled() && !matches!(node.op, Op::Input(_) | Op::Param(_) | Op::Constant(_)) {
+                for v in &outs {
+                    let t = v.to_tensor().map_err(|e| site.err(e))?;
+                    if let Some((i, x)) = oar_ir::numerics::first_non_finite(&t) {
+                        let ins: Vec<String> = node.inputs().iter().map(|v| g.value_type(*v).to_string()).collect();
+                        return Err(site.err(format!(
+                            "{} (operands {})",
+                            oar_ir::numerics::describe(i, x),
+                            ins.join(", ")
+                        )));
+                    }
+                }
+            }
             for (v, t) in outs.iter_mut().zip(node.outputs()) {
                 let want = resolve(&site, t.shape.dims(), &binds)?;
                 if v.dtype != t.dtype || v.shape() != want.as_slice() || !v.is_consistent() {
