@@ -63,11 +63,23 @@ impl Dim {
 
     /// `self · other` (`N*C`).
     pub fn mul(&self, other: &Dim) -> Result<Dim, SymError> {
+        if let (Dim::Static(a), Dim::Static(b)) = (self, other) {
+            return a
+                .checked_mul(*b)
+                .map(Dim::Static)
+                .ok_or_else(|| format!("{a}*{b} overflows"));
+        }
         Dim::from_expr(self.to_expr().mul(&other.to_expr())?)
     }
 
     /// `self + other` (`N+1`).
     pub fn add(&self, other: &Dim) -> Result<Dim, SymError> {
+        if let (Dim::Static(a), Dim::Static(b)) = (self, other) {
+            return a
+                .checked_add(*b)
+                .map(Dim::Static)
+                .ok_or_else(|| format!("{a}+{b} overflows"));
+        }
         Dim::from_expr(self.to_expr().add(&other.to_expr())?)
     }
 

@@ -227,11 +227,10 @@ impl Interceptor for TraceCtx {
 /// symbolic dim read through `shape()`.
 fn check_attr_sizes(op: &Op) -> Result<()> {
     let mut sizes: Vec<usize> = Vec::new();
-    let mut op = op.clone();
-    if let Some(shape) = op.shape_attr_mut() {
+    if let Some(shape) = op.shape_attr() {
         sizes.extend(shape.iter().filter_map(Dim::as_static));
     }
-    match &op {
+    match op {
         Op::Slice(Slice { ranges }) => sizes.extend(
             ranges
                 .iter()

@@ -99,17 +99,17 @@ impl AotModel {
                 let missing: Vec<String> = want
                     .iter()
                     .filter(|(k, _)| !given.contains_key(*k))
-                    .map(|(k, t)| format!("{k}: {t}"))
+                    .map(|(k, b)| format!("{k}: {}", b.ty))
                     .collect();
                 if !missing.is_empty() {
                     return Err(format!("{label}: missing parameters {missing:?}"));
                 }
                 for (k, t) in &given {
-                    if t.tensor_type() != want[k] {
+                    if t.tensor_type() != want[k].ty {
                         return Err(format!(
                             "{label}: parameter `{k}`: expected {1}, got {0}",
                             t.tensor_type(),
-                            want[k]
+                            want[k].ty
                         ));
                     }
                 }

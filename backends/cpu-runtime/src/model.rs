@@ -29,6 +29,8 @@ pub struct Model {
     threads: usize,
     /// The compiled regions of control-flow kernels, as models of their own.
     regions: Vec<Model>,
+    /// Bytes one run allocates (its arena and outputs), checked against the memory budget.
+    run_bytes: u64,
 }
 
 // Safety: kernel functions are plain machine code that only touch the buffers passed to them;
@@ -103,10 +105,19 @@ impl Model {
             .iter()
             .map(|r| Model::new(r.program.clone(), funcs.clone(), weights))
             .collect::<Result<Vec<_>, _>>()?;
+        let outputs = prog
+            .program
+            .buffers
+            .iter()
+            .filter(|b| b.kind == BufferKind::Output)
+            .map(|b| byte_len(b) as u64)
+            .fold(0, u64::saturating_add);
+        let run_bytes = (prog.plan.arena_bytes as u64).saturating_add(outputs);
         Ok(Model {
             prog,
             funcs,
             regions,
+            run_bytes,
             weights: kept,
             region_weights,
             arenas: std::sync::Mutex::new(Vec::new()),
@@ -387,13 +398,7 @@ impl Launcher for Model {
     fn frame(&self, p: &KernelProgram) -> Result<CpuFrame, BackendError> {
         // The plan was checked against the budget where it was made (maybe another machine,
         // for an AOT binary): check this process's budget before allocating.
-        let outputs: u64 = p
-            .buffers
-            .iter()
-            .filter(|b| b.kind == BufferKind::Output)
-            .map(|b| byte_len(b) as u64)
-            .fold(0, u64::saturating_add);
-        let need = (self.prog.plan.arena_bytes as u64).saturating_add(outputs);
+        let need = self.run_bytes;
         let limit = oar_ir::memory::limit();
         if need > limit {
             return Err(BackendError::Runtime {

@@ -122,8 +122,8 @@ pub fn const_name(b: BufferId) -> String {
 }
 
 impl CpuProgram {
-    /// The model's parameters (not its constants), regions included: name → type.
-    pub fn params(&self) -> std::collections::BTreeMap<String, oar_ir::TensorType> {
+    /// The model's parameter buffers (not its constants), regions included, by name.
+    pub fn params(&self) -> std::collections::BTreeMap<String, &oar_ir::kernel::Buffer> {
         let mut out = std::collections::BTreeMap::new();
         let mut stack = vec![self];
         while let Some(p) = stack.pop() {
@@ -131,7 +131,7 @@ impl CpuProgram {
                 if let oar_ir::kernel::BufferKind::Param { name } = &b.kind
                     && !name.starts_with("@const/")
                 {
-                    out.insert(name.clone(), b.ty.clone());
+                    out.insert(name.clone(), b);
                 }
             }
             stack.extend(p.regions.iter().map(|r| &r.program));

@@ -141,19 +141,14 @@ impl GpuProgram {
     pub fn load(program: KernelProgram, module: PtxModule, weights: &Weights) -> Result<GpuProgram, BackendError> {
         let g = gpu()?;
         g.bind()?;
-        for b in &program.buffers {
-            if let BufferKind::Param { name } = &b.kind {
-                let t = weights.get(name).ok_or_else(|| BackendError::Weight {
-                    name: name.clone(),
-                    detail: format!("no weight given (expected {})", b.ty),
-                })?;
-                if t.tensor_type() != b.ty {
-                    return Err(BackendError::Weight {
-                        name: name.clone(),
-                        detail: format!("expected {}, got {}", b.ty, t.tensor_type()),
-                    });
-                }
-            }
+        // Every param has its weight, of its type (the runner's leaf check, inputs aside).
+        let no_inputs = std::collections::BTreeMap::new();
+        for b in program
+            .buffers
+            .iter()
+            .filter(|b| matches!(b.kind, BufferKind::Param { .. }))
+        {
+            oar_ir::runner::leaf(b, weights, &no_inputs)?;
         }
         let text = CString::new(module.text())
             .map_err(|_| drv("module", "load", cu::DriverError(sys::CUresult::CUDA_ERROR_INVALID_PTX)))?;

@@ -168,6 +168,17 @@ impl Op {
 
     /// The op's target-shape attribute (reshape, broadcast, iota, random), if it has one: the
     /// dims that binding or renaming symbols rewrites.
+    pub fn shape_attr(&self) -> Option<&[Dim]> {
+        match self {
+            Op::Reshape(Reshape { shape })
+            | Op::Broadcast(Broadcast { shape })
+            | Op::Iota(Iota { shape, .. })
+            | Op::Random(Random { shape, .. }) => Some(shape),
+            _ => None,
+        }
+    }
+
+    /// The shape attribute, mutably (see [`Op::shape_attr`]).
     pub fn shape_attr_mut(&mut self) -> Option<&mut Vec<Dim>> {
         match self {
             Op::Reshape(Reshape { shape })

@@ -24,7 +24,7 @@ mod object;
 use crate::CpuError;
 use crate::lower::{Lowered, lower};
 use oar_cpu_runtime::capi::{AotMeta, encode_aot_blob};
-use oar_ir::{BackendError, Dim, Graph, Shape, TensorType, Weights};
+use oar_ir::{Dim, Graph, Shape, TensorType, Weights};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -236,22 +236,14 @@ fn signature(graph: &Graph, bindings: &BTreeMap<String, usize>, external_weights
 /// program's types (so a missing or mistyped weight is a compile error, not a load error).
 fn collect_params(lowered: &Lowered, weights: &Weights) -> Result<Weights, CpuError> {
     let mut out = Weights::new();
-    for (name, ty) in lowered.cpu.params() {
+    for (name, buffer) in lowered.cpu.params() {
         if lowered.consts.contains_key(&name) {
             continue;
         }
-        let t = weights.get(&name).ok_or_else(|| BackendError::Weight {
-            name: name.clone(),
-            detail: format!("no weight given (expected {ty})"),
-        })?;
-        if t.tensor_type() != ty {
-            return Err(BackendError::Weight {
-                name,
-                detail: format!("expected {ty}, got {}", t.tensor_type()),
-            }
-            .into());
+        // The runner's check of a param buffer against its weight.
+        if let Some(t) = oar_ir::runner::leaf(buffer, weights, &BTreeMap::new())? {
+            out.insert(name, t.clone());
         }
-        out.insert(name, t.clone());
     }
     Ok(out)
 }

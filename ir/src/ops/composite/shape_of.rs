@@ -37,28 +37,20 @@ impl OpDef for ShapeOf {
     ) -> Option<Result<Vec<E::Value>, E::Error>> {
         let dims = types[0].shape.0.clone();
         let mut run = || -> V<E> {
+            let ints = |v: Vec<i64>| {
+                TensorData::from_vec(vec![v.len()], v).map_err(|e| crate::IrError::Type {
+                    op: "shape_of".into(),
+                    value: "<new>".into(),
+                    detail: e.to_string(),
+                })
+            };
             if let Some(sizes) = types[0].shape.as_static() {
-                let v: Vec<i64> = sizes.iter().map(|&d| d as i64).collect();
-                return g.add_constant(
-                    TensorData::from_vec(vec![v.len()], v).map_err(|e| crate::IrError::Type {
-                        op: "shape_of".into(),
-                        value: "<new>".into(),
-                        detail: e.to_string(),
-                    })?,
-                );
+                return g.add_constant(ints(sizes.iter().map(|&d| d as i64).collect())?);
             }
             let mut parts = Vec::with_capacity(dims.len());
             for d in &dims {
                 let part = match d {
-                    Dim::Static(n) => {
-                        g.add_constant(TensorData::from_vec(vec![1], vec![*n as i64]).map_err(|e| {
-                            crate::IrError::Type {
-                                op: "shape_of".into(),
-                                value: "<new>".into(),
-                                detail: e.to_string(),
-                            }
-                        })?)?
-                    }
+                    Dim::Static(n) => g.add_constant(ints(vec![*n as i64])?)?,
                     _ => {
                         let one = g.add_scalar(DType::I64, 1.0)?;
                         let ones = g.add_op1(Op::Broadcast(Broadcast { shape: vec![d.clone()] }), &[one])?;
