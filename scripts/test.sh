@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# A run from a clean clone gains nothing from incremental state, which is the biggest part of
+# target/ (a CI run once ran out of disk): build without it unless the caller asks for it.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+mkdir -p target
+# Disk use after each step, so a full disk shows where it filled.
+disk() { echo "   (disk: target $(du -sh target 2>/dev/null | cut -f1), free $(df -h --output=avail . | tail -n 1 | tr -d ' '))"; }
 
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy || true
 
@@ -11,12 +17,18 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+disk
 echo "== cargo test"
 python3 -c "import onnx, onnxruntime" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt onnxruntime==1.32.0
 # ptxas (NVIDIA's PTX assembler, no GPU needed) checks every generated PTX kernel.
 python3 -c 'import nvidia.cuda_nvcc' 2>/dev/null || pip install -q nvidia-cuda-nvcc-cu12
 export OAR_REQUIRE_PTXAS=1
 cargo test --workspace --quiet 2>&1 | tee target/test.log
+disk
+# The workspace's test executables have run; the mlir steps below build their own (each links
+# LLVM/MLIR), so drop these first to bound the peak disk use. Libraries stay.
+find target/debug/deps -maxdepth 1 -type f -perm -u+x ! -name '*.so' ! -name '*.d' -delete
+disk
 echo "== mlir backend (LLVM/MLIR 19, cargo feature \`mlir\`)"
 # The mlir feature links LLVM/MLIR into each binary built with it, so it gets its own steps
 # (not the workspace run above): the crate's tests, the conformance kit, ptxas on its PTX.
@@ -29,6 +41,7 @@ cargo clippy -p oar -p oar-cli -p oar-conformance -p oar-backend-mlir --features
 cargo test -p oar-backend-mlir --features mlir --quiet 2>&1 | tee -a target/test.log
 cargo test -p oar-conformance --features mlir --test kit --quiet mlir 2>&1 | tee -a target/test.log
 cargo test -p oar-cli --features mlir --test cli --quiet compile_mlir 2>&1 | tee -a target/test.log
+disk
 echo "== onnx node tests"
 python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt
 python3 tools/gen_onnx_node_tests.py target/onnx-node-tests > /dev/null
@@ -36,5 +49,6 @@ cargo run -q -p oar-onnx --example onnx_conformance -- target/onnx-node-tests --
 echo "== demo"
 scripts/demo.sh > target/demo.log 2>&1 || { cat target/demo.log; exit 1; }
 tail -n 3 target/demo.log
+disk
 # One closing line for CI: totals over every test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f; exit (f > 0) }' target/test.log
