@@ -390,6 +390,12 @@ fn from_st_dtype(d: StDtype) -> Option<DType> {
 /// for the same `path` left by crashed processes are removed first. Shared by every oar file
 /// writer (model files, IR text, ONNX, npy outputs, dot, compiled binaries).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_parts_atomically(path, &[bytes])
+}
+
+/// [`write_atomically`] of the concatenation of `parts`, without building it in memory (an npy
+/// header and a large tensor's bytes, say).
+pub fn write_parts_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
     let file_name = path
         .file_name()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path does not name a file"))?;
@@ -404,7 +410,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let written = (|| {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        for part in parts {
+            f.write_all(part)?;
+        }
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -156,17 +156,24 @@ pub fn output_file_stem(name: &str) -> String {
 
 /// A one-line summary of a tensor: its type and first six values.
 pub fn preview(t: &TensorData) -> String {
-    let v = t.to_f64_vec();
-    let shown: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
-    let more = if v.len() > 6 { ", ..." } else { "" };
+    // Only the shown elements are converted: a preview of a 1 GiB output costs nothing.
+    let w = t.dtype().size_bytes();
+    let shown: Vec<String> = t
+        .bytes()
+        .chunks_exact(w)
+        .take(6)
+        .map(|b| format!("{:.6}", crate::tensor_data::read_as_f64(t.dtype(), b)))
+        .collect();
+    let more = if t.len() > 6 { ", ..." } else { "" };
     format!("{} [{}{more}]", t.tensor_type(), shown.join(", "))
 }
 
 /// Write `t` as an npy file.
 pub fn write_npy(path: &Path, t: &TensorData) -> Result<(), NpyError> {
     let shown = path.display().to_string();
-    let bytes = encode(t).map_err(|k| err(&shown, k))?;
-    crate::file::write_atomically(path, &bytes).map_err(|e| err(&shown, e.into()))
+    // The header and the tensor's bytes are written as they are: no copy of the data.
+    let header = encode_header(t).map_err(|k| err(&shown, k))?;
+    crate::file::write_parts_atomically(path, &[&header, t.bytes()]).map_err(|e| err(&shown, e.into()))
 }
 
 /// The npy bytes of `t` (format 1.0, or 2.0 when the header needs it), as numpy writes them.
@@ -175,6 +182,13 @@ pub fn to_npy_bytes(t: &TensorData) -> Result<Vec<u8>, NpyError> {
 }
 
 fn encode(t: &TensorData) -> Result<Vec<u8>, NpyErrorKind> {
+    let mut out = encode_header(t)?;
+    out.extend_from_slice(t.bytes());
+    Ok(out)
+}
+
+/// The npy header of `t`: magic, version, length and the padded dict.
+fn encode_header(t: &TensorData) -> Result<Vec<u8>, NpyErrorKind> {
     let descr = descr_of(t.dtype()).ok_or(NpyErrorKind::NoNumpyDType(t.dtype()))?;
     let shape = match t.shape() {
         [] => "()".to_string(),
@@ -194,7 +208,7 @@ fn encode(t: &TensorData) -> Result<Vec<u8>, NpyErrorKind> {
     let (version, len_bytes) = if padded(2) <= u16::MAX as usize { (1, 2) } else { (2, 4) };
     let header_len = padded(len_bytes);
     let len_field = u32::try_from(header_len).map_err(|_| NpyErrorKind::Header("header longer than 4 GiB".into()))?;
-    let mut out = Vec::with_capacity(MAGIC.len() + 2 + len_bytes + header_len + t.bytes().len());
+    let mut out = Vec::with_capacity(MAGIC.len() + 2 + len_bytes + header_len);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[version, 0]);
     out.extend_from_slice(&len_field.to_le_bytes()[..len_bytes]);
@@ -202,7 +216,6 @@ fn encode(t: &TensorData) -> Result<Vec<u8>, NpyErrorKind> {
     out.extend_from_slice(dict.as_bytes());
     out.resize(header_end - 1, b' ');
     out.push(b'\n');
-    out.extend_from_slice(t.bytes());
     Ok(out)
 }
 

@@ -473,7 +473,7 @@ impl Launcher for Model {
             Some(Step::Native { kernel }) => {
                 let k = &p.kernels[*kernel as usize];
                 // Safety: as above.
-                unsafe { crate::native::run(p, k, bufs)? };
+                unsafe { crate::native::run(p, k, bufs, self.threads)? };
             }
             Some(Step::Control { kernel, regions }) => self.control(f, *kernel as usize, regions)?,
             Some(Step::Interpret { .. }) => return Ok(Launched::Host),

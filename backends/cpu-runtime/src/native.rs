@@ -14,6 +14,7 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Pad(_) => o.inputs.len() == 1,
         Op::Concat(_) => !o.inputs.is_empty(),
         Op::Gather(_) => o.inputs.len() == 2 && matches!(dt(1), Some(DType::I32 | DType::I64)),
+        Op::Iota(_) | Op::Random(_) => o.inputs.is_empty(),
         _ => false,
     }
 }
@@ -45,7 +46,7 @@ fn input(src: *const u8, len: usize, out: *const u8, out_len: usize, copy: &mut 
 ///
 /// # Safety
 /// `bufs` holds a live pointer for every buffer of `p`, each as long as its static type.
-pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(), BackendError> {
+pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usize) -> Result<(), BackendError> {
     let KernelBody::Opaque(o) = &k.body else {
         return Err(err(k, "native step on a non-opaque kernel".into()));
     };
@@ -168,7 +169,39 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8]) -> Result<(),
                 }
             }
         }
+        // Generators fill their buffer straight from the op's definition (no f64 tensor).
+        Op::Iota(iota) => {
+            // Safety: the output buffer is live and `out_len` bytes; a generator reads nothing.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            fill_chunks(out, size, threads, |first, chunk| {
+                iota.write_elements(&out_shape, first, chunk)
+            });
+        }
+        Op::Random(random) => {
+            // Safety: as for iota.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            fill_chunks(out, size, threads, |first, chunk| random.write_elements(first, chunk));
+        }
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }
     Ok(())
+}
+
+/// Fill `out` (elements of `size` bytes) by `fill(first_element, chunk)`, split across up to
+/// `threads` threads when it is large enough to be worth it.
+fn fill_chunks(out: &mut [u8], size: usize, threads: usize, fill: impl Fn(usize, &mut [u8]) + Sync) {
+    const MIN_ELEMENTS: usize = 1 << 16;
+    let n = out.len() / size.max(1);
+    let chunks = threads.min(n / MIN_ELEMENTS).max(1);
+    if chunks == 1 {
+        fill(0, out);
+        return;
+    }
+    let per = n.div_ceil(chunks);
+    rayon::scope(|s| {
+        for (c, chunk) in out.chunks_mut(per * size).enumerate() {
+            let fill = &fill;
+            s.spawn(move |_| fill(c * per, chunk));
+        }
+    });
 }

@@ -265,6 +265,61 @@ impl OpDef for Random {
     }
 }
 
+/// Store `f(i)` for the flat indices `first..` into `out` (little-endian elements of `dtype`):
+/// floats rounded from f64, integers wrapped from i64 — bit for bit what the reference's
+/// [`Value::to_tensor`] gives for the same f64 / i64 values.
+fn store_elements(dtype: DType, first: usize, out: &mut [u8], f: impl Fn(usize) -> f64) {
+    use half::{bf16, f16};
+    macro_rules! store {
+        ($w:expr, |$v:ident| $conv:expr) => {
+            for (k, c) in out.chunks_exact_mut($w).enumerate() {
+                let $v = f(first + k);
+                c.copy_from_slice(&$conv.to_le_bytes());
+            }
+        };
+    }
+    match dtype {
+        DType::F32 => store!(4, |v| (v as f32)),
+        DType::F64 => store!(8, |v| v),
+        DType::F16 => store!(2, |v| f16::from_f64(v)),
+        DType::BF16 => store!(2, |v| bf16::from_f64(v)),
+        DType::I8 => store!(1, |v| (v as i64 as i8)),
+        DType::U8 => store!(1, |v| (v as i64 as u8)),
+        DType::I32 => store!(4, |v| (v as i64 as i32)),
+        DType::I64 => store!(8, |v| (v as i64)),
+        DType::Bool => store!(1, |v| u8::from(v != 0.0)),
+    }
+}
+
+impl Iota {
+    /// Elements `first..first + out.len() / size` of this iota with the bound `shape`, written
+    /// as `self.dtype` into `out` — what [`OpDef::eval`] computes, without the f64 tensor, for
+    /// backends that fill their own buffers (in parallel chunks if they like).
+    pub fn write_elements(&self, shape: &[usize], first: usize, out: &mut [u8]) {
+        let inner: usize = shape.get(self.axis + 1..).map_or(1, |s| s.iter().product());
+        let n = shape.get(self.axis).copied().unwrap_or(1).max(1);
+        store_elements(self.dtype, first, out, |i| ((i / inner.max(1)) % n) as f64);
+    }
+}
+
+impl Random {
+    /// Elements `first..first + out.len() / size` of this random tensor, written as
+    /// `self.dtype` into `out` — the same numbers [`OpDef::eval`] gives (element `i` depends
+    /// only on the seed and `i`, see [`random_stream`]).
+    pub fn write_elements(&self, first: usize, out: &mut [u8]) {
+        use random_stream::{standard_normal, uniform};
+        let seed = self.seed;
+        match self.dist {
+            RandomDist::Uniform { low, high } => store_elements(self.dtype, first, out, |i| {
+                low.0 + (high.0 - low.0) * uniform(seed, i as u64)
+            }),
+            RandomDist::Normal { mean, std } => store_elements(self.dtype, first, out, |i| {
+                mean.0 + std.0 * standard_normal(seed, i as u64)
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::random_stream::*;

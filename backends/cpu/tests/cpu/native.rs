@@ -64,3 +64,58 @@ fn gather_index_out_of_range_is_a_typed_error() {
     let e = exe.run(&inputs([0, 5])).unwrap_err().to_string();
     assert!(e.contains("gather index 5 out of range for axis 1 of size 5"), "{e}");
 }
+
+/// iota and random fill their buffers from the op definitions' `write_elements` (no f64
+/// tensor): every dtype, integer wrap-around (an i8 iota past 127), and outputs large enough to
+/// be filled in parallel chunks give the reference's bytes exactly.
+#[test]
+fn generators_run_natively_and_match_the_reference_bit_for_bit() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @gen {
+  %0 = iota() {axis = 1} : f32[3,5]
+  %1 = iota() {axis = 0} : i8[300]
+  %2 = iota() {axis = 2} : bf16[2,3,700]
+  %3 = iota() {axis = 0} : i64[4,2]
+  %4 = random() {dist = uniform, low = -2.0, high = 3.0, seed = 7} : f32[300000]
+  %5 = random() {dist = normal, mean = 0.5, std = 2.0, seed = 11} : f16[1000]
+  %6 = random() {dist = normal, mean = 0.0, std = 1.0, seed = 3} : f64[140000]
+  %7 = random() {dist = uniform, low = 0.0, high = 1.0, seed = 0} : bf16[33]
+  output "a" = %0
+  output "b" = %1
+  output "c" = %2
+  output "d" = %3
+  output "e" = %4
+  output "f" = %5
+  output "g" = %6
+  output "h" = %7
+}
+"#,
+    )
+    .unwrap();
+    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
+    let native = lowered
+        .cpu
+        .steps
+        .iter()
+        .filter(|s| matches!(s, oar_cpu_runtime::Step::Native { .. }))
+        .count();
+    assert_eq!(native, 8, "{:?}", lowered.cpu.steps);
+    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &BTreeMap::new()).unwrap();
+    let code = oar_backend_cpu::machine::compile(&lowered).unwrap();
+    for threads in [1, 4] {
+        let mut m = oar_cpu_runtime::Model::new(lowered.cpu.clone(), code.funcs.clone(), &lowered.consts).unwrap();
+        m.set_threads(threads);
+        let got = m.run(&BTreeMap::new()).unwrap();
+        for ((name, a), (_, b)) in got.iter().zip(&want) {
+            assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
+            assert!(
+                a.bytes() == b.bytes(),
+                "output {name} differs from the reference ({threads} threads)"
+            );
+        }
+    }
+    // The i8 iota wraps like numpy's astype: 127, then -128.
+    let b = want[1].1.to_vec::<i8>().unwrap();
+    assert_eq!((b[127], b[128], b[299]), (127, -128, 43));
+}
