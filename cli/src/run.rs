@@ -29,6 +29,9 @@ pub(crate) fn run_model(file: &Path, inputs: &[String], output: Option<&Path>, b
     if let Some(dir) = output {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
+    if outs.is_empty() {
+        println!("(no outputs: the graph returns nothing)");
+    }
     for (name, t) in &outs {
         println!("{name}: {}", oar_ir::npy::preview(t));
         if let Some(dir) = output {

@@ -9,3 +9,4 @@ mod compile_ptx;
 mod conformance;
 mod inspect_run;
 mod opt;
+mod regressions;
