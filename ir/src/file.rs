@@ -355,7 +355,6 @@ fn decode(bytes: &[u8], path: &str) -> Result<Model, FileError> {
         source,
     };
     let graph = def.to_graph().map_err(graph_err)?;
-    crate::verify(&graph).map_err(graph_err)?;
     let weights = decode_weights(weights_blob).map_err(|detail| FileError::Weights {
         path: path.into(),
         detail,

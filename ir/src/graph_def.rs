@@ -76,9 +76,13 @@ impl GraphDef {
         }
     }
 
-    /// Rebuild the graph through the `Graph` API, checking every rule again.
+    /// Rebuild the graph through the `Graph` API, checking every rule again: what it returns
+    /// verifies (graph-wide rules too — one type per param name, unique input names — which a
+    /// node-by-node build cannot see; the fuzzer found a def with a param declared twice).
     pub fn to_graph(&self) -> Result<Graph, IrError> {
-        self.build(0)
+        let g = self.build(0)?;
+        crate::verify(&g)?;
+        Ok(g)
     }
 
     /// Deepest region nesting in this def (0 for a graph without regions).
@@ -205,6 +209,21 @@ mod tests {
         let e = g.unary(UnaryOp::Exp, z).unwrap();
         g.add_output("out", e).unwrap();
         g
+    }
+
+    /// Found by the `graph_json` fuzz target: a def naming one param twice with two types
+    /// built node by node, and only `verify` saw the conflict.
+    #[test]
+    fn a_param_declared_twice_with_two_types_is_refused() {
+        let mut d = GraphDef::from_graph(&sample());
+        let mut twin = d.nodes[1].clone();
+        let Op::Param(p) = &mut twin.op else {
+            panic!("node 1 is the param")
+        };
+        p.ty = TensorType::of(DType::BF16, &[2, 4]);
+        d.nodes.push(twin);
+        let e = d.to_graph().unwrap_err();
+        assert!(matches!(e, IrError::ParamConflict { .. }), "{e}");
     }
 
     #[test]
