@@ -5,6 +5,7 @@
 use crate::program::static_shape;
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
 use oar_ir::ops::{Concat, Gather, Pad};
+use oar_ir::tensor_data::read_as_f64;
 use oar_ir::{BackendError, DType, Op, TensorData};
 
 /// Whether [`run`] computes this opaque kernel.
@@ -15,6 +16,7 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Concat(_) => !o.inputs.is_empty(),
         Op::Gather(_) => o.inputs.len() == 2 && matches!(dt(1), Some(DType::I32 | DType::I64)),
         Op::Iota(_) | Op::Random(_) => o.inputs.is_empty(),
+        Op::ArgReduce(_) | Op::Sort(_) => o.inputs.len() == 1,
         _ => false,
     }
 }
@@ -182,6 +184,74 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
             fill_chunks(out, size, threads, |first, chunk| random.write_elements(first, chunk));
         }
+        // argmax/argmin and sort walk each lane along the axis with the op definitions' own
+        // comparisons (first extremum, NaN largest, stable), reading elements in their dtype.
+        Op::ArgReduce(a) => {
+            let (xs, x_dt) = (shape_of(0), p.buffer(o.inputs[0]).ty.dtype);
+            let x_len = xs.iter().product::<usize>() * x_dt.size_bytes();
+            let x = input(bufs[o.inputs[0].index()], x_len, out_ptr, out_len, &mut copy);
+            // Safety: the output buffer is live, `out_len` bytes, and not aliased by `x`.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let (outer, n, inner) = lanes(&xs, a.axis);
+            if n == 0 && out_len > 0 {
+                return Err(err(k, format!("{} over an empty axis {}", a.op.name(), a.axis)));
+            }
+            for r in 0..outer {
+                for i in 0..inner {
+                    let at = |j: usize| ((r * n + j) * inner + i) * x_dt.size_bytes();
+                    let best = if x_dt.is_float() {
+                        a.best_float((0..n).map(|j| read_as_f64(x_dt, &x[at(j)..at(j) + x_dt.size_bytes()])))
+                    } else {
+                        a.best_int((0..n).map(|j| read_int(x_dt, &x[at(j)..])))
+                    };
+                    let o8 = (r * inner + i) * 8;
+                    out[o8..o8 + 8].copy_from_slice(&(best.unwrap_or(0) as i64).to_le_bytes());
+                }
+            }
+        }
+        Op::Sort(sort) => {
+            let (xs, w) = (shape_of(0), size);
+            let idx_id = *k
+                .outputs
+                .get(1)
+                .ok_or_else(|| err(k, "sort writes two buffers".into()))?;
+            let (idx_ptr, idx_len) = (bufs[idx_id.index()], xs.iter().product::<usize>() * 8);
+            // The input is copied first if it shares bytes with either output.
+            let src = bufs[o.inputs[0].index()];
+            let x_len = len_of(0);
+            let x: &[u8] = if overlaps(src, x_len, idx_ptr, idx_len) {
+                // Safety: live, `x_len` bytes.
+                copy = unsafe { std::slice::from_raw_parts(src, x_len) }.to_vec();
+                &copy
+            } else {
+                input(src, x_len, out_ptr, out_len, &mut copy)
+            };
+            // Safety: both outputs are live, of these lengths, distinct, and not aliased by `x`.
+            let vals = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let idx = unsafe { std::slice::from_raw_parts_mut(idx_ptr, idx_len) };
+            let (outer, n, inner) = lanes(&xs, sort.axis);
+            let dt = out_ty.dtype;
+            let (mut fl, mut il) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for r in 0..outer {
+                for i in 0..inner {
+                    let at = |j: usize| ((r * n + j) * inner + i) * w;
+                    let perm = if dt.is_float() {
+                        fl.clear();
+                        fl.extend((0..n).map(|j| read_as_f64(dt, &x[at(j)..at(j) + w])));
+                        sort.permutation(&fl)
+                    } else {
+                        il.clear();
+                        il.extend((0..n).map(|j| read_int(dt, &x[at(j)..])));
+                        sort.permutation_int(&il)
+                    };
+                    for (j, src) in perm.into_iter().enumerate() {
+                        vals[at(j)..at(j) + w].copy_from_slice(&x[at(src)..at(src) + w]);
+                        let o8 = (r * n + j) * inner + i;
+                        idx[o8 * 8..o8 * 8 + 8].copy_from_slice(&(src as i64).to_le_bytes());
+                    }
+                }
+            }
+        }
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }
     Ok(())
@@ -204,4 +274,28 @@ fn fill_chunks(out: &mut [u8], size: usize, threads: usize, fill: impl Fn(usize,
             s.spawn(move |_| fill(c * per, chunk));
         }
     });
+}
+
+/// `(outer, n, inner)`: the lanes along `axis` of a row-major `shape` — lane `(r, i)` holds the
+/// elements at `(r·n + j)·inner + i` for `j < n`.
+fn lanes(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    let outer = shape[..axis].iter().product();
+    let inner = shape[axis + 1..].iter().product();
+    (outer, shape[axis], inner)
+}
+
+/// Whether two byte ranges share memory.
+fn overlaps(a: *const u8, a_len: usize, b: *const u8, b_len: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    a < b + b_len && b < a + a_len
+}
+
+/// One little-endian integer or bool element, as i64.
+fn read_int(dtype: DType, b: &[u8]) -> i64 {
+    match dtype {
+        DType::I8 => b[0] as i8 as i64,
+        DType::U8 | DType::Bool => b[0] as i64,
+        DType::I32 => i32::from_le_bytes(b[..4].try_into().unwrap()) as i64,
+        _ => i64::from_le_bytes(b[..8].try_into().unwrap()),
+    }
 }

@@ -321,34 +321,55 @@ pub fn reduce(site: &Site, op: ReduceOp, x: &Value, axes: &[usize], keepdim: boo
     Ok(x.with(data))
 }
 
-/// Index of the first extremum in `r`; `better(v, best)` says `v` beats `best`.
-fn arg<T: Copy>(r: &[T], better: impl Fn(T, T) -> bool) -> Option<i64> {
-    let mut best = 0usize;
-    for i in 1..r.len() {
-        if better(r[i], r[best]) {
-            best = i;
+impl ArgReduce {
+    /// The index of the winning element of one lane of floats: the first maximum (minimum),
+    /// a NaN beating everything but an earlier NaN (PyTorch's argmax); `None` for an empty
+    /// lane. The one definition the reference and the backends' own kernels share.
+    pub fn best_float(&self, lane: impl IntoIterator<Item = f64>) -> Option<usize> {
+        let max = self.op == ArgReduceOp::ArgMax;
+        best(lane, |v: f64, b: f64| {
+            !b.is_nan() && (v.is_nan() || if max { v > b } else { v < b })
+        })
+    }
+
+    /// [`ArgReduce::best_float`] for integers and booleans (as 0/1).
+    pub fn best_int(&self, lane: impl IntoIterator<Item = i64>) -> Option<usize> {
+        let max = self.op == ArgReduceOp::ArgMax;
+        best(lane, |v: i64, b: i64| if max { v > b } else { v < b })
+    }
+}
+
+/// The position of the element no later one is `better` than (the first on ties).
+fn best<T: Copy>(lane: impl IntoIterator<Item = T>, better: impl Fn(T, T) -> bool) -> Option<usize> {
+    let mut it = lane.into_iter();
+    let mut b = it.next()?;
+    let mut at = 0;
+    for (i, v) in it.enumerate() {
+        if better(v, b) {
+            (b, at) = (v, i + 1);
         }
     }
-    (!r.is_empty()).then_some(best as i64)
+    Some(at)
 }
 
 /// `argmax` / `argmin` along `axis`, as i64.
 fn arg_reduce(site: &Site, op: ArgReduceOp, x: &Value, axis: usize, keepdim: bool) -> Res<Value> {
-    let max = op == ArgReduceOp::ArgMax;
+    let def = ArgReduce { op, axis, keepdim };
     let empty = || site.err(format!("{} over an empty axis {axis}", op.name()));
     let (out, shape) = match &x.data {
         Data::F(a) => {
             let (rows, shape) = rows(site, a, &[axis], keepdim)?;
-            // NaN beats everything except an earlier NaN.
-            let better = |v: f64, b: f64| !b.is_nan() && (v.is_nan() || if max { v > b } else { v < b });
-            let out: Option<Vec<i64>> = rows.iter().map(|r| arg(r, better)).collect();
+            let out: Option<Vec<i64>> = rows
+                .iter()
+                .map(|r| def.best_float(r.iter().copied()).map(|i| i as i64))
+                .collect();
             (out, shape)
         }
         Data::I(a) => {
             let (rows, shape) = rows(site, a, &[axis], keepdim)?;
             let out: Option<Vec<i64>> = rows
                 .iter()
-                .map(|r| arg(r, |v, b| if max { v > b } else { v < b }))
+                .map(|r| def.best_int(r.iter().copied()).map(|i| i as i64))
                 .collect();
             (out, shape)
         }
@@ -356,7 +377,7 @@ fn arg_reduce(site: &Site, op: ArgReduceOp, x: &Value, axis: usize, keepdim: boo
             let (rows, shape) = rows(site, a, &[axis], keepdim)?;
             let out: Option<Vec<i64>> = rows
                 .iter()
-                .map(|r| arg(r, |v, b| if max { v & !b } else { !v & b }))
+                .map(|r| def.best_int(r.iter().map(|&b| i64::from(b))).map(|i| i as i64))
                 .collect();
             (out, shape)
         }

@@ -42,6 +42,17 @@ impl Sort {
         }
         idx
     }
+
+    /// [`Sort::permutation`] for integers and booleans (as 0/1).
+    pub fn permutation_int(&self, lane: &[i64]) -> Vec<usize> {
+        let mut idx: Vec<usize> = (0..lane.len()).collect();
+        if self.descending {
+            idx.sort_by(|&i, &j| lane[j].cmp(&lane[i]));
+        } else {
+            idx.sort_by_key(|&i| lane[i]);
+        }
+        idx
+    }
 }
 
 /// `x` with `axis` moved last and flattened with the rest: `[R·n]`, plus R and n (static).
@@ -128,8 +139,9 @@ impl OpDef for Sort {
         if axis >= x.shape().len() {
             return Err(site.err(format!("axis {axis} out of range for {:?}", x.shape())));
         }
-        /// Sort every lane of `a` along `axis` by `cmp` (stable): values and source indices.
-        fn lanes<T: Clone>(a: &ArrayD<T>, axis: usize, cmp: impl Fn(&T, &T) -> Ordering) -> (ArrayD<T>, ArrayD<i64>) {
+        /// Sort every lane of `a` along `axis` by the permutation `perm` gives: values and
+        /// source indices.
+        fn lanes<T: Clone>(a: &ArrayD<T>, axis: usize, perm: impl Fn(&[T]) -> Vec<usize>) -> (ArrayD<T>, ArrayD<i64>) {
             let mut values = a.clone();
             let mut indices = ArrayD::<i64>::zeros(a.raw_dim());
             let dst = values
@@ -137,28 +149,27 @@ impl OpDef for Sort {
                 .into_iter()
                 .zip(indices.lanes_mut(Axis(axis)));
             for (src, (mut v, mut ix)) in a.lanes(Axis(axis)).into_iter().zip(dst) {
-                let mut p: Vec<usize> = (0..src.len()).collect();
-                p.sort_by(|&i, &j| cmp(&src[i], &src[j]));
-                for (k, &i) in p.iter().enumerate() {
-                    v[k] = src[i].clone();
+                let lane: Vec<T> = src.iter().cloned().collect();
+                for (k, i) in perm(&lane).into_iter().enumerate() {
+                    v[k] = lane[i].clone();
                     ix[k] = i as i64;
                 }
             }
             (values, indices)
         }
-        let desc = self.descending;
-        let dir = |o: Ordering| if desc { o.reverse() } else { o };
         let (values, indices) = match &x.data {
             Data::F(a) => {
-                let (v, i) = lanes(a, axis, |p, q| dir(order(*p, *q)));
+                let (v, i) = lanes(a, axis, |l| self.permutation(l));
                 (Data::F(v), i)
             }
             Data::I(a) => {
-                let (v, i) = lanes(a, axis, |p, q| dir(p.cmp(q)));
+                let (v, i) = lanes(a, axis, |l| self.permutation_int(l));
                 (Data::I(v), i)
             }
             Data::B(a) => {
-                let (v, i) = lanes(a, axis, |p, q| dir(p.cmp(q)));
+                let (v, i) = lanes(a, axis, |l| {
+                    self.permutation_int(&l.iter().map(|&b| i64::from(b)).collect::<Vec<_>>())
+                });
                 (Data::B(v), i)
             }
         };

@@ -119,3 +119,90 @@ graph @gen {
     let b = want[1].1.to_vec::<i8>().unwrap();
     assert_eq!((b[127], b[128], b[299]), (127, -128, 43));
 }
+
+/// argmax/argmin and sort run natively on every dtype with the definitions' semantics — the
+/// first extremum on ties, NaN the largest (first NaN wins), stable sorts both ways — and give
+/// the reference's bytes exactly; inputs that share memory with an output are copied first.
+#[test]
+fn arg_reduce_and_sort_run_natively_and_match_the_reference() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @lanes {
+  %x = input "x" : f32[3,4]
+  %n = input "n" : i32[2,5]
+  %b = input "b" : bool[6]
+  %0 = argmax(%x) {axis = 1, keepdim = false} : i64[3]
+  %1 = argmin(%x) {axis = 0, keepdim = true} : i64[1,4]
+  %2 = argmax(%n) {axis = 1, keepdim = false} : i64[2]
+  %3 = argmin(%b) {axis = 0, keepdim = false} : i64[]
+  %4:2 = sort(%x) {axis = 1, descending = false} : f32[3,4], i64[3,4]
+  %6:2 = sort(%n) {axis = 1, descending = true} : i32[2,5], i64[2,5]
+  %8:2 = sort(%b) {axis = 0, descending = true} : bool[6], i64[6]
+  %10 = neg(%x) : f32[3,4]
+  %11:2 = sort(%10) {axis = 0, descending = true} : f32[3,4], i64[3,4]
+  output "amax" = %0
+  output "amin" = %1
+  output "namax" = %2
+  output "bamin" = %3
+  output "sv" = %4#0
+  output "si" = %4#1
+  output "nv" = %6#0
+  output "ni" = %6#1
+  output "bv" = %8#0
+  output "bi" = %8#1
+  output "negv" = %11#0
+  output "negi" = %11#1
+}
+"#,
+    )
+    .unwrap();
+    let nan = f32::NAN;
+    let feeds = BTreeMap::from([
+        (
+            "x".to_string(),
+            TensorData::from_vec(
+                vec![3, 4],
+                vec![1.0f32, 3.0, 3.0, -1.0, nan, 2.0, nan, 0.0, -0.0, 0.0, -5.0, -5.0],
+            )
+            .unwrap(),
+        ),
+        (
+            "n".to_string(),
+            TensorData::from_vec(vec![2, 5], vec![4i32, -2, 4, 9, 9, 0, 0, -7, 3, -7]).unwrap(),
+        ),
+        (
+            "b".to_string(),
+            TensorData::from_vec(vec![6], vec![true, true, false, true, false, false]).unwrap(),
+        ),
+    ]);
+    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
+    let interpreted: Vec<_> = lowered
+        .cpu
+        .steps
+        .iter()
+        .filter(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. }))
+        .collect();
+    assert!(interpreted.is_empty(), "{interpreted:?}");
+    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
+    let got = exe.run(&feeds).unwrap();
+    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds).unwrap();
+    for ((name, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
+        assert!(
+            a.bytes() == b.bytes(),
+            "{name}: {:?} vs reference {:?}",
+            a.to_f64_vec(),
+            b.to_f64_vec()
+        );
+    }
+    // Hand-checked: row 0 [1, 3, 3, -1] → argmax 1 (first of the tie); row 1 → the first NaN,
+    // 0; row 2 [-0, 0, -5, -5] → 0 (-0 == 0, the first wins).
+    let by = |n: &str| got.iter().find(|(k, _)| k == n).unwrap().1.to_f64_vec();
+    assert_eq!(by("amax"), [1.0, 0.0, 0.0]);
+    assert_eq!(by("namax"), [3.0, 3.0]);
+    assert_eq!(by("bamin"), [2.0]);
+    // Row 1 ascending: 0, 2, then the NaNs in their original order (columns 0 and 2).
+    assert_eq!(by("si")[4..8], [3.0, 1.0, 0.0, 2.0]);
+    // Descending i32 row 1 [0, 0, -7, 3, -7]: 3, then the zeros and the -7s in order.
+    assert_eq!(by("ni")[5..], [3.0, 0.0, 1.0, 2.0, 4.0]);
+}
