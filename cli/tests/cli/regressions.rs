@@ -52,6 +52,7 @@ fn size(s: &str) -> u64 {
 fn parse(text: &str, dir: &Path, tmp: &Path) -> Vec<Case> {
     let subst = |s: &str| {
         s.replace("{dir}", dir.to_str().unwrap())
+            .replace("{root}", dir.join("../..").to_str().unwrap())
             .replace("{tmp}", tmp.to_str().unwrap())
     };
     let mut cases = Vec::new();
