@@ -40,7 +40,67 @@ pub fn first_non_finite(t: &TensorData) -> Option<(usize, f64)> {
     if !t.dtype().is_float() {
         return None;
     }
-    t.to_f64_vec().into_iter().enumerate().find(|(_, v)| !v.is_finite())
+    let w = t.dtype().size_bytes();
+    t.bytes()
+        .chunks_exact(w)
+        .map(|b| crate::tensor_data::read_as_f64(t.dtype(), b))
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+}
+
+/// Where in the user's code the current call came from: the first stack frame whose source
+/// is outside oar's crates, the standard library and other dependencies, as
+/// `function (file:line:col)`. `None` in a build without line tables. Captures a backtrace:
+/// for error paths only.
+pub fn caller_location() -> Option<String> {
+    use std::path::{Component, Path, PathBuf};
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    // oar's own sources (this workspace's library crates); its tests and examples are users.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf);
+    let cwd = std::env::current_dir().ok();
+    let internal = |file: &str| {
+        if file.starts_with("/rustc/") || file.contains("/.cargo/registry/") || file.contains("/.cargo/git/") {
+            return true;
+        }
+        let path = Path::new(file);
+        let abs: PathBuf = match (&cwd, path.is_relative()) {
+            (Some(c), true) => c.join(path),
+            _ => path.to_path_buf(),
+        };
+        let abs: PathBuf = abs.components().filter(|c| !matches!(c, Component::CurDir)).collect();
+        root.as_ref().is_some_and(|r| {
+            [
+                "src",
+                "ir",
+                "passes",
+                "backends",
+                "onnx",
+                "macros",
+                "cli",
+                "conformance",
+            ]
+            .iter()
+            .any(|d| abs.starts_with(r.join(d)))
+        })
+    };
+    let mut lines = trace.lines().map(str::trim).peekable();
+    while let Some(line) = lines.next() {
+        let Some((n, sym)) = line.split_once(": ") else {
+            continue;
+        };
+        if n.parse::<usize>().is_err() {
+            continue;
+        }
+        let Some(at) = lines.peek().and_then(|l| l.strip_prefix("at ")) else {
+            continue;
+        };
+        // `file:line:col`
+        let file = at.rsplitn(3, ':').nth(2).unwrap_or(at);
+        if !internal(file) {
+            return Some(format!("{sym} ({at})"));
+        }
+    }
+    None
 }
 
 /// The standard message for a non-finite result `(index, value)`.

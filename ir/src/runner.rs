@@ -177,10 +177,29 @@ fn check_results<L: Launcher>(
         }
         let t = launcher.read(frame, id, b)?;
         if let Some((i, v)) = crate::numerics::first_non_finite(&t) {
+            let mut reads = Vec::new();
+            for r in k.reads() {
+                if !reads.contains(&r) {
+                    reads.push(r);
+                }
+            }
+            let operands: Vec<String> = reads
+                .iter()
+                .map(|&r| {
+                    let rb = program.buffer(r);
+                    format!("{} {}", rb.value, rb.ty)
+                })
+                .collect();
             return Err(BackendError::Runtime {
                 op: k.name.clone(),
                 value: b.value.clone(),
-                detail: format!("kernel writing {} {}", b.ty, crate::numerics::describe(i, v)),
+                detail: format!(
+                    "kernel reading [{}] and writing {} {}{}",
+                    operands.join(", "),
+                    b.ty,
+                    crate::numerics::describe(i, v),
+                    crate::numerics::caller_location().map_or(String::new(), |l| format!(", called from {l}"))
+                ),
             });
         }
     }

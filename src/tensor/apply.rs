@@ -47,10 +47,11 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         for t in &outs {
             if let Some((i, v)) = oar_ir::numerics::first_non_finite(t) {
                 let ins: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+                let at = oar_ir::numerics::caller_location().map_or(String::new(), |l| format!(", called from {l}"));
                 return Err(Error::invalid(
                     op.name(),
                     format!(
-                        "(eager, operands {}) {}",
+                        "(eager, operands {}) {}{at}",
                         ins.join(", "),
                         oar_ir::numerics::describe(i, v)
                     ),

@@ -380,8 +380,18 @@ fn check_nan_inf_names_the_first_op_that_produced_one() {
         e.contains("sqrt") && e.contains("NaN") && e.contains("element 1") && e.contains("f32[3]"),
         "{e}"
     );
+    // … and where in the user's code the op was called (this test, this file).
+    assert!(
+        e.contains("called from check_nan_inf_names_the_first_op_that_produced_one")
+            && e.contains("tests/framework/jit.rs:"),
+        "{e}"
+    );
+    // A compiled graph names the kernel, the graph value it writes and what it read.
     let e = f.call(&[&x]).unwrap_err().to_string();
-    assert!(e.contains("NaN") && e.contains("OAR_CHECK_NAN_INF"), "{e}");
+    assert!(
+        e.contains("NaN") && e.contains("OAR_CHECK_NAN_INF") && e.contains("reading [") && e.contains("f32[3]"),
+        "{e}"
+    );
     // The reference interpreter names the graph op and its operands.
     let r = oar_backend_reference::run_graph(
         f.graph(),
