@@ -352,6 +352,13 @@ pub fn write_f64_as(dtype: DType, v: f64, out: &mut Vec<u8>) {
     }
 }
 
+/// Store `v` converted to `dtype` (as [`write_f64_as`]) into the element slice `out`.
+pub fn store_f64_as(dtype: DType, v: f64, out: &mut [u8]) {
+    let mut tmp = Vec::with_capacity(8);
+    write_f64_as(dtype, v, &mut tmp);
+    out[..tmp.len()].copy_from_slice(&tmp);
+}
+
 impl fmt::Debug for TensorData {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let vals = self.to_f64_vec();

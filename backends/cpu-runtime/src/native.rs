@@ -1,11 +1,14 @@
-//! Data-movement ops the runtime runs natively instead of through the reference interpreter:
-//! `pad` (constant), `gather` and `concat`. They are byte copies of contiguous runs, so one
-//! implementation serves every dtype.
+//! Opaque ops the runtime runs natively instead of through the reference interpreter, on the
+//! buffers' own dtypes: data movement (`pad` constant, `gather`, `concat`: byte copies of
+//! contiguous runs), `scatter`, the generators `iota` and `random`, and the lane ops `argmax` /
+//! `argmin` and `sort`. Their semantics come from the op definitions in `oar_ir::ops` (the
+//! comparison, permutation and generator functions the reference evaluation uses too), so the
+//! results are the reference's bits.
 
 use crate::program::static_shape;
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
-use oar_ir::ops::{Concat, Gather, Pad};
-use oar_ir::tensor_data::read_as_f64;
+use oar_ir::ops::{Concat, Gather, Pad, Scatter, ScatterReduce};
+use oar_ir::tensor_data::{read_as_f64, store_f64_as};
 use oar_ir::{BackendError, DType, Op, TensorData};
 
 /// Whether [`run`] computes this opaque kernel.
@@ -17,6 +20,7 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Gather(_) => o.inputs.len() == 2 && matches!(dt(1), Some(DType::I32 | DType::I64)),
         Op::Iota(_) | Op::Random(_) => o.inputs.is_empty(),
         Op::ArgReduce(_) | Op::Sort(_) => o.inputs.len() == 1,
+        Op::Scatter(_) => o.inputs.len() == 3 && matches!(dt(1), Some(DType::I32 | DType::I64)),
         _ => false,
     }
 }
@@ -252,6 +256,11 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                 }
             }
         }
+        Op::Scatter(sc) => {
+            // Safety: the output buffer is live and `out_len` bytes; inputs that overlap it are
+            // copied first (data may be planned into the output's own bytes).
+            unsafe { scatter(p, k, o, sc, bufs, out_ptr, out_len)? };
+        }
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }
     Ok(())
@@ -298,4 +307,129 @@ fn read_int(dtype: DType, b: &[u8]) -> i64 {
         DType::I32 => i32::from_le_bytes(b[..4].try_into().unwrap()) as i64,
         _ => i64::from_le_bytes(b[..8].try_into().unwrap()),
     }
+}
+
+/// The indices of an index buffer (i32 or i64) as i64.
+///
+/// # Safety
+/// The buffer is live and holds its static type's bytes.
+unsafe fn read_indices(p: &KernelProgram, id: oar_ir::kernel::BufferId, ptr: *const u8) -> Vec<i64> {
+    let ty = &p.buffer(id).ty;
+    let n: usize = static_shape(ty).iter().product();
+    // Safety: per the contract.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr, n * ty.dtype.size_bytes()) };
+    match ty.dtype {
+        DType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+            .collect(),
+        _ => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+    }
+}
+
+/// `scatter(data, indices, updates)` along the axis, as the reference defines it: negative
+/// indices count from the end, `replace` lets the last update win, `add` sums floats in f64 and
+/// rounds once (so repeated indices give the reference's bits), wraps integers, ors booleans.
+///
+/// # Safety
+/// As [`run`]; `out` is the kernel's output buffer of `out_len` bytes.
+unsafe fn scatter(
+    p: &KernelProgram,
+    k: &Kernel,
+    o: &OpaqueKernel,
+    sc: &Scatter,
+    bufs: &[*mut u8],
+    out_ptr: *mut u8,
+    out_len: usize,
+) -> Result<(), BackendError> {
+    let out_ty = &p.buffer(k.outputs[0]).ty;
+    let (dt, w) = (out_ty.dtype, out_ty.dtype.size_bytes());
+    let ds = static_shape(out_ty);
+    let (outer, n, inner) = lanes(&ds, sc.axis);
+    // Safety: live index buffer.
+    let raw = unsafe { read_indices(p, o.inputs[1], bufs[o.inputs[1].index()]) };
+    let mut ks = Vec::with_capacity(raw.len());
+    for &i in &raw {
+        let j = if i < 0 { i + n as i64 } else { i };
+        if !(0..n as i64).contains(&j) {
+            return Err(err(
+                k,
+                format!("scatter index {i} out of range for axis {} of size {n}", sc.axis),
+            ));
+        }
+        ks.push(j as usize);
+    }
+    let upd_len = outer * ks.len() * inner * w;
+    let (mut c0, mut c2) = (Vec::new(), Vec::new());
+    let data = input(bufs[o.inputs[0].index()], out_len, out_ptr, out_len, &mut c0);
+    let upd = input(bufs[o.inputs[2].index()], upd_len, out_ptr, out_len, &mut c2);
+    // Safety: live, `out_len` bytes, aliased by neither `data` nor `upd` (copied if they were).
+    let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+    if data.as_ptr() != out.as_ptr() {
+        out.copy_from_slice(data);
+    }
+    let row = inner * w;
+    // Every (outer, index) pair names a row of `inner` elements of the output.
+    let nk = ks.len();
+    let ks = &ks;
+    let pairs = || {
+        (0..outer).flat_map(move |r| {
+            ks.iter()
+                .enumerate()
+                .map(move |(q, &j)| ((r * n + j) * row, (r * nk + q) * row))
+        })
+    };
+    match sc.reduce {
+        ScatterReduce::Replace => {
+            for (dst, src) in pairs() {
+                out[dst..dst + row].copy_from_slice(&upd[src..src + row]);
+            }
+        }
+        ScatterReduce::Add if dt.is_float() => {
+            let mut seen = ks.to_vec();
+            seen.sort_unstable();
+            seen.dedup();
+            if dt == DType::F64 || seen.len() == nk {
+                // Each element gets at most one f64 sum per row pair: round it directly.
+                for (dst, src) in pairs() {
+                    for e in 0..inner {
+                        let (a, b) = (dst + e * w, src + e * w);
+                        let v = read_as_f64(dt, &out[a..a + w]) + read_as_f64(dt, &upd[b..b + w]);
+                        store_f64_as(dt, v, &mut out[a..a + w]);
+                    }
+                }
+            } else {
+                // Repeated indices: sum in f64 over the whole output, round once at the end.
+                let mut acc: Vec<f64> = out.chunks_exact(w).map(|c| read_as_f64(dt, c)).collect();
+                for (dst, src) in pairs() {
+                    for e in 0..inner {
+                        acc[dst / w + e] += read_as_f64(dt, &upd[src + e * w..src + (e + 1) * w]);
+                    }
+                }
+                for (c, v) in out.chunks_exact_mut(w).zip(acc) {
+                    store_f64_as(dt, v, c);
+                }
+            }
+        }
+        ScatterReduce::Add => {
+            for (dst, src) in pairs() {
+                for e in 0..inner {
+                    let (a, b) = (dst + e * w, src + e * w);
+                    let v = read_int(dt, &out[a..a + w]);
+                    let u = read_int(dt, &upd[b..b + w]);
+                    let sum = if dt == DType::Bool {
+                        i64::from(v != 0 || u != 0)
+                    } else {
+                        v.wrapping_add(u)
+                    };
+                    // Little-endian truncation is the two's-complement wrap to the dtype.
+                    out[a..a + w].copy_from_slice(&sum.to_le_bytes()[..w]);
+                }
+            }
+        }
+    }
+    Ok(())
 }

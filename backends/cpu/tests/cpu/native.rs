@@ -1,10 +1,11 @@
-//! Data-movement ops run natively by the runtime (`Step::Native`): they are chosen for pad,
-//! gather and concat, and a bad gather index is a typed error naming the kernel and index
-//! (values of these ops are checked against the reference by the conformance suite).
+//! Opaque ops the runtime runs natively (`Step::Native`) instead of through the reference
+//! interpreter: pad, concat, gather, scatter, iota, random, argmax/argmin and sort. Each test
+//! checks the step is native and the bytes equal the reference's (the conformance suite checks
+//! them again within tolerance); bad indices are typed errors naming the kernel and index.
 
 use oar_backend_cpu::CpuBackend;
 use oar_ir::backend::Backend;
-use oar_ir::{TensorData, Weights};
+use oar_ir::{DType, TensorData, Weights};
 use std::collections::BTreeMap;
 
 const G: &str = r#"
@@ -205,4 +206,97 @@ graph @lanes {
     assert_eq!(by("si")[4..8], [3.0, 1.0, 0.0, 2.0]);
     // Descending i32 row 1 [0, 0, -7, 3, -7]: 3, then the zeros and the -7s in order.
     assert_eq!(by("ni")[5..], [3.0, 0.0, 1.0, 2.0, 4.0]);
+}
+
+/// scatter runs natively with the reference's semantics: the last update wins for `replace`;
+/// `add` with repeated indices sums floats in f64 and rounds once, wraps i8;
+/// negative indices count from the end; a bad index is a typed error naming it.
+#[test]
+fn scatter_runs_natively_and_matches_the_reference() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @scatter {
+  %d = input "d" : f32[4,3]
+  %i = input "i" : i64[5]
+  %u = input "u" : f32[5,3]
+  %h = input "h" : f16[2]
+  %hi = input "hi" : i32[40]
+  %hu = input "hu" : f16[40]
+  %b = input "b" : i8[3]
+  %bu = input "bu" : i8[5]
+  %0 = scatter(%d, %i, %u) {axis = 0, reduce = add} : f32[4,3]
+  %1 = scatter(%d, %i, %u) {axis = 0, reduce = replace} : f32[4,3]
+  %2 = scatter(%h, %hi, %hu) {axis = 0, reduce = add} : f16[2]
+  %3 = scatter(%b, %i, %bu) {axis = 0, reduce = add} : i8[3]
+  output "add" = %0
+  output "replace" = %1
+  output "half" = %2
+  output "wrap" = %3
+}
+"#,
+    )
+    .unwrap();
+    let feeds = |idx: Vec<i64>| {
+        BTreeMap::from([
+            (
+                "d".to_string(),
+                TensorData::from_vec(vec![4, 3], (0..12).map(|v| v as f32 * 0.1).collect()).unwrap(),
+            ),
+            ("i".to_string(), TensorData::from_vec(vec![5], idx).unwrap()),
+            (
+                "u".to_string(),
+                TensorData::from_vec(vec![5, 3], (0..15).map(|v| 1.0 + v as f32 / 3.0).collect()).unwrap(),
+            ),
+            (
+                "h".to_string(),
+                TensorData::from_f64_slice(DType::F16, vec![2], &[1.0; 2]).unwrap(),
+            ),
+            (
+                "hi".to_string(),
+                TensorData::from_vec(vec![40], vec![1i32; 40]).unwrap(),
+            ),
+            (
+                "hu".to_string(),
+                TensorData::from_f64_slice(DType::F16, vec![40], &[1e-3; 40]).unwrap(),
+            ),
+            (
+                "b".to_string(),
+                TensorData::from_vec(vec![3], vec![100i8, 0, -3]).unwrap(),
+            ),
+            (
+                "bu".to_string(),
+                TensorData::from_vec(vec![5], vec![100i8, 5, 7, 1, 2]).unwrap(),
+            ),
+        ])
+    };
+    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
+    assert!(
+        !lowered
+            .cpu
+            .steps
+            .iter()
+            .any(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. })),
+        "{:?}",
+        lowered.cpu.steps
+    );
+    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
+    // Index 0 twice, -1 (the last row) and 2: repeated, negative and plain.
+    let inputs = feeds(vec![0, 2, -1, 0, 2]);
+    let got = exe.run(&inputs).unwrap();
+    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &inputs).unwrap();
+    for ((name, a), (_, b)) in got.iter().zip(&want) {
+        assert!(
+            a.bytes() == b.bytes(),
+            "{name}: {:?} vs reference {:?}",
+            a.to_f64_vec(),
+            b.to_f64_vec()
+        );
+    }
+    let by = |n: &str| got.iter().find(|(k, _)| k == n).unwrap().1.to_f64_vec();
+    // 1 + 40 · f16(0.001) summed in f64 and rounded once to f16: 1.0400390625.
+    assert_eq!(by("half"), [1.0, 1.0400390625]);
+    // i8, indices [0, 2, 2 (from -1), 0, 2]: 100 + 100 + 1 wraps to -55; -3 + 5 + 7 + 2 = 11.
+    assert_eq!(by("wrap"), [-55.0, 0.0, 11.0]);
+    let e = exe.run(&feeds(vec![0, 4, 1, 1, 1])).unwrap_err().to_string();
+    assert!(e.contains("scatter index 4 out of range for axis 0 of size 4"), "{e}");
 }
