@@ -21,6 +21,14 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Iota(_) | Op::Random(_) => o.inputs.is_empty(),
         Op::ArgReduce(_) | Op::Sort(_) => o.inputs.len() == 1,
         Op::Scatter(_) => o.inputs.len() == 3 && matches!(dt(1), Some(DType::I32 | DType::I64)),
+        // The conversions `legalize::widen_half` puts around f16/bf16 loop kernels.
+        Op::Cast(c) => {
+            o.inputs.len() == 1
+                && matches!(
+                    (dt(0), c.to),
+                    (Some(DType::F16 | DType::BF16), DType::F32) | (Some(DType::F32), DType::F16 | DType::BF16)
+                )
+        }
         _ => false,
     }
 }
@@ -256,6 +264,23 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                 }
             }
         }
+        Op::Cast(_) => {
+            let from = p.buffer(o.inputs[0]).ty.dtype;
+            let n = out_len / size;
+            let x = input(
+                bufs[o.inputs[0].index()],
+                n * from.size_bytes(),
+                out_ptr,
+                out_len,
+                &mut copy,
+            );
+            // Safety: the output buffer is live, `out_len` bytes, and not aliased by `x`.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let to = out_ty.dtype;
+            fill_chunks(out, size, threads, |first, chunk| {
+                half_convert(from, to, &x[first * from.size_bytes()..], chunk)
+            });
+        }
         Op::Scatter(sc) => {
             // Safety: the output buffer is live and `out_len` bytes; inputs that overlap it are
             // copied first (data may be planned into the output's own bytes).
@@ -432,4 +457,35 @@ unsafe fn scatter(
         }
     }
     Ok(())
+}
+
+/// Convert the elements of `x` (`from`) into `out` (`to`): f16/bf16 to f32 exactly, f32 to
+/// f16/bf16 rounded to nearest even (the reference's casts).
+fn half_convert(from: DType, to: DType, x: &[u8], out: &mut [u8]) {
+    use half::{bf16, f16};
+    let n = out.len() / to.size_bytes();
+    match (from, to) {
+        (DType::F16 | DType::BF16, _) => {
+            for (i, o) in out.chunks_exact_mut(4).enumerate() {
+                let h = u16::from_le_bytes([x[2 * i], x[2 * i + 1]]);
+                let v = if from == DType::F16 {
+                    f16::from_bits(h).to_f32()
+                } else {
+                    bf16::from_bits(h).to_f32()
+                };
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        _ => {
+            for i in 0..n {
+                let v = f32::from_le_bytes(x[4 * i..4 * i + 4].try_into().unwrap());
+                let h = if to == DType::F16 {
+                    f16::from_f32(v).to_bits()
+                } else {
+                    bf16::from_f32(v).to_bits()
+                };
+                out[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+    }
 }

@@ -53,6 +53,8 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
         return Err(CpuError::Symbolic(symbolic));
     }
     oar_passes::legalize::legalize(&mut program, &crate::natives());
+    // Cranelift computes no f16/bf16: such loop kernels compute in f32 and round (same bits).
+    oar_passes::legalize::widen_half(&mut program);
     let mut consts = Weights::new();
     for (i, b) in program.buffers.iter_mut().enumerate() {
         if let BufferKind::Constant(t) = &b.kind {

@@ -29,8 +29,11 @@
 //! against the reference (`passes/tests/passes/legalize.rs`).
 
 mod build;
+mod half;
 mod math;
 mod rules;
+
+pub use half::widen_half;
 
 use build::B;
 use oar_ir::DType;

@@ -300,3 +300,109 @@ graph @scatter {
     let e = exe.run(&feeds(vec![0, 4, 1, 1, 1])).unwrap_err().to_string();
     assert!(e.contains("scatter index 4 out of range for axis 0 of size 4"), "{e}");
 }
+
+/// f16/bf16 loop kernels compile (legalize::widen_half): converted to f32 by native casts,
+/// computed in f32 with every half result rounded, converted back — the reference's bits for
+/// arithmetic, casts (f32 → f16 → f32 rounds, with subnormals, overflow to inf and NaN), max,
+/// where and comparisons; transcendentals within an ulp of the half dtype; no interpreter step.
+#[test]
+fn half_precision_loops_compile_and_give_the_references_bits() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @half {
+  %a = input "a" : f16[64]
+  %b = input "b" : f16[64]
+  %x = input "x" : f32[64]
+  %p = input "p" : bf16[4,16]
+  %0 = mul(%a, %b) : f16[64]
+  %1 = add(%0, %a) : f16[64]
+  %2 = div(%1, %b) : f16[64]
+  %3 = sqrt(%2) : f16[64]
+  %4 = cast(%x) : f16[64]
+  %5 = cast(%4) : f32[64]
+  %6 = cast(%x) : bf16[64]
+  %7 = max(%3, %4) : f16[64]
+  %8 = gt(%a, %b) : bool[64]
+  %9 = where(%8, %a, %b) : f16[64]
+  %10 = mul(%p, %p) : bf16[4,16]
+  %11 = sub(%10, %p) : bf16[4,16]
+  %12 = exp(%a) : f16[64]
+  %13 = tanh(%p) : bf16[4,16]
+  output "arith" = %2
+  output "sqrt" = %3
+  output "round_trip" = %5
+  output "to_bf16" = %6
+  output "max" = %7
+  output "where" = %9
+  output "bf16" = %11
+  output "exp" = %12
+  output "tanh" = %13
+}
+"#,
+    )
+    .unwrap();
+    let n = 64;
+    let vals = |f: &dyn Fn(usize) -> f64| (0..n).map(f).collect::<Vec<f64>>();
+    // f32 inputs that exercise the rounding: ties, f16 subnormals, overflow, NaN, signs.
+    let mut xs = vals(&|i| (i as f64 - 32.0) * 1.37e-3 + 1.0 / (1 << (i % 20)) as f64);
+    xs[0] = 65519.0;
+    xs[1] = 65520.0;
+    xs[2] = -70000.0;
+    xs[3] = f64::NAN;
+    xs[4] = 1.0 + 2f64.powi(-11); // a tie: to even, 1.0
+    xs[5] = 1.0 + 3.0 * 2f64.powi(-11); // a tie: to even, 1 + 2^-9
+    xs[6] = 3.0 * 2f64.powi(-25); // f16 subnormal tie
+    xs[7] = -1e-9; // underflows to -0
+    let feeds = BTreeMap::from([
+        (
+            "a".to_string(),
+            TensorData::from_f64_slice(DType::F16, vec![n], &vals(&|i| 0.1 + i as f64 * 0.173)).unwrap(),
+        ),
+        (
+            "b".to_string(),
+            TensorData::from_f64_slice(DType::F16, vec![n], &vals(&|i| 3.0 - i as f64 * 0.0917)).unwrap(),
+        ),
+        (
+            "x".to_string(),
+            TensorData::from_f64_slice(DType::F32, vec![n], &xs).unwrap(),
+        ),
+        (
+            "p".to_string(),
+            TensorData::from_f64_slice(DType::BF16, vec![4, 16], &vals(&|i| (i as f64 - 20.0) * 0.31)).unwrap(),
+        ),
+    ]);
+    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
+    let interpreted: Vec<_> = lowered
+        .cpu
+        .steps
+        .iter()
+        .filter(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. }))
+        .collect();
+    assert!(interpreted.is_empty(), "{interpreted:?}");
+    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
+    let got = exe.run(&feeds).unwrap();
+    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds).unwrap();
+    for ((name, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
+        let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
+        if name == "exp" || name == "tanh" {
+            // One ulp of the half dtype (2^-10 for f16, 2^-7 for bf16, relative).
+            let ulp = if name == "exp" { 2f64.powi(-10) } else { 2f64.powi(-7) };
+            for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+                assert!((p - q).abs() <= ulp * q.abs().max(1e-3), "{name}[{i}]: {p} vs {q}");
+            }
+        } else {
+            // Bit for bit, except that any NaN matches any NaN (payloads are not specified).
+            let same = x
+                .iter()
+                .zip(&y)
+                .all(|(p, q)| (p.is_nan() && q.is_nan()) || (p == q && p.is_sign_negative() == q.is_sign_negative()));
+            assert!(same, "{name}: {x:?}\nvs reference {y:?}");
+        }
+    }
+    let rt = got.iter().find(|(k, _)| k == "round_trip").unwrap().1.to_f64_vec();
+    assert_eq!(rt[..3], [65504.0, f64::INFINITY, f64::NEG_INFINITY]);
+    assert!(rt[3].is_nan());
+    assert_eq!(rt[4..7], [1.0, 1.0 + 2f64.powi(-9), 4.0 * 2f64.powi(-25)]);
+    assert!(rt[7] == 0.0 && rt[7].is_sign_negative());
+}

@@ -1,0 +1,183 @@
+//! f16 / bf16 loop kernels for code generators without half-precision arithmetic: the kernel
+//! computes in f32 and rounds every half-precision result to its dtype, so it gives the
+//! reference's bits (the reference computes each op in f64 and rounds; for `+ − × ÷ √` an f32
+//! result rounded again is the same number, as f32 has more than 2p + 2 bits for p = 11 and 8;
+//! `legalize`'s f32 expansions of transcendentals already round once through a cast).
+//!
+//! [`widen_half`] rewrites a program:
+//! - every half buffer a loop kernel loads gets an f32 copy, made by a conversion kernel (an
+//!   opaque `cast` the backend runs natively) just before it;
+//! - a half output is written to a new f32 buffer and converted back just after;
+//! - every half instruction becomes an f32 one: constants are rounded to the half dtype first,
+//!   loads read the f32 copy, and arithmetic, casts to half and reduction results (`acc`) are
+//!   followed by [`round_to`], a rounding to the half dtype in the core ALU set (bit operations,
+//!   compares and selects; round-to-nearest-even, subnormals, overflow to ±inf, NaN kept).
+//!
+//! Contraction and opaque kernels are left as they are.
+
+use super::build::B;
+use oar_ir::kernel::{Buffer, BufferId, BufferKind, Inst, Kernel, KernelBody, KernelProgram, OpaqueKernel, ScalarOp};
+use oar_ir::ops::Cast;
+use oar_ir::{DType, Float, Op, TensorType};
+
+fn is_half(dt: DType) -> bool {
+    matches!(dt, DType::F16 | DType::BF16)
+}
+
+/// Append instructions rounding the f32 value `x` to the nearest `half` value (still as f32);
+/// returns the result's index.
+pub(crate) fn round_to(b: &mut B, x: usize, half: DType) -> usize {
+    let bits = b.bitcast(x, DType::I32);
+    let nan = b.is_nan(x);
+    let rounded = if half == DType::BF16 {
+        // bf16 keeps f32's exponent: round the mantissa at bit 16 (to nearest, ties to even);
+        // a carry into the exponent is right, up to ±inf.
+        let t = b.shr(bits, 16);
+        let lsb = b.and_c(t, 1.0);
+        let r = b.add_c(bits, 32767.0);
+        let r = b.add(r, lsb);
+        let r = b.and_c(r, -65536.0);
+        b.bitcast(r, DType::F32)
+    } else {
+        // f16: on |x|, round the mantissa at bit 13 for normal f16 values, to a multiple of
+        // 2^-24 below 2^-14 (subnormals: adding and removing 0.5 rounds there), ±inf from
+        // 65520 (the tie above 65504 goes to the even 65536); then the sign back.
+        let sign = b.and_c(bits, -2147483648.0);
+        let abits = b.and_c(bits, 2147483647.0);
+        let a = b.bitcast(abits, DType::F32);
+        let t = b.shr(abits, 13);
+        let lsb = b.and_c(t, 1.0);
+        let r = b.add_c(abits, 4095.0);
+        let r = b.add(r, lsb);
+        let r = b.and_c(r, -8192.0);
+        let normal = b.bitcast(r, DType::F32);
+        let half_c = b.c(DType::F32, 0.5);
+        let up = b.add(a, half_c);
+        let sub = b.sub(up, half_c);
+        let tiny = b.lt_c(a, 2f64.powi(-14));
+        let y = b.sel(tiny, sub, normal);
+        let big_c = b.c(DType::F32, 65520.0);
+        let big = b.ge(a, big_c);
+        let y = b.sel_c(big, f64::INFINITY, y);
+        let ybits = b.bitcast(y, DType::I32);
+        let signed = b.or(ybits, sign);
+        b.bitcast(signed, DType::F32)
+    };
+    b.sel(nan, x, rounded)
+}
+
+/// The body with half instructions in f32 (see the module docs).
+fn widen_body(body: &[Inst]) -> Vec<Inst> {
+    let mut out: Vec<Inst> = Vec::with_capacity(body.len() * 2);
+    let mut map: Vec<usize> = Vec::with_capacity(body.len());
+    for inst in body {
+        let op = inst.op.map_operands(|a| map[a]);
+        let mut b = B {
+            out: &mut out,
+            nan_minmax: false,
+        };
+        let new = if !is_half(inst.dtype) {
+            b.push(op, inst.dtype)
+        } else {
+            match op {
+                ScalarOp::Const(Float(v)) => b.c(DType::F32, oar_ir::eval::round_float(inst.dtype, v)),
+                // Loads read the f32 copy of a half buffer: exact half values already.
+                ScalarOp::Load(_) | ScalarOp::Where(..) => b.push(op, DType::F32),
+                op => {
+                    let v = b.push(op, DType::F32);
+                    round_to(&mut b, v, inst.dtype)
+                }
+            }
+        };
+        map.push(new);
+    }
+    // The body's value is its last instruction: keep it last.
+    let last = *map.last().expect("a non-empty body");
+    if last != out.len() - 1 {
+        let dtype = out[last].dtype;
+        let always = B {
+            out: &mut out,
+            nan_minmax: false,
+        }
+        .c(DType::Bool, 1.0);
+        out.push(Inst {
+            op: ScalarOp::Where(always, last, last),
+            dtype,
+        });
+    }
+    out
+}
+
+/// Whether a loop kernel touches a half dtype (a loaded buffer, an instruction or its output).
+fn touches_half(p: &KernelProgram, k: &Kernel) -> bool {
+    let KernelBody::Loop(l) = &k.body else { return false };
+    let bodies = std::iter::once(&l.body).chain(l.reduce.iter().map(|r| &r.body));
+    is_half(p.buffer(k.outputs[0]).ty.dtype)
+        || l.loads.iter().any(|ld| is_half(p.buffer(ld.buffer).ty.dtype))
+        || bodies.flatten().any(|i| is_half(i.dtype))
+}
+
+fn f32_buffer(p: &mut KernelProgram, of: BufferId, what: &str) -> BufferId {
+    let b = p.buffer(of).clone();
+    p.buffers.push(Buffer {
+        kind: BufferKind::Temp,
+        ty: TensorType::new(DType::F32, b.ty.shape.0.clone()),
+        value: format!("{}.{what}", b.value),
+    });
+    BufferId(p.buffers.len() as u32 - 1)
+}
+
+fn convert(name: String, from: BufferId, to: BufferId, dtype: DType) -> Kernel {
+    Kernel {
+        name,
+        body: KernelBody::Opaque(OpaqueKernel {
+            op: Op::Cast(Cast { to: dtype }),
+            inputs: vec![from],
+            regions: vec![],
+        }),
+        outputs: vec![to],
+    }
+}
+
+/// Rewrite every f16/bf16 loop kernel of `program` to compute in f32 (see the module docs).
+/// Returns how many kernels it rewrote.
+pub fn widen_half(program: &mut KernelProgram) -> usize {
+    let kernels = std::mem::take(&mut program.kernels);
+    let mut out = Vec::with_capacity(kernels.len());
+    let mut rewritten = 0;
+    for mut k in kernels {
+        if !touches_half(program, &k) {
+            out.push(k);
+            continue;
+        }
+        rewritten += 1;
+        let KernelBody::Loop(l) = &mut k.body else {
+            unreachable!("touches_half is for loops")
+        };
+        for (i, ld) in l.loads.iter_mut().enumerate() {
+            let dt = program.buffer(ld.buffer).ty.dtype;
+            if is_half(dt) {
+                let f = f32_buffer(program, ld.buffer, &format!("{}_l{i}_f32", k.name));
+                out.push(convert(format!("{}_l{i}_to_f32", k.name), ld.buffer, f, DType::F32));
+                ld.buffer = f;
+            }
+        }
+        for r in &mut l.reduce {
+            r.body = widen_body(&r.body);
+        }
+        l.body = widen_body(&l.body);
+        let o = k.outputs[0];
+        let odt = program.buffer(o).ty.dtype;
+        if is_half(odt) {
+            let f = f32_buffer(program, o, &format!("{}_f32", k.name));
+            k.outputs[0] = f;
+            let back = convert(format!("{}_to_{odt}", k.name), f, o, odt);
+            out.push(k);
+            out.push(back);
+        } else {
+            out.push(k);
+        }
+    }
+    program.kernels = out;
+    rewritten
+}
