@@ -13,7 +13,10 @@
 //!   followed by [`round_to`], a rounding to the half dtype in the core ALU set (bit operations,
 //!   compares and selects; round-to-nearest-even, subnormals, overflow to ±inf, NaN kept).
 //!
-//! Contraction and opaque kernels are left as they are.
+//! Contraction kernels (matmul, conv) take the same route: operands converted, the contraction
+//! in f32, its result rounded to the half dtype where the epilogue reads it (the reference
+//! accumulates in f64 and rounds once, so these agree to the half dtype's tolerance, not bit
+//! for bit). Opaque kernels are left as they are.
 
 use super::build::B;
 use oar_ir::kernel::{Buffer, BufferId, BufferKind, Inst, Kernel, KernelBody, KernelProgram, OpaqueKernel, ScalarOp};
@@ -108,13 +111,27 @@ fn widen_body(body: &[Inst]) -> Vec<Inst> {
     out
 }
 
-/// Whether a loop kernel touches a half dtype (a loaded buffer, an instruction or its output).
+/// Whether a loop or contraction kernel touches a half dtype (a buffer it reads or writes, an
+/// instruction, the contraction's accumulator).
 fn touches_half(p: &KernelProgram, k: &Kernel) -> bool {
-    let KernelBody::Loop(l) = &k.body else { return false };
-    let bodies = std::iter::once(&l.body).chain(l.reduce.iter().map(|r| &r.body));
-    is_half(p.buffer(k.outputs[0]).ty.dtype)
-        || l.loads.iter().any(|ld| is_half(p.buffer(ld.buffer).ty.dtype))
-        || bodies.flatten().any(|i| is_half(i.dtype))
+    let half_buf = |b: BufferId| is_half(p.buffer(b).ty.dtype);
+    match &k.body {
+        KernelBody::Loop(l) => {
+            let bodies = std::iter::once(&l.body).chain(l.reduce.iter().map(|r| &r.body));
+            half_buf(k.outputs[0])
+                || l.loads.iter().any(|ld| half_buf(ld.buffer))
+                || bodies.flatten().any(|i| is_half(i.dtype))
+        }
+        KernelBody::Contraction(c) => {
+            half_buf(k.outputs[0])
+                || half_buf(c.lhs.load.buffer)
+                || half_buf(c.rhs.load.buffer)
+                || is_half(c.acc_dtype)
+                || c.loads.iter().any(|ld| half_buf(ld.buffer))
+                || c.epilogue.iter().any(|i| is_half(i.dtype))
+        }
+        KernelBody::Opaque(_) => false,
+    }
 }
 
 fn f32_buffer(p: &mut KernelProgram, of: BufferId, what: &str) -> BufferId {
@@ -151,21 +168,38 @@ pub fn widen_half(program: &mut KernelProgram) -> usize {
             continue;
         }
         rewritten += 1;
-        let KernelBody::Loop(l) = &mut k.body else {
-            unreachable!("touches_half is for loops")
-        };
-        for (i, ld) in l.loads.iter_mut().enumerate() {
-            let dt = program.buffer(ld.buffer).ty.dtype;
-            if is_half(dt) {
-                let f = f32_buffer(program, ld.buffer, &format!("{}_l{i}_f32", k.name));
-                out.push(convert(format!("{}_l{i}_to_f32", k.name), ld.buffer, f, DType::F32));
+        // Every half buffer the kernel reads gets an f32 copy just before it.
+        let mut to_f32 = |ld: &mut oar_ir::kernel::Load, tag: String, out: &mut Vec<Kernel>| {
+            if is_half(program.buffer(ld.buffer).ty.dtype) {
+                let f = f32_buffer(program, ld.buffer, &format!("{tag}_f32"));
+                out.push(convert(format!("{tag}_to_f32"), ld.buffer, f, DType::F32));
                 ld.buffer = f;
             }
+        };
+        match &mut k.body {
+            KernelBody::Loop(l) => {
+                for (i, ld) in l.loads.iter_mut().enumerate() {
+                    to_f32(ld, format!("{}_l{i}", k.name), &mut out);
+                }
+                for r in &mut l.reduce {
+                    r.body = widen_body(&r.body);
+                }
+                l.body = widen_body(&l.body);
+            }
+            KernelBody::Contraction(c) => {
+                // The contraction runs in f32 (its result rounded where the epilogue reads it).
+                to_f32(&mut c.lhs.load, format!("{}_lhs", k.name), &mut out);
+                to_f32(&mut c.rhs.load, format!("{}_rhs", k.name), &mut out);
+                for (i, ld) in c.loads.iter_mut().enumerate() {
+                    to_f32(ld, format!("{}_l{i}", k.name), &mut out);
+                }
+                if is_half(c.acc_dtype) {
+                    c.acc_dtype = DType::F32;
+                }
+                c.epilogue = widen_body(&c.epilogue);
+            }
+            KernelBody::Opaque(_) => unreachable!("touches_half is false for opaque kernels"),
         }
-        for r in &mut l.reduce {
-            r.body = widen_body(&r.body);
-        }
-        l.body = widen_body(&l.body);
         let o = k.outputs[0];
         let odt = program.buffer(o).ty.dtype;
         if is_half(odt) {

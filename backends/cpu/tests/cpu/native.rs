@@ -406,3 +406,70 @@ graph @half {
     assert_eq!(rt[4..7], [1.0, 1.0 + 2f64.powi(-9), 4.0 * 2f64.powi(-25)]);
     assert!(rt[7] == 0.0 && rt[7].is_sign_negative());
 }
+
+/// f16/bf16 matmul and conv (with epilogues) run on the f32 gemm path: operands converted, the
+/// result rounded to the half dtype where the epilogue reads it; within the half dtype's
+/// tolerance of the reference (which accumulates in f64), no interpreter step.
+#[test]
+fn half_precision_contractions_run_on_the_f32_gemm_path() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @half_mm {
+  %a = input "a" : f16[8,32]
+  %b = input "b" : f16[32,16]
+  %c = input "c" : f16[16]
+  %x = input "x" : bf16[1,3,8,8]
+  %w = input "w" : bf16[4,3,3,3]
+  %0 = matmul(%a, %b) : f16[8,16]
+  %1 = add(%0, %c) : f16[8,16]
+  %2 = relu(%1) : f16[8,16]
+  %3 = conv2d(%x, %w) {stride = [1, 1], padding = [1, 1, 1, 1], dilation = [1, 1], groups = 1} : bf16[1,4,8,8]
+  output "mm" = %2
+  output "conv" = %3
+}
+"#,
+    )
+    .unwrap();
+    let vals = |n: usize, s: f64| (0..n).map(|i| ((i * 37 % 23) as f64 - 11.0) * s).collect::<Vec<f64>>();
+    let feeds = BTreeMap::from([
+        (
+            "a".to_string(),
+            TensorData::from_f64_slice(DType::F16, vec![8, 32], &vals(256, 0.05)).unwrap(),
+        ),
+        (
+            "b".to_string(),
+            TensorData::from_f64_slice(DType::F16, vec![32, 16], &vals(512, 0.03)).unwrap(),
+        ),
+        (
+            "c".to_string(),
+            TensorData::from_f64_slice(DType::F16, vec![16], &vals(16, 0.1)).unwrap(),
+        ),
+        (
+            "x".to_string(),
+            TensorData::from_f64_slice(DType::BF16, vec![1, 3, 8, 8], &vals(192, 0.07)).unwrap(),
+        ),
+        (
+            "w".to_string(),
+            TensorData::from_f64_slice(DType::BF16, vec![4, 3, 3, 3], &vals(108, 0.04)).unwrap(),
+        ),
+    ]);
+    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
+    let interpreted: Vec<_> = lowered
+        .cpu
+        .steps
+        .iter()
+        .filter(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. }))
+        .collect();
+    assert!(interpreted.is_empty(), "{interpreted:?}");
+    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
+    let got = exe.run(&feeds).unwrap();
+    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds).unwrap();
+    for ((name, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
+        // The kit's half tolerances: f16 rtol 2e-3 / atol 1e-4, bf16 1.6e-2 / 1e-3.
+        let (rtol, atol) = if name == "mm" { (2e-3, 1e-4) } else { (1.6e-2, 1e-3) };
+        for (i, (p, q)) in a.to_f64_vec().iter().zip(b.to_f64_vec()).enumerate() {
+            assert!((p - q).abs() <= atol + rtol * q.abs(), "{name}[{i}]: {p} vs {q}");
+        }
+    }
+}
