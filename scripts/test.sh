@@ -8,8 +8,8 @@ export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 # target/ (a CI run once ran out of disk): build without it unless the caller asks for it.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 mkdir -p target
-# Disk use after each step, so a full disk shows where it filled.
-disk() { echo "   (disk: target $(du -sh target 2>/dev/null | cut -f1), free $(df -h --output=avail . | tail -n 1 | tr -d ' '))"; }
+# Disk use and elapsed time after each step, so a full disk or a slow step shows where.
+disk() { echo "   (at ${SECONDS}s; disk: target $(du -sh target 2>/dev/null | cut -f1), free $(df -h --output=avail . | tail -n 1 | tr -d ' '))"; }
 
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy || true
 
