@@ -6,6 +6,7 @@ use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelPro
 use oar_ir::runner::{self, Host, Launched, Launcher};
 use oar_ir::{BackendError, DType, Op, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Work (outer extent × cost) below which a loop runs on the calling thread.
 const PARALLEL_MIN_WORK: u64 = 1 << 15;
@@ -205,40 +206,55 @@ impl Model {
         runner::run(self, &self.prog.program, &self.weights, inputs, host)
     }
 
-    /// Call a generated function over `0..extent`, split across threads when it is worth it.
-    fn call(&self, call: &LoopCall, bufs: &[*mut u8]) {
+    /// Call a generated function over `0..extent`, split across threads when it is worth it;
+    /// the status bits its calls returned (see [`KernelFn`]).
+    fn call(&self, call: &LoopCall, bufs: &[*mut u8]) -> i32 {
         let f = self.funcs[call.func as usize];
         let n = call.extent;
         if n == 0 {
-            return;
+            return 0;
         }
         let work = n.saturating_mul(call.cost.max(1));
         let threads = self.threads as u64;
         if threads <= 1 || n == 1 || work < PARALLEL_MIN_WORK {
-            unsafe { f(bufs.as_ptr(), 0, n as i64) };
-            return;
+            return unsafe { f(bufs.as_ptr(), 0, n as i64) };
         }
         let chunks = threads.min(n).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
         let base = bufs.as_ptr() as usize;
+        let status = AtomicI32::new(0);
         rayon::scope(|s| {
             for c in 0..chunks {
                 let lo = n * c / chunks;
                 let hi = n * (c + 1) / chunks;
-                s.spawn(move |_| unsafe { f(base as *const *mut u8, lo as i64, hi as i64) });
+                let status = &status;
+                s.spawn(move |_| {
+                    let r = unsafe { f(base as *const *mut u8, lo as i64, hi as i64) };
+                    status.fetch_or(r, Ordering::Relaxed);
+                });
             }
         });
+        status.into_inner()
     }
+}
+
+/// The error for a generated function's nonzero status.
+fn kernel_status(k: &Kernel, status: i32) -> Result<(), BackendError> {
+    if status & crate::program::KERNEL_DIV_BY_ZERO != 0 {
+        return Err(BackendError::Runtime {
+            op: k.name.clone(),
+            value: String::new(),
+            detail: "integer division (or remainder) by zero".into(),
+        });
+    }
+    Ok(())
 }
 
 impl Model {
     /// Run the pieces of a [`Step::Rows`] kernel: a block of rows through every piece, block
     /// after block (blocks split across threads when it is worth it).
-    fn rows(&self, rows: u64, pieces: &[RowPiece], bufs: &[*mut u8]) {
+    fn rows(&self, rows: u64, pieces: &[RowPiece], bufs: &[*mut u8]) -> i32 {
         if rows == 0 || pieces.iter().any(|p| p.per_row == 0) {
-            for p in pieces {
-                self.call(&p.call, bufs);
-            }
-            return;
+            return pieces.iter().fold(0, |s, p| s | self.call(&p.call, bufs));
         }
         let row_cost: u64 = pieces
             .iter()
@@ -253,31 +269,36 @@ impl Model {
             .collect();
         let run = |base: usize, lo: u64, hi: u64| {
             let mut r = lo;
+            let mut status = 0;
             while r < hi {
                 let end = (r + block).min(hi);
                 for &(f, per) in &funcs {
                     // Safety: the functions are correct for any sub-range of their extent.
-                    unsafe { f(base as *const *mut u8, r as i64 * per, end as i64 * per) };
+                    status |= unsafe { f(base as *const *mut u8, r as i64 * per, end as i64 * per) };
                 }
                 r = end;
             }
+            status
         };
         let base = bufs.as_ptr() as usize;
         let work = rows.saturating_mul(row_cost);
         let threads = self.threads as u64;
         if threads <= 1 || rows == 1 || work < PARALLEL_MIN_WORK {
-            run(base, 0, rows);
-            return;
+            return run(base, 0, rows);
         }
         let chunks = threads.min(rows).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
+        let status = AtomicI32::new(0);
         rayon::scope(|s| {
             for c in 0..chunks {
                 let lo = rows * c / chunks;
                 let hi = rows * (c + 1) / chunks;
-                let run = &run;
-                s.spawn(move |_| run(base, lo, hi));
+                let (run, status) = (&run, &status);
+                s.spawn(move |_| {
+                    status.fetch_or(run(base, lo, hi), Ordering::Relaxed);
+                });
             }
         });
+        status.into_inner()
     }
 }
 
@@ -457,8 +478,12 @@ impl Launcher for Model {
         let p = &self.prog.program;
         let bufs = &f.bufs;
         match self.prog.steps.get(index) {
-            Some(Step::Loop { call, .. }) => self.call(call, bufs),
-            Some(Step::Rows { rows, pieces, .. }) => self.rows(*rows, pieces, bufs),
+            Some(Step::Loop { kernel, call }) => {
+                kernel_status(&p.kernels[*kernel as usize], self.call(call, bufs))?;
+            }
+            Some(Step::Rows { kernel, rows, pieces }) => {
+                kernel_status(&p.kernels[*kernel as usize], self.rows(*rows, pieces, bufs))?;
+            }
             Some(Step::Contraction { kernel, epilogue }) => {
                 let k = &p.kernels[*kernel as usize];
                 let KernelBody::Contraction(c) = &k.body else {
@@ -467,7 +492,7 @@ impl Launcher for Model {
                 // Safety: every buffer pointer is live and as long as its static type.
                 unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads)? };
                 if let Some(call) = epilogue {
-                    self.call(call, bufs);
+                    kernel_status(k, self.call(call, bufs))?;
                 }
             }
             Some(Step::Native { kernel }) => {

@@ -44,6 +44,8 @@ pub(super) struct Em<'a, 'f> {
     /// Constant value of each instruction that is a `Const`.
     const_red: Vec<Option<f64>>,
     const_epi: Vec<Option<f64>>,
+    /// The function's status word (`KERNEL_DIV_BY_ZERO` when a divisor was zero).
+    pub status: Variable,
 }
 
 fn consts(body: &[Inst]) -> Vec<Option<f64>> {
@@ -56,7 +58,12 @@ fn consts(body: &[Inst]) -> Vec<Option<f64>> {
 }
 
 impl<'a, 'f> Em<'a, 'f> {
-    pub(super) fn new(b: &'a mut FunctionBuilder<'f>, plan: &'a Plan, kernel: &'a LoopKernel) -> Self {
+    pub(super) fn new(
+        b: &'a mut FunctionBuilder<'f>,
+        plan: &'a Plan,
+        kernel: &'a LoopKernel,
+        status: Variable,
+    ) -> Self {
         let nred = kernel.reduce.first().map_or(0, |r| r.body.len());
         Em {
             b,
@@ -69,6 +76,7 @@ impl<'a, 'f> Em<'a, 'f> {
             env_epi: vec![None; kernel.body.len()],
             const_red: kernel.reduce.first().map_or(Vec::new(), |r| consts(&r.body)),
             const_epi: consts(&kernel.body),
+            status,
         }
     }
 

@@ -110,6 +110,7 @@ pub fn define_function<M: Module>(
     }
     let mut sig = module.make_signature();
     sig.params = vec![AbiParam::new(ptr), AbiParam::new(types::I64), AbiParam::new(types::I64)];
+    sig.returns = vec![AbiParam::new(types::I32)];
     let id = module
         .declare_function(&spec.name, Linkage::Export, &sig)
         .map_err(|e| err(e.to_string()))?;
@@ -123,11 +124,16 @@ pub fn define_function<M: Module>(
         b.append_block_params_for_function_params(entry);
         b.switch_to_block(entry);
         let params = b.block_params(entry).to_vec();
+        // The status the function returns (`KERNEL_DIV_BY_ZERO` bits).
+        let status = b.declare_var(types::I32);
+        let zero = b.ins().iconst(types::I32, 0);
+        b.def_var(status, zero);
         {
-            let mut em = emit::Em::new(&mut b, &plan, &spec.kernel);
+            let mut em = emit::Em::new(&mut b, &plan, &spec.kernel, status);
             em.build(params[0], params[1], params[2]);
         }
-        b.ins().return_(&[]);
+        let s = b.use_var(status);
+        b.ins().return_(&[s]);
         b.seal_all_blocks();
         b.finalize(module.target_config());
     }

@@ -327,7 +327,8 @@ impl Em<'_, '_> {
             And => self.b.ins().band(x, y),
             Or => self.b.ins().bor(x, y),
             Xor => self.b.ins().bxor(x, y),
-            _ => unreachable!("integer div/rem/pow are rejected when planning"),
+            Div => self.int_div(x, y, unsigned),
+            _ => unreachable!("integer rem (expanded by legalize) and pow are rejected when planning"),
         }
     }
 
@@ -371,6 +372,30 @@ impl Em<'_, '_> {
             (_, true) => IntCC::UnsignedGreaterThanOrEqual,
         };
         self.b.ins().icmp(cc, x, y)
+    }
+
+    /// The reference's integer division (scalars; the plan keeps it off vectors): truncating,
+    /// wrapping (`MIN / -1 == MIN`), and a zero divisor sets `KERNEL_DIV_BY_ZERO` in the
+    /// function's status (the quotient is then junk, and the caller reports the error) instead
+    /// of trapping.
+    fn int_div(&mut self, x: Value, y: Value, unsigned: bool) -> Value {
+        let t = self.b.func.dfg.value_type(x);
+        let is_zero = self.b.ins().icmp_imm_s(IntCC::Equal, y, 0);
+        let one = self.b.ins().iconst(t, 1);
+        let safe = self.b.ins().select(is_zero, one, y);
+        let flag = self.b.ins().uextend(types::I32, is_zero);
+        let s = self.b.use_var(self.status);
+        let s = self.b.ins().bor(s, flag);
+        self.b.def_var(self.status, s);
+        if unsigned {
+            return self.b.ins().udiv(x, safe);
+        }
+        // sdiv traps on MIN / -1: divide by 1 there and negate (wrapping) instead.
+        let minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, safe, -1);
+        let d = self.b.ins().select(minus_one, one, safe);
+        let q = self.b.ins().sdiv(x, d);
+        let neg = self.b.ins().ineg(x);
+        self.b.ins().select(minus_one, neg, q)
     }
 
     /// The bits of `x` read as `to` (same size; scalar or vector).

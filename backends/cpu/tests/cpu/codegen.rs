@@ -337,8 +337,10 @@ fn every_binary_op_for_every_dtype_with_broadcasting() {
             if !binary_ok(op, dt) {
                 continue;
             }
-            // Integer div/rem/pow can fail at run time: the interpreter runs them.
-            let compiled = !(dt.is_int() && matches!(op, BinaryOp::Div | BinaryOp::Rem | BinaryOp::Pow));
+            // Integer pow can fail at run time (negative exponents): the interpreter runs it.
+            // Division and remainder are compiled; a zero divisor is reported by the kernel.
+            let fallible = dt.is_int() && matches!(op, BinaryOp::Div | BinaryOp::Rem | BinaryOp::Pow);
+            let compiled = !(dt.is_int() && op == BinaryOp::Pow);
             for (i, (sa, sb)) in [
                 (&[17usize][..], &[17usize][..]),
                 (&[5, 17], &[17]),
@@ -355,7 +357,7 @@ fn every_binary_op_for_every_dtype_with_broadcasting() {
                 let y = g.add_op1(Op::Binary(op), &[a, b]).unwrap();
                 g.add_output("y", y).unwrap();
                 let mut bd = data(dt, sb, 100 + i as u64, true);
-                if !compiled {
+                if fallible {
                     // Keep the integer ops defined (non-zero divisors, small exponents).
                     let v: Vec<f64> = bd.to_f64_vec().iter().map(|&x| (x.abs() % 5.0) + 1.0).collect();
                     bd = TensorData::from_f64_slice(dt, sb.to_vec(), &v).unwrap();
@@ -385,6 +387,67 @@ fn every_binary_op_for_every_dtype_with_broadcasting() {
                     assert!(!interpreted(&c).is_empty());
                 }
             }
+        }
+    }
+}
+
+/// Integer division and remainder are compiled (scalar lanes): truncating division, the
+/// remainder with the divisor's sign, `MIN / -1` wrapping to MIN, u8 unsigned; a zero divisor
+/// anywhere — also in a chunk run on another thread — is the reference's error, not a trap.
+#[test]
+fn integer_division_is_compiled_and_reports_a_zero_divisor() {
+    // Large enough to be split across threads.
+    const N_IDIV: usize = 1 << 17;
+    for dt in [DType::I8, DType::U8, DType::I32, DType::I64] {
+        let mut g = Graph::new("idiv");
+        let a = input(&mut g, "a", dt, &[N_IDIV]);
+        let b = input(&mut g, "b", dt, &[N_IDIV]);
+        let q = g.add_op1(Op::Binary(BinaryOp::Div), &[a, b]).unwrap();
+        let r = g.add_op1(Op::Binary(BinaryOp::Rem), &[a, b]).unwrap();
+        g.add_output("q", q).unwrap();
+        g.add_output("r", r).unwrap();
+        let (lo, hi) = match dt {
+            DType::I8 => (-128.0, 127.0),
+            DType::U8 => (0.0, 255.0),
+            DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+            _ => (i64::MIN as f64, i64::MAX as f64),
+        };
+        let mut av: Vec<f64> = (0..N_IDIV)
+            .map(|i| ((i * 7919 % 4001) as f64 - 2000.0).clamp(lo, hi))
+            .collect();
+        let mut bv: Vec<f64> = (0..N_IDIV)
+            .map(|i| ((i * 31 % 23) as f64 - 11.0).clamp(lo, hi))
+            .collect();
+        for v in &mut bv {
+            if *v == 0.0 {
+                *v = if dt == DType::U8 { 3.0 } else { -7.0 };
+            }
+        }
+        if dt != DType::U8 {
+            // MIN / -1 wraps.
+            av[0] = lo;
+            bv[0] = -1.0;
+        }
+        let ad = TensorData::from_f64_slice(dt, vec![N_IDIV], &av).unwrap();
+        let bd = TensorData::from_f64_slice(dt, vec![N_IDIV], &bv).unwrap();
+        let c = check_with(
+            &g,
+            &Weights::new(),
+            &feeds(&[("a", ad.clone()), ("b", bd)]),
+            EXACT,
+            true,
+        );
+        assert_compiled(&c);
+        // A zero divisor deep in the array: an error on 1 and 4 threads, never a crash.
+        bv[N_IDIV - 1000] = 0.0;
+        let bz = TensorData::from_f64_slice(dt, vec![N_IDIV], &bv).unwrap();
+        let inputs = feeds(&[("a", ad), ("b", bz)]);
+        assert!(run_graph(&g, &Weights::new(), &inputs).is_err());
+        for threads in [1, 4] {
+            let mut m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &c.lowered.consts).unwrap();
+            m.set_threads(threads);
+            let e = m.run(&inputs).unwrap_err().to_string();
+            assert!(e.contains("by zero"), "{dt}, {threads} threads: {e}");
         }
     }
 }
