@@ -239,14 +239,18 @@ impl Model {
 
 /// The error for a generated function's nonzero status.
 fn kernel_status(k: &Kernel, status: i32) -> Result<(), BackendError> {
-    if status & crate::program::KERNEL_DIV_BY_ZERO != 0 {
-        return Err(BackendError::Runtime {
-            op: k.name.clone(),
-            value: String::new(),
-            detail: "integer division (or remainder) by zero".into(),
-        });
-    }
-    Ok(())
+    let detail = if status & crate::program::KERNEL_DIV_BY_ZERO != 0 {
+        "integer division (or remainder) by zero"
+    } else if status & crate::program::KERNEL_NEGATIVE_POW != 0 {
+        "integer power with a negative exponent"
+    } else {
+        return Ok(());
+    };
+    Err(BackendError::Runtime {
+        op: k.name.clone(),
+        value: String::new(),
+        detail: detail.into(),
+    })
 }
 
 impl Model {

@@ -11,12 +11,16 @@ use serde::{Deserialize, Serialize};
 
 /// A generated kernel function: `f(bufs, lo, hi)` runs outer iterations `lo..hi` of its loop
 /// nest. `bufs[b]` is the base address of buffer `b` (a [`BufferId`] of the program). It
-/// returns 0, or [`KERNEL_DIV_BY_ZERO`] when an integer division (or remainder) had a zero
-/// divisor — an error the caller reports, as the reference does (the quotient is then junk).
+/// returns 0, or status bits — [`KERNEL_DIV_BY_ZERO`] when an integer division (or remainder)
+/// had a zero divisor, [`KERNEL_NEGATIVE_POW`] when an integer power had a negative exponent:
+/// errors the caller reports, as the reference does (the results are then junk).
 pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, lo: i64, hi: i64) -> i32;
 
 /// A generated function's status bit: an integer division or remainder by zero.
 pub const KERNEL_DIV_BY_ZERO: i32 = 1;
+
+/// A generated function's status bit: an integer power with a negative exponent.
+pub const KERNEL_NEGATIVE_POW: i32 = 2;
 
 /// One call of a generated function over an outer range `0..extent`, which the runtime may
 /// split across threads (the function is correct for any sub-range).

@@ -328,7 +328,8 @@ impl Em<'_, '_> {
             Or => self.b.ins().bor(x, y),
             Xor => self.b.ins().bxor(x, y),
             Div => self.int_div(x, y, unsigned),
-            _ => unreachable!("integer rem (expanded by legalize) and pow are rejected when planning"),
+            Pow => self.int_pow(x, y, unsigned),
+            _ => unreachable!("integer rem is expanded by legalize"),
         }
     }
 
@@ -383,10 +384,7 @@ impl Em<'_, '_> {
         let is_zero = self.b.ins().icmp_imm_s(IntCC::Equal, y, 0);
         let one = self.b.ins().iconst(t, 1);
         let safe = self.b.ins().select(is_zero, one, y);
-        let flag = self.b.ins().uextend(types::I32, is_zero);
-        let s = self.b.use_var(self.status);
-        let s = self.b.ins().bor(s, flag);
-        self.b.def_var(self.status, s);
+        self.flag_status(is_zero, oar_cpu_runtime::program::KERNEL_DIV_BY_ZERO as i64);
         if unsigned {
             return self.b.ins().udiv(x, safe);
         }
@@ -396,6 +394,40 @@ impl Em<'_, '_> {
         let q = self.b.ins().sdiv(x, d);
         let neg = self.b.ins().ineg(x);
         self.b.ins().select(minus_one, neg, q)
+    }
+
+    /// Set `bit` of the function's status where `flag` (an i8 0/1) is set.
+    fn flag_status(&mut self, flag: Value, bit: i64) {
+        let f = self.b.ins().uextend(types::I32, flag);
+        let f = self.b.ins().imul_imm_s(f, bit);
+        let s = self.b.use_var(self.status);
+        let s = self.b.ins().bor(s, f);
+        self.b.def_var(self.status, s);
+    }
+
+    /// The reference's integer power (scalars): square-and-multiply over the exponent's bits
+    /// with wrapping products (the same residue as the reference's i64 product); a negative
+    /// exponent sets `KERNEL_NEGATIVE_POW` in the function's status.
+    fn int_pow(&mut self, x: Value, y: Value, unsigned: bool) -> Value {
+        let t = self.b.func.dfg.value_type(x);
+        let bits = t.bits() as i64 - if unsigned { 0 } else { 1 };
+        if !unsigned {
+            let neg = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, y, 0);
+            self.flag_status(neg, oar_cpu_runtime::program::KERNEL_NEGATIVE_POW as i64);
+        }
+        let mut acc = self.b.ins().iconst(t, 1);
+        let mut base = x;
+        for bit in 0..bits {
+            let shifted = self.b.ins().ushr_imm_s(y, bit);
+            let b = self.b.ins().band_imm_s(shifted, 1);
+            let set = self.b.ins().icmp_imm_s(IntCC::NotEqual, b, 0);
+            let m = self.b.ins().imul(acc, base);
+            acc = self.b.ins().select(set, m, acc);
+            if bit + 1 < bits {
+                base = self.b.ins().imul(base, base);
+            }
+        }
+        acc
     }
 
     /// The bits of `x` read as `to` (same size; scalar or vector).

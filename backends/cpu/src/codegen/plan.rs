@@ -216,9 +216,9 @@ fn check_body(body: &[Inst], loads: &[Access], acc: Option<DType>, what: &str) -
                     let ok = if dt.is_float() {
                         !op.is_logical()
                     } else if dt.is_int() {
-                        // Division reports a zero divisor through the status word; rem is
-                        // expanded into division by legalize; powers stay interpreted.
-                        !matches!(op, BinaryOp::Rem | BinaryOp::Pow)
+                        // Division and power report a zero divisor / negative exponent through
+                        // the status word; rem is expanded into division by legalize.
+                        *op != BinaryOp::Rem
                     } else {
                         op.is_logical()
                     };
@@ -323,7 +323,7 @@ fn vectorizable(body: &[Inst], w: usize, uni: &[bool]) -> bool {
                     && (from == DType::Bool || dt == DType::Bool || from.size_bytes() == dt.size_bytes())
             }
             // Integer division: no vector instruction on x64, and the zero check is per lane.
-            ScalarOp::Binary(BinaryOp::Div, a, _) if body[*a].dtype.is_int() => false,
+            ScalarOp::Binary(BinaryOp::Div | BinaryOp::Pow, a, _) if body[*a].dtype.is_int() => false,
             ScalarOp::Binary(op, a, _) if body[*a].dtype == DType::I64 => {
                 // i64x2 multiply/min/max lower to long sequences without AVX-512; keep them scalar.
                 !matches!(op, BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min)

@@ -337,10 +337,9 @@ fn every_binary_op_for_every_dtype_with_broadcasting() {
             if !binary_ok(op, dt) {
                 continue;
             }
-            // Integer pow can fail at run time (negative exponents): the interpreter runs it.
-            // Division and remainder are compiled; a zero divisor is reported by the kernel.
+            // Integer div/rem/pow are compiled; a zero divisor or a negative exponent is
+            // reported by the kernel (tested below), so the data here keeps them defined.
             let fallible = dt.is_int() && matches!(op, BinaryOp::Div | BinaryOp::Rem | BinaryOp::Pow);
-            let compiled = !(dt.is_int() && op == BinaryOp::Pow);
             for (i, (sa, sb)) in [
                 (&[17usize][..], &[17usize][..]),
                 (&[5, 17], &[17]),
@@ -372,7 +371,7 @@ fn every_binary_op_for_every_dtype_with_broadcasting() {
                     ad = tame(&ad, |x| x.clamp(-1e6, 1e6));
                     bd = tame(&bd, |x| if x != 0.0 && x.abs() < 0.01 { x.signum() } else { x });
                 }
-                let c = check_with(
+                check_with(
                     &g,
                     &Weights::new(),
                     &feeds(&[("a", ad), ("b", bd)]),
@@ -381,43 +380,43 @@ fn every_binary_op_for_every_dtype_with_broadcasting() {
                     } else {
                         EXACT
                     },
-                    compiled,
+                    true,
                 );
-                if !compiled {
-                    assert!(!interpreted(&c).is_empty());
-                }
             }
         }
     }
 }
 
-/// Integer division and remainder are compiled (scalar lanes): truncating division, the
-/// remainder with the divisor's sign, `MIN / -1` wrapping to MIN, u8 unsigned; a zero divisor
-/// anywhere — also in a chunk run on another thread — is the reference's error, not a trap.
+/// Integer division, remainder and power are compiled (scalar lanes): truncating division, the
+/// remainder with the divisor's sign, `MIN / -1` wrapping to MIN, u8 unsigned, wrapping powers;
+/// a zero divisor or a negative exponent anywhere — also in a chunk run on another thread — is
+/// the reference's error, not a trap.
 #[test]
-fn integer_division_is_compiled_and_reports_a_zero_divisor() {
+fn integer_division_and_power_are_compiled_and_report_their_errors() {
     // Large enough to be split across threads.
-    const N_IDIV: usize = 1 << 17;
+    const N: usize = 1 << 17;
     for dt in [DType::I8, DType::U8, DType::I32, DType::I64] {
         let mut g = Graph::new("idiv");
-        let a = input(&mut g, "a", dt, &[N_IDIV]);
-        let b = input(&mut g, "b", dt, &[N_IDIV]);
+        let a = input(&mut g, "a", dt, &[N]);
+        let b = input(&mut g, "b", dt, &[N]);
+        let e = input(&mut g, "e", dt, &[N]);
         let q = g.add_op1(Op::Binary(BinaryOp::Div), &[a, b]).unwrap();
         let r = g.add_op1(Op::Binary(BinaryOp::Rem), &[a, b]).unwrap();
+        let p = g.add_op1(Op::Binary(BinaryOp::Pow), &[a, e]).unwrap();
         g.add_output("q", q).unwrap();
         g.add_output("r", r).unwrap();
+        g.add_output("p", p).unwrap();
         let (lo, hi) = match dt {
             DType::I8 => (-128.0, 127.0),
             DType::U8 => (0.0, 255.0),
             DType::I32 => (i32::MIN as f64, i32::MAX as f64),
             _ => (i64::MIN as f64, i64::MAX as f64),
         };
-        let mut av: Vec<f64> = (0..N_IDIV)
+        let make = |v: &[f64]| TensorData::from_f64_slice(dt, vec![N], v).unwrap();
+        let mut av: Vec<f64> = (0..N)
             .map(|i| ((i * 7919 % 4001) as f64 - 2000.0).clamp(lo, hi))
             .collect();
-        let mut bv: Vec<f64> = (0..N_IDIV)
-            .map(|i| ((i * 31 % 23) as f64 - 11.0).clamp(lo, hi))
-            .collect();
+        let mut bv: Vec<f64> = (0..N).map(|i| ((i * 31 % 23) as f64 - 11.0).clamp(lo, hi)).collect();
         for v in &mut bv {
             if *v == 0.0 {
                 *v = if dt == DType::U8 { 3.0 } else { -7.0 };
@@ -428,26 +427,41 @@ fn integer_division_is_compiled_and_reports_a_zero_divisor() {
             av[0] = lo;
             bv[0] = -1.0;
         }
-        let ad = TensorData::from_f64_slice(dt, vec![N_IDIV], &av).unwrap();
-        let bd = TensorData::from_f64_slice(dt, vec![N_IDIV], &bv).unwrap();
+        // Exponents 0..=66: past the width, so the products wrap as the reference's do.
+        let ev: Vec<f64> = (0..N).map(|i| ((i * 13 % 67) as f64).min(hi)).collect();
+        let (ad, bd, ed) = (make(&av), make(&bv), make(&ev));
         let c = check_with(
             &g,
             &Weights::new(),
-            &feeds(&[("a", ad.clone()), ("b", bd)]),
+            &feeds(&[("a", ad.clone()), ("b", bd.clone()), ("e", ed.clone())]),
             EXACT,
             true,
         );
         assert_compiled(&c);
-        // A zero divisor deep in the array: an error on 1 and 4 threads, never a crash.
-        bv[N_IDIV - 1000] = 0.0;
-        let bz = TensorData::from_f64_slice(dt, vec![N_IDIV], &bv).unwrap();
-        let inputs = feeds(&[("a", ad), ("b", bz)]);
-        assert!(run_graph(&g, &Weights::new(), &inputs).is_err());
-        for threads in [1, 4] {
-            let mut m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &c.lowered.consts).unwrap();
-            m.set_threads(threads);
-            let e = m.run(&inputs).unwrap_err().to_string();
-            assert!(e.contains("by zero"), "{dt}, {threads} threads: {e}");
+        // A zero divisor (or a negative exponent) deep in the array: an error on 1 and 4
+        // threads, never a crash.
+        let mut bz = bv.clone();
+        bz[N - 1000] = 0.0;
+        let mut en = ev.clone();
+        en[N - 5] = -2.0;
+        let mut cases = vec![(
+            feeds(&[("a", ad.clone()), ("b", make(&bz)), ("e", ed.clone())]),
+            "by zero",
+        )];
+        if dt != DType::U8 {
+            cases.push((
+                feeds(&[("a", ad.clone()), ("b", bd.clone()), ("e", make(&en))]),
+                "negative exponent",
+            ));
+        }
+        for (inputs, want) in cases {
+            assert!(run_graph(&g, &Weights::new(), &inputs).is_err());
+            for threads in [1, 4] {
+                let mut m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &c.lowered.consts).unwrap();
+                m.set_threads(threads);
+                let err = m.run(&inputs).unwrap_err().to_string();
+                assert!(err.contains(want), "{dt}, {threads} threads: {err}");
+            }
         }
     }
 }
