@@ -19,6 +19,42 @@ graph @moves {
 }
 "#;
 
+/// `g` lowered for the cpu backend, asserting no kernel is left to the interpreter.
+fn lower_without_interpreter(g: &oar_ir::Graph) -> oar_backend_cpu::lower::Lowered {
+    let lowered = oar_backend_cpu::lower::lower(g, &BTreeMap::new()).unwrap();
+    let interpreted: Vec<_> = lowered
+        .cpu
+        .steps
+        .iter()
+        .filter(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. }))
+        .collect();
+    assert!(interpreted.is_empty(), "{interpreted:?}");
+    lowered
+}
+
+type Outputs = Vec<(String, TensorData)>;
+
+/// `g` run on `feeds` by the cpu backend and by the reference.
+fn cpu_and_reference(g: &oar_ir::Graph, feeds: &BTreeMap<String, TensorData>) -> (Outputs, Outputs) {
+    let exe = CpuBackend::new().compile(g, &Weights::new()).unwrap();
+    let got = exe.run(feeds).unwrap();
+    let want = oar_backend_reference::run_graph(g, &Weights::new(), feeds).unwrap();
+    (got, want)
+}
+
+/// Every output has the reference's type and bytes.
+fn assert_same_bytes(got: &Outputs, want: &Outputs, what: &str) {
+    for ((name, a), (_, b)) in got.iter().zip(want) {
+        assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
+        assert!(
+            a.bytes() == b.bytes(),
+            "{name} ({what}): {:?} vs reference {:?}",
+            a.to_f64_vec(),
+            b.to_f64_vec()
+        );
+    }
+}
+
 fn inputs(idx: [i64; 2]) -> BTreeMap<String, TensorData> {
     BTreeMap::from([
         (
@@ -108,13 +144,7 @@ graph @gen {
         let mut m = oar_cpu_runtime::Model::new(lowered.cpu.clone(), code.funcs.clone(), &lowered.consts).unwrap();
         m.set_threads(threads);
         let got = m.run(&BTreeMap::new()).unwrap();
-        for ((name, a), (_, b)) in got.iter().zip(&want) {
-            assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
-            assert!(
-                a.bytes() == b.bytes(),
-                "output {name} differs from the reference ({threads} threads)"
-            );
-        }
+        assert_same_bytes(&got, &want, &format!("{threads} threads"));
     }
     // The i8 iota wraps like numpy's astype: 127, then -128.
     let b = want[1].1.to_vec::<i8>().unwrap();
@@ -176,26 +206,9 @@ graph @lanes {
             TensorData::from_vec(vec![6], vec![true, true, false, true, false, false]).unwrap(),
         ),
     ]);
-    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
-    let interpreted: Vec<_> = lowered
-        .cpu
-        .steps
-        .iter()
-        .filter(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. }))
-        .collect();
-    assert!(interpreted.is_empty(), "{interpreted:?}");
-    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
-    let got = exe.run(&feeds).unwrap();
-    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds).unwrap();
-    for ((name, a), (_, b)) in got.iter().zip(&want) {
-        assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
-        assert!(
-            a.bytes() == b.bytes(),
-            "{name}: {:?} vs reference {:?}",
-            a.to_f64_vec(),
-            b.to_f64_vec()
-        );
-    }
+    lower_without_interpreter(&g);
+    let (got, want) = cpu_and_reference(&g, &feeds);
+    assert_same_bytes(&got, &want, "lanes");
     // Hand-checked: row 0 [1, 3, 3, -1] → argmax 1 (first of the tie); row 1 → the first NaN,
     // 0; row 2 [-0, 0, -5, -5] → 0 (-0 == 0, the first wins).
     let by = |n: &str| got.iter().find(|(k, _)| k == n).unwrap().1.to_f64_vec();
@@ -269,29 +282,12 @@ graph @scatter {
             ),
         ])
     };
-    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
-    assert!(
-        !lowered
-            .cpu
-            .steps
-            .iter()
-            .any(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. })),
-        "{:?}",
-        lowered.cpu.steps
-    );
+    lower_without_interpreter(&g);
     let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
     // Index 0 twice, -1 (the last row) and 2: repeated, negative and plain.
     let inputs = feeds(vec![0, 2, -1, 0, 2]);
-    let got = exe.run(&inputs).unwrap();
-    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &inputs).unwrap();
-    for ((name, a), (_, b)) in got.iter().zip(&want) {
-        assert!(
-            a.bytes() == b.bytes(),
-            "{name}: {:?} vs reference {:?}",
-            a.to_f64_vec(),
-            b.to_f64_vec()
-        );
-    }
+    let (got, want) = cpu_and_reference(&g, &inputs);
+    assert_same_bytes(&got, &want, "scatter");
     let by = |n: &str| got.iter().find(|(k, _)| k == n).unwrap().1.to_f64_vec();
     // 1 + 40 · f16(0.001) summed in f64 and rounded once to f16: 1.0400390625.
     assert_eq!(by("half"), [1.0, 1.0400390625]);
@@ -371,17 +367,8 @@ graph @half {
             TensorData::from_f64_slice(DType::BF16, vec![4, 16], &vals(&|i| (i as f64 - 20.0) * 0.31)).unwrap(),
         ),
     ]);
-    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
-    let interpreted: Vec<_> = lowered
-        .cpu
-        .steps
-        .iter()
-        .filter(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. }))
-        .collect();
-    assert!(interpreted.is_empty(), "{interpreted:?}");
-    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
-    let got = exe.run(&feeds).unwrap();
-    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds).unwrap();
+    lower_without_interpreter(&g);
+    let (got, want) = cpu_and_reference(&g, &feeds);
     for ((name, a), (_, b)) in got.iter().zip(&want) {
         assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
         let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
@@ -453,17 +440,8 @@ graph @half_mm {
             TensorData::from_f64_slice(DType::BF16, vec![4, 3, 3, 3], &vals(108, 0.04)).unwrap(),
         ),
     ]);
-    let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
-    let interpreted: Vec<_> = lowered
-        .cpu
-        .steps
-        .iter()
-        .filter(|s| matches!(s, oar_cpu_runtime::Step::Interpret { .. }))
-        .collect();
-    assert!(interpreted.is_empty(), "{interpreted:?}");
-    let exe = CpuBackend::new().compile(&g, &Weights::new()).unwrap();
-    let got = exe.run(&feeds).unwrap();
-    let want = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds).unwrap();
+    lower_without_interpreter(&g);
+    let (got, want) = cpu_and_reference(&g, &feeds);
     for ((name, a), (_, b)) in got.iter().zip(&want) {
         assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
         // The kit's half tolerances: f16 rtol 2e-3 / atol 1e-4, bf16 1.6e-2 / 1e-3.
