@@ -352,11 +352,23 @@ pub fn write_f64_as(dtype: DType, v: f64, out: &mut Vec<u8>) {
     }
 }
 
-/// Store `v` converted to `dtype` (as [`write_f64_as`]) into the element slice `out`.
+/// Store `v` converted to `dtype` (as [`write_f64_as`]) into the element slice `out`, without
+/// allocating (per-element loops use it).
 pub fn store_f64_as(dtype: DType, v: f64, out: &mut [u8]) {
-    let mut tmp = Vec::with_capacity(8);
-    write_f64_as(dtype, v, &mut tmp);
-    out[..tmp.len()].copy_from_slice(&tmp);
+    fn put<const N: usize>(out: &mut [u8], b: [u8; N]) {
+        out[..N].copy_from_slice(&b);
+    }
+    match dtype {
+        DType::F32 => put(out, f32::from_f64(v).to_le_bytes()),
+        DType::F64 => put(out, v.to_le_bytes()),
+        DType::F16 => put(out, f16::from_f64(v).to_le_bytes()),
+        DType::BF16 => put(out, bf16::from_f64(v).to_le_bytes()),
+        DType::I8 => put(out, i8::from_f64(v).to_le_bytes()),
+        DType::U8 => put(out, u8::from_f64(v).to_le_bytes()),
+        DType::I32 => put(out, i32::from_f64(v).to_le_bytes()),
+        DType::I64 => put(out, i64::from_f64(v).to_le_bytes()),
+        DType::Bool => put(out, [u8::from(bool::from_f64(v))]),
+    }
 }
 
 impl fmt::Debug for TensorData {

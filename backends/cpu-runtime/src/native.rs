@@ -44,16 +44,32 @@ fn err(k: &Kernel, detail: String) -> BackendError {
 /// A read-only view of an input buffer, copied first when it overlaps the output (the memory
 /// plan may place them in the same arena bytes).
 fn input(src: *const u8, len: usize, out: *const u8, out_len: usize, copy: &mut Vec<u8>) -> &[u8] {
-    let (s, o) = (src as usize, out as usize);
     // Safety: the caller passes live buffers of these lengths.
     let view = unsafe { std::slice::from_raw_parts(src, len) };
-    if s < o + out_len && o < s + len {
+    if overlaps(src, len, out, out_len) {
         *copy = view.to_vec();
         copy
     } else {
         // Safety: no overlap with the output, which is the only buffer written.
         unsafe { std::slice::from_raw_parts(src, len) }
     }
+}
+
+/// Indices (negative ones counting from the end) checked against an axis of size `n`.
+fn normalized(k: &Kernel, raw: &[i64], n: usize, op: &str, axis: usize) -> Result<Vec<usize>, BackendError> {
+    raw.iter()
+        .map(|&i| {
+            let j = if i < 0 { i + n as i64 } else { i };
+            if (0..n as i64).contains(&j) {
+                Ok(j as usize)
+            } else {
+                Err(err(
+                    k,
+                    format!("{op} index {i} out of range for axis {axis} of size {n}"),
+                ))
+            }
+        })
+        .collect()
 }
 
 /// Run `k` (an opaque kernel [`supports`] accepts) on the program's buffers.
@@ -146,38 +162,17 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
         Op::Gather(Gather { axis }) => {
             let data_shape = shape_of(0);
             let data = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
-            let idx_ty = &p.buffer(o.inputs[1]).ty;
-            let n_idx: usize = static_shape(idx_ty).iter().product();
-            // Safety: the index buffer is live and `n_idx` elements of its dtype long; it is
-            // read before the output is written (copied out here).
-            let idx_bytes =
-                unsafe { std::slice::from_raw_parts(bufs[o.inputs[1].index()], n_idx * idx_ty.dtype.size_bytes()) };
-            let indices: Vec<i64> = match idx_ty.dtype {
-                DType::I32 => idx_bytes
-                    .chunks_exact(4)
-                    .map(|c| i32::from_ne_bytes(c.try_into().unwrap()) as i64)
-                    .collect(),
-                _ => idx_bytes
-                    .chunks_exact(8)
-                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-                    .collect(),
-            };
-            let n = data_shape[*axis] as i64;
-            let outer: usize = data_shape[..*axis].iter().product();
-            let block = data_shape[*axis + 1..].iter().product::<usize>() * size;
+            // Safety: the index buffer is live; it is read before the output is written.
+            let raw = unsafe { read_indices(p, o.inputs[1], bufs[o.inputs[1].index()]) };
+            let (outer, n, inner) = lanes(&data_shape, *axis);
+            let indices = normalized(k, &raw, n, "gather", *axis)?;
+            let block = inner * size;
             // Safety: the output buffer is live, `out_len` bytes, and not aliased by `data`.
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
             let mut w = 0;
             for r in 0..outer {
-                for &i in &indices {
-                    let j = if i < 0 { i + n } else { i };
-                    if !(0..n).contains(&j) {
-                        return Err(err(
-                            k,
-                            format!("gather index {i} out of range for axis {axis} of size {n}"),
-                        ));
-                    }
-                    let src = (r * n as usize + j as usize) * block;
+                for &j in &indices {
+                    let src = (r * n + j) * block;
                     out[w..w + block].copy_from_slice(&data[src..src + block]);
                     w += block;
                 }
@@ -376,17 +371,7 @@ unsafe fn scatter(
     let (outer, n, inner) = lanes(&ds, sc.axis);
     // Safety: live index buffer.
     let raw = unsafe { read_indices(p, o.inputs[1], bufs[o.inputs[1].index()]) };
-    let mut ks = Vec::with_capacity(raw.len());
-    for &i in &raw {
-        let j = if i < 0 { i + n as i64 } else { i };
-        if !(0..n as i64).contains(&j) {
-            return Err(err(
-                k,
-                format!("scatter index {i} out of range for axis {} of size {n}", sc.axis),
-            ));
-        }
-        ks.push(j as usize);
-    }
+    let ks = normalized(k, &raw, n, "scatter", sc.axis)?;
     let upd_len = outer * ks.len() * inner * w;
     let (mut c0, mut c2) = (Vec::new(), Vec::new());
     let data = input(bufs[o.inputs[0].index()], out_len, out_ptr, out_len, &mut c0);

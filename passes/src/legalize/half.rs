@@ -29,7 +29,7 @@ fn is_half(dt: DType) -> bool {
 
 /// Append instructions rounding the f32 value `x` to the nearest `half` value (still as f32);
 /// returns the result's index.
-pub(crate) fn round_to(b: &mut B, x: usize, half: DType) -> usize {
+fn round_to(b: &mut B, x: usize, half: DType) -> usize {
     let bits = b.bitcast(x, DType::I32);
     let nan = b.is_nan(x);
     let rounded = if half == DType::BF16 {
@@ -71,44 +71,20 @@ pub(crate) fn round_to(b: &mut B, x: usize, half: DType) -> usize {
 
 /// The body with half instructions in f32 (see the module docs).
 fn widen_body(body: &[Inst]) -> Vec<Inst> {
-    let mut out: Vec<Inst> = Vec::with_capacity(body.len() * 2);
-    let mut map: Vec<usize> = Vec::with_capacity(body.len());
-    for inst in body {
-        let op = inst.op.map_operands(|a| map[a]);
-        let mut b = B {
-            out: &mut out,
-            nan_minmax: false,
-        };
-        let new = if !is_half(inst.dtype) {
-            b.push(op, inst.dtype)
-        } else {
-            match op {
-                ScalarOp::Const(Float(v)) => b.c(DType::F32, oar_ir::eval::round_float(inst.dtype, v)),
-                // Loads read the f32 copy of a half buffer: exact half values already.
-                ScalarOp::Load(_) | ScalarOp::Where(..) => b.push(op, DType::F32),
-                op => {
-                    let v = b.push(op, DType::F32);
-                    round_to(&mut b, v, inst.dtype)
-                }
-            }
-        };
-        map.push(new);
-    }
-    // The body's value is its last instruction: keep it last.
-    let last = *map.last().expect("a non-empty body");
-    if last != out.len() - 1 {
-        let dtype = out[last].dtype;
-        let always = B {
-            out: &mut out,
-            nan_minmax: false,
+    super::rewrite_body(body, false, |b, inst, op| {
+        if !is_half(inst.dtype) {
+            return b.push(op, inst.dtype);
         }
-        .c(DType::Bool, 1.0);
-        out.push(Inst {
-            op: ScalarOp::Where(always, last, last),
-            dtype,
-        });
-    }
-    out
+        match op {
+            ScalarOp::Const(Float(v)) => b.c(DType::F32, oar_ir::eval::round_float(inst.dtype, v)),
+            // Loads read the f32 copy of a half buffer: exact half values already.
+            ScalarOp::Load(_) | ScalarOp::Where(..) => b.push(op, DType::F32),
+            op => {
+                let v = b.push(op, DType::F32);
+                round_to(b, v, inst.dtype)
+            }
+        }
+    })
 }
 
 /// Whether a loop or contraction kernel touches a half dtype (a buffer it reads or writes, an

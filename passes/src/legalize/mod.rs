@@ -148,22 +148,34 @@ pub fn legalize_body(body: &[Inst], natives: &Natives) -> Option<Vec<Inst>> {
     if !body.iter().any(|i| needs(body, i, natives).is_some()) {
         return None;
     }
+    Some(rewrite_body(
+        body,
+        natives.has(Expand::NanMinMax),
+        |b, inst, op| match needs(body, inst, natives) {
+            None => b.push(op, inst.dtype),
+            Some(e) => rules::expand(b, e, &op, inst.dtype),
+        },
+    ))
+}
+
+/// Rebuild `body` instruction by instruction: `rewrite` appends what replaces `inst` (given its
+/// op with operands already renumbered) and returns the index of its value. The body's value
+/// stays its last instruction.
+fn rewrite_body(
+    body: &[Inst],
+    nan_minmax: bool,
+    mut rewrite: impl FnMut(&mut B, &Inst, ScalarOp) -> usize,
+) -> Vec<Inst> {
     let mut out: Vec<Inst> = Vec::with_capacity(body.len() * 4);
     let mut map: Vec<usize> = Vec::with_capacity(body.len());
     for inst in body {
-        let expansion = needs(body, inst, natives);
         let op = inst.op.map_operands(|a| map[a]);
         let mut b = B {
             out: &mut out,
-            nan_minmax: natives.has(Expand::NanMinMax),
+            nan_minmax,
         };
-        let new = match expansion {
-            None => b.push(op, inst.dtype),
-            Some(e) => rules::expand(&mut b, e, &op, inst.dtype),
-        };
-        map.push(new);
+        map.push(rewrite(&mut b, inst, op));
     }
-    // The body's value is its last instruction: keep it last.
     let last = *map.last().expect("a non-empty body");
     if last != out.len() - 1 {
         let dtype = out[last].dtype;
@@ -175,7 +187,7 @@ pub fn legalize_body(body: &[Inst], natives: &Natives) -> Option<Vec<Inst>> {
         let keep = ScalarOp::Where(always, last, last);
         out.push(Inst { op: keep, dtype });
     }
-    Some(out)
+    out
 }
 
 /// Expand, in every kernel of `program`, the ops a backend with `natives` does not compute.
