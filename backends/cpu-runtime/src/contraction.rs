@@ -54,6 +54,70 @@ impl Elem for f64 {
     }
 }
 
+/// An element type matmul handles: floats through `gemm`, integers through a wrapping loop
+/// (the reference's semantics: products and sums wrap in the element type).
+pub(crate) trait Product: Copy + Send + Sync + 'static {
+    /// `dst[m×n] (row stride dst_rs, column stride 1) = lhs[m×k] · rhs[k×n]`.
+    ///
+    /// # Safety
+    /// As [`gemm_raw`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn product(
+        m: usize,
+        n: usize,
+        k: usize,
+        dst: *mut Self,
+        dst_rs: isize,
+        lhs: Mat<Self>,
+        rhs: Mat<Self>,
+        par: Parallelism,
+    );
+}
+
+macro_rules! float_product {
+    ($($t:ty),*) => {$(
+        impl Product for $t {
+            unsafe fn product(m: usize, n: usize, k: usize, dst: *mut Self, dst_rs: isize, lhs: Mat<Self>, rhs: Mat<Self>, par: Parallelism) {
+                // Safety: the caller's contract.
+                unsafe { gemm_raw(m, n, k, dst, dst_rs, lhs, rhs, par) }
+            }
+        }
+    )*};
+}
+float_product!(f32, f64);
+
+macro_rules! int_product {
+    ($($t:ty),*) => {$(
+        impl Product for $t {
+            unsafe fn product(m: usize, n: usize, k: usize, dst: *mut Self, dst_rs: isize, lhs: Mat<Self>, rhs: Mat<Self>, _: Parallelism) {
+                // Row by row: dst[i, :] = Σ_p lhs[i, p] · rhs[p, :], wrapping (i·k·j order keeps
+                // the inner loop on a dst row).
+                for i in 0..m {
+                    // Safety: the caller's contract: every addressed element is valid.
+                    unsafe {
+                        let row = dst.offset(i as isize * dst_rs);
+                        for j in 0..n {
+                            *row.add(j) = 0;
+                        }
+                        for p in 0..k {
+                            let a = *lhs.ptr.offset(i as isize * lhs.rs + p as isize * lhs.cs);
+                            if a == 0 {
+                                continue;
+                            }
+                            let b = rhs.ptr.offset(p as isize * rhs.rs);
+                            for j in 0..n {
+                                let r = row.add(j);
+                                *r = (*r).wrapping_add(a.wrapping_mul(*b.offset(j as isize * rhs.cs)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    )*};
+}
+int_product!(i8, u8, i32, i64);
+
 /// An operand as a strided view of its buffer: element `i` is at `offset + Σ strides[a]·i[a]`
 /// (in elements). Every element of `shape` is in bounds (checked when the view is built).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,10 +278,7 @@ pub(crate) unsafe fn run(
     bufs: &[*mut u8],
     threads: usize,
 ) -> Result<(), BackendError> {
-    let op = match k.op {
-        Contraction::MatMul => "matmul",
-        Contraction::Conv(_) => "conv",
-    };
+    let op = op_name(&k.op);
     let fail = |detail: String| BackendError::Runtime {
         op: op.into(),
         value: out.to_string(),
@@ -237,7 +298,11 @@ pub(crate) unsafe fn run(
         match dtype {
             DType::F32 => typed::<f32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
             DType::F64 => typed::<f64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            other => Err(format!("{other} contractions are not supported (only f32 and f64)")),
+            DType::I8 => int_matmul::<i8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::U8 => int_matmul::<u8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::I32 => int_matmul::<i32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::I64 => int_matmul::<i64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            other => Err(format!("{other} contractions are not supported")),
         }
     }
     .map_err(fail)
@@ -265,8 +330,8 @@ fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut
         .get(out.index())
         .ok_or_else(|| format!("{out} is not a buffer"))?;
     let dtype = ob.ty.dtype;
-    if !matches!(dtype, DType::F32 | DType::F64) {
-        return Err(format!("{dtype} contractions are not supported (only f32 and f64)"));
+    if !supported(dtype, &k.op) {
+        return Err(format!("{dtype} {} is not supported", op_name(&k.op)));
     }
     if k.acc_dtype != dtype {
         return Err(format!("accumulates in {} but writes {dtype}", k.acc_dtype));
@@ -382,8 +447,45 @@ pub(crate) fn operand_view(op: &Operand, p: &KernelProgram, what: &str) -> Resul
     ))
 }
 
+/// True if the runtime computes contraction `op` on `dtype` (conv on floats; matmul on floats and
+/// integers, the latter wrapping like the reference).
+pub fn supported(dtype: DType, op: &Contraction) -> bool {
+    match op {
+        Contraction::MatMul => matches!(
+            dtype,
+            DType::F32 | DType::F64 | DType::I8 | DType::U8 | DType::I32 | DType::I64
+        ),
+        Contraction::Conv(_) => matches!(dtype, DType::F32 | DType::F64),
+    }
+}
+
+fn op_name(op: &Contraction) -> &'static str {
+    match op {
+        Contraction::MatMul => "matmul",
+        Contraction::Conv(_) => "conv",
+    }
+}
+
+/// An integer matmul (conv is float-only), wrapping in the element type.
+unsafe fn int_matmul<T: Product>(
+    k: &ContractionKernel,
+    lhs: &(View, BufferId),
+    rhs: &(View, BufferId),
+    out_shape: &[usize],
+    ptr: impl Fn(BufferId) -> *mut u8,
+    out: BufferId,
+    threads: usize,
+) -> Result<(), String> {
+    if !matches!(k.op, Contraction::MatMul) {
+        return Err(format!("{} on integers", op_name(&k.op)));
+    }
+    let (pa, pb) = (ptr(lhs.1) as *const T, ptr(rhs.1) as *const T);
+    // Safety: the caller checked the views and buffers.
+    unsafe { matmul(&lhs.0, pa, &rhs.0, pb, ptr(out) as *mut T, out_shape, threads) }
+}
+
 /// The contraction for one element type.
-unsafe fn typed<T: Elem>(
+unsafe fn typed<T: Elem + Product>(
     k: &ContractionKernel,
     lhs: &(View, BufferId),
     rhs: &(View, BufferId),
@@ -447,7 +549,7 @@ fn collapse(shape: &[usize], strides: &[isize]) -> Option<(usize, isize)> {
 ///
 /// # Safety
 /// The views are in bounds of the buffers at `pa`, `pb`; `out` holds `out_shape`'s elements.
-pub(crate) unsafe fn matmul<T: Elem>(
+pub(crate) unsafe fn matmul<T: Product>(
     a: &View,
     pa: *const T,
     b: &View,
@@ -528,7 +630,7 @@ pub(crate) unsafe fn matmul<T: Elem>(
                 cs: b_cs,
             };
             // Safety: the same elements the batched products would read and write.
-            unsafe { gemm_raw(rows, n, k, out, n as isize, lhs, rhs, gemm_parallelism(flops, threads)) };
+            unsafe { T::product(rows, n, k, out, n as isize, lhs, rhs, gemm_parallelism(flops, threads)) };
             return Ok(());
         }
     }
@@ -555,7 +657,7 @@ pub(crate) unsafe fn matmul<T: Elem>(
         };
         // Safety: batch `bi`'s operands are in bounds (views checked); its output block is
         // `m·n` elements at `bi·m·n`, disjoint from every other batch's.
-        unsafe { gemm_raw(m, n, k, out.get().add(bi * m * n), n as isize, lhs, rhs, par) };
+        unsafe { T::product(m, n, k, out.get().add(bi * m * n), n as isize, lhs, rhs, par) };
     };
     let per = m.saturating_mul(n).saturating_mul(k);
     if nb >= threads || per < GEMM_PARALLEL_MIN_FLOPS {

@@ -3,8 +3,9 @@
 //! - [`program`]: the compiled model's description ([`CpuProgram`]: a static kernel program,
 //!   its memory plan and one step per kernel) and its blob encoding for AOT binaries.
 //! - [`Model`]: runs a program with a table of generated kernel functions — generated loop
-//!   kernels split across threads, matmul/conv through `gemm` with generated epilogues, and the
-//!   reference interpreter for the few kernels the code generator leaves alone.
+//!   kernels split across threads, matmul/conv through `gemm` (integer matmul by a wrapping
+//!   loop) with generated epilogues, native opaque ops, and the reference interpreter as the
+//!   evaluator of last resort.
 //!
 //! Built as an rlib (linked into the JIT) and as a static library (linked into AOT executables
 //! and shared libraries, which then depend on nothing beyond libc).
@@ -18,5 +19,6 @@ mod model;
 pub mod native;
 pub mod program;
 
+pub use contraction::supported as contraction_supported;
 pub use model::Model;
 pub use program::{CpuProgram, KernelFn, LoopCall, RowPiece, Step, decode_blob, encode_blob};

@@ -505,6 +505,18 @@ impl Launcher for Model {
                 unsafe { crate::native::run(p, k, bufs, self.threads)? };
             }
             Some(Step::Control { kernel, regions }) => self.control(f, *kernel as usize, regions)?,
+            Some(Step::Fail { kernel, detail }) => {
+                let k = &p.kernels[*kernel as usize];
+                return Err(BackendError::Runtime {
+                    op: k.name.clone(),
+                    value: k
+                        .outputs
+                        .first()
+                        .map(|&b| p.buffer(b).value.clone())
+                        .unwrap_or_default(),
+                    detail: detail.clone(),
+                });
+            }
             Some(Step::Interpret { .. }) => return Ok(Launched::Host),
             None => return Err(bad_step(&p.kernels[index], "no step for the kernel")),
         }

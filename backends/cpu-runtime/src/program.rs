@@ -89,6 +89,14 @@ pub enum Step {
         /// The regions' programs (`then`/`else`, or `cond`/`body`), indices into `regions`.
         regions: Vec<u32>,
     },
+    /// A kernel that can only fail when it runs (a max/min over an empty axis, which has no
+    /// identity): the runtime reports `detail`, as the reference would, when the step is reached.
+    Fail {
+        /// Index into `program.kernels`.
+        kernel: u32,
+        /// What is wrong.
+        detail: String,
+    },
     /// Run by the reference interpreter (opaque ops, dtypes the code generator does not handle).
     Interpret {
         /// Index into `program.kernels`.

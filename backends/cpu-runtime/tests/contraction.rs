@@ -795,8 +795,21 @@ fn malformed_contractions_are_errors() {
         ),
         "view size",
     );
-    // Integer matmul is not a runtime contraction.
-    expect_error(&matmul_plain(DType::I64, &[2, 2], &[2, 2], &[2, 2]), "i64");
+    // Integer conv is not a runtime contraction (integer matmul is: tests/cpu/native.rs), nor
+    // is a bool matmul.
+    expect_error(
+        &program(
+            DType::I64,
+            &[1, 2, 3, 3],
+            &[2, 2, 1, 1],
+            conv_op(&[1, 1], &[0, 0], &[0, 0], &[1, 1], 1),
+            whole(0, &[1, 2, 3, 3]),
+            whole(1, &[2, 2, 1, 1]),
+            &[1, 2, 3, 3],
+        ),
+        "i64 conv",
+    );
+    expect_error(&matmul_plain(DType::Bool, &[2, 2], &[2, 2], &[2, 2]), "bool");
     // Conv: groups that do not divide the channels, wrong weight channels, bad attributes,
     // a window that does not fit, a wrong output shape.
     let conv =

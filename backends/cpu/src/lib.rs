@@ -3,8 +3,9 @@
 //! A graph is specialized to concrete shapes, optimized, fused into kernels
 //! (`oar_passes::fuse`), and each loop kernel (and each matmul/conv epilogue) is compiled to
 //! machine code with Cranelift ([`codegen`]). The runtime ([`oar_cpu_runtime`]) runs the
-//! kernels, calls `gemm` for matmul and convolution, and interprets the few kernels the code
-//! generator leaves alone (opaque ops such as gather or control flow, unusual dtypes).
+//! kernels, calls `gemm` for matmul and convolution, runs data movement, sorting, scatter and
+//! generators natively, and control flow with compiled regions; the reference interpreter is
+//! only the evaluator of last resort for a kernel the code generator declines.
 //!
 //! - In process: [`CpuBackend`] registers as `cpu`; compiled code is cached by graph text and
 //!   symbol bindings within the process.

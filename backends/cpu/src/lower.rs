@@ -11,7 +11,8 @@ use oar_ir::kernel::{
     Buffer, BufferId, BufferKind, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load, LoopKernel,
     ScalarOp,
 };
-use oar_ir::{DType, Graph, Weights};
+use oar_ir::ops::ReduceOp;
+use oar_ir::{Graph, Weights};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -70,6 +71,12 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     for ki in 0..program.kernels.len() {
         let k = program.kernels[ki].clone();
         let kernel = ki as u32;
+        if let KernelBody::Loop(l) = &k.body
+            && let Some(detail) = empty_extremum(l)
+        {
+            steps.push(Step::Fail { kernel, detail });
+            continue;
+        }
         let step = match &k.body {
             KernelBody::Loop(l) if !l.is_plain() => {
                 // Stage results go to scratch buffers after the arena's temporaries (live only
@@ -194,6 +201,19 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     Ok(Lowered { cpu, funcs, consts })
 }
 
+/// The error a loop kernel always reports: a max/min stage over an empty reduction for a
+/// nonempty output (the reference's "has no identity").
+fn empty_extremum(l: &LoopKernel) -> Option<String> {
+    let size = |d: &[oar_ir::Dim]| d.iter().map(|d| d.as_static().unwrap_or(1)).product::<usize>();
+    if size(&l.shape) == 0 {
+        return None;
+    }
+    l.reduce
+        .iter()
+        .find(|r| matches!(r.op, ReduceOp::Max | ReduceOp::Min) && size(&r.dims) == 0)
+        .map(|r| format!("{} over an empty axis has no identity", r.op.name()))
+}
+
 /// Every (nested) program shares one function table of `n` entries.
 fn set_table_len(p: &mut CpuProgram, n: u32) {
     p.n_funcs = n;
@@ -301,12 +321,13 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-/// Whether the runtime's gemm path computes this contraction: f32/f64 throughout, and the
-/// contraction result stored in the output buffer's dtype (the epilogue then runs in place).
+/// Whether the runtime computes this contraction: operands, result and output buffer of one
+/// dtype the runtime handles (f32/f64 through gemm; integer matmul wrapping like the reference),
+/// so the epilogue can run in place.
 fn contraction_support(c: &ContractionKernel, out: BufferId, buffers: &[Buffer]) -> Result<(), String> {
     let dt = |b: BufferId| buffers[b.index()].ty.dtype;
     let (l, r, o) = (dt(c.lhs.load.buffer), dt(c.rhs.load.buffer), dt(out));
-    if !matches!(c.acc_dtype, DType::F32 | DType::F64) {
+    if !oar_cpu_runtime::contraction_supported(c.acc_dtype, &c.op) {
         return Err(format!("contraction in {}", c.acc_dtype));
     }
     if l != c.acc_dtype || r != c.acc_dtype || o != c.acc_dtype {

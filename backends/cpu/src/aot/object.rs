@@ -206,6 +206,10 @@ fn step_listing(lowered: &Lowered) -> String {
                 "kernel {kernel} `{}`: native copy in the runtime",
                 p.kernels[*kernel as usize].name
             ),
+            Step::Fail { kernel, detail } => format!(
+                "kernel {kernel} `{}`: reports an error when reached ({detail})",
+                p.kernels[*kernel as usize].name
+            ),
             Step::Interpret { kernel, reason } => format!(
                 "kernel {kernel} `{}`: interpreted by the reference backend ({reason})",
                 p.kernels[*kernel as usize].name

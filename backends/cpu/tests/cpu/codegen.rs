@@ -885,15 +885,42 @@ fn reduction_epilogues_and_bodies_fuse() {
 
 #[test]
 fn max_over_an_empty_axis_is_an_error_like_the_reference() {
-    let g = reduce_graph(ReduceOp::Max, DType::F32, &[0, 3], &[0], false);
-    let c = compile(&g);
-    assert_eq!(interpreted(&c).len(), 1);
-    let x = feeds(&[("x", f32_data(&[0, 3], 1))]);
-    assert!(run_graph(&g, &Weights::new(), &x).is_err());
-    let mut weights = c.lowered.consts.clone();
-    weights.extend(Weights::new());
-    let m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &weights).unwrap();
-    assert!(m.run(&x).is_err());
+    // (op, dtype, shape, axis, fails): an empty reduction fails only for a nonempty output.
+    for (op, dt, shape, axis, fails) in [
+        (ReduceOp::Max, DType::F32, [0usize, 3], 0usize, true),
+        (ReduceOp::Min, DType::I32, [4, 0], 1, true),
+        (ReduceOp::Max, DType::F32, [0, 3], 1, false),
+    ] {
+        let g = reduce_graph(op, dt, &shape, &[axis], false);
+        let c = compile(&g);
+        assert!(interpreted(&c).is_empty(), "{:?}", interpreted(&c));
+        let fail_steps = c
+            .lowered
+            .cpu
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Fail { .. }))
+            .count();
+        assert_eq!(fail_steps, fails as usize, "{op:?} {dt} {shape:?}");
+        let x = feeds(&[("x", TensorData::full(dt, shape.to_vec(), 0.0).unwrap())]);
+        let m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &c.lowered.consts).unwrap();
+        match (run_graph(&g, &Weights::new(), &x), m.run(&x)) {
+            (Err(want), Err(got)) => {
+                assert!(fails);
+                for e in [want.to_string(), got.to_string()] {
+                    assert!(
+                        e.contains(&format!("{} over an empty axis has no identity", op.name())),
+                        "{e}"
+                    );
+                }
+            }
+            (Ok(want), Ok(got)) => {
+                assert!(!fails);
+                assert_eq!(want, got);
+            }
+            (want, got) => panic!("{op:?} {dt} {shape:?}: reference {want:?}, cpu {got:?}"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------- composites

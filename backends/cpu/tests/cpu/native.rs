@@ -451,3 +451,134 @@ graph @half_mm {
         }
     }
 }
+
+/// Integer matmul runs in the runtime (no interpreter step): products and sums wrap in the
+/// element type as the reference's do, with transposed operands, broadcast batches and an
+/// epilogue compiled after it.
+#[test]
+fn integer_matmul_runs_in_the_runtime_and_wraps_like_the_reference() {
+    for dt in [DType::I8, DType::U8, DType::I32, DType::I64] {
+        let text = r#"
+graph @imm {
+  %a = input "a" : T[2,5,7]
+  %b = input "b" : T[3,7]
+  %c = input "c" : T[1,7,4]
+  %bt = permute(%b) {perm = [1, 0]} : T[7,3]
+  %0 = matmul(%a, %bt) : T[2,5,3]
+  %1 = add(%0, %0) : T[2,5,3]
+  %2 = matmul(%a, %c) : T[2,5,4]
+  output "shared_rhs" = %1
+  output "broadcast_batch" = %2
+}
+"#
+        .replace('T', &dt.to_string());
+        let g = oar_ir::text::parse_graph(&text).unwrap();
+        let lowered = lower_without_interpreter(&g);
+        let contractions = lowered
+            .cpu
+            .steps
+            .iter()
+            .filter(|s| matches!(s, oar_cpu_runtime::Step::Contraction { .. }))
+            .count();
+        assert_eq!(contractions, 2, "{dt}: {:?}", lowered.cpu.steps);
+        // Values up to ±120 (0..240 for u8): 7 products of up to 14400 overflow i8/u8 on purpose.
+        let data = |shape: Vec<usize>, seed: i64| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f64> = (0..n as i64)
+                .map(|i| {
+                    let x = (i * 37 + seed * 11) % 241 - 120;
+                    if dt == DType::U8 { (x + 120) as f64 } else { x as f64 }
+                })
+                .collect();
+            TensorData::from_f64_slice(dt, shape, &v).unwrap()
+        };
+        let feeds = BTreeMap::from([
+            ("a".to_string(), data(vec![2, 5, 7], 1)),
+            ("b".to_string(), data(vec![3, 7], 2)),
+            ("c".to_string(), data(vec![1, 7, 4], 3)),
+        ]);
+        let (got, want) = cpu_and_reference(&g, &feeds);
+        assert_same_bytes(&got, &want, &dt.to_string());
+        // Hand-checked element [0, 0, 0] of the first product against a wrapping dot product.
+        let a = feeds["a"].to_f64_vec();
+        let b = feeds["b"].to_f64_vec();
+        let dot: i64 = (0..7).map(|p| a[p] as i64 * b[p] as i64).sum();
+        let wrapped = match dt {
+            DType::I8 => (2 * dot) as i8 as f64,
+            DType::U8 => (2 * dot) as u8 as f64,
+            DType::I32 => (2 * dot) as i32 as f64,
+            _ => (2 * dot) as f64,
+        };
+        assert_eq!(got[0].1.to_f64_vec()[0], wrapped, "{dt}");
+    }
+}
+
+/// The interpreter is the evaluator of last resort only: every op definition's samples, and
+/// every unary, binary, reduction and matmul on every dtype its type rule accepts, lower on cpu
+/// without a single interpreted kernel.
+#[test]
+fn every_op_sample_lowers_without_the_interpreter() {
+    use oar_ir::ops::{BinaryOp, Reduce, ReduceOp, UnaryOp, infer_types};
+    use oar_ir::{Graph, Op, TensorType};
+    let mut cases: Vec<(String, Op, Vec<TensorType>)> = Op::all_samples()
+        .into_iter()
+        .map(|s| {
+            let ins = s.inputs.iter().map(|x| TensorType::of(x.dtype, &x.shape)).collect();
+            (s.name, s.op, ins)
+        })
+        .collect();
+    let t = |dt: DType, shape: &[usize]| TensorType::of(dt, shape);
+    for dt in DType::ALL {
+        for &u in UnaryOp::ALL {
+            cases.push((format!("{}/{dt}", u.name()), Op::Unary(u), vec![t(dt, &[3, 37])]));
+        }
+        for &b in BinaryOp::ALL {
+            let ins = vec![t(dt, &[3, 37]), t(dt, &[3, 37])];
+            cases.push((format!("{}/{dt}", b.name()), Op::Binary(b), ins));
+        }
+        for &op in ReduceOp::ALL {
+            for (shape, axes) in [
+                (vec![4usize, 9], vec![1usize]),
+                (vec![0, 3], vec![1]),
+                (vec![5, 6, 7], vec![0, 2]),
+            ] {
+                let r = Op::Reduce(Reduce {
+                    op,
+                    axes: axes.clone(),
+                    keepdim: false,
+                });
+                cases.push((format!("{}/{dt}/{shape:?}", op.name()), r, vec![t(dt, &shape)]));
+            }
+        }
+        cases.push((
+            format!("matmul/{dt}"),
+            Op::MatMul,
+            vec![t(dt, &[2, 3, 5]), t(dt, &[5, 4])],
+        ));
+    }
+    let mut left = Vec::new();
+    let mut lowered_cases = 0;
+    for (name, op, ins) in &cases {
+        if infer_types(op, ins, &[]).is_err() {
+            continue; // not an op on these types
+        }
+        let mut g = Graph::new("sample");
+        let ins: Vec<_> = ins
+            .iter()
+            .enumerate()
+            .map(|(i, x)| g.add_input(&format!("x{i}"), x.clone()).unwrap())
+            .collect();
+        for (i, v) in g.add_op(op.clone(), &ins).unwrap().into_iter().enumerate() {
+            g.add_output(&format!("y{i}"), v).unwrap();
+        }
+        let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for step in &lowered.cpu.steps {
+            if let oar_cpu_runtime::Step::Interpret { reason, .. } = step {
+                left.push(format!("{name}: {reason}"));
+            }
+        }
+        lowered_cases += 1;
+    }
+    assert!(lowered_cases > 250, "{lowered_cases} cases");
+    assert!(left.is_empty(), "interpreted:\n{}", left.join("\n"));
+}
