@@ -1,8 +1,9 @@
 //! oar-onnx: the ONNX door of oar. [`load`] / [`from_bytes`] import an `.onnx` model into an
 //! [`oar_ir::file::Model`] (graph + weights); [`save`] / [`to_bytes`] export one.
 //!
-//! Import maps ONNX ops onto oar ops through one table (`table.rs`: each op type and its
-//! converter) (composites where one fits), keeps `dim_param` dims
+//! Import and export go through one mapping table per op family (`table.rs`: the ONNX op types
+//! each family file imports and the oar ops it writes back, side by side; composites without a
+//! writer are exported as their decompositions). Import keeps `dim_param` dims
 //! symbolic, reads initializers (raw, typed or external data) as weights, and folds nodes whose
 //! inputs are all constant. A model with unsupported ops fails with one error listing them all.
 

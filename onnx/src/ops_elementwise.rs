@@ -2,10 +2,12 @@
 //! exponent dtype, Mod (numpy and C `fmod`), the variadic Max/Min/Sum/Mean, Cast/CastLike, and
 //! the shape-valued ConstantOfShape, Shape, Size.
 
+use crate::export::{Exporter, Written, written};
 use crate::ops::{NodeCx, R};
+use crate::table::{Table, one};
 use crate::tensor::{dtype_from_onnx, tensor_from_proto};
-use oar_ir::ops::BinaryOp as B;
-use oar_ir::{Op, TensorData, ValueId};
+use oar_ir::ops::{ArgReduceOp, BinaryOp as B, UnaryOp as U};
+use oar_ir::{Op, TensorData, TensorType, ValueId};
 
 /// `Pow(a, e)`; the exponent is cast to the base's dtype.
 pub(crate) fn pow(cx: &mut NodeCx<'_>) -> R<ValueId> {
@@ -120,4 +122,62 @@ pub(crate) fn size(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let x = cx.input(0)?;
     let n: usize = cx.static_shape(x)?.iter().product();
     Ok(cx.g.add_constant(TensorData::scalar(n as i64)))
+}
+
+/// This family's ONNX mapping (see `table.rs`).
+pub(crate) const TABLE: Table = Table {
+    imports: &[
+        ("Abs", |cx| one(cx.unary(U::Abs))),
+        ("Add", |cx| one(cx.binary(B::Add))),
+        ("And", |cx| one(cx.binary(B::And))),
+        ("ArgMax", |cx| one(cx.arg_reduce(ArgReduceOp::ArgMax))),
+        ("ArgMin", |cx| one(cx.arg_reduce(ArgReduceOp::ArgMin))),
+        ("Cast", |cx| one(cast(cx))),
+        ("CastLike", |cx| one(cast_like(cx))),
+        ("Ceil", |cx| one(cx.unary(U::Ceil))),
+        ("Constant", |cx| one(cx.constant())),
+        ("ConstantOfShape", |cx| one(constant_of_shape(cx))),
+        ("Cos", |cx| one(cx.unary(U::Cos))),
+        ("Div", |cx| one(cx.binary(B::Div))),
+        ("Equal", |cx| one(cx.binary(B::Eq))),
+        ("Erf", |cx| one(cx.unary(U::Erf))),
+        ("Exp", |cx| one(cx.unary(U::Exp))),
+        ("Floor", |cx| one(cx.unary(U::Floor))),
+        ("Greater", |cx| one(cx.binary(B::Gt))),
+        ("GreaterOrEqual", |cx| one(cx.binary(B::Ge))),
+        ("Identity", |cx| one(cx.input(0))),
+        ("Less", |cx| one(cx.binary(B::Lt))),
+        ("LessOrEqual", |cx| one(cx.binary(B::Le))),
+        ("Log", |cx| one(cx.unary(U::Log))),
+        ("Max", |cx| one(variadic(cx, B::Max, false))),
+        ("Mean", |cx| one(variadic(cx, B::Add, true))),
+        ("Min", |cx| one(variadic(cx, B::Min, false))),
+        ("Mod", |cx| one(modulo(cx))),
+        ("Mul", |cx| one(cx.binary(B::Mul))),
+        ("Neg", |cx| one(cx.unary(U::Neg))),
+        ("Not", |cx| one(cx.unary(U::Not))),
+        ("Or", |cx| one(cx.binary(B::Or))),
+        ("Pow", |cx| one(pow(cx))),
+        ("Reciprocal", |cx| one(cx.unary(U::Recip))),
+        ("Round", |cx| one(cx.unary(U::Round))),
+        ("Shape", |cx| one(shape(cx))),
+        ("Sign", |cx| one(cx.unary(U::Sign))),
+        ("Sin", |cx| one(cx.unary(U::Sin))),
+        ("Size", |cx| one(size(cx))),
+        ("Sqrt", |cx| one(cx.unary(U::Sqrt))),
+        ("Sub", |cx| one(cx.binary(B::Sub))),
+        ("Sum", |cx| one(variadic(cx, B::Add, false))),
+        ("Tanh", |cx| one(cx.unary(U::Tanh))),
+        ("Where", |cx| {
+            let (c, a, b) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+            one(cx.op(Op::Where, &[c, a, b]))
+        }),
+        ("Xor", |cx| one(cx.binary(B::Xor))),
+    ],
+    exports: &[("shape_of", write_shape)],
+};
+
+/// `shape_of(x)` → `Shape`.
+fn write_shape(ex: &mut Exporter<'_>, _: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    written(ex.emit("Shape", ins.to_vec(), vec![]))
 }

@@ -2,12 +2,16 @@
 //! Ops with an oar composite map onto it (Gemm → linear, Conv → conv2d, BatchNormalization →
 //! batch_norm, ...); the rest are built from primitives.
 
+use crate::error::OnnxError;
+use crate::export::{Exporter, Written, float, int, ints, written};
 use crate::ops::{NodeCx, R};
+use crate::table::{Table, one};
 use oar_ir::ops::{
-    AvgPool2d, BatchNorm, Broadcast, Conv, Conv2d, Gelu, LayerNorm, LogSoftmax, MaxPool2d, Permute, Reduce, Softmax,
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Broadcast, Conv, Conv2d, Dropout, Gelu, LayerNorm,
+    LogSoftmax, MaxPool2d, Permute, Reduce, Softmax,
 };
 use oar_ir::ops::{BinaryOp as B, ReduceOp, UnaryOp as U};
-use oar_ir::{Composite, DType, Dim, Float, Op, ValueId};
+use oar_ir::{Composite, DType, Dim, Float, Op, TensorData, TensorType, ValueId};
 
 /// `Gelu` (opset 20; `approximate = "tanh"` for the tanh form).
 pub(crate) fn gelu(cx: &mut NodeCx<'_>) -> R<ValueId> {
@@ -477,4 +481,246 @@ pub(crate) fn split(cx: &mut NodeCx<'_>) -> R<Vec<ValueId>> {
         start += s as i64;
     }
     Ok(outs)
+}
+
+/// This family's ONNX mapping (see `table.rs`).
+pub(crate) const TABLE: Table = Table {
+    imports: &[
+        ("AveragePool", |cx| one(pool(cx, false))),
+        ("BatchNormalization", |cx| one(batch_norm(cx))),
+        ("Celu", |cx| one(activation(cx, "Celu"))),
+        ("Clip", |cx| one(clip(cx))),
+        ("Conv", |cx| one(conv(cx))),
+        ("Cosh", |cx| one(activation(cx, "Cosh"))),
+        ("Dropout", dropout),
+        ("Elu", |cx| one(activation(cx, "Elu"))),
+        ("Gelu", |cx| one(gelu(cx))),
+        ("Gemm", |cx| one(gemm(cx))),
+        ("GlobalAveragePool", |cx| one(global_pool(cx, ReduceOp::Mean))),
+        ("GlobalMaxPool", |cx| one(global_pool(cx, ReduceOp::Max))),
+        ("HardSigmoid", |cx| one(activation(cx, "HardSigmoid"))),
+        ("HardSwish", |cx| one(activation(cx, "HardSwish"))),
+        ("LayerNormalization", |cx| one(layer_norm(cx))),
+        ("LeakyRelu", |cx| one(activation(cx, "LeakyRelu"))),
+        ("LogSoftmax", |cx| one(softmax(cx, true))),
+        ("MatMul", |cx| one(matmul(cx))),
+        ("MaxPool", |cx| one(pool(cx, true))),
+        ("Mish", |cx| one(activation(cx, "Mish"))),
+        ("PRelu", |cx| one(activation(cx, "PRelu"))),
+        ("Relu", |cx| one(composite1(cx, Composite::Relu))),
+        ("Selu", |cx| one(activation(cx, "Selu"))),
+        ("Sigmoid", |cx| one(composite1(cx, Composite::Sigmoid))),
+        ("Sinh", |cx| one(activation(cx, "Sinh"))),
+        ("Softmax", |cx| one(softmax(cx, false))),
+        ("Softplus", |cx| one(activation(cx, "Softplus"))),
+        ("Softsign", |cx| one(activation(cx, "Softsign"))),
+        ("Split", split),
+        ("Tan", |cx| one(activation(cx, "Tan"))),
+        ("ThresholdedRelu", |cx| one(activation(cx, "ThresholdedRelu"))),
+    ],
+    exports: &[
+        ("adaptive_avg_pool2d", write_global_pool),
+        ("adaptive_max_pool2d", write_global_pool),
+        ("avg_pool2d", write_avg_pool),
+        ("batch_norm", write_batch_norm),
+        ("conv2d", write_conv2d),
+        ("dropout", write_dropout),
+        ("gelu", write_gelu),
+        ("layer_norm", write_layer_norm),
+        ("linear", write_linear),
+        ("log_softmax", write_softmax),
+        ("max_pool2d", write_max_pool),
+        ("relu", write_plain),
+        ("sigmoid", write_plain),
+        ("silu", write_silu),
+        ("softmax", write_softmax),
+    ],
+};
+
+// ---- export: the oar ops of this family written as ONNX nodes
+
+/// `linear(x, w, b?)` → `MatMul` (+ `Add`).
+fn write_linear(ex: &mut Exporter<'_>, _: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let y = ex.emit("MatMul", ins[..2].to_vec(), vec![]);
+    written(match ins.get(2) {
+        Some(b) => ex.emit("Add", vec![y, b.clone()], vec![]),
+        None => y,
+    })
+}
+
+fn write_conv2d(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::Conv2d(Conv2d {
+        stride,
+        padding,
+        dilation,
+        groups,
+    })) = op
+    else {
+        return Ok(None);
+    };
+    let pads = [padding[0], padding[1], padding[2], padding[3]];
+    let attrs = vec![
+        ints("strides", stride),
+        ints("pads", &pads),
+        ints("dilations", dilation),
+        int("group", *groups as i64),
+    ];
+    written(ex.emit("Conv", ins.to_vec(), attrs))
+}
+
+fn write_max_pool(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::MaxPool2d(MaxPool2d {
+        kernel,
+        stride,
+        padding,
+        ceil_mode,
+    })) = op
+    else {
+        return Ok(None);
+    };
+    let attrs = vec![
+        ints("kernel_shape", kernel),
+        ints("strides", stride),
+        ints("pads", padding),
+        int("ceil_mode", *ceil_mode as i64),
+    ];
+    written(ex.emit("MaxPool", ins.to_vec(), attrs))
+}
+
+fn write_avg_pool(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::AvgPool2d(AvgPool2d {
+        kernel,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+    })) = op
+    else {
+        return Ok(None);
+    };
+    let attrs = vec![
+        ints("kernel_shape", kernel),
+        ints("strides", stride),
+        ints("pads", padding),
+        int("ceil_mode", *ceil_mode as i64),
+        int("count_include_pad", *count_include_pad as i64),
+    ];
+    written(ex.emit("AveragePool", ins.to_vec(), attrs))
+}
+
+/// Adaptive pooling to 1×1 is global pooling; other sizes are decomposed.
+fn write_global_pool(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let name = match op {
+        Op::Composite(Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [1, 1] })) => "GlobalAveragePool",
+        Op::Composite(Composite::AdaptiveMaxPool2d(AdaptiveMaxPool2d { output_size: [1, 1] })) => "GlobalMaxPool",
+        _ => return Ok(None),
+    };
+    written(ex.emit(name, ins.to_vec(), vec![]))
+}
+
+/// Inference-mode batch norm; training mode is decomposed.
+fn write_batch_norm(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::BatchNorm(BatchNorm {
+        epsilon,
+        training: false,
+        ..
+    })) = op
+    else {
+        return Ok(None);
+    };
+    written(ex.emit("BatchNormalization", ins.to_vec(), vec![float("epsilon", epsilon.0)]))
+}
+
+/// `LayerNormalization` over the trailing axes (a ones scale when the op has none).
+fn write_layer_norm(ex: &mut Exporter<'_>, op: &Op, ins: &[String], tys: &[TensorType]) -> Written {
+    let Op::Composite(Composite::LayerNorm(LayerNorm {
+        normalized_ndim,
+        epsilon,
+    })) = op
+    else {
+        return Ok(None);
+    };
+    let x = &tys[0];
+    let mut ins = ins.to_vec();
+    let axis = (x.rank() - normalized_ndim) as i64;
+    if ins.len() == 1 {
+        let tail: Vec<usize> = x.shape.0[x.rank() - normalized_ndim..]
+            .iter()
+            .map(|d| d.as_static().unwrap_or(1))
+            .collect();
+        let ones = TensorData::full(x.dtype, tail, 1.0).map_err(|e| OnnxError::Export(e.to_string()))?;
+        ins.push(ex.constant(ones));
+    }
+    written(ex.emit(
+        "LayerNormalization",
+        ins,
+        vec![int("axis", axis), float("epsilon", epsilon.0)],
+    ))
+}
+
+fn write_softmax(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let (name, axis) = match op {
+        Op::Composite(Composite::Softmax(Softmax { axis })) => ("Softmax", axis),
+        Op::Composite(Composite::LogSoftmax(LogSoftmax { axis })) => ("LogSoftmax", axis),
+        _ => return Ok(None),
+    };
+    written(ex.emit(name, ins.to_vec(), vec![int("axis", *axis as i64)]))
+}
+
+/// Ops whose ONNX op has no attributes (`Relu`, `Sigmoid`).
+fn write_plain(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let name = match op {
+        Op::Composite(Composite::Relu) => "Relu",
+        Op::Composite(Composite::Sigmoid) => "Sigmoid",
+        _ => return Ok(None),
+    };
+    written(ex.emit(name, ins.to_vec(), vec![]))
+}
+
+fn write_silu(ex: &mut Exporter<'_>, _: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let s = ex.emit("Sigmoid", ins.to_vec(), vec![]);
+    written(ex.emit("Mul", vec![ins[0].clone(), s], vec![]))
+}
+
+/// gelu from Erf (exact) or Tanh (approximate): ONNX's Gelu needs opset 20.
+fn write_gelu(ex: &mut Exporter<'_>, op: &Op, ins: &[String], tys: &[TensorType]) -> Written {
+    let Op::Composite(Composite::Gelu(Gelu { approximate })) = op else {
+        return Ok(None);
+    };
+    let dt = tys[0].dtype;
+    let c = |v: f64, ex: &mut Exporter<'_>| ex.constant(TensorData::from_f64_slice(dt, vec![], &[v]).expect("scalar"));
+    let x0 = ins[0].clone();
+    if !approximate {
+        // 0.5 * x * (1 + erf(x / sqrt(2)))
+        let r2 = c(std::f64::consts::SQRT_2, ex);
+        let d = ex.emit("Div", vec![x0.clone(), r2], vec![]);
+        let e = ex.emit("Erf", vec![d], vec![]);
+        let one = c(1.0, ex);
+        let a = ex.emit("Add", vec![e, one], vec![]);
+        let m = ex.emit("Mul", vec![x0, a], vec![]);
+        let half = c(0.5, ex);
+        return written(ex.emit("Mul", vec![m, half], vec![]));
+    }
+    // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
+    let x2 = ex.emit("Mul", vec![x0.clone(), x0.clone()], vec![]);
+    let x3 = ex.emit("Mul", vec![x2, x0.clone()], vec![]);
+    let k = c(0.044715, ex);
+    let x3k = ex.emit("Mul", vec![x3, k], vec![]);
+    let s = ex.emit("Add", vec![x0.clone(), x3k], vec![]);
+    let r = c((2.0 / std::f64::consts::PI).sqrt(), ex);
+    let a = ex.emit("Mul", vec![s, r], vec![]);
+    let t = ex.emit("Tanh", vec![a], vec![]);
+    let one = c(1.0, ex);
+    let t1 = ex.emit("Add", vec![t, one], vec![]);
+    let half = c(0.5, ex);
+    let hx = ex.emit("Mul", vec![x0, half], vec![]);
+    written(ex.emit("Mul", vec![hx, t1], vec![]))
+}
+
+/// Inference-mode dropout is the identity; training mode is decomposed.
+fn write_dropout(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::Dropout(Dropout { training: false, .. })) = op else {
+        return Ok(None);
+    };
+    written(ex.emit("Identity", ins.to_vec(), vec![]))
 }

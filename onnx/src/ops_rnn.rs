@@ -8,6 +8,7 @@
 //! entry (variable lengths are an error), and LSTM's `input_forget=1` is an error.
 
 use crate::ops::{NodeCx, R};
+use crate::table::Table;
 use oar_ir::ops::{BinaryOp as B, UnaryOp as U};
 use oar_ir::ops::{Broadcast, Concat, Permute};
 use oar_ir::{Composite, Dim, Op, ValueId};
@@ -456,3 +457,13 @@ fn activate(cx: &mut NodeCx<'_>, a: &Act, x: ValueId, clip: Option<f64>) -> R<Va
         }
     })
 }
+
+/// This family's ONNX mapping (see `table.rs`).
+pub(crate) const TABLE: Table = Table {
+    imports: &[
+        ("GRU", |cx| convert(cx, Kind::Gru)),
+        ("LSTM", |cx| convert(cx, Kind::Lstm)),
+        ("RNN", |cx| convert(cx, Kind::Rnn)),
+    ],
+    exports: &[],
+};

@@ -1,10 +1,12 @@
 //! Movement ops (Reshape, Transpose, Slice, Concat, Squeeze, Expand, Tile, Pad, Gather,
 //! Flatten, Range) and reductions; the import table (`table.rs`) maps each op type here.
 
+use crate::export::{Exporter, Written, int, string, written};
 use crate::ops::{NodeCx, R};
+use crate::table::{Table, one};
 use oar_ir::ops::{BinaryOp, ReduceOp, SliceRange, UnaryOp};
 use oar_ir::ops::{BorderPad, Broadcast, Concat, Gather, Pad, PadMode, Permute, Slice};
-use oar_ir::{Composite, Dim, Float, Op, SymExpr, TensorData, ValueId};
+use oar_ir::{Composite, Dim, Float, Op, SymExpr, TensorData, TensorType, ValueId};
 
 /// `Reshape(x, shape)` (opset < 5: the `shape` attribute).
 pub(crate) fn reshape(cx: &mut NodeCx<'_>) -> R<ValueId> {
@@ -322,4 +324,105 @@ pub(crate) fn reduce(cx: &mut NodeCx<'_>, r: Reduction) -> R<ValueId> {
         y = cx.un(u, y)?;
     }
     Ok(y)
+}
+
+/// This family's ONNX mapping (see `table.rs`).
+pub(crate) const TABLE: Table = Table {
+    imports: &[
+        ("Concat", |cx| one(concat(cx))),
+        ("Expand", |cx| one(expand(cx))),
+        ("Flatten", |cx| one(flatten(cx))),
+        ("Gather", |cx| one(gather(cx))),
+        ("Pad", |cx| one(pad(cx))),
+        ("Range", |cx| one(range(cx))),
+        ("ReduceL1", |cx| {
+            one(reduce(
+                cx,
+                Reduction {
+                    pre: Some(UnaryOp::Abs),
+                    ..plain(ReduceOp::Sum)
+                },
+            ))
+        }),
+        ("ReduceL2", |cx| {
+            one(reduce(
+                cx,
+                Reduction {
+                    square: true,
+                    post: Some(UnaryOp::Sqrt),
+                    ..plain(ReduceOp::Sum)
+                },
+            ))
+        }),
+        ("ReduceLogSum", |cx| {
+            one(reduce(
+                cx,
+                Reduction {
+                    post: Some(UnaryOp::Log),
+                    ..plain(ReduceOp::Sum)
+                },
+            ))
+        }),
+        ("ReduceLogSumExp", |cx| {
+            one(reduce(
+                cx,
+                Reduction {
+                    pre: Some(UnaryOp::Exp),
+                    post: Some(UnaryOp::Log),
+                    ..plain(ReduceOp::Sum)
+                },
+            ))
+        }),
+        ("ReduceMax", |cx| one(reduce(cx, plain(ReduceOp::Max)))),
+        ("ReduceMean", |cx| one(reduce(cx, plain(ReduceOp::Mean)))),
+        ("ReduceMin", |cx| one(reduce(cx, plain(ReduceOp::Min)))),
+        ("ReduceProd", |cx| one(reduce(cx, plain(ReduceOp::Prod)))),
+        ("ReduceSum", |cx| {
+            one(reduce(
+                cx,
+                Reduction {
+                    axes_input_from: 13,
+                    ..plain(ReduceOp::Sum)
+                },
+            ))
+        }),
+        ("ReduceSumSquare", |cx| {
+            one(reduce(
+                cx,
+                Reduction {
+                    square: true,
+                    ..plain(ReduceOp::Sum)
+                },
+            ))
+        }),
+        ("Reshape", |cx| one(reshape(cx))),
+        ("Slice", |cx| one(slice(cx))),
+        ("Squeeze", |cx| one(squeeze(cx, true))),
+        ("Tile", |cx| one(tile(cx))),
+        ("Transpose", |cx| one(transpose(cx))),
+        ("Unsqueeze", |cx| one(squeeze(cx, false))),
+    ],
+    exports: &[("border_pad", write_border_pad), ("embedding", write_embedding)],
+};
+
+// ---- export: the oar ops of this family written as ONNX nodes
+
+/// Reflect and replicate padding as `Pad` modes; circular (`wrap`, opset 19) is decomposed.
+fn write_border_pad(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::BorderPad(BorderPad { before, after, mode })) = op else {
+        return Ok(None);
+    };
+    let mode = match mode {
+        PadMode::Reflect => "reflect",
+        PadMode::Replicate => "edge",
+        PadMode::Circular => return Ok(None),
+    };
+    let pads: Vec<i64> = before.iter().chain(after).map(|&p| p as i64).collect();
+    let p = ex.i64s(&pads);
+    written(ex.emit("Pad", vec![ins[0].clone(), p], vec![string("mode", mode)]))
+}
+
+/// `embedding(indices, weight)` → `Gather(weight, indices)`.
+fn write_embedding(ex: &mut Exporter<'_>, _: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    written(ex.emit("Gather", vec![ins[1].clone(), ins[0].clone()], vec![int("axis", 0)]))
 }

@@ -2,12 +2,15 @@
 //! Resize and Upsample, GroupNormalization, InstanceNormalization, CumSum, TopK, OneHot and
 //! Einsum. Each maps onto its oar composite; the opset differences are handled here.
 
+use crate::error::OnnxError;
+use crate::export::{Exporter, Written, float, int, ints, string, written};
 use crate::ops::{NodeCx, R};
+use crate::table::{Table, one};
 use oar_ir::ops::{
     ConvTranspose, CoordMode, CumSum, Einsum, Gather, GroupNorm, InstanceNorm, NearestMode, OneHot, Permute, Resize,
-    ResizeMode, TopK,
+    ResizeMode, Sort, TopK,
 };
-use oar_ir::{Composite, DType, Dim, Float, Op, TensorData, ValueId};
+use oar_ir::{Composite, DType, Dim, Float, Op, TensorData, TensorType, ValueId};
 
 /// `ConvTranspose(X, W, B?)`: pads from `pads`, `auto_pad` or `output_shape` as the ONNX spec
 /// computes them.
@@ -315,4 +318,157 @@ pub(crate) fn einsum(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let equation = cx.attr_s("equation").ok_or_else(|| cx.err("needs an equation"))?;
     let ins = (0..cx.n_inputs()).map(|i| cx.input(i)).collect::<R<Vec<_>>>()?;
     cx.op(Op::Composite(Composite::Einsum(Einsum { equation })), &ins)
+}
+
+/// This family's ONNX mapping (see `table.rs`).
+pub(crate) const TABLE: Table = Table {
+    imports: &[
+        ("ConvTranspose", |cx| one(conv_transpose(cx))),
+        ("CumSum", |cx| one(cumsum(cx))),
+        ("Einsum", |cx| one(einsum(cx))),
+        ("GroupNormalization", |cx| one(group_norm(cx))),
+        ("InstanceNormalization", |cx| one(instance_norm(cx))),
+        ("OneHot", |cx| one(one_hot(cx))),
+        ("Resize", |cx| one(resize(cx, false))),
+        ("TopK", topk),
+        ("Upsample", |cx| one(resize(cx, true))),
+    ],
+    exports: &[
+        ("conv_transpose", write_conv_transpose),
+        ("cumsum", write_cumsum),
+        ("einsum", write_einsum),
+        ("instance_norm", write_instance_norm),
+        ("one_hot", write_one_hot),
+        ("resize", write_resize),
+        ("sort", write_sort),
+        ("topk", write_topk),
+    ],
+};
+
+// ---- export: the oar ops of this family written as ONNX nodes
+
+fn write_conv_transpose(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::ConvTranspose(ct)) = op else {
+        return Ok(None);
+    };
+    let pads: Vec<usize> = ct.pad_before.iter().chain(&ct.pad_after).copied().collect();
+    let attrs = vec![
+        ints("strides", &ct.stride),
+        ints("pads", &pads),
+        ints("output_padding", &ct.output_padding),
+        ints("dilations", &ct.dilation),
+        int("group", ct.groups as i64),
+    ];
+    written(ex.emit("ConvTranspose", ins.to_vec(), attrs))
+}
+
+/// `Resize(X, roi = "", scales | sizes)` over every axis (the leading ones unchanged).
+fn write_resize(ex: &mut Exporter<'_>, op: &Op, ins: &[String], tys: &[TensorType]) -> Written {
+    let Op::Composite(Composite::Resize(r)) = op else {
+        return Ok(None);
+    };
+    let shape = ex.static_dims(&tys[0].shape.0, "resize input")?;
+    let lead = shape.len() - r.sizes.len();
+    let mut inputs = vec![ins[0].clone(), String::new()];
+    if r.scales.is_empty() {
+        inputs.push(String::new());
+        let sizes: Vec<i64> = shape[..lead]
+            .iter()
+            .copied()
+            .chain(r.sizes.iter().map(|&s| s as i64))
+            .collect();
+        inputs.push(ex.i64s(&sizes));
+    } else {
+        let scales: Vec<f32> = std::iter::repeat_n(1.0, lead)
+            .chain(r.scales.iter().map(|s| s.0 as f32))
+            .collect();
+        inputs.push(ex.constant(TensorData::from_vec(vec![scales.len()], scales).expect("1-D")));
+    }
+    let attrs = vec![
+        string("mode", r.mode.name()),
+        string("coordinate_transformation_mode", r.coordinate.name()),
+        string("nearest_mode", r.nearest.name()),
+        float("cubic_coeff_a", r.cubic_a.0),
+        int("exclude_outside", r.exclude_outside as i64),
+    ];
+    written(ex.emit("Resize", inputs, attrs))
+}
+
+/// `InstanceNormalization` (ones and zeros for a missing scale and bias).
+fn write_instance_norm(ex: &mut Exporter<'_>, op: &Op, ins: &[String], tys: &[TensorType]) -> Written {
+    let Op::Composite(Composite::InstanceNorm(InstanceNorm { epsilon })) = op else {
+        return Ok(None);
+    };
+    let x = &tys[0];
+    let mut ins = ins.to_vec();
+    if ins.len() == 1 {
+        let Some(c) = x.shape.0[1].as_static() else {
+            return Ok(None); // symbolic channels: decomposed
+        };
+        let ones = ex.constant(TensorData::full(x.dtype, vec![c], 1.0).expect("ones"));
+        let zeros = ex.constant(TensorData::full(x.dtype, vec![c], 0.0).expect("zeros"));
+        ins.extend([ones, zeros]);
+    }
+    written(ex.emit("InstanceNormalization", ins, vec![float("epsilon", epsilon.0)]))
+}
+
+fn write_cumsum(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::CumSum(CumSum {
+        axis,
+        exclusive,
+        reverse,
+    })) = op
+    else {
+        return Ok(None);
+    };
+    let a = ex.i64s(&[*axis as i64]);
+    let attrs = vec![int("exclusive", *exclusive as i64), int("reverse", *reverse as i64)];
+    written(ex.emit("CumSum", vec![ins[0].clone(), a], attrs))
+}
+
+/// `one_hot` as `OneHot(indices, depth, [0, 1])` on the last axis.
+fn write_one_hot(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::OneHot(OneHot { depth, dtype })) = op else {
+        return Ok(None);
+    };
+    let d = ex.i64s(&[*depth as i64]);
+    let v = ex.constant(TensorData::from_f64_slice(*dtype, vec![2], &[0.0, 1.0]).expect("values"));
+    written(ex.emit("OneHot", vec![ins[0].clone(), d, v], vec![int("axis", -1)]))
+}
+
+fn write_einsum(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::Einsum(Einsum { equation })) = op else {
+        return Ok(None);
+    };
+    written(ex.emit("Einsum", ins.to_vec(), vec![string("equation", equation)]))
+}
+
+/// `sort` as a TopK over the whole axis (ties keep the earlier element first).
+fn write_sort(ex: &mut Exporter<'_>, op: &Op, ins: &[String], tys: &[TensorType]) -> Written {
+    let Op::Sort(Sort { axis, descending }) = op else {
+        return Ok(None);
+    };
+    let n = tys[0].shape.0[*axis]
+        .as_static()
+        .ok_or_else(|| OnnxError::Export("sort of a symbolic axis".into()))?;
+    let k = ex.i64s(&[n as i64]);
+    let attrs = vec![
+        int("axis", *axis as i64),
+        int("largest", *descending as i64),
+        int("sorted", 1),
+    ];
+    Ok(Some(ex.emit_n("TopK", vec![ins[0].clone(), k], attrs, 2)))
+}
+
+fn write_topk(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::TopK(TopK { k, axis, largest })) = op else {
+        return Ok(None);
+    };
+    let kk = ex.i64s(&[*k as i64]);
+    let attrs = vec![
+        int("axis", *axis as i64),
+        int("largest", *largest as i64),
+        int("sorted", 1),
+    ];
+    Ok(Some(ex.emit_n("TopK", vec![ins[0].clone(), kk], attrs, 2)))
 }

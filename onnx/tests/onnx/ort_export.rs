@@ -472,3 +472,46 @@ fn every_op_sample_exports_to_onnxruntime_and_imports_back() {
     }
     assert!(ran * 5 >= total * 4, "onnxruntime ran only {ran} of {total} samples");
 }
+
+/// A composite without an ONNX writer for its attributes is exported as its decomposition
+/// (the default; no per-op export list): adaptive pooling to 2×3 and circular padding (ONNX
+/// `wrap` needs opset 19) run in onnxruntime and import back to what the reference computes.
+#[test]
+fn composites_without_a_writer_export_as_their_decomposition() {
+    use oar_ir::ops::{BorderPad, PadMode};
+    let mut g = Graph::new("decomposed");
+    let x = g.add_input("x", TensorType::of(DType::F32, &[2, 3, 6, 7])).unwrap();
+    let pooled = g
+        .add_op1(
+            Op::Composite(Composite::AdaptiveAvgPool2d(AdaptiveAvgPool2d { output_size: [2, 3] })),
+            &[x],
+        )
+        .unwrap();
+    let padded = g
+        .add_op1(
+            Op::Composite(Composite::BorderPad(BorderPad {
+                before: vec![0, 0, 1, 2],
+                after: vec![0, 0, 2, 1],
+                mode: PadMode::Circular,
+            })),
+            &[x],
+        )
+        .unwrap();
+    g.add_output("pooled", pooled).unwrap();
+    g.add_output("padded", padded).unwrap();
+    let m = Model {
+        graph: g,
+        weights: Weights::new(),
+    };
+    let bytes = oar_onnx::to_bytes(&m).unwrap();
+    let back = oar_onnx::from_bytes(&bytes).unwrap();
+    for n in back.graph.topo_order() {
+        let name = back.graph.node(n).op.name();
+        assert!(
+            !["adaptive_avg_pool2d", "border_pad"].contains(&name),
+            "{name} survived export"
+        );
+    }
+    let inputs = BTreeMap::from([("x".to_string(), tensor(11, &[2, 3, 6, 7], 1.0))]);
+    check("decomposed composites", &m, inputs, 1e-5);
+}
