@@ -240,6 +240,19 @@ for name, x in [("f32_rank3", f32(3, 1, 4)), ("i64_rank1", np.arange(5, dtype=np
     case("torch_shape_of", name, {"Composite": "ShapeOf"}, [x], [shape.numpy()], EXACT)
 
 
+# ---- flip, triu / tril ------------------------------------------------------------------
+
+for name, x, dims in [("f32_last", f32(2, 3, 5), [2]), ("f64_two_axes", f64(4, 3, 2), [0, 1]),
+                      ("i64_all", rng.integers(-9, 10, (3, 4)).astype(np.int64), [0, 1])]:
+    case("torch_flip", name, comp("Flip", {"axes": dims}), [x], [torch.flip(t(x), dims).numpy()], EXACT)
+
+for name, x, d, upper in [("f32_triu_batched", f32(2, 4, 5), 1, True), ("f64_tril_below", f64(5, 3), -1, False),
+                          ("i32_tril", rng.integers(-9, 10, (4, 4)).astype(np.int32), 0, False),
+                          ("bool_triu_far", rng.integers(0, 2, (3, 6)).astype(bool), -2, True)]:
+    y = (torch.triu if upper else torch.tril)(t(x), d)
+    case("torch_trilu", name, comp("Trilu", {"diagonal": d, "upper": upper}), [x], [y.numpy()], EXACT)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

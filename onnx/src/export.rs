@@ -17,7 +17,7 @@ use crate::proto::{
 use crate::tensor::{dtype_to_onnx, tensor_to_proto};
 use oar_ir::file::Model;
 use oar_ir::ops::{
-    ArgReduce, Broadcast, Cast, Concat, Conv, Gather, Input, Pad, Param, Permute, Reduce, Reshape, Slice,
+    ArgReduce, Broadcast, Cast, Concat, Conv, Gather, Input, Iota, Pad, Param, Permute, Reduce, Reshape, Slice,
 };
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, UnaryOp};
 use oar_ir::{Dim, Graph, Op, TensorData, TensorType, ValueId};
@@ -425,6 +425,25 @@ impl<'a> Exporter<'a> {
             Op::Concat(Concat { axis }) => self.emit("Concat", ins, vec![int("axis", *axis as i64)]),
             Op::Gather(Gather { axis }) => self.emit("Gather", ins, vec![int("axis", *axis as i64)]),
             Op::MatMul => self.emit("MatMul", ins, vec![]),
+            Op::Iota(Iota { shape, axis, dtype }) => {
+                // Range(0, n) along the axis, reshaped to broadcast there, expanded.
+                let dims = shape
+                    .iter()
+                    .map(|d| d.as_static().map(|n| n as i64))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| OnnxError::Export(format!("iota of the symbolic shape {shape:?}")))?;
+                let scalar = |ex: &mut Self, v: i64| ex.constant(TensorData::scalar(v));
+                let (zero, n, one) = (scalar(self, 0), scalar(self, dims[*axis]), scalar(self, 1));
+                let mut r = self.emit("Range", vec![zero, n, one], vec![]);
+                if *dtype != oar_ir::DType::I64 {
+                    r = self.emit("Cast", vec![r], vec![int("to", dtype_to_onnx(*dtype) as i64)]);
+                }
+                let line: Vec<i64> = (0..dims.len()).map(|a| if a == *axis { dims[a] } else { 1 }).collect();
+                let line = self.i64s(&line);
+                let r = self.emit("Reshape", vec![r, line], vec![]);
+                let full = self.i64s(&dims);
+                self.emit("Expand", vec![r, full], vec![])
+            }
             Op::Conv(Conv {
                 stride,
                 pad_before,

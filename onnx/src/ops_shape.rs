@@ -5,7 +5,7 @@ use crate::export::{Exporter, Written, int, string, written};
 use crate::ops::{NodeCx, R};
 use crate::table::{Table, one};
 use oar_ir::ops::{BinaryOp, ReduceOp, SliceRange, UnaryOp};
-use oar_ir::ops::{BorderPad, Broadcast, Concat, Gather, Pad, PadMode, Permute, Slice};
+use oar_ir::ops::{BorderPad, Broadcast, Concat, Gather, Pad, PadMode, Permute, Slice, Trilu};
 use oar_ir::{Composite, Dim, Float, Op, SymExpr, TensorData, TensorType, ValueId};
 
 /// `Reshape(x, shape)` (opset < 5: the `shape` attribute).
@@ -400,10 +400,40 @@ pub(crate) const TABLE: Table = Table {
         ("Squeeze", |cx| one(squeeze(cx, true))),
         ("Tile", |cx| one(tile(cx))),
         ("Transpose", |cx| one(transpose(cx))),
+        ("Trilu", |cx| one(trilu(cx))),
         ("Unsqueeze", |cx| one(squeeze(cx, false))),
     ],
-    exports: &[("border_pad", write_border_pad), ("embedding", write_embedding)],
+    exports: &[
+        ("border_pad", write_border_pad),
+        ("embedding", write_embedding),
+        ("trilu", write_trilu),
+    ],
 };
+
+/// `Trilu(input, k?)` with `upper` (default 1): oar's `trilu` with `diagonal = k`.
+fn trilu(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let x = cx.input(0)?;
+    let diagonal = match cx.opt_input(1) {
+        Some(_) => cx
+            .const_ints(1)?
+            .and_then(|k| k.first().copied())
+            .ok_or_else(|| cx.err("needs a constant k input"))?,
+        None => 0,
+    };
+    let op = Composite::Trilu(Trilu {
+        diagonal,
+        upper: cx.attr_i("upper", 1) != 0,
+    });
+    cx.op(Op::Composite(op), &[x])
+}
+
+fn write_trilu(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let Op::Composite(Composite::Trilu(Trilu { diagonal, upper })) = op else {
+        return Ok(None);
+    };
+    let k = ex.constant(TensorData::scalar(*diagonal));
+    written(ex.emit("Trilu", vec![ins[0].clone(), k], vec![int("upper", *upper as i64)]))
+}
 
 // ---- export: the oar ops of this family written as ONNX nodes
 

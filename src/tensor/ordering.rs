@@ -1,9 +1,10 @@
-//! Scans, ordering and masking as tensor methods: `cumsum`, `sort`, `argsort`, `topk`,
-//! `masked_fill`.
+//! Scans, ordering and masking as tensor methods: `cumsum`, `sort`, `argsort`, `topk`, `flip`,
+//! `masked_fill`, `triu`/`tril`.
 
 use super::{Tensor, apply, apply1, norm_axis};
+use crate::error::Error;
 use crate::error::Result;
-use oar_ir::ops::{ArgSort, CumSum, MaskedFill, Sort, TopK};
+use oar_ir::ops::{ArgSort, CumSum, Flip, MaskedFill, Sort, TopK, Trilu};
 use oar_ir::{Composite, Float, Op};
 
 impl Tensor {
@@ -45,5 +46,37 @@ impl Tensor {
     pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
         let c = Composite::MaskedFill(MaskedFill { value: Float(value) });
         apply1(Op::Composite(c), &[self, mask])
+    }
+
+    /// The elements in reverse order along each of `dims` (negative counts from the end), as
+    /// PyTorch's `flip`; a repeated dim is an error.
+    pub fn flip(&self, dims: &[i64]) -> Result<Tensor> {
+        let mut axes = dims
+            .iter()
+            .map(|&d| norm_axis("flip", d, self.ndim()))
+            .collect::<Result<Vec<_>>>()?;
+        axes.sort_unstable();
+        if axes.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::invalid("flip", format!("dims {dims:?} name an axis twice")));
+        }
+        apply1(Op::Composite(Composite::Flip(Flip { axes })), &[self])
+    }
+
+    /// The upper triangle of the matrices in the last two axes (`j - i ≥ diagonal`), the rest
+    /// zero, as PyTorch's `triu`.
+    pub fn triu(&self, diagonal: i64) -> Result<Tensor> {
+        apply1(
+            Op::Composite(Composite::Trilu(Trilu { diagonal, upper: true })),
+            &[self],
+        )
+    }
+
+    /// The lower triangle of the matrices in the last two axes (`j - i ≤ diagonal`), the rest
+    /// zero, as PyTorch's `tril`.
+    pub fn tril(&self, diagonal: i64) -> Result<Tensor> {
+        apply1(
+            Op::Composite(Composite::Trilu(Trilu { diagonal, upper: false })),
+            &[self],
+        )
     }
 }

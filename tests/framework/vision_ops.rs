@@ -115,6 +115,31 @@ fn functional_api_matches_pytorch() {
     let (x, y, r, a) = fixture("torch_einsum", "bilinear");
     let got = oar::einsum("bn,anm,bm->ba", &[&x[0], &x[1], &x[2]]).unwrap();
     assert_close("einsum", &got, &y[0], r, a);
+    let (x, y, _, _) = fixture("torch_flip", "f64_two_axes");
+    assert_close("flip", &x[0].flip(&[1, -3]).unwrap(), &y[0], 0.0, 0.0);
+    let (x, y, _, _) = fixture("torch_trilu", "f32_triu_batched");
+    assert_close("triu", &x[0].triu(1).unwrap(), &y[0], 0.0, 0.0);
+    let (x, y, _, _) = fixture("torch_trilu", "i32_tril");
+    assert_close("tril", &x[0].tril(0).unwrap(), &y[0], 0.0, 0.0);
+}
+
+/// flip and triu/tril trace to static graphs (a symbolic batch) that compute what eager does
+/// on the reference and the cpu backend.
+#[test]
+fn flip_and_trilu_trace_to_static() {
+    let x = oar::randn(&[3, 4, 5], DType::F32).unwrap();
+    let f = |x: &Tensor| -> oar::Result<Tensor> {
+        let a = x.flip(&[-1, 1])?.triu(1)?;
+        oar::add(&a, &x.tril(-1)?)
+    };
+    let eager = f(&x).unwrap();
+    for backend in ["reference", "cpu"] {
+        let spec = InputSpec::new(&[None, Some(4), Some(5)], DType::F32, "x");
+        let st = oar::jit::to_static(|xs| Ok(vec![f(&xs[0])?]), &[spec]).unwrap();
+        let s = st.with_backend(backend).unwrap();
+        let got = s.call(&[&x]).unwrap().remove(0);
+        assert_eq!(max_abs_diff(&got, &eager), 0.0, "{backend}");
+    }
 }
 
 #[test]
@@ -143,6 +168,10 @@ fn api_errors_name_the_problem() {
     assert!(e.contains("topk") && e.contains("k=5"), "{e}");
     let e = oar::einsum("ij,jk->ik", &[&x]).unwrap_err().to_string();
     assert!(e.contains("einsum") && e.contains("2 operands"), "{e}");
+    let e = x.flip(&[1, -3]).unwrap_err().to_string();
+    assert!(e.contains("flip") && e.contains("twice"), "{e}");
+    let e = oar::randn(&[4], DType::F32).unwrap().triu(0).unwrap_err().to_string();
+    assert!(e.contains("trilu") && e.contains("rank ≥ 2"), "{e}");
     let w = oar::randn(&[3, 2, 3, 3], DType::F32).unwrap();
     let e = F::conv_transpose(&x, &w, None, &[1, 1], &[0, 0], &[0, 0], &[1, 1], 1)
         .unwrap_err()

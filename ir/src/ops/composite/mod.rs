@@ -28,12 +28,12 @@ pub use einsum::Einsum;
 pub use loss::{CrossEntropy, Reduction};
 pub use nn::{Embedding, Linear};
 pub use norm::{BatchNorm, GroupNorm, InstanceNorm, LayerNorm};
-pub use ordering::{ArgSort, TopK};
+pub use ordering::{ArgSort, Flip, TopK};
 pub use padding::{BorderPad, PadMode};
 pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
 pub use scan::CumSum;
-pub use select::{MaskedFill, OneHot};
+pub use select::{MaskedFill, OneHot, Trilu};
 pub use shape_of::ShapeOf;
 
 use super::op_set;
@@ -94,10 +94,14 @@ op_set! {
         TopK(TopK),
         /// Indices that sort an axis.
         ArgSort(ArgSort),
+        /// Reverse the order along axes.
+        Flip(Flip),
         /// `where(mask, value, x)`.
         MaskedFill(MaskedFill),
         /// One-hot encoding of indices.
         OneHot(OneHot),
+        /// Upper or lower triangle of the last two axes (`triu`/`tril`).
+        Trilu(Trilu),
         /// Einstein summation.
         Einsum(Einsum),
         /// The input's shape as a tensor.

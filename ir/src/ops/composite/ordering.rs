@@ -1,11 +1,13 @@
-//! Ordering: `topk` (PyTorch `topk`, ONNX TopK) and `argsort`, both a `sort` and a slice.
+//! Ordering: `topk` (PyTorch `topk`, ONNX TopK) and `argsort`, both a `sort` and a slice; `flip`
+//! (PyTorch `flip`), a gather with reversed indices per axis.
 
 use super::super::rules::{R, arity, check_axes, elements};
 use super::super::sample::{Domain, Sample, input, input_in};
-use super::{composite_def, slice};
-use crate::eval::{EvalCx, Res, Value};
-use crate::ops::{Composite, OpDef, SliceRange, Sort, op_struct};
-use crate::{DType, Dim, Emitter, Graph, Op, TensorType};
+use super::{V, composite_def, one, slice};
+use crate::eval::{Data, EvalCx, Res, Value};
+use crate::ops::{BinaryOp, Composite, Gather, Iota, OpDef, SliceRange, Sort, op_struct};
+use crate::{DType, Dim, Emitter, Graph, Op, TensorData, TensorType};
+use ndarray::{ArrayD, Axis};
 
 op_struct! {
     /// `topk(x) -> (values, indices i64)`: the `k` largest (or smallest) elements along `axis`,
@@ -27,6 +29,103 @@ op_struct! {
         axis: usize,
         /// Largest first.
         descending: bool,
+    }
+}
+
+op_struct! {
+    /// `flip(x)`: the elements in reverse order along each of `axes` (sorted, distinct).
+    Flip "flip" {
+        /// The axes to reverse.
+        axes: Vec<usize>,
+    }
+}
+
+impl OpDef for Flip {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity(inputs, 1)?;
+        let x = &inputs[0];
+        check_axes(&self.axes, x.rank())?;
+        for &a in &self.axes {
+            if x.shape.0[a].as_static().is_none() {
+                return Err(format!("flip needs a static axis {a}, got {x}"));
+            }
+        }
+        Ok(vec![x.clone()])
+    }
+
+    fn flops(&self, _: &[TensorType], _: &[TensorType]) -> Option<u64> {
+        Some(0)
+    }
+
+    /// One gather per axis of size > 1, with the indices `n-1, …, 0` built from an iota.
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        types: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let mut run = || -> V<E> {
+            let mut y = x[0];
+            for &axis in &self.axes {
+                let n = types[0].shape.0[axis].as_static().unwrap_or(1);
+                if n <= 1 {
+                    continue;
+                }
+                let iota = g.add_op1(
+                    Op::Iota(Iota {
+                        shape: vec![Dim::Static(n)],
+                        axis: 0,
+                        dtype: DType::I64,
+                    }),
+                    &[],
+                )?;
+                let last = g.add_constant(TensorData::scalar((n - 1) as i64))?;
+                let idx = g.binary(BinaryOp::Sub, last, iota)?;
+                y = g.add_op1(Op::Gather(Gather { axis }), &[y, idx])?;
+            }
+            Ok(y)
+        };
+        one::<E>(run())
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        let site = cx.site();
+        crate::eval::arity(site, ins, &[1])?;
+        let x = ins[0];
+        if let Some(a) = self.axes.iter().find(|&&a| a >= x.shape().len()) {
+            return Err(site.err(format!("flip axis {a} out of range for {:?}", x.shape())));
+        }
+        fn flip<T: Clone>(a: &ArrayD<T>, axes: &[usize]) -> ArrayD<T> {
+            let mut v = a.view();
+            for &ax in axes {
+                v.invert_axis(Axis(ax));
+            }
+            v.to_owned()
+        }
+        let data = match &x.data {
+            Data::F(a) => Data::F(flip(a, &self.axes)),
+            Data::I(a) => Data::I(flip(a, &self.axes)),
+            Data::B(a) => Data::B(flip(a, &self.axes)),
+        };
+        Ok(vec![x.with(data)])
+    }
+
+    fn samples() -> Vec<Sample> {
+        let op = |axes: &[usize]| Op::Composite(Composite::Flip(Flip { axes: axes.to_vec() }));
+        vec![
+            Sample::new("flip/f32/last", op(&[2]), vec![input(DType::F32, &[2, 3, 5])]),
+            Sample::new("flip/f64/two_axes", op(&[0, 1]), vec![input(DType::F64, &[4, 3, 2])]),
+            Sample::new(
+                "flip/i32/unit_axis",
+                op(&[0, 1]),
+                vec![input_in(DType::I32, &[1, 6], Domain::Ints(-9, 9))],
+            )
+            .no_grad(),
+            Sample::new("flip/bool", op(&[0]), vec![input(DType::Bool, &[5, 2])]).no_grad(),
+        ]
     }
 }
 

@@ -1,5 +1,5 @@
-//! Selections built on `where`: `masked_fill` (PyTorch `masked_fill`) and `one_hot` (PyTorch
-//! `one_hot`, ONNX OneHot).
+//! Selections built on `where`: `masked_fill` (PyTorch `masked_fill`), `one_hot` (PyTorch
+//! `one_hot`, ONNX OneHot) and `trilu` (PyTorch `triu`/`tril`, ONNX Trilu).
 
 use super::super::rules::{R, arity, check_index, out_elements};
 use super::super::sample::{Domain, Sample, input, input_in};
@@ -28,6 +28,116 @@ op_struct! {
         depth: usize,
         /// Output dtype.
         dtype: DType,
+    }
+}
+
+op_struct! {
+    /// `trilu(x)`: the upper (`triu`) or lower (`tril`) triangle of the matrices in the last two
+    /// axes, the rest zero. Element `[.., i, j]` is kept when `j - i ≥ diagonal` (upper) or
+    /// `j - i ≤ diagonal` (lower), as PyTorch's `diagonal` and ONNX's `k`.
+    Trilu "trilu" {
+        /// Which diagonal bounds the triangle (0 the main one, > 0 above it, < 0 below).
+        diagonal: i64,
+        /// Keep the upper triangle (else the lower).
+        upper: bool,
+    }
+}
+
+impl OpDef for Trilu {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity(inputs, 1)?;
+        let x = &inputs[0];
+        if x.rank() < 2 {
+            return Err(format!(
+                "trilu needs a rank ≥ 2 input (matrices in the last two axes), got {x}"
+            ));
+        }
+        Ok(vec![x.clone()])
+    }
+
+    fn flops(&self, _: &[TensorType], _: &[TensorType]) -> Option<u64> {
+        Some(0)
+    }
+
+    /// `where(iota_col - iota_row ≥ diagonal, x, 0)` (`≤` for the lower triangle); the mask is
+    /// `[m, n]` and broadcasts over the leading axes.
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        types: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let t = &types[0];
+        let r = t.rank();
+        let mn = vec![t.shape.0[r - 2].clone(), t.shape.0[r - 1].clone()];
+        let mut run = || -> V<E> {
+            let iota = |g: &mut E, axis| {
+                g.add_op1(
+                    Op::Iota(Iota {
+                        shape: mn.clone(),
+                        axis,
+                        dtype: DType::I64,
+                    }),
+                    &[],
+                )
+            };
+            let (row, col) = (iota(g, 0)?, iota(g, 1)?);
+            let d = g.binary(BinaryOp::Sub, col, row)?;
+            let cmp = if self.upper { BinaryOp::Ge } else { BinaryOp::Le };
+            let keep = g.binary_scalar(cmp, d, self.diagonal as f64)?;
+            let zero = g.add_scalar(t.dtype, 0.0)?;
+            select(g, keep, x[0], zero)
+        };
+        one::<E>(run())
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        let site = cx.site();
+        crate::eval::arity(site, ins, &[1])?;
+        let x = ins[0];
+        let r = x.shape().len();
+        if r < 2 {
+            return Err(site.err(format!("trilu needs rank ≥ 2, got {:?}", x.shape())));
+        }
+        let keep = |ix: &IxDyn| {
+            let d = ix[r - 1] as i64 - ix[r - 2] as i64;
+            if self.upper {
+                d >= self.diagonal
+            } else {
+                d <= self.diagonal
+            }
+        };
+        fn tri<T: Copy>(a: &ArrayD<T>, zero: T, keep: impl Fn(&IxDyn) -> bool) -> ArrayD<T> {
+            ArrayD::from_shape_fn(a.raw_dim(), |ix| if keep(&ix) { a[&ix] } else { zero })
+        }
+        let data = match &x.data {
+            Data::F(a) => Data::F(tri(a, 0.0, keep)),
+            Data::I(a) => Data::I(tri(a, 0, keep)),
+            Data::B(a) => Data::B(tri(a, false, keep)),
+        };
+        Ok(vec![x.with(data)])
+    }
+
+    fn samples() -> Vec<Sample> {
+        let op = |diagonal, upper| Op::Composite(Composite::Trilu(Trilu { diagonal, upper }));
+        vec![
+            Sample::new(
+                "trilu/f32/triu_batched",
+                op(1, true),
+                vec![input(DType::F32, &[3, 4, 5])],
+            ),
+            Sample::new("trilu/f64/tril_below", op(-1, false), vec![input(DType::F64, &[5, 3])]),
+            Sample::new(
+                "trilu/i64/tril",
+                op(0, false),
+                vec![input_in(DType::I64, &[2, 4, 4], Domain::Ints(-9, 9))],
+            )
+            .no_grad(),
+            Sample::new("trilu/bool/triu_far", op(-2, true), vec![input(DType::Bool, &[3, 6])]).no_grad(),
+        ]
     }
 }
 
