@@ -5,29 +5,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/demo
-cargo build --release --quiet -p oar-cli --bin oar
-cargo build --release --quiet -p oar --example mlp_digits --example to_static --example demo --example score
+# Release by default; scripts/test.sh runs it with OAR_DEMO_PROFILE=dev to reuse the test build
+# (the dev profile optimizes too: opt-level 1, dependencies 2) instead of compiling everything again.
+profile=${OAR_DEMO_PROFILE:-release}
+bin=target/$([ "$profile" = dev ] && echo debug || echo "$profile")
+cargo build --profile "$profile" --quiet -p oar-cli --bin oar
+cargo build --profile "$profile" --quiet -p oar --example mlp_digits --example to_static --example demo --example score
 echo "== 1. train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
-./target/release/examples/mlp_digits
+"$bin"/examples/mlp_digits
 echo
 echo "== 2. convert: examples/to_static.rs (eager CNN → jit::save → jit::load → fine-tune → save)"
-./target/release/examples/to_static "$out"
+"$bin"/examples/to_static "$out"
 echo
 n=$(cat "$out/digits_test.count")
 echo "== 3. compile: oar compile $out/digits_cnn_tuned.oar --target cpu --emit exe --bind N=$n -o $out/digits_cnn"
-./target/release/oar compile "$out/digits_cnn_tuned.oar" --target cpu --emit exe --bind "N=$n" -o "$out/digits_cnn"
+"$bin"/oar compile "$out/digits_cnn_tuned.oar" --target cpu --emit exe --bind "N=$n" -o "$out/digits_cnn"
 echo
 echo "== 4. run the native executable on the $n held-out digits"
 "$out/digits_cnn" --input "image=$out/digits_test.npy" --output-dir "$out/exe_out" --bench 20
-./target/release/examples/score "$out/exe_out/output.npy" "$out/digits_test_labels.npy"
+"$bin"/examples/score "$out/exe_out/output.npy" "$out/digits_test_labels.npy"
 echo
 echo "== 5. inspect: oar inspect $out/digits_cnn_tuned.oar"
-./target/release/oar inspect "$out/digits_cnn_tuned.oar"
+"$bin"/oar inspect "$out/digits_cnn_tuned.oar"
 echo
 echo "== 6. run (JIT, cpu backend): oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
-./target/release/oar run "$out/digits_cnn_tuned.oar" --input "image=$out/digits4.npy" --output "$out/out"
+"$bin"/oar run "$out/digits_cnn_tuned.oar" --input "image=$out/digits4.npy" --output "$out/out"
 echo
 echo "== 7. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
-./target/release/examples/demo "$out"
-./target/release/oar dot "$out/digits_cnn_tuned.oar" -o "$out/digits_cnn.dot"
+"$bin"/examples/demo "$out"
+"$bin"/oar dot "$out/digits_cnn_tuned.oar" -o "$out/digits_cnn.dot"
 echo "wrote $out/out/output.npy and $out/digits_cnn.dot"
