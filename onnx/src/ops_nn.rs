@@ -521,7 +521,7 @@ pub(crate) const TABLE: Table = Table {
     exports: &[
         ("adaptive_avg_pool2d", write_global_pool),
         ("adaptive_max_pool2d", write_global_pool),
-        ("avg_pool2d", write_avg_pool),
+        ("avg_pool2d", write_pool),
         ("batch_norm", write_batch_norm),
         ("conv2d", write_conv2d),
         ("dropout", write_dropout),
@@ -529,7 +529,7 @@ pub(crate) const TABLE: Table = Table {
         ("layer_norm", write_layer_norm),
         ("linear", write_linear),
         ("log_softmax", write_softmax),
-        ("max_pool2d", write_max_pool),
+        ("max_pool2d", write_pool),
         ("relu", write_plain),
         ("sigmoid", write_plain),
         ("silu", write_silu),
@@ -568,44 +568,41 @@ fn write_conv2d(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]
     written(ex.emit("Conv", ins.to_vec(), attrs))
 }
 
-fn write_max_pool(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
-    let Op::Composite(Composite::MaxPool2d(MaxPool2d {
-        kernel,
-        stride,
-        padding,
-        ceil_mode,
-    })) = op
-    else {
-        return Ok(None);
+/// `max_pool2d` → `MaxPool`, `avg_pool2d` → `AveragePool` (with `count_include_pad`).
+fn write_pool(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
+    let (name, kernel, stride, padding, ceil_mode, include_pad) = match op {
+        Op::Composite(Composite::MaxPool2d(MaxPool2d {
+            kernel,
+            stride,
+            padding,
+            ceil_mode,
+        })) => ("MaxPool", kernel, stride, padding, ceil_mode, None),
+        Op::Composite(Composite::AvgPool2d(AvgPool2d {
+            kernel,
+            stride,
+            padding,
+            ceil_mode,
+            count_include_pad,
+        })) => (
+            "AveragePool",
+            kernel,
+            stride,
+            padding,
+            ceil_mode,
+            Some(count_include_pad),
+        ),
+        _ => return Ok(None),
     };
-    let attrs = vec![
+    let mut attrs = vec![
         ints("kernel_shape", kernel),
         ints("strides", stride),
         ints("pads", padding),
         int("ceil_mode", *ceil_mode as i64),
     ];
-    written(ex.emit("MaxPool", ins.to_vec(), attrs))
-}
-
-fn write_avg_pool(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorType]) -> Written {
-    let Op::Composite(Composite::AvgPool2d(AvgPool2d {
-        kernel,
-        stride,
-        padding,
-        ceil_mode,
-        count_include_pad,
-    })) = op
-    else {
-        return Ok(None);
-    };
-    let attrs = vec![
-        ints("kernel_shape", kernel),
-        ints("strides", stride),
-        ints("pads", padding),
-        int("ceil_mode", *ceil_mode as i64),
-        int("count_include_pad", *count_include_pad as i64),
-    ];
-    written(ex.emit("AveragePool", ins.to_vec(), attrs))
+    if let Some(&c) = include_pad {
+        attrs.push(int("count_include_pad", c as i64));
+    }
+    written(ex.emit(name, ins.to_vec(), attrs))
 }
 
 /// Adaptive pooling to 1×1 is global pooling; other sizes are decomposed.

@@ -8,7 +8,7 @@ use super::super::rules::{R, arity_range, float, out_elements, same_dtype};
 use super::activation::{softmax, softmax_f64};
 use super::{V, composite_def, lowest, one, scalar_like, select};
 use crate::eval::{Data, EvalCx, Res, Value, broadcast_dims, view_as};
-use crate::ops::{BinaryOp, Broadcast, Float, Iota, OpDef, Permute, ReduceOp, UnaryOp, op_struct};
+use crate::ops::{BinaryOp, Broadcast, Float, OpDef, Permute, ReduceOp, UnaryOp, op_struct};
 use crate::shape::broadcasts_to;
 use crate::{DType, Dim, Emitter, Graph, Op, Shape, TensorType};
 
@@ -122,15 +122,8 @@ fn sdpa<E: Emitter>(g: &mut E, x: &[E::Value], types: &[TensorType], causal: boo
     if causal {
         let r = st.rank();
         let ls = st.shape.0[r - 2..].to_vec();
-        let iota = |axis| {
-            Op::Iota(Iota {
-                shape: ls.clone(),
-                axis,
-                dtype: DType::I64,
-            })
-        };
-        let qi = g.add_op1(iota(0), &[])?;
-        let ki = g.add_op1(iota(1), &[])?;
+        let qi = super::iota(g, ls.clone(), 0, DType::I64)?;
+        let ki = super::iota(g, ls, 1, DType::I64)?;
         let future = g.binary(BinaryOp::Gt, ki, qi)?;
         s = select(g, future, neg_inf, s)?;
     }

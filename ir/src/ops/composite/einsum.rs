@@ -12,7 +12,7 @@ use super::super::rules::{R, out_elements};
 use super::super::sample::{Domain, Sample, input, input_in};
 use super::{V, composite_def, one, reshape};
 use crate::eval::{Data, EvalCx, Res, Value, array};
-use crate::ops::{BinaryOp, Composite, Iota, OpDef, ReduceOp, op_struct};
+use crate::ops::{BinaryOp, Composite, OpDef, ReduceOp, op_struct};
 use crate::{DType, Dim, Emitter, Graph, Op, Shape, TensorType};
 
 op_struct! {
@@ -360,15 +360,8 @@ fn diagonals<E: Emitter>(g: &mut E, x: E::Value, mut letters: Vec<char>) -> Resu
         (0..letters.len()).find_map(|q| letters[..q].iter().position(|c| *c == letters[q]).map(|p| (p, q)))
     {
         let t = g.value_type(v);
-        let iota = |axis| {
-            Op::Iota(Iota {
-                shape: t.shape.0.clone(),
-                axis,
-                dtype: DType::I64,
-            })
-        };
-        let ip = g.add_op1(iota(p), &[])?;
-        let iq = g.add_op1(iota(q), &[])?;
+        let ip = super::iota(g, t.shape.0.clone(), p, DType::I64)?;
+        let iq = super::iota(g, t.shape.0.clone(), q, DType::I64)?;
         let eq = g.binary(BinaryOp::Eq, ip, iq)?;
         let mask = g.cast(eq, t.dtype)?;
         let masked = g.binary(BinaryOp::Mul, v, mask)?;

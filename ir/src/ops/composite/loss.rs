@@ -4,9 +4,9 @@ use super::super::rules::{R, arity, check_index, elements, float};
 use super::activation::{log_softmax, softmax_f64};
 use super::{V, composite_def, dims, one, reshape, scalar_like, select};
 use crate::eval::{EvalCx, Res, Value};
-use crate::ops::{BinaryOp, Iota, OpDef, ReduceOp, UnaryOp, named_enum, op_struct};
+use crate::ops::{BinaryOp, OpDef, ReduceOp, UnaryOp, named_enum, op_struct};
 use crate::text::word_attr;
-use crate::{Dim, Emitter, Graph, Op, Shape, TensorType};
+use crate::{Dim, Emitter, Graph, Shape, TensorType};
 use ndarray::{ArrayD, IxDyn};
 
 named_enum!(
@@ -69,14 +69,7 @@ impl OpDef for CrossEntropy {
         let mut run = || -> V<E> {
             let ls = log_softmax(g, logits, 1)?;
             let shape = dims(g, logits);
-            let classes = g.add_op1(
-                Op::Iota(Iota {
-                    shape: shape.clone(),
-                    axis: 1,
-                    dtype: lt.dtype,
-                }),
-                &[],
-            )?;
+            let classes = super::iota(g, shape.clone(), 1, lt.dtype)?;
             let col = reshape(g, labels, vec![shape[0].clone(), Dim::Static(1)])?;
             let one_hot = g.binary(BinaryOp::Eq, classes, col)?;
             let zero = scalar_like(g, ls, 0.0)?;

@@ -161,6 +161,11 @@ pub(crate) fn slice<E: Emitter>(g: &mut E, x: E::Value, ranges: Vec<super::Slice
     g.add_op1(Op::Slice(super::Slice { ranges }), &[x])
 }
 
+/// An `iota` of `shape` counting along `axis`, in `dtype`.
+pub(crate) fn iota<E: Emitter>(g: &mut E, shape: Vec<Dim>, axis: usize, dtype: DType) -> V<E> {
+    g.add_op1(Op::Iota(super::Iota { shape, axis, dtype }), &[])
+}
+
 /// `where(c, a, b)`.
 pub(crate) fn select<E: Emitter>(g: &mut E, c: E::Value, a: E::Value, b: E::Value) -> V<E> {
     g.add_op1(Op::Where, &[c, a, b])

@@ -3,9 +3,9 @@
 
 use super::super::rules::{R, arity, check_axes, elements};
 use super::super::sample::{Domain, Sample, input, input_in};
-use super::{V, composite_def, one, slice};
+use super::{V, composite_def, iota, one, slice};
 use crate::eval::{Data, EvalCx, Res, Value};
-use crate::ops::{BinaryOp, Composite, Gather, Iota, OpDef, SliceRange, Sort, op_struct};
+use crate::ops::{BinaryOp, Composite, Gather, OpDef, SliceRange, Sort, op_struct};
 use crate::{DType, Dim, Emitter, Graph, Op, TensorData, TensorType};
 use ndarray::{ArrayD, Axis};
 
@@ -74,14 +74,7 @@ impl OpDef for Flip {
                 if n <= 1 {
                     continue;
                 }
-                let iota = g.add_op1(
-                    Op::Iota(Iota {
-                        shape: vec![Dim::Static(n)],
-                        axis: 0,
-                        dtype: DType::I64,
-                    }),
-                    &[],
-                )?;
+                let iota = iota(g, vec![Dim::Static(n)], 0, DType::I64)?;
                 let last = g.add_constant(TensorData::scalar((n - 1) as i64))?;
                 let idx = g.binary(BinaryOp::Sub, last, iota)?;
                 y = g.add_op1(Op::Gather(Gather { axis }), &[y, idx])?;

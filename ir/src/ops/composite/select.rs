@@ -3,9 +3,9 @@
 
 use super::super::rules::{R, arity, check_index, out_elements};
 use super::super::sample::{Domain, Sample, input, input_in};
-use super::{V, composite_def, one, reshape, select};
+use super::{V, composite_def, iota, one, reshape, select};
 use crate::eval::{Data, EvalCx, Res, Value, view_as};
-use crate::ops::{BinaryOp, Composite, Float, Iota, OpDef, op_struct};
+use crate::ops::{BinaryOp, Composite, Float, OpDef, op_struct};
 use crate::shape::broadcasts_to;
 use crate::{DType, Dim, Emitter, Graph, Op, TensorType};
 use ndarray::{ArrayD, IxDyn, Zip};
@@ -74,17 +74,8 @@ impl OpDef for Trilu {
         let r = t.rank();
         let mn = vec![t.shape.0[r - 2].clone(), t.shape.0[r - 1].clone()];
         let mut run = || -> V<E> {
-            let iota = |g: &mut E, axis| {
-                g.add_op1(
-                    Op::Iota(Iota {
-                        shape: mn.clone(),
-                        axis,
-                        dtype: DType::I64,
-                    }),
-                    &[],
-                )
-            };
-            let (row, col) = (iota(g, 0)?, iota(g, 1)?);
+            let row = iota(g, mn.clone(), 0, DType::I64)?;
+            let col = iota(g, mn.clone(), 1, DType::I64)?;
             let d = g.binary(BinaryOp::Sub, col, row)?;
             let cmp = if self.upper { BinaryOp::Ge } else { BinaryOp::Le };
             let keep = g.binary_scalar(cmp, d, self.diagonal as f64)?;
@@ -246,14 +237,7 @@ impl OpDef for OneHot {
             let mut col = it.shape.0.clone();
             col.push(Dim::Static(1));
             let idx = reshape(g, idx, col)?;
-            let classes = g.add_op1(
-                Op::Iota(Iota {
-                    shape: want[0].shape.0.clone(),
-                    axis: it.rank(),
-                    dtype: it.dtype,
-                }),
-                &[],
-            )?;
+            let classes = iota(g, want[0].shape.0.clone(), it.rank(), it.dtype)?;
             let hit = g.binary(BinaryOp::Eq, classes, idx)?;
             g.cast(hit, self.dtype)
         };
