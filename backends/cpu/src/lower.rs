@@ -9,7 +9,7 @@ use oar_cpu_runtime::program::const_name;
 use oar_cpu_runtime::{CpuProgram, LoopCall, RowPiece, Step};
 use oar_ir::kernel::{
     Buffer, BufferId, BufferKind, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load, LoopKernel,
-    ScalarOp,
+    MemoryPlan, ScalarOp,
 };
 use oar_ir::ops::ReduceOp;
 use oar_ir::{Graph, Weights};
@@ -82,14 +82,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                 // Stage results go to scratch buffers after the arena's temporaries (live only
                 // while the kernel runs, so they never overlap a planned slot).
                 let scratch = program.add_stage_buffers(&k.name, l);
-                for &id in &scratch {
-                    let b = program.buffer(id);
-                    let size = b.ty.dtype.size_bytes() * b.ty.shape.as_static().map_or(0, |d| d.iter().product());
-                    let off = plan.arena_bytes.div_ceil(plan.alignment.max(1)) * plan.alignment.max(1);
-                    plan.offsets.insert(id, off);
-                    plan.sizes.insert(id, size);
-                    plan.arena_bytes = off + size;
-                }
+                place_after_arena(&mut plan, &program, &scratch);
                 match rows_step(l, k.outputs[0], &scratch, &program.buffers) {
                     Ok((rows, pieces)) => {
                         let n = pieces.len();
@@ -199,6 +192,18 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     };
     set_table_len(&mut cpu, funcs.len() as u32);
     Ok(Lowered { cpu, funcs, consts })
+}
+
+/// Give `buffers` places after the arena's temporaries (scratch live only while one kernel runs).
+fn place_after_arena(plan: &mut MemoryPlan, program: &KernelProgram, buffers: &[BufferId]) {
+    for &id in buffers {
+        let b = program.buffer(id);
+        let size = b.ty.dtype.size_bytes() * b.ty.shape.as_static().map_or(0, |d| d.iter().product());
+        let off = plan.arena_bytes.div_ceil(plan.alignment.max(1)) * plan.alignment.max(1);
+        plan.offsets.insert(id, off);
+        plan.sizes.insert(id, size);
+        plan.arena_bytes = off + size;
+    }
 }
 
 /// The error a loop kernel always reports: a max/min stage over an empty reduction for a
