@@ -308,19 +308,42 @@ impl TensorData {
 
     /// Every element converted to f64 (any dtype).
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        let w = self.dtype.size_bytes();
-        self.bytes.chunks_exact(w).map(|b| read_as_f64(self.dtype, b)).collect()
+        // One typed loop per dtype (no per-element dispatch): optimizers convert every step.
+        fn conv<T: Element>(b: &[u8]) -> Vec<f64> {
+            b.chunks_exact(std::mem::size_of::<T>())
+                .map(|c| T::read_le(c).to_f64())
+                .collect()
+        }
+        by_dtype!(self.dtype, conv, &self.bytes)
     }
 
     /// A tensor of `dtype` from f64 values (converted with `as` semantics).
     pub fn from_f64_slice(dtype: DType, shape: Vec<usize>, values: &[f64]) -> Result<Self, TensorDataError> {
-        let mut bytes = Vec::with_capacity(values.len() * dtype.size_bytes());
-        for &v in values {
-            write_f64_as(dtype, v, &mut bytes);
+        fn conv<T: Element>(values: &[f64]) -> Vec<u8> {
+            let typed: Vec<T> = values.iter().map(|&v| T::from_f64(v)).collect();
+            T::slice_to_le_bytes(&typed)
         }
-        Self::from_bytes(dtype, shape, bytes)
+        Self::from_bytes(dtype, shape, by_dtype!(dtype, conv, values))
     }
 }
+
+/// `f::<T>(args)` for the element type `T` of `dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident, $($arg:expr),*) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
+            DType::I8 => $f::<i8>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::Bool => $f::<bool>($($arg),*),
+        }
+    };
+}
+use by_dtype;
 
 /// Read one element of `dtype` from little-endian bytes as f64.
 pub fn read_as_f64(dtype: DType, b: &[u8]) -> f64 {
