@@ -104,18 +104,65 @@ pub fn run<L: Launcher>(
     inputs: &BTreeMap<String, TensorData>,
     host: Host,
 ) -> Result<Vec<(String, TensorData)>, BackendError> {
+    let outs = run_bound(launcher, program, host, |b| leaf(b, weights, inputs))?;
+    Ok(program.outputs.iter().map(|(n, _)| n.clone()).zip(outs).collect())
+}
+
+/// [`run`] with the inputs by position — `inputs[k]` binds the program's `k`-th input buffer
+/// (buffer order, as [`KernelProgram::inputs`] lists them) — and the outputs in program
+/// order without names: the path of callers that run one program many times (eager ops) and
+/// have matched the inputs once. Each input is still checked against its buffer's type.
+pub fn run_positional<L: Launcher>(
+    launcher: &L,
+    program: &KernelProgram,
+    weights: &Weights,
+    inputs: &[&TensorData],
+    host: Host,
+) -> Result<Vec<TensorData>, BackendError> {
+    let no_inputs = BTreeMap::new();
+    let mut next = inputs.iter();
+    run_bound(launcher, program, host, |b| match &b.kind {
+        BufferKind::Input { name } => {
+            let t = *next.next().ok_or_else(|| BackendError::MissingInput {
+                name: name.clone(),
+                expected: b.ty.to_string(),
+            })?;
+            let fits = t.dtype() == b.ty.dtype
+                && t.shape().len() == b.ty.rank()
+                && t.shape()
+                    .iter()
+                    .zip(b.ty.shape.dims())
+                    .all(|(&n, d)| d.as_static() == Some(n));
+            if !fits {
+                return Err(BackendError::InputMismatch {
+                    name: name.clone(),
+                    expected: b.ty.to_string(),
+                    got: t.tensor_type().to_string(),
+                });
+            }
+            Ok(Some(t))
+        }
+        _ => leaf(b, weights, &no_inputs),
+    })
+}
+
+/// Bind every buffer (`leaf` gives the contents of inputs, params and constants), run, and take
+/// the outputs in program order.
+fn run_bound<'a, L: Launcher>(
+    launcher: &L,
+    program: &'a KernelProgram,
+    host: Host,
+    mut leaf: impl FnMut(&'a Buffer) -> Result<Option<&'a TensorData>, BackendError>,
+) -> Result<Vec<TensorData>, BackendError> {
     let mut frame = launcher.frame(program)?;
     for (i, b) in program.buffers.iter().enumerate() {
-        launcher.bind(&mut frame, BufferId(i as u32), b, leaf(b, weights, inputs)?)?;
+        launcher.bind(&mut frame, BufferId(i as u32), b, leaf(b)?)?;
     }
     execute(launcher, &mut frame, program, host)?;
     let mut out = Vec::with_capacity(program.outputs.len());
-    for (i, (name, id)) in program.outputs.iter().enumerate() {
+    for (i, (_, id)) in program.outputs.iter().enumerate() {
         let last = !program.outputs[i + 1..].iter().any(|(_, o)| o == id);
-        out.push((
-            name.clone(),
-            launcher.output(&mut frame, *id, program.buffer(*id), last)?,
-        ));
+        out.push(launcher.output(&mut frame, *id, program.buffer(*id), last)?);
     }
     launcher.finish(frame);
     Ok(out)

@@ -20,9 +20,9 @@ use std::ops::{Add, AddAssign, Mul};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Multiply-adds below which a contraction runs on the calling thread.
-const PARALLEL_MIN_FLOPS: usize = 1 << 16;
+const PARALLEL_MIN_FLOPS: usize = 1 << 20;
 /// Multiply-adds of one product above which `gemm` splits it across threads itself.
-const GEMM_PARALLEL_MIN_FLOPS: usize = 1 << 20;
+const GEMM_PARALLEL_MIN_FLOPS: usize = 1 << 22;
 
 /// A float type the contraction kernels handle (f32, f64).
 pub(crate) trait Elem:

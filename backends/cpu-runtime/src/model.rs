@@ -8,8 +8,9 @@ use oar_ir::{BackendError, DType, Op, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-/// Work (outer extent × cost) below which a loop runs on the calling thread.
-const PARALLEL_MIN_WORK: u64 = 1 << 15;
+/// Work (outer extent × cost) below which a loop runs on the calling thread: waking a pool
+/// thread costs ~10 µs, more than a 64K-element add takes on one core (bench/eager.sh).
+const PARALLEL_MIN_WORK: u64 = 1 << 20;
 /// Operations per block of rows of a [`Step::Rows`] kernel (a block's rows stay in cache
 /// between its pieces).
 const ROW_BLOCK_WORK: u64 = 1 << 14;
@@ -206,6 +207,17 @@ impl Model {
         runner::run(self, &self.prog.program, &self.weights, inputs, host)
     }
 
+    /// Run with the inputs by position (`inputs[k]` for the `k`-th of [`Model::inputs`]); the
+    /// outputs in order — what a caller that runs one model many times uses once it has matched
+    /// the inputs (each is still checked against its buffer's type).
+    pub fn run_positional(&self, inputs: &[&TensorData]) -> Result<Vec<TensorData>, BackendError> {
+        let host = Host {
+            kernel: oar_backend_reference::run_kernel,
+            weights: &self.region_weights,
+        };
+        runner::run_positional(self, &self.prog.program, &self.weights, inputs, host)
+    }
+
     /// Call a generated function over `0..extent`, split across threads when it is worth it;
     /// the status bits its calls returned (see [`KernelFn`]).
     fn call(&self, call: &LoopCall, bufs: &[*mut u8]) -> i32 {
@@ -221,19 +233,11 @@ impl Model {
         }
         let chunks = threads.min(n).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
         let base = bufs.as_ptr() as usize;
-        let status = AtomicI32::new(0);
-        rayon::scope(|s| {
-            for c in 0..chunks {
-                let lo = n * c / chunks;
-                let hi = n * (c + 1) / chunks;
-                let status = &status;
-                s.spawn(move |_| {
-                    let r = unsafe { f(base as *const *mut u8, lo as i64, hi as i64) };
-                    status.fetch_or(r, Ordering::Relaxed);
-                });
-            }
-        });
-        status.into_inner()
+        split(chunks, |c| {
+            let (lo, hi) = (n * c / chunks, n * (c + 1) / chunks);
+            // Safety: the functions are correct for any sub-range of their extent.
+            unsafe { f(base as *const *mut u8, lo as i64, hi as i64) }
+        })
     }
 }
 
@@ -291,19 +295,25 @@ impl Model {
             return run(base, 0, rows);
         }
         let chunks = threads.min(rows).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
-        let status = AtomicI32::new(0);
-        rayon::scope(|s| {
-            for c in 0..chunks {
-                let lo = rows * c / chunks;
-                let hi = rows * (c + 1) / chunks;
-                let (run, status) = (&run, &status);
-                s.spawn(move |_| {
-                    status.fetch_or(run(base, lo, hi), Ordering::Relaxed);
-                });
-            }
-        });
-        status.into_inner()
+        split(chunks, |c| run(base, rows * c / chunks, rows * (c + 1) / chunks))
     }
+}
+
+/// Run `chunk(c)` for `c` in `0..chunks` in parallel, the first on the calling thread (which
+/// then waits for the rest on rayon's pool: one wake-up instead of handing everything to the
+/// pool and sleeping); the status bits of all, or-ed.
+fn split(chunks: u64, chunk: impl Fn(u64) -> i32 + Sync) -> i32 {
+    let status = AtomicI32::new(0);
+    rayon::in_place_scope(|s| {
+        for c in 1..chunks {
+            let (chunk, status) = (&chunk, &status);
+            s.spawn(move |_| {
+                status.fetch_or(chunk(c), Ordering::Relaxed);
+            });
+        }
+        status.fetch_or(chunk(0), Ordering::Relaxed);
+    });
+    status.into_inner()
 }
 
 fn bad_step(k: &Kernel, detail: &str) -> BackendError {
@@ -461,8 +471,14 @@ impl Launcher for Model {
             // Read in place: kernels never write their inputs or weights.
             (_, Some(t)) => t.bytes().as_ptr() as *mut u8,
             (BufferKind::Output, None) => {
+                // Uninitialized, as PyTorch's outputs (zeroing first would cost a pass over
+                // memory): the kernels that write an output write every byte of it, and the
+                // length is set only when the run hands the buffer over ([`Model::output`]).
                 let n = byte_len(b);
-                f.outs.entry(id).or_insert_with(|| vec![0u8; n.max(1)]).as_mut_ptr()
+                f.outs
+                    .entry(id)
+                    .or_insert_with(|| Vec::with_capacity(n.max(1)))
+                    .as_mut_ptr()
             }
             _ => {
                 let off = *self.prog.plan.offsets.get(&id).ok_or_else(|| BackendError::Runtime {
@@ -544,13 +560,22 @@ impl Launcher for Model {
         if !matches!(b.kind, BufferKind::Output) {
             return self.read(f, id, b);
         }
+        let n = byte_len(b);
+        if let Some(v) = f.outs.get_mut(&id)
+            && v.len() < n
+        {
+            assert!(v.capacity() >= n, "output buffer smaller than its type");
+            // Safety: the program's kernels have run and written all `n` bytes of the output
+            // (see `bind`); the capacity was reserved for them.
+            unsafe { v.set_len(n) };
+        }
         // Hand the buffer over unless a later output reads the same one.
         let mut v = if last {
             f.outs.remove(&id).unwrap_or_default()
         } else {
             f.outs.get(&id).cloned().unwrap_or_default()
         };
-        v.truncate(byte_len(b));
+        v.truncate(n);
         TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), v).map_err(|e| BackendError::Runtime {
             op: "output".into(),
             value: b.value.clone(),

@@ -394,7 +394,7 @@ fn every_binary_op_for_every_dtype_with_broadcasting() {
 #[test]
 fn integer_division_and_power_are_compiled_and_report_their_errors() {
     // Large enough to be split across threads.
-    const N: usize = 1 << 17;
+    const N: usize = 1 << 20;
     for dt in [DType::I8, DType::U8, DType::I32, DType::I64] {
         let mut g = Graph::new("idiv");
         let a = input(&mut g, "a", dt, &[N]);
