@@ -1,58 +1,163 @@
-//! CPU kernels for eager mode. Hot ops (matmul, conv) run through `gemm`; every other op runs as
-//! a one-op graph compiled by the `cpu` backend (fused, legalized, Cranelift machine code),
-//! cached per op and operand types — the same code a `to_static` graph runs, so eager and static
-//! results agree by construction. The reference interpreter is only the evaluator of last
+//! CPU kernels for eager mode. Every op runs as a one-op graph compiled by the `cpu` backend
+//! (fused, legalized, Cranelift machine code; matmul and conv through the runtime's gemm and
+//! convolution kernels), cached per op and operand types and called with its operands in place
+//! (no names, no copies) — the same code a `to_static` graph runs, so eager and static results
+//! agree by construction. The reference interpreter is only the evaluator of last
 //! resort: for what the cpu backend leaves to it (inside the compiled program) and for ops
 //! whose attributes change on every call (`random`'s seed) or that carry data or regions.
 
-mod conv;
-mod matmul;
-
 use crate::error::Result;
+use oar_cpu_runtime::Model;
 use oar_ir::backend::BoundedCache;
-use oar_ir::{Backend, Executable, Graph, Op, TensorData, TensorType, Weights};
+use oar_ir::{DType, Graph, Op, TensorData, TensorType};
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, OnceLock};
 
-/// Compiled one-op executables kept (op, attributes and operand types each).
+/// Compiled one-op programs kept (op, attributes and operand types each).
 const CACHE_CAPACITY: usize = 4096;
 
-type Key = (Op, Vec<TensorType>);
+/// One op (or, with `wants`, a composite's gradient) compiled for one list of operand types,
+/// ready to run on positional inputs.
+struct EagerKernel {
+    op: Op,
+    types: Vec<(DType, Vec<usize>)>,
+    /// Empty for the op itself; for a composite's VJP, which operands get a gradient.
+    wants: Vec<bool>,
+    model: Model,
+    /// For each input of the model (its buffer order), which operand feeds it.
+    order: Vec<usize>,
+    /// For each output of the model, the number in its name (`y3`, `d1`: 3, 1).
+    outputs: Vec<usize>,
+    /// The machine code `model` calls into.
+    _code: Arc<oar_backend_cpu::Compiled>,
+}
 
-fn cache() -> &'static BoundedCache<Key, Arc<dyn Executable>> {
-    static CACHE: OnceLock<BoundedCache<Key, Arc<dyn Executable>>> = OnceLock::new();
+impl EagerKernel {
+    fn matches(&self, op: &Op, inputs: &[TensorData], wants: &[bool]) -> bool {
+        self.op == *op
+            && self.wants == wants
+            && self.types.len() == inputs.len()
+            && self
+                .types
+                .iter()
+                .zip(inputs)
+                .all(|((d, s), t)| *d == t.dtype() && s.as_slice() == t.shape())
+    }
+}
+
+/// The cache, keyed by a hash of (op, dtypes, shapes) computed without allocating; an entry is
+/// used only when it [`EagerKernel::matches`] (a colliding key compiles and replaces it).
+fn cache() -> &'static BoundedCache<u64, Arc<EagerKernel>> {
+    static CACHE: OnceLock<BoundedCache<u64, Arc<EagerKernel>>> = OnceLock::new();
     CACHE.get_or_init(|| BoundedCache::new(CACHE_CAPACITY))
 }
 
-/// Compiled one-op executables cached now.
+fn key(op: &Op, inputs: &[TensorData], wants: &[bool]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    op.hash(&mut h);
+    wants.hash(&mut h);
+    for t in inputs {
+        t.dtype().hash(&mut h);
+        t.shape().hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Compiled one-op programs cached now.
 pub(crate) fn cached() -> usize {
     cache().len()
 }
 
-/// Run one op on concrete inputs.
-pub(crate) fn run(op: &Op, inputs: &[TensorData]) -> Result<Vec<TensorData>> {
-    if let Op::MatMul = op
-        && let Some(out) = matmul::matmul(&inputs[0], &inputs[1])?
-    {
-        return Ok(vec![out]);
-    }
-    if let Op::Conv(_) = op
-        && let Some(out) = conv::conv(op, &inputs[0], &inputs[1])?
-    {
-        return Ok(vec![out]);
-    }
+/// Run one op on concrete inputs; `check` type-checks the op on them (called only when the op
+/// has not run on these types before: a cached kernel was checked when it was compiled).
+pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result<()>) -> Result<Vec<TensorData>> {
     if !compiles(op) {
+        check()?;
         return Ok(oar_backend_reference::run_op(op, inputs)?);
     }
-    let types: Vec<TensorType> = inputs.iter().map(|d| d.tensor_type()).collect();
-    let key = (op.clone(), types);
-    let exe = cache().get_or_try_insert_with(&key, || compile(op, &key.1))?;
-    let feeds: BTreeMap<String, TensorData> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (format!("x{i}"), t.clone()))
-        .collect();
-    Ok(exe.run(&feeds)?.into_iter().map(|(_, t)| t).collect())
+    run_compiled(op, inputs, check)
+}
+
+/// [`run`] on the cpu backend's code for `op` and these operand types (compiled on first use).
+fn run_compiled(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result<()>) -> Result<Vec<TensorData>> {
+    let outs = cached_run(op, inputs, &[], || {
+        check()?;
+        one_op_graph(op, inputs)
+    })?;
+    Ok(outs.into_iter().map(|(_, t)| t).collect())
+}
+
+/// The cached kernel for (`op`, `inputs`' types, `wants`) — compiled from `graph()` on a miss —
+/// run on `inputs` (graph inputs `x0`, `x1`, ... in operand order); each output with the number
+/// in its name.
+fn cached_run(
+    op: &Op,
+    inputs: &[TensorData],
+    wants: &[bool],
+    graph: impl FnOnce() -> Result<Graph>,
+) -> Result<Vec<(usize, TensorData)>> {
+    let k = key(op, inputs, wants);
+    let kernel = match cache().get(&k) {
+        Some(kernel) if kernel.matches(op, inputs, wants) => kernel,
+        _ => {
+            let kernel = Arc::new(compile(op, inputs, wants, &graph()?)?);
+            cache().insert(k, kernel.clone());
+            kernel
+        }
+    };
+    let ordered: Vec<&TensorData> = kernel.order.iter().map(|&i| &inputs[i]).collect();
+    let outs = kernel.model.run_positional(&ordered)?;
+    Ok(kernel.outputs.iter().copied().zip(outs).collect())
+}
+
+/// Whether a composite runs eagerly as one compiled program (forward, and its gradient as
+/// another): all but training-mode dropout, whose seed changes on every call.
+pub(crate) fn fuses(c: &oar_ir::Composite) -> bool {
+    !matches!(c, oar_ir::Composite::Dropout(d) if d.training)
+}
+
+/// Gradients of composite `op`'s operands that `wants` marks, given the cotangent `g` of its
+/// first result: its decomposition and the backward of that, compiled as one cpu program
+/// (recomputing the forward inside, fused) and cached per op, operand types and `wants`.
+pub(crate) fn composite_vjp(
+    op: &Op,
+    inputs: &[TensorData],
+    g: &TensorData,
+    wants: &[bool],
+) -> Result<Vec<Option<TensorData>>> {
+    let Op::Composite(c) = op else {
+        return Err(crate::Error::invalid(
+            op.name(),
+            "internal: composite_vjp of a primitive",
+        ));
+    };
+    let mut all = inputs.to_vec();
+    all.push(g.clone());
+    let outs = cached_run(op, &all, wants, || {
+        let mut gr = Graph::new(&format!("{}_vjp", op.name()));
+        let mut xs = Vec::with_capacity(all.len());
+        for (i, t) in all.iter().enumerate() {
+            xs.push(gr.add_input(&format!("x{i}"), TensorType::of(t.dtype(), t.shape()))?);
+        }
+        let gv = xs.pop().expect("the cotangent input");
+        let ys = oar_ir::decompose::decompose(c, &mut gr, &xs)?;
+        let loss = gr.binary(oar_ir::ops::BinaryOp::Mul, ys[0], gv)?;
+        let wanted: Vec<usize> = (0..xs.len()).filter(|&i| wants.get(i) == Some(&true)).collect();
+        let wrt: Vec<_> = wanted.iter().map(|&i| xs[i]).collect();
+        let grads = oar_ir::autodiff::append_backward(&mut gr, loss, &wrt)?;
+        for (&i, d) in wanted.iter().zip(grads) {
+            if let Some(d) = d {
+                gr.add_output(&format!("d{i}"), d)?;
+            }
+        }
+        Ok(gr)
+    })?;
+    let mut grads = vec![None; inputs.len()];
+    for (i, t) in outs {
+        grads[i] = Some(t);
+    }
+    Ok(grads)
 }
 
 /// Whether an op is worth compiling once and reusing: not when its attributes change per call
@@ -64,15 +169,48 @@ fn compiles(op: &Op) -> bool {
     )
 }
 
-/// The `cpu` backend's executable for `op` on operands of `types` (inputs `x0`, `x1`, ...).
-fn compile(op: &Op, types: &[TensorType]) -> Result<Arc<dyn Executable>> {
+/// The graph applying `op` once to inputs `x0`, `x1`, ... of `inputs`' types.
+fn one_op_graph(op: &Op, inputs: &[TensorData]) -> Result<Graph> {
     let mut g = Graph::new(op.name());
-    let mut args = Vec::with_capacity(types.len());
-    for (i, t) in types.iter().enumerate() {
-        args.push(g.add_input(&format!("x{i}"), t.clone())?);
+    let mut args = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        args.push(g.add_input(&format!("x{i}"), TensorType::of(t.dtype(), t.shape()))?);
     }
     for (i, v) in g.add_op(op.clone(), &args)?.into_iter().enumerate() {
         g.add_output(&format!("y{i}"), v)?;
     }
-    Ok(Arc::from(oar_backend_cpu::CpuBackend.compile(&g, &Weights::new())?))
+    Ok(g)
+}
+
+/// The `cpu` backend's code for `g`, whose inputs `x0`, `x1`, ... take `inputs`.
+fn compile(op: &Op, inputs: &[TensorData], wants: &[bool], g: &Graph) -> Result<EagerKernel> {
+    oar_ir::verify(g)?;
+    let code = oar_backend_cpu::compile_cached(g, &BTreeMap::new()).map_err(oar_ir::BackendError::from)?;
+    let model = Model::new(code.lowered.cpu.clone(), code.code.funcs.clone(), &code.lowered.consts)?;
+    // Names are a letter and a number: `x3` is operand 3, `y1` result 1, `d2` operand 2's gradient.
+    let number = |name: &str, bound: usize| {
+        name.get(1..)
+            .and_then(|i| i.parse::<usize>().ok())
+            .filter(|&i| i < bound)
+            .ok_or_else(|| crate::Error::invalid(op.name(), format!("internal: unexpected program value `{name}`")))
+    };
+    let order = model
+        .inputs()
+        .iter()
+        .map(|(name, _)| number(name, inputs.len()))
+        .collect::<Result<_>>()?;
+    let outputs = model
+        .outputs()
+        .iter()
+        .map(|(name, _)| number(name, usize::MAX))
+        .collect::<Result<_>>()?;
+    Ok(EagerKernel {
+        op: op.clone(),
+        types: inputs.iter().map(|t| (t.dtype(), t.shape().to_vec())).collect(),
+        wants: wants.to_vec(),
+        model,
+        order,
+        outputs,
+        _code: code,
+    })
 }

@@ -24,7 +24,12 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     {
         return ctx.clone().intercept(op, inputs);
     }
-    if let Op::Composite(c) = &op {
+    // On the CPU a composite runs as one compiled program (its decomposition fused) and is
+    // recorded as itself; its gradient is compiled the same way (`kernels::composite_vjp`).
+    // Elsewhere, or while tracing, it runs as its decomposition.
+    if let Op::Composite(c) = &op
+        && !(trace.is_none() && crate::kernels::fuses(c) && inputs.iter().all(|t| t.device().is_cpu()))
+    {
         let mut em = EagerEmitter {
             values: inputs.iter().map(|t| (*t).clone()).collect(),
         };
@@ -36,17 +41,19 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         return apply_on_device(op, inputs, &device, needs_grad);
     }
     let datas: Vec<TensorData> = inputs.iter().map(|t| t.try_data()).collect::<Result<_>>()?;
-    let types: Vec<_> = datas.iter().map(|d| d.tensor_type()).collect();
-    infer_types(&op, &types, &[]).map_err(|detail| IrError::Type {
-        op: op.name().to_string(),
-        value: "(eager)".into(),
-        detail,
+    let types = || -> Vec<TensorType> { datas.iter().map(|d| d.tensor_type()).collect() };
+    let outs = crate::kernels::run(&op, &datas, || {
+        infer_types(&op, &types(), &[]).map_err(|detail| IrError::Type {
+            op: op.name().to_string(),
+            value: "(eager)".into(),
+            detail,
+        })?;
+        Ok(())
     })?;
-    let outs = crate::kernels::run(&op, &datas)?;
     if oar_ir::numerics::enabled() {
         for t in &outs {
             if let Some((i, v)) = oar_ir::numerics::first_non_finite(t) {
-                let ins: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+                let ins: Vec<String> = types().iter().map(|t| t.to_string()).collect();
                 let at = oar_ir::numerics::caller_location().map_or(String::new(), |l| format!(", called from {l}"));
                 return Err(Error::invalid(
                     op.name(),

@@ -1,0 +1,167 @@
+//! Eager mode against PyTorch eager (`bench/eager.sh` runs this and `bench/eager_torch.py` in one
+//! run and prints the ratios): per-op overhead, elementwise, unary and reduction ops at three
+//! sizes, softmax and layer_norm, the MLP and LeNet-5 training steps of `bench/train_step.rs`,
+//! and an LSTM training step — all eager, f32.
+//!
+//! `bench_eager` prints one line per workload, `name milliseconds` (the median of several timed
+//! repetitions after a warm-up); `bench_eager rss WORKLOAD` runs only that training step (20
+//! steps, or `OAR_BENCH_STEPS`) and prints `rss_WORKLOAD megabytes`, the process's peak resident set.
+
+#[path = "timing.rs"]
+mod timing;
+use oar::nn::functional::{self as F, cross_entropy};
+use oar::nn::{Conv2D, Flatten, LSTM, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential};
+use oar::optimizer::{AdamW, Optimizer};
+use oar::{DType, Result, Tensor};
+use timing::median_ms;
+
+const BATCH: usize = 64;
+
+fn mlp() -> Result<Sequential> {
+    Ok(Sequential::new()
+        .add(Linear::new(784, 256)?)
+        .add(ReLU)
+        .add(Linear::new(256, 128)?)
+        .add(ReLU)
+        .add(Linear::new(128, 10)?))
+}
+
+fn lenet() -> Result<Sequential> {
+    Ok(Sequential::new()
+        .add(Conv2D::new(1, 6, 5)?.padding(2))
+        .add(ReLU)
+        .add(MaxPool2D::new(2))
+        .add(Conv2D::new(6, 16, 5)?)
+        .add(ReLU)
+        .add(MaxPool2D::new(2))
+        .add(Flatten::new(1, -1))
+        .add(Linear::new(16 * 5 * 5, 120)?)
+        .add(ReLU)
+        .add(Linear::new(120, 84)?)
+        .add(ReLU)
+        .add(Linear::new(84, 10)?))
+}
+
+/// A training step closure for `name` (forward, loss, backward, AdamW step).
+fn train_step(name: &str) -> Result<Box<dyn FnMut() -> Result<()>>> {
+    oar::seed(0);
+    let labels = || Tensor::from_vec((0..BATCH as i64).map(|i| i % 10).collect::<Vec<i64>>(), &[BATCH]);
+    Ok(match name {
+        "mlp" | "lenet" => {
+            let (model, shape) = if name == "mlp" {
+                (mlp()?, vec![BATCH, 784])
+            } else {
+                (lenet()?, vec![BATCH, 1, 28, 28])
+            };
+            let x = oar::randn(&shape, DType::F32)?;
+            let y = labels()?;
+            let mut opt = AdamW::new(model.named_parameters(), 1e-3);
+            Box::new(move || {
+                let loss = cross_entropy(&model.forward(&x)?, &y, Reduction::Mean)?;
+                loss.backward()?;
+                opt.step()?;
+                opt.clear_grad();
+                Ok(())
+            })
+        }
+        "lstm" => {
+            // One LSTM layer, 64 → 128, batch 16, 32 steps; loss = mean of the outputs.
+            let lstm = LSTM::new(64, 128)?;
+            let x = oar::randn(&[16, 32, 64], DType::F32)?;
+            let mut opt = AdamW::new(lstm.named_parameters(), 1e-3);
+            Box::new(move || {
+                let (out, _) = lstm.forward_with_state(&x, None)?;
+                out.mean(&[], false)?.backward()?;
+                opt.step()?;
+                opt.clear_grad();
+                Ok(())
+            })
+        }
+        other => {
+            return Err(oar::Error::invalid(
+                "bench_eager",
+                format!("unknown workload `{other}`"),
+            ));
+        }
+    })
+}
+
+/// Median milliseconds of `f`, repeated `reps` times per timed sample (for fast ops).
+fn per_call(reps: usize, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
+    let samples = 15;
+    let ms = median_ms(3, samples, || -> Result<()> {
+        for _ in 0..reps {
+            std::hint::black_box(f()?);
+        }
+        Ok(())
+    })?;
+    Ok(ms / reps as f64)
+}
+
+fn ops() -> Result<()> {
+    let one = oar::randn(&[1], DType::F32)?;
+    let other = oar::randn(&[1], DType::F32)?;
+    println!("overhead_add_1 {:.6}", per_call(2000, || oar::add(&one, &other))?);
+    for (label, shape) in [("4k", [4usize, 1024]), ("64k", [64, 1024]), ("1m", [1024, 1024])] {
+        let n = shape[0] * shape[1];
+        let reps = (4_000_000 / n).clamp(2, 1000);
+        let a = oar::randn(&shape, DType::F32)?;
+        let b = oar::randn(&shape, DType::F32)?;
+        println!("add_{label} {:.6}", per_call(reps, || oar::add(&a, &b))?);
+        println!("mul_{label} {:.6}", per_call(reps, || oar::multiply(&a, &b))?);
+        println!("tanh_{label} {:.6}", per_call(reps, || a.tanh())?);
+        println!("exp_{label} {:.6}", per_call(reps, || a.exp())?);
+        println!("relu_{label} {:.6}", per_call(reps, || F::relu(&a))?);
+        println!("sum_rows_{label} {:.6}", per_call(reps, || a.sum(&[1], false))?);
+        println!("mean_all_{label} {:.6}", per_call(reps, || a.mean(&[], false))?);
+    }
+    let x = oar::randn(&[512, 1024], DType::F32)?;
+    let w = oar::ones(&[1024], DType::F32)?;
+    let bias = oar::zeros(&[1024], DType::F32)?;
+    println!("softmax_512x1024 {:.6}", per_call(5, || F::softmax(&x, -1))?);
+    println!(
+        "layer_norm_512x1024 {:.6}",
+        per_call(5, || F::layer_norm(&x, 1, Some(&w), Some(&bias), 1e-5))?
+    );
+    for name in ["mlp", "lenet", "lstm"] {
+        let mut step = train_step(name)?;
+        let runs = if name == "mlp" { 31 } else { 11 };
+        println!("{name}_step {:.6}", median_ms(3, runs, &mut step)?);
+    }
+    Ok(())
+}
+
+/// Peak resident set of this process, in MB (Linux: `VmHWM` of /proc/self/status, in kB — what
+/// `ru_maxrss`, which the PyTorch side reads, reports).
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => ops(),
+        [rss, name] if rss == "rss" => {
+            let mut step = train_step(name)?;
+            // OAR_BENCH_STEPS: more steps, for a profile of one workload (perf record).
+            let steps = std::env::var("OAR_BENCH_STEPS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(20);
+            for _ in 0..steps {
+                step()?;
+            }
+            println!("rss_{name} {:.1}", peak_rss_mb());
+            Ok(())
+        }
+        _ => Err(oar::Error::invalid(
+            "bench_eager",
+            "usage: bench_eager [rss mlp|lenet|lstm]",
+        )),
+    }
+}

@@ -1,0 +1,103 @@
+"""PyTorch eager, the same workloads as bench/eager.rs (see there).
+
+`python3 bench/eager_torch.py` prints `name milliseconds` per workload (medians);
+`python3 bench/eager_torch.py rss WORKLOAD` runs 20 training steps and prints
+`rss_WORKLOAD megabytes` (peak resident set). Threads: OAR_BENCH_THREADS (torch.set_num_threads).
+"""
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 64
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def lenet():
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+
+
+def median_ms(f, runs, warm=3):
+    for _ in range(warm):
+        f()
+    t = []
+    for _ in range(runs):
+        s = time.perf_counter()
+        f()
+        t.append((time.perf_counter() - s) * 1e3)
+    t.sort()
+    return t[runs // 2]
+
+
+def per_call(reps, f):
+    def many():
+        for _ in range(reps):
+            f()
+    return median_ms(many, 15) / reps
+
+
+def train_step(name):
+    torch.manual_seed(0)
+    y = torch.arange(BATCH) % 10
+    if name in ("mlp", "lenet"):
+        model = mlp() if name == "mlp" else lenet()
+        x = torch.randn(BATCH, 784) if name == "mlp" else torch.randn(BATCH, 1, 28, 28)
+        loss_fn = nn.CrossEntropyLoss()
+
+        def loss():
+            return loss_fn(model(x), y)
+    else:
+        model = nn.LSTM(64, 128, batch_first=True)
+        x = torch.randn(16, 32, 64)
+
+        def loss():
+            return model(x)[0].mean()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss().backward()
+        opt.step()
+    return step
+
+
+def ops():
+    one, other = torch.randn(1), torch.randn(1)
+    print(f"overhead_add_1 {per_call(2000, lambda: torch.add(one, other)):.6f}", flush=True)
+    for label, shape in [("4k", (4, 1024)), ("64k", (64, 1024)), ("1m", (1024, 1024))]:
+        n = shape[0] * shape[1]
+        reps = max(2, min(1000, 4_000_000 // n))
+        a, b = torch.randn(*shape), torch.randn(*shape)
+        for key, f in [("add", lambda: a + b), ("mul", lambda: a * b), ("tanh", lambda: torch.tanh(a)),
+                       ("exp", lambda: torch.exp(a)), ("relu", lambda: F.relu(a)),
+                       ("sum_rows", lambda: a.sum(1)), ("mean_all", lambda: a.mean())]:
+            print(f"{key}_{label} {per_call(reps, f):.6f}", flush=True)
+    x = torch.randn(512, 1024)
+    w, bias = torch.ones(1024), torch.zeros(1024)
+    print(f"softmax_512x1024 {per_call(5, lambda: F.softmax(x, -1)):.6f}")
+    print(f"layer_norm_512x1024 {per_call(5, lambda: F.layer_norm(x, (1024,), w, bias, 1e-5)):.6f}")
+    for name in ("mlp", "lenet", "lstm"):
+        runs = 31 if name == "mlp" else 11
+        print(f"{name}_step {median_ms(train_step(name), runs):.6f}", flush=True)
+
+
+if __name__ == "__main__":
+    if os.environ.get("OAR_BENCH_THREADS"):
+        torch.set_num_threads(int(os.environ["OAR_BENCH_THREADS"]))
+    if len(sys.argv) == 3 and sys.argv[1] == "rss":
+        step = train_step(sys.argv[2])
+        for _ in range(20):
+            step()
+        print(f"rss_{sys.argv[2]} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
+    else:
+        ops()
