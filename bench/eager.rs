@@ -7,40 +7,18 @@
 //! repetitions after a warm-up); `bench_eager rss WORKLOAD` runs only that training step (20
 //! steps, or `OAR_BENCH_STEPS`) and prints `rss_WORKLOAD megabytes`, the process's peak resident set.
 
+#[path = "models.rs"]
+mod models;
 #[path = "timing.rs"]
 mod timing;
+use models::{lenet, mlp};
 use oar::nn::functional::{self as F, cross_entropy};
-use oar::nn::{Conv2D, Flatten, LSTM, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential};
+use oar::nn::{LSTM, Layer, Reduction};
 use oar::optimizer::{AdamW, Optimizer};
 use oar::{DType, Result, Tensor};
 use timing::median_ms;
 
 const BATCH: usize = 64;
-
-fn mlp() -> Result<Sequential> {
-    Ok(Sequential::new()
-        .add(Linear::new(784, 256)?)
-        .add(ReLU)
-        .add(Linear::new(256, 128)?)
-        .add(ReLU)
-        .add(Linear::new(128, 10)?))
-}
-
-fn lenet() -> Result<Sequential> {
-    Ok(Sequential::new()
-        .add(Conv2D::new(1, 6, 5)?.padding(2))
-        .add(ReLU)
-        .add(MaxPool2D::new(2))
-        .add(Conv2D::new(6, 16, 5)?)
-        .add(ReLU)
-        .add(MaxPool2D::new(2))
-        .add(Flatten::new(1, -1))
-        .add(Linear::new(16 * 5 * 5, 120)?)
-        .add(ReLU)
-        .add(Linear::new(120, 84)?)
-        .add(ReLU)
-        .add(Linear::new(84, 10)?))
-}
 
 /// A training step closure for `name` (forward, loss, backward, AdamW step).
 fn train_step(name: &str) -> Result<Box<dyn FnMut() -> Result<()>>> {

@@ -15,11 +15,14 @@
 //! Medians over several runs after warm-ups. `--dry-run DIR` needs no GPU: it builds every
 //! graph, generates its PTX for sm_90 and writes `DIR/<name>.ptx` (for `ptxas`).
 
+#[path = "models.rs"]
+mod models;
 #[path = "timing.rs"]
 mod timing;
+use models::mlp;
 use oar::jit::{InputSpec, to_static_layer, to_static_train_step};
 use oar::nn::functional::cross_entropy;
-use oar::nn::{Layer, Linear, ReLU, Reduction, Sequential};
+use oar::nn::{Layer, Reduction, Sequential};
 use oar::optimizer::{AdamW, Optimizer};
 use oar::{DType, Device, Tensor};
 use oar_backend_ptx::runtime::{GpuMemory, GpuProgram};
@@ -33,15 +36,6 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 /// Elements of the bandwidth test: 64 Mi f32 = 256 MiB in, 256 MiB out.
 const ELEMENTS: usize = 64 << 20;
 const BATCH: usize = 64;
-
-fn mlp() -> oar::Result<Sequential> {
-    Ok(Sequential::new()
-        .add(Linear::new(784, 256)?)
-        .add(ReLU)
-        .add(Linear::new(256, 128)?)
-        .add(ReLU)
-        .add(Linear::new(128, 10)?))
-}
 
 fn fused_graph() -> Res<oar::ir::Graph> {
     let spec = InputSpec::new(&[Some(ELEMENTS)], DType::F32, "x");

@@ -5,42 +5,19 @@
 //!
 //! Prints one line per model: `name static_ms eager_ms` (medians).
 
+#[path = "models.rs"]
+mod models;
 #[path = "timing.rs"]
 mod timing;
+use models::{lenet, mlp};
 use oar::jit::{InputSpec, to_static_train_step};
 use oar::nn::functional::cross_entropy;
-use oar::nn::{Conv2D, Flatten, Layer, Linear, MaxPool2D, ReLU, Reduction, Sequential};
+use oar::nn::{Layer, Reduction, Sequential};
 use oar::optimizer::{AdamW, Optimizer};
 use oar::{DType, Result, Tensor};
 use timing::median_ms;
 
 const BATCH: usize = 64;
-
-fn mlp() -> Result<Sequential> {
-    Ok(Sequential::new()
-        .add(Linear::new(784, 256)?)
-        .add(ReLU)
-        .add(Linear::new(256, 128)?)
-        .add(ReLU)
-        .add(Linear::new(128, 10)?))
-}
-
-/// LeNet-5 on 1×28×28 (as in PyTorch's and Paddle's tutorials: conv 5×5 pad 2, max-pool, conv 5×5).
-fn lenet() -> Result<Sequential> {
-    Ok(Sequential::new()
-        .add(Conv2D::new(1, 6, 5)?.padding(2))
-        .add(ReLU)
-        .add(MaxPool2D::new(2))
-        .add(Conv2D::new(6, 16, 5)?)
-        .add(ReLU)
-        .add(MaxPool2D::new(2))
-        .add(Flatten::new(1, -1))
-        .add(Linear::new(16 * 5 * 5, 120)?)
-        .add(ReLU)
-        .add(Linear::new(120, 84)?)
-        .add(ReLU)
-        .add(Linear::new(84, 10)?))
-}
 
 fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: usize) -> Result<()> {
     oar::seed(0);

@@ -4,35 +4,12 @@ Prints one line per model: `name torch_ms` (median). Threads: torch.set_num_thre
 OAR_BENCH_THREADS (default: torch's default).
 """
 import os
-import time
 
 import torch
 import torch.nn as nn
+from torch_models import lenet, median_ms, mlp
 
 BATCH = 64
-
-
-def mlp():
-    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
-
-
-def lenet():
-    return nn.Sequential(
-        nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
-
-
-def median_ms(f, runs):
-    for _ in range(3):
-        f()
-    t = []
-    for _ in range(runs):
-        s = time.perf_counter()
-        f()
-        t.append((time.perf_counter() - s) * 1e3)
-    t.sort()
-    return t[runs // 2]
 
 
 def bench(name, make, shape, runs):
