@@ -221,6 +221,14 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
     if m == 0 || n == 0 {
         return;
     }
+    if k == 0 {
+        // An empty sum: zeros (outputs start uninitialized).
+        for i in 0..m {
+            // Safety: row `i` of `dst` holds `n` elements.
+            unsafe { std::slice::from_raw_parts_mut(dst.offset(i as isize * dst_rs), n).fill(T::ZERO) };
+        }
+        return;
+    }
     // Strides of unit axes are never used; keep them tidy so gemm's layout checks see the
     // contiguous case.
     let tidy = |n: usize, s: isize| if n == 1 { 1 } else { s };
