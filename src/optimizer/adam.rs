@@ -1,6 +1,6 @@
 //! Adam and AdamW, with PyTorch's bias correction.
 
-use super::core::{Core, ParamState, TracedUpdate, impl_optimizer};
+use super::core::{Core, TracedUpdate, impl_optimizer};
 use super::{LearningRate, Params};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -42,13 +42,13 @@ impl AdamHyper {
 
     /// PyTorch's form: `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`; AdamW
     /// first shrinks `p *= 1 - lr * coeff`.
-    fn update(&self, lr: f64, p: &mut [f64], g: &[f64], st: &mut ParamState) {
-        let t = st.step as f64;
+    fn update(&self, lr: f64, step: u64, p: &mut [f64], g: &[f64], slots: &mut [&mut [f64]]) {
+        let t = step as f64;
         let bc1 = 1.0 - self.beta1.powf(t);
         let bc2_sqrt = (1.0 - self.beta2.powf(t)).sqrt();
         let step_size = lr / bc1;
         let decay = 1.0 - lr * self.decoupled;
-        let [m, v] = &mut st.slots[..] else {
+        let [m, v] = slots else {
             unreachable!("Adam keeps two slots")
         };
         for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {

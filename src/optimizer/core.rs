@@ -25,6 +25,50 @@ pub(crate) struct ParamState {
     pub(crate) slots: Vec<Vec<f64>>,
 }
 
+/// Elements below which a parameter's update runs on the calling thread.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
+/// Elements per chunk of a large parameter's update.
+const CHUNK: usize = 1 << 14;
+
+/// Apply the element-wise rule `update` to `p`, `g` and `state`'s slots: in one call, or for a
+/// large parameter in chunks spread over the thread pool (every rule is element-wise, so the
+/// result is the same). With `round` (an f32 parameter) the slots are rounded to f32 after the
+/// update — exactly what a saved state holds, so a restore resumes bit for bit.
+fn apply_chunked(
+    update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
+    lr: f64,
+    state: &mut ParamState,
+    p: &mut [f64],
+    g: &[f64],
+    round: bool,
+) {
+    use rayon::prelude::*;
+    let t = state.step;
+    let run = |p: &mut [f64], g: &[f64], slots: &mut [&mut [f64]]| {
+        update(lr, t, p, g, slots);
+        if round {
+            slots
+                .iter_mut()
+                .for_each(|s| s.iter_mut().for_each(|x| *x = *x as f32 as f64));
+        }
+    };
+    if p.len() < PARALLEL_MIN_ELEMENTS || rayon::current_num_threads() < 2 {
+        let mut slots: Vec<&mut [f64]> = state.slots.iter_mut().map(|s| s.as_mut_slice()).collect();
+        run(p, g, &mut slots);
+        return;
+    }
+    let mut parts: Vec<Vec<&mut [f64]>> = (0..p.len().div_ceil(CHUNK)).map(|_| Vec::new()).collect();
+    for s in state.slots.iter_mut() {
+        for (c, part) in s.chunks_mut(CHUNK).enumerate() {
+            parts[c].push(part);
+        }
+    }
+    p.par_chunks_mut(CHUNK)
+        .zip(g.par_chunks(CHUNK))
+        .zip(parts.par_iter_mut())
+        .for_each(|((p, g), slots)| run(p, g, slots));
+}
+
 /// The dtype state is kept in for a parameter of `dtype` (f32 master state for half types).
 fn state_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 { DType::F64 } else { DType::F32 }
@@ -132,9 +176,13 @@ impl Core {
     }
 
     /// One optimizer step: gather gradients of trainable parameters that have one, clip them,
-    /// add L2 decay, then call `update(lr, param, grad, state)` on each (state.step already
-    /// counts this step) and write the results back.
-    pub(crate) fn step(&mut self, mut update: impl FnMut(f64, &mut [f64], &[f64], &mut ParamState)) -> Result<()> {
+    /// add L2 decay, then apply the element-wise rule `update(lr, step, param, grad, slots)` to
+    /// each (`step` already counts this step; large parameters in chunks across threads) and
+    /// write the results back.
+    pub(crate) fn step(
+        &mut self,
+        update: impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync,
+    ) -> Result<()> {
         let lr = self.lr.value();
         self.check(lr)?;
         let on_device = self.on_device();
@@ -168,11 +216,7 @@ impl Core {
                 slots: vec![vec![0.0; value.len()]; self.slots.len()],
             });
             state.step += 1;
-            update(lr, &mut value, g, state);
-            if state_dtype(p.dtype()) == DType::F32 {
-                // Keep exactly what a saved state would hold, so a restore resumes bit for bit.
-                state.slots.iter_mut().flatten().for_each(|x| *x = *x as f32 as f64);
-            }
+            apply_chunked(&update, lr, state, &mut value, g, state_dtype(p.dtype()) == DType::F32);
             self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)?;
         }
         Ok(())
@@ -490,7 +534,8 @@ macro_rules! impl_optimizer {
                 if self.core.on_device() {
                     self.core.device_step(|u| hyper.traced_update(u))?;
                 }
-                self.core.step(|lr, p, g, st| hyper.update(lr, p, g, st))
+                self.core
+                    .step(|lr, t, p, g, slots| hyper.update(lr, t, p, g, slots))
             }
             fn clear_grad(&self) {
                 self.core.clear_grad()

@@ -1,6 +1,6 @@
 //! Plain and momentum gradient descent.
 
-use super::core::{Core, ParamState, TracedUpdate, impl_optimizer};
+use super::core::{Core, TracedUpdate, impl_optimizer};
 use super::{LearningRate, Params};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -32,7 +32,7 @@ impl SGD {
 struct SgdHyper;
 
 impl SgdHyper {
-    fn update(&self, lr: f64, p: &mut [f64], g: &[f64], _: &mut ParamState) {
+    fn update(&self, lr: f64, _: u64, p: &mut [f64], g: &[f64], _: &mut [&mut [f64]]) {
         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
     }
 
@@ -97,8 +97,8 @@ struct MomentumHyper {
 }
 
 impl MomentumHyper {
-    fn update(&self, lr: f64, p: &mut [f64], g: &[f64], st: &mut ParamState) {
-        let v = &mut st.slots[0];
+    fn update(&self, lr: f64, _: u64, p: &mut [f64], g: &[f64], slots: &mut [&mut [f64]]) {
+        let v = &mut *slots[0];
         for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
             *v = self.mu * *v + g;
             *p -= if self.nesterov {
