@@ -212,37 +212,27 @@ impl Tensor {
                 })?
             };
             let wants: Vec<bool> = node.edges.iter().map(|e| !matches!(e, Edge::None)).collect();
-            if let Op::Composite(_) = &node.op {
+            let grads: Vec<Option<Tensor>> = match (&node.op, &cts[0]) {
                 // Recorded as itself (a fused eager composite): its compiled gradient program.
-                let grads = match &cts[0] {
-                    Some(g) => {
-                        let ins: Vec<TensorData> = saved.0.iter().map(Tensor::try_data).collect::<Result<_>>()?;
-                        crate::kernels::composite_vjp(&node.op, &ins, &g.try_data()?, &wants)?
-                    }
-                    None => vec![None; node.edges.len()],
-                };
-                for (edge, g) in node.edges.iter().zip(grads) {
-                    let Some(g) = g else { continue };
-                    let g = Tensor::from_data(g);
-                    match edge {
-                        Edge::None => {}
-                        Edge::Leaf(t) => leaves.push((t.clone(), g)),
-                        Edge::Interior(p, i) => add_into(cot.entry((p.id, *i)).or_default(), g)?,
-                    }
+                (Op::Composite(_), Some(g)) => {
+                    let ins: Vec<TensorData> = saved.0.iter().map(Tensor::try_data).collect::<Result<_>>()?;
+                    crate::kernels::composite_vjp(&node.op, &ins, &g.try_data()?, &wants)?
+                        .into_iter()
+                        .map(|g| g.map(Tensor::from_data))
+                        .collect()
                 }
-                if !retain_graph {
-                    *node.saved.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                (Op::Composite(_), None) => vec![None; node.edges.len()],
+                _ => {
+                    let mut em = EagerEmitter { values: Vec::new() };
+                    let ins: Vec<usize> = saved.0.into_iter().map(|t| em.push(t)).collect();
+                    let outs: Vec<usize> = saved.1.into_iter().map(|t| em.push(t)).collect();
+                    let cts: Vec<Option<usize>> = cts.into_iter().map(|c| c.map(|t| em.push(t))).collect();
+                    let grads = oar_ir::autodiff::vjp(&mut em, &node.op, &ins, &outs, &cts, &wants)?;
+                    grads.into_iter().map(|g| g.map(|g| em.values[g].clone())).collect()
                 }
-                continue;
-            }
-            let mut em = EagerEmitter { values: Vec::new() };
-            let ins: Vec<usize> = saved.0.into_iter().map(|t| em.push(t)).collect();
-            let outs: Vec<usize> = saved.1.into_iter().map(|t| em.push(t)).collect();
-            let cts: Vec<Option<usize>> = cts.into_iter().map(|c| c.map(|t| em.push(t))).collect();
-            let grads = oar_ir::autodiff::vjp(&mut em, &node.op, &ins, &outs, &cts, &wants)?;
+            };
             for (edge, g) in node.edges.iter().zip(grads) {
                 let Some(g) = g else { continue };
-                let g = em.values[g].clone();
                 match edge {
                     Edge::None => {}
                     Edge::Leaf(t) => leaves.push((t.clone(), g)),

@@ -127,20 +127,7 @@ pub fn run_positional<L: Launcher>(
                 name: name.clone(),
                 expected: b.ty.to_string(),
             })?;
-            let fits = t.dtype() == b.ty.dtype
-                && t.shape().len() == b.ty.rank()
-                && t.shape()
-                    .iter()
-                    .zip(b.ty.shape.dims())
-                    .all(|(&n, d)| d.as_static() == Some(n));
-            if !fits {
-                return Err(BackendError::InputMismatch {
-                    name: name.clone(),
-                    expected: b.ty.to_string(),
-                    got: t.tensor_type().to_string(),
-                });
-            }
-            Ok(Some(t))
+            checked_input(name, b, t).map(Some)
         }
         _ => leaf(b, weights, &no_inputs),
     })
@@ -274,14 +261,7 @@ pub fn leaf<'a>(
                 name: name.clone(),
                 expected: b.ty.to_string(),
             })?;
-            if t.tensor_type() != b.ty {
-                return Err(BackendError::InputMismatch {
-                    name: name.clone(),
-                    expected: b.ty.to_string(),
-                    got: t.tensor_type().to_string(),
-                });
-            }
-            t
+            checked_input(name, b, t)?
         }
         BufferKind::Param { name } => {
             let t = weights.get(name).ok_or_else(|| BackendError::Weight {
@@ -299,6 +279,25 @@ pub fn leaf<'a>(
         BufferKind::Constant(t) => t,
         BufferKind::Temp | BufferKind::Output => return Ok(None),
     }))
+}
+
+/// Input `t` for buffer `b` (named `name`), if its dtype and shape are the buffer's (compared
+/// without building a type: eager ops run this per call).
+fn checked_input<'a>(name: &str, b: &Buffer, t: &'a TensorData) -> Result<&'a TensorData, BackendError> {
+    let fits = t.dtype() == b.ty.dtype
+        && t.shape().len() == b.ty.rank()
+        && t.shape()
+            .iter()
+            .zip(b.ty.shape.dims())
+            .all(|(&n, d)| d.as_static() == Some(n));
+    if !fits {
+        return Err(BackendError::InputMismatch {
+            name: name.to_string(),
+            expected: b.ty.to_string(),
+            got: t.tensor_type().to_string(),
+        });
+    }
+    Ok(t)
 }
 
 /// Bytes of a buffer with a static shape (0 for a symbolic one, which never reaches a run).

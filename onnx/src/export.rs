@@ -60,15 +60,21 @@ fn writes_natively(g: &Graph, op: &Op, types: &[TensorType]) -> bool {
 fn lower_for_onnx(graph: &Graph) -> Result<Graph, OnnxError> {
     let mut g = graph.clone();
     let ir = |e: oar_ir::IrError| OnnxError::Export(e.to_string());
-    // Each round removes one level of composites; decompositions nest only a few deep.
+    // Each round removes one level of composites; decompositions nest only a few deep. A node
+    // found to have a writer is not tried again in later rounds.
+    let mut native = std::collections::HashSet::new();
     for _ in 0..16 {
         let mut changed = false;
         for node in g.topo_order() {
             let n = g.node(node);
             let Op::Composite(c) = &n.op else { continue };
+            if native.contains(&node) {
+                continue;
+            }
             let inputs = n.inputs().to_vec();
             let types: Vec<TensorType> = inputs.iter().map(|&v| g.value_type(v).clone()).collect();
             if writes_natively(&g, &n.op, &types) {
+                native.insert(node);
                 continue;
             }
             let c = c.clone();

@@ -9,7 +9,7 @@
 use crate::error::Result;
 use oar_cpu_runtime::Model;
 use oar_ir::backend::BoundedCache;
-use oar_ir::{DType, Graph, Op, TensorData, TensorType};
+use oar_ir::{DType, Graph, Op, TensorData, TensorType, ValueId};
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, OnceLock};
@@ -135,11 +135,7 @@ pub(crate) fn composite_vjp(
     let mut all = inputs.to_vec();
     all.push(g.clone());
     let outs = cached_run(op, &all, wants, || {
-        let mut gr = Graph::new(&format!("{}_vjp", op.name()));
-        let mut xs = Vec::with_capacity(all.len());
-        for (i, t) in all.iter().enumerate() {
-            xs.push(gr.add_input(&format!("x{i}"), TensorType::of(t.dtype(), t.shape()))?);
-        }
+        let (mut gr, mut xs) = graph_with_inputs(&format!("{}_vjp", op.name()), &all)?;
         let gv = xs.pop().expect("the cotangent input");
         let ys = oar_ir::decompose::decompose(c, &mut gr, &xs)?;
         let loss = gr.binary(oar_ir::ops::BinaryOp::Mul, ys[0], gv)?;
@@ -169,13 +165,19 @@ fn compiles(op: &Op) -> bool {
     )
 }
 
-/// The graph applying `op` once to inputs `x0`, `x1`, ... of `inputs`' types.
-fn one_op_graph(op: &Op, inputs: &[TensorData]) -> Result<Graph> {
-    let mut g = Graph::new(op.name());
+/// A graph named `name` with inputs `x0`, `x1`, ... of `inputs`' types, and their values.
+fn graph_with_inputs(name: &str, inputs: &[TensorData]) -> Result<(Graph, Vec<ValueId>)> {
+    let mut g = Graph::new(name);
     let mut args = Vec::with_capacity(inputs.len());
     for (i, t) in inputs.iter().enumerate() {
         args.push(g.add_input(&format!("x{i}"), TensorType::of(t.dtype(), t.shape()))?);
     }
+    Ok((g, args))
+}
+
+/// The graph applying `op` once to inputs `x0`, `x1`, ... of `inputs`' types.
+fn one_op_graph(op: &Op, inputs: &[TensorData]) -> Result<Graph> {
+    let (mut g, args) = graph_with_inputs(op.name(), inputs)?;
     for (i, v) in g.add_op(op.clone(), &args)?.into_iter().enumerate() {
         g.add_output(&format!("y{i}"), v)?;
     }

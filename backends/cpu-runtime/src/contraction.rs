@@ -72,6 +72,24 @@ pub(crate) trait Product: Copy + Send + Sync + 'static {
         rhs: Mat<Self>,
         par: Parallelism,
     );
+
+    /// Convolution of `x` with `w` into `out` ([`crate::conv::conv`]); only floats have one.
+    ///
+    /// # Safety
+    /// As [`crate::conv::conv`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn conv(
+        _x: &View,
+        _px: *const Self,
+        _w: &View,
+        _pw: *const Self,
+        _out: *mut Self,
+        _out_shape: &[usize],
+        _spec: &ConvSpec,
+        _threads: usize,
+    ) -> Result<(), String> {
+        Err("conv on integers".into())
+    }
 }
 
 macro_rules! float_product {
@@ -80,6 +98,11 @@ macro_rules! float_product {
             unsafe fn product(m: usize, n: usize, k: usize, dst: *mut Self, dst_rs: isize, lhs: Mat<Self>, rhs: Mat<Self>, par: Parallelism) {
                 // Safety: the caller's contract.
                 unsafe { gemm_raw(m, n, k, dst, dst_rs, lhs, rhs, par) }
+            }
+
+            unsafe fn conv(x: &View, px: *const Self, w: &View, pw: *const Self, out: *mut Self, out_shape: &[usize], spec: &ConvSpec, threads: usize) -> Result<(), String> {
+                // Safety: the caller's contract.
+                unsafe { conv(x, px, w, pw, out, out_shape, spec, threads) }
             }
         }
     )*};
@@ -306,10 +329,10 @@ pub(crate) unsafe fn run(
         match dtype {
             DType::F32 => typed::<f32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
             DType::F64 => typed::<f64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::I8 => int_matmul::<i8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::U8 => int_matmul::<u8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::I32 => int_matmul::<i32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::I64 => int_matmul::<i64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::I8 => typed::<i8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::U8 => typed::<u8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::I32 => typed::<i32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::I64 => typed::<i64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
             other => Err(format!("{other} contractions are not supported")),
         }
     }
@@ -474,26 +497,8 @@ fn op_name(op: &Contraction) -> &'static str {
     }
 }
 
-/// An integer matmul (conv is float-only), wrapping in the element type.
-unsafe fn int_matmul<T: Product>(
-    k: &ContractionKernel,
-    lhs: &(View, BufferId),
-    rhs: &(View, BufferId),
-    out_shape: &[usize],
-    ptr: impl Fn(BufferId) -> *mut u8,
-    out: BufferId,
-    threads: usize,
-) -> Result<(), String> {
-    if !matches!(k.op, Contraction::MatMul) {
-        return Err(format!("{} on integers", op_name(&k.op)));
-    }
-    let (pa, pb) = (ptr(lhs.1) as *const T, ptr(rhs.1) as *const T);
-    // Safety: the caller checked the views and buffers.
-    unsafe { matmul(&lhs.0, pa, &rhs.0, pb, ptr(out) as *mut T, out_shape, threads) }
-}
-
 /// The contraction for one element type.
-unsafe fn typed<T: Elem + Product>(
+unsafe fn typed<T: Product>(
     k: &ContractionKernel,
     lhs: &(View, BufferId),
     rhs: &(View, BufferId),
@@ -514,7 +519,7 @@ unsafe fn typed<T: Elem + Product>(
                 pad_after,
                 dilation,
                 groups,
-            }) => conv(
+            }) => T::conv(
                 &lhs.0,
                 pa,
                 &rhs.0,

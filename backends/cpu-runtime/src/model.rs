@@ -200,22 +200,22 @@ impl Model {
     /// [`oar_ir::runner::run`], with this model as launcher).
     pub fn run(&self, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<(String, TensorData)>, BackendError> {
         self.check_inputs(inputs)?;
-        let host = Host {
+        runner::run(self, &self.prog.program, &self.weights, inputs, self.host())
+    }
+
+    /// The host fallback: the reference interpreter, with the weights regions read.
+    fn host(&self) -> Host<'_> {
+        Host {
             kernel: oar_backend_reference::run_kernel,
             weights: &self.region_weights,
-        };
-        runner::run(self, &self.prog.program, &self.weights, inputs, host)
+        }
     }
 
     /// Run with the inputs by position (`inputs[k]` for the `k`-th of [`Model::inputs`]); the
     /// outputs in order — what a caller that runs one model many times uses once it has matched
     /// the inputs (each is still checked against its buffer's type).
     pub fn run_positional(&self, inputs: &[&TensorData]) -> Result<Vec<TensorData>, BackendError> {
-        let host = Host {
-            kernel: oar_backend_reference::run_kernel,
-            weights: &self.region_weights,
-        };
-        runner::run_positional(self, &self.prog.program, &self.weights, inputs, host)
+        runner::run_positional(self, &self.prog.program, &self.weights, inputs, self.host())
     }
 
     /// Call a generated function over `0..extent`, split across threads when it is worth it;
