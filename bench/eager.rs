@@ -124,6 +124,32 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [] => ops(),
+        [op, name] if op == "op" => {
+            // One op of `ops()` at 1M elements, repeated (OAR_BENCH_STEPS, default 2000): for a
+            // profile (perf record) of that op alone.
+            let reps = std::env::var("OAR_BENCH_STEPS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(2000);
+            let a = oar::randn(&[1024, 1024], DType::F32)?;
+            let b = oar::randn(&[1024, 1024], DType::F32)?;
+            let f = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
+                match name.as_str() {
+                    "add" => oar::add(a, b),
+                    "relu" => F::relu(a),
+                    "tanh" => a.tanh(),
+                    "sum_rows" => a.sum(&[1], false),
+                    "mean_all" => a.mean(&[], false),
+                    "softmax" => F::softmax(a, -1),
+                    "layer_norm" => F::layer_norm(a, 1, None, None, 1e-5),
+                    other => Err(oar::Error::invalid("bench_eager", format!("unknown op `{other}`"))),
+                }
+            };
+            for _ in 0..reps {
+                std::hint::black_box(f(&a, &b)?);
+            }
+            Ok(())
+        }
         [rss, name] if rss == "rss" => {
             let mut step = train_step(name)?;
             // OAR_BENCH_STEPS: more steps, for a profile of one workload (perf record).
@@ -139,7 +165,7 @@ fn main() -> Result<()> {
         }
         _ => Err(oar::Error::invalid(
             "bench_eager",
-            "usage: bench_eager [rss mlp|lenet|lstm]",
+            "usage: bench_eager [rss mlp|lenet|lstm | op add|relu|tanh|sum_rows|mean_all|softmax|layer_norm]",
         )),
     }
 }

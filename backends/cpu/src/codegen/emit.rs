@@ -12,6 +12,17 @@ use oar_ir::kernel::{Inst, LoopKernel, ScalarOp};
 use oar_ir::ops::ReduceOp;
 use std::collections::HashMap;
 
+/// Elements per f32 block of a vectorized f32 sum along the reduction
+/// ([`Em::blocked_inner`]): each f32 lane adds at most `F32_BLOCK / (lanes × unroll)` elements
+/// before its partial joins the f64 total, so the error stays that of a short f32 sum.
+const F32_BLOCK: i64 = 1024;
+/// Shorter reduction loops add every element in f64 (they are cheap either way, and a short
+/// sum of large, nearly equal values — a layer norm's mean — keeps its last bits).
+const F32_BLOCK_MIN: i64 = 256;
+/// Reduction iterations per f32 block when the sum is vectorized across outputs
+/// ([`Em::blocked_outer`]; one element per lane per iteration).
+const F32_BLOCK_ROWS: i64 = 64;
+
 /// A computed instruction: one value (scalar, or the same for every unrolled vector) or one
 /// per unrolled vector, at `lanes` lanes.
 #[derive(Clone, Debug)]
@@ -257,6 +268,11 @@ impl<'a, 'f> Em<'a, 'f> {
         let last = d + 1 == plan.red.len();
         let start = self.b.ins().iconst(types::I64, 0);
         let end = self.b.ins().iconst(types::I64, n);
+        let red = plan.reduce.expect("a reduction");
+        if plan.mode == Mode::ReduceInner && last && Self::blocked(&red) && n >= F32_BLOCK_MIN && plan.lanes > 1 {
+            self.blocked_inner(n, pos, level, vector, scalar);
+            return;
+        }
         if plan.mode == Mode::ReduceInner && last {
             // Vector configurations, then scalars.
             self.vector_loop(start, end, pos, |s, l, u| {
@@ -273,6 +289,10 @@ impl<'a, 'f> Em<'a, 'f> {
         };
         let var = self.b.declare_var(types::I64);
         self.b.def_var(var, start);
+        if last && plan.mode == Mode::ReduceOuter && Self::blocked(&red) && n >= F32_BLOCK_MIN && l > 1 {
+            self.blocked_outer(n, var, pos, level, l, u, vector);
+            return;
+        }
         self.for_loop(var, end, 1, |s, i| {
             s.idx[pos] = Some(i);
             s.emit_level(Body::Red, level, l, u, None);
@@ -290,6 +310,148 @@ impl<'a, 'f> Em<'a, 'f> {
                 s.red_nest(d + 1, first, lanes, unroll, vector, scalar);
             }
         });
+    }
+
+    /// [`Mode::ReduceInner`]'s innermost reduction loop (`0..n` at inner position `pos`) for a
+    /// blocked f32 sum: blocks of [`F32_BLOCK`] elements are summed in f32 vector slots at
+    /// full width, each block's partial sums then added into the f64 `vector` slots; the
+    /// scalar remainder accumulates in f64 directly.
+    fn blocked_inner(&mut self, n: i64, pos: usize, level: usize, vector: &[Vec<Variable>], scalar: &[Vec<Variable>]) {
+        let plan = self.plan;
+        let (lanes, unroll) = (plan.lanes, plan.unroll);
+        let step = lanes as i64 * unroll as i64;
+        let block = (F32_BLOCK / step).max(1) * step;
+        let nvec = n - n % lanes as i64;
+        let nfull = nvec / block * block;
+        let fast = self.f32_slots(lanes, unroll);
+        let j = self.b.declare_var(types::I64);
+        let mut configs = vec![(lanes, unroll)];
+        if unroll > 1 {
+            configs.push((lanes, 1));
+        }
+        let block_sum = |s: &mut Self, j0: Value, j1: Value| {
+            s.zero_f32_slots(&fast, lanes);
+            s.b.def_var(j, j0);
+            for &(l, u) in &configs {
+                s.for_loop(j, j1, l as i64 * u as i64, |s, jv| {
+                    s.idx[pos] = Some(jv);
+                    s.emit_level(Body::Red, level, l, u, None);
+                    s.accumulate_f32(&fast, l, u);
+                });
+            }
+            s.flush_f32_slots(&fast, vector);
+        };
+        if nfull > 0 {
+            let jb = self.b.declare_var(types::I64);
+            let zero = self.b.ins().iconst(types::I64, 0);
+            self.b.def_var(jb, zero);
+            let end = self.b.ins().iconst(types::I64, nfull);
+            self.for_loop(jb, end, block, |s, j0| {
+                let j1 = s.b.ins().iadd_imm_s(j0, block);
+                block_sum(s, j0, j1);
+            });
+        }
+        if nvec > nfull {
+            let j0 = self.b.ins().iconst(types::I64, nfull);
+            let j1 = self.b.ins().iconst(types::I64, nvec);
+            block_sum(self, j0, j1);
+        }
+        let j0 = self.b.ins().iconst(types::I64, nvec);
+        self.b.def_var(j, j0);
+        let end = self.b.ins().iconst(types::I64, n);
+        self.for_loop(j, end, 1, |s, jv| {
+            s.idx[pos] = Some(jv);
+            s.emit_level(Body::Red, level, 1, 1, None);
+            s.accumulate(scalar, 1, 1);
+        });
+    }
+
+    /// [`Mode::ReduceOuter`]'s innermost reduction loop (`0..n`, index variable `var` at 0) for
+    /// a blocked f32 sum at `lanes` × `unroll`: [`F32_BLOCK_ROWS`] iterations at a time summed
+    /// in f32 slots, then added into the f64 `vector` slots.
+    #[allow(clippy::too_many_arguments)]
+    fn blocked_outer(
+        &mut self,
+        n: i64,
+        var: Variable,
+        pos: usize,
+        level: usize,
+        lanes: u8,
+        unroll: u8,
+        vector: &[Vec<Variable>],
+    ) {
+        let fast = self.f32_slots(lanes, unroll);
+        let nfull = n / F32_BLOCK_ROWS * F32_BLOCK_ROWS;
+        let block_sum = |s: &mut Self, i0: Value, i1: Value| {
+            s.zero_f32_slots(&fast, lanes);
+            s.b.def_var(var, i0);
+            s.for_loop(var, i1, 1, |s, i| {
+                s.idx[pos] = Some(i);
+                s.emit_level(Body::Red, level, lanes, unroll, None);
+                s.accumulate_f32(&fast, lanes, unroll);
+            });
+            s.flush_f32_slots(&fast, vector);
+        };
+        if nfull > 0 {
+            let ib = self.b.declare_var(types::I64);
+            let zero = self.b.ins().iconst(types::I64, 0);
+            self.b.def_var(ib, zero);
+            let end = self.b.ins().iconst(types::I64, nfull);
+            self.for_loop(ib, end, F32_BLOCK_ROWS, |s, i0| {
+                let i1 = s.b.ins().iadd_imm_s(i0, F32_BLOCK_ROWS);
+                block_sum(s, i0, i1);
+            });
+        }
+        if n > nfull {
+            let i0 = self.b.ins().iconst(types::I64, nfull);
+            let i1 = self.b.ins().iconst(types::I64, n);
+            block_sum(self, i0, i1);
+        }
+    }
+
+    /// `unroll` f32 vector slots at `lanes` (zeroed here, so defined on every path).
+    fn f32_slots(&mut self, lanes: u8, unroll: u8) -> Vec<Variable> {
+        (0..unroll)
+            .map(|_| {
+                let t = ty_of(DType::F32, lanes);
+                let var = self.b.declare_var(t);
+                let z = self.fconst(t, 0.0);
+                self.b.def_var(var, z);
+                var
+            })
+            .collect()
+    }
+
+    fn zero_f32_slots(&mut self, slots: &[Variable], lanes: u8) {
+        for &var in slots {
+            let z = self.fconst(ty_of(DType::F32, lanes), 0.0);
+            self.b.def_var(var, z);
+        }
+    }
+
+    /// Add the reduction body's current value (f32) into the f32 slots.
+    fn accumulate_f32(&mut self, slots: &[Variable], lanes: u8, unroll: u8) {
+        let v = self.result(Body::Red);
+        for (u, &var) in slots.iter().enumerate().take(unroll as usize) {
+            let x = v.v[u.min(v.v.len() - 1)];
+            let x = self.widen(x, DType::F32, v.lanes, lanes);
+            let a = self.b.use_var(var);
+            let s = self.b.ins().fadd(a, x);
+            self.b.def_var(var, s);
+        }
+    }
+
+    /// Add each f32 slot, promoted, into the matching f64 slot pair.
+    fn flush_f32_slots(&mut self, slots: &[Variable], wide: &[Vec<Variable>]) {
+        for (&var, vars) in slots.iter().zip(wide) {
+            let x = self.b.use_var(var);
+            let (lo, hi) = self.promote(x);
+            for (w, p) in vars.iter().zip(std::iter::once(lo).chain(hi)) {
+                let a = self.b.use_var(*w);
+                let s = self.b.ins().fadd(a, p);
+                self.b.def_var(*w, s);
+            }
+        }
     }
 
     /// Add the reduction body's current value into the accumulator slots.
@@ -607,6 +769,12 @@ impl<'a, 'f> Em<'a, 'f> {
     }
 
     // ---- reduction accumulators ----
+
+    /// Whether an f32 sum accumulates blocks in f32 lanes before adding them up in f64
+    /// ([`Em::blocked_inner`], [`Em::blocked_outer`]); products stay in f64 throughout.
+    fn blocked(red: &Red) -> bool {
+        red.dtype == DType::F32 && matches!(red.op, ReduceOp::Sum | ReduceOp::Mean)
+    }
 
     /// Whether float sums/products accumulate in f64 (f32 data).
     fn widened(red: &Red) -> bool {

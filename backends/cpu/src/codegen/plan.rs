@@ -740,6 +740,13 @@ fn vectorize(
         (false, ..) => 1,
         (true, true, _) => 1,
         (true, false, Mode::ReduceOuter) => 4,
+        // An f32 sum along the reduction adds in f32 lanes (blocked): four chains hide the
+        // add latency.
+        (true, false, Mode::ReduceInner)
+            if red.is_some_and(|r| r.dtype == DType::F32 && matches!(r.op, ReduceOp::Sum | ReduceOp::Mean)) =>
+        {
+            4
+        }
         (true, false, _) => 2,
     };
     (mode, if vec { lanes } else { 1 }, unroll)

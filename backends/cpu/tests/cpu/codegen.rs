@@ -846,6 +846,22 @@ fn long_f32_sums_stay_within_1e_5() {
 }
 
 #[test]
+fn blocked_f32_sums_cover_partial_blocks_and_tails() {
+    // Long enough to add in f32 blocks: along the rows (a partial block and a scalar tail
+    // of 3), across outputs (a partial block of rows, 4 vector + 2 scalar columns), both.
+    for (shape, axes) in [
+        (&[3usize, 2051][..], &[1usize][..]),
+        (&[1027, 6], &[0]),
+        (&[300, 2, 259], &[0, 2]),
+    ] {
+        for op in [ReduceOp::Sum, ReduceOp::Mean] {
+            let g = reduce_graph(op, DType::F32, shape, axes, false);
+            check(&g, &feeds(&[("x", f32_data(shape, 9))]), Tol { rel: 1e-6, abs: 1e-6 });
+        }
+    }
+}
+
+#[test]
 fn reduction_epilogues_and_bodies_fuse() {
     // sum((x - m)^2) / n with an rsqrt epilogue: layer-norm's variance kernel.
     let mut g = Graph::new("var");
