@@ -139,6 +139,108 @@ fn add_into(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
     Ok(())
 }
 
+/// A cotangent being summed during backward: a tensor as a VJP returned it, or a host buffer
+/// the tape owns alone and adds later contributions into in place.
+enum Cot {
+    Shared(Tensor),
+    Owned(TensorData),
+}
+
+impl Cot {
+    fn into_tensor(self) -> Tensor {
+        match self {
+            Cot::Shared(t) => t,
+            Cot::Owned(d) => Tensor::from_data(d),
+        }
+    }
+
+    /// The value as a host buffer to write into (shared bytes are copied when first written),
+    /// if it is on the host in a dtype [`crate::kernels::accumulate`] handles.
+    fn owned(self) -> std::result::Result<TensorData, Cot> {
+        match self {
+            Cot::Owned(d) => Ok(d),
+            Cot::Shared(t) if t.device().is_cpu() && !t.is_traced() => match t.try_data() {
+                Ok(d) if crate::kernels::accumulate::supported(d.dtype(), d.dtype()) => Ok(d),
+                _ => Err(Cot::Shared(t)),
+            },
+            other => Err(other),
+        }
+    }
+}
+
+/// Add `g` into a cotangent slot: in place when the slot already holds a host buffer of the
+/// same type (the first sum makes one), else through the `add` op.
+fn accumulate(slot: &mut Option<Cot>, g: Tensor) -> Result<()> {
+    let Some(prev) = slot.take() else {
+        *slot = Some(Cot::Shared(g));
+        return Ok(());
+    };
+    let host = g.device().is_cpu() && !g.is_traced();
+    if host && let Cot::Owned(mut d) = prev {
+        let gd = g.try_data()?;
+        if d.shape() == gd.shape() && crate::kernels::accumulate::add_in_place(&mut d, &gd) {
+            *slot = Some(Cot::Owned(d));
+            return Ok(());
+        }
+        let mut s = None;
+        add_into(&mut s, Tensor::from_data(d))?;
+        add_into(&mut s, g)?;
+        *slot = s.map(Cot::Shared);
+        return Ok(());
+    }
+    let sum = crate::tensor::apply(Op::Binary(oar_ir::ops::BinaryOp::Add), &[&prev.into_tensor(), &g])?.remove(0);
+    // The sum is new memory nobody else holds: later contributions go into it in place.
+    *slot = Some(if host {
+        Cot::Owned(sum.try_data()?)
+    } else {
+        Cot::Shared(sum)
+    });
+    Ok(())
+}
+
+/// The gradient of `slice` (operand type `input`) added straight into the window it took:
+/// no zero-padded copy of the operand per slice, one buffer for all of them. False when this
+/// does not apply (device or traced values, other dtypes, symbolic dims): then the slice's VJP
+/// runs as usual.
+fn accumulate_slice(
+    slot: &mut Option<Cot>,
+    slice: &oar_ir::ops::Slice,
+    input: &TensorType,
+    g: &Tensor,
+) -> Result<bool> {
+    let Some(dims) = input.shape.as_static() else {
+        return Ok(false);
+    };
+    if slice.ranges.len() != dims.len() || !g.device().is_cpu() || g.is_traced() {
+        return Ok(false);
+    }
+    let gd = g.try_data()?;
+    if !crate::kernels::accumulate::supported(input.dtype, gd.dtype()) {
+        return Ok(false);
+    }
+    let start: Vec<usize> = slice.ranges.iter().zip(&dims).map(|(r, &n)| r.resolve(n).0).collect();
+    let step: Vec<usize> = slice.ranges.iter().map(|r| r.step.max(1) as usize).collect();
+    let mut acc = match slot.take() {
+        None => {
+            TensorData::full(input.dtype, dims.clone(), 0.0).map_err(|e| Error::invalid("backward", e.to_string()))?
+        }
+        Some(prev) => match prev.owned() {
+            Ok(d) if d.shape() == dims.as_slice() => d,
+            Ok(d) => {
+                *slot = Some(Cot::Owned(d));
+                return Ok(false);
+            }
+            Err(prev) => {
+                *slot = Some(prev);
+                return Ok(false);
+            }
+        },
+    };
+    let done = crate::kernels::accumulate::add_into_window(&mut acc, &start, &step, &gd);
+    *slot = Some(Cot::Owned(acc));
+    Ok(done)
+}
+
 impl Tensor {
     /// Backpropagate from this tensor (its gradient is all ones), accumulating into the
     /// `.grad()` of every leaf that takes gradients; the recorded graph is then released.
@@ -188,14 +290,25 @@ impl Tensor {
                 }
             }
         }
-        let mut cot: HashMap<(u64, usize), Option<Tensor>> = HashMap::new();
-        cot.insert((root.id, *out), Some(seed));
+        let mut cot: HashMap<(u64, usize), Option<Cot>> = HashMap::new();
+        cot.insert((root.id, *out), Some(Cot::Shared(seed)));
         let mut leaves: Vec<(Tensor, Tensor)> = Vec::new();
         for node in nodes.values().rev() {
             let cts: Vec<Option<Tensor>> = (0..node.output_types.len())
-                .map(|i| cot.remove(&(node.id, i)).flatten())
+                .map(|i| cot.remove(&(node.id, i)).flatten().map(Cot::into_tensor))
                 .collect();
             if cts.iter().all(Option::is_none) {
+                continue;
+            }
+            // A slice into an earlier op's result: add its gradient into that result's
+            // cotangent in place (the input's type is what the slice was recorded with).
+            if let (Op::Slice(sl), Some(g), [Edge::Interior(p, i)]) = (&node.op, &cts[0], node.edges.as_slice())
+                && let Some(input) = p.output_types.get(*i)
+                && accumulate_slice(cot.entry((p.id, *i)).or_default(), sl, input, g)?
+            {
+                if !retain_graph {
+                    *node.saved.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                }
                 continue;
             }
             let saved = {
@@ -212,16 +325,19 @@ impl Tensor {
                 })?
             };
             let wants: Vec<bool> = node.edges.iter().map(|e| !matches!(e, Edge::None)).collect();
-            let grads: Vec<Option<Tensor>> = match (&node.op, &cts[0]) {
+            let grads: Vec<Option<Tensor>> = match &node.op {
                 // Recorded as itself (a fused eager composite): its compiled gradient program.
-                (Op::Composite(_), Some(g)) => {
+                Op::Composite(_) => {
                     let ins: Vec<TensorData> = saved.0.iter().map(Tensor::try_data).collect::<Result<_>>()?;
-                    crate::kernels::composite_vjp(&node.op, &ins, &g.try_data()?, &wants)?
+                    let cts: Vec<Option<TensorData>> = cts
+                        .iter()
+                        .map(|c| c.as_ref().map(Tensor::try_data).transpose())
+                        .collect::<Result<_>>()?;
+                    crate::kernels::composite_vjp(&node.op, &ins, &cts, &wants)?
                         .into_iter()
                         .map(|g| g.map(Tensor::from_data))
                         .collect()
                 }
-                (Op::Composite(_), None) => vec![None; node.edges.len()],
                 _ => {
                     let mut em = EagerEmitter { values: Vec::new() };
                     let ins: Vec<usize> = saved.0.into_iter().map(|t| em.push(t)).collect();
@@ -236,7 +352,7 @@ impl Tensor {
                 match edge {
                     Edge::None => {}
                     Edge::Leaf(t) => leaves.push((t.clone(), g)),
-                    Edge::Interior(p, i) => add_into(cot.entry((p.id, *i)).or_default(), g)?,
+                    Edge::Interior(p, i) => accumulate(cot.entry((p.id, *i)).or_default(), g)?,
                 }
             }
             if !retain_graph {

@@ -253,6 +253,26 @@ for name, x, d, upper in [("f32_triu_batched", f32(2, 4, 5), 1, True), ("f64_tri
     case("torch_trilu", name, comp("Trilu", {"diagonal": d, "upper": upper}), [x], [y.numpy()], EXACT)
 
 
+# ---- lstm_cell / gru_cell (the gates of one step, after the two matrix products) ----------
+
+for name, n, h, mk, tol in [("f32", 3, 4, f32, TOL_F32), ("f64", 2, 3, f64, TOL_F64)]:
+    xg, hg, c = mk(n, 4 * h), mk(n, 4 * h), mk(n, h)
+    # torch.lstm_cell on input [xg, hg] with W_ih = [I I] and the rest zero: gates = xg + hg.
+    eye = torch.eye(4 * h, dtype=t(xg).dtype)
+    w_ih, w_hh = torch.cat([eye, eye], 1), torch.zeros(4 * h, h, dtype=eye.dtype)
+    hy, cy = torch.lstm_cell(torch.cat([t(xg), t(hg)], 1), (torch.zeros(n, h, dtype=eye.dtype), t(c)),
+                             w_ih, w_hh, torch.zeros(4 * h, dtype=eye.dtype), torch.zeros(4 * h, dtype=eye.dtype))
+    case("torch_rnn_cell", f"lstm_{name}", {"Composite": "LstmCell"}, [xg, hg, c], [hy.numpy(), cy.numpy()], tol)
+    xg, hg, hs = mk(n, 3 * h), mk(n, 3 * h), mk(n, h)
+    # PyTorch's GRU cell formula written with its ops (torch.gru_cell needs h·W_hh = hg).
+    xr, xz, xn = t(xg).chunk(3, 1)
+    hr, hz, hn = t(hg).chunk(3, 1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    nn_ = torch.tanh(xn + r * hn)
+    case("torch_rnn_cell", f"gru_{name}", {"Composite": "GruCell"}, [xg, hg, hs],
+         [((1 - z) * nn_ + z * t(hs)).numpy()], tol)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

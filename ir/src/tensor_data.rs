@@ -277,6 +277,11 @@ impl TensorData {
         &self.bytes
     }
 
+    /// The raw bytes for writing in place (copied first when another value shares them).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        Arc::make_mut(&mut self.bytes).as_mut_slice()
+    }
+
     /// The same data with another shape of equal element count.
     pub fn reshaped(&self, shape: Vec<usize>) -> Result<Self, TensorDataError> {
         let expected = checked_byte_len(self.dtype, &shape)?;

@@ -6,6 +6,8 @@
 //! resort: for what the cpu backend leaves to it (inside the compiled program) and for ops
 //! whose attributes change on every call (`random`'s seed) or that carry data or regions.
 
+pub(crate) mod accumulate;
+
 use crate::error::Result;
 use oar_cpu_runtime::Model;
 use oar_ir::backend::BoundedCache;
@@ -117,13 +119,14 @@ pub(crate) fn fuses(c: &oar_ir::Composite) -> bool {
     !matches!(c, oar_ir::Composite::Dropout(d) if d.training)
 }
 
-/// Gradients of composite `op`'s operands that `wants` marks, given the cotangent `g` of its
-/// first result: its decomposition and the backward of that, compiled as one cpu program
-/// (recomputing the forward inside, fused) and cached per op, operand types and `wants`.
+/// Gradients of composite `op`'s operands that `wants` marks, given the cotangents `cts` of
+/// its results (`None`: that result is unused): its decomposition and the backward of that,
+/// compiled as one cpu program (recomputing the forward inside, fused) and cached per op,
+/// operand types, `wants` and which results have a cotangent.
 pub(crate) fn composite_vjp(
     op: &Op,
     inputs: &[TensorData],
-    g: &TensorData,
+    cts: &[Option<TensorData>],
     wants: &[bool],
 ) -> Result<Vec<Option<TensorData>>> {
     let Op::Composite(c) = op else {
@@ -133,12 +136,42 @@ pub(crate) fn composite_vjp(
         ));
     };
     let mut all = inputs.to_vec();
-    all.push(g.clone());
-    let outs = cached_run(op, &all, wants, || {
+    all.extend(cts.iter().flatten().cloned());
+    // The cache key: the operands that get a gradient, then the results that have a cotangent.
+    let key: Vec<bool> = wants.iter().copied().chain(cts.iter().map(Option::is_some)).collect();
+    let outs = cached_run(op, &all, &key, || {
         let (mut gr, mut xs) = graph_with_inputs(&format!("{}_vjp", op.name()), &all)?;
-        let gv = xs.pop().expect("the cotangent input");
+        let gs = xs.split_off(inputs.len());
         let ys = oar_ir::decompose::decompose(c, &mut gr, &xs)?;
-        let loss = gr.binary(oar_ir::ops::BinaryOp::Mul, ys[0], gv)?;
+        let with_ct: Vec<(oar_ir::ValueId, oar_ir::ValueId)> = ys
+            .iter()
+            .zip(cts)
+            .filter(|(_, ct)| ct.is_some())
+            .map(|(&y, _)| y)
+            .zip(gs)
+            .collect();
+        // One result: `y · g` (its gradient is `g`-weighted); several: `Σ sum(yₖ · gₖ)`.
+        let loss = match with_ct.as_slice() {
+            [(y, g)] => gr.binary(oar_ir::ops::BinaryOp::Mul, *y, *g)?,
+            _ => {
+                let mut loss = None;
+                for &(y, g) in &with_ct {
+                    let p = gr.binary(oar_ir::ops::BinaryOp::Mul, y, g)?;
+                    let rank = gr.value_type(p).rank();
+                    let reduce = oar_ir::ops::Reduce {
+                        op: oar_ir::ops::ReduceOp::Sum,
+                        axes: (0..rank).collect(),
+                        keepdim: false,
+                    };
+                    let s = gr.add_op1(Op::Reduce(reduce), &[p])?;
+                    loss = Some(match loss {
+                        Some(l) => gr.binary(oar_ir::ops::BinaryOp::Add, l, s)?,
+                        None => s,
+                    });
+                }
+                loss.ok_or_else(|| crate::Error::invalid(op.name(), "internal: no cotangent"))?
+            }
+        };
         let wanted: Vec<usize> = (0..xs.len()).filter(|&i| wants.get(i) == Some(&true)).collect();
         let wrt: Vec<_> = wanted.iter().map(|&i| xs[i]).collect();
         let grads = oar_ir::autodiff::append_backward(&mut gr, loss, &wrt)?;

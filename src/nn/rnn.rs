@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::nn::Layer;
 use crate::nn::functional as F;
 use crate::tensor::{Tensor, concat, stack};
-use oar_ir::DType;
+use oar_ir::{Composite, DType, Op};
 
 /// Which way a recurrent layer reads its sequence (Paddle's `direction`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,27 +100,23 @@ fn step(
     c: Option<&Tensor>,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let hg = F::linear(h, w_hh_t, Some(&p.bias_hh))?;
-    let hs = h.shape()[1] as i64;
-    let chunk = |t: &Tensor, k: i64| t.slice(-1, k * hs, (k + 1) * hs, 1);
+    // The gates run as one fused op (`lstm_cell` / `gru_cell`; gate order i, f, g, o and
+    // r, z, n as PyTorch and Paddle), their gradient as one compiled program.
+    let cell = |c: Composite, state: &Tensor| crate::tensor::apply_op(Op::Composite(c), &[xg, &hg, state]);
     match (kind, c) {
         (Kind::Lstm, Some(c)) => {
-            // Gate order i, f, g (cell candidate), o, as PyTorch and Paddle.
-            let gates = (xg + &hg)?;
-            let i = F::sigmoid(&chunk(&gates, 0)?)?;
-            let f = F::sigmoid(&chunk(&gates, 1)?)?;
-            let g = chunk(&gates, 2)?.tanh()?;
-            let o = F::sigmoid(&chunk(&gates, 3)?)?;
-            let c2 = (&(&f * c)? + &(&i * &g)?)?;
-            let h2 = (&o * &c2.tanh()?)?;
+            let mut hc = cell(Composite::LstmCell, c)?.into_iter();
+            let (Some(h2), Some(c2)) = (hc.next(), hc.next()) else {
+                return Err(Error::invalid("lstm_cell", "internal: expected h and c"));
+            };
             Ok((h2, Some(c2)))
         }
         (Kind::Gru, None) => {
-            // r, z, n; n = tanh(W_in x + b_in + r ∘ (W_hn h + b_hn)); h' = (1 − z) n + z h = n + z (h − n).
-            let r = F::sigmoid(&(&chunk(xg, 0)? + &chunk(&hg, 0)?)?)?;
-            let z = F::sigmoid(&(&chunk(xg, 1)? + &chunk(&hg, 1)?)?)?;
-            let n = (&chunk(xg, 2)? + &(&r * &chunk(&hg, 2)?)?)?.tanh()?;
-            let h2 = (&n + &(&z * &(h - &n)?)?)?;
-            Ok((h2, None))
+            let h2 = cell(Composite::GruCell, h)?.into_iter().next();
+            Ok((
+                h2.ok_or_else(|| Error::invalid("gru_cell", "internal: expected h"))?,
+                None,
+            ))
         }
         _ => Err(Error::invalid(
             kind.name(),

@@ -103,6 +103,67 @@ fn gradients_accumulate_until_cleared() {
 }
 
 #[test]
+fn slice_gradients_add_into_their_windows() {
+    // y = 3x is used whole and through three slices (rows, strided columns, negative start,
+    // twice); the tape adds each slice's gradient into its window of y's gradient in place.
+    // dx = 3 (wy + wa on rows 1..3 + wb on columns 0, 2, 4 + 2 on the last two columns).
+    for dtype in [DType::F64, DType::F32] {
+        let (r, c) = (4usize, 6usize);
+        let vals = |seed: f64| -> Vec<f64> { (0..r * c).map(|i| ((i as f64 + seed) * 0.37).sin()).collect() };
+        let x = t(&vals(0.0), &[r, c])
+            .cast(dtype)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let wy = t(&vals(1.0), &[r, c]).cast(dtype).unwrap();
+        let wa: Vec<f64> = vals(2.0)[..2 * c].to_vec();
+        let wb: Vec<f64> = vals(3.0)[..r * 3].to_vec();
+        let y = (&x * 3.0).unwrap();
+        let a = y.slice(0, 1, 3, 1).unwrap();
+        let b = y.slice(1, 0, 6, 2).unwrap();
+        let cut = |y: &Tensor| y.slice(1, -2, i64::MAX, 1).unwrap().sum(&[], false).unwrap();
+        let terms = [
+            (&y * &wy).unwrap().sum(&[], false).unwrap(),
+            (&a * &t(&wa, &[2, c]).cast(dtype).unwrap())
+                .unwrap()
+                .sum(&[], false)
+                .unwrap(),
+            (&b * &t(&wb, &[r, 3]).cast(dtype).unwrap())
+                .unwrap()
+                .sum(&[], false)
+                .unwrap(),
+            cut(&y),
+            cut(&y),
+        ];
+        let mut loss = terms[0].clone();
+        for term in &terms[1..] {
+            loss = (&loss + term).unwrap();
+        }
+        loss.backward().unwrap();
+        let wyv = vals(1.0);
+        let mut want = vec![0.0; r * c];
+        for i in 0..r {
+            for j in 0..c {
+                let mut d = wyv[i * c + j];
+                if (1..3).contains(&i) {
+                    d += wa[(i - 1) * c + j];
+                }
+                if j % 2 == 0 {
+                    d += wb[i * 3 + j / 2];
+                }
+                if j >= c - 2 {
+                    d += 2.0;
+                }
+                want[i * c + j] = 3.0 * d;
+            }
+        }
+        let got = x.grad().unwrap().cast(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+        assert!(close(&got, &want, tol), "{dtype}: {got:?} vs {want:?}");
+    }
+}
+
+#[test]
 fn retain_graph_allows_a_second_backward() {
     let w = t(&[3.0], &[1]).requires_grad_(true).unwrap();
     let y = w.exp().unwrap().sum(&[], false).unwrap();

@@ -80,7 +80,7 @@ fn sigmoid_f64(x: f64) -> f64 {
 }
 
 /// `1 / (1 + exp(-x))`.
-fn sigmoid<E: Emitter>(g: &mut E, x: E::Value) -> V<E> {
+pub(super) fn sigmoid<E: Emitter>(g: &mut E, x: E::Value) -> V<E> {
     let n = g.unary(UnaryOp::Neg, x)?;
     let e = g.unary(UnaryOp::Exp, n)?;
     let d = g.binary_scalar(BinaryOp::Add, e, 1.0)?;

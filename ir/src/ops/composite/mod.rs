@@ -17,6 +17,7 @@ mod ordering;
 mod padding;
 mod pooling;
 mod resize;
+mod rnn;
 mod scan;
 mod select;
 mod shape_of;
@@ -32,6 +33,7 @@ pub use ordering::{ArgSort, Flip, TopK};
 pub use padding::{BorderPad, PadMode};
 pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
+pub use rnn::{GruCell, LstmCell};
 pub use scan::CumSum;
 pub use select::{MaskedFill, OneHot, Trilu};
 pub use shape_of::ShapeOf;
@@ -84,6 +86,10 @@ op_set! {
         Dropout(Dropout),
         /// `embedding(indices, weight[V, D])`.
         Embedding,
+        /// One LSTM step's gates: `(h', c')` from the gate pre-activations and `c`.
+        LstmCell,
+        /// One GRU step's gates: `h'` from the gate pre-activations and `h`.
+        GruCell,
         /// Scaled dot-product attention.
         ScaledDotProductAttention(ScaledDotProductAttention),
         /// Padding from the tensor's own elements (reflect, replicate, circular).
