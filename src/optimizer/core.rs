@@ -69,6 +69,102 @@ fn apply_chunked(
         .for_each(|((p, g), slots)| run(p, g, slots));
 }
 
+/// A parameter element type updated in place ([`update_in_place`]).
+trait Real: bytemuck::Pod + Send + Sync {
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Real for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Real for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+/// Elements converted to f64 at a time by [`update_in_place`] (on the stack).
+const STEP_BLOCK: usize = 512;
+
+/// [`apply_chunked`] on a parameter's own bytes `p` (elements `T`) with gradient bytes `g`
+/// and L2 decay `wd`: each block of [`STEP_BLOCK`] elements goes through f64 on the stack,
+/// the rule runs, and the block is written back — the same arithmetic as the host-vector
+/// path, without a copy of the parameter or its gradient. False (nothing changed) when the
+/// bytes are not aligned for `T` or the lengths differ.
+fn update_in_place<T: Real>(
+    update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
+    lr: f64,
+    wd: f64,
+    state: &mut ParamState,
+    p: &mut [u8],
+    g: &[u8],
+    round: bool,
+) -> bool {
+    use rayon::prelude::*;
+    let (Ok(p), Ok(g)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(p),
+        bytemuck::try_cast_slice::<u8, T>(g),
+    ) else {
+        return false;
+    };
+    if p.len() != g.len() || state.slots.iter().any(|s| s.len() != p.len()) {
+        return false;
+    }
+    let t = state.step;
+    let run = |p: &mut [T], g: &[T], slots: &mut [&mut [f64]]| {
+        let (mut pb, mut gb) = ([0f64; STEP_BLOCK], [0f64; STEP_BLOCK]);
+        let mut at = 0;
+        while at < p.len() {
+            let n = STEP_BLOCK.min(p.len() - at);
+            let (pb, gb) = (&mut pb[..n], &mut gb[..n]);
+            for j in 0..n {
+                pb[j] = p[at + j].to_f64();
+                gb[j] = g[at + j].to_f64();
+            }
+            if wd != 0.0 {
+                gb.iter_mut().zip(pb.iter()).for_each(|(g, p)| *g += wd * p);
+            }
+            let mut block: Vec<&mut [f64]> = slots.iter_mut().map(|s| &mut s[at..at + n]).collect();
+            update(lr, t, pb, gb, &mut block);
+            if round {
+                block
+                    .iter_mut()
+                    .for_each(|s| s.iter_mut().for_each(|x| *x = *x as f32 as f64));
+            }
+            for j in 0..n {
+                p[at + j] = T::from_f64(pb[j]);
+            }
+            at += n;
+        }
+    };
+    if p.len() < PARALLEL_MIN_ELEMENTS || rayon::current_num_threads() < 2 {
+        let mut slots: Vec<&mut [f64]> = state.slots.iter_mut().map(|s| s.as_mut_slice()).collect();
+        run(p, g, &mut slots);
+        return true;
+    }
+    let mut parts: Vec<Vec<&mut [f64]>> = (0..p.len().div_ceil(CHUNK)).map(|_| Vec::new()).collect();
+    for s in state.slots.iter_mut() {
+        for (c, part) in s.chunks_mut(CHUNK).enumerate() {
+            parts[c].push(part);
+        }
+    }
+    p.par_chunks_mut(CHUNK)
+        .zip(g.par_chunks(CHUNK))
+        .zip(parts.par_iter_mut())
+        .for_each(|((p, g), slots)| run(p, g, slots));
+    true
+}
+
 /// The dtype state is kept in for a parameter of `dtype` (f32 master state for half types).
 fn state_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 { DType::F64 } else { DType::F32 }
@@ -199,27 +295,69 @@ impl Core {
                 return Err(self.grad_mismatch(i, g.tensor_type()));
             }
             which.push(i);
-            grads.push(g.to_f64_vec());
+            grads.push(g);
         }
         if let Some(clip) = &self.grad_clip {
-            clip.clip(&mut grads)?;
-        }
-        // Clip first, then decay: Paddle's `apply_gradients` order.
-        for (&i, g) in which.iter().zip(grads.iter_mut()) {
-            let p = self.params[i].try_data()?;
-            let mut value = p.to_f64_vec();
-            if self.weight_decay != 0.0 {
-                g.iter_mut().zip(&value).for_each(|(g, p)| *g += self.weight_decay * p);
+            // Clipping looks at every gradient at once: host vectors.
+            let mut host: Vec<Vec<f64>> = grads.iter().map(TensorData::to_f64_vec).collect();
+            clip.clip(&mut host)?;
+            for (&i, g) in which.iter().zip(host) {
+                self.host_update(&update, lr, i, g)?;
             }
+            return Ok(());
+        }
+        for (&i, g) in which.iter().zip(&grads) {
+            let p = &self.params[i];
+            let dtype = p.dtype();
             let state = self.state[i].get_or_insert_with(|| ParamState {
                 step: 0,
-                slots: vec![vec![0.0; value.len()]; self.slots.len()],
+                slots: vec![vec![0.0; g.len()]; self.slots.len()],
             });
-            state.step += 1;
-            apply_chunked(&update, lr, state, &mut value, g, state_dtype(p.dtype()) == DType::F32);
-            self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)?;
+            let wd = self.weight_decay;
+            let round = state_dtype(dtype) == DType::F32;
+            // The parameter's own memory, updated in place (copied first if something else
+            // still shares it, e.g. a tensor from `.data()`).
+            let done = p.with_host_data_mut(|d| {
+                state.step += 1;
+                let ok = match dtype {
+                    DType::F32 => update_in_place::<f32>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
+                    DType::F64 => update_in_place::<f64>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
+                    _ => false,
+                };
+                if !ok {
+                    state.step -= 1;
+                }
+                ok
+            });
+            if done != Some(true) {
+                self.host_update(&update, lr, i, g.to_f64_vec())?;
+            }
         }
         Ok(())
+    }
+
+    /// The update of parameter `i` through host vectors (any dtype or device): gradient `g`
+    /// (already clipped), L2 decay, the rule, and the result written back as a new value.
+    fn host_update(
+        &mut self,
+        update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
+        lr: f64,
+        i: usize,
+        mut g: Vec<f64>,
+    ) -> Result<()> {
+        // Clip first, then decay: Paddle's `apply_gradients` order.
+        let p = self.params[i].try_data()?;
+        let mut value = p.to_f64_vec();
+        if self.weight_decay != 0.0 {
+            g.iter_mut().zip(&value).for_each(|(g, p)| *g += self.weight_decay * p);
+        }
+        let state = self.state[i].get_or_insert_with(|| ParamState {
+            step: 0,
+            slots: vec![vec![0.0; value.len()]; self.slots.len()],
+        });
+        state.step += 1;
+        apply_chunked(update, lr, state, &mut value, &g, state_dtype(p.dtype()) == DType::F32);
+        self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)
     }
 
     /// True when parameters on a device are updated there ([`Core::device_step`]): some

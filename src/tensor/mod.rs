@@ -257,6 +257,21 @@ impl Tensor {
         Ok(())
     }
 
+    /// Run `f` on this host tensor's value in place (an optimizer step); `None` for a device
+    /// or traced tensor. Not recorded by autograd. Bytes shared with another value (a
+    /// tensor from [`Tensor::data`], a saved input of a retained graph) are copied before the
+    /// first write, so those keep what they saw.
+    pub(crate) fn with_host_data_mut<R>(&self, f: impl FnOnce(&mut TensorData) -> R) -> Option<R> {
+        if self.is_traced() {
+            return None;
+        }
+        let mut guard = self.0.data.write().unwrap_or_else(|e| e.into_inner());
+        match &mut *guard {
+            Storage::Host(d) => Some(f(d)),
+            Storage::Device { .. } => None,
+        }
+    }
+
     /// Replace the value with `value`'s (same dtype and shape; kept on this tensor's device):
     /// shares the memory when both are on the same device, so a device tensor is updated
     /// without a round trip through the host. Not recorded by autograd; the gradient stays.

@@ -2,7 +2,7 @@
 //! independent scalar re-implementation of the published update rule.
 
 use oar::Tensor;
-use oar::optimizer::{Adam, AdamW, Momentum, Optimizer, SGD};
+use oar::optimizer::{Adam, AdamW, ClipGradByGlobalNorm, Momentum, Optimizer, SGD};
 
 fn param(v: &[f64]) -> Tensor {
     Tensor::from_slice(v).requires_grad_(true).unwrap()
@@ -334,6 +334,45 @@ fn minimize_backpropagates_and_steps() {
     let loss = (&p * &p).unwrap().sum(&[], false).unwrap();
     opt.minimize(&loss).unwrap();
     assert_close(&vals(&p), &[1.5], 1e-12, "minimize");
+}
+
+/// The in-place update of a parameter's own memory (no clipping) and the host-vector path
+/// (taken with a clip bound no gradient reaches, which changes nothing) give the same bits;
+/// a value read with `.data()` before a step keeps what it saw.
+#[test]
+fn in_place_updates_match_the_host_path_bit_for_bit() {
+    let n = 70_001;
+    let start: Vec<f32> = (0..n).map(|i| ((i * 53 % 997) as f32 - 498.0) / 300.0).collect();
+    let run = |host: bool, momentum: bool| {
+        let p = param_f32(&start);
+        let mut opt: Box<dyn Optimizer> = match (momentum, host) {
+            (true, true) => Box::new(Momentum::new(vec![p.clone()], 0.01).grad_clip(ClipGradByGlobalNorm::new(1e30))),
+            (true, false) => Box::new(Momentum::new(vec![p.clone()], 0.01)),
+            (false, true) => Box::new(
+                AdamW::new(vec![p.clone()], 0.01)
+                    .weight_decay(0.1)
+                    .grad_clip(ClipGradByGlobalNorm::new(1e30)),
+            ),
+            (false, false) => Box::new(AdamW::new(vec![p.clone()], 0.01).weight_decay(0.1)),
+        };
+        let before = p.data();
+        for _ in 0..3 {
+            square_grad(&p);
+            opt.step().unwrap();
+        }
+        assert_eq!(
+            before.to_vec::<f32>().unwrap(),
+            start,
+            "a value read before the steps changed"
+        );
+        (p.data(), opt.state_dict())
+    };
+    for momentum in [false, true] {
+        let (p1, s1) = run(true, momentum);
+        let (p2, s2) = run(false, momentum);
+        assert!(p1.bytes() == p2.bytes(), "parameter (momentum: {momentum})");
+        assert_eq!(s1, s2, "state (momentum: {momentum})");
+    }
 }
 
 /// A large parameter's update runs in chunks across threads: the result and the state are the
