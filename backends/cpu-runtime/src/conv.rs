@@ -272,6 +272,10 @@ pub(crate) unsafe fn conv<T: Elem>(
         && spec.stride.iter().all(|&s| s == 1)
         && spec.pad_before.iter().chain(spec.pad_after).all(|&p| p == 0);
     let kdim = cg * ks;
+    // Fewer output positions than kernel taps (a weight gradient's convolution, whose kernel
+    // is the output-sized cotangent): patches position by position, each a run of whole
+    // kernel rows copied from the input, instead of the tap-major matrix's short segments.
+    let by_position = !pointwise && ys < ks;
     // Column tiles: bounded scratch, and enough units for the threads.
     let max_tile = if pointwise {
         ys
@@ -310,6 +314,25 @@ pub(crate) unsafe fn conv<T: Elem>(
                     rs: s_in as isize,
                     cs: 1,
                 }
+            } else if by_position {
+                let cols = &mut scratch[..kdim * yc];
+                // Safety: the group's `cg` input planes of batch `b`, in bounds.
+                unsafe {
+                    patches_by_position(
+                        &geo,
+                        spec.dilation[sp - 1],
+                        std::slice::from_raw_parts(xg, cg * s_in),
+                        cg,
+                        y0,
+                        y1,
+                        cols,
+                    )
+                };
+                Mat {
+                    ptr: cols.as_ptr(),
+                    rs: 1,
+                    cs: kdim as isize,
+                }
             } else {
                 let cols = &mut scratch[..kdim * yc];
                 // Safety: the group's `cg` input planes of batch `b`, in bounds.
@@ -334,6 +357,44 @@ pub(crate) unsafe fn conv<T: Elem>(
         },
     );
     Ok(())
+}
+
+/// The patch matrix of [`im2col`] stored by output position: row `y - y0` (position `y`)
+/// holds, at `ci · ks + kf`, the input element kernel position `kf` of plane `ci` reads there
+/// (0 in the padding) — so each kernel row is one copy of `kw` input elements when the last
+/// axis is undilated and inside the input. `dil` is the last axis's dilation.
+fn patches_by_position<T: Elem>(g: &Geo, dil: usize, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut [T]) {
+    let (ow, kw, krows) = (g.ow(), g.kw(), g.krows());
+    let kdim = cg * g.ks;
+    for (y, patch) in (y0..y1).zip(cols.chunks_exact_mut(kdim)) {
+        let (r, col) = (y / ow, y % ow);
+        // Taps of the last axis that read the input at this column, and where.
+        let first = g.cols.iter().position(|t| (t.lo..t.hi).contains(&col));
+        for ci in 0..cg {
+            let plane = &x[ci * g.s_in..][..g.s_in];
+            for ko in 0..krows {
+                let dst = &mut patch[ci * g.ks + ko * kw..][..kw];
+                let Some(off) = g.row_offset(r, ko) else {
+                    dst.fill(T::ZERO);
+                    continue;
+                };
+                let at = |t: &Tap| (off as isize + (col * g.step) as isize + t.shift) as usize;
+                let whole = dil == 1 && first == Some(0) && (g.cols[kw - 1].lo..g.cols[kw - 1].hi).contains(&col);
+                if whole {
+                    let a = at(&g.cols[0]);
+                    dst.copy_from_slice(&plane[a..a + kw]);
+                } else {
+                    for (d, t) in dst.iter_mut().zip(&g.cols) {
+                        *d = if (t.lo..t.hi).contains(&col) {
+                            plane[at(t)]
+                        } else {
+                            T::ZERO
+                        };
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A dense row-major copy of a strided view.

@@ -493,6 +493,44 @@ fn conv_many_tiles_and_odd_channels() {
 }
 
 #[test]
+fn conv_large_kernels_build_patches_by_position() {
+    // Fewer output positions than kernel taps (a weight gradient's shape): whole kernel rows
+    // copied, rows in the padding, partial rows at the edges, a dilated last axis, groups.
+    for dtype in [DType::F32, DType::F64] {
+        check(&conv_plain(
+            dtype,
+            &[2, 5, 12, 11],
+            &[3, 5, 9, 8],
+            conv_op(&[1, 1], &[0, 0], &[0, 0], &[1, 1], 1),
+        ));
+        check(&conv_plain(
+            dtype,
+            &[1, 3, 10, 9],
+            &[4, 3, 7, 6],
+            conv_op(&[2, 2], &[2, 2], &[1, 1], &[1, 1], 1),
+        ));
+        check(&conv_plain(
+            dtype,
+            &[1, 3, 10, 9],
+            &[2, 3, 5, 4],
+            conv_op(&[3, 1], &[0, 1], &[0, 1], &[1, 2], 1),
+        ));
+        check(&conv_plain(
+            dtype,
+            &[3, 4, 40],
+            &[2, 4, 33],
+            conv_op(&[1], &[1], &[2], &[1], 1),
+        ));
+        check(&conv_plain(
+            dtype,
+            &[2, 6, 10, 10],
+            &[4, 3, 8, 8],
+            conv_op(&[1, 1], &[0, 0], &[0, 0], &[1, 1], 2),
+        ));
+    }
+}
+
+#[test]
 fn conv_depthwise() {
     for dtype in [DType::F32, DType::F64] {
         // MobileNet-style 3×3, stride 1 and 2.
