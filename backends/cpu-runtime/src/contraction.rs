@@ -202,19 +202,22 @@ pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, 
         return;
     }
     let next = AtomicUsize::new(0);
-    rayon::scope(|scope| {
-        for _ in 0..tasks {
-            scope.spawn(|_| {
-                let mut s = init();
-                loop {
-                    let u = next.fetch_add(1, Ordering::Relaxed);
-                    if u >= n {
-                        break;
-                    }
-                    f(&mut s, u);
-                }
-            });
+    let work = || {
+        let mut s = init();
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= n {
+                break;
+            }
+            f(&mut s, u);
         }
+    };
+    // The calling thread takes units too (it would only wait otherwise).
+    rayon::in_place_scope(|scope| {
+        for _ in 1..tasks {
+            scope.spawn(|_| work());
+        }
+        work();
     });
 }
 
