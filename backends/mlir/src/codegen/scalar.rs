@@ -324,7 +324,15 @@ fn binary(f: &mut Func, op: BinaryOp, x: &str, y: &str, xd: DType, d: DType) -> 
             Sub => f.def(&format!("arith.subf {a}, {b} : f64")),
             Mul => f.def(&format!("arith.mulf {a}, {b} : f64")),
             Div => f.def(&format!("arith.divf {a}, {b} : f64")),
-            // The core max/min (NaN handling is legalize's).
+            // The core max/min (NaN handling is legalize's). For bf16 a compare and select:
+            // LLVM narrows `maximum(ext a, ext b)` to a bf16 maximum, which x86 without
+            // AVX512-BF16 lowers through a `__truncsfbf2` call the JIT cannot resolve; a
+            // select of the operands themselves needs no conversion at all.
+            Max | Min if d == DType::BF16 => {
+                let pred = if op == Max { "ogt" } else { "olt" };
+                let c = f.def(&format!("arith.cmpf {pred}, {a}, {b} : f64"));
+                f.def(&format!("arith.select {c}, {a}, {b} : f64"))
+            }
             Max => f.def(&format!("arith.maximumf {a}, {b} : f64")),
             Min => f.def(&format!("arith.minimumf {a}, {b} : f64")),
             Pow | Rem => return unexpanded(op.name()),
