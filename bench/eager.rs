@@ -1,5 +1,6 @@
 //! Eager mode against PyTorch eager (`bench/eager.sh` runs this and `bench/eager_torch.py` in one
-//! run and prints the ratios): per-op overhead, elementwise, unary and reduction ops at three
+//! run and prints the ratios): the first call of an op on a new shape (oar compiles its kernel
+//! then), per-op overhead, elementwise, unary and reduction ops at three
 //! sizes, softmax and layer_norm, the MLP and LeNet-5 training steps of `bench/train_step.rs`,
 //! and an LSTM training step — all eager, f32.
 //!
@@ -76,10 +77,29 @@ fn per_call(reps: usize, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
     Ok(ms / reps as f64)
 }
 
+/// Milliseconds of one call of `f` (a first call: it includes compiling the op's kernel).
+fn first_call(f: impl FnOnce() -> Result<Tensor>) -> Result<f64> {
+    let t = std::time::Instant::now();
+    std::hint::black_box(f()?);
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
 fn ops() -> Result<()> {
     let one = oar::randn(&[1], DType::F32)?;
     let other = oar::randn(&[1], DType::F32)?;
     println!("overhead_add_1 {:.6}", per_call(2000, || oar::add(&one, &other))?);
+    // First calls (after the warm-up above) on a shape nothing else uses: what compiling
+    // an op's kernel costs.
+    let (fa, fb) = (
+        oar::randn(&[257, 129], DType::F32)?,
+        oar::randn(&[257, 129], DType::F32)?,
+    );
+    println!("first_add_257x129 {:.6}", first_call(|| oar::add(&fa, &fb))?);
+    println!("first_softmax_257x129 {:.6}", first_call(|| F::softmax(&fa, -1))?);
+    println!(
+        "first_layer_norm_257x129 {:.6}",
+        first_call(|| F::layer_norm(&fa, 1, None, None, 1e-5))?
+    );
     for (label, shape) in [("4k", [4usize, 1024]), ("64k", [64, 1024]), ("1m", [1024, 1024])] {
         let n = shape[0] * shape[1];
         let reps = (4_000_000 / n).clamp(2, 1000);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Eager mode: oar vs PyTorch eager in one run, same threads (bench/eager.rs, bench/eager_torch.py):
+# the first call of add/softmax/layer_norm on a new shape (oar compiles the kernel then),
 # per-op overhead, elementwise/unary/reduction ops at 4K, 64K and 1M elements, softmax and
 # layer_norm, MLP / LeNet-5 / LSTM training steps, and each training step's peak RSS.
 # Prints milliseconds (MB for rss_*) and oar/torch (< 1: oar faster or smaller).

@@ -7,6 +7,7 @@
 import os
 import resource
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -48,9 +49,19 @@ def train_step(name):
     return step
 
 
+def first_call(f):
+    t = time.perf_counter()
+    f()
+    return (time.perf_counter() - t) * 1e3
+
+
 def ops():
     one, other = torch.randn(1), torch.randn(1)
     print(f"overhead_add_1 {per_call(2000, lambda: torch.add(one, other)):.6f}", flush=True)
+    fa, fb = torch.randn(257, 129), torch.randn(257, 129)
+    print(f"first_add_257x129 {first_call(lambda: fa + fb):.6f}", flush=True)
+    print(f"first_softmax_257x129 {first_call(lambda: F.softmax(fa, -1)):.6f}", flush=True)
+    print(f"first_layer_norm_257x129 {first_call(lambda: F.layer_norm(fa, (129,))):.6f}", flush=True)
     for label, shape in [("4k", (4, 1024)), ("64k", (64, 1024)), ("1m", (1024, 1024))]:
         n = shape[0] * shape[1]
         reps = max(2, min(1000, 4_000_000 // n))
