@@ -176,18 +176,17 @@ fn accumulate(slot: &mut Option<Cot>, g: Tensor) -> Result<()> {
         return Ok(());
     };
     let host = g.device().is_cpu() && !g.is_traced();
-    if host && let Cot::Owned(mut d) = prev {
-        let gd = g.try_data()?;
-        if d.shape() == gd.shape() && crate::kernels::accumulate::add_in_place(&mut d, &gd) {
-            *slot = Some(Cot::Owned(d));
-            return Ok(());
+    let prev = match prev {
+        Cot::Owned(mut d) if host => {
+            let gd = g.try_data()?;
+            if d.shape() == gd.shape() && crate::kernels::accumulate::add_in_place(&mut d, &gd) {
+                *slot = Some(Cot::Owned(d));
+                return Ok(());
+            }
+            Cot::Owned(d)
         }
-        let mut s = None;
-        add_into(&mut s, Tensor::from_data(d))?;
-        add_into(&mut s, g)?;
-        *slot = s.map(Cot::Shared);
-        return Ok(());
-    }
+        prev => prev,
+    };
     let sum = crate::tensor::apply(Op::Binary(oar_ir::ops::BinaryOp::Add), &[&prev.into_tensor(), &g])?.remove(0);
     // The sum is new memory nobody else holds: later contributions go into it in place.
     *slot = Some(if host {

@@ -30,46 +30,7 @@ const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 /// Elements per chunk of a large parameter's update.
 const CHUNK: usize = 1 << 14;
 
-/// Apply the element-wise rule `update` to `p`, `g` and `state`'s slots: in one call, or for a
-/// large parameter in chunks spread over the thread pool (every rule is element-wise, so the
-/// result is the same). With `round` (an f32 parameter) the slots are rounded to f32 after the
-/// update — exactly what a saved state holds, so a restore resumes bit for bit.
-fn apply_chunked(
-    update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
-    lr: f64,
-    state: &mut ParamState,
-    p: &mut [f64],
-    g: &[f64],
-    round: bool,
-) {
-    use rayon::prelude::*;
-    let t = state.step;
-    let run = |p: &mut [f64], g: &[f64], slots: &mut [&mut [f64]]| {
-        update(lr, t, p, g, slots);
-        if round {
-            slots
-                .iter_mut()
-                .for_each(|s| s.iter_mut().for_each(|x| *x = *x as f32 as f64));
-        }
-    };
-    if p.len() < PARALLEL_MIN_ELEMENTS || rayon::current_num_threads() < 2 {
-        let mut slots: Vec<&mut [f64]> = state.slots.iter_mut().map(|s| s.as_mut_slice()).collect();
-        run(p, g, &mut slots);
-        return;
-    }
-    let mut parts: Vec<Vec<&mut [f64]>> = (0..p.len().div_ceil(CHUNK)).map(|_| Vec::new()).collect();
-    for s in state.slots.iter_mut() {
-        for (c, part) in s.chunks_mut(CHUNK).enumerate() {
-            parts[c].push(part);
-        }
-    }
-    p.par_chunks_mut(CHUNK)
-        .zip(g.par_chunks(CHUNK))
-        .zip(parts.par_iter_mut())
-        .for_each(|((p, g), slots)| run(p, g, slots));
-}
-
-/// A parameter element type updated in place ([`update_in_place`]).
+/// A parameter element type the update rules run on (through f64).
 trait Real: bytemuck::Pod + Send + Sync {
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
@@ -93,33 +54,26 @@ impl Real for f64 {
     }
 }
 
-/// Elements converted to f64 at a time by [`update_in_place`] (on the stack).
+/// Elements converted to f64 at a time by [`apply_chunked`] (on the stack).
 const STEP_BLOCK: usize = 512;
 
-/// [`apply_chunked`] on a parameter's own bytes `p` (elements `T`) with gradient bytes `g`
-/// and L2 decay `wd`: each block of [`STEP_BLOCK`] elements goes through f64 on the stack,
-/// the rule runs, and the block is written back — the same arithmetic as the host-vector
-/// path, without a copy of the parameter or its gradient. False (nothing changed) when the
-/// bytes are not aligned for `T` or the lengths differ.
-fn update_in_place<T: Real>(
+/// Count one more step in `state` and apply the element-wise rule `update` to `p` (with L2
+/// decay `wd` added to its gradient `g`) and `state`'s slots, in place: blocks of
+/// [`STEP_BLOCK`] elements go through f64 on the stack, and a large parameter is split in
+/// chunks over the thread pool (every rule is element-wise, so the result is the same). With
+/// `round` (an f32 parameter) the slots are rounded to f32 after the update — exactly what a
+/// saved state holds, so a restore resumes bit for bit.
+fn apply_chunked<T: Real>(
     update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
     lr: f64,
     wd: f64,
     state: &mut ParamState,
-    p: &mut [u8],
-    g: &[u8],
+    p: &mut [T],
+    g: &[T],
     round: bool,
-) -> bool {
+) {
     use rayon::prelude::*;
-    let (Ok(p), Ok(g)) = (
-        bytemuck::try_cast_slice_mut::<u8, T>(p),
-        bytemuck::try_cast_slice::<u8, T>(g),
-    ) else {
-        return false;
-    };
-    if p.len() != g.len() || state.slots.iter().any(|s| s.len() != p.len()) {
-        return false;
-    }
+    state.step += 1;
     let t = state.step;
     let run = |p: &mut [T], g: &[T], slots: &mut [&mut [f64]]| {
         let (mut pb, mut gb) = ([0f64; STEP_BLOCK], [0f64; STEP_BLOCK]);
@@ -150,7 +104,7 @@ fn update_in_place<T: Real>(
     if p.len() < PARALLEL_MIN_ELEMENTS || rayon::current_num_threads() < 2 {
         let mut slots: Vec<&mut [f64]> = state.slots.iter_mut().map(|s| s.as_mut_slice()).collect();
         run(p, g, &mut slots);
-        return true;
+        return;
     }
     let mut parts: Vec<Vec<&mut [f64]>> = (0..p.len().div_ceil(CHUNK)).map(|_| Vec::new()).collect();
     for s in state.slots.iter_mut() {
@@ -162,7 +116,40 @@ fn update_in_place<T: Real>(
         .zip(g.par_chunks(CHUNK))
         .zip(parts.par_iter_mut())
         .for_each(|((p, g), slots)| run(p, g, slots));
+}
+
+/// [`apply_chunked`] on a parameter's own bytes `p` and its gradient's bytes `g` as `T`;
+/// false (nothing changed) when they are not aligned for `T` or their lengths differ from the
+/// state's.
+#[allow(clippy::too_many_arguments)]
+fn apply_to_bytes<T: Real>(
+    update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
+    lr: f64,
+    wd: f64,
+    state: &mut ParamState,
+    p: &mut [u8],
+    g: &[u8],
+    round: bool,
+) -> bool {
+    let (Ok(p), Ok(g)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(p),
+        bytemuck::try_cast_slice::<u8, T>(g),
+    ) else {
+        return false;
+    };
+    if p.len() != g.len() || state.slots.iter().any(|s| s.len() != p.len()) {
+        return false;
+    }
+    apply_chunked(update, lr, wd, state, p, g, round);
     true
+}
+
+/// The state of a parameter of `len` elements, created (step 0, zero slots) on first use.
+fn param_state(state: &mut Option<ParamState>, slots: usize, len: usize) -> &mut ParamState {
+    state.get_or_insert_with(|| ParamState {
+        step: 0,
+        slots: vec![vec![0.0; len]; slots],
+    })
 }
 
 /// The dtype state is kept in for a parameter of `dtype` (f32 master state for half types).
@@ -309,25 +296,14 @@ impl Core {
         for (&i, g) in which.iter().zip(&grads) {
             let p = &self.params[i];
             let dtype = p.dtype();
-            let state = self.state[i].get_or_insert_with(|| ParamState {
-                step: 0,
-                slots: vec![vec![0.0; g.len()]; self.slots.len()],
-            });
-            let wd = self.weight_decay;
-            let round = state_dtype(dtype) == DType::F32;
+            let state = param_state(&mut self.state[i], self.slots.len(), g.len());
+            let (wd, round) = (self.weight_decay, state_dtype(dtype) == DType::F32);
             // The parameter's own memory, updated in place (copied first if something else
             // still shares it, e.g. a tensor from `.data()`).
-            let done = p.with_host_data_mut(|d| {
-                state.step += 1;
-                let ok = match dtype {
-                    DType::F32 => update_in_place::<f32>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
-                    DType::F64 => update_in_place::<f64>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
-                    _ => false,
-                };
-                if !ok {
-                    state.step -= 1;
-                }
-                ok
+            let done = p.with_host_data_mut(|d| match dtype {
+                DType::F32 => apply_to_bytes::<f32>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
+                DType::F64 => apply_to_bytes::<f64>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
+                _ => false,
             });
             if done != Some(true) {
                 self.host_update(&update, lr, i, g.to_f64_vec())?;
@@ -337,26 +313,20 @@ impl Core {
     }
 
     /// The update of parameter `i` through host vectors (any dtype or device): gradient `g`
-    /// (already clipped), L2 decay, the rule, and the result written back as a new value.
+    /// (already clipped; clip first, then decay: Paddle's `apply_gradients` order), and the
+    /// result written back as a new value.
     fn host_update(
         &mut self,
         update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
         lr: f64,
         i: usize,
-        mut g: Vec<f64>,
+        g: Vec<f64>,
     ) -> Result<()> {
-        // Clip first, then decay: Paddle's `apply_gradients` order.
         let p = self.params[i].try_data()?;
         let mut value = p.to_f64_vec();
-        if self.weight_decay != 0.0 {
-            g.iter_mut().zip(&value).for_each(|(g, p)| *g += self.weight_decay * p);
-        }
-        let state = self.state[i].get_or_insert_with(|| ParamState {
-            step: 0,
-            slots: vec![vec![0.0; value.len()]; self.slots.len()],
-        });
-        state.step += 1;
-        apply_chunked(update, lr, state, &mut value, &g, state_dtype(p.dtype()) == DType::F32);
+        let state = param_state(&mut self.state[i], self.slots.len(), value.len());
+        let round = state_dtype(p.dtype()) == DType::F32;
+        apply_chunked(update, lr, self.weight_decay, state, &mut value, &g, round);
         self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)
     }
 

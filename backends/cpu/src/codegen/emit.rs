@@ -322,15 +322,13 @@ impl<'a, 'f> Em<'a, 'f> {
         let step = lanes as i64 * unroll as i64;
         let block = (F32_BLOCK / step).max(1) * step;
         let nvec = n - n % lanes as i64;
-        let nfull = nvec / block * block;
         let fast = self.f32_slots(lanes, unroll);
         let j = self.b.declare_var(types::I64);
         let mut configs = vec![(lanes, unroll)];
         if unroll > 1 {
             configs.push((lanes, 1));
         }
-        let block_sum = |s: &mut Self, j0: Value, j1: Value| {
-            s.zero_f32_slots(&fast, lanes);
+        self.f32_blocks(nvec, block, &fast, lanes, vector, |s, j0, j1| {
             s.b.def_var(j, j0);
             for &(l, u) in &configs {
                 s.for_loop(j, j1, l as i64 * u as i64, |s, jv| {
@@ -339,23 +337,7 @@ impl<'a, 'f> Em<'a, 'f> {
                     s.accumulate_f32(&fast, l, u);
                 });
             }
-            s.flush_f32_slots(&fast, vector);
-        };
-        if nfull > 0 {
-            let jb = self.b.declare_var(types::I64);
-            let zero = self.b.ins().iconst(types::I64, 0);
-            self.b.def_var(jb, zero);
-            let end = self.b.ins().iconst(types::I64, nfull);
-            self.for_loop(jb, end, block, |s, j0| {
-                let j1 = s.b.ins().iadd_imm_s(j0, block);
-                block_sum(s, j0, j1);
-            });
-        }
-        if nvec > nfull {
-            let j0 = self.b.ins().iconst(types::I64, nfull);
-            let j1 = self.b.ins().iconst(types::I64, nvec);
-            block_sum(self, j0, j1);
-        }
+        });
         let j0 = self.b.ins().iconst(types::I64, nvec);
         self.b.def_var(j, j0);
         let end = self.b.ins().iconst(types::I64, n);
@@ -381,31 +363,47 @@ impl<'a, 'f> Em<'a, 'f> {
         vector: &[Vec<Variable>],
     ) {
         let fast = self.f32_slots(lanes, unroll);
-        let nfull = n / F32_BLOCK_ROWS * F32_BLOCK_ROWS;
-        let block_sum = |s: &mut Self, i0: Value, i1: Value| {
-            s.zero_f32_slots(&fast, lanes);
+        self.f32_blocks(n, F32_BLOCK_ROWS, &fast, lanes, vector, |s, i0, i1| {
             s.b.def_var(var, i0);
             s.for_loop(var, i1, 1, |s, i| {
                 s.idx[pos] = Some(i);
                 s.emit_level(Body::Red, level, lanes, unroll, None);
                 s.accumulate_f32(&fast, lanes, unroll);
             });
-            s.flush_f32_slots(&fast, vector);
+        });
+    }
+
+    /// `0..n` in blocks of `block` (the last one partial): for each, the f32 slots `fast` are
+    /// zeroed, `body(i0, i1)` adds the block into them, and they are flushed into `wide`.
+    fn f32_blocks(
+        &mut self,
+        n: i64,
+        block: i64,
+        fast: &[Variable],
+        lanes: u8,
+        wide: &[Vec<Variable>],
+        mut body: impl FnMut(&mut Self, Value, Value),
+    ) {
+        let mut one = |s: &mut Self, i0: Value, i1: Value| {
+            s.zero_f32_slots(fast, lanes);
+            body(s, i0, i1);
+            s.flush_f32_slots(fast, wide);
         };
+        let nfull = n / block * block;
         if nfull > 0 {
             let ib = self.b.declare_var(types::I64);
             let zero = self.b.ins().iconst(types::I64, 0);
             self.b.def_var(ib, zero);
             let end = self.b.ins().iconst(types::I64, nfull);
-            self.for_loop(ib, end, F32_BLOCK_ROWS, |s, i0| {
-                let i1 = s.b.ins().iadd_imm_s(i0, F32_BLOCK_ROWS);
-                block_sum(s, i0, i1);
+            self.for_loop(ib, end, block, |s, i0| {
+                let i1 = s.b.ins().iadd_imm_s(i0, block);
+                one(s, i0, i1);
             });
         }
         if n > nfull {
             let i0 = self.b.ins().iconst(types::I64, nfull);
             let i1 = self.b.ins().iconst(types::I64, n);
-            block_sum(self, i0, i1);
+            one(self, i0, i1);
         }
     }
 

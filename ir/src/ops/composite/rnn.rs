@@ -70,6 +70,21 @@ fn matrices<'a>(cx: &dyn EvalCx, ins: &[&'a Value]) -> Res<Vec<ndarray::ArrayVie
         .collect()
 }
 
+/// The samples of a cell with `gates` gate blocks: f32 (batch 3, hidden 2) and f64 (batch 2,
+/// hidden 3).
+fn cell_samples(name: &str, cell: Composite, gates: usize) -> Vec<Sample> {
+    [(DType::F32, 3, 2), (DType::F64, 2, 3)]
+        .into_iter()
+        .map(|(d, n, h)| {
+            Sample::new(
+                format!("{name}/{d}"),
+                Op::Composite(cell.clone()),
+                vec![input(d, &[n, gates * h]), input(d, &[n, gates * h]), input(d, &[n, h])],
+            )
+        })
+        .collect()
+}
+
 fn sig(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -132,27 +147,7 @@ impl OpDef for LstmCell {
     }
 
     fn samples() -> Vec<Sample> {
-        let op = Op::Composite(Composite::LstmCell);
-        vec![
-            Sample::new(
-                "lstm_cell/f32",
-                op.clone(),
-                vec![
-                    input(DType::F32, &[3, 8]),
-                    input(DType::F32, &[3, 8]),
-                    input(DType::F32, &[3, 2]),
-                ],
-            ),
-            Sample::new(
-                "lstm_cell/f64",
-                op,
-                vec![
-                    input(DType::F64, &[2, 12]),
-                    input(DType::F64, &[2, 12]),
-                    input(DType::F64, &[2, 3]),
-                ],
-            ),
-        ]
+        cell_samples("lstm_cell", Composite::LstmCell, 4)
     }
 }
 
@@ -212,26 +207,6 @@ impl OpDef for GruCell {
     }
 
     fn samples() -> Vec<Sample> {
-        let op = Op::Composite(Composite::GruCell);
-        vec![
-            Sample::new(
-                "gru_cell/f32",
-                op.clone(),
-                vec![
-                    input(DType::F32, &[3, 6]),
-                    input(DType::F32, &[3, 6]),
-                    input(DType::F32, &[3, 2]),
-                ],
-            ),
-            Sample::new(
-                "gru_cell/f64",
-                op,
-                vec![
-                    input(DType::F64, &[2, 9]),
-                    input(DType::F64, &[2, 9]),
-                    input(DType::F64, &[2, 3]),
-                ],
-            ),
-        ]
+        cell_samples("gru_cell", Composite::GruCell, 3)
     }
 }
