@@ -10,6 +10,7 @@
 //! (compiled for AVX-512 or AVX2+FMA when the host has them).
 
 use crate::contraction::Elem;
+use crate::simd::Simd;
 
 /// Output elements per pass over the taps (the accumulator block stays in L1).
 const BLOCK: usize = 2048;
@@ -236,29 +237,6 @@ fn next_index(idx: &mut [usize], dims: &[usize]) {
             return;
         }
         idx[i] = 0;
-    }
-}
-
-/// The vector instructions the tap loops are compiled for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Simd {
-    Avx512,
-    Avx2Fma,
-    Baseline,
-}
-
-impl Simd {
-    fn detect() -> Simd {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Simd::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Simd::Avx2Fma;
-            }
-        }
-        Simd::Baseline
     }
 }
 

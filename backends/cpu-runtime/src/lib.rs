@@ -18,6 +18,8 @@ pub mod exe;
 mod model;
 pub mod native;
 pub mod program;
+mod rows;
+mod simd;
 
 pub use contraction::supported as contraction_supported;
 pub use model::Model;

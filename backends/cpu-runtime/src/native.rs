@@ -3,13 +3,16 @@
 //! contiguous runs), `scatter`, the generators `iota` and `random`, and the lane ops `argmax` /
 //! `argmin` and `sort`. Their semantics come from the op definitions in `oar_ir::ops` (the
 //! comparison, permutation and generator functions the reference evaluation uses too), so the
-//! results are the reference's bits.
+//! results are the reference's bits. Also the composites the cpu backend keeps whole
+//! (`softmax`, `log_softmax`, `layer_norm`: vectorized row kernels in [`crate::rows`], within
+//! rounding of the reference).
 
 use crate::program::static_shape;
+use crate::rows::{RowOp, Rows};
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
 use oar_ir::ops::{Concat, Gather, Pad, Scatter, ScatterReduce};
 use oar_ir::tensor_data::{read_as_f64, store_f64_as};
-use oar_ir::{BackendError, DType, Op, TensorData};
+use oar_ir::{BackendError, Composite, DType, Op, TensorData};
 
 /// Whether [`run`] computes this opaque kernel.
 pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
@@ -29,8 +32,19 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
                     (Some(DType::F16 | DType::BF16), DType::F32) | (Some(DType::F32), DType::F16 | DType::BF16)
                 )
         }
+        Op::Composite(Composite::Softmax(_) | Composite::LogSoftmax(_)) => {
+            o.inputs.len() == 1 && dt(0).is_some_and(row_float)
+        }
+        Op::Composite(Composite::LayerNorm(_)) => {
+            (o.inputs.len() == 1 || o.inputs.len() == 3) && dt(0).is_some_and(row_float)
+        }
         _ => false,
     }
+}
+
+/// The dtypes the row kernels ([`crate::rows`]) compute.
+fn row_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }
 
 fn err(k: &Kernel, detail: String) -> BackendError {
@@ -280,6 +294,48 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             // Safety: the output buffer is live and `out_len` bytes; inputs that overlap it are
             // copied first (data may be planned into the output's own bytes).
             unsafe { scatter(p, k, o, sc, bufs, out_ptr, out_len)? };
+        }
+        Op::Composite(c @ (Composite::Softmax(_) | Composite::LogSoftmax(_) | Composite::LayerNorm(_))) => {
+            let shape = shape_of(0);
+            let (op, axis) = match c {
+                Composite::Softmax(s) => (RowOp::Softmax, s.axis),
+                Composite::LogSoftmax(s) => (RowOp::LogSoftmax, s.axis),
+                Composite::LayerNorm(l) => (
+                    RowOp::LayerNorm { eps: l.epsilon.0 },
+                    shape.len().saturating_sub(l.normalized_ndim),
+                ),
+                _ => unreachable!("matched above"),
+            };
+            if axis >= shape.len().max(1) {
+                return Err(err(k, format!("axis {axis} out of range for shape {shape:?}")));
+            }
+            let g = match op {
+                // Layer norm: rows of every normalized axis.
+                RowOp::LayerNorm { .. } => Rows {
+                    outer: shape[..axis].iter().product(),
+                    n: shape[axis..].iter().product(),
+                    inner: 1,
+                },
+                _ => Rows {
+                    outer: shape[..axis].iter().product(),
+                    n: shape.get(axis).copied().unwrap_or(1),
+                    inner: shape[(axis + 1).min(shape.len())..].iter().product(),
+                },
+            };
+            let x = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
+            let (mut wcopy, mut bcopy) = (Vec::new(), Vec::new());
+            let affine = if o.inputs.len() == 3 {
+                let n = g.n * size;
+                Some((
+                    input(bufs[o.inputs[1].index()], n, out_ptr, out_len, &mut wcopy),
+                    input(bufs[o.inputs[2].index()], n, out_ptr, out_len, &mut bcopy),
+                ))
+            } else {
+                None
+            };
+            // Safety: the output buffer is live, `out_len` bytes, and not aliased by the inputs.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            crate::rows::run(op, out_ty.dtype, g, x, affine, out, threads).map_err(|d| err(k, d))?;
         }
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }

@@ -42,9 +42,20 @@ pub struct Lowered {
     pub consts: Weights,
 }
 
-/// Bind `bindings` in `graph`, optimize, fuse, plan and choose a step per kernel.
+/// The composites this backend runs whole, as native row kernels of the runtime
+/// (`oar_cpu_runtime::native`): a row at a time they take two or three passes over cached
+/// memory, where their decompositions take a reduction kernel per statistic and an epilogue
+/// that recomputes `exp`.
+pub const KEPT_COMPOSITES: &[&str] = &["softmax", "log_softmax", "layer_norm"];
+
+/// Bind `bindings` in `graph`, optimize, fuse (keeping [`KEPT_COMPOSITES`]), plan and choose a
+/// step per kernel.
 pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Lowered, CpuError> {
-    lower_program(oar_passes::fuse::lower_to_kernels(graph, bindings)?)
+    lower_program(oar_passes::fuse::lower_to_kernels_keeping(
+        graph,
+        bindings,
+        KEPT_COMPOSITES,
+    )?)
 }
 
 /// Choose steps for an already fused program (every dim must be static).
