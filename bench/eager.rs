@@ -145,14 +145,19 @@ fn main() -> Result<()> {
     match args.as_slice() {
         [] => ops(),
         [op, name] if op == "op" => {
-            // One op of `ops()` at 1M elements, repeated (OAR_BENCH_STEPS, default 2000): for a
+            // One op of `ops()` at 1M elements (OAR_BENCH_ROWS × 1024), repeated (OAR_BENCH_STEPS, default 2000): for a
             // profile (perf record) of that op alone.
             let reps = std::env::var("OAR_BENCH_STEPS")
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(2000);
-            let a = oar::randn(&[1024, 1024], DType::F32)?;
-            let b = oar::randn(&[1024, 1024], DType::F32)?;
+            // OAR_BENCH_ROWS: rows of 1024 (default 1024: 1M elements).
+            let rows = std::env::var("OAR_BENCH_ROWS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1024);
+            let a = oar::randn(&[rows, 1024], DType::F32)?;
+            let b = oar::randn(&[rows, 1024], DType::F32)?;
             let f = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
                 match name.as_str() {
                     "add" => oar::add(a, b),

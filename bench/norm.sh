@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# layer_norm and softmax (one fused kernel each on the cpu backend), gelu and tanh vs PyTorch, same machine,
+# layer_norm and softmax (native row kernels on the cpu backend), gelu and tanh vs PyTorch, same machine,
 # same run, one thread each. Prints both tables and torch/oar time ratios (> 1: oar is faster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
