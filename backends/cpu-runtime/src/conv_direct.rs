@@ -206,6 +206,21 @@ impl Direct {
 #[inline(always)]
 pub(crate) fn gather_step<T: Copy>(dst: &mut [T], src: &[T], step: usize) {
     match step {
+        // Short runs (im2col rows of small planes: 10–30 elements) by an inline loop; a
+        // `memmove` call costs more than the copy there.
+        1 if (8..64).contains(&dst.len()) => {
+            // Blocks of 8 (fixed-size moves), the last one overlapping the one before.
+            let n = dst.len();
+            let src = &src[..n];
+            let mut i = 0;
+            while i + 8 <= n {
+                dst[i..i + 8].copy_from_slice(&src[i..i + 8]);
+                i += 8;
+            }
+            if i < n {
+                dst[n - 8..].copy_from_slice(&src[n - 8..]);
+            }
+        }
         1 => dst.copy_from_slice(&src[..dst.len()]),
         2 => {
             // Pairs: a constant step without bounds checks, which vectorizes.

@@ -136,16 +136,22 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             let outer = &x_shape[..q];
             let base: usize =
                 (0..q).map(|a| before[a] * out_strides[a]).sum::<usize>() + before.get(q).copied().unwrap_or(0) * inner;
-            let mut idx = vec![0usize; q];
+            // The innermost outer axis is walked with its fixed output stride; the odometer
+            // only moves between its rows.
+            let (row_len, row_stride) = match q {
+                0 => (1, 0),
+                _ => (outer[q - 1], out_strides[q - 1]),
+            };
+            let run = run_len.max(1);
+            let mut idx = vec![0usize; q.saturating_sub(1)];
             let mut off = base;
-            for src in x.chunks_exact(run_len.max(1)) {
-                match run_len {
-                    4 => out[off..off + 4].copy_from_slice(&src[..4]),
-                    8 => out[off..off + 8].copy_from_slice(&src[..8]),
-                    n => out[off..off + n].copy_from_slice(src),
+            for row in x.chunks_exact(run * row_len.max(1)) {
+                for (j, src) in row.chunks_exact(run).enumerate() {
+                    let at = off + j * row_stride;
+                    copy_run(&mut out[at..at + run_len], src);
                 }
-                // Advance the odometer over the outer axes, keeping `off` in step.
-                for a in (0..q).rev() {
+                // Advance the odometer over the remaining outer axes, keeping `off` in step.
+                for a in (0..q.saturating_sub(1)).rev() {
                     idx[a] += 1;
                     off += out_strides[a];
                     if idx[a] < outer[a] {
@@ -340,6 +346,29 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }
     Ok(())
+}
+
+/// `dst = src` for a run of a padded copy: short runs (an element, a row of a small plane) by
+/// fixed-size moves, since a `memmove` call costs more than such a copy.
+#[inline(always)]
+fn copy_run(dst: &mut [u8], src: &[u8]) {
+    let n = dst.len();
+    match n {
+        4 => dst.copy_from_slice(&src[..4]),
+        8 => dst.copy_from_slice(&src[..8]),
+        16..256 => {
+            // Blocks of 16 bytes, the last one overlapping the one before.
+            let mut i = 0;
+            while i + 16 <= n {
+                dst[i..i + 16].copy_from_slice(&src[i..i + 16]);
+                i += 16;
+            }
+            if i < n {
+                dst[n - 16..].copy_from_slice(&src[n - 16..n]);
+            }
+        }
+        _ => dst.copy_from_slice(&src[..n]),
+    }
 }
 
 /// Fill `out` (elements of `size` bytes) by `fill(first_element, chunk)`, split across up to

@@ -94,6 +94,61 @@ fn pad_gather_concat_run_natively_and_match_the_reference() {
     );
 }
 
+/// Pads of every run shape the native copy distinguishes — single elements into a strided
+/// output (a max-pool gradient's interleave), 8-byte runs, short rows copied in 16-byte blocks
+/// with an overlapping tail, long rows, a whole tensor — on 1-, 2-, 4- and 8-byte dtypes give
+/// the reference's bytes.
+#[test]
+fn pads_of_every_run_length_match_the_reference() {
+    use oar_ir::ops::Pad;
+    use oar_ir::{Float, Graph, Op, TensorType};
+    let cases: [(&[usize], &[usize], &[usize]); 7] = [
+        (&[4, 3, 5, 1], &[0, 0, 0, 0], &[0, 0, 0, 1]),
+        (&[3, 7, 2], &[0, 1, 0], &[0, 0, 1]),
+        (&[2, 3, 9], &[0, 0, 0], &[0, 1, 2]),
+        (&[2, 5, 27], &[1, 0, 1], &[0, 2, 0]),
+        (&[3, 100], &[0, 3], &[1, 2]),
+        (&[2, 3, 4], &[1, 0, 0], &[2, 0, 0]),
+        (&[6], &[2], &[3]),
+    ];
+    for dt in [DType::I8, DType::F16, DType::F32, DType::F64] {
+        for &(shape, before, after) in &cases {
+            let mut g = Graph::new("pad");
+            let x = g.add_input("x", TensorType::of(dt, shape)).unwrap();
+            let pad = Pad {
+                before: before.to_vec(),
+                after: after.to_vec(),
+                value: Float(-3.0),
+            };
+            let y = g.add_op1(Op::Pad(pad), &[x]).unwrap();
+            g.add_output("y", y).unwrap();
+            let n: usize = shape.iter().product();
+            let v: Vec<f64> = (0..n).map(|i| (i % 97) as f64 - 40.0).collect();
+            let feeds = BTreeMap::from([(
+                "x".to_string(),
+                TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap(),
+            )]);
+            let lowered = oar_backend_cpu::lower::lower(&g, &BTreeMap::new()).unwrap();
+            assert!(
+                matches!(lowered.cpu.steps.as_slice(), [oar_cpu_runtime::Step::Native { .. }]),
+                "{:?}",
+                lowered.cpu.steps
+            );
+            let got = CpuBackend::new()
+                .compile(&g, &Weights::new())
+                .unwrap()
+                .run(&feeds)
+                .unwrap();
+            let want = oar_backend_reference::run_graph(&g, &Weights::new(), &feeds).unwrap();
+            assert_eq!(
+                got[0].1.bytes(),
+                want[0].1.bytes(),
+                "{dt} {shape:?} {before:?} {after:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn gather_index_out_of_range_is_a_typed_error() {
     let g = oar_ir::text::parse_graph(G).unwrap();
