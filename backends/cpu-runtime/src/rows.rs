@@ -5,12 +5,13 @@
 //!
 //! f32 rows run one generic body, instantiated for AVX-512, AVX2+FMA and the baseline and
 //! chosen at run time ([`Simd`]). The body works on blocks of [`L`] lanes (one AVX-512 vector,
-//! two AVX2 vectors) with per-lane partial sums combined in a fixed tree, so every instance with
-//! FMA gives the same bits. `exp` is a Cephes-style polynomial (≤ 2 ulp on the normal range;
-//! results below `2^-125` flush to zero — an absolute error under `3e-38`). Statistics: the
-//! softmax sum accumulates in f32 lanes (positive terms); the layer-norm mean in f32 lanes shifted by the
-//! row's first element and subtracted as a pair of f32s (a row of large, nearly equal values keeps its digits), its variance in f32
-//! lanes over centered values. f64 rows compute as the reference does (std `exp`/`ln`, f64 sums); f16/bf16 rows
+//! two AVX2 vectors) with per-lane partial sums added in lane order afterwards, so every
+//! instance with FMA gives the same bits. `exp` is a Cephes-style polynomial (≤ 2 ulp on the
+//! normal range; results below `2^-125` flush to zero — an absolute error under `3e-38`).
+//! Statistics: the softmax sum accumulates in f32 lanes (positive terms); the layer-norm mean
+//! in f32 lanes shifted by the row's first element and is subtracted as a pair of f32s (a row
+//! of large, nearly equal values keeps its digits), its variance in f32 lanes over centered
+//! values. f64 rows compute as the reference does (std `exp`/`ln`, f64 sums); f16/bf16 rows
 //! widen to f32, run the f32 body and round once.
 //!
 //! A softmax over an axis that is not the last (`inner > 1`) runs column blocks: the statistics
