@@ -206,22 +206,7 @@ impl Direct {
 #[inline(always)]
 pub(crate) fn gather_step<T: Copy>(dst: &mut [T], src: &[T], step: usize) {
     match step {
-        // Short runs (im2col rows of small planes: 10–30 elements) by an inline loop; a
-        // `memmove` call costs more than the copy there.
-        1 if (8..64).contains(&dst.len()) => {
-            // Blocks of 8 (fixed-size moves), the last one overlapping the one before.
-            let n = dst.len();
-            let src = &src[..n];
-            let mut i = 0;
-            while i + 8 <= n {
-                dst[i..i + 8].copy_from_slice(&src[i..i + 8]);
-                i += 8;
-            }
-            if i < n {
-                dst[n - 8..].copy_from_slice(&src[n - 8..]);
-            }
-        }
-        1 => dst.copy_from_slice(&src[..dst.len()]),
+        1 => copy_run(dst, &src[..dst.len()]),
         2 => {
             // Pairs: a constant step without bounds checks, which vectorizes.
             let n = dst.len();
@@ -241,6 +226,27 @@ pub(crate) fn gather_step<T: Copy>(dst: &mut [T], src: &[T], step: usize) {
                 *d = v;
             }
         }
+    }
+}
+
+/// `dst = src` (equal lengths). Short runs (im2col rows of small planes, a padded copy's
+/// elements and rows) go by fixed-size moves of 8 elements, the last one overlapping the one
+/// before, since a `memmove` call costs more than such a copy.
+#[inline(always)]
+pub(crate) fn copy_run<T: Copy>(dst: &mut [T], src: &[T]) {
+    const B: usize = 8;
+    let n = dst.len();
+    if !(B..256).contains(&n) {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let mut i = 0;
+    while i + B <= n {
+        dst[i..i + B].copy_from_slice(&src[i..i + B]);
+        i += B;
+    }
+    if i < n {
+        dst[n - B..].copy_from_slice(&src[n - B..]);
     }
 }
 

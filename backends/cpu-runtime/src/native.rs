@@ -7,12 +7,12 @@
 //! (`softmax`, `log_softmax`, `layer_norm`: vectorized row kernels in [`crate::rows`], within
 //! rounding of the reference).
 
+use crate::conv_direct::copy_run;
 use crate::program::static_shape;
-use crate::rows::{RowOp, Rows};
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
 use oar_ir::ops::{Concat, Gather, Pad, Scatter, ScatterReduce};
 use oar_ir::tensor_data::{read_as_f64, store_f64_as};
-use oar_ir::{BackendError, Composite, DType, Op, TensorData};
+use oar_ir::{BackendError, DType, Op, TensorData};
 
 /// Whether [`run`] computes this opaque kernel.
 pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
@@ -32,11 +32,9 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
                     (Some(DType::F16 | DType::BF16), DType::F32) | (Some(DType::F32), DType::F16 | DType::BF16)
                 )
         }
-        Op::Composite(Composite::Softmax(_) | Composite::LogSoftmax(_)) => {
-            o.inputs.len() == 1 && dt(0).is_some_and(row_float)
-        }
-        Op::Composite(Composite::LayerNorm(_)) => {
-            (o.inputs.len() == 1 || o.inputs.len() == 3) && dt(0).is_some_and(row_float)
+        Op::Composite(c) => {
+            crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))
+                && dt(0).is_some_and(row_float)
         }
         _ => false,
     }
@@ -148,7 +146,11 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             for row in x.chunks_exact(run * row_len.max(1)) {
                 for (j, src) in row.chunks_exact(run).enumerate() {
                     let at = off + j * row_stride;
-                    copy_run(&mut out[at..at + run_len], src);
+                    let dst = &mut out[at..at + run_len];
+                    match run_len {
+                        4 => dst.copy_from_slice(&src[..4]),
+                        _ => copy_run(dst, src),
+                    }
                 }
                 // Advance the odometer over the remaining outer axes, keeping `off` in step.
                 for a in (0..q.saturating_sub(1)).rev() {
@@ -301,33 +303,8 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             // copied first (data may be planned into the output's own bytes).
             unsafe { scatter(p, k, o, sc, bufs, out_ptr, out_len)? };
         }
-        Op::Composite(c @ (Composite::Softmax(_) | Composite::LogSoftmax(_) | Composite::LayerNorm(_))) => {
-            let shape = shape_of(0);
-            let (op, axis) = match c {
-                Composite::Softmax(s) => (RowOp::Softmax, s.axis),
-                Composite::LogSoftmax(s) => (RowOp::LogSoftmax, s.axis),
-                Composite::LayerNorm(l) => (
-                    RowOp::LayerNorm { eps: l.epsilon.0 },
-                    shape.len().saturating_sub(l.normalized_ndim),
-                ),
-                _ => unreachable!("matched above"),
-            };
-            if axis >= shape.len().max(1) {
-                return Err(err(k, format!("axis {axis} out of range for shape {shape:?}")));
-            }
-            let g = match op {
-                // Layer norm: rows of every normalized axis.
-                RowOp::LayerNorm { .. } => Rows {
-                    outer: shape[..axis].iter().product(),
-                    n: shape[axis..].iter().product(),
-                    inner: 1,
-                },
-                _ => Rows {
-                    outer: shape[..axis].iter().product(),
-                    n: shape.get(axis).copied().unwrap_or(1),
-                    inner: shape[(axis + 1).min(shape.len())..].iter().product(),
-                },
-            };
+        Op::Composite(c) if crate::rows::of(c).is_some() => {
+            let (op, g) = crate::rows::geometry(c, &shape_of(0)).map_err(|d| err(k, d))?;
             let x = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
             let (mut wcopy, mut bcopy) = (Vec::new(), Vec::new());
             let affine = if o.inputs.len() == 3 {
@@ -346,29 +323,6 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }
     Ok(())
-}
-
-/// `dst = src` for a run of a padded copy: short runs (an element, a row of a small plane) by
-/// fixed-size moves, since a `memmove` call costs more than such a copy.
-#[inline(always)]
-fn copy_run(dst: &mut [u8], src: &[u8]) {
-    let n = dst.len();
-    match n {
-        4 => dst.copy_from_slice(&src[..4]),
-        8 => dst.copy_from_slice(&src[..8]),
-        16..256 => {
-            // Blocks of 16 bytes, the last one overlapping the one before.
-            let mut i = 0;
-            while i + 16 <= n {
-                dst[i..i + 16].copy_from_slice(&src[i..i + 16]);
-                i += 16;
-            }
-            if i < n {
-                dst[n - 16..].copy_from_slice(&src[n - 16..n]);
-            }
-        }
-        _ => dst.copy_from_slice(&src[..n]),
-    }
 }
 
 /// Fill `out` (elements of `size` bytes) by `fill(first_element, chunk)`, split across up to
@@ -531,7 +485,7 @@ unsafe fn scatter(
 
 /// Convert the elements of `x` (`from`) into `out` (`to`): f16/bf16 to f32 exactly, f32 to
 /// f16/bf16 rounded to nearest even (the reference's casts).
-fn half_convert(from: DType, to: DType, x: &[u8], out: &mut [u8]) {
+pub(crate) fn half_convert(from: DType, to: DType, x: &[u8], out: &mut [u8]) {
     use half::{bf16, f16};
     let n = out.len() / to.size_bytes();
     match (from, to) {

@@ -19,7 +19,7 @@
 
 use crate::contraction::par_units;
 use crate::simd::Simd;
-use oar_ir::DType;
+use oar_ir::{Composite, DType};
 use std::borrow::Cow;
 
 /// Lanes per block.
@@ -46,6 +46,45 @@ pub(crate) struct Rows {
     pub outer: usize,
     pub n: usize,
     pub inner: usize,
+}
+
+/// The row op computing composite `c` and the operand counts it takes (`None`: not a row op).
+pub(crate) fn of(c: &Composite) -> Option<(RowOp, &'static [usize])> {
+    match c {
+        Composite::Softmax(_) => Some((RowOp::Softmax, &[1])),
+        Composite::LogSoftmax(_) => Some((RowOp::LogSoftmax, &[1])),
+        Composite::LayerNorm(l) => Some((RowOp::LayerNorm { eps: l.epsilon.0 }, &[1, 3])),
+        _ => None,
+    }
+}
+
+/// The row op of composite `c` and its geometry on an input of `shape`: softmax rows along its
+/// axis; layer-norm rows over its normalized trailing axes.
+pub(crate) fn geometry(c: &Composite, shape: &[usize]) -> Result<(RowOp, Rows), String> {
+    let (op, _) = of(c).ok_or_else(|| format!("`{}` is not a row op", c.name()))?;
+    let axis = match c {
+        Composite::Softmax(s) => s.axis,
+        Composite::LogSoftmax(s) => s.axis,
+        Composite::LayerNorm(l) => shape.len().saturating_sub(l.normalized_ndim),
+        _ => usize::MAX,
+    };
+    if axis >= shape.len().max(1) {
+        return Err(format!("axis {axis} out of range for shape {shape:?}"));
+    }
+    let outer = shape[..axis].iter().product();
+    let g = match op {
+        RowOp::LayerNorm { .. } => Rows {
+            outer,
+            n: shape[axis..].iter().product(),
+            inner: 1,
+        },
+        _ => Rows {
+            outer,
+            n: shape.get(axis).copied().unwrap_or(1),
+            inner: shape[(axis + 1).min(shape.len())..].iter().product(),
+        },
+    };
+    Ok((op, g))
 }
 
 /// `out = op(x)` for `x`, `out` (and the layer-norm affine `w`, `b` of `n` elements) holding
@@ -102,37 +141,17 @@ pub(crate) fn run(
             with_floats_mut::<f64>(out, |o| run_f64(op, g, &x, affine, o));
         }
         DType::F16 | DType::BF16 => {
-            let widen = |b: &[u8]| -> Vec<f32> {
-                b.chunks_exact(2)
-                    .map(|c| {
-                        let bits = u16::from_le_bytes([c[0], c[1]]);
-                        if dtype == DType::F16 {
-                            half::f16::from_bits(bits).to_f32()
-                        } else {
-                            half::bf16::from_bits(bits).to_f32()
-                        }
-                    })
-                    .collect()
+            // Through f32 (the runtime's half conversions), rounded once at the end.
+            let widen = |b: &[u8]| {
+                let mut w = vec![0u8; b.len() * 2];
+                crate::native::half_convert(dtype, DType::F32, b, &mut w);
+                w
             };
-            let x = widen(x);
             let affine = affine.map(|(w, b)| (widen(w), widen(b)));
-            let mut o = vec![0f32; len];
-            run_f32(
-                op,
-                g,
-                &x,
-                affine.as_ref().map(|(w, b)| (&w[..], &b[..])),
-                &mut o,
-                threads,
-            );
-            for (v, c) in o.iter().zip(out.chunks_exact_mut(2)) {
-                let bits = if dtype == DType::F16 {
-                    half::f16::from_f32(*v).to_bits()
-                } else {
-                    half::bf16::from_f32(*v).to_bits()
-                };
-                c.copy_from_slice(&bits.to_le_bytes());
-            }
+            let mut o = vec![0u8; len * 4];
+            let aff = affine.as_ref().map(|(w, b)| (&w[..], &b[..]));
+            run(op, DType::F32, g, &widen(x), aff, &mut o, threads)?;
+            crate::native::half_convert(DType::F32, dtype, &o, out);
         }
         other => return Err(format!("row op on {other}")),
     }
@@ -140,55 +159,26 @@ pub(crate) fn run(
 }
 
 /// The elements of `b`: borrowed when aligned (as buffers are), else copied.
-fn floats<T: Float>(b: &[u8]) -> Cow<'_, [T]> {
-    if b.as_ptr().align_offset(T::SIZE) == 0 {
-        // Safety: aligned, in bounds, and every bit pattern is a float.
-        Cow::Borrowed(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<T>(), b.len() / T::SIZE) })
-    } else {
-        Cow::Owned(b.chunks_exact(T::SIZE).map(T::from_le).collect())
+fn floats<T: bytemuck::Pod>(b: &[u8]) -> Cow<'_, [T]> {
+    match bytemuck::try_cast_slice(b) {
+        Ok(v) => Cow::Borrowed(v),
+        Err(_) => Cow::Owned(
+            b.chunks_exact(size_of::<T>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect(),
+        ),
     }
 }
 
 /// `f` on the elements of `out` (in place when aligned, else through a copy).
-fn with_floats_mut<T: Float>(out: &mut [u8], f: impl FnOnce(&mut [T])) {
-    if out.as_ptr().align_offset(T::SIZE) == 0 {
-        // Safety: aligned, in bounds, exclusively borrowed, and every bit pattern is a float.
-        f(unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<T>(), out.len() / T::SIZE) })
-    } else {
-        let mut v = vec![T::default(); out.len() / T::SIZE];
-        f(&mut v);
-        for (x, c) in v.iter().zip(out.chunks_exact_mut(T::SIZE)) {
-            x.to_le(c);
+fn with_floats_mut<T: bytemuck::Pod>(out: &mut [u8], f: impl FnOnce(&mut [T])) {
+    match bytemuck::try_cast_slice_mut(out) {
+        Ok(v) => f(v),
+        Err(_) => {
+            let mut v = vec![<T as bytemuck::Zeroable>::zeroed(); out.len() / size_of::<T>()];
+            f(&mut v);
+            out.copy_from_slice(bytemuck::cast_slice(&v));
         }
-    }
-}
-
-/// f32 or f64, as little-endian bytes (the targets are little-endian).
-trait Float: Copy + Default + Send + Sync {
-    const SIZE: usize;
-    fn from_le(b: &[u8]) -> Self;
-    fn to_le(self, b: &mut [u8]);
-}
-
-impl Float for f32 {
-    const SIZE: usize = 4;
-    fn from_le(b: &[u8]) -> f32 {
-        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-    }
-    fn to_le(self, b: &mut [u8]) {
-        b.copy_from_slice(&self.to_le_bytes());
-    }
-}
-
-impl Float for f64 {
-    const SIZE: usize = 8;
-    fn from_le(b: &[u8]) -> f64 {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        f64::from_le_bytes(a)
-    }
-    fn to_le(self, b: &mut [u8]) {
-        b.copy_from_slice(&self.to_le_bytes());
     }
 }
 
@@ -740,7 +730,7 @@ mod tests {
         let mut out = vec![0u8; 96];
         let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         run(RowOp::Softmax, DType::F64, g, &bytes, None, &mut out, 1).unwrap();
-        let got: Vec<f64> = out.chunks_exact(8).map(f64::from_le).collect();
+        let got: Vec<f64> = out.chunks_exact(8).map(bytemuck::pod_read_unaligned).collect();
         let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
         for (g, w) in got.iter().zip(expect(&x32, g, false)) {
             assert!((g - w).abs() < 1e-15, "{g} vs {w}");
@@ -759,33 +749,11 @@ mod tests {
 
     #[test]
     fn bad_geometry_is_an_error() {
-        let e = run(
-            RowOp::Softmax,
-            DType::F32,
-            Rows {
-                outer: 2,
-                n: 3,
-                inner: 1,
-            },
-            &[0; 8],
-            None,
-            &mut [0; 8],
-            1,
-        );
-        assert!(e.unwrap_err().contains("6 f32 elements"));
-        let e = run(
-            RowOp::Softmax,
-            DType::I32,
-            Rows {
-                outer: 1,
-                n: 2,
-                inner: 1,
-            },
-            &[0; 8],
-            None,
-            &mut [0; 8],
-            1,
-        );
-        assert!(e.unwrap_err().contains("i32"));
+        let fails = |dtype, outer, n| {
+            let g = Rows { outer, n, inner: 1 };
+            run(RowOp::Softmax, dtype, g, &[0; 8], None, &mut [0; 8], 1).unwrap_err()
+        };
+        assert!(fails(DType::F32, 2, 3).contains("6 f32 elements"));
+        assert!(fails(DType::I32, 1, 2).contains("i32"));
     }
 }
