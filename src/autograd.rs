@@ -332,7 +332,8 @@ impl Tensor {
                         .iter()
                         .map(|c| c.as_ref().map(Tensor::try_data).transpose())
                         .collect::<Result<_>>()?;
-                    crate::kernels::composite_vjp(&node.op, &ins, &cts, &wants)?
+                    let results: Vec<TensorData> = saved.1.iter().map(Tensor::try_data).collect::<Result<_>>()?;
+                    crate::kernels::composite_vjp(&node.op, &ins, &results, &cts, &wants)?
                         .into_iter()
                         .map(|g| g.map(Tensor::from_data))
                         .collect()

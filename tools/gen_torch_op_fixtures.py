@@ -273,6 +273,22 @@ for name, n, h, mk, tol in [("f32", 3, 4, f32, TOL_F32), ("f64", 2, 3, f64, TOL_
          [((1 - z) * nn_ + z * t(hs)).numpy()], tol)
 
 
+# ---- lstm_seq (a whole LSTM layer's recurrence after the input projection) -----------------
+
+for name, n, steps, h, reverse, mk, tol in [("f32", 2, 4, 3, False, f32, TOL_ACC32),
+                                            ("f32_reverse", 3, 3, 5, True, f32, TOL_ACC32),
+                                            ("f64", 2, 3, 2, False, f64, TOL_F64)]:
+    xg, w, h0, c0 = 3 * mk(n, steps, 4 * h), mk(4 * h, h), mk(n, h), mk(n, h)
+    # torch.lstm with W_ih = I (its input is xg itself), W_hh = w, no biases, batch first; the
+    # reverse direction runs on the flipped sequence and flips its output back.
+    x = t(xg).flip(1) if reverse else t(xg)
+    eye = torch.eye(4 * h, dtype=x.dtype)
+    y, hy, cy = torch.lstm(x, (t(h0)[None], t(c0)[None]), [eye, t(w)], False, 1, 0.0, False, False, True)
+    y = y.flip(1) if reverse else y
+    case("torch_rnn_seq", f"lstm_seq_{name}", comp("LstmSeq", {"reverse": reverse}), [xg, w, h0, c0],
+         [y.numpy(), hy[0].numpy(), cy[0].numpy()], tol)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

@@ -1,13 +1,16 @@
 //! Recurrent layers: `LSTM` and `GRU` (stacked, optionally bidirectional) and their one-step
 //! cells, with Paddle 2 / PyTorch parameter names (`weight_ih_l0`, …) and gate orders.
 //!
-//! Sequences are batch-first `[N, T, C]` (Paddle's default `time_major = false`). Every step is
-//! ordinary eager ops, so autograd, tracing and every backend see the same unrolled graph.
+//! Sequences are batch-first `[N, T, C]` (Paddle's default `time_major = false`). An LSTM
+//! layer's recurrence is one `lstm_seq` op (the cpu backend and eager autograd run it natively;
+//! other backends its decomposition, the unrolled steps); a GRU runs a product and a fused
+//! `gru_cell` per step.
 
 use crate::error::{Error, Result};
 use crate::nn::Layer;
 use crate::nn::functional as F;
 use crate::tensor::{Tensor, concat, stack};
+use oar_ir::ops::LstmSeq;
 use oar_ir::{Composite, DType, Op};
 
 /// Which way a recurrent layer reads its sequence (Paddle's `direction`).
@@ -275,6 +278,21 @@ impl Stack {
                     Kind::Lstm => Some(c0.map_or(Ok(zeros.clone()), |c0| c0.get(idx as i64))?),
                     Kind::Gru => None,
                 };
+                if let Some(c0) = &c {
+                    // An LSTM runs its whole recurrence as one op (`lstm_seq`: one native
+                    // kernel forward and one backward on the CPU), both biases in `xg`.
+                    let bias = crate::tensor::add(&p.bias_ih, &p.bias_hh)?;
+                    let xg_all = F::linear(&layer_in, &p.weight_ih.t()?, Some(&bias))?;
+                    let seq = Op::Composite(Composite::LstmSeq(LstmSeq { reverse: dir == 1 }));
+                    let mut res = crate::tensor::apply_op(seq, &[&xg_all, &p.weight_hh, &h, c0])?.into_iter();
+                    let (Some(y), Some(h), Some(c)) = (res.next(), res.next(), res.next()) else {
+                        return Err(Error::invalid("lstm_seq", "internal: expected y, h and c"));
+                    };
+                    dir_outs.push(y);
+                    h_last.push(h);
+                    c_last.push(c);
+                    continue;
+                }
                 let xg_all = p.input_part(&layer_in)?;
                 let w_hh_t = p.weight_hh.t()?;
                 let g = (self.kind.gates() * hs) as i64;

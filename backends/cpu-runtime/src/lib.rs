@@ -18,6 +18,7 @@ pub mod exe;
 mod model;
 pub mod native;
 pub mod program;
+pub mod rnn;
 mod rows;
 mod simd;
 

@@ -269,7 +269,7 @@ fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
 /// degree-7 polynomial `p` (Cephes `expf`); `2^n` is built in the exponent bits as `2 · 2^(n-1)`
 /// so `n = 128` (x up to ln(f32::MAX)) stays finite. NaN stays NaN; below [`EXP_LO`] gives 0.
 #[inline(always)]
-fn exp<const F: bool>(x: f32) -> f32 {
+pub(crate) fn exp<const F: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // 1.5 · 2^23: adding it rounds to an integer held in the low mantissa bits.
     const MAGIC: f32 = 12_582_912.0;

@@ -42,11 +42,12 @@ pub struct Lowered {
     pub consts: Weights,
 }
 
-/// The composites this backend runs whole, as native row kernels of the runtime
-/// (`oar_cpu_runtime::native`): a row at a time they take two or three passes over cached
-/// memory, where their decompositions take a reduction kernel per statistic and an epilogue
-/// that recomputes `exp`.
-pub const KEPT_COMPOSITES: &[&str] = &["softmax", "log_softmax", "layer_norm"];
+/// The composites this backend runs whole, as native kernels of the runtime
+/// (`oar_cpu_runtime::native`): the row ops a row at a time take two or three passes over
+/// cached memory, where their decompositions take a reduction kernel per statistic and an
+/// epilogue that recomputes `exp`; `lstm_seq` runs its recurrence as one loop (a product and
+/// a fused cell per step) where its decomposition unrolls every step into kernels.
+pub const KEPT_COMPOSITES: &[&str] = &["softmax", "log_softmax", "layer_norm", "lstm_seq"];
 
 /// Bind `bindings` in `graph`, optimize, fuse (keeping [`KEPT_COMPOSITES`]), plan and choose a
 /// step per kernel.

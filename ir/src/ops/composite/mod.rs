@@ -33,7 +33,7 @@ pub use ordering::{ArgSort, Flip, TopK};
 pub use padding::{BorderPad, PadMode};
 pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
-pub use rnn::{GruCell, LstmCell};
+pub use rnn::{GruCell, LstmCell, LstmSeq};
 pub use scan::CumSum;
 pub use select::{MaskedFill, OneHot, Trilu};
 pub use shape_of::ShapeOf;
@@ -90,6 +90,8 @@ op_set! {
         LstmCell,
         /// One GRU step's gates: `h'` from the gate pre-activations and `h`.
         GruCell,
+        /// A whole LSTM layer's recurrence over a sequence.
+        LstmSeq(LstmSeq),
         /// Scaled dot-product attention.
         ScaledDotProductAttention(ScaledDotProductAttention),
         /// Padding from the tensor's own elements (reflect, replicate, circular).

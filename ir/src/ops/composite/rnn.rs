@@ -1,14 +1,15 @@
 //! Recurrent cells: `lstm_cell` and `gru_cell`, one time step's element-wise part after the
 //! two matrix products (`x Wᵢₕᵀ + bᵢₕ` and `h Wₕₕᵀ + bₕₕ`), so an eager RNN runs each step's
-//! gates as one fused kernel and their gradient as another instead of a dozen small ops.
-//! Gate orders follow PyTorch and Paddle.
+//! gates as one fused kernel and their gradient as another instead of a dozen small ops; and
+//! `lstm_seq`, a whole LSTM layer's recurrence over a sequence (the cpu backend runs it, and
+//! eager mode its gradient, as one native kernel). Gate orders follow PyTorch and Paddle.
 
 use super::super::rules::{R, arity, elements, float, out_elements, same_dtype};
 use super::super::sample::{Sample, input};
 use super::activation::sigmoid;
 use super::{V, composite_def, slice};
 use crate::eval::{Data, EvalCx, Res, Value};
-use crate::ops::{BinaryOp, Composite, OpDef, SliceRange, UnaryOp, op_struct};
+use crate::ops::{BinaryOp, Composite, Concat, OpDef, Permute, SliceRange, UnaryOp, op_struct};
 use crate::{DType, Dim, Emitter, Graph, Op, TensorType};
 use ndarray::{ArrayD, Ix2};
 
@@ -23,6 +24,18 @@ op_struct! {
     /// One GRU step: `gru_cell(xg[N, 3H], hg[N, 3H], h[N, H]) -> h'` with r, z, n:
     /// `r = σ(x_r + h_r)`, `z = σ(x_z + h_z)`, `n = tanh(x_n + r h_n)`, `h' = n + z (h − n)`.
     GruCell "gru_cell"
+}
+
+op_struct! {
+    /// A whole LSTM layer's recurrence after its input projection:
+    /// `lstm_seq(xg[N, T, 4H], w_hh[4H, H], h0[N, H], c0[N, H]) -> (y[N, T, H], h[N, H], c[N, H])`.
+    /// Step by step — from `t = 0`, or from the last step with `reverse` —
+    /// `(h, c) = lstm_cell(xg[:, t], h w_hhᵀ, c)` and `y[:, t] = h`; the results are `y` and the
+    /// last step's `h` and `c`. Both biases belong in `xg` (`x Wᵢₕᵀ + bᵢₕ + bₕₕ`).
+    LstmSeq "lstm_seq" {
+        /// Run the steps from the last to the first (a bidirectional layer's backward half).
+        reverse: bool,
+    }
 }
 
 /// The type rule both cells share: `gates` gate blocks of the state's width `H`.
@@ -148,6 +161,152 @@ impl OpDef for LstmCell {
 
     fn samples() -> Vec<Sample> {
         cell_samples("lstm_cell", Composite::LstmCell, 4)
+    }
+}
+
+/// The operand types of `lstm_seq`, checked: `(N, T, H)` as dims and the state type `[N, H]`.
+fn seq_types(inputs: &[TensorType]) -> Result<(Dim, usize, usize, TensorType), String> {
+    arity(inputs, 4)?;
+    let (xg, w, h0, c0) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+    float(xg)?;
+    for t in [w, h0, c0] {
+        same_dtype(xg, t)?;
+    }
+    let err =
+        || format!("lstm_seq needs xg[N, T, 4H], w_hh[4H, H], h0[N, H] and c0[N, H], got {xg}, {w}, {h0} and {c0}");
+    if xg.rank() != 3 || w.rank() != 2 || h0.rank() != 2 || h0 != c0 || xg.shape.0[0] != h0.shape.0[0] {
+        return Err(err());
+    }
+    let (Some(t), Some(g), Some(h)) = (
+        xg.shape.0[1].as_static(),
+        xg.shape.0[2].as_static(),
+        h0.shape.0[1].as_static(),
+    ) else {
+        return Err(format!(
+            "lstm_seq needs a static sequence length and hidden size, got xg {xg} and h0 {h0}"
+        ));
+    };
+    if g != 4 * h || w.shape.0[0].as_static() != Some(4 * h) || w.shape.0[1].as_static() != Some(h) || t == 0 {
+        return Err(err());
+    }
+    Ok((xg.shape.0[0].clone(), t, h, h0.clone()))
+}
+
+impl OpDef for LstmSeq {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        let (n, t, h, state) = seq_types(inputs)?;
+        let y = TensorType::new(state.dtype, crate::Shape(vec![n, Dim::Static(t), Dim::Static(h)]));
+        Ok(vec![y, state.clone(), state])
+    }
+
+    fn flops(&self, inputs: &[TensorType], _: &[TensorType]) -> Option<u64> {
+        // Per step and state element: the recurrent product's 4H multiply-adds, and the cell.
+        let state = elements(inputs.get(2)?)?;
+        let (t, h) = (
+            inputs[0].shape.0[1].as_static()? as u64,
+            inputs[2].shape.0[1].as_static()? as u64,
+        );
+        Some(t * state * (8 * h + 30))
+    }
+
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        types: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let mut run = || -> Result<Vec<E::Value>, E::Error> {
+            let state = types[2].clone();
+            let (n, t, h) = (
+                state.shape.0[0].clone(),
+                types[0].shape.0[1].as_static().unwrap_or(0),
+                hidden(&state),
+            );
+            let gates = TensorType::new(state.dtype, crate::Shape(vec![n.clone(), Dim::Static(4 * h)]));
+            let cell_types = [gates.clone(), gates.clone(), state.clone()];
+            let w_t = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[x[1]])?;
+            let (mut hs, mut cs) = (x[2], x[3]);
+            let mut ys = vec![None; t];
+            let order: Vec<usize> = if self.reverse {
+                (0..t).rev().collect()
+            } else {
+                (0..t).collect()
+            };
+            for s in order {
+                let r = SliceRange::new(s as i64, s as i64 + 1);
+                let xs = slice(g, x[0], vec![SliceRange::FULL, r, SliceRange::FULL])?;
+                let xs = super::reshape(g, xs, gates.shape.0.clone())?;
+                let hg = g.add_op1(Op::MatMul, &[hs, w_t])?;
+                let next = LstmCell
+                    .decompose(g, &[xs, hg, cs], &cell_types, &[])
+                    .expect("lstm_cell decomposes")?;
+                (hs, cs) = (next[0], next[1]);
+                ys[s] = Some(super::reshape(g, hs, vec![n.clone(), Dim::Static(1), Dim::Static(h)])?);
+            }
+            let ys: Vec<E::Value> = ys.into_iter().flatten().collect();
+            let y = if ys.len() == 1 {
+                ys[0]
+            } else {
+                g.add_op1(Op::Concat(Concat { axis: 1 }), &ys)?
+            };
+            Ok(vec![y, hs, cs])
+        };
+        Some(run())
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        crate::eval::arity(cx.site(), ins, &[4])?;
+        let f = |i: usize| ins[i].as_f(cx.site(), "operand");
+        let (xg, w, h0, c0) = (f(0)?, f(1)?, f(2)?, f(3)?);
+        let (n, t, h) = (xg.shape()[0], xg.shape()[1], h0.shape()[1]);
+        let (mut hs, mut cs) = (h0.to_owned(), c0.to_owned());
+        let mut y = ArrayD::<f64>::zeros(vec![n, t, h]);
+        let order: Vec<usize> = if self.reverse {
+            (0..t).rev().collect()
+        } else {
+            (0..t).collect()
+        };
+        for s in order {
+            let (mut h2, mut c2) = (hs.clone(), cs.clone());
+            for r in 0..n {
+                for j in 0..h {
+                    let z = |k: usize| {
+                        let rec: f64 = (0..h).map(|i| hs[[r, i]] * w[[k * h + j, i]]).sum();
+                        xg[[r, s, k * h + j]] + rec
+                    };
+                    let cn = sig(z(1)) * cs[[r, j]] + sig(z(0)) * z(2).tanh();
+                    c2[[r, j]] = cn;
+                    h2[[r, j]] = sig(z(3)) * cn.tanh();
+                    y[[r, s, j]] = h2[[r, j]];
+                }
+            }
+            (hs, cs) = (h2, c2);
+        }
+        Ok(vec![
+            ins[2].with(Data::F(y)),
+            ins[2].with(Data::F(hs)),
+            ins[2].with(Data::F(cs)),
+        ])
+    }
+
+    fn samples() -> Vec<Sample> {
+        let seq = |reverse| Op::Composite(Composite::LstmSeq(LstmSeq { reverse }));
+        let case = |d: DType, n: usize, t: usize, h: usize| {
+            vec![
+                input(d, &[n, t, 4 * h]),
+                input(d, &[4 * h, h]),
+                input(d, &[n, h]),
+                input(d, &[n, h]),
+            ]
+        };
+        vec![
+            Sample::new("lstm_seq/f32", seq(false), case(DType::F32, 2, 3, 2)),
+            Sample::new("lstm_seq/f32/reverse", seq(true), case(DType::F32, 3, 4, 3)),
+            Sample::new("lstm_seq/f64/one_step", seq(false), case(DType::F64, 2, 1, 3)),
+        ]
     }
 }
 
