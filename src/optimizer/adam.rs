@@ -1,6 +1,6 @@
 //! Adam and AdamW, with PyTorch's bias correction.
 
-use super::core::{Core, TracedUpdate, impl_optimizer};
+use super::core::{Core, Rule, TracedUpdate, impl_optimizer};
 use super::{LearningRate, Params};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -39,6 +39,34 @@ impl AdamHyper {
         }
         Ok(())
     }
+}
+
+/// f32 Adam on a block: the same formula as [`AdamHyper::update`] in f32 (constants computed in
+/// f64 once), one body compiled for AVX2+FMA and for the baseline, chosen at run time.
+#[inline(always)]
+fn adam_f32(k: [f32; 6], p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    let [beta1, beta2, step_size, bc2_sqrt, eps, decay] = k;
+    let n = p.len().min(g.len()).min(m.len()).min(v.len());
+    let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
+    for i in 0..n {
+        let gi = g[i];
+        let pi = p[i] * decay;
+        let mi = beta1 * m[i] + (1.0 - beta1) * gi;
+        let vi = beta2 * v[i] + (1.0 - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn adam_f32_avx2(k: [f32; 6], p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    adam_f32(k, p, g, m, v)
+}
+
+impl Rule for AdamHyper {
+    const F32: bool = true;
 
     /// PyTorch's form: `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`; AdamW
     /// first shrinks `p *= 1 - lr * coeff`.
@@ -57,6 +85,27 @@ impl AdamHyper {
             *v = self.beta2 * *v + (1.0 - self.beta2) * g * g;
             *p -= step_size * *m / (v.sqrt() / bc2_sqrt + self.epsilon);
         }
+    }
+
+    fn update_f32(&self, lr: f64, step: u64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
+        let t = step as f64;
+        let k = [
+            self.beta1 as f32,
+            self.beta2 as f32,
+            (lr / (1.0 - self.beta1.powf(t))) as f32,
+            (1.0 - self.beta2.powf(t)).sqrt() as f32,
+            self.epsilon as f32,
+            (1.0 - lr * self.decoupled) as f32,
+        ];
+        let [m, v] = slots else {
+            unreachable!("Adam keeps two slots")
+        };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // Safety: the features were detected on this host.
+            return unsafe { adam_f32_avx2(k, p, g, m, v) };
+        }
+        adam_f32(k, p, g, m, v)
     }
 }
 

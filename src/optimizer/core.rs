@@ -30,10 +30,12 @@ const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 /// Elements per chunk of a large parameter's update.
 const CHUNK: usize = 1 << 14;
 
-/// A parameter element type the update rules run on (through f64).
+/// A parameter element type the update rules run on (through f64, or f32 itself).
 trait Real: bytemuck::Pod + Send + Sync {
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
+    /// The parameter and gradient as f32 slices, when they are (the f32 update path).
+    fn f32s<'a>(p: &'a mut [Self], g: &'a [Self]) -> Option<(&'a mut [f32], &'a [f32])>;
 }
 
 impl Real for f32 {
@@ -42,6 +44,9 @@ impl Real for f32 {
     }
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    fn f32s<'a>(p: &'a mut [f32], g: &'a [f32]) -> Option<(&'a mut [f32], &'a [f32])> {
+        Some((p, g))
     }
 }
 
@@ -52,19 +57,83 @@ impl Real for f64 {
     fn from_f64(v: f64) -> Self {
         v
     }
+    fn f32s<'a>(_: &'a mut [f64], _: &'a [f64]) -> Option<(&'a mut [f32], &'a [f32])> {
+        None
+    }
+}
+
+/// An optimizer's element-wise update rule: `update(lr, step, param, grad, slots)` on a block
+/// of elements (`step` already counts this step), in f64 for every dtype, and for f32
+/// parameters in f32 arithmetic as PyTorch's optimizers compute (vectorized at the host's
+/// width), when the rule has that form ([`Rule::F32`]).
+pub(crate) trait Rule: Sync {
+    /// Whether [`Rule::update_f32`] is implemented.
+    const F32: bool = false;
+    fn update(&self, lr: f64, step: u64, p: &mut [f64], g: &[f64], slots: &mut [&mut [f64]]);
+    fn update_f32(&self, _lr: f64, _step: u64, _p: &mut [f32], _g: &[f32], _slots: &mut [&mut [f32]]) {}
+}
+
+/// Most slots a rule keeps (Adam's two moments).
+const MAX_SLOTS: usize = 2;
+
+/// [`Rule::update_f32`] on f32 parameter `p` in place, blocks of [`STEP_BLOCK`] elements: the
+/// gradient (with L2 decay `wd` added) and the slots (f64 holding f32 values: exact both ways)
+/// go through f32 blocks on the stack.
+fn run_f32(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f64]]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // Safety: the features were detected on this host.
+        return unsafe { run_f32_avx2(rule, lr, t, wd, p, g, slots) };
+    }
+    run_f32_body(rule, lr, t, wd, p, g, slots)
+}
+
+/// [`run_f32`] compiled for AVX2 (the conversions of the slots vectorize 4 and 8 wide).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_f32_avx2(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f64]]) {
+    run_f32_body(rule, lr, t, wd, p, g, slots)
+}
+
+#[inline(always)]
+fn run_f32_body(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f64]]) {
+    let (mut gb, mut sb) = ([0f32; STEP_BLOCK], [[0f32; STEP_BLOCK]; MAX_SLOTS]);
+    let wd = wd as f32;
+    let mut at = 0;
+    while at < p.len() {
+        let n = STEP_BLOCK.min(p.len() - at);
+        let (pb, gb) = (&mut p[at..at + n], &mut gb[..n]);
+        gb.copy_from_slice(&g[at..at + n]);
+        if wd != 0.0 {
+            gb.iter_mut().zip(pb.iter()).for_each(|(g, p)| *g += wd * p);
+        }
+        let (used, _) = sb.split_at_mut(slots.len());
+        for (b, s) in used.iter_mut().zip(slots.iter()) {
+            b[..n].iter_mut().zip(&s[at..at + n]).for_each(|(b, s)| *b = *s as f32);
+        }
+        let mut block: [&mut [f32]; MAX_SLOTS] = {
+            let [a, b] = &mut sb;
+            [&mut a[..n], &mut b[..n]]
+        };
+        rule.update_f32(lr, t, pb, gb, &mut block[..slots.len()]);
+        for (b, s) in block.iter().zip(slots.iter_mut()) {
+            s[at..at + n].iter_mut().zip(b.iter()).for_each(|(s, b)| *s = *b as f64);
+        }
+        at += n;
+    }
 }
 
 /// Elements converted to f64 at a time by [`apply_chunked`] (on the stack).
 const STEP_BLOCK: usize = 512;
 
-/// Count one more step in `state` and apply the element-wise rule `update` to `p` (with L2
-/// decay `wd` added to its gradient `g`) and `state`'s slots, in place: blocks of
-/// [`STEP_BLOCK`] elements go through f64 on the stack, and a large parameter is split in
+/// Count one more step in `state` and apply `rule` to `p` (with L2 decay `wd` added to its
+/// gradient `g`) and `state`'s slots, in place: blocks of [`STEP_BLOCK`] elements go through
+/// f64 on the stack (f32 for an f32 parameter and a rule with an f32 form, [`run_f32`]), and a large parameter is split in
 /// chunks over the thread pool (every rule is element-wise, so the result is the same). With
 /// `round` (an f32 parameter) the slots are rounded to f32 after the update — exactly what a
 /// saved state holds, so a restore resumes bit for bit.
-fn apply_chunked<T: Real>(
-    update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
+fn apply_chunked<T: Real, R: Rule>(
+    rule: &R,
     lr: f64,
     wd: f64,
     state: &mut ParamState,
@@ -76,6 +145,12 @@ fn apply_chunked<T: Real>(
     state.step += 1;
     let t = state.step;
     let run = |p: &mut [T], g: &[T], slots: &mut [&mut [f64]]| {
+        if R::F32
+            && slots.len() <= MAX_SLOTS
+            && let Some((p, g)) = T::f32s(p, g)
+        {
+            return run_f32(rule, lr, t, wd, p, g, slots);
+        }
         let (mut pb, mut gb) = ([0f64; STEP_BLOCK], [0f64; STEP_BLOCK]);
         let mut at = 0;
         while at < p.len() {
@@ -89,7 +164,7 @@ fn apply_chunked<T: Real>(
                 gb.iter_mut().zip(pb.iter()).for_each(|(g, p)| *g += wd * p);
             }
             let mut block: Vec<&mut [f64]> = slots.iter_mut().map(|s| &mut s[at..at + n]).collect();
-            update(lr, t, pb, gb, &mut block);
+            rule.update(lr, t, pb, gb, &mut block);
             if round {
                 block
                     .iter_mut()
@@ -123,7 +198,7 @@ fn apply_chunked<T: Real>(
 /// state's.
 #[allow(clippy::too_many_arguments)]
 fn apply_to_bytes<T: Real>(
-    update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
+    rule: &impl Rule,
     lr: f64,
     wd: f64,
     state: &mut ParamState,
@@ -140,7 +215,7 @@ fn apply_to_bytes<T: Real>(
     if p.len() != g.len() || state.slots.iter().any(|s| s.len() != p.len()) {
         return false;
     }
-    apply_chunked(update, lr, wd, state, p, g, round);
+    apply_chunked(rule, lr, wd, state, p, g, round);
     true
 }
 
@@ -262,10 +337,7 @@ impl Core {
     /// add L2 decay, then apply the element-wise rule `update(lr, step, param, grad, slots)` to
     /// each (`step` already counts this step; large parameters in chunks across threads) and
     /// write the results back.
-    pub(crate) fn step(
-        &mut self,
-        update: impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync,
-    ) -> Result<()> {
+    pub(crate) fn step(&mut self, rule: &impl Rule) -> Result<()> {
         let lr = self.lr.value();
         self.check(lr)?;
         let on_device = self.on_device();
@@ -289,7 +361,7 @@ impl Core {
             let mut host: Vec<Vec<f64>> = grads.iter().map(TensorData::to_f64_vec).collect();
             clip.clip(&mut host)?;
             for (&i, g) in which.iter().zip(host) {
-                self.host_update(&update, lr, i, g)?;
+                self.host_update(rule, lr, i, g)?;
             }
             return Ok(());
         }
@@ -301,12 +373,12 @@ impl Core {
             // The parameter's own memory, updated in place (copied first if something else
             // still shares it, e.g. a tensor from `.data()`).
             let done = p.with_host_data_mut(|d| match dtype {
-                DType::F32 => apply_to_bytes::<f32>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
-                DType::F64 => apply_to_bytes::<f64>(&update, lr, wd, state, d.bytes_mut(), g.bytes(), round),
+                DType::F32 => apply_to_bytes::<f32>(rule, lr, wd, state, d.bytes_mut(), g.bytes(), round),
+                DType::F64 => apply_to_bytes::<f64>(rule, lr, wd, state, d.bytes_mut(), g.bytes(), round),
                 _ => false,
             });
             if done != Some(true) {
-                self.host_update(&update, lr, i, g.to_f64_vec())?;
+                self.host_update(rule, lr, i, g.to_f64_vec())?;
             }
         }
         Ok(())
@@ -315,18 +387,19 @@ impl Core {
     /// The update of parameter `i` through host vectors (any dtype or device): gradient `g`
     /// (already clipped; clip first, then decay: Paddle's `apply_gradients` order), and the
     /// result written back as a new value.
-    fn host_update(
-        &mut self,
-        update: &(impl Fn(f64, u64, &mut [f64], &[f64], &mut [&mut [f64]]) + Sync),
-        lr: f64,
-        i: usize,
-        g: Vec<f64>,
-    ) -> Result<()> {
+    fn host_update(&mut self, rule: &impl Rule, lr: f64, i: usize, g: Vec<f64>) -> Result<()> {
         let p = self.params[i].try_data()?;
-        let mut value = p.to_f64_vec();
-        let state = param_state(&mut self.state[i], self.slots.len(), value.len());
+        let state = param_state(&mut self.state[i], self.slots.len(), p.len());
         let round = state_dtype(p.dtype()) == DType::F32;
-        apply_chunked(update, lr, self.weight_decay, state, &mut value, &g, round);
+        if p.dtype() == DType::F32 {
+            // In f32, as the in-place path computes an f32 parameter: the same bits.
+            let mut value: Vec<f32> = p.to_f64_vec().iter().map(|&v| v as f32).collect();
+            let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+            apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g, round);
+            return self.params[i].set_data(TensorData::from_vec(p.shape().to_vec(), value)?);
+        }
+        let mut value = p.to_f64_vec();
+        apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g, round);
         self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)
     }
 
@@ -642,8 +715,7 @@ macro_rules! impl_optimizer {
                 if self.core.on_device() {
                     self.core.device_step(|u| hyper.traced_update(u))?;
                 }
-                self.core
-                    .step(|lr, t, p, g, slots| hyper.update(lr, t, p, g, slots))
+                self.core.step(&hyper)
             }
             fn clear_grad(&self) {
                 self.core.clear_grad()

@@ -1,6 +1,6 @@
 //! Plain and momentum gradient descent.
 
-use super::core::{Core, TracedUpdate, impl_optimizer};
+use super::core::{Core, Rule, TracedUpdate, impl_optimizer};
 use super::{LearningRate, Params};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -31,11 +31,20 @@ impl SGD {
 #[derive(Clone, Copy)]
 struct SgdHyper;
 
-impl SgdHyper {
+impl Rule for SgdHyper {
+    const F32: bool = true;
+
     fn update(&self, lr: f64, _: u64, p: &mut [f64], g: &[f64], _: &mut [&mut [f64]]) {
         p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
     }
 
+    fn update_f32(&self, lr: f64, _: u64, p: &mut [f32], g: &[f32], _: &mut [&mut [f32]]) {
+        let lr = lr as f32;
+        p.iter_mut().zip(g).for_each(|(p, g)| *p -= lr * g);
+    }
+}
+
+impl SgdHyper {
     fn traced_update(&self, u: &TracedUpdate) -> Result<(Tensor, Vec<Tensor>)> {
         Ok(((&u.param - &(&u.lr * &u.grad)?)?, vec![]))
     }
@@ -96,7 +105,9 @@ struct MomentumHyper {
     nesterov: bool,
 }
 
-impl MomentumHyper {
+impl Rule for MomentumHyper {
+    const F32: bool = true;
+
     fn update(&self, lr: f64, _: u64, p: &mut [f64], g: &[f64], slots: &mut [&mut [f64]]) {
         let v = &mut *slots[0];
         for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
@@ -109,6 +120,17 @@ impl MomentumHyper {
         }
     }
 
+    fn update_f32(&self, lr: f64, _: u64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
+        let (lr, mu) = (lr as f32, self.mu as f32);
+        let v = &mut *slots[0];
+        for ((p, g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
+            *v = mu * *v + g;
+            *p -= if self.nesterov { lr * (g + mu * *v) } else { lr * *v };
+        }
+    }
+}
+
+impl MomentumHyper {
     fn traced_update(&self, u: &TracedUpdate) -> Result<(Tensor, Vec<Tensor>)> {
         let v = (&(&u.slots[0] * self.mu)? + &u.grad)?;
         let dir = if self.nesterov {
