@@ -18,11 +18,12 @@ pub const OPT_PREFIX: &str = "@opt/";
 const STEP_SLOT: &str = "step";
 
 /// One parameter's optimizer state: how many updates it has had, and its buffers (moments,
-/// velocity) in the optimizer's slot order.
+/// velocity) in the optimizer's slot order, each shaped as the parameter in the state dtype
+/// ([`state_dtype`]: f32 for f32 and half parameters, as PyTorch keeps it, f64 for f64).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ParamState {
     pub(crate) step: u64,
-    pub(crate) slots: Vec<Vec<f64>>,
+    pub(crate) slots: Vec<TensorData>,
 }
 
 /// Elements below which a parameter's update runs on the calling thread.
@@ -32,6 +33,7 @@ const CHUNK: usize = 1 << 14;
 
 /// A parameter element type the update rules run on (through f64, or f32 itself).
 trait Real: bytemuck::Pod + Send + Sync {
+    const DTYPE: DType;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
     /// The parameter and gradient as f32 slices, when they are (the f32 update path).
@@ -39,6 +41,7 @@ trait Real: bytemuck::Pod + Send + Sync {
 }
 
 impl Real for f32 {
+    const DTYPE: DType = DType::F32;
     fn to_f64(self) -> f64 {
         self as f64
     }
@@ -51,6 +54,7 @@ impl Real for f32 {
 }
 
 impl Real for f64 {
+    const DTYPE: DType = DType::F64;
     fn to_f64(self) -> f64 {
         self
     }
@@ -73,52 +77,41 @@ pub(crate) trait Rule: Sync {
     fn update_f32(&self, _lr: f64, _step: u64, _p: &mut [f32], _g: &[f32], _slots: &mut [&mut [f32]]) {}
 }
 
-/// Most slots a rule keeps (Adam's two moments).
-const MAX_SLOTS: usize = 2;
-
-/// [`Rule::update_f32`] on f32 parameter `p` in place, blocks of [`STEP_BLOCK`] elements: the
-/// gradient (with L2 decay `wd` added) and the slots (f64 holding f32 values: exact both ways)
-/// go through f32 blocks on the stack.
-fn run_f32(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f64]]) {
+/// [`Rule::update_f32`] on f32 parameter `p` and f32 slots in place; with L2 decay `wd` the
+/// gradient goes through blocks of [`STEP_BLOCK`] elements on the stack (`g + wd·p`).
+fn run_f32(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if wd != 0.0 && std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // Safety: the features were detected on this host.
         return unsafe { run_f32_avx2(rule, lr, t, wd, p, g, slots) };
     }
     run_f32_body(rule, lr, t, wd, p, g, slots)
 }
 
-/// [`run_f32`] compiled for AVX2 (the conversions of the slots vectorize 4 and 8 wide).
+/// [`run_f32`] compiled for AVX2 (the decayed gradient blocks vectorize 8 wide).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn run_f32_avx2(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f64]]) {
+unsafe fn run_f32_avx2(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
     run_f32_body(rule, lr, t, wd, p, g, slots)
 }
 
 #[inline(always)]
-fn run_f32_body(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f64]]) {
-    let (mut gb, mut sb) = ([0f32; STEP_BLOCK], [[0f32; STEP_BLOCK]; MAX_SLOTS]);
+fn run_f32_body(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
+    if wd == 0.0 {
+        return rule.update_f32(lr, t, p, g, slots);
+    }
     let wd = wd as f32;
+    let mut gb = [0f32; STEP_BLOCK];
     let mut at = 0;
     while at < p.len() {
         let n = STEP_BLOCK.min(p.len() - at);
         let (pb, gb) = (&mut p[at..at + n], &mut gb[..n]);
-        gb.copy_from_slice(&g[at..at + n]);
-        if wd != 0.0 {
-            gb.iter_mut().zip(pb.iter()).for_each(|(g, p)| *g += wd * p);
-        }
-        let (used, _) = sb.split_at_mut(slots.len());
-        for (b, s) in used.iter_mut().zip(slots.iter()) {
-            b[..n].iter_mut().zip(&s[at..at + n]).for_each(|(b, s)| *b = *s as f32);
-        }
-        let mut block: [&mut [f32]; MAX_SLOTS] = {
-            let [a, b] = &mut sb;
-            [&mut a[..n], &mut b[..n]]
-        };
-        rule.update_f32(lr, t, pb, gb, &mut block[..slots.len()]);
-        for (b, s) in block.iter().zip(slots.iter_mut()) {
-            s[at..at + n].iter_mut().zip(b.iter()).for_each(|(s, b)| *s = *b as f64);
-        }
+        gb.iter_mut()
+            .zip(&g[at..at + n])
+            .zip(pb.iter())
+            .for_each(|((b, g), p)| *b = g + wd * p);
+        let mut block: Vec<&mut [f32]> = slots.iter_mut().map(|s| &mut s[at..at + n]).collect();
+        rule.update_f32(lr, t, pb, gb, &mut block);
         at += n;
     }
 }
@@ -127,62 +120,60 @@ fn run_f32_body(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [f32], g: &[
 const STEP_BLOCK: usize = 512;
 
 /// Count one more step in `state` and apply `rule` to `p` (with L2 decay `wd` added to its
-/// gradient `g`) and `state`'s slots, in place: blocks of [`STEP_BLOCK`] elements go through
-/// f64 on the stack (f32 for an f32 parameter and a rule with an f32 form, [`run_f32`]), and a large parameter is split in
-/// chunks over the thread pool (every rule is element-wise, so the result is the same). With
-/// `round` (an f32 parameter) the slots are rounded to f32 after the update — exactly what a
-/// saved state holds, so a restore resumes bit for bit.
-fn apply_chunked<T: Real, R: Rule>(
-    rule: &R,
-    lr: f64,
-    wd: f64,
-    state: &mut ParamState,
+/// gradient `g`) and `state`'s slots, in place. An f32 parameter with f32 slots and a rule
+/// with an f32 form computes in f32 on the buffers themselves ([`run_f32`]); otherwise blocks
+/// of [`STEP_BLOCK`] elements go through f64 on the stack and are stored back in the
+/// parameter's and the slots' dtypes. A large parameter is split in chunks over the thread
+/// pool (every rule is element-wise, so the result is the same). False (nothing changed) when
+/// the slots are neither f32 nor f64 buffers, which a state made or checked here never is.
+#[must_use]
+fn apply_chunked<T: Real, R: Rule>(rule: &R, lr: f64, wd: f64, state: &mut ParamState, p: &mut [T], g: &[T]) -> bool {
+    let t = state.step + 1;
+    let f32_slots = state.slots.iter().all(|s| s.dtype() == DType::F32);
+    if f32_slots
+        && R::F32
+        && let Some((p, g)) = T::f32s(p, g)
+        && let Some(mut slots) = typed_slots::<f32>(&mut state.slots)
+    {
+        for_chunks(p, g, &mut slots, |p, g, s| run_f32(rule, lr, t, wd, p, g, s));
+    } else if f32_slots && let Some(mut slots) = typed_slots::<f32>(&mut state.slots) {
+        for_chunks(p, g, &mut slots, |p, g, s| run_f64(rule, lr, t, wd, p, g, s));
+    } else if let Some(mut slots) = typed_slots::<f64>(&mut state.slots) {
+        for_chunks(p, g, &mut slots, |p, g, s| run_f64(rule, lr, t, wd, p, g, s));
+    } else {
+        return false;
+    }
+    state.step = t;
+    true
+}
+
+/// The slots as `S` slices (`None` when one is not `S`'s dtype, or not aligned for it).
+fn typed_slots<S: Real>(slots: &mut [TensorData]) -> Option<Vec<&mut [S]>> {
+    slots
+        .iter_mut()
+        .map(|s| {
+            if s.dtype() != S::DTYPE {
+                return None;
+            }
+            bytemuck::try_cast_slice_mut::<u8, S>(s.bytes_mut()).ok()
+        })
+        .collect()
+}
+
+/// `f(p, g, slots)` on the whole parameter, or on chunks of [`CHUNK`] elements across the
+/// thread pool when it is large.
+fn for_chunks<T: Send + Sync, S: Send>(
     p: &mut [T],
     g: &[T],
-    round: bool,
+    slots: &mut [&mut [S]],
+    f: impl Fn(&mut [T], &[T], &mut [&mut [S]]) + Sync,
 ) {
     use rayon::prelude::*;
-    state.step += 1;
-    let t = state.step;
-    let run = |p: &mut [T], g: &[T], slots: &mut [&mut [f64]]| {
-        if R::F32
-            && slots.len() <= MAX_SLOTS
-            && let Some((p, g)) = T::f32s(p, g)
-        {
-            return run_f32(rule, lr, t, wd, p, g, slots);
-        }
-        let (mut pb, mut gb) = ([0f64; STEP_BLOCK], [0f64; STEP_BLOCK]);
-        let mut at = 0;
-        while at < p.len() {
-            let n = STEP_BLOCK.min(p.len() - at);
-            let (pb, gb) = (&mut pb[..n], &mut gb[..n]);
-            for j in 0..n {
-                pb[j] = p[at + j].to_f64();
-                gb[j] = g[at + j].to_f64();
-            }
-            if wd != 0.0 {
-                gb.iter_mut().zip(pb.iter()).for_each(|(g, p)| *g += wd * p);
-            }
-            let mut block: Vec<&mut [f64]> = slots.iter_mut().map(|s| &mut s[at..at + n]).collect();
-            rule.update(lr, t, pb, gb, &mut block);
-            if round {
-                block
-                    .iter_mut()
-                    .for_each(|s| s.iter_mut().for_each(|x| *x = *x as f32 as f64));
-            }
-            for j in 0..n {
-                p[at + j] = T::from_f64(pb[j]);
-            }
-            at += n;
-        }
-    };
     if p.len() < PARALLEL_MIN_ELEMENTS || rayon::current_num_threads() < 2 {
-        let mut slots: Vec<&mut [f64]> = state.slots.iter_mut().map(|s| s.as_mut_slice()).collect();
-        run(p, g, &mut slots);
-        return;
+        return f(p, g, slots);
     }
-    let mut parts: Vec<Vec<&mut [f64]>> = (0..p.len().div_ceil(CHUNK)).map(|_| Vec::new()).collect();
-    for s in state.slots.iter_mut() {
+    let mut parts: Vec<Vec<&mut [S]>> = (0..p.len().div_ceil(CHUNK)).map(|_| Vec::new()).collect();
+    for s in slots.iter_mut() {
         for (c, part) in s.chunks_mut(CHUNK).enumerate() {
             parts[c].push(part);
         }
@@ -190,22 +181,47 @@ fn apply_chunked<T: Real, R: Rule>(
     p.par_chunks_mut(CHUNK)
         .zip(g.par_chunks(CHUNK))
         .zip(parts.par_iter_mut())
-        .for_each(|((p, g), slots)| run(p, g, slots));
+        .for_each(|((p, g), slots)| f(p, g, slots));
+}
+
+/// [`Rule::update`] on blocks of [`STEP_BLOCK`] elements converted to f64 on the stack; the
+/// results are stored back in `T` and `S` (rounded once).
+fn run_f64<T: Real, S: Real>(rule: &impl Rule, lr: f64, t: u64, wd: f64, p: &mut [T], g: &[T], slots: &mut [&mut [S]]) {
+    let (mut pb, mut gb) = ([0f64; STEP_BLOCK], [0f64; STEP_BLOCK]);
+    let mut sb = vec![[0f64; STEP_BLOCK]; slots.len()];
+    let mut at = 0;
+    while at < p.len() {
+        let n = STEP_BLOCK.min(p.len() - at);
+        let (pb, gb) = (&mut pb[..n], &mut gb[..n]);
+        for j in 0..n {
+            pb[j] = p[at + j].to_f64();
+            gb[j] = g[at + j].to_f64();
+        }
+        if wd != 0.0 {
+            gb.iter_mut().zip(pb.iter()).for_each(|(g, p)| *g += wd * p);
+        }
+        for (b, s) in sb.iter_mut().zip(slots.iter()) {
+            b[..n].iter_mut().zip(&s[at..at + n]).for_each(|(b, s)| *b = s.to_f64());
+        }
+        let mut block: Vec<&mut [f64]> = sb.iter_mut().map(|b| &mut b[..n]).collect();
+        rule.update(lr, t, pb, gb, &mut block);
+        for (b, s) in block.iter().zip(slots.iter_mut()) {
+            s[at..at + n]
+                .iter_mut()
+                .zip(b.iter())
+                .for_each(|(s, b)| *s = S::from_f64(*b));
+        }
+        for j in 0..n {
+            p[at + j] = T::from_f64(pb[j]);
+        }
+        at += n;
+    }
 }
 
 /// [`apply_chunked`] on a parameter's own bytes `p` and its gradient's bytes `g` as `T`;
 /// false (nothing changed) when they are not aligned for `T` or their lengths differ from the
 /// state's.
-#[allow(clippy::too_many_arguments)]
-fn apply_to_bytes<T: Real>(
-    rule: &impl Rule,
-    lr: f64,
-    wd: f64,
-    state: &mut ParamState,
-    p: &mut [u8],
-    g: &[u8],
-    round: bool,
-) -> bool {
+fn apply_to_bytes<T: Real>(rule: &impl Rule, lr: f64, wd: f64, state: &mut ParamState, p: &mut [u8], g: &[u8]) -> bool {
     let (Ok(p), Ok(g)) = (
         bytemuck::try_cast_slice_mut::<u8, T>(p),
         bytemuck::try_cast_slice::<u8, T>(g),
@@ -215,15 +231,30 @@ fn apply_to_bytes<T: Real>(
     if p.len() != g.len() || state.slots.iter().any(|s| s.len() != p.len()) {
         return false;
     }
-    apply_chunked(rule, lr, wd, state, p, g, round);
-    true
+    apply_chunked(rule, lr, wd, state, p, g)
 }
 
-/// The state of a parameter of `len` elements, created (step 0, zero slots) on first use.
-fn param_state(state: &mut Option<ParamState>, slots: usize, len: usize) -> &mut ParamState {
-    state.get_or_insert_with(|| ParamState {
+/// The state of a parameter of `dtype` and `shape`, created (step 0, zero slots) on first use.
+fn param_state<'a>(
+    state: &'a mut Option<ParamState>,
+    slots: usize,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<&'a mut ParamState> {
+    if state.is_none() {
+        *state = Some(fresh_state(slots, dtype, shape)?);
+    }
+    state
+        .as_mut()
+        .ok_or_else(|| Error::invalid("optimizer", "internal: no parameter state"))
+}
+
+/// Step 0 and zero slots for a parameter of `dtype` and `shape`.
+fn fresh_state(slots: usize, dtype: DType, shape: &[usize]) -> Result<ParamState> {
+    let zero = TensorData::full(state_dtype(dtype), shape.to_vec(), 0.0)?;
+    Ok(ParamState {
         step: 0,
-        slots: vec![vec![0.0; len]; slots],
+        slots: vec![zero; slots],
     })
 }
 
@@ -236,11 +267,7 @@ fn state_dtype(dtype: DType) -> DType {
 fn host_state(d: &DeviceState) -> Result<ParamState> {
     Ok(ParamState {
         step: d.step,
-        slots: d
-            .slots
-            .iter()
-            .map(|s| Ok(s.try_data()?.to_f64_vec()))
-            .collect::<Result<_>>()?,
+        slots: d.slots.iter().map(|s| s.try_data()).collect::<Result<_>>()?,
     })
 }
 
@@ -337,7 +364,7 @@ impl Core {
     /// add L2 decay, then apply the element-wise rule `update(lr, step, param, grad, slots)` to
     /// each (`step` already counts this step; large parameters in chunks across threads) and
     /// write the results back.
-    pub(crate) fn step(&mut self, rule: &impl Rule) -> Result<()> {
+    pub(crate) fn step<R: Rule>(&mut self, rule: &R) -> Result<()> {
         let lr = self.lr.value();
         self.check(lr)?;
         let on_device = self.on_device();
@@ -365,16 +392,22 @@ impl Core {
             }
             return Ok(());
         }
-        for (&i, g) in which.iter().zip(&grads) {
+        // f32 parameters under a rule with an f32 form: one pass over all of them at once.
+        let rest = if R::F32 {
+            self.multi_tensor_f32(rule, lr, &which, &grads)?
+        } else {
+            (0..which.len()).collect()
+        };
+        for (&i, g) in rest.iter().map(|&k| (&which[k], &grads[k])) {
             let p = &self.params[i];
             let dtype = p.dtype();
-            let state = param_state(&mut self.state[i], self.slots.len(), g.len());
-            let (wd, round) = (self.weight_decay, state_dtype(dtype) == DType::F32);
+            let state = param_state(&mut self.state[i], self.slots.len(), dtype, g.shape())?;
+            let wd = self.weight_decay;
             // The parameter's own memory, updated in place (copied first if something else
             // still shares it, e.g. a tensor from `.data()`).
             let done = p.with_host_data_mut(|d| match dtype {
-                DType::F32 => apply_to_bytes::<f32>(rule, lr, wd, state, d.bytes_mut(), g.bytes(), round),
-                DType::F64 => apply_to_bytes::<f64>(rule, lr, wd, state, d.bytes_mut(), g.bytes(), round),
+                DType::F32 => apply_to_bytes::<f32>(rule, lr, wd, state, d.bytes_mut(), g.bytes()),
+                DType::F64 => apply_to_bytes::<f64>(rule, lr, wd, state, d.bytes_mut(), g.bytes()),
                 _ => false,
             });
             if done != Some(true) {
@@ -384,22 +417,116 @@ impl Core {
         Ok(())
     }
 
+    /// The multi-tensor form of the in-place step (PyTorch's `foreach`/fused optimizers): the
+    /// f32 host parameters among `which` (gradients `grads`, f32 state) are updated together —
+    /// every parameter's chunks of [`CHUNK`] elements in one parallel pass, so small parameters
+    /// share the threads with large ones and a step costs one dispatch, not one per parameter.
+    /// Returns the positions in `which` it left to the one-by-one path.
+    fn multi_tensor_f32<R: Rule>(
+        &mut self,
+        rule: &R,
+        lr: f64,
+        which: &[usize],
+        grads: &[TensorData],
+    ) -> Result<Vec<usize>> {
+        use rayon::prelude::*;
+        let mut rest = Vec::new();
+        let mut batch: Vec<usize> = Vec::new();
+        for (k, (&i, g)) in which.iter().zip(grads).enumerate() {
+            let p = &self.params[i];
+            let repeated = batch.iter().any(|&b| self.params[which[b]].is(p));
+            if p.dtype() != DType::F32 || g.dtype() != DType::F32 || repeated {
+                rest.push(k);
+                continue;
+            }
+            param_state(&mut self.state[i], self.slots.len(), DType::F32, g.shape())?;
+            batch.push(k);
+        }
+        let tensors: Vec<Tensor> = batch.iter().map(|&k| self.params[which[k]].clone()).collect();
+        let mut guards = Vec::with_capacity(batch.len());
+        let mut held = Vec::with_capacity(batch.len());
+        for (&k, t) in batch.iter().zip(&tensors) {
+            match t.host_data_mut() {
+                Some(guard) => {
+                    guards.push(guard);
+                    held.push(k);
+                }
+                None => rest.push(k),
+            }
+        }
+        // Each held parameter's state, borrowed apart from the others.
+        let mut states: Vec<Option<&mut ParamState>> = self.state.iter_mut().map(Option::as_mut).collect();
+        struct Item<'a> {
+            t: u64,
+            p: &'a mut [f32],
+            g: &'a [f32],
+            slots: Vec<&'a mut [f32]>,
+        }
+        let mut items: Vec<Item> = Vec::new();
+        let mut stepped = Vec::new();
+        for (guard, &k) in guards.iter_mut().zip(&held) {
+            let i = which[k];
+            let state = states[i].take();
+            let data = guard.data();
+            let (Some(state), Some(data)) = (state, data) else {
+                rest.push(k);
+                continue;
+            };
+            let t = state.step + 1;
+            let (Ok(p), Ok(g), Some(slots)) = (
+                bytemuck::try_cast_slice_mut::<u8, f32>(data.bytes_mut()),
+                bytemuck::try_cast_slice::<u8, f32>(grads[k].bytes()),
+                typed_slots::<f32>(&mut state.slots),
+            ) else {
+                rest.push(k);
+                continue;
+            };
+            if p.len() != g.len() || slots.iter().any(|s| s.len() != p.len()) {
+                rest.push(k);
+                continue;
+            }
+            let mut slot_chunks: Vec<std::slice::ChunksMut<f32>> =
+                slots.into_iter().map(|s| s.chunks_mut(CHUNK)).collect();
+            for (p, g) in p.chunks_mut(CHUNK).zip(g.chunks(CHUNK)) {
+                let slots = slot_chunks.iter_mut().filter_map(Iterator::next).collect();
+                items.push(Item { t, p, g, slots });
+            }
+            stepped.push(&mut state.step);
+        }
+        let wd = self.weight_decay;
+        let total: usize = items.iter().map(|it| it.p.len()).sum();
+        let run = |it: &mut Item| run_f32(rule, lr, it.t, wd, it.p, it.g, &mut it.slots);
+        if total < PARALLEL_MIN_ELEMENTS || rayon::current_num_threads() < 2 {
+            items.iter_mut().for_each(run);
+        } else {
+            items.par_iter_mut().for_each(run);
+        }
+        for step in stepped {
+            *step += 1;
+        }
+        rest.sort_unstable();
+        Ok(rest)
+    }
+
     /// The update of parameter `i` through host vectors (any dtype or device): gradient `g`
     /// (already clipped; clip first, then decay: Paddle's `apply_gradients` order), and the
     /// result written back as a new value.
     fn host_update(&mut self, rule: &impl Rule, lr: f64, i: usize, g: Vec<f64>) -> Result<()> {
         let p = self.params[i].try_data()?;
-        let state = param_state(&mut self.state[i], self.slots.len(), p.len());
-        let round = state_dtype(p.dtype()) == DType::F32;
+        let state = param_state(&mut self.state[i], self.slots.len(), p.dtype(), p.shape())?;
         if p.dtype() == DType::F32 {
             // In f32, as the in-place path computes an f32 parameter: the same bits.
             let mut value: Vec<f32> = p.to_f64_vec().iter().map(|&v| v as f32).collect();
             let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
-            apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g, round);
+            if !apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g) {
+                return Err(self.bad_state(i));
+            }
             return self.params[i].set_data(TensorData::from_vec(p.shape().to_vec(), value)?);
         }
         let mut value = p.to_f64_vec();
-        apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g, round);
+        if !apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g) {
+            return Err(self.bad_state(i));
+        }
         self.params[i].set_data(TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &value)?)
     }
 
@@ -422,6 +549,14 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// The error for parameter `i` whose state buffers are not f32 or f64.
+    fn bad_state(&self, i: usize) -> Error {
+        self.invalid(format!(
+            "internal: the state of parameter `{}` is not in f32 or f64 buffers",
+            self.names[i]
+        ))
     }
 
     /// The error for parameter `i` whose gradient has another shape.
@@ -462,9 +597,7 @@ impl Core {
                     let slots = (0..self.slots.len())
                         .map(|j| {
                             let t = match &host {
-                                Some(h) => {
-                                    Tensor::from_data(TensorData::from_f64_slice(dtype, p.shape(), &h.slots[j])?)
-                                }
+                                Some(h) => Tensor::from_data(h.slots[j].clone()),
                                 None => crate::tensor::zeros(&p.shape(), dtype)?,
                             };
                             t.to(&device)
@@ -534,15 +667,15 @@ impl Core {
                 continue;
             }
             let name = &self.names[i];
-            let st = self.state[i].clone().unwrap_or_else(|| ParamState {
-                step: 0,
-                slots: vec![vec![0.0; p.numel()]; self.slots.len()],
-            });
+            let st = match &self.state[i] {
+                Some(st) => st.clone(),
+                None => fresh_state(self.slots.len(), p.dtype(), &p.shape())?,
+            };
             let step = Tensor::scalar(st.step as f64);
             ctx.register_named(&step, &format!("{OPT_PREFIX}{name}.{STEP_SLOT}"));
             let mut slots = Vec::with_capacity(self.slots.len());
             for (slot, vals) in self.slots.iter().zip(&st.slots) {
-                let t = Tensor::from_data(TensorData::from_f64_slice(state_dtype(p.dtype()), p.shape(), vals)?);
+                let t = Tensor::from_data(vals.clone());
                 ctx.register_named(&t, &format!("{OPT_PREFIX}{name}.{slot}"));
                 slots.push(t);
             }
@@ -584,15 +717,13 @@ impl Core {
             .iter()
             .map(|d| d.as_ref().and_then(|d| host_state(d).ok()))
             .collect();
-        for (((name, p), st), dst) in self.names.iter().zip(&self.params).zip(&self.state).zip(&from_device) {
+        for ((name, st), dst) in self.names.iter().zip(&self.state).zip(&from_device) {
             let Some(st) = st.as_ref().or(dst.as_ref()) else {
                 continue;
             };
-            let (dtype, shape) = (state_dtype(p.dtype()), p.shape());
             out.insert(format!("{name}.{STEP_SLOT}"), TensorData::scalar(st.step as i64));
             for (slot, vals) in self.slots.iter().zip(&st.slots) {
-                let d = TensorData::from_f64_slice(dtype, shape.clone(), vals).expect("state matches its parameter");
-                out.insert(format!("{name}.{slot}"), d);
+                out.insert(format!("{name}.{slot}"), vals.clone());
             }
         }
         out
@@ -601,7 +732,9 @@ impl Core {
     pub(crate) fn set_state_dict(&mut self, state: &BTreeMap<String, TensorData>) -> Result<()> {
         let bad = |detail: String| Error::invalid(&format!("{}.set_state_dict", self.op), detail);
         let index: BTreeMap<&str, usize> = self.names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
-        let mut new_state: Vec<Option<ParamState>> = vec![None; self.params.len()];
+        // Per parameter: its step (once given) and its slots (as they are given).
+        let mut steps: Vec<Option<u64>> = vec![None; self.params.len()];
+        let mut slots: Vec<Option<Vec<Option<TensorData>>>> = vec![None; self.params.len()];
         let mut new_lr = None;
         let mut new_epoch = None;
         let scalar_i64 = |key: &str, d: &TensorData| -> Result<u64> {
@@ -638,12 +771,9 @@ impl Core {
                 .get(name)
                 .ok_or_else(|| bad(format!("`{key}` names no parameter of this optimizer")))?;
             let p = &self.params[i];
-            let st = new_state[i].get_or_insert_with(|| ParamState {
-                step: u64::MAX,
-                slots: vec![Vec::new(); self.slots.len()],
-            });
+            let given = slots[i].get_or_insert_with(|| vec![None; self.slots.len()]);
             if slot == STEP_SLOT {
-                st.step = scalar_i64(key, d)?;
+                steps[i] = Some(scalar_i64(key, d)?);
                 continue;
             }
             let j = self
@@ -661,12 +791,15 @@ impl Core {
                     want.1
                 )));
             }
-            st.slots[j] = d.to_f64_vec();
+            given[j] = Some(d.clone());
         }
-        for (i, st) in new_state.iter().enumerate() {
-            if let Some(st) = st {
-                let n = self.params[i].numel();
-                if st.step == u64::MAX || st.slots.iter().any(|s| s.len() != n) {
+        let mut new_state: Vec<Option<ParamState>> = vec![None; self.params.len()];
+        for (i, given) in slots.into_iter().enumerate() {
+            let Some(given) = given else { continue };
+            let complete: Option<Vec<TensorData>> = given.into_iter().collect();
+            match (steps[i], complete) {
+                (Some(step), Some(slots)) => new_state[i] = Some(ParamState { step, slots }),
+                _ => {
                     return Err(bad(format!(
                         "the state of parameter `{}` is incomplete (needs `{STEP_SLOT}` and {:?})",
                         self.names[i], self.slots

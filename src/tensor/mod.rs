@@ -55,6 +55,19 @@ pub(crate) struct Inner {
     pub(crate) trace: Option<intercept::Traced>,
 }
 
+/// A host tensor's value held for writing ([`Tensor::host_data_mut`]).
+pub(crate) struct HostDataMut<'a>(std::sync::RwLockWriteGuard<'a, Storage>);
+
+impl HostDataMut<'_> {
+    /// The value (always `Some`: the guard is made for host storage only).
+    pub(crate) fn data(&mut self) -> Option<&mut TensorData> {
+        match &mut *self.0 {
+            Storage::Host(d) => Some(d),
+            Storage::Device { .. } => None,
+        }
+    }
+}
+
 /// Where a tensor's elements are: host memory, or a device runtime's memory.
 #[derive(Clone)]
 pub(crate) enum Storage {
@@ -270,6 +283,23 @@ impl Tensor {
             Storage::Host(d) => Some(f(d)),
             Storage::Device { .. } => None,
         }
+    }
+
+    /// Write access to this host tensor's value until the guard drops (an optimizer's
+    /// multi-tensor step holds one per parameter at once); `None` for a device or traced
+    /// tensor. Not recorded by autograd; shared bytes are copied before the first write, as
+    /// in [`Tensor::with_host_data_mut`].
+    pub(crate) fn host_data_mut(&self) -> Option<HostDataMut<'_>> {
+        if self.is_traced() {
+            return None;
+        }
+        let guard = self.0.data.write().unwrap_or_else(|e| e.into_inner());
+        matches!(&*guard, Storage::Host(_)).then_some(HostDataMut(guard))
+    }
+
+    /// Whether `other` is this very tensor (not a copy or a view of it).
+    pub(crate) fn is(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// Replace the value with `value`'s (same dtype and shape; kept on this tensor's device):

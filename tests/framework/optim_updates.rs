@@ -447,3 +447,75 @@ fn f32_updates_match_the_f64_rule_within_rounding() {
         }
     }
 }
+
+/// The multi-tensor step (every f32 parameter's chunks in one parallel pass) gives the bits of
+/// updating each parameter with an optimizer of its own — small parameters and ones of several
+/// chunks, three steps, states included; a tensor listed twice is updated twice (once per
+/// entry, each with its own state), without waiting on itself.
+#[test]
+fn multi_tensor_step_matches_one_parameter_at_a_time() {
+    let sizes = [3usize, 1000, 70_001, 17];
+    let start = |n: usize| -> Vec<f32> { (0..n).map(|i| ((i * 31 % 89) as f32 - 44.0) / 30.0).collect() };
+    let joint: Vec<Tensor> = sizes.iter().map(|&n| param_f32(&start(n))).collect();
+    let mut opt = AdamW::new(joint.clone(), 0.01).weight_decay(0.1);
+    for _ in 0..3 {
+        joint.iter().for_each(square_grad);
+        opt.step().unwrap();
+    }
+    let state = opt.state_dict();
+    for (k, &n) in sizes.iter().enumerate() {
+        let p = param_f32(&start(n));
+        let mut alone = AdamW::new(vec![p.clone()], 0.01).weight_decay(0.1);
+        for _ in 0..3 {
+            square_grad(&p);
+            alone.step().unwrap();
+        }
+        assert!(
+            p.data().bytes() == joint[k].data().bytes(),
+            "parameter {k} ({n} elements)"
+        );
+        let own = alone.state_dict();
+        for slot in ["moment1", "moment2", "step"] {
+            assert_eq!(
+                own[&format!("param_0.{slot}")],
+                state[&format!("param_{k}.{slot}")],
+                "{slot} of {k}"
+            );
+        }
+    }
+    let p = param_f32(&[1.0, -2.0]);
+    let mut twice = SGD::new(vec![p.clone(), p.clone()], 0.1);
+    square_grad(&p);
+    twice.step().unwrap();
+    // p − 0.1·2p, twice with the same gradient 2p: p − 0.4p.
+    assert_close(&vals(&p), &[0.6, -1.2], 1e-6, "listed twice");
+}
+
+/// A half-precision parameter keeps f32 state (PyTorch's master-state dtype) and follows the
+/// f64 update within its rounding: AdamW, three steps, bf16 and f16.
+#[test]
+fn half_parameters_keep_f32_state() {
+    let start = [0.5f64, -1.25, 2.0, -0.75];
+    let run = |dtype: oar::DType| {
+        let p = Tensor::from_slice(&start)
+            .cast(dtype)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
+        let mut opt = AdamW::new(vec![p.clone()], 0.05).weight_decay(0.1);
+        for _ in 0..3 {
+            square_grad(&p);
+            opt.step().unwrap();
+        }
+        (vals(&p.cast(oar::DType::F64).unwrap()), opt.state_dict())
+    };
+    let (want, _) = run(oar::DType::F64);
+    for (dtype, tol) in [(oar::DType::BF16, 2e-2), (oar::DType::F16, 4e-3)] {
+        let (got, state) = run(dtype);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{dtype}: {got:?} vs {want:?}");
+        }
+        assert_eq!(state["param_0.moment1"].dtype(), oar::DType::F32, "{dtype}");
+        assert_eq!(state["param_0.moment2"].shape(), &[4], "{dtype}");
+    }
+}
