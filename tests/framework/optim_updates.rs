@@ -450,11 +450,11 @@ fn f32_updates_match_the_f64_rule_within_rounding() {
 
 /// The multi-tensor step (every f32 parameter's chunks in one parallel pass) gives the bits of
 /// updating each parameter with an optimizer of its own — small parameters and ones of several
-/// chunks, three steps, states included; a tensor listed twice is updated twice (once per
+/// chunks and an empty one, three steps, states included; a tensor listed twice is updated twice (once per
 /// entry, each with its own state), without waiting on itself.
 #[test]
 fn multi_tensor_step_matches_one_parameter_at_a_time() {
-    let sizes = [3usize, 1000, 70_001, 17];
+    let sizes = [3usize, 1000, 0, 70_001, 17];
     let start = |n: usize| -> Vec<f32> { (0..n).map(|i| ((i * 31 % 89) as f32 - 44.0) / 30.0).collect() };
     let joint: Vec<Tensor> = sizes.iter().map(|&n| param_f32(&start(n))).collect();
     let mut opt = AdamW::new(joint.clone(), 0.01).weight_decay(0.1);

@@ -121,6 +121,19 @@ unsafe fn mm<T: Real>(
     rhs: Mat<T>,
     par: Parallelism,
 ) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // An empty sum: `dst` as it is, or zeros.
+        if !acc {
+            for i in 0..m {
+                // Safety: row `i` of `dst` holds `n` elements.
+                unsafe { std::slice::from_raw_parts_mut(dst.add(i * drs), n).fill(T::ZERO) };
+            }
+        }
+        return;
+    }
     // Unit axes get tidy strides, so gemm's layout checks see the contiguous case.
     let tidy = |len: usize, s: usize| if len == 1 { 1 } else { s as isize };
     // Safety: the caller's contract.
@@ -485,9 +498,15 @@ pub fn lstm_seq_dtype(d: DType) -> bool {
 pub(crate) fn run_native(s: Seq, dtype: DType, ins: [&[u8]; 4], outs: [&mut [u8]; 3]) -> Result<(), String> {
     fn typed<T: Real + bytemuck::Pod>(s: Seq, ins: [&[u8]; 4], outs: [&mut [u8]; 3]) -> Result<(), String> {
         fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
+            if b.is_empty() {
+                return Ok(&[]);
+            }
             bytemuck::try_cast_slice(b).map_err(|e| format!("lstm_seq operand: {e}"))
         }
         fn cast_mut<T: bytemuck::Pod>(b: &mut [u8]) -> Result<&mut [T], String> {
+            if b.is_empty() {
+                return Ok(&mut []);
+            }
             bytemuck::try_cast_slice_mut(b).map_err(|e| format!("lstm_seq result: {e}"))
         }
         let [y, h, c] = outs;
@@ -521,6 +540,10 @@ pub(crate) fn run_native(s: Seq, dtype: DType, ins: [&[u8]; 4], outs: [&mut [u8]
 
 /// Typed elements of `t` (f32/f64, which [`TensorData`] keeps aligned).
 fn elems<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
+    if t.bytes().is_empty() {
+        // An empty buffer's pointer need not be aligned.
+        return Ok(&[]);
+    }
     bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("lstm_seq: unaligned operand: {e}"))
 }
 
@@ -731,6 +754,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_empty_batch_runs_and_has_empty_gradients() {
+        let s = Seq {
+            n: 0,
+            t: 3,
+            h: 2,
+            reverse: true,
+        };
+        let (mut y, mut h, mut c) = (vec![0f32; 0], vec![0f32; 0], vec![0f32; 0]);
+        run_forward(s, &[], &[0.5; 16], &[], &[], &mut y, &mut h, &mut c);
+        let e = |shape: &[usize]| data(shape, &vec![0.5; shape.iter().product()], DType::F32);
+        let ins = [e(&[0, 3, 8]), e(&[8, 2]), e(&[0, 2]), e(&[0, 2])];
+        let grads = lstm_seq_vjp(
+            true,
+            &ins,
+            &e(&[0, 3, 2]),
+            &[Some(e(&[0, 3, 2])), None, None],
+            &[true; 4],
+            2,
+        )
+        .unwrap();
+        let dw = grads[1].as_ref().expect("wanted").to_f64_vec();
+        assert_eq!(dw, vec![0.0; 16], "no rows: no weight gradient");
+        assert_eq!(grads[0].as_ref().expect("wanted").shape(), &[0, 3, 8]);
     }
 
     #[test]
