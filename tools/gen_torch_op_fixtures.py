@@ -289,6 +289,22 @@ for name, n, steps, h, reverse, mk, tol in [("f32", 2, 4, 3, False, f32, TOL_ACC
          [y.numpy(), hy[0].numpy(), cy[0].numpy()], tol)
 
 
+# ---- gru_seq (a whole GRU layer's recurrence after the input projection; b_hh apart) ---------
+
+for name, n, steps, h, reverse, mk, tol in [("f32", 2, 4, 3, False, f32, TOL_ACC32),
+                                            ("f32_reverse", 3, 3, 5, True, f32, TOL_ACC32),
+                                            ("f64", 2, 3, 2, False, f64, TOL_F64)]:
+    xg, w, b, h0 = 3 * mk(n, steps, 3 * h), mk(3 * h, h), mk(3 * h), mk(n, h)
+    # torch.gru with W_ih = I, b_ih = 0 (its input is xg itself), W_hh = w, b_hh = b, batch first.
+    x = t(xg).flip(1) if reverse else t(xg)
+    eye = torch.eye(3 * h, dtype=x.dtype)
+    y, hy = torch.gru(x, t(h0)[None], [eye, t(w), torch.zeros(3 * h, dtype=x.dtype), t(b)], True, 1, 0.0,
+                      False, False, True)
+    y = y.flip(1) if reverse else y
+    case("torch_rnn_seq", f"gru_seq_{name}", comp("GruSeq", {"reverse": reverse}), [xg, w, b, h0],
+         [y.numpy(), hy[0].numpy()], tol)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

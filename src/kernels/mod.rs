@@ -122,8 +122,8 @@ pub(crate) fn fuses(c: &oar_ir::Composite) -> bool {
 /// Gradients of composite `op`'s operands that `wants` marks, given its `results` and their
 /// cotangents `cts` (`None`: that result is unused): its decomposition and the backward of
 /// that, compiled as one cpu program (recomputing the forward inside, fused) and cached per op,
-/// operand types, `wants` and which results have a cotangent — or, for `lstm_seq` in f32/f64,
-/// the runtime's native backward kernel.
+/// operand types, `wants` and which results have a cotangent — or, for `lstm_seq` / `gru_seq`
+/// in f32/f64, the runtime's native backward kernel.
 pub(crate) fn composite_vjp(
     op: &Op,
     inputs: &[TensorData],
@@ -137,11 +137,11 @@ pub(crate) fn composite_vjp(
             "internal: composite_vjp of a primitive",
         ));
     };
-    if let (oar_ir::Composite::LstmSeq(ls), Some(y)) = (c, results.first())
-        && oar_cpu_runtime::rnn::lstm_seq_dtype(y.dtype())
+    if let (Some((rec, reverse)), Some(y)) = (oar_cpu_runtime::rnn::Recurrence::of(c), results.first())
+        && oar_cpu_runtime::rnn::seq_dtype(y.dtype())
     {
         let threads = rayon::current_num_threads();
-        return oar_cpu_runtime::rnn::lstm_seq_vjp(ls.reverse, inputs, y, cts, wants, threads)
+        return oar_cpu_runtime::rnn::seq_vjp(rec, reverse, inputs, y, cts, wants, threads)
             .map_err(|d| crate::Error::invalid(op.name(), d));
     }
     let mut all = inputs.to_vec();

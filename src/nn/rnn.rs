@@ -2,15 +2,15 @@
 //! cells, with Paddle 2 / PyTorch parameter names (`weight_ih_l0`, …) and gate orders.
 //!
 //! Sequences are batch-first `[N, T, C]` (Paddle's default `time_major = false`). An LSTM
-//! layer's recurrence is one `lstm_seq` op (the cpu backend and eager autograd run it natively;
-//! other backends its decomposition, the unrolled steps); a GRU runs a product and a fused
-//! `gru_cell` per step.
+//! or GRU layer's recurrence is one `lstm_seq` / `gru_seq` op (the cpu backend and eager
+//! autograd run it natively; other backends its decomposition, the unrolled steps). The cells
+//! (`LSTMCell`, `GRUCell`) run a product and a fused `lstm_cell` / `gru_cell` per call.
 
 use crate::error::{Error, Result};
 use crate::nn::Layer;
 use crate::nn::functional as F;
 use crate::tensor::{Tensor, concat, stack};
-use oar_ir::ops::LstmSeq;
+use oar_ir::ops::{GruSeq, LstmSeq};
 use oar_ir::{Composite, DType, Op};
 
 /// Which way a recurrent layer reads its sequence (Paddle's `direction`).
@@ -273,44 +273,44 @@ impl Stack {
             for dir in 0..d {
                 let idx = l * d + dir;
                 let p = &self.cells[idx];
-                let mut h = h0.map_or(Ok(zeros.clone()), |h0| h0.get(idx as i64))?;
-                let mut c = match self.kind {
+                let h = h0.map_or(Ok(zeros.clone()), |h0| h0.get(idx as i64))?;
+                let c = match self.kind {
                     Kind::Lstm => Some(c0.map_or(Ok(zeros.clone()), |c0| c0.get(idx as i64))?),
                     Kind::Gru => None,
                 };
-                if let Some(c0) = &c {
-                    // An LSTM runs its whole recurrence as one op (`lstm_seq`: one native
-                    // kernel forward and one backward on the CPU), both biases in `xg`.
-                    let bias = crate::tensor::add(&p.bias_ih, &p.bias_hh)?;
-                    let xg_all = F::linear(&layer_in, &p.weight_ih.t()?, Some(&bias))?;
-                    let seq = Op::Composite(Composite::LstmSeq(LstmSeq { reverse: dir == 1 }));
-                    let mut res = crate::tensor::apply_op(seq, &[&xg_all, &p.weight_hh, &h, c0])?.into_iter();
-                    let (Some(y), Some(h), Some(c)) = (res.next(), res.next(), res.next()) else {
-                        return Err(Error::invalid("lstm_seq", "internal: expected y, h and c"));
-                    };
-                    dir_outs.push(y);
-                    h_last.push(h);
-                    c_last.push(c);
-                    continue;
-                }
-                let xg_all = p.input_part(&layer_in)?;
-                let w_hh_t = p.weight_hh.t()?;
-                let g = (self.kind.gates() * hs) as i64;
-                let mut outs: Vec<Option<Tensor>> = vec![None; t];
-                let order: Vec<usize> = if dir == 0 {
-                    (0..t).collect()
-                } else {
-                    (0..t).rev().collect()
+                let (y, h, c) = match (self.kind, &c) {
+                    (Kind::Lstm, Some(c0)) => {
+                        // An LSTM runs its whole recurrence as one op (`lstm_seq`: one native
+                        // kernel forward and one backward on the CPU), both biases in `xg`.
+                        let bias = crate::tensor::add(&p.bias_ih, &p.bias_hh)?;
+                        let xg_all = F::linear(&layer_in, &p.weight_ih.t()?, Some(&bias))?;
+                        let seq = Op::Composite(Composite::LstmSeq(LstmSeq { reverse: dir == 1 }));
+                        let mut res = crate::tensor::apply_op(seq, &[&xg_all, &p.weight_hh, &h, c0])?.into_iter();
+                        let (Some(y), Some(h), Some(c)) = (res.next(), res.next(), res.next()) else {
+                            return Err(Error::invalid("lstm_seq", "internal: expected y, h and c"));
+                        };
+                        (y, h, Some(c))
+                    }
+                    (Kind::Gru, None) => {
+                        // A GRU likewise (`gru_seq`); `b_hh` stays apart (its `n` part is
+                        // scaled by `r`).
+                        let xg_all = p.input_part(&layer_in)?;
+                        let seq = Op::Composite(Composite::GruSeq(GruSeq { reverse: dir == 1 }));
+                        let mut res =
+                            crate::tensor::apply_op(seq, &[&xg_all, &p.weight_hh, &p.bias_hh, &h])?.into_iter();
+                        let (Some(y), Some(h)) = (res.next(), res.next()) else {
+                            return Err(Error::invalid("gru_seq", "internal: expected y and h"));
+                        };
+                        (y, h, None)
+                    }
+                    _ => {
+                        return Err(Error::invalid(
+                            name,
+                            "internal: cell state does not match the cell kind",
+                        ));
+                    }
                 };
-                for s in order {
-                    let xg = xg_all.slice(1, s as i64, s as i64 + 1, 1)?.reshape(&[0, g])?;
-                    let (h2, c2) = step(self.kind, p, &w_hh_t, &xg, &h, c.as_ref())?;
-                    outs[s] = Some(h2.clone());
-                    h = h2;
-                    c = c2;
-                }
-                let outs: Vec<&Tensor> = outs.iter().flatten().collect();
-                dir_outs.push(stack(&outs, 1)?);
+                dir_outs.push(y);
                 h_last.push(h);
                 c_last.extend(c);
             }

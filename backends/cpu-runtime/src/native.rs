@@ -12,7 +12,7 @@ use crate::program::static_shape;
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
 use oar_ir::ops::{Concat, Gather, Pad, Scatter, ScatterReduce};
 use oar_ir::tensor_data::{read_as_f64, store_f64_as};
-use oar_ir::{BackendError, Composite, DType, Op, TensorData};
+use oar_ir::{BackendError, DType, Op, TensorData};
 
 /// Whether [`run`] computes this opaque kernel.
 pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
@@ -32,7 +32,9 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
                     (Some(DType::F16 | DType::BF16), DType::F32) | (Some(DType::F32), DType::F16 | DType::BF16)
                 )
         }
-        Op::Composite(Composite::LstmSeq(_)) => o.inputs.len() == 4 && dt(0).is_some_and(crate::rnn::lstm_seq_dtype),
+        Op::Composite(c) if crate::rnn::Recurrence::of(c).is_some() => {
+            o.inputs.len() == 4 && dt(0).is_some_and(crate::rnn::seq_dtype)
+        }
         Op::Composite(c) => {
             crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))
                 && dt(0).is_some_and(row_float)
@@ -304,22 +306,15 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             // copied first (data may be planned into the output's own bytes).
             unsafe { scatter(p, k, o, sc, bufs, out_ptr, out_len)? };
         }
-        Op::Composite(Composite::LstmSeq(ls)) => {
-            let s = crate::rnn::Seq::of(&shape_of(0), &shape_of(2), ls.reverse).map_err(|d| err(k, d))?;
+        Op::Composite(c) if let Some((rec, reverse)) = crate::rnn::Recurrence::of(c) => {
             let outs: Vec<(*mut u8, usize)> = k
                 .outputs
                 .iter()
                 .map(|b| (bufs[b.index()], crate::model::byte_len(p.buffer(*b))))
                 .collect();
-            if outs.len() != 3 {
-                return Err(err(
-                    k,
-                    format!("lstm_seq has 3 results, the kernel writes {}", outs.len()),
-                ));
-            }
             // Operands that share bytes with a result (the memory plan may place them so) are
             // copied first.
-            let mut copies: [Vec<u8>; 4] = Default::default();
+            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
             let ins: Vec<&[u8]> = copies
                 .iter_mut()
                 .enumerate()
@@ -335,11 +330,15 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                     }
                 })
                 .collect();
+            let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
+            let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
             // Safety: the results are live, as long as their types, disjoint from each other
             // and (after the copies) from the operands.
-            let [y, h, c] = [0, 1, 2].map(|i| unsafe { std::slice::from_raw_parts_mut(outs[i].0, outs[i].1) });
-            crate::rnn::run_native(s, out_ty.dtype, [ins[0], ins[1], ins[2], ins[3]], [y, h, c])
-                .map_err(|d| err(k, d))?;
+            let outs = outs
+                .iter()
+                .map(|&(ptr, n)| unsafe { std::slice::from_raw_parts_mut(ptr, n) })
+                .collect();
+            crate::rnn::run_native(rec, reverse, out_ty.dtype, &shapes, &ins, outs).map_err(|d| err(k, d))?;
         }
         Op::Composite(c) if crate::rows::of(c).is_some() => {
             let (op, g) = crate::rows::geometry(c, &shape_of(0)).map_err(|d| err(k, d))?;

@@ -20,7 +20,7 @@
 use crate::contraction::gemm_parallelism;
 use crate::simd::Simd;
 use gemm::Parallelism;
-use oar_ir::{DType, TensorData};
+use oar_ir::{Composite, DType, TensorData};
 use std::ops::{Add, Mul, Sub};
 
 /// An element type the kernels compute in.
@@ -72,21 +72,6 @@ pub(crate) struct Seq {
 }
 
 impl Seq {
-    /// The sizes of `lstm_seq` on `xg[N, T, 4H]` with a state `[N, H]`.
-    pub(crate) fn of(xg: &[usize], state: &[usize], reverse: bool) -> Result<Seq, String> {
-        match (xg, state) {
-            ([n, t, g], [n2, h]) if n == n2 && *g == 4 * h && *t > 0 => Ok(Seq {
-                n: *n,
-                t: *t,
-                h: *h,
-                reverse,
-            }),
-            _ => Err(format!(
-                "lstm_seq needs xg[N, T, 4H] and a state [N, H], got {xg:?} and {state:?}"
-            )),
-        }
-    }
-
     /// The steps in the order the recurrence runs them.
     fn steps(self) -> Vec<usize> {
         if self.reverse {
@@ -299,17 +284,7 @@ fn backward<T: Real, const F: bool>(
 ) -> [Vec<T>; 4] {
     let (n, t, h, g4) = (s.n, s.t, s.h, 4 * s.h);
     let steps = s.steps();
-    // Each step's previous h, [N, T, H].
-    let mut hprev = vec![T::ZERO; n * t * h];
-    for (k, &st) in steps.iter().enumerate() {
-        for r in 0..n {
-            let src = match k {
-                0 => &h0[r * h..(r + 1) * h],
-                _ => &y[(r * t + steps[k - 1]) * h..][..h],
-            };
-            hprev[(r * t + st) * h..][..h].copy_from_slice(src);
-        }
-    }
+    let hprev = previous_h(s, h0, y);
     // All gates at once: a = act(xg + h_prev · w_hhᵀ), [N, T, 4H].
     let mut a = xg.to_vec();
     let rows = n * t;
@@ -407,151 +382,402 @@ fn backward<T: Real, const F: bool>(
     [dz, dw, dh, dc]
 }
 
-// [`forward`] and [`backward`] instantiated per instruction set.
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn forward_avx512<T: Real>(
-    s: Seq,
-    xg: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
-    y: &mut [T],
-    h_out: &mut [T],
-    c_out: &mut [T],
-) {
-    forward::<T, true>(s, xg, w, h0, c0, y, h_out, c_out)
+/// `fn $run<T>(args) -> ret`: `$body::<T, true>` compiled for AVX-512 and for AVX2+FMA and
+/// chosen at run time, or `$body::<T, false>` on other hosts.
+macro_rules! simd_dispatch {
+    ($(#[$m:meta])* fn $run:ident = $body:ident($($a:ident: $t:ty),*) $(-> $ret:ty)?) => {
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        fn $run<T: Real>($($a: $t),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512<T: Real>($($a: $t),*) $(-> $ret)? {
+                    $body::<T, true>($($a),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2<T: Real>($($a: $t),*) $(-> $ret)? {
+                    $body::<T, true>($($a),*)
+                }
+                // Safety: the features were detected on this host.
+                match Simd::detect() {
+                    Simd::Avx512 => return unsafe { avx512($($a),*) },
+                    Simd::Avx2Fma => return unsafe { avx2($($a),*) },
+                    Simd::Baseline => {}
+                }
+            }
+            $body::<T, false>($($a),*)
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn forward_avx2<T: Real>(
-    s: Seq,
-    xg: &[T],
-    w: &[T],
-    h0: &[T],
-    c0: &[T],
-    y: &mut [T],
-    h_out: &mut [T],
-    c_out: &mut [T],
-) {
-    forward::<T, true>(s, xg, w, h0, c0, y, h_out, c_out)
+simd_dispatch! {
+    /// The LSTM forward kernel on typed slices, for the host's instruction set.
+    fn run_forward = forward(s: Seq, xg: &[T], w: &[T], h0: &[T], c0: &[T], y: &mut [T], h_out: &mut [T], c_out: &mut [T])
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn backward_avx512<T: Real>(
+simd_dispatch! {
+    /// The LSTM backward kernel on typed slices, for the host's instruction set.
+    fn run_backward = backward(s: Seq, ins: Operands<T>, y: &[T], cts: Cotangents<T>, threads: usize) -> [Vec<T>; 4]
+}
+
+simd_dispatch! {
+    /// The GRU forward kernel on typed slices, for the host's instruction set.
+    fn run_gru_forward = gru_forward(s: Seq, xg: &[T], w: &[T], b: &[T], h0: &[T], y: &mut [T], h_out: &mut [T])
+}
+
+simd_dispatch! {
+    /// The GRU backward kernel on typed slices, for the host's instruction set.
+    fn run_gru_backward = gru_backward(s: Seq, ins: Operands<T>, y: &[T], cts: (Option<&[T]>, Option<&[T]>), threads: usize) -> [Vec<T>; 4]
+}
+
+// ---- GRU ---------------------------------------------------------------------------------
+
+/// Each step's previous `h` as `[N, T, H]` (`h0` for the first step the recurrence runs).
+fn previous_h<T: Real>(s: Seq, h0: &[T], y: &[T]) -> Vec<T> {
+    let (n, t, h) = (s.n, s.t, s.h);
+    let steps = s.steps();
+    let mut hprev = vec![T::ZERO; n * t * h];
+    for (k, &st) in steps.iter().enumerate() {
+        for r in 0..n {
+            let src = match k {
+                0 => &h0[r * h..(r + 1) * h],
+                _ => &y[(r * t + steps[k - 1]) * h..][..h],
+            };
+            hprev[(r * t + st) * h..][..h].copy_from_slice(src);
+        }
+    }
+    hprev
+}
+
+/// One GRU step on one row: input part `x[3H]` and recurrent part `hg[3H]` (r, z, n), the
+/// previous `hp[H]`; the new `h` into `hy[H]`.
+#[inline(always)]
+fn gru_cell_forward<T: Real, const F: bool>(x: &[T], hg: &[T], hp: &[T], hy: &mut [T]) {
+    let h = hy.len();
+    let (xr, xz, xn) = (&x[..h], &x[h..2 * h], &x[2 * h..3 * h]);
+    let (hr, hz, hn) = (&hg[..h], &hg[h..2 * h], &hg[2 * h..3 * h]);
+    let hp = &hp[..h];
+    for j in 0..h {
+        let r = (xr[j] + hr[j]).sigmoid::<F>();
+        let z = (xz[j] + hz[j]).sigmoid::<F>();
+        let n = (xn[j] + r * hn[j]).tanh_::<F>();
+        hy[j] = n + z * (hp[j] - n);
+    }
+}
+
+/// The GRU forward recurrence: `y[N, T, H]` and the last `h` from `xg[N, T, 3H]`, `w[3H, H]`,
+/// `b[3H]`, `h0`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn gru_forward<T: Real, const F: bool>(s: Seq, xg: &[T], w: &[T], b: &[T], h0: &[T], y: &mut [T], h_out: &mut [T]) {
+    let (n, t, h, g3) = (s.n, s.t, s.h, 3 * s.h);
+    let mut hg = vec![T::ZERO; n * g3];
+    let mut hp = vec![T::ZERO; h];
+    let wt = transposed(w, g3, h);
+    let mut prev: Option<usize> = None;
+    for st in s.steps() {
+        for r in 0..n {
+            hg[r * g3..(r + 1) * g3].copy_from_slice(&b[..g3]);
+        }
+        let hprev: Mat<T> = match prev {
+            None => (h0.as_ptr(), h, 1),
+            // Safety: step `p`'s rows of `y` were written by the previous iteration.
+            Some(p) => (unsafe { y.as_ptr().add(p * h) }, t * h, 1),
+        };
+        // hg = b_hh + h_prev · w_hhᵀ.
+        // Safety: the operands are live for these sizes; `hg` is separate scratch.
+        unsafe {
+            mm(
+                n,
+                g3,
+                h,
+                hg.as_mut_ptr(),
+                g3,
+                true,
+                hprev,
+                (wt.as_ptr(), g3, 1),
+                Parallelism::None,
+            )
+        };
+        for r in 0..n {
+            hp.copy_from_slice(match prev {
+                None => &h0[r * h..(r + 1) * h],
+                Some(p) => &y[(r * t + p) * h..][..h],
+            });
+            let row = r * t + st;
+            gru_cell_forward::<T, F>(
+                &xg[row * g3..][..g3],
+                &hg[r * g3..(r + 1) * g3],
+                &hp,
+                &mut y[row * h..][..h],
+            );
+        }
+        prev = Some(st);
+    }
+    let last = prev.unwrap_or(0);
+    for r in 0..n {
+        h_out[r * h..(r + 1) * h].copy_from_slice(&y[(r * t + last) * h..][..h]);
+    }
+}
+
+/// One GRU step's gradient on one row: `x`, `hg` and `hp` as in the forward, `dh` the
+/// cotangent of this step's `h` (replaced by the part that reaches `hp` directly); the
+/// cotangents of the input part into `dx[3H]` and of the recurrent part into `dhg[3H]`.
+#[inline(always)]
+fn gru_cell_backward<T: Real, const F: bool>(x: &[T], hg: &[T], hp: &[T], dh: &mut [T], dx: &mut [T], dhg: &mut [T]) {
+    let h = dh.len();
+    let (xr, xz, xn) = (&x[..h], &x[h..2 * h], &x[2 * h..3 * h]);
+    let (hr, hz, hn) = (&hg[..h], &hg[h..2 * h], &hg[2 * h..3 * h]);
+    let hp = &hp[..h];
+    let (dxr, rest) = dx[..3 * h].split_at_mut(h);
+    let (dxz, dxn) = rest.split_at_mut(h);
+    let (dhr, rest) = dhg[..3 * h].split_at_mut(h);
+    let (dhz, dhn) = rest.split_at_mut(h);
+    let one = T::ONE;
+    for j in 0..h {
+        let r = (xr[j] + hr[j]).sigmoid::<F>();
+        let z = (xz[j] + hz[j]).sigmoid::<F>();
+        let n = (xn[j] + r * hn[j]).tanh_::<F>();
+        let d = dh[j];
+        let dnp = d * (one - z) * (one - n * n);
+        let drp = dnp * hn[j] * r * (one - r);
+        let dzp = d * (hp[j] - n) * z * (one - z);
+        dxr[j] = drp;
+        dxz[j] = dzp;
+        dxn[j] = dnp;
+        dhr[j] = drp;
+        dhz[j] = dzp;
+        dhn[j] = dnp * r;
+        dh[j] = d * z;
+    }
+}
+
+/// The cotangents of `gru_seq`'s operands `(dxg, dw, db, dh0)` given its operands
+/// `(xg, w, b, h0)`, its result `y` and the cotangents of `y` and the last `h` (`None`: zero).
+#[inline(always)]
+fn gru_backward<T: Real, const F: bool>(
     s: Seq,
-    ins: Operands<T>,
+    (xg, w, b, h0): Operands<T>,
     y: &[T],
-    cts: Cotangents<T>,
+    (dy, dh_last): (Option<&[T]>, Option<&[T]>),
     threads: usize,
 ) -> [Vec<T>; 4] {
-    backward::<T, true>(s, ins, y, cts, threads)
+    let (n, t, h, g3) = (s.n, s.t, s.h, 3 * s.h);
+    let steps = s.steps();
+    let rows = n * t;
+    let par = |flops: usize| gemm_parallelism(flops, threads);
+    let hprev = previous_h(s, h0, y);
+    // Every step's recurrent part at once: hg = b_hh + h_prev · w_hhᵀ, [N, T, 3H].
+    let mut hg: Vec<T> = (0..rows).flat_map(|_| b[..g3].iter().copied()).collect();
+    let wt = transposed(w, g3, h);
+    // Safety: the operands are live for these sizes; `hg` is a separate buffer.
+    unsafe {
+        mm(
+            rows,
+            g3,
+            h,
+            hg.as_mut_ptr(),
+            g3,
+            true,
+            (hprev.as_ptr(), h, 1),
+            (wt.as_ptr(), g3, 1),
+            par(rows * g3 * h),
+        )
+    };
+    let mut dx = vec![T::ZERO; rows * g3];
+    let mut dhg = vec![T::ZERO; rows * g3];
+    let mut dh = dh_last.map_or_else(|| vec![T::ZERO; n * h], <[T]>::to_vec);
+    for &st in steps.iter().rev() {
+        for r in 0..n {
+            let row = r * t + st;
+            let dh = &mut dh[r * h..(r + 1) * h];
+            if let Some(dy) = dy {
+                dh.iter_mut().zip(&dy[row * h..][..h]).for_each(|(d, &y)| *d = *d + y);
+            }
+            gru_cell_backward::<T, F>(
+                &xg[row * g3..][..g3],
+                &hg[row * g3..][..g3],
+                &hprev[row * h..][..h],
+                dh,
+                &mut dx[row * g3..][..g3],
+                &mut dhg[row * g3..][..g3],
+            );
+        }
+        // dh_prev = (direct part, in dh) + dhg_step · w_hh.
+        // Safety: the operands are live for these sizes; `dh` is separate from both.
+        unsafe {
+            mm(
+                n,
+                h,
+                g3,
+                dh.as_mut_ptr(),
+                h,
+                true,
+                (dhg.as_ptr().add(st * g3), t * g3, 1),
+                (w.as_ptr(), h, 1),
+                Parallelism::None,
+            )
+        };
+    }
+    // dw_hh = dhgᵀ · h_prev, db_hh = Σ dhg, over all steps.
+    let mut dw = vec![T::ZERO; g3 * h];
+    // Safety: as above.
+    unsafe {
+        mm(
+            g3,
+            h,
+            rows,
+            dw.as_mut_ptr(),
+            h,
+            false,
+            (dhg.as_ptr(), 1, g3),
+            (hprev.as_ptr(), h, 1),
+            par(g3 * h * rows),
+        )
+    };
+    let mut db = vec![T::ZERO; g3];
+    for row in dhg.chunks_exact(g3) {
+        db.iter_mut().zip(row).for_each(|(d, &v)| *d = *d + v);
+    }
+    [dx, dw, db, dh]
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn backward_avx2<T: Real>(s: Seq, ins: Operands<T>, y: &[T], cts: Cotangents<T>, threads: usize) -> [Vec<T>; 4] {
-    backward::<T, true>(s, ins, y, cts, threads)
+/// Which recurrence a sequence op runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recurrence {
+    /// `lstm_seq(xg, w_hh, h0, c0) -> (y, h, c)`.
+    Lstm,
+    /// `gru_seq(xg, w_hh, b_hh, h0) -> (y, h)`.
+    Gru,
 }
 
-/// The forward kernel on typed slices, for the host's instruction set.
-#[allow(clippy::too_many_arguments)]
-fn run_forward<T: Real>(s: Seq, xg: &[T], w: &[T], h0: &[T], c0: &[T], y: &mut [T], h_out: &mut [T], c_out: &mut [T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Safety: the features were detected on this host.
-        match Simd::detect() {
-            Simd::Avx512 => return unsafe { forward_avx512(s, xg, w, h0, c0, y, h_out, c_out) },
-            Simd::Avx2Fma => return unsafe { forward_avx2(s, xg, w, h0, c0, y, h_out, c_out) },
-            Simd::Baseline => {}
+impl Recurrence {
+    /// The recurrence of composite `c` and its `reverse` attribute (`None`: not a sequence op).
+    pub fn of(c: &Composite) -> Option<(Recurrence, bool)> {
+        match c {
+            Composite::LstmSeq(l) => Some((Recurrence::Lstm, l.reverse)),
+            Composite::GruSeq(g) => Some((Recurrence::Gru, g.reverse)),
+            _ => None,
         }
     }
-    forward::<T, false>(s, xg, w, h0, c0, y, h_out, c_out)
-}
 
-/// The backward kernel on typed slices, for the host's instruction set.
-fn run_backward<T: Real>(s: Seq, ins: Operands<T>, y: &[T], cts: Cotangents<T>, threads: usize) -> [Vec<T>; 4] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Safety: the features were detected on this host.
-        match Simd::detect() {
-            Simd::Avx512 => return unsafe { backward_avx512(s, ins, y, cts, threads) },
-            Simd::Avx2Fma => return unsafe { backward_avx2(s, ins, y, cts, threads) },
-            Simd::Baseline => {}
+    fn name(self) -> &'static str {
+        match self {
+            Recurrence::Lstm => "lstm_seq",
+            Recurrence::Gru => "gru_seq",
         }
     }
-    backward::<T, false>(s, ins, y, cts, threads)
+
+    /// The sizes of the op on operands of `shapes` (`xg` first; the state is `h0`).
+    fn seq(self, shapes: &[&[usize]], reverse: bool) -> Result<Seq, String> {
+        let bad = || format!("{} operands do not fit: {shapes:?}", self.name());
+        let (gates, state) = match self {
+            Recurrence::Lstm => (4, 2),
+            Recurrence::Gru => (3, 3),
+        };
+        let (xg, h0) = (shapes.first().ok_or_else(bad)?, shapes.get(state).ok_or_else(bad)?);
+        let s = match (xg, h0) {
+            ([n, t, g], [n2, h]) if n == n2 && *g == gates * h && *t > 0 => Seq {
+                n: *n,
+                t: *t,
+                h: *h,
+                reverse,
+            },
+            _ => return Err(bad()),
+        };
+        let (ops, _) = self.shapes(s);
+        if shapes.len() != ops.len() || shapes.iter().zip(&ops).any(|(a, b)| a != &b.as_slice()) {
+            return Err(bad());
+        }
+        Ok(s)
+    }
+
+    /// The operands' and the results' shapes for sizes `s`.
+    fn shapes(self, s: Seq) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+        let (n, t, h) = (s.n, s.t, s.h);
+        match self {
+            Recurrence::Lstm => (
+                vec![vec![n, t, 4 * h], vec![4 * h, h], vec![n, h], vec![n, h]],
+                vec![vec![n, t, h], vec![n, h], vec![n, h]],
+            ),
+            Recurrence::Gru => (
+                vec![vec![n, t, 3 * h], vec![3 * h, h], vec![3 * h], vec![n, h]],
+                vec![vec![n, t, h], vec![n, h]],
+            ),
+        }
+    }
 }
 
-/// Whether the native kernels compute `lstm_seq` in this dtype.
-pub fn lstm_seq_dtype(d: DType) -> bool {
+/// Whether the native kernels compute the sequence ops in this dtype.
+pub fn seq_dtype(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64)
 }
 
-/// The forward kernel on the bytes of the operands `xg, w_hh, h0, c0` and the results
-/// `y, h, c` (f32 or f64 as `dtype`; the slices hold [`Seq`]'s sizes).
-pub(crate) fn run_native(s: Seq, dtype: DType, ins: [&[u8]; 4], outs: [&mut [u8]; 3]) -> Result<(), String> {
-    fn typed<T: Real + bytemuck::Pod>(s: Seq, ins: [&[u8]; 4], outs: [&mut [u8]; 3]) -> Result<(), String> {
-        fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
-            if b.is_empty() {
-                return Ok(&[]);
-            }
-            bytemuck::try_cast_slice(b).map_err(|e| format!("lstm_seq operand: {e}"))
-        }
-        fn cast_mut<T: bytemuck::Pod>(b: &mut [u8]) -> Result<&mut [T], String> {
-            if b.is_empty() {
-                return Ok(&mut []);
-            }
-            bytemuck::try_cast_slice_mut(b).map_err(|e| format!("lstm_seq result: {e}"))
-        }
-        let [y, h, c] = outs;
-        let (y, h, c) = (cast_mut::<T>(y)?, cast_mut::<T>(h)?, cast_mut::<T>(c)?);
-        let (xg, w, h0, c0) = (
-            cast::<T>(ins[0])?,
-            cast::<T>(ins[1])?,
-            cast::<T>(ins[2])?,
-            cast::<T>(ins[3])?,
-        );
-        let (state, g4) = (s.n * s.h, 4 * s.h);
-        let fits = xg.len() == s.n * s.t * g4
-            && w.len() == g4 * s.h
-            && h0.len() == state
-            && c0.len() == state
-            && y.len() == s.n * s.t * s.h
-            && h.len() == state
-            && c.len() == state;
-        if !fits {
-            return Err(format!("lstm_seq buffers do not hold {s:?}"));
-        }
-        run_forward(s, xg, w, h0, c0, y, h, c);
-        Ok(())
-    }
-    match dtype {
-        DType::F32 => typed::<f32>(s, ins, outs),
-        DType::F64 => typed::<f64>(s, ins, outs),
-        other => Err(format!("lstm_seq has no native kernel in {other}")),
-    }
-}
-
-/// Typed elements of `t` (f32/f64, which [`TensorData`] keeps aligned).
-fn elems<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
-    if t.bytes().is_empty() {
-        // An empty buffer's pointer need not be aligned.
+/// `b` as `T`s (an empty buffer's pointer need not be aligned).
+fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
+    if b.is_empty() {
         return Ok(&[]);
     }
-    bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("lstm_seq: unaligned operand: {e}"))
+    bytemuck::try_cast_slice(b).map_err(|e| format!("unaligned operand: {e}"))
 }
 
-/// The gradient of `lstm_seq` (`reverse` as its attribute) for eager autograd: the operands
-/// `xg, w_hh, h0, c0`, the result `y` and the cotangents of `y`, the last `h` and the last `c`
-/// (`None`: unused) give the cotangents of the operands `wants` marks. f32 and f64
-/// ([`lstm_seq_dtype`]).
-pub fn lstm_seq_vjp(
+fn cast_mut<T: bytemuck::Pod>(b: &mut [u8]) -> Result<&mut [T], String> {
+    if b.is_empty() {
+        return Ok(&mut []);
+    }
+    bytemuck::try_cast_slice_mut(b).map_err(|e| format!("unaligned result: {e}"))
+}
+
+/// The forward kernel of `rec` on the bytes of its operands (shapes `shapes`) and results
+/// (f32 or f64 as `dtype`).
+pub(crate) fn run_native(
+    rec: Recurrence,
+    reverse: bool,
+    dtype: DType,
+    shapes: &[&[usize]],
+    ins: &[&[u8]],
+    outs: Vec<&mut [u8]>,
+) -> Result<(), String> {
+    fn typed<T: Real + bytemuck::Pod>(
+        rec: Recurrence,
+        s: Seq,
+        ins: &[&[u8]],
+        outs: Vec<&mut [u8]>,
+    ) -> Result<(), String> {
+        let (ops, res) = rec.shapes(s);
+        let ins: Vec<&[T]> = ins.iter().map(|b| cast::<T>(b)).collect::<Result<_, _>>()?;
+        let mut outs: Vec<&mut [T]> = outs.into_iter().map(cast_mut::<T>).collect::<Result<_, _>>()?;
+        let len = |shape: &Vec<usize>| shape.iter().product::<usize>();
+        let fits = ins.len() == ops.len()
+            && outs.len() == res.len()
+            && ins.iter().zip(&ops).all(|(b, sh)| b.len() == len(sh))
+            && outs.iter().zip(&res).all(|(b, sh)| b.len() == len(sh));
+        if !fits {
+            return Err(format!("{} buffers do not hold {s:?}", rec.name()));
+        }
+        match (rec, outs.as_mut_slice()) {
+            (Recurrence::Lstm, [y, h, c]) => run_forward(s, ins[0], ins[1], ins[2], ins[3], y, h, c),
+            (Recurrence::Gru, [y, h]) => run_gru_forward(s, ins[0], ins[1], ins[2], ins[3], y, h),
+            _ => return Err(format!("{} buffers do not hold {s:?}", rec.name())),
+        }
+        Ok(())
+    }
+    let s = rec.seq(shapes, reverse)?;
+    match dtype {
+        DType::F32 => typed::<f32>(rec, s, ins, outs),
+        DType::F64 => typed::<f64>(rec, s, ins, outs),
+        other => Err(format!("{} has no native kernel in {other}", rec.name())),
+    }
+}
+
+/// The gradient of a sequence op (`rec`, `reverse` as its attribute) for eager autograd: its
+/// operands, its result `y` and the cotangents of its results (`None`: unused) give the
+/// cotangents of the operands `wants` marks. f32 and f64 ([`seq_dtype`]).
+pub fn seq_vjp(
+    rec: Recurrence,
     reverse: bool,
     ins: &[TensorData],
     y: &TensorData,
@@ -559,61 +785,53 @@ pub fn lstm_seq_vjp(
     wants: &[bool],
     threads: usize,
 ) -> Result<Vec<Option<TensorData>>, String> {
-    let [xg, w, h0, c0] = ins else {
-        return Err(format!("lstm_seq takes 4 operands, got {}", ins.len()));
-    };
-    if cts.len() != 3 {
-        return Err(format!("lstm_seq has 3 results, got {} cotangents", cts.len()));
-    }
-    let s = Seq::of(xg.shape(), h0.shape(), reverse)?;
-    let dtype = xg.dtype();
+    let name = rec.name();
+    let shapes: Vec<&[usize]> = ins.iter().map(TensorData::shape).collect();
+    let s = rec.seq(&shapes, reverse)?;
+    let dtype = ins[0].dtype();
+    let (_, res) = rec.shapes(s);
     let fits = |t: &TensorData, shape: &[usize]| t.dtype() == dtype && t.shape() == shape;
-    let (state, yshape) = ([s.n, s.h], [s.n, s.t, s.h]);
-    let shapes_ok = fits(w, &[4 * s.h, s.h])
-        && fits(h0, &state)
-        && fits(c0, &state)
-        && fits(y, &yshape)
+    let shapes_ok = ins.iter().all(|t| t.dtype() == dtype)
+        && fits(y, &res[0])
+        && cts.len() == res.len()
         && cts
             .iter()
-            .zip([&yshape[..], &state, &state])
+            .zip(&res)
             .all(|(c, sh)| c.as_ref().is_none_or(|c| fits(c, sh)));
     if !shapes_ok {
         return Err(format!(
-            "lstm_seq gradient: operands, result and cotangents do not match xg {:?} ({dtype})",
-            xg.shape()
+            "{name} gradient: operands, result and cotangents do not match xg {:?} ({dtype})",
+            ins[0].shape()
         ));
     }
-    fn typed<T: Real + bytemuck::Pod>(
+    fn typed<T: Real + bytemuck::Pod + oar_ir::Element>(
+        rec: Recurrence,
         s: Seq,
-        ins: [&TensorData; 4],
+        ins: &[TensorData],
         y: &TensorData,
         cts: &[Option<TensorData>],
         threads: usize,
-    ) -> Result<[Vec<T>; 4], String> {
-        let ct = |i: usize| cts[i].as_ref().map(elems::<T>).transpose();
-        Ok(run_backward::<T>(
-            s,
-            (elems(ins[0])?, elems(ins[1])?, elems(ins[2])?, elems(ins[3])?),
-            elems(y)?,
-            (ct(0)?, ct(1)?, ct(2)?),
-            threads,
-        ))
-    }
-    let four = [xg, w, h0, c0];
-    let grads: Vec<TensorData> = match dtype {
-        DType::F32 => typed::<f32>(s, four, y, cts, threads)?
+    ) -> Result<Vec<TensorData>, String> {
+        fn e<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
+            cast::<T>(t.bytes())
+        }
+        let ct = |i: usize| cts[i].as_ref().map(e::<T>).transpose();
+        let four = (e::<T>(&ins[0])?, e::<T>(&ins[1])?, e::<T>(&ins[2])?, e::<T>(&ins[3])?);
+        let grads = match rec {
+            Recurrence::Lstm => run_backward::<T>(s, four, e::<T>(y)?, (ct(0)?, ct(1)?, ct(2)?), threads),
+            Recurrence::Gru => run_gru_backward::<T>(s, four, e::<T>(y)?, (ct(0)?, ct(1)?), threads),
+        };
+        grads
             .into_iter()
-            .zip(four)
-            .map(|(g, x)| TensorData::from_vec(x.shape().to_vec(), g))
-            .collect::<Result<_, _>>(),
-        DType::F64 => typed::<f64>(s, four, y, cts, threads)?
-            .into_iter()
-            .zip(four)
-            .map(|(g, x)| TensorData::from_vec(x.shape().to_vec(), g))
-            .collect::<Result<_, _>>(),
-        other => return Err(format!("lstm_seq has no native gradient in {other}")),
+            .zip(ins)
+            .map(|(g, x)| TensorData::from_vec(x.shape().to_vec(), g).map_err(|e| e.to_string()))
+            .collect()
     }
-    .map_err(|e| e.to_string())?;
+    let grads = match dtype {
+        DType::F32 => typed::<f32>(rec, s, ins, y, cts, threads)?,
+        DType::F64 => typed::<f64>(rec, s, ins, y, cts, threads)?,
+        other => return Err(format!("{name} has no native gradient in {other}")),
+    };
     Ok(grads
         .into_iter()
         .zip(wants.iter().copied().chain(std::iter::repeat(false)))
@@ -734,7 +952,7 @@ mod tests {
                 let cts: Vec<Option<TensorData>> = (0..3)
                     .map(|k| present[k].then(|| data(&out_shapes[k], &rs[k], dt)))
                     .collect();
-                let grads = lstm_seq_vjp(reverse, &tds, &y, &cts, &[true; 4], 2).unwrap();
+                let grads = seq_vjp(Recurrence::Lstm, reverse, &tds, &y, &cts, &[true; 4], 2).unwrap();
                 let tol = if dt == DType::F64 { 1e-7 } else { 2e-5 };
                 for (i, g) in grads.iter().enumerate() {
                     let g = g.as_ref().expect("wanted").to_f64_vec();
@@ -756,6 +974,110 @@ mod tests {
         }
     }
 
+    /// `gru_seq` by its definition, in f64: `(y, h)`.
+    fn naive_gru(s: Seq, xg: &[f64], w: &[f64], b: &[f64], h0: &[f64]) -> [Vec<f64>; 2] {
+        let (n, t, h) = (s.n, s.t, s.h);
+        let mut hs = h0.to_vec();
+        let mut y = vec![0.0; n * t * h];
+        for st in s.steps() {
+            let mut h2 = hs.clone();
+            for r in 0..n {
+                for j in 0..h {
+                    let hg =
+                        |k: usize| b[k * h + j] + (0..h).map(|i| hs[r * h + i] * w[(k * h + j) * h + i]).sum::<f64>();
+                    let x = |k: usize| xg[(r * t + st) * 3 * h + k * h + j];
+                    let rg = sig(x(0) + hg(0));
+                    let zg = sig(x(1) + hg(1));
+                    let ng = (x(2) + rg * hg(2)).tanh();
+                    h2[r * h + j] = ng + zg * (hs[r * h + j] - ng);
+                    y[(r * t + st) * h + j] = h2[r * h + j];
+                }
+            }
+            hs = h2;
+        }
+        [y, hs]
+    }
+
+    /// The GRU kernels: forward in f32 and f64 against the definition, and the gradient of
+    /// every operand against central differences, both directions, each result's cotangent
+    /// present or absent.
+    #[test]
+    fn gru_matches_the_definition_and_finite_differences() {
+        for (n, t, h, reverse, present) in [
+            (2, 3, 3, false, [true, true]),
+            (3, 4, 19, true, [true, false]),
+            (1, 2, 2, true, [false, true]),
+        ] {
+            let s = Seq { n, t, h, reverse };
+            let shapes = [vec![n, t, 3 * h], vec![3 * h, h], vec![3 * h], vec![n, h]];
+            let scales = [2.0, 0.7, 0.5, 1.0];
+            let ins: Vec<Vec<f64>> = (0..4)
+                .map(|i| values(shapes[i].iter().product(), 40 + i as u64, scales[i]))
+                .collect();
+            let want = naive_gru(s, &ins[0], &ins[1], &ins[2], &ins[3]);
+            for dt in [DType::F64, DType::F32] {
+                let tds: Vec<TensorData> = (0..4).map(|i| data(&shapes[i], &ins[i], dt)).collect();
+                let bytes: Vec<&[u8]> = tds.iter().map(TensorData::bytes).collect();
+                let mut y = TensorData::full(dt, vec![n, t, h], 0.0).unwrap();
+                let mut hl = TensorData::full(dt, vec![n, h], 0.0).unwrap();
+                let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+                run_native(
+                    Recurrence::Gru,
+                    reverse,
+                    dt,
+                    &shape_refs,
+                    &bytes,
+                    vec![y.bytes_mut(), hl.bytes_mut()],
+                )
+                .unwrap();
+                let tol = if dt == DType::F64 { 1e-13 } else { 3e-6 };
+                for (got, want) in [(y.to_f64_vec(), &want[0]), (hl.to_f64_vec(), &want[1])] {
+                    for (i, (a, b)) in got.iter().zip(want.iter()).enumerate() {
+                        assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{dt} forward [{i}]: {a} vs {b}");
+                    }
+                }
+            }
+            if n * h > 12 {
+                continue; // finite differences on the small cases only
+            }
+            let out_shapes = [vec![n, t, h], vec![n, h]];
+            let rs: Vec<Vec<f64>> = (0..2)
+                .map(|k| values(out_shapes[k].iter().product(), 50 + k as u64, 1.0))
+                .collect();
+            let loss = |ins: &[Vec<f64>]| -> f64 {
+                let outs = naive_gru(s, &ins[0], &ins[1], &ins[2], &ins[3]);
+                (0..2)
+                    .filter(|&k| present[k])
+                    .map(|k| outs[k].iter().zip(&rs[k]).map(|(a, b)| a * b).sum::<f64>())
+                    .sum()
+            };
+            for dt in [DType::F64, DType::F32] {
+                let tds: Vec<TensorData> = (0..4).map(|i| data(&shapes[i], &ins[i], dt)).collect();
+                let y = data(&out_shapes[0], &want[0], dt);
+                let cts: Vec<Option<TensorData>> = (0..2)
+                    .map(|k| present[k].then(|| data(&out_shapes[k], &rs[k], dt)))
+                    .collect();
+                let grads = seq_vjp(Recurrence::Gru, reverse, &tds, &y, &cts, &[true; 4], 2).unwrap();
+                let tol = if dt == DType::F64 { 1e-7 } else { 2e-5 };
+                for (i, g) in grads.iter().enumerate() {
+                    let g = g.as_ref().expect("wanted").to_f64_vec();
+                    for e in 0..ins[i].len() {
+                        let eps = 1e-6;
+                        let (mut up, mut down) = (ins.clone(), ins.clone());
+                        up[i][e] += eps;
+                        down[i][e] -= eps;
+                        let fd = (loss(&up) - loss(&down)) / (2.0 * eps);
+                        assert!(
+                            (g[e] - fd).abs() <= tol * (1.0 + fd.abs()),
+                            "{dt} gru operand {i}[{e}] ({n}x{t}x{h}, reverse {reverse}): {} vs {fd}",
+                            g[e]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn an_empty_batch_runs_and_has_empty_gradients() {
         let s = Seq {
@@ -768,7 +1090,8 @@ mod tests {
         run_forward(s, &[], &[0.5; 16], &[], &[], &mut y, &mut h, &mut c);
         let e = |shape: &[usize]| data(shape, &vec![0.5; shape.iter().product()], DType::F32);
         let ins = [e(&[0, 3, 8]), e(&[8, 2]), e(&[0, 2]), e(&[0, 2])];
-        let grads = lstm_seq_vjp(
+        let grads = seq_vjp(
+            Recurrence::Lstm,
             true,
             &ins,
             &e(&[0, 3, 2]),
@@ -796,7 +1119,8 @@ mod tests {
             .map(|sh| data(sh, &values(sh.iter().product(), 5, 1.0), DType::F32))
             .collect();
         let y = data(&[1, 2, 2], &[0.0; 4], DType::F32);
-        let grads = lstm_seq_vjp(
+        let grads = seq_vjp(
+            Recurrence::Lstm,
             false,
             &tds,
             &y,
@@ -808,7 +1132,16 @@ mod tests {
         assert!(grads[0].is_none() && grads[1].is_some() && grads[2].is_none() && grads[3].is_none());
         let _ = s;
         let wrong = data(&[1, 3, 2], &[0.0; 6], DType::F32);
-        let err = lstm_seq_vjp(false, &tds, &wrong, &[None, None, None], &[true; 4], 1).unwrap_err();
+        let err = seq_vjp(
+            Recurrence::Lstm,
+            false,
+            &tds,
+            &wrong,
+            &[None, None, None],
+            &[true; 4],
+            1,
+        )
+        .unwrap_err();
         assert!(err.contains("lstm_seq"), "{err}");
     }
 }

@@ -45,9 +45,9 @@ pub struct Lowered {
 /// The composites this backend runs whole, as native kernels of the runtime
 /// (`oar_cpu_runtime::native`): the row ops a row at a time take two or three passes over
 /// cached memory, where their decompositions take a reduction kernel per statistic and an
-/// epilogue that recomputes `exp`; `lstm_seq` runs its recurrence as one loop (a product and
-/// a fused cell per step) where its decomposition unrolls every step into kernels.
-pub const KEPT_COMPOSITES: &[&str] = &["softmax", "log_softmax", "layer_norm", "lstm_seq"];
+/// epilogue that recomputes `exp`; `lstm_seq` and `gru_seq` run their recurrence as one loop (a
+/// product and a fused cell per step) where their decompositions unroll every step into kernels.
+pub const KEPT_COMPOSITES: &[&str] = &["softmax", "log_softmax", "layer_norm", "lstm_seq", "gru_seq"];
 
 /// Bind `bindings` in `graph`, optimize, fuse (keeping [`KEPT_COMPOSITES`]), plan and choose a
 /// step per kernel.

@@ -1049,54 +1049,74 @@ fn kept_composites_run_as_native_row_kernels() {
     }
 }
 
-/// `lstm_seq` (a whole LSTM layer's recurrence) runs as one native kernel in f32 and f64 —
-/// both directions, a hidden size off the vector width, a single step — within rounding of
-/// the reference; bf16, which the kernel does not take, still runs (interpreted).
+/// `lstm_seq` and `gru_seq` (a whole LSTM / GRU layer's recurrence) run as one native kernel in
+/// f32 and f64 — both directions, a hidden size off the vector width, a single step — within
+/// rounding of the reference; bf16, which the kernels do not take, still runs (interpreted).
 #[test]
-fn lstm_seq_runs_as_one_native_kernel() {
-    use oar_ir::ops::LstmSeq;
+fn recurrences_run_as_one_native_kernel() {
+    use oar_ir::ops::{GruSeq, LstmSeq};
     for (n, t, h, reverse) in [(3usize, 5usize, 19usize, false), (2, 4, 8, true), (1, 1, 3, false)] {
-        for dt in [DType::F32, DType::F64, DType::BF16] {
-            let mut g = Graph::new("lstm_seq");
-            let shapes = [
-                ("xg", vec![n, t, 4 * h]),
-                ("w_hh", vec![4 * h, h]),
-                ("h0", vec![n, h]),
-                ("c0", vec![n, h]),
-            ];
-            let ins: Vec<ValueId> = shapes.iter().map(|(name, s)| input(&mut g, name, dt, s)).collect();
-            let ys = g
-                .add_op(Op::Composite(Composite::LstmSeq(LstmSeq { reverse })), &ins)
-                .unwrap();
-            for (name, y) in ["y", "h", "c"].into_iter().zip(ys) {
-                g.add_output(name, y).unwrap();
-            }
-            let x: BTreeMap<String, TensorData> = shapes
-                .iter()
-                .enumerate()
-                .map(|(i, (name, s))| {
-                    // Pre-activations up to ±3 (saturating gates and tails of exp too).
-                    let v: Vec<f64> = f32_data(s, 30 + i as u64)
-                        .to_f64_vec()
-                        .iter()
-                        .map(|v| 3.0 * v)
-                        .collect();
-                    (name.to_string(), TensorData::from_f64_slice(dt, s.clone(), &v).unwrap())
-                })
-                .collect();
-            let tol = match dt {
-                DType::F32 => Tol { rel: 1e-5, abs: 1e-5 },
-                DType::F64 => Tol { rel: 1e-12, abs: 1e-13 },
-                _ => Tol { rel: 2e-2, abs: 1e-2 },
-            };
-            let compiled = check_with(&g, &Weights::new(), &x, tol, dt != DType::BF16);
-            if dt != DType::BF16 {
-                let steps = &compiled.lowered.cpu.steps;
-                assert!(
-                    matches!(steps.as_slice(), [Step::Native { .. }]),
-                    "{dt} {n}x{t}x{h}: {steps:?}\n{}",
-                    compiled.lowered.cpu.program
-                );
+        let cases = [
+            (
+                Composite::LstmSeq(LstmSeq { reverse }),
+                vec![
+                    ("xg", vec![n, t, 4 * h]),
+                    ("w_hh", vec![4 * h, h]),
+                    ("h0", vec![n, h]),
+                    ("c0", vec![n, h]),
+                ],
+                &["y", "h", "c"][..],
+            ),
+            (
+                Composite::GruSeq(GruSeq { reverse }),
+                vec![
+                    ("xg", vec![n, t, 3 * h]),
+                    ("w_hh", vec![3 * h, h]),
+                    ("b_hh", vec![3 * h]),
+                    ("h0", vec![n, h]),
+                ],
+                &["y", "h"][..],
+            ),
+        ];
+        for (op, shapes, results) in cases {
+            for dt in [DType::F32, DType::F64, DType::BF16] {
+                let mut g = Graph::new(op.name());
+                let ins: Vec<ValueId> = shapes.iter().map(|(name, s)| input(&mut g, name, dt, s)).collect();
+                let ys = g.add_op(Op::Composite(op.clone()), &ins).unwrap();
+                for (name, y) in results.iter().zip(ys) {
+                    g.add_output(name, y).unwrap();
+                }
+                let x: BTreeMap<String, TensorData> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, s))| {
+                        // Inputs up to ±3 (saturating gates and tails of exp too); recurrent
+                        // weights scaled by 1/√H as initializers do (larger ones make the
+                        // recurrence chaotic: f32 rounding then grows step by step).
+                        let scale = if *name == "w_hh" { 1.0 / (h as f64).sqrt() } else { 3.0 };
+                        let v: Vec<f64> = f32_data(s, 30 + i as u64)
+                            .to_f64_vec()
+                            .iter()
+                            .map(|v| scale * v)
+                            .collect();
+                        (name.to_string(), TensorData::from_f64_slice(dt, s.clone(), &v).unwrap())
+                    })
+                    .collect();
+                let tol = match dt {
+                    DType::F32 => Tol { rel: 1e-5, abs: 1e-5 },
+                    DType::F64 => Tol { rel: 1e-12, abs: 1e-13 },
+                    _ => Tol { rel: 2e-2, abs: 1e-2 },
+                };
+                let compiled = check_with(&g, &Weights::new(), &x, tol, dt != DType::BF16);
+                if dt != DType::BF16 {
+                    let steps = &compiled.lowered.cpu.steps;
+                    assert!(
+                        matches!(steps.as_slice(), [Step::Native { .. }]),
+                        "{} {dt} {n}x{t}x{h}: {steps:?}\n{}",
+                        op.name(),
+                        compiled.lowered.cpu.program
+                    );
+                }
             }
         }
     }

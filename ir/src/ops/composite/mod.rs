@@ -33,7 +33,7 @@ pub use ordering::{ArgSort, Flip, TopK};
 pub use padding::{BorderPad, PadMode};
 pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
-pub use rnn::{GruCell, LstmCell, LstmSeq};
+pub use rnn::{GruCell, GruSeq, LstmCell, LstmSeq};
 pub use scan::CumSum;
 pub use select::{MaskedFill, OneHot, Trilu};
 pub use shape_of::ShapeOf;
@@ -92,6 +92,8 @@ op_set! {
         GruCell,
         /// A whole LSTM layer's recurrence over a sequence.
         LstmSeq(LstmSeq),
+        /// A whole GRU layer's recurrence over a sequence.
+        GruSeq(GruSeq),
         /// Scaled dot-product attention.
         ScaledDotProductAttention(ScaledDotProductAttention),
         /// Padding from the tensor's own elements (reflect, replicate, circular).

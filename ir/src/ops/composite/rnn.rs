@@ -1,8 +1,8 @@
 //! Recurrent cells: `lstm_cell` and `gru_cell`, one time step's element-wise part after the
 //! two matrix products (`x Wᵢₕᵀ + bᵢₕ` and `h Wₕₕᵀ + bₕₕ`), so an eager RNN runs each step's
 //! gates as one fused kernel and their gradient as another instead of a dozen small ops; and
-//! `lstm_seq`, a whole LSTM layer's recurrence over a sequence (the cpu backend runs it, and
-//! eager mode its gradient, as one native kernel). Gate orders follow PyTorch and Paddle.
+//! `lstm_seq` / `gru_seq`, a whole LSTM / GRU layer's recurrence over a sequence (the cpu
+//! backend runs them, and eager mode their gradients, as native kernels). Gate orders follow PyTorch and Paddle.
 
 use super::super::rules::{R, arity, elements, float, out_elements, same_dtype};
 use super::super::sample::{Sample, input};
@@ -33,6 +33,18 @@ op_struct! {
     /// `(h, c) = lstm_cell(xg[:, t], h w_hhᵀ, c)` and `y[:, t] = h`; the results are `y` and the
     /// last step's `h` and `c`. Both biases belong in `xg` (`x Wᵢₕᵀ + bᵢₕ + bₕₕ`).
     LstmSeq "lstm_seq" {
+        /// Run the steps from the last to the first (a bidirectional layer's backward half).
+        reverse: bool,
+    }
+}
+
+op_struct! {
+    /// A whole GRU layer's recurrence after its input projection:
+    /// `gru_seq(xg[N, T, 3H], w_hh[3H, H], b_hh[3H], h0[N, H]) -> (y[N, T, H], h[N, H])`.
+    /// Step by step — from `t = 0`, or from the last step with `reverse` —
+    /// `h = gru_cell(xg[:, t], h w_hhᵀ + b_hh, h)` and `y[:, t] = h`; the results are `y` and the
+    /// last step's `h`. `b_ih` belongs in `xg`; `b_hh` stays apart (its `n` part is scaled by `r`).
+    GruSeq "gru_seq" {
         /// Run the steps from the last to the first (a bidirectional layer's backward half).
         reverse: bool,
     }
@@ -306,6 +318,149 @@ impl OpDef for LstmSeq {
             Sample::new("lstm_seq/f32", seq(false), case(DType::F32, 2, 3, 2)),
             Sample::new("lstm_seq/f32/reverse", seq(true), case(DType::F32, 3, 4, 3)),
             Sample::new("lstm_seq/f64/one_step", seq(false), case(DType::F64, 2, 1, 3)),
+        ]
+    }
+}
+
+/// The operand types of `gru_seq`, checked: `(N, T, H)` as dims and the state type `[N, H]`.
+fn gru_seq_types(inputs: &[TensorType]) -> Result<(Dim, usize, usize, TensorType), String> {
+    arity(inputs, 4)?;
+    let (xg, w, b, h0) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+    float(xg)?;
+    for t in [w, b, h0] {
+        same_dtype(xg, t)?;
+    }
+    let err = || format!("gru_seq needs xg[N, T, 3H], w_hh[3H, H], b_hh[3H] and h0[N, H], got {xg}, {w}, {b} and {h0}");
+    if xg.rank() != 3 || w.rank() != 2 || b.rank() != 1 || h0.rank() != 2 || xg.shape.0[0] != h0.shape.0[0] {
+        return Err(err());
+    }
+    let (Some(t), Some(g), Some(h)) = (
+        xg.shape.0[1].as_static(),
+        xg.shape.0[2].as_static(),
+        h0.shape.0[1].as_static(),
+    ) else {
+        return Err(format!(
+            "gru_seq needs a static sequence length and hidden size, got xg {xg} and h0 {h0}"
+        ));
+    };
+    let w_ok = w.shape.0[0].as_static() == Some(3 * h) && w.shape.0[1].as_static() == Some(h);
+    if g != 3 * h || !w_ok || b.shape.0[0].as_static() != Some(3 * h) || t == 0 {
+        return Err(err());
+    }
+    Ok((xg.shape.0[0].clone(), t, h, h0.clone()))
+}
+
+impl OpDef for GruSeq {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        let (n, t, h, state) = gru_seq_types(inputs)?;
+        let y = TensorType::new(state.dtype, crate::Shape(vec![n, Dim::Static(t), Dim::Static(h)]));
+        Ok(vec![y, state])
+    }
+
+    fn flops(&self, inputs: &[TensorType], _: &[TensorType]) -> Option<u64> {
+        // Per step and state element: the recurrent product's 3H multiply-adds, and the cell.
+        let state = elements(inputs.get(3)?)?;
+        let (t, h) = (
+            inputs[0].shape.0[1].as_static()? as u64,
+            inputs[3].shape.0[1].as_static()? as u64,
+        );
+        Some(t * state * (6 * h + 25))
+    }
+
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        types: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let mut run = || -> Result<Vec<E::Value>, E::Error> {
+            let state = types[3].clone();
+            let (n, t, h) = (
+                state.shape.0[0].clone(),
+                types[0].shape.0[1].as_static().unwrap_or(0),
+                hidden(&state),
+            );
+            let gates = TensorType::new(state.dtype, crate::Shape(vec![n.clone(), Dim::Static(3 * h)]));
+            let cell_types = [gates.clone(), gates.clone(), state.clone()];
+            let w_t = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[x[1]])?;
+            let mut hs = x[3];
+            let mut ys = vec![None; t];
+            let order: Vec<usize> = if self.reverse {
+                (0..t).rev().collect()
+            } else {
+                (0..t).collect()
+            };
+            for s in order {
+                let r = SliceRange::new(s as i64, s as i64 + 1);
+                let xs = slice(g, x[0], vec![SliceRange::FULL, r, SliceRange::FULL])?;
+                let xs = super::reshape(g, xs, gates.shape.0.clone())?;
+                let hg = g.add_op1(Op::MatMul, &[hs, w_t])?;
+                let hg = g.binary(BinaryOp::Add, hg, x[2])?;
+                hs = GruCell
+                    .decompose(g, &[xs, hg, hs], &cell_types, &[])
+                    .expect("gru_cell decomposes")?[0];
+                ys[s] = Some(super::reshape(g, hs, vec![n.clone(), Dim::Static(1), Dim::Static(h)])?);
+            }
+            let ys: Vec<E::Value> = ys.into_iter().flatten().collect();
+            let y = if ys.len() == 1 {
+                ys[0]
+            } else {
+                g.add_op1(Op::Concat(Concat { axis: 1 }), &ys)?
+            };
+            Ok(vec![y, hs])
+        };
+        Some(run())
+    }
+
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        crate::eval::arity(cx.site(), ins, &[4])?;
+        let f = |i: usize| ins[i].as_f(cx.site(), "operand");
+        let (xg, w, b, h0) = (f(0)?, f(1)?, f(2)?, f(3)?);
+        let (n, t, h) = (xg.shape()[0], xg.shape()[1], h0.shape()[1]);
+        let mut hs = h0.to_owned();
+        let mut y = ArrayD::<f64>::zeros(vec![n, t, h]);
+        let order: Vec<usize> = if self.reverse {
+            (0..t).rev().collect()
+        } else {
+            (0..t).collect()
+        };
+        for s in order {
+            let mut h2 = hs.clone();
+            for r in 0..n {
+                for j in 0..h {
+                    let hg = |k: usize| -> f64 {
+                        b[[k * h + j]] + (0..h).map(|i| hs[[r, i]] * w[[k * h + j, i]]).sum::<f64>()
+                    };
+                    let x = |k: usize| xg[[r, s, k * h + j]];
+                    let rg = sig(x(0) + hg(0));
+                    let zg = sig(x(1) + hg(1));
+                    let ng = (x(2) + rg * hg(2)).tanh();
+                    h2[[r, j]] = ng + zg * (hs[[r, j]] - ng);
+                    y[[r, s, j]] = h2[[r, j]];
+                }
+            }
+            hs = h2;
+        }
+        Ok(vec![ins[3].with(Data::F(y)), ins[3].with(Data::F(hs))])
+    }
+
+    fn samples() -> Vec<Sample> {
+        let seq = |reverse| Op::Composite(Composite::GruSeq(GruSeq { reverse }));
+        let case = |d: DType, n: usize, t: usize, h: usize| {
+            vec![
+                input(d, &[n, t, 3 * h]),
+                input(d, &[3 * h, h]),
+                input(d, &[3 * h]),
+                input(d, &[n, h]),
+            ]
+        };
+        vec![
+            Sample::new("gru_seq/f32", seq(false), case(DType::F32, 2, 3, 2)),
+            Sample::new("gru_seq/f32/reverse", seq(true), case(DType::F32, 3, 4, 3)),
+            Sample::new("gru_seq/f64/one_step", seq(false), case(DType::F64, 2, 1, 3)),
         ]
     }
 }
