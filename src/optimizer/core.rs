@@ -520,7 +520,7 @@ impl Core {
         let state = param_state(&mut self.state[i], self.slots.len(), p.dtype(), p.shape())?;
         if p.dtype() == DType::F32 {
             // In f32, as the in-place path computes an f32 parameter: the same bits.
-            let mut value: Vec<f32> = p.to_f64_vec().iter().map(|&v| v as f32).collect();
+            let mut value: Vec<f32> = p.to_vec::<f32>()?;
             let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
             if !apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g) {
                 return Err(self.bad_state(i));

@@ -393,6 +393,38 @@ fn bad_inputs_are_typed_errors_naming_layer_and_shapes() {
     assert!(e.contains("LSTMCell") && e.contains("f32"), "{e}");
 }
 
+/// Give `to` (an f32 layer) the parameters of `from` (the same layer in f64).
+fn copy_params(from: &dyn Layer, to: &dyn Layer) {
+    for ((n64, p64), (n32, p32)) in from.named_parameters().into_iter().zip(to.named_parameters()) {
+        assert_eq!(n64, n32);
+        p32.set_data(p64.cast(DType::F32).unwrap().data()).unwrap();
+    }
+}
+
+/// The output `o`, the input's gradient and every parameter's gradient of `l`, in f64, by name.
+fn results(l: &dyn Layer, o: &Tensor, x: &Tensor) -> Vec<(String, Vec<f64>)> {
+    let mut got = vec![("out".to_string(), o.clone()), ("x".into(), x.grad().unwrap())];
+    for (name, p) in l.named_parameters() {
+        got.push((name, p.grad().unwrap()));
+    }
+    got.into_iter()
+        .map(|(k, v)| (k, vals(&v.cast(DType::F64).unwrap())))
+        .collect()
+}
+
+/// f32 `got` within 1e-4 of f64 `want`, relative to each value's largest magnitude.
+fn assert_f32_close(want: Vec<(String, Vec<f64>)>, got: Vec<(String, Vec<f64>)>) {
+    for ((name, want), (_, got)) in want.into_iter().zip(got) {
+        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * scale.max(1.0),
+                "{name}[{i}]: f32 {a} vs f64 {b}"
+            );
+        }
+    }
+}
+
 /// The f32 LSTM — forward and gradient through the native `lstm_seq` kernels — against the
 /// same layer in f64 (also native, checked by finite differences above): a two-layer
 /// bidirectional stack with a hidden size off the vector width, given initial states, loss
@@ -410,10 +442,7 @@ fn lstm_in_f32_matches_f64() {
             .unwrap()
     };
     let (l64, l32) = (make(DType::F64), make(DType::F32));
-    for ((n64, p64), (n32, p32)) in l64.named_parameters().into_iter().zip(l32.named_parameters()) {
-        assert_eq!(n64, n32);
-        p32.set_data(p64.cast(DType::F32).unwrap().data()).unwrap();
-    }
+    copy_params(&l64, &l32);
     let h0 = t(&pattern(4 * 3 * 19, 32), &[4, 3, 19]);
     let c0 = t(&pattern(4 * 3 * 19, 33), &[4, 3, 19]);
     let r_out = t(&pattern(3 * 7 * 38, 34), &[3, 7, 38]);
@@ -427,26 +456,9 @@ fn lstm_in_f32_matches_f64() {
         let b = (&h * &c(&r_state)).unwrap().sum(&[], false).unwrap();
         let d = (&cs * &c(&r_state)).unwrap().sum(&[], false).unwrap();
         (&(&a + &b).unwrap() + &d).unwrap().backward().unwrap();
-        let mut got = vec![
-            ("out".to_string(), o.cast(DType::F64).unwrap()),
-            ("x".into(), x.grad().unwrap()),
-        ];
-        for (name, p) in l.named_parameters() {
-            got.push((name, p.grad().unwrap()));
-        }
-        got.into_iter()
-            .map(|(k, v)| (k, vals(&v.cast(DType::F64).unwrap())))
-            .collect::<Vec<_>>()
+        results(l, &o, &x)
     };
-    for ((name, want), (_, got)) in run(&l64, DType::F64).into_iter().zip(run(&l32, DType::F32)) {
-        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-4 * scale.max(1.0),
-                "{name}[{i}]: f32 {a} vs f64 {b}"
-            );
-        }
-    }
+    assert_f32_close(run(&l64, DType::F64), run(&l32, DType::F32));
 }
 
 /// The f32 GRU — forward and gradient through the native `gru_seq` kernels — against the same
@@ -465,10 +477,7 @@ fn gru_in_f32_matches_f64() {
             .unwrap()
     };
     let (l64, l32) = (make(DType::F64), make(DType::F32));
-    for ((n64, p64), (n32, p32)) in l64.named_parameters().into_iter().zip(l32.named_parameters()) {
-        assert_eq!(n64, n32);
-        p32.set_data(p64.cast(DType::F32).unwrap().data()).unwrap();
-    }
+    copy_params(&l64, &l32);
     let h0 = t(&pattern(4 * 3 * 19, 42), &[4, 3, 19]);
     let r_out = t(&pattern(3 * 7 * 38, 43), &[3, 7, 38]);
     let r_state = t(&pattern(4 * 3 * 19, 44), &[4, 3, 19]);
@@ -480,24 +489,7 @@ fn gru_in_f32_matches_f64() {
         let a = (&o * &c(&r_out)).unwrap().sum(&[], false).unwrap();
         let b = (&h * &c(&r_state)).unwrap().sum(&[], false).unwrap();
         (&a + &b).unwrap().backward().unwrap();
-        let mut got = vec![
-            ("out".to_string(), o.cast(DType::F64).unwrap()),
-            ("x".into(), x.grad().unwrap()),
-        ];
-        for (name, p) in l.named_parameters() {
-            got.push((name, p.grad().unwrap()));
-        }
-        got.into_iter()
-            .map(|(k, v)| (k, vals(&v.cast(DType::F64).unwrap())))
-            .collect::<Vec<_>>()
+        results(l, &o, &x)
     };
-    for ((name, want), (_, got)) in run(&l64, DType::F64).into_iter().zip(run(&l32, DType::F32)) {
-        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-4 * scale.max(1.0),
-                "{name}[{i}]: f32 {a} vs f64 {b}"
-            );
-        }
-    }
+    assert_f32_close(run(&l64, DType::F64), run(&l32, DType::F32));
 }

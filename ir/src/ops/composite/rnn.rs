@@ -176,17 +176,25 @@ impl OpDef for LstmCell {
     }
 }
 
-/// The operand types of `lstm_seq`, checked: `(N, T, H)` as dims and the state type `[N, H]`.
-fn seq_types(inputs: &[TensorType]) -> Result<(Dim, usize, usize, TensorType), String> {
+/// The checks both sequence ops share, on `xg[N, T, G·H]` (operand 0), `w_hh[G·H, H]` (operand 1)
+/// and the state `h0[N, H]` (operand `state`), with `layout` naming every operand for errors:
+/// `(N, T, H)` as dims and the state type. Each op checks its remaining operand itself.
+fn seq_types(
+    name: &str,
+    layout: &str,
+    inputs: &[TensorType],
+    gates: usize,
+    state: usize,
+) -> Result<(Dim, usize, usize, TensorType), String> {
     arity(inputs, 4)?;
-    let (xg, w, h0, c0) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+    let (xg, w, h0) = (&inputs[0], &inputs[1], &inputs[state]);
     float(xg)?;
-    for t in [w, h0, c0] {
+    for t in &inputs[1..] {
         same_dtype(xg, t)?;
     }
-    let err =
-        || format!("lstm_seq needs xg[N, T, 4H], w_hh[4H, H], h0[N, H] and c0[N, H], got {xg}, {w}, {h0} and {c0}");
-    if xg.rank() != 3 || w.rank() != 2 || h0.rank() != 2 || h0 != c0 || xg.shape.0[0] != h0.shape.0[0] {
+    let got: Vec<String> = inputs.iter().map(|t| t.to_string()).collect();
+    let err = || format!("{name} needs {layout}, got {}", got.join(", "));
+    if xg.rank() != 3 || w.rank() != 2 || h0.rank() != 2 || xg.shape.0[0] != h0.shape.0[0] {
         return Err(err());
     }
     let (Some(t), Some(g), Some(h)) = (
@@ -195,22 +203,75 @@ fn seq_types(inputs: &[TensorType]) -> Result<(Dim, usize, usize, TensorType), S
         h0.shape.0[1].as_static(),
     ) else {
         return Err(format!(
-            "lstm_seq needs a static sequence length and hidden size, got xg {xg} and h0 {h0}"
+            "{name} needs a static sequence length and hidden size, got xg {xg} and h0 {h0}"
         ));
     };
-    if g != 4 * h || w.shape.0[0].as_static() != Some(4 * h) || w.shape.0[1].as_static() != Some(h) || t == 0 {
+    let w_ok = w.shape.0[0].as_static() == Some(gates * h) && w.shape.0[1].as_static() == Some(h);
+    if g != gates * h || !w_ok || t == 0 {
         return Err(err());
     }
     Ok((xg.shape.0[0].clone(), t, h, h0.clone()))
+}
+
+/// The steps of a sequence of `t` in the order the recurrence runs them.
+fn steps(t: usize, reverse: bool) -> Vec<usize> {
+    if reverse {
+        (0..t).rev().collect()
+    } else {
+        (0..t).collect()
+    }
+}
+
+/// The decomposition both sequence ops share: for each step `s` (in [`steps`] order), `xg[:, s]`
+/// as `[N, G·H]` and `h w_hhᵀ` (`h` the state's first value) go to `cell`, which returns the new
+/// state; results `[y, state…]`, `y` the steps' `h` concatenated on axis 1.
+fn unroll<E: Emitter>(
+    g: &mut E,
+    (xg, w): (E::Value, E::Value),
+    mut state: Vec<E::Value>,
+    state_ty: &TensorType,
+    (t, gates, reverse): (usize, usize, bool),
+    mut cell: impl FnMut(&mut E, E::Value, E::Value, &[E::Value]) -> Result<Vec<E::Value>, E::Error>,
+) -> Result<Vec<E::Value>, E::Error> {
+    let (n, h) = (state_ty.shape.0[0].clone(), hidden(state_ty));
+    let w_t = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[w])?;
+    let mut ys = vec![None; t];
+    for s in steps(t, reverse) {
+        let r = SliceRange::new(s as i64, s as i64 + 1);
+        let xs = slice(g, xg, vec![SliceRange::FULL, r, SliceRange::FULL])?;
+        let xs = super::reshape(g, xs, vec![n.clone(), Dim::Static(gates * h)])?;
+        let hg = g.add_op1(Op::MatMul, &[state[0], w_t])?;
+        state = cell(g, xs, hg, &state)?;
+        ys[s] = Some(super::reshape(
+            g,
+            state[0],
+            vec![n.clone(), Dim::Static(1), Dim::Static(h)],
+        )?);
+    }
+    let ys: Vec<E::Value> = ys.into_iter().flatten().collect();
+    let y = if ys.len() == 1 {
+        ys[0]
+    } else {
+        g.add_op1(Op::Concat(Concat { axis: 1 }), &ys)?
+    };
+    Ok(std::iter::once(y).chain(state).collect())
+}
+
+/// The type of a sequence op's `y[N, T, H]`.
+fn seq_output(n: Dim, t: usize, h: usize, state: &TensorType) -> TensorType {
+    TensorType::new(state.dtype, crate::Shape(vec![n, Dim::Static(t), Dim::Static(h)]))
 }
 
 impl OpDef for LstmSeq {
     composite_def!();
 
     fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
-        let (n, t, h, state) = seq_types(inputs)?;
-        let y = TensorType::new(state.dtype, crate::Shape(vec![n, Dim::Static(t), Dim::Static(h)]));
-        Ok(vec![y, state.clone(), state])
+        let layout = "xg[N, T, 4H], w_hh[4H, H], h0[N, H] and c0[N, H]";
+        let (n, t, h, state) = seq_types("lstm_seq", layout, inputs, 4, 2)?;
+        if inputs[3] != state {
+            return Err(format!("lstm_seq needs c0 of h0's type {state}, got {}", inputs[3]));
+        }
+        Ok(vec![seq_output(n, t, h, &state), state.clone(), state])
     }
 
     fn flops(&self, inputs: &[TensorType], _: &[TensorType]) -> Option<u64> {
@@ -230,43 +291,25 @@ impl OpDef for LstmSeq {
         types: &[TensorType],
         _: &[TensorType],
     ) -> Option<Result<Vec<E::Value>, E::Error>> {
-        let mut run = || -> Result<Vec<E::Value>, E::Error> {
-            let state = types[2].clone();
-            let (n, t, h) = (
-                state.shape.0[0].clone(),
-                types[0].shape.0[1].as_static().unwrap_or(0),
-                hidden(&state),
-            );
-            let gates = TensorType::new(state.dtype, crate::Shape(vec![n.clone(), Dim::Static(4 * h)]));
-            let cell_types = [gates.clone(), gates.clone(), state.clone()];
-            let w_t = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[x[1]])?;
-            let (mut hs, mut cs) = (x[2], x[3]);
-            let mut ys = vec![None; t];
-            let order: Vec<usize> = if self.reverse {
-                (0..t).rev().collect()
-            } else {
-                (0..t).collect()
-            };
-            for s in order {
-                let r = SliceRange::new(s as i64, s as i64 + 1);
-                let xs = slice(g, x[0], vec![SliceRange::FULL, r, SliceRange::FULL])?;
-                let xs = super::reshape(g, xs, gates.shape.0.clone())?;
-                let hg = g.add_op1(Op::MatMul, &[hs, w_t])?;
-                let next = LstmCell
-                    .decompose(g, &[xs, hg, cs], &cell_types, &[])
-                    .expect("lstm_cell decomposes")?;
-                (hs, cs) = (next[0], next[1]);
-                ys[s] = Some(super::reshape(g, hs, vec![n.clone(), Dim::Static(1), Dim::Static(h)])?);
-            }
-            let ys: Vec<E::Value> = ys.into_iter().flatten().collect();
-            let y = if ys.len() == 1 {
-                ys[0]
-            } else {
-                g.add_op1(Op::Concat(Concat { axis: 1 }), &ys)?
-            };
-            Ok(vec![y, hs, cs])
-        };
-        Some(run())
+        let (t, state) = (types[0].shape.0[1].as_static().unwrap_or(0), &types[2]);
+        let gates = TensorType::new(
+            state.dtype,
+            crate::Shape(vec![state.shape.0[0].clone(), Dim::Static(4 * hidden(state))]),
+        );
+        let cell_types = [gates.clone(), gates, state.clone()];
+        let run = unroll(
+            g,
+            (x[0], x[1]),
+            vec![x[2], x[3]],
+            state,
+            (t, 4, self.reverse),
+            |g, xs, hg, hc| {
+                LstmCell
+                    .decompose(g, &[xs, hg, hc[1]], &cell_types, &[])
+                    .expect("lstm_cell decomposes")
+            },
+        );
+        Some(run)
     }
 
     fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
@@ -276,12 +319,7 @@ impl OpDef for LstmSeq {
         let (n, t, h) = (xg.shape()[0], xg.shape()[1], h0.shape()[1]);
         let (mut hs, mut cs) = (h0.to_owned(), c0.to_owned());
         let mut y = ArrayD::<f64>::zeros(vec![n, t, h]);
-        let order: Vec<usize> = if self.reverse {
-            (0..t).rev().collect()
-        } else {
-            (0..t).collect()
-        };
-        for s in order {
+        for s in steps(t, self.reverse) {
             let (mut h2, mut c2) = (hs.clone(), cs.clone());
             for r in 0..n {
                 for j in 0..h {
@@ -322,41 +360,17 @@ impl OpDef for LstmSeq {
     }
 }
 
-/// The operand types of `gru_seq`, checked: `(N, T, H)` as dims and the state type `[N, H]`.
-fn gru_seq_types(inputs: &[TensorType]) -> Result<(Dim, usize, usize, TensorType), String> {
-    arity(inputs, 4)?;
-    let (xg, w, b, h0) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
-    float(xg)?;
-    for t in [w, b, h0] {
-        same_dtype(xg, t)?;
-    }
-    let err = || format!("gru_seq needs xg[N, T, 3H], w_hh[3H, H], b_hh[3H] and h0[N, H], got {xg}, {w}, {b} and {h0}");
-    if xg.rank() != 3 || w.rank() != 2 || b.rank() != 1 || h0.rank() != 2 || xg.shape.0[0] != h0.shape.0[0] {
-        return Err(err());
-    }
-    let (Some(t), Some(g), Some(h)) = (
-        xg.shape.0[1].as_static(),
-        xg.shape.0[2].as_static(),
-        h0.shape.0[1].as_static(),
-    ) else {
-        return Err(format!(
-            "gru_seq needs a static sequence length and hidden size, got xg {xg} and h0 {h0}"
-        ));
-    };
-    let w_ok = w.shape.0[0].as_static() == Some(3 * h) && w.shape.0[1].as_static() == Some(h);
-    if g != 3 * h || !w_ok || b.shape.0[0].as_static() != Some(3 * h) || t == 0 {
-        return Err(err());
-    }
-    Ok((xg.shape.0[0].clone(), t, h, h0.clone()))
-}
-
 impl OpDef for GruSeq {
     composite_def!();
 
     fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
-        let (n, t, h, state) = gru_seq_types(inputs)?;
-        let y = TensorType::new(state.dtype, crate::Shape(vec![n, Dim::Static(t), Dim::Static(h)]));
-        Ok(vec![y, state])
+        let layout = "xg[N, T, 3H], w_hh[3H, H], b_hh[3H] and h0[N, H]";
+        let (n, t, h, state) = seq_types("gru_seq", layout, inputs, 3, 3)?;
+        let b = &inputs[2];
+        if b.rank() != 1 || b.shape.0[0].as_static() != Some(3 * h) {
+            return Err(format!("gru_seq needs {layout}, got b_hh {b}"));
+        }
+        Ok(vec![seq_output(n, t, h, &state), state])
     }
 
     fn flops(&self, inputs: &[TensorType], _: &[TensorType]) -> Option<u64> {
@@ -376,43 +390,26 @@ impl OpDef for GruSeq {
         types: &[TensorType],
         _: &[TensorType],
     ) -> Option<Result<Vec<E::Value>, E::Error>> {
-        let mut run = || -> Result<Vec<E::Value>, E::Error> {
-            let state = types[3].clone();
-            let (n, t, h) = (
-                state.shape.0[0].clone(),
-                types[0].shape.0[1].as_static().unwrap_or(0),
-                hidden(&state),
-            );
-            let gates = TensorType::new(state.dtype, crate::Shape(vec![n.clone(), Dim::Static(3 * h)]));
-            let cell_types = [gates.clone(), gates.clone(), state.clone()];
-            let w_t = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[x[1]])?;
-            let mut hs = x[3];
-            let mut ys = vec![None; t];
-            let order: Vec<usize> = if self.reverse {
-                (0..t).rev().collect()
-            } else {
-                (0..t).collect()
-            };
-            for s in order {
-                let r = SliceRange::new(s as i64, s as i64 + 1);
-                let xs = slice(g, x[0], vec![SliceRange::FULL, r, SliceRange::FULL])?;
-                let xs = super::reshape(g, xs, gates.shape.0.clone())?;
-                let hg = g.add_op1(Op::MatMul, &[hs, w_t])?;
+        let (t, state) = (types[0].shape.0[1].as_static().unwrap_or(0), &types[3]);
+        let gates = TensorType::new(
+            state.dtype,
+            crate::Shape(vec![state.shape.0[0].clone(), Dim::Static(3 * hidden(state))]),
+        );
+        let cell_types = [gates.clone(), gates, state.clone()];
+        let run = unroll(
+            g,
+            (x[0], x[1]),
+            vec![x[3]],
+            state,
+            (t, 3, self.reverse),
+            |g, xs, hg, h| {
                 let hg = g.binary(BinaryOp::Add, hg, x[2])?;
-                hs = GruCell
-                    .decompose(g, &[xs, hg, hs], &cell_types, &[])
-                    .expect("gru_cell decomposes")?[0];
-                ys[s] = Some(super::reshape(g, hs, vec![n.clone(), Dim::Static(1), Dim::Static(h)])?);
-            }
-            let ys: Vec<E::Value> = ys.into_iter().flatten().collect();
-            let y = if ys.len() == 1 {
-                ys[0]
-            } else {
-                g.add_op1(Op::Concat(Concat { axis: 1 }), &ys)?
-            };
-            Ok(vec![y, hs])
-        };
-        Some(run())
+                GruCell
+                    .decompose(g, &[xs, hg, h[0]], &cell_types, &[])
+                    .expect("gru_cell decomposes")
+            },
+        );
+        Some(run)
     }
 
     fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
@@ -422,12 +419,7 @@ impl OpDef for GruSeq {
         let (n, t, h) = (xg.shape()[0], xg.shape()[1], h0.shape()[1]);
         let mut hs = h0.to_owned();
         let mut y = ArrayD::<f64>::zeros(vec![n, t, h]);
-        let order: Vec<usize> = if self.reverse {
-            (0..t).rev().collect()
-        } else {
-            (0..t).collect()
-        };
-        for s in order {
+        for s in steps(t, self.reverse) {
             let mut h2 = hs.clone();
             for r in 0..n {
                 for j in 0..h {
