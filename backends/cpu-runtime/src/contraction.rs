@@ -12,12 +12,12 @@
 //! or an out-of-bounds access.
 
 use crate::conv::{ConvSpec, conv};
+use crate::par::par_units;
 use gemm::Parallelism;
 use oar_ir::kernel::{BufferId, Contraction, ContractionKernel, KernelProgram, Operand};
 use oar_ir::ops::Conv;
 use oar_ir::{BackendError, DType, Dim};
 use std::ops::{Add, AddAssign, Mul};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Multiply-adds below which a contraction runs on the calling thread.
 const PARALLEL_MIN_FLOPS: usize = 1 << 20;
@@ -188,37 +188,6 @@ impl<T> SendPtr<T> {
     pub fn get(self) -> *mut T {
         self.0
     }
-}
-
-/// Run `f(state, unit)` for every unit in `0..n`, spread over up to `tasks` rayon tasks that
-/// take units one at a time; each task makes its own `state` with `init` (scratch memory).
-pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, f: impl Fn(&mut S, usize) + Sync) {
-    let tasks = tasks.min(n);
-    if tasks <= 1 {
-        let mut s = init();
-        for u in 0..n {
-            f(&mut s, u);
-        }
-        return;
-    }
-    let next = AtomicUsize::new(0);
-    let work = || {
-        let mut s = init();
-        loop {
-            let u = next.fetch_add(1, Ordering::Relaxed);
-            if u >= n {
-                break;
-            }
-            f(&mut s, u);
-        }
-    };
-    // The calling thread takes units too (it would only wait otherwise).
-    rayon::in_place_scope(|scope| {
-        for _ in 1..tasks {
-            scope.spawn(|_| work());
-        }
-        work();
-    });
 }
 
 /// A matrix operand of [`gemm_raw`]: base pointer, row stride, column stride (elements).

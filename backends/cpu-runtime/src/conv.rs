@@ -12,8 +12,9 @@
 //! Threads split the (batch, group, tile) units; tiles are sized so scratch stays small and
 //! there are enough units for every thread.
 
-use crate::contraction::{Elem, Mat, SendPtr, View, gemm_raw, par_units, useful_threads};
+use crate::contraction::{Elem, Mat, SendPtr, View, gemm_raw, useful_threads};
 use crate::conv_direct::{Direct, Scratch, gather_step};
+use crate::par::par_units;
 use gemm::Parallelism;
 
 /// Patch-matrix elements per im2col tile (per thread).

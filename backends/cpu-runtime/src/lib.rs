@@ -17,6 +17,7 @@ mod conv_direct;
 pub mod exe;
 mod model;
 pub mod native;
+mod par;
 pub mod program;
 pub mod rnn;
 mod rows;

@@ -1,6 +1,7 @@
 //! Running a [`CpuProgram`]: buffers, the arena, steps, threads.
 
 use crate::contraction;
+use crate::par::par_units;
 use crate::program::{CpuProgram, KernelFn, LoopCall, RowPiece, Step, const_name, static_shape};
 use oar_ir::kernel::{Buffer, BufferId, BufferKind, Kernel, KernelBody, KernelProgram};
 use oar_ir::runner::{self, Host, Launched, Launcher};
@@ -8,9 +9,10 @@ use oar_ir::{BackendError, DType, Op, TensorData, TensorType, Weights};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-/// Work (outer extent × cost) below which a loop runs on the calling thread: waking a pool
-/// thread costs ~10 µs, more than a 64K-element add takes on one core (bench/eager.sh).
-const PARALLEL_MIN_WORK: u64 = 1 << 20;
+/// Work (outer extent × cost) below which a loop runs on the calling thread. [`split`] never
+/// waits for a pool thread to wake, so this only has to cover the cost of offering the work
+/// (a queue push, at worst a futex wake by the caller): a 64K-element add (work ~2^17) splits.
+const PARALLEL_MIN_WORK: u64 = 1 << 17;
 /// Operations per block of rows of a [`Step::Rows`] kernel (a block's rows stay in cache
 /// between its pieces).
 const ROW_BLOCK_WORK: u64 = 1 << 14;
@@ -233,7 +235,7 @@ impl Model {
         }
         let chunks = threads.min(n).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
         let base = bufs.as_ptr() as usize;
-        split(chunks, |c| {
+        split(chunks, threads, |c| {
             let (lo, hi) = (n * c / chunks, n * (c + 1) / chunks);
             // Safety: the functions are correct for any sub-range of their extent.
             unsafe { f(base as *const *mut u8, lo as i64, hi as i64) }
@@ -295,24 +297,24 @@ impl Model {
             return run(base, 0, rows);
         }
         let chunks = threads.min(rows).min(work / (PARALLEL_MIN_WORK / 2)).max(1);
-        split(chunks, |c| run(base, rows * c / chunks, rows * (c + 1) / chunks))
+        split(chunks, threads, |c| {
+            run(base, rows * c / chunks, rows * (c + 1) / chunks)
+        })
     }
 }
 
-/// Run `chunk(c)` for `c` in `0..chunks` in parallel, the first on the calling thread (which
-/// then waits for the rest on rayon's pool: one wake-up instead of handing everything to the
-/// pool and sleeping); the status bits of all, or-ed.
-fn split(chunks: u64, chunk: impl Fn(u64) -> i32 + Sync) -> i32 {
+/// Run `chunk(c)` for every `c` in `0..chunks` on up to `threads` threads ([`par_units`]:
+/// never waiting for a pool thread to wake); the status bits of all, or-ed.
+fn split(chunks: u64, threads: u64, chunk: impl Fn(u64) -> i32 + Sync) -> i32 {
     let status = AtomicI32::new(0);
-    rayon::in_place_scope(|s| {
-        for c in 1..chunks {
-            let (chunk, status) = (&chunk, &status);
-            s.spawn(move |_| {
-                status.fetch_or(chunk(c), Ordering::Relaxed);
-            });
-        }
-        status.fetch_or(chunk(0), Ordering::Relaxed);
-    });
+    par_units(
+        chunks as usize,
+        threads as usize,
+        || (),
+        |_, c| {
+            status.fetch_or(chunk(c as u64), Ordering::Relaxed);
+        },
+    );
     status.into_inner()
 }
 
@@ -585,5 +587,17 @@ impl Launcher for Model {
 
     fn finish(&self, f: CpuFrame) {
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(f.arena);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn split_ors_the_status_of_every_chunk() {
+        for threads in [1, 2, 4] {
+            for chunks in [0u64, 1, 2, 3, 7] {
+                assert_eq!(super::split(chunks, threads, |c| 1 << c), (1 << chunks) - 1);
+            }
+        }
     }
 }

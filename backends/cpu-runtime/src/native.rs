@@ -373,12 +373,19 @@ fn fill_chunks(out: &mut [u8], size: usize, threads: usize, fill: impl Fn(usize,
         return;
     }
     let per = n.div_ceil(chunks);
-    rayon::scope(|s| {
-        for (c, chunk) in out.chunks_mut(per * size).enumerate() {
-            let fill = &fill;
-            s.spawn(move |_| fill(c * per, chunk));
-        }
-    });
+    let (len, base) = (out.len(), crate::contraction::SendPtr(out.as_mut_ptr()));
+    crate::par::par_units(
+        chunks,
+        threads,
+        || (),
+        |_, c| {
+            let (lo, hi) = (c * per * size, ((c + 1) * per * size).min(len));
+            // Safety: chunks are disjoint byte ranges of `out`.
+            fill(c * per, unsafe {
+                std::slice::from_raw_parts_mut(base.get().add(lo), hi - lo)
+            });
+        },
+    );
 }
 
 /// `(outer, n, inner)`: the lanes along `axis` of a row-major `shape` — lane `(r, i)` holds the

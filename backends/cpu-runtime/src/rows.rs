@@ -17,7 +17,7 @@
 //! A softmax over an axis that is not the last (`inner > 1`) runs column blocks: the statistics
 //! of `inner` columns at once, vectorized across the columns.
 
-use crate::contraction::par_units;
+use crate::par::par_units;
 use crate::simd::Simd;
 use oar_ir::{Composite, DType};
 use std::borrow::Cow;
