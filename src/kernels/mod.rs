@@ -120,14 +120,77 @@ pub(crate) fn fuses(c: &oar_ir::Composite) -> bool {
 }
 
 /// Gradients of composite `op`'s operands that `wants` marks, given its `results` and their
-/// cotangents `cts` (`None`: that result is unused): its decomposition and the backward of
-/// that, compiled as one cpu program (recomputing the forward inside, fused) and cached per op,
-/// operand types, `wants` and which results have a cotangent — or, for `lstm_seq` / `gru_seq`
-/// in f32/f64, the runtime's native backward kernel.
+/// cotangents `cts` (`None`: that result is unused): the runtime's native backward kernel where
+/// there is one ([`native_composite_vjp`]), else [`compiled_composite_vjp`].
 pub(crate) fn composite_vjp(
     op: &Op,
     inputs: &[TensorData],
     results: &[TensorData],
+    cts: &[Option<TensorData>],
+    wants: &[bool],
+) -> Result<Vec<Option<TensorData>>> {
+    match native_composite_vjp(op, inputs, results, cts, wants)? {
+        Some(grads) => Ok(grads),
+        None => compiled_composite_vjp(op, inputs, cts, wants),
+    }
+}
+
+/// The native backward kernels of the cpu runtime, for f32/f64 operands: `lstm_seq` and
+/// `gru_seq`, ungrouped `conv2d` (im2col/col2im products) and `max_pool2d` (each window's max
+/// tree replayed, ties split as the decomposition's gradient splits them). `None`: no native
+/// kernel for this op or these operands. Each computes what [`compiled_composite_vjp`] does
+/// (tests/framework compare them).
+pub(crate) fn native_composite_vjp(
+    op: &Op,
+    inputs: &[TensorData],
+    results: &[TensorData],
+    cts: &[Option<TensorData>],
+    wants: &[bool],
+) -> Result<Option<Vec<Option<TensorData>>>> {
+    let Op::Composite(c) = op else {
+        return Err(crate::Error::invalid(
+            op.name(),
+            "internal: composite_vjp of a primitive",
+        ));
+    };
+    let threads = rayon::current_num_threads();
+    let fail = |d: String| crate::Error::invalid(op.name(), d);
+    if let (Some((rec, reverse)), Some(y)) = (oar_cpu_runtime::rnn::Recurrence::of(c), results.first())
+        && oar_cpu_runtime::rnn::seq_dtype(y.dtype())
+    {
+        return oar_cpu_runtime::rnn::seq_vjp(rec, reverse, inputs, y, cts, wants, threads)
+            .map(Some)
+            .map_err(fail);
+    }
+    match (c, inputs, cts) {
+        (oar_ir::Composite::Conv2d(conv), [x, w, ..], [Some(dy)]) => {
+            let want = |i: usize| wants.get(i) == Some(&true);
+            let native =
+                oar_cpu_runtime::conv_grad::conv_vjp(x, w, dy, &conv.conv(), [want(0), want(1), want(2)], threads)
+                    .map_err(fail)?;
+            Ok(native.map(|[dx, dw, db]| {
+                let mut grads = vec![dx, dw];
+                if inputs.len() > 2 {
+                    grads.push(db);
+                }
+                grads
+            }))
+        }
+        (oar_ir::Composite::MaxPool2d(m), [x], [Some(dy)]) if wants == [true] => {
+            let native = oar_cpu_runtime::pool_grad::max_pool2d_vjp(x, dy, m.kernel, m.stride, m.padding, threads)
+                .map_err(fail)?;
+            Ok(native.map(|dx| vec![Some(dx)]))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Composite `op`'s gradients by its definition: its decomposition and the backward of that,
+/// compiled as one cpu program (recomputing the forward inside, fused) and cached per op,
+/// operand types, `wants` and which results have a cotangent.
+pub(crate) fn compiled_composite_vjp(
+    op: &Op,
+    inputs: &[TensorData],
     cts: &[Option<TensorData>],
     wants: &[bool],
 ) -> Result<Vec<Option<TensorData>>> {
@@ -137,13 +200,6 @@ pub(crate) fn composite_vjp(
             "internal: composite_vjp of a primitive",
         ));
     };
-    if let (Some((rec, reverse)), Some(y)) = (oar_cpu_runtime::rnn::Recurrence::of(c), results.first())
-        && oar_cpu_runtime::rnn::seq_dtype(y.dtype())
-    {
-        let threads = rayon::current_num_threads();
-        return oar_cpu_runtime::rnn::seq_vjp(rec, reverse, inputs, y, cts, wants, threads)
-            .map_err(|d| crate::Error::invalid(op.name(), d));
-    }
     let mut all = inputs.to_vec();
     all.extend(cts.iter().flatten().cloned());
     // The cache key: the operands that get a gradient, then the results that have a cotangent.
@@ -257,4 +313,177 @@ fn compile(op: &Op, inputs: &[TensorData], wants: &[bool], g: &Graph) -> Result<
         outputs,
         _code: code,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{compiled_composite_vjp, native_composite_vjp};
+    use oar_ir::ops::{Composite, Conv2d, MaxPool2d};
+    use oar_ir::{DType, Op, TensorData};
+
+    /// Deterministic values: uniform in [-1, 1), or (with `levels`) one of that many values,
+    /// so pooling windows tie often.
+    fn values(n: usize, seed: u64, levels: Option<u64>) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                match levels {
+                    Some(l) => (s % l) as f64 - 1.0,
+                    None => (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0,
+                }
+            })
+            .collect()
+    }
+
+    fn data(dtype: DType, shape: &[usize], v: &[f64]) -> TensorData {
+        TensorData::from_f64_slice(dtype, shape.to_vec(), v).unwrap()
+    }
+
+    /// The native gradient (which must exist) and the compiled one, element by element.
+    fn compare(op: &Op, inputs: &[TensorData], dy: TensorData, wants: &[bool], tol: f64) {
+        let cts = [Some(dy)];
+        let native = native_composite_vjp(op, inputs, &[], &cts, wants)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{op:?}: no native gradient"));
+        let compiled = compiled_composite_vjp(op, inputs, &cts, wants).unwrap();
+        assert_eq!(native.len(), compiled.len());
+        for (i, (n, c)) in native.iter().zip(&compiled).enumerate() {
+            assert_eq!(n.is_some(), c.is_some(), "{op:?}: operand {i}");
+            let (Some(n), Some(c)) = (n, c) else { continue };
+            assert_eq!(n.shape(), c.shape());
+            let (n, c) = (n.to_f64_vec(), c.to_f64_vec());
+            let scale = c.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+            let err = n.iter().zip(&c).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(err <= tol * scale, "{op:?}: operand {i} off by {err} (scale {scale})");
+        }
+    }
+
+    /// x, w, stride, padding, dilation, bias, wants.
+    type ConvCase = (
+        [usize; 4],
+        [usize; 4],
+        [usize; 2],
+        [usize; 4],
+        [usize; 2],
+        bool,
+        &'static [bool],
+    );
+
+    #[test]
+    fn native_conv2d_gradient_matches_the_compiled_definition() {
+        let cases: [ConvCase; 5] = [
+            (
+                [2, 3, 8, 9],
+                [4, 3, 3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                true,
+                &[true, true, true],
+            ),
+            (
+                [3, 2, 11, 10],
+                [5, 2, 3, 2],
+                [2, 3],
+                [2, 0, 1, 2],
+                [1, 1],
+                false,
+                &[true, true],
+            ),
+            (
+                [2, 2, 12, 12],
+                [3, 2, 3, 3],
+                [1, 2],
+                [0, 3, 2, 0],
+                [2, 3],
+                true,
+                &[false, true, true],
+            ),
+            (
+                [4, 1, 10, 10],
+                [6, 1, 5, 5],
+                [1, 1],
+                [2, 2, 2, 2],
+                [1, 1],
+                true,
+                &[false, true, true],
+            ),
+            (
+                [2, 6, 7, 7],
+                [4, 6, 5, 5],
+                [1, 1],
+                [0, 0, 0, 0],
+                [1, 1],
+                false,
+                &[true, false],
+            ),
+        ];
+        for (i, (xs, ws, stride, padding, dilation, bias, wants)) in cases.into_iter().enumerate() {
+            let c = Conv2d {
+                stride,
+                padding,
+                dilation,
+                groups: 1,
+            };
+            let out = |a: usize| {
+                let span = dilation[a] * (ws[2 + a] - 1) + 1;
+                (xs[2 + a] + padding[a] + padding[a + 2] - span) / stride[a] + 1
+            };
+            let ys = [xs[0], ws[0], out(0), out(1)];
+            for dtype in [DType::F64, DType::F32] {
+                let seed = 10 * i as u64;
+                let mut inputs = vec![
+                    data(dtype, &xs, &values(xs.iter().product(), seed, None)),
+                    data(dtype, &ws, &values(ws.iter().product(), seed + 1, None)),
+                ];
+                if bias {
+                    inputs.push(data(dtype, &[ws[0]], &values(ws[0], seed + 2, None)));
+                }
+                let dy = data(dtype, &ys, &values(ys.iter().product(), seed + 3, None));
+                let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+                compare(&Op::Composite(Composite::Conv2d(c.clone())), &inputs, dy, wants, tol);
+            }
+        }
+    }
+
+    #[test]
+    fn native_max_pool2d_gradient_matches_the_compiled_definition_ties_included() {
+        // (x, kernel, stride, padding, ceil_mode)
+        let cases = [
+            ([2, 3, 8, 8], [2, 2], [2, 2], [0, 0, 0, 0], false),
+            ([1, 2, 9, 7], [3, 3], [2, 2], [1, 1, 1, 1], false),
+            ([1, 2, 6, 6], [3, 3], [1, 1], [0, 0, 0, 0], false),
+            ([1, 1, 7, 7], [2, 2], [2, 2], [0, 0, 0, 0], true),
+            ([2, 1, 5, 6], [3, 2], [2, 1], [1, 0, 1, 1], true),
+        ];
+        for (i, (xs, kernel, stride, padding, ceil_mode)) in cases.into_iter().enumerate() {
+            let m = MaxPool2d {
+                kernel,
+                stride,
+                padding,
+                ceil_mode,
+            };
+            let out = |a: usize| {
+                let span = xs[2 + a] + padding[a] + padding[a + 2] - kernel[a];
+                (if ceil_mode {
+                    span.div_ceil(stride[a])
+                } else {
+                    span / stride[a]
+                }) + 1
+            };
+            let ys = [xs[0], xs[1], out(0), out(1)];
+            // Three levels (ties everywhere) and distinct values.
+            for levels in [Some(3), None] {
+                for dtype in [DType::F64, DType::F32] {
+                    let x = data(dtype, &xs, &values(xs.iter().product(), 7 * i as u64, levels));
+                    let dy = data(dtype, &ys, &values(ys.iter().product(), 7 * i as u64 + 1, None));
+                    let tol = if dtype == DType::F64 { 1e-12 } else { 1e-6 };
+                    compare(&Op::Composite(Composite::MaxPool2d(m.clone())), &[x], dy, &[true], tol);
+                }
+            }
+        }
+    }
 }

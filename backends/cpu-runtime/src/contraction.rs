@@ -190,6 +190,17 @@ impl<T> SendPtr<T> {
     }
 }
 
+/// `n` copies of `zero`, written out. For buffers that are read before they are written
+/// (`+=` accumulation): `vec![0.0; n]` gets fresh pages from `calloc` that map the shared zero
+/// page on the first read, so the first write to each page is a copy-on-write fault and a
+/// TLB shootdown across every CPU running the process — which cost more than the kernels
+/// themselves on the eager LeNet step's gradients.
+pub(crate) fn written_zeros<T: Copy>(n: usize, zero: T) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    v.resize(n, zero);
+    v
+}
+
 /// A matrix operand of [`gemm_raw`]: base pointer, row stride, column stride (elements).
 #[derive(Clone, Copy)]
 pub(crate) struct Mat<T> {
@@ -213,7 +224,27 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
     rhs: Mat<T>,
     parallelism: Parallelism,
 ) {
-    if m == 0 || n == 0 {
+    // Safety: the caller's contract.
+    unsafe { gemm_into(m, n, k, dst, dst_rs, lhs, rhs, false, parallelism) }
+}
+
+/// [`gemm_raw`], or `dst += lhs · rhs` when `accumulate`.
+///
+/// # Safety
+/// As [`gemm_raw`]; with `accumulate`, `dst` is initialized.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_into<T: Elem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_rs: isize,
+    lhs: Mat<T>,
+    rhs: Mat<T>,
+    accumulate: bool,
+    parallelism: Parallelism,
+) {
+    if m == 0 || n == 0 || (k == 0 && accumulate) {
         return;
     }
     if k == 0 {
@@ -239,14 +270,15 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
             dst,
             1,
             dst_rs,
-            false,
+            accumulate,
             lhs.ptr,
             lhs_cs,
             lhs_rs,
             rhs.ptr,
             rhs_cs,
             rhs_rs,
-            T::ZERO,
+            // dst = alpha · dst + beta · lhs · rhs (alpha read only with `accumulate`)
+            if accumulate { T::ONE } else { T::ZERO },
             T::ONE,
             false,
             false,

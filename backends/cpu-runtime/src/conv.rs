@@ -39,30 +39,30 @@ pub(crate) struct ConvSpec<'a> {
 /// What one kernel position of the last spatial axis reads: output columns `lo..hi` read the
 /// input (the others the padding), at input column `ow · stride + shift`.
 #[derive(Clone, Copy, Debug)]
-struct Tap {
-    lo: usize,
-    hi: usize,
-    shift: isize,
+pub(crate) struct Tap {
+    pub(crate) lo: usize,
+    pub(crate) hi: usize,
+    pub(crate) shift: isize,
 }
 
 /// The spatial geometry of one convolution.
-struct Geo {
+pub(crate) struct Geo {
     /// Input spatial shape, kernel shape, output spatial shape.
-    sin: Vec<usize>,
-    kd: Vec<usize>,
-    sout: Vec<usize>,
+    pub(crate) sin: Vec<usize>,
+    pub(crate) kd: Vec<usize>,
+    pub(crate) sout: Vec<usize>,
     /// Row-major strides of the input spatial shape.
-    in_str: Vec<usize>,
+    pub(crate) in_str: Vec<usize>,
     /// Per outer axis `i < sp - 1`: input index of (kernel index `kk`, output index `yy`) at
     /// `kk · sout[i] + yy`, -1 in the padding.
-    tabs: Vec<Vec<isize>>,
+    pub(crate) tabs: Vec<Vec<isize>>,
     /// Per kernel position of the last axis: which output columns read the input, and where.
-    cols: Vec<Tap>,
+    pub(crate) cols: Vec<Tap>,
     /// Last-axis stride.
-    step: usize,
+    pub(crate) step: usize,
     /// Elements of one input plane and of the kernel window.
-    s_in: usize,
-    ks: usize,
+    pub(crate) s_in: usize,
+    pub(crate) ks: usize,
 }
 
 impl Geo {
@@ -71,23 +71,23 @@ impl Geo {
     }
 
     /// Output width (last spatial axis) and kernel width.
-    fn ow(&self) -> usize {
+    pub(crate) fn ow(&self) -> usize {
         self.sout[self.sp() - 1]
     }
 
-    fn kw(&self) -> usize {
+    pub(crate) fn kw(&self) -> usize {
         self.kd[self.sp() - 1]
     }
 
     /// Kernel rows (positions of every spatial axis but the last).
-    fn krows(&self) -> usize {
+    pub(crate) fn krows(&self) -> usize {
         self.kd[..self.sp() - 1].iter().product()
     }
 
     /// Offset within an input plane of the input row that kernel row `ko` reads for output row
     /// `r` (at last-axis index 0), or `None` where it lies in the padding.
     #[inline]
-    fn row_offset(&self, mut r: usize, mut ko: usize) -> Option<usize> {
+    pub(crate) fn row_offset(&self, mut r: usize, mut ko: usize) -> Option<usize> {
         let mut off = 0;
         for i in (0..self.sp() - 1).rev() {
             let (yy, kk) = (r % self.sout[i], ko % self.kd[i]);
@@ -110,27 +110,26 @@ fn window_out(input: usize, before: usize, after: usize, k: usize, stride: usize
     (padded >= span && stride > 0).then(|| (padded - span) / stride + 1)
 }
 
-/// `out = conv(x, w)`.
-///
-/// # Safety
-/// The views are in bounds of the buffers at `px`, `pw`; `out` holds `out_shape`'s elements
-/// and overlaps neither operand.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn conv<T: Elem>(
-    x: &View,
-    px: *const T,
-    w: &View,
-    pw: *const T,
-    out: *mut T,
-    out_shape: &[usize],
-    spec: &ConvSpec,
-    threads: usize,
-) -> Result<(), String> {
-    let (xs, ws) = (&x.shape, &w.shape);
+/// Batch, channel and group sizes of one convolution.
+#[derive(Clone, Copy)]
+pub(crate) struct Dims {
+    pub n: usize,
+    pub c: usize,
+    pub o: usize,
+    /// Input and output channels per group, and groups.
+    pub cg: usize,
+    pub g: usize,
+    pub og: usize,
+    /// Output positions per plane.
+    pub ys: usize,
+}
+
+/// The geometry of `conv(x[xs], w[ws])` with `spec`, checked.
+pub(crate) fn geometry(xs: &[usize], ws: &[usize], spec: &ConvSpec) -> Result<(Geo, Dims), String> {
     let sp = xs.len().saturating_sub(2);
-    let bad = |what: &str| format!("conv {what}: x {xs:?}, w {ws:?} -> {out_shape:?}");
-    if sp == 0 || ws.len() != xs.len() || out_shape.len() != xs.len() {
-        return Err(bad("needs x[N,C,*S], w[O,C/groups,*K] and an output of equal rank ≥ 3"));
+    let bad = |what: &str| format!("conv {what}: x {xs:?}, w {ws:?}");
+    if sp == 0 || ws.len() != xs.len() {
+        return Err(bad("needs x[N,C,*S], w[O,C/groups,*K] of equal rank ≥ 3"));
     }
     let attrs = [spec.stride, spec.pad_before, spec.pad_after, spec.dilation];
     if attrs.iter().any(|a| a.len() != sp) {
@@ -155,22 +154,9 @@ pub(crate) unsafe fn conv<T: Elem>(
         .ok_or_else(|| bad(&format!("window does not fit on spatial axis {i}")))?;
         sout.push(y);
     }
-    if out_shape[0] != n || out_shape[1] != o || out_shape[2..] != sout[..] {
-        return Err(bad(&format!("output should be {:?}", [&[n, o][..], &sout].concat())));
-    }
     let ys: usize = sout.iter().product();
-    let total = n * o * ys;
-    if total == 0 {
-        return Ok(());
-    }
     let ks: usize = kd.iter().product();
     let s_in: usize = sin.iter().product();
-    if cg == 0 || s_in == 0 {
-        // No input channels, or an empty input the padding alone covers: every tap reads 0.
-        // Safety: `out` holds `total` elements.
-        unsafe { std::slice::from_raw_parts_mut(out, total).fill(T::ZERO) };
-        return Ok(());
-    }
     let mut in_str = vec![1usize; sp];
     for i in (0..sp - 1).rev() {
         in_str[i] = in_str[i + 1] * sin[i + 1];
@@ -221,6 +207,47 @@ pub(crate) unsafe fn conv<T: Elem>(
         s_in,
         ks,
     };
+    Ok((geo, Dims { n, c, o, cg, g, og, ys }))
+}
+
+/// `out = conv(x, w)`.
+///
+/// # Safety
+/// The views are in bounds of the buffers at `px`, `pw`; `out` holds `out_shape`'s elements
+/// and overlaps neither operand.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv<T: Elem>(
+    x: &View,
+    px: *const T,
+    w: &View,
+    pw: *const T,
+    out: *mut T,
+    out_shape: &[usize],
+    spec: &ConvSpec,
+    threads: usize,
+) -> Result<(), String> {
+    let (xs, ws) = (&x.shape, &w.shape);
+    let (geo, d) = geometry(xs, ws, spec)?;
+    let Dims { n, c, o, cg, g, og, ys } = d;
+    let sp = geo.sp();
+    let sout = &geo.sout;
+    if out_shape.len() != xs.len() || out_shape[0] != n || out_shape[1] != o || out_shape[2..] != sout[..] {
+        return Err(format!(
+            "conv output should be {:?}: x {xs:?}, w {ws:?} -> {out_shape:?}",
+            [&[n, o][..], sout].concat()
+        ));
+    }
+    let total = n * o * ys;
+    if total == 0 {
+        return Ok(());
+    }
+    let (ks, s_in) = (geo.ks, geo.s_in);
+    if cg == 0 || s_in == 0 {
+        // No input channels, or an empty input the padding alone covers: every tap reads 0.
+        // Safety: `out` holds `total` elements.
+        unsafe { std::slice::from_raw_parts_mut(out, total).fill(T::ZERO) };
+        return Ok(());
+    }
     // Contiguous operands.
     let xbuf: Vec<T>;
     let xp = if x.is_dense() {
@@ -439,23 +466,46 @@ pub(crate) unsafe fn pack<T: Copy>(base: *const T, v: &View) -> Vec<T> {
     }
 }
 
+/// The pieces of output positions `y0..y1` that lie on one output row: `(r, c0, c1)` covers
+/// positions `r · ow + c0 .. r · ow + c1`.
+pub(crate) fn row_pieces(ow: usize, y0: usize, y1: usize) -> Vec<(usize, usize, usize)> {
+    let mut pieces = Vec::with_capacity((y1 - y0) / ow.max(1) + 2);
+    let mut y = y0;
+    while y < y1 {
+        let (r, c0) = (y / ow, y % ow);
+        let c1 = ow.min(c0 + (y1 - y));
+        pieces.push((r, c0, c1));
+        y += c1 - c0;
+    }
+    pieces
+}
+
+/// For kernel row `ko`, the input-row offset each of `pieces` reads ([`Geo::row_offset`]).
+pub(crate) fn piece_offsets(g: &Geo, pieces: &[(usize, usize, usize)], ko: usize, offs: &mut Vec<Option<usize>>) {
+    offs.clear();
+    offs.extend(pieces.iter().map(|&(r, ..)| g.row_offset(r, ko)));
+}
+
 /// The patch matrix of output positions `y0..y1` (flat over the output plane) for `cg` input
 /// planes: row `ci · ks + kf` (kernel position `kf`, row-major over the kernel) holds, for each
 /// position, the input element that tap reads (0 in the padding).
-fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut [T]) {
+pub(crate) fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut [T]) {
     let yc = y1 - y0;
     let (ow, kw, krows) = (g.ow(), g.kw(), g.krows());
-    for ci in 0..cg {
-        let plane = &x[ci * g.s_in..][..g.s_in];
-        for ko in 0..krows {
+    // Output rows and input-row offsets are worked out once per kernel row, not per copy.
+    let pieces = row_pieces(ow, y0, y1);
+    let mut offs = Vec::with_capacity(pieces.len());
+    for ko in 0..krows {
+        piece_offsets(g, &pieces, ko, &mut offs);
+        for ci in 0..cg {
+            let plane = &x[ci * g.s_in..][..g.s_in];
             for (kx, &Tap { lo, hi, shift, .. }) in g.cols.iter().enumerate() {
                 let row = &mut cols[(ci * g.ks + ko * kw + kx) * yc..][..yc];
-                let mut y = y0;
-                while y < y1 {
-                    let (r, c0) = (y / ow, y % ow);
-                    let c1 = ow.min(c0 + (y1 - y));
-                    let seg = &mut row[y - y0..y - y0 + (c1 - c0)];
-                    match g.row_offset(r, ko) {
+                let mut at = 0;
+                for (&(_, c0, c1), off) in pieces.iter().zip(&offs) {
+                    let seg = &mut row[at..at + (c1 - c0)];
+                    at += c1 - c0;
+                    match *off {
                         None => seg.fill(T::ZERO),
                         Some(off) => {
                             let (a, b) = (lo.clamp(c0, c1), hi.clamp(c0, c1));
@@ -468,7 +518,6 @@ fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut
                             }
                         }
                     }
-                    y += c1 - c0;
                 }
             }
         }

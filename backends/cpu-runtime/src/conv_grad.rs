@@ -1,0 +1,409 @@
+//! The gradient of `y = conv(x, w) (+ b)` for eager autograd, the way PyTorch and oneDNN
+//! compute it on CPUs: per tile of output positions,
+//!
+//! - `dw += dy_tile · im2col(x)_tileᵀ` (the forward's patch matrix, multiplied by the
+//!   cotangent instead of the weights);
+//! - `dx += col2im(wᵀ · dy_tile)` (the patch-shaped product scattered back onto the input);
+//! - `db = Σ dy` over batch and positions.
+//!
+//! The IR's rules (`oar_ir::ops::conv_grad`) express the same gradients as convolutions of a
+//! dilated, padded cotangent with flipped weights — right for every backend and for compiled
+//! graphs, but on a CPU the input gradient then reads a patch matrix mostly made of the zero
+//! padding (LeNet's second layer: 400 × 196 patches per image where this path forms 150 × 100).
+//!
+//! Threads take fixed ranges of the batch, each summing its weight gradient separately; the
+//! ranges' sums are added in order, so results do not depend on which thread ran what.
+
+use crate::contraction::{Elem, Mat, SendPtr, gemm_into, gemm_parallelism, written_zeros};
+use crate::conv::{ConvSpec, Dims, Geo, geometry, im2col, piece_offsets, row_pieces};
+use crate::par::par_units;
+use oar_ir::ops::Conv;
+use oar_ir::{DType, TensorData};
+
+/// Patch-matrix elements per tile (per thread), as the forward's.
+const TILE_ELEMS: usize = 1 << 17;
+
+/// `[dx, dw, db]` of `y = conv(x, w) + b` for the cotangent `dy`, each computed when `wants`
+/// asks (`db` is the bias gradient, `[O]`, whether or not the forward had a bias).
+/// `Ok(None)`: no native path for these operands (grouped convolutions, dtypes other than
+/// f32/f64) — use the IR's gradient rules.
+pub fn conv_vjp(
+    x: &TensorData,
+    w: &TensorData,
+    dy: &TensorData,
+    conv: &Conv,
+    wants: [bool; 3],
+    threads: usize,
+) -> Result<Option<[Option<TensorData>; 3]>, String> {
+    let spec = ConvSpec {
+        stride: &conv.stride,
+        pad_before: &conv.pad_before,
+        pad_after: &conv.pad_after,
+        dilation: &conv.dilation,
+        groups: conv.groups,
+    };
+    let (geo, d) = geometry(x.shape(), w.shape(), &spec)?;
+    let dtype = x.dtype();
+    if d.g != 1 || !matches!(dtype, DType::F32 | DType::F64) {
+        return Ok(None);
+    }
+    let y_shape = [&[d.n, d.o][..], &geo.sout].concat();
+    if w.dtype() != dtype || dy.dtype() != dtype || dy.shape() != y_shape {
+        return Err(format!(
+            "conv gradient: cotangent {:?} ({}) for x {:?} ({dtype}), w {:?} ({}): expected {y_shape:?}",
+            dy.shape(),
+            dy.dtype(),
+            x.shape(),
+            w.shape(),
+            w.dtype()
+        ));
+    }
+    fn typed<T: Elem + bytemuck::Pod + oar_ir::Element>(
+        geo: &Geo,
+        d: Dims,
+        (x, w, dy): (&TensorData, &TensorData, &TensorData),
+        wants: [bool; 3],
+        threads: usize,
+    ) -> Result<[Option<TensorData>; 3], String> {
+        fn slice<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
+            if t.bytes().is_empty() {
+                return Ok(&[]);
+            }
+            bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("conv gradient: unaligned operand: {e}"))
+        }
+        let (xs, ws, dys) = (slice::<T>(x)?, slice::<T>(w)?, slice::<T>(dy)?);
+        let [want_x, want_w, want_b] = wants;
+        let mut dx = want_x.then(|| written_zeros(xs.len(), T::ZERO));
+        let mut dw = want_w.then(|| vec![T::ZERO; ws.len()]);
+        if want_x || want_w {
+            grads(geo, d, xs, ws, dys, dx.as_deref_mut(), dw.as_deref_mut(), threads);
+        }
+        let db = want_b.then(|| {
+            let mut db = vec![T::ZERO; d.o];
+            for (i, plane) in dys.chunks_exact(d.ys.max(1)).enumerate() {
+                let acc = &mut db[i % d.o];
+                for &v in plane {
+                    *acc += v;
+                }
+            }
+            db
+        });
+        let wrap = |v: Option<Vec<T>>, shape: &[usize]| {
+            v.map(|v| TensorData::from_vec(shape.to_vec(), v).map_err(|e| e.to_string()))
+                .transpose()
+        };
+        Ok([wrap(dx, x.shape())?, wrap(dw, w.shape())?, wrap(db, &[d.o])?])
+    }
+    let ops = (x, w, dy);
+    Ok(Some(match dtype {
+        DType::F32 => typed::<f32>(&geo, d, ops, wants, threads)?,
+        _ => typed::<f64>(&geo, d, ops, wants, threads)?,
+    }))
+}
+
+/// `dx` (zeroed) and `dw` (zeroed) of an ungrouped convolution, where asked.
+#[allow(clippy::too_many_arguments)]
+fn grads<T: Elem>(
+    geo: &Geo,
+    d: Dims,
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    dx: Option<&mut [T]>,
+    dw: Option<&mut [T]>,
+    threads: usize,
+) {
+    let Dims { n, c, o, ys, .. } = d;
+    let (s_in, kdim) = (geo.s_in, c * geo.ks);
+    if n == 0 || ys == 0 || kdim == 0 || o == 0 {
+        return;
+    }
+    let tile = (TILE_ELEMS / kdim).clamp(16, ys.max(16)).min(ys);
+    let tiles = ys.div_ceil(tile);
+    // Fixed batch ranges, one weight-gradient sum each.
+    let ranges = threads.clamp(1, n);
+    let per_range = o * kdim;
+    let want_w = dw.is_some();
+    let mut partial = vec![T::ZERO; if want_w { ranges * per_range } else { 0 }];
+    // With fewer ranges than threads (a batch of one), each product may split instead.
+    let flops = o * kdim * tile;
+    let par = if ranges < threads {
+        gemm_parallelism(flops, threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    let (dx_ptr, part_ptr) = (dx.map(|d| SendPtr(d.as_mut_ptr())), SendPtr(partial.as_mut_ptr()));
+    par_units(
+        ranges,
+        threads,
+        || {
+            (
+                vec![T::ZERO; kdim * tile],
+                vec![T::ZERO; if dx_ptr.is_some() { kdim * tile } else { 0 }],
+            )
+        },
+        |(cols, back), r| {
+            let mut first = true;
+            for b in n * r / ranges..n * (r + 1) / ranges {
+                let xb = &x[b * c * s_in..][..c * s_in];
+                let dyb = &dy[b * o * ys..][..o * ys];
+                for t in 0..tiles {
+                    let (y0, y1) = (t * tile, ((t + 1) * tile).min(ys));
+                    let yc = y1 - y0;
+                    // dy[:, y0..y1] as an [o × yc] matrix.
+                    let dy_tile = Mat {
+                        ptr: dyb[y0..].as_ptr(),
+                        rs: ys as isize,
+                        cs: 1,
+                    };
+                    if want_w {
+                        let cols = &mut cols[..kdim * yc];
+                        im2col(geo, xb, c, y0, y1, cols);
+                        // Safety: range `r`'s own [o × kdim] sum; operands in bounds.
+                        unsafe {
+                            gemm_into(
+                                o,
+                                kdim,
+                                yc,
+                                part_ptr.get().add(r * per_range),
+                                kdim as isize,
+                                dy_tile,
+                                Mat {
+                                    ptr: cols.as_ptr(),
+                                    rs: 1,
+                                    cs: yc as isize,
+                                },
+                                !first,
+                                par,
+                            )
+                        };
+                        first = false;
+                    }
+                    if let Some(dx_ptr) = dx_ptr {
+                        let back = &mut back[..kdim * yc];
+                        // back[kdim × yc] = wᵀ · dy_tile
+                        // Safety: `back` holds kdim × yc elements; operands in bounds.
+                        unsafe {
+                            gemm_into(
+                                kdim,
+                                yc,
+                                o,
+                                back.as_mut_ptr(),
+                                yc as isize,
+                                Mat {
+                                    ptr: w.as_ptr(),
+                                    rs: 1,
+                                    cs: kdim as isize,
+                                },
+                                dy_tile,
+                                false,
+                                par,
+                            )
+                        };
+                        // Safety: batch `b`'s planes of dx: only this range writes them.
+                        let dxb = unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(b * c * s_in), c * s_in) };
+                        col2im(geo, back, c, y0, y1, dxb);
+                    }
+                }
+            }
+        },
+    );
+    if let Some(dw) = dw {
+        dw.copy_from_slice(&partial[..per_range]);
+        for part in partial.chunks_exact(per_range).skip(1) {
+            for (a, &p) in dw.iter_mut().zip(part) {
+                *a += p;
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: add each patch-matrix element of output positions `y0..y1`
+/// (row `ci · ks + kf`, as `im2col` lays them out) onto the input element it was read from;
+/// elements read from the padding are dropped.
+fn col2im<T: Elem>(g: &Geo, cols: &[T], cg: usize, y0: usize, y1: usize, dx: &mut [T]) {
+    let yc = y1 - y0;
+    let (kw, krows) = (g.kw(), g.krows());
+    let pieces = row_pieces(g.ow(), y0, y1);
+    let mut offs = Vec::with_capacity(pieces.len());
+    for ko in 0..krows {
+        piece_offsets(g, &pieces, ko, &mut offs);
+        for ci in 0..cg {
+            let plane = &mut dx[ci * g.s_in..][..g.s_in];
+            for (kx, tap) in g.cols.iter().enumerate() {
+                let row = &cols[(ci * g.ks + ko * kw + kx) * yc..][..yc];
+                let mut at = 0;
+                for (&(_, c0, c1), off) in pieces.iter().zip(&offs) {
+                    let seg = &row[at..at + (c1 - c0)];
+                    at += c1 - c0;
+                    let Some(off) = *off else { continue };
+                    let (a, b) = (tap.lo.clamp(c0, c1), tap.hi.clamp(c0, c1));
+                    if a >= b {
+                        continue;
+                    }
+                    let first = (off as isize + (a * g.step) as isize + tap.shift) as usize;
+                    let src = &seg[a - c0..b - c0];
+                    let dst = &mut plane[first..first + (b - a - 1) * g.step + 1];
+                    if g.step == 1 {
+                        for (d, &s) in dst.iter_mut().zip(src) {
+                            *d += s;
+                        }
+                    } else {
+                        for (d, &s) in dst.iter_mut().step_by(g.step).zip(src) {
+                            *d += s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic pseudo-random vector in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn out_size(xs: [usize; 4], ws: [usize; 4], a: &Conv) -> [usize; 2] {
+        [0, 1].map(|i| {
+            let (s, k, p) = (a.stride[i], ws[2 + i], a.pad_before[i] + a.pad_after[i]);
+            (xs[2 + i] + p - a.dilation[i] * (k - 1) - 1) / s + 1
+        })
+    }
+
+    /// The gradients by the definition, 2-d: every (output, tap) pair adds its product.
+    fn by_definition(
+        xs: [usize; 4],
+        ws: [usize; 4],
+        a: &Conv,
+        x: &[f64],
+        w: &[f64],
+        dy: &[f64],
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let [n, c, h, wi] = xs;
+        let [o, _, kh, kw] = ws;
+        let [oh, ow] = out_size(xs, ws, a);
+        let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; o]);
+        for b in 0..n {
+            for oc in 0..o {
+                for yy in 0..oh {
+                    for xx in 0..ow {
+                        let g = dy[((b * o + oc) * oh + yy) * ow + xx];
+                        db[oc] += g;
+                        for ci in 0..c {
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let iy =
+                                        (yy * a.stride[0] + ky * a.dilation[0]) as isize - a.pad_before[0] as isize;
+                                    let ix =
+                                        (xx * a.stride[1] + kx * a.dilation[1]) as isize - a.pad_before[1] as isize;
+                                    if iy < 0 || ix < 0 || iy as usize >= h || ix as usize >= wi {
+                                        continue;
+                                    }
+                                    let xi = ((b * c + ci) * h + iy as usize) * wi + ix as usize;
+                                    let wk = ((oc * c + ci) * kh + ky) * kw + kx;
+                                    dx[xi] += g * w[wk];
+                                    dw[wk] += g * x[xi];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (dx, dw, db)
+    }
+
+    #[test]
+    fn gradients_match_the_definition() {
+        let conv = |s: [usize; 2], pb: [usize; 2], pa: [usize; 2], d: [usize; 2]| Conv {
+            stride: s.to_vec(),
+            pad_before: pb.to_vec(),
+            pad_after: pa.to_vec(),
+            dilation: d.to_vec(),
+            groups: 1,
+        };
+        let cases = [
+            ([3, 2, 9, 8], [4, 2, 3, 3], conv([1, 1], [1, 1], [1, 1], [1, 1])),
+            ([2, 3, 11, 10], [5, 3, 3, 2], conv([2, 3], [2, 0], [1, 2], [1, 1])),
+            ([2, 2, 12, 12], [3, 2, 3, 3], conv([1, 2], [0, 3], [2, 0], [2, 3])),
+            // LeNet's second layer, one image; and a batch of one with a wide plane
+            // (several tiles of output positions).
+            ([1, 6, 14, 14], [16, 6, 5, 5], conv([1, 1], [0, 0], [0, 0], [1, 1])),
+            ([1, 8, 40, 90], [2, 8, 3, 3], conv([1, 1], [1, 1], [1, 1], [1, 1])),
+        ];
+        for (i, (xs, ws, a)) in cases.into_iter().enumerate() {
+            let x = values(xs.iter().product(), 3 * i as u64);
+            let w = values(ws.iter().product(), 3 * i as u64 + 1);
+            let [oh, ow] = out_size(xs, ws, &a);
+            let dy = values(xs[0] * ws[0] * oh * ow, 3 * i as u64 + 2);
+            let (ex, ew, eb) = by_definition(xs, ws, &a, &x, &w, &dy);
+            for threads in [1, 2, 3] {
+                let t = |v: &[f64], s: &[usize]| TensorData::from_vec(s.to_vec(), v.to_vec()).unwrap();
+                let got = conv_vjp(
+                    &t(&x, &xs),
+                    &t(&w, &ws),
+                    &t(&dy, &[xs[0], ws[0], oh, ow]),
+                    &a,
+                    [true, true, true],
+                    threads,
+                )
+                .unwrap()
+                .expect("a native path");
+                for (name, g, e) in [("dx", &got[0], &ex), ("dw", &got[1], &ew), ("db", &got[2], &eb)] {
+                    let g: &[f64] = bytemuck::cast_slice(g.as_ref().unwrap().bytes());
+                    let err = g.iter().zip(e.iter()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                    assert!(err < 1e-12, "case {i}, {threads} threads: {name} off by {err}");
+                }
+            }
+        }
+    }
+
+    /// Only what is asked for is computed; grouped convolutions have no native path.
+    #[test]
+    fn wants_and_groups() {
+        let a = Conv {
+            stride: vec![1, 1],
+            pad_before: vec![0, 0],
+            pad_after: vec![0, 0],
+            dilation: vec![1, 1],
+            groups: 1,
+        };
+        let t = |s: &[usize]| TensorData::from_vec(s.to_vec(), vec![0.5f32; s.iter().product()]).unwrap();
+        let got = conv_vjp(
+            &t(&[1, 2, 4, 4]),
+            &t(&[3, 2, 3, 3]),
+            &t(&[1, 3, 2, 2]),
+            &a,
+            [false, true, false],
+            2,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(got[0].is_none() && got[2].is_none());
+        // Every dw element sums 4 positions of 0.5 · 0.5.
+        let dw: &[f32] = bytemuck::cast_slice(got[1].as_ref().unwrap().bytes());
+        assert!(dw.iter().all(|&v| v == 1.0), "{dw:?}");
+        let grouped = Conv { groups: 2, ..a };
+        let none = conv_vjp(
+            &t(&[1, 2, 4, 4]),
+            &t(&[2, 1, 3, 3]),
+            &t(&[1, 2, 2, 2]),
+            &grouped,
+            [true; 3],
+            2,
+        )
+        .unwrap();
+        assert!(none.is_none());
+    }
+}

@@ -1,0 +1,320 @@
+//! The gradient of `max_pool2d` for eager autograd, in one pass over the planes.
+//!
+//! `max_pool2d` is defined (`oar_ir`'s decomposition) as the pairwise tree of binary `max` over
+//! the window's slices of the `-inf`-padded input, slices in row-major kernel order; `max`'s
+//! gradient goes to the larger side and is split evenly on a tie (none through a NaN). The IR's
+//! gradient of that definition runs one strided slice, comparison and `where` per kernel
+//! position; here each window replays the same tree on its own values, so eager gradients
+//! equal what the compiled graph computes — including ties, which are common after a ReLU
+//! (PyTorch instead gives a tied window's gradient to its first maximum).
+
+use crate::par::par_units;
+use oar_ir::{DType, TensorData};
+
+/// Windows up to this many elements (16 × 16) run natively.
+const MAX_WINDOW: usize = 256;
+
+/// `dx` of `y = max_pool2d(x)` (kernel `[kh, kw]`, stride, padding `[top, left, bottom,
+/// right]`) for the cotangent `dy` (whose shape gives the output size, so ceil mode needs no
+/// flag). `Ok(None)`: no native path (dtypes other than f32/f64, windows above
+/// [`MAX_WINDOW`] elements).
+pub fn max_pool2d_vjp(
+    x: &TensorData,
+    dy: &TensorData,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 4],
+    threads: usize,
+) -> Result<Option<TensorData>, String> {
+    let (xs, ys) = (x.shape(), dy.shape());
+    if xs.len() != 4 || ys.len() != 4 || xs[..2] != ys[..2] || x.dtype() != dy.dtype() {
+        return Err(format!(
+            "max_pool2d gradient: x {xs:?} ({}) and cotangent {ys:?} ({}) need [N, C, H, W] and [N, C, OH, OW] of one dtype",
+            x.dtype(),
+            dy.dtype()
+        ));
+    }
+    let k = kernel[0] * kernel[1];
+    if k == 0 || k > MAX_WINDOW || stride.contains(&0) {
+        return Ok(None);
+    }
+    let g = Geometry {
+        h: xs[2],
+        w: xs[3],
+        oh: ys[2],
+        ow: ys[3],
+        kernel,
+        stride,
+        top: padding[0],
+        left: padding[1],
+    };
+    let planes = xs[0] * xs[1];
+    Ok(Some(match x.dtype() {
+        DType::F32 => typed::<f32>(x, dy, &g, planes, threads)?,
+        DType::F64 => typed::<f64>(x, dy, &g, planes, threads)?,
+        _ => return Ok(None),
+    }))
+}
+
+struct Geometry {
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    top: usize,
+    left: usize,
+}
+
+/// f32 and f64 (values compared and shares added in f64; `Element` converts).
+trait Float: bytemuck::Pod + oar_ir::Element + Into<f64> {}
+impl Float for f32 {}
+impl Float for f64 {}
+
+fn typed<T: Float>(
+    x: &TensorData,
+    dy: &TensorData,
+    g: &Geometry,
+    planes: usize,
+    threads: usize,
+) -> Result<TensorData, String> {
+    fn slice<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
+        if t.bytes().is_empty() {
+            return Ok(&[]);
+        }
+        bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("max_pool2d gradient: unaligned operand: {e}"))
+    }
+    let (xv, dyv) = (slice::<T>(x)?, slice::<T>(dy)?);
+    let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
+    let mut dx = crate::contraction::written_zeros(xv.len(), T::from_f64(0.0));
+    let k = g.kernel[0] * g.kernel[1];
+    // Planes per unit: about 16K input elements each.
+    let per = (1usize << 14).div_ceil(s_in.max(1)).max(1);
+    let units = planes.div_ceil(per);
+    let work = planes.saturating_mul(s_out).saturating_mul(k);
+    let threads = if work < 1 << 15 { 1 } else { threads };
+    let dx_ptr = crate::contraction::SendPtr(dx.as_mut_ptr());
+    par_units(
+        units,
+        threads,
+        || Tree::new(k),
+        |tree, u| {
+            for p in u * per..((u + 1) * per).min(planes) {
+                let xp = &xv[p * s_in..][..s_in];
+                let gp = &dyv[p * s_out..][..s_out];
+                // Safety: plane `p` of dx, written by this unit only.
+                let dp = unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(p * s_in), s_in) };
+                plane(g, xp, gp, dp, tree);
+            }
+        },
+    );
+    TensorData::from_vec(x.shape().to_vec(), dx).map_err(|e| e.to_string())
+}
+
+/// One plane: every window replays the max tree and adds its shares of the cotangent.
+fn plane<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], tree: &mut Tree) {
+    let [kh, kw] = g.kernel;
+    // The window's first input row/column, when the window lies inside the input.
+    let inside =
+        |o: usize, s: usize, pad: usize, k: usize, n: usize| (o * s).checked_sub(pad).filter(|&first| first + k <= n);
+    for i in 0..g.oh {
+        let r0 = inside(i, g.stride[0], g.top, kh, g.h);
+        for j in 0..g.ow {
+            let gij: f64 = dy[i * g.ow + j].into();
+            // Inside the input with one strict maximum (the common case): it takes it all.
+            if let (Some(r0), Some(c0)) = (r0, inside(j, g.stride[1], g.left, kw, g.w)) {
+                let base = r0 * g.w + c0;
+                // Branch-free (window values are data; branches on them mispredict): the
+                // maximum, then how many elements equal it and where the last one is.
+                let (mut best, mut nan) = (f64::NEG_INFINITY, false);
+                for di in 0..kh {
+                    for &v in &x[base + di * g.w..][..kw] {
+                        let v: f64 = v.into();
+                        nan |= v.is_nan();
+                        best = if v > best { v } else { best };
+                    }
+                }
+                let (mut count, mut at) = (0usize, base);
+                for di in 0..kh {
+                    let row = base + di * g.w;
+                    for (dj, &v) in x[row..][..kw].iter().enumerate() {
+                        let hit = v.into() == best;
+                        count += hit as usize;
+                        at = if hit { row + dj } else { at };
+                    }
+                }
+                let unique = count == 1;
+                if unique && !nan {
+                    dx[at] = T::from_f64(dx[at].into() + gij);
+                    continue;
+                }
+            }
+            // Leaves in slice order; `None`: the padding.
+            for di in 0..kh {
+                for dj in 0..kw {
+                    let r = (i * g.stride[0] + di).checked_sub(g.top).filter(|&r| r < g.h);
+                    let c = (j * g.stride[1] + dj).checked_sub(g.left).filter(|&c| c < g.w);
+                    let at = r.zip(c).map(|(r, c)| r * g.w + c);
+                    tree.leaf[di * kw + dj] = at;
+                    tree.vals[di * kw + dj] = at.map_or(f64::NEG_INFINITY, |a| x[a].into());
+                }
+            }
+            tree.shares();
+            for (leaf, &share) in tree.leaf.iter().zip(&tree.share) {
+                if let Some(a) = leaf
+                    && share != 0.0
+                {
+                    dx[*a] = T::from_f64(dx[*a].into() + gij * share);
+                }
+            }
+        }
+    }
+}
+
+/// The pairwise max tree over `k` leaves (level by level, an odd last node passed up as is).
+struct Tree {
+    k: usize,
+    leaf: Vec<Option<usize>>,
+    /// Node values, level after level (the leaves first).
+    vals: Vec<f64>,
+    /// Each node's share of the root's cotangent, same layout.
+    share: Vec<f64>,
+    /// Where each level starts in `vals`, and its size.
+    levels: Vec<(usize, usize)>,
+}
+
+impl Tree {
+    fn new(k: usize) -> Tree {
+        let mut levels = vec![(0, k)];
+        let (mut at, mut n) = (k, k);
+        while n > 1 {
+            let next = n.div_ceil(2);
+            levels.push((at, next));
+            at += next;
+            n = next;
+        }
+        Tree {
+            k,
+            leaf: vec![None; k],
+            vals: vec![0.0; at],
+            share: vec![0.0; at],
+            levels,
+        }
+    }
+
+    /// Values up the tree, then shares down it (`max`'s gradient rule at every node).
+    fn shares(&mut self) {
+        for l in 1..self.levels.len() {
+            let ((lo, n), (up, _)) = (self.levels[l - 1], self.levels[l]);
+            for j in 0..n.div_ceil(2) {
+                let a = self.vals[lo + 2 * j];
+                self.vals[up + j] = if 2 * j + 1 < n {
+                    let b = self.vals[lo + 2 * j + 1];
+                    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+                } else {
+                    a
+                };
+            }
+        }
+        let top = self.share.len() - 1;
+        self.share[top] = 1.0;
+        for l in (1..self.levels.len()).rev() {
+            let ((lo, n), (up, _)) = (self.levels[l - 1], self.levels[l]);
+            for j in 0..n.div_ceil(2) {
+                let s = self.share[up + j];
+                if 2 * j + 1 < n {
+                    let (a, b) = (self.vals[lo + 2 * j], self.vals[lo + 2 * j + 1]);
+                    let (sa, sb) = if a > b {
+                        (s, 0.0)
+                    } else if a < b {
+                        (0.0, s)
+                    } else if a == b {
+                        (0.5 * s, 0.5 * s)
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    self.share[lo + 2 * j] = sa;
+                    self.share[lo + 2 * j + 1] = sb;
+                } else {
+                    self.share[lo + 2 * j] = s;
+                }
+            }
+        }
+        debug_assert_eq!(self.levels[0], (0, self.k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vjp(
+        x: &[f64],
+        xs: [usize; 4],
+        dy: &[f64],
+        ys: [usize; 4],
+        k: [usize; 2],
+        s: [usize; 2],
+        p: [usize; 4],
+    ) -> Vec<f64> {
+        let x = TensorData::from_vec(xs.to_vec(), x.to_vec()).unwrap();
+        let dy = TensorData::from_vec(ys.to_vec(), dy.to_vec()).unwrap();
+        let dx = max_pool2d_vjp(&x, &dy, k, s, p, 2).unwrap().unwrap();
+        bytemuck::cast_slice::<u8, f64>(dx.bytes()).to_vec()
+    }
+
+    #[test]
+    fn the_maximum_takes_the_gradient() {
+        // 2×2 windows, stride 2, over a 1×1×2×4 input: maxima 4 (index 5) and 7 (index 2).
+        let x = [1.0, 2.0, 7.0, 3.0, 0.0, 4.0, 5.0, 6.0];
+        let dx = vjp(&x, [1, 1, 2, 4], &[10.0, 20.0], [1, 1, 1, 2], [2, 2], [2, 2], [0; 4]);
+        assert_eq!(dx, [0.0, 0.0, 20.0, 0.0, 0.0, 10.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn ties_split_as_the_pairwise_tree_does() {
+        // Window (a, b, c, d) = all equal: max(max(a, b), max(c, d)) gives each a quarter.
+        let dx = vjp(&[3.0; 4], [1, 1, 2, 2], &[8.0], [1, 1, 1, 1], [2, 2], [2, 2], [0; 4]);
+        assert_eq!(dx, [2.0; 4]);
+        // Three leaves (1×3 window), the first two tied above the third: halves; the third,
+        // passed up alone, loses.
+        let dx = vjp(
+            &[5.0, 5.0, 1.0],
+            [1, 1, 1, 3],
+            &[8.0],
+            [1, 1, 1, 1],
+            [1, 3],
+            [1, 1],
+            [0; 4],
+        );
+        assert_eq!(dx, [4.0, 4.0, 0.0]);
+        // A NaN in the window: no gradient anywhere (the reference's rule).
+        let dx = vjp(
+            &[f64::NAN, 1.0],
+            [1, 1, 1, 2],
+            &[8.0],
+            [1, 1, 1, 1],
+            [1, 2],
+            [1, 1],
+            [0; 4],
+        );
+        assert_eq!(dx, [0.0, 0.0]);
+    }
+
+    #[test]
+    fn overlapping_windows_and_padding_add_up() {
+        // 3×3 windows, stride 1, padding 1 on a 1×1×2×2 input of distinct values: every window
+        // covers the whole input, so the maximum (index 3) takes every output's gradient.
+        let dx = vjp(
+            &[1.0, 2.0, 3.0, 4.0],
+            [1, 1, 2, 2],
+            &[1.0, 2.0, 3.0, 4.0],
+            [1, 1, 2, 2],
+            [3, 3],
+            [1, 1],
+            [1; 4],
+        );
+        assert_eq!(dx, [0.0, 0.0, 0.0, 10.0]);
+    }
+}
