@@ -78,7 +78,61 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result
         check()?;
         return Ok(oar_backend_reference::run_op(op, inputs)?);
     }
+    if let Some(rows) = whole_reduction_rows(op, inputs) {
+        check()?;
+        return reduce_in_two(op, &inputs[0], rows);
+    }
     run_compiled(op, inputs, check)
+}
+
+/// Elements from which a reduction of a whole f32/f64 tensor runs in two steps.
+const SPLIT_REDUCTION_MIN: usize = 1 << 18;
+
+/// For a sum, mean, max or min over every axis of a large f32/f64 tensor, how many rows to cut
+/// it into. Such a reduction compiles to one loop with one outer iteration, which one thread
+/// runs; over rows first, the outer loop is the rows, which threads share (PyTorch's
+/// reductions split the same way), then the few row results are reduced.
+fn whole_reduction_rows(op: &Op, inputs: &[TensorData]) -> Option<usize> {
+    use oar_ir::ops::ReduceOp;
+    let (Op::Reduce(r), [x]) = (op, inputs) else {
+        return None;
+    };
+    let n = x.len();
+    let whole = r.axes.len() == x.shape().len() && !x.shape().is_empty();
+    let splits = matches!(r.op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min);
+    if !whole || !splits || !matches!(x.dtype(), DType::F32 | DType::F64) || n < SPLIT_REDUCTION_MIN {
+        return None;
+    }
+    if rayon::current_num_threads() < 2 {
+        return None;
+    }
+    // Equal rows (a mean of row means is the mean), each at least 4K elements.
+    [64, 48, 32, 24, 16, 8].into_iter().find(|&p| n % p == 0)
+}
+
+/// `op` (a whole-tensor reduction, see [`whole_reduction_rows`]) as the same reduction over
+/// each of `rows` rows, then over the row results.
+fn reduce_in_two(op: &Op, x: &TensorData, rows: usize) -> Result<Vec<TensorData>> {
+    let Op::Reduce(r) = op else {
+        return Err(crate::Error::invalid(op.name(), "internal: not a reduction"));
+    };
+    let step = |axis: usize| {
+        Op::Reduce(oar_ir::ops::Reduce {
+            op: r.op,
+            axes: vec![axis],
+            keepdim: false,
+        })
+    };
+    let x2 = x.reshaped(vec![rows, x.len() / rows])?;
+    let per_row = run_compiled(&step(1), &[x2], || Ok(()))?;
+    let mut out = run_compiled(&step(0), &per_row, || Ok(()))?;
+    if r.keepdim {
+        let y = out
+            .pop()
+            .ok_or_else(|| crate::Error::invalid(op.name(), "internal: no result"))?;
+        out.push(y.reshaped(vec![1; x.shape().len()])?);
+    }
+    Ok(out)
 }
 
 /// [`run`] on the cpu backend's code for `op` and these operand types (compiled on first use).
@@ -445,6 +499,41 @@ mod tests {
                 let dy = data(dtype, &ys, &values(ys.iter().product(), seed + 3, None));
                 let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
                 compare(&Op::Composite(Composite::Conv2d(c.clone())), &inputs, dy, wants, tol);
+            }
+        }
+    }
+
+    #[test]
+    fn whole_tensor_reductions_in_two_steps_match_the_reference() {
+        use oar_ir::ops::{Reduce, ReduceOp};
+        for (shape, rows) in [
+            (vec![512, 1024], Some(64)),
+            (vec![3, 87384], Some(24)),
+            (vec![262147], None),
+        ] {
+            let n: usize = shape.iter().product();
+            let vals: Vec<f64> = values(n, n as u64, None).iter().map(|v| v + 0.25).collect();
+            for dtype in [DType::F32, DType::F64] {
+                let x = data(dtype, &shape, &vals);
+                for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min] {
+                    for keepdim in [false, true] {
+                        let op = Op::Reduce(Reduce {
+                            op,
+                            axes: (0..shape.len()).collect(),
+                            keepdim,
+                        });
+                        let xs = [x.clone()];
+                        if rayon::current_num_threads() > 1 {
+                            assert_eq!(super::whole_reduction_rows(&op, &xs), rows, "{shape:?}");
+                        }
+                        let got = super::run(&op, &xs, || Ok(())).unwrap();
+                        let want = oar_backend_reference::run_op(&op, &xs).unwrap();
+                        assert_eq!(got[0].shape(), want[0].shape(), "{op:?}");
+                        let (g, w) = (got[0].to_f64_vec()[0], want[0].to_f64_vec()[0]);
+                        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+                        assert!((g - w).abs() <= tol * w.abs().max(1.0), "{op:?} {dtype}: {g} vs {w}");
+                    }
+                }
             }
         }
     }
