@@ -338,7 +338,7 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                 .iter()
                 .map(|&(ptr, n)| unsafe { std::slice::from_raw_parts_mut(ptr, n) })
                 .collect();
-            crate::rnn::run_native(rec, reverse, out_ty.dtype, &shapes, &ins, outs).map_err(|d| err(k, d))?;
+            crate::rnn::run_native(rec, reverse, out_ty.dtype, &shapes, &ins, outs, threads).map_err(|d| err(k, d))?;
         }
         Op::Composite(c) if crate::rows::of(c).is_some() => {
             let (op, g) = crate::rows::geometry(c, &shape_of(0)).map_err(|d| err(k, d))?;

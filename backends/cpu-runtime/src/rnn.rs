@@ -17,7 +17,8 @@
 //! `tanh x = ±(1 − e^-2|x|) / (1 + e^-2|x|)`, absolute errors below 2e-7), f64 the standard
 //! library's.
 
-use crate::contraction::gemm_parallelism;
+use crate::contraction::{SendPtr, gemm_parallelism};
+use crate::par::par_units;
 use crate::simd::Simd;
 use gemm::Parallelism;
 use oar_ir::{Composite, DType, TensorData};
@@ -664,6 +665,15 @@ impl Recurrence {
         }
     }
 
+    /// Whether operand `i` is shared by every batch row (the recurrent weight, GRU's `b_hh`)
+    /// rather than `[N, ...]`.
+    fn shared(self, i: usize) -> bool {
+        match self {
+            Recurrence::Lstm => i == 1,
+            Recurrence::Gru => i == 1 || i == 2,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Recurrence::Lstm => "lstm_seq",
@@ -716,6 +726,30 @@ pub fn seq_dtype(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64)
 }
 
+/// Blocks of batch rows a sequence op splits into: one per thread when the recurrence is
+/// worth splitting (each block runs every step for its rows, without synchronizing).
+fn row_blocks(rec: Recurrence, s: Seq, threads: usize) -> usize {
+    let gates = match rec {
+        Recurrence::Lstm => 4,
+        Recurrence::Gru => 3,
+    };
+    let flops = s.n.saturating_mul(s.t).saturating_mul(gates * s.h).saturating_mul(s.h);
+    if flops < 1 << 20 {
+        1
+    } else {
+        threads.clamp(1, s.n.max(1))
+    }
+}
+
+/// Rows `r0..r1` of a `[N, ...]` buffer (`n` rows), or all of a `shared` one.
+fn rows<T>(b: &[T], shared: bool, n: usize, r0: usize, r1: usize) -> &[T] {
+    if shared || n == 0 {
+        return b;
+    }
+    let per = b.len() / n;
+    &b[r0 * per..r1 * per]
+}
+
 /// `b` as `T`s (an empty buffer's pointer need not be aligned).
 fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
     if b.is_empty() {
@@ -740,12 +774,14 @@ pub(crate) fn run_native(
     shapes: &[&[usize]],
     ins: &[&[u8]],
     outs: Vec<&mut [u8]>,
+    threads: usize,
 ) -> Result<(), String> {
     fn typed<T: Real + bytemuck::Pod>(
         rec: Recurrence,
         s: Seq,
         ins: &[&[u8]],
         outs: Vec<&mut [u8]>,
+        threads: usize,
     ) -> Result<(), String> {
         let (ops, res) = rec.shapes(s);
         let ins: Vec<&[T]> = ins.iter().map(|b| cast::<T>(b)).collect::<Result<_, _>>()?;
@@ -758,17 +794,43 @@ pub(crate) fn run_native(
         if !fits {
             return Err(format!("{} buffers do not hold {s:?}", rec.name()));
         }
-        match (rec, outs.as_mut_slice()) {
-            (Recurrence::Lstm, [y, h, c]) => run_forward(s, ins[0], ins[1], ins[2], ins[3], y, h, c),
-            (Recurrence::Gru, [y, h]) => run_gru_forward(s, ins[0], ins[1], ins[2], ins[3], y, h),
-            _ => return Err(format!("{} buffers do not hold {s:?}", rec.name())),
+        if !matches!((rec, outs.len()), (Recurrence::Lstm, 3) | (Recurrence::Gru, 2)) {
+            return Err(format!("{} buffers do not hold {s:?}", rec.name()));
         }
+        // Batch rows never interact: each block of rows runs the whole sequence on its own.
+        let blocks = row_blocks(rec, s, threads);
+        let outs: Vec<(SendPtr<T>, usize)> = outs
+            .iter_mut()
+            .map(|o| (SendPtr(o.as_mut_ptr()), o.len() / s.n.max(1)))
+            .collect();
+        par_units(
+            blocks,
+            blocks,
+            || (),
+            |_, b| {
+                let (r0, r1) = (s.n * b / blocks, s.n * (b + 1) / blocks);
+                let sub = Seq { n: r1 - r0, ..s };
+                let i: Vec<&[T]> = (0..ins.len())
+                    .map(|i| rows(ins[i], rec.shared(i), s.n, r0, r1))
+                    .collect();
+                // Safety: block `b`'s rows of each result, written by this unit only.
+                let mut o: Vec<&mut [T]> = outs
+                    .iter()
+                    .map(|&(p, per)| unsafe { std::slice::from_raw_parts_mut(p.get().add(r0 * per), (r1 - r0) * per) })
+                    .collect();
+                match (rec, o.as_mut_slice()) {
+                    (Recurrence::Lstm, [y, h, c]) => run_forward(sub, i[0], i[1], i[2], i[3], y, h, c),
+                    (Recurrence::Gru, [y, h]) => run_gru_forward(sub, i[0], i[1], i[2], i[3], y, h),
+                    _ => unreachable!("checked above"),
+                }
+            },
+        );
         Ok(())
     }
     let s = rec.seq(shapes, reverse)?;
     match dtype {
-        DType::F32 => typed::<f32>(rec, s, ins, outs),
-        DType::F64 => typed::<f64>(rec, s, ins, outs),
+        DType::F32 => typed::<f32>(rec, s, ins, outs, threads),
+        DType::F64 => typed::<f64>(rec, s, ins, outs, threads),
         other => Err(format!("{} has no native kernel in {other}", rec.name())),
     }
 }
@@ -816,11 +878,46 @@ pub fn seq_vjp(
             cast::<T>(t.bytes())
         }
         let ct = |i: usize| cts[i].as_ref().map(e::<T>).transpose();
-        let four = (e::<T>(&ins[0])?, e::<T>(&ins[1])?, e::<T>(&ins[2])?, e::<T>(&ins[3])?);
-        let grads = match rec {
-            Recurrence::Lstm => run_backward::<T>(s, four, e::<T>(y)?, (ct(0)?, ct(1)?, ct(2)?), threads),
-            Recurrence::Gru => run_gru_backward::<T>(s, four, e::<T>(y)?, (ct(0)?, ct(1)?), threads),
-        };
+        let ins4 = [e::<T>(&ins[0])?, e::<T>(&ins[1])?, e::<T>(&ins[2])?, e::<T>(&ins[3])?];
+        let (y, cts) = (e::<T>(y)?, [ct(0)?, ct(1)?, cts.get(2).map_or(Ok(None), |_| ct(2))?]);
+        // Batch rows never interact: each block of rows runs the recurrence backwards on its
+        // own; the shared operands' gradients (w_hh, b_hh) are summed over the blocks in order.
+        let blocks = row_blocks(rec, s, threads);
+        let parts: Vec<std::sync::Mutex<Option<[Vec<T>; 4]>>> = (0..blocks).map(|_| Default::default()).collect();
+        let inner = if blocks > 1 { 1 } else { threads };
+        par_units(
+            blocks,
+            blocks,
+            || (),
+            |_, b| {
+                let (r0, r1) = (s.n * b / blocks, s.n * (b + 1) / blocks);
+                let sub = Seq { n: r1 - r0, ..s };
+                let i = |k: usize| rows(ins4[k], rec.shared(k), s.n, r0, r1);
+                let four = (i(0), i(1), i(2), i(3));
+                let c = |k: usize| cts[k].map(|c| rows(c, false, s.n, r0, r1));
+                let yb = rows(y, false, s.n, r0, r1);
+                let g = match rec {
+                    Recurrence::Lstm => run_backward::<T>(sub, four, yb, (c(0), c(1), c(2)), inner),
+                    Recurrence::Gru => run_gru_backward::<T>(sub, four, yb, (c(0), c(1)), inner),
+                };
+                *parts[b].lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+            },
+        );
+        let mut parts = parts.into_iter().map(|p| {
+            p.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every block ran")
+        });
+        let mut grads = parts.next().expect("at least one block");
+        for part in parts {
+            for (k, (g, p)) in grads.iter_mut().zip(part).enumerate() {
+                if rec.shared(k) {
+                    g.iter_mut().zip(&p).for_each(|(a, &b)| *a = *a + b);
+                } else {
+                    g.extend_from_slice(&p);
+                }
+            }
+        }
         grads
             .into_iter()
             .zip(ins)
@@ -1028,6 +1125,7 @@ mod tests {
                     &shape_refs,
                     &bytes,
                     vec![y.bytes_mut(), hl.bytes_mut()],
+                    2,
                 )
                 .unwrap();
                 let tol = if dt == DType::F64 { 1e-13 } else { 3e-6 };
@@ -1073,6 +1171,54 @@ mod tests {
                             g[e]
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// Big enough to split into blocks of batch rows (`row_blocks`): forward and gradients
+    /// with 1, 2 and 3 threads agree (the blocks run the same per-row arithmetic; only the
+    /// shared weights' gradients are summed in another order).
+    #[test]
+    fn batch_row_blocks_give_the_unsplit_results() {
+        let (n, t, h) = (5, 6, 128);
+        for rec in [Recurrence::Lstm, Recurrence::Gru] {
+            let g = if rec == Recurrence::Lstm { 4 } else { 3 };
+            let s = Seq { n, t, h, reverse: true };
+            assert_eq!((row_blocks(rec, s, 1), row_blocks(rec, s, 3)), (1, 3));
+            let shapes: Vec<Vec<usize>> = match rec {
+                Recurrence::Lstm => vec![vec![n, t, g * h], vec![g * h, h], vec![n, h], vec![n, h]],
+                Recurrence::Gru => vec![vec![n, t, g * h], vec![g * h, h], vec![g * h], vec![n, h]],
+            };
+            let tds: Vec<TensorData> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, sh)| data(sh, &values(sh.iter().product(), 20 + i as u64, 0.5), DType::F64))
+                .collect();
+            let bytes: Vec<&[u8]> = tds.iter().map(TensorData::bytes).collect();
+            let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+            let run = |threads: usize| {
+                let mut outs: Vec<TensorData> = [vec![n, t, h], vec![n, h], vec![n, h]][..g - 1]
+                    .iter()
+                    .map(|sh| TensorData::full(DType::F64, sh.clone(), 0.0).unwrap())
+                    .collect();
+                let out_bytes = outs.iter_mut().map(TensorData::bytes_mut).collect();
+                run_native(rec, true, DType::F64, &refs, &bytes, out_bytes, threads).unwrap();
+                let cts: Vec<Option<TensorData>> = outs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, o)| Some(data(o.shape(), &values(o.len(), 40 + i as u64, 1.0), DType::F64)))
+                    .collect();
+                let grads = seq_vjp(rec, true, &tds, &outs[0], &cts, &[true; 4], threads).unwrap();
+                let mut all: Vec<Vec<f64>> = outs.iter().map(TensorData::to_f64_vec).collect();
+                all.extend(grads.into_iter().map(|g| g.unwrap().to_f64_vec()));
+                all
+            };
+            let one = run(1);
+            for threads in [2, 3] {
+                for (k, (a, b)) in run(threads).iter().zip(&one).enumerate() {
+                    let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+                    assert!(err <= 1e-12, "{rec:?}, {threads} threads: result {k} off by {err}");
                 }
             }
         }
