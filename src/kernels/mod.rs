@@ -71,6 +71,18 @@ pub(crate) fn cached() -> usize {
     cache().len()
 }
 
+/// Every eager kernel compiled so far that leaves part of its program to the reference
+/// interpreter: `op: kernel k: reason` (none is the goal — see `interpreted_eager_kernels`).
+fn interpreted_log() -> &'static std::sync::Mutex<Vec<String>> {
+    static LOG: OnceLock<std::sync::Mutex<Vec<String>>> = OnceLock::new();
+    LOG.get_or_init(Default::default)
+}
+
+/// See [`interpreted_log`].
+pub(crate) fn interpreted() -> Vec<String> {
+    interpreted_log().lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// Run one op on concrete inputs; `check` type-checks the op on them (called only when the op
 /// has not run on these types before: a cached kernel was checked when it was compiled).
 pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result<()>) -> Result<Vec<TensorData>> {
@@ -341,6 +353,15 @@ fn compile(op: &Op, inputs: &[TensorData], wants: &[bool], g: &Graph) -> Result<
     oar_ir::verify(g)?;
     let code = oar_backend_cpu::compile_cached(g, &BTreeMap::new()).map_err(oar_ir::BackendError::from)?;
     let model = Model::new(code.lowered.cpu.clone(), code.code.funcs.clone(), &code.lowered.consts)?;
+    for step in &code.lowered.cpu.steps {
+        if let oar_cpu_runtime::Step::Interpret { kernel, reason } = step {
+            let what = if wants.is_empty() { "" } else { " (gradient)" };
+            let mut log = interpreted_log().lock().unwrap_or_else(|e| e.into_inner());
+            if log.len() < 1024 {
+                log.push(format!("{}{what}: kernel {kernel}: {reason}", op.name()));
+            }
+        }
+    }
     // Names are a letter and a number: `x3` is operand 3, `y1` result 1, `d2` operand 2's gradient.
     let number = |name: &str, bound: usize| {
         name.get(1..)

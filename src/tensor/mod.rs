@@ -20,6 +20,14 @@ pub fn apply_op(op: oar_ir::Op, inputs: &[&Tensor]) -> crate::Result<Vec<Tensor>
 pub fn compiled_eager_ops() -> usize {
     crate::kernels::cached()
 }
+
+/// The eager CPU kernels compiled in this process that leave a part of their program to the
+/// reference interpreter (`op: kernel k: reason`; the first 1024). Empty is the design: every
+/// eager op runs generated or native code, and the interpreter is only the oracle (and the
+/// evaluator of `random`, constants and control-flow ops, which eager runs directly).
+pub fn interpreted_eager_kernels() -> Vec<String> {
+    crate::kernels::interpreted()
+}
 pub(crate) use create::with_rng;
 pub use create::{arange, full, full_dims, linspace, normal, ones, rand, randn, seed, uniform, zeros, zeros_dims};
 pub use intercept::SYMBOLIC_SIZE;

@@ -119,3 +119,49 @@ fn eager_ops_run_compiled_cpu_kernels() {
     let u = rand(&[1000], DType::F32).to_vec::<f32>().unwrap();
     assert!(u.iter().all(|v| (-1.0..1.0).contains(v)));
 }
+
+/// The reference interpreter is not on the eager path: every op definition's samples
+/// (`OpDef::samples`, in their declared dtypes) run eagerly — forward, and backward where the
+/// sample is differentiable — and no kernel compiled for them leaves a part of its program
+/// to the interpreter (`interpreted_eager_kernels` names any that does, with the reason).
+#[test]
+fn every_sample_runs_eagerly_without_the_interpreter() {
+    use oar::ir::ops::sample::SampleRng;
+    let samples = Op::all_samples();
+    assert!(samples.len() >= 50, "only {} samples", samples.len());
+    let mut ops = std::collections::BTreeSet::new();
+    for s in samples {
+        ops.insert(s.op.name().to_string());
+        let mut rng = SampleRng::for_case(&s.name, 3);
+        let xs: Vec<Tensor> = s
+            .inputs
+            .iter()
+            .map(|i| {
+                let t = Tensor::from_data(i.domain.tensor(i.dtype, &i.shape, &mut rng));
+                if s.grad && i.dtype.is_float() {
+                    t.requires_grad_(true).unwrap()
+                } else {
+                    t
+                }
+            })
+            .collect();
+        let refs: Vec<&Tensor> = xs.iter().collect();
+        let ys = apply_op(s.op.clone(), &refs).unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        if s.grad {
+            let loss = ys[0].cast(DType::F64).unwrap().sum(&[], false).unwrap();
+            loss.backward().unwrap_or_else(|e| panic!("{} backward: {e}", s.name));
+        }
+    }
+    let interpreted: Vec<String> = oar::tensor::interpreted_eager_kernels()
+        .into_iter()
+        .filter(|e| {
+            ops.iter()
+                .any(|op| e.starts_with(&format!("{op}:")) || e.starts_with(&format!("{op} (")))
+        })
+        .collect();
+    assert!(
+        interpreted.is_empty(),
+        "eager kernels that interpret:\n{}",
+        interpreted.join("\n")
+    );
+}
