@@ -2,9 +2,10 @@
 //! (fused, legalized, Cranelift machine code; matmul and conv through the runtime's gemm and
 //! convolution kernels), cached per op and operand types and called with its operands in place
 //! (no names, no copies) — the same code a `to_static` graph runs, so eager and static results
-//! agree by construction. The reference interpreter is only the evaluator of last
-//! resort: for what the cpu backend leaves to it (inside the compiled program) and for ops
-//! whose attributes change on every call (`random`'s seed) or that carry data or regions.
+//! agree by construction. `random`, whose seed changes on every call, is filled by the runtime's
+//! generator instead of compiled. The reference interpreter is not on this path: it is the
+//! oracle the tests compare against (and would run a part of a program the cpu backend left to
+//! it, which [`interpreted`] reports; none does).
 
 pub(crate) mod accumulate;
 
@@ -86,9 +87,25 @@ pub(crate) fn interpreted() -> Vec<String> {
 /// Run one op on concrete inputs; `check` type-checks the op on them (called only when the op
 /// has not run on these types before: a cached kernel was checked when it was compiled).
 pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result<()>) -> Result<Vec<TensorData>> {
-    if !compiles(op) {
-        check()?;
-        return Ok(oar_backend_reference::run_op(op, inputs)?);
+    match op {
+        // A new seed every call: filled by the runtime's generator, not compiled.
+        Op::Random(r) => {
+            check()?;
+            let out = oar_cpu_runtime::native::random(r, rayon::current_num_threads())
+                .map_err(|d| crate::Error::invalid(op.name(), d))?;
+            return Ok(vec![out]);
+        }
+        Op::Constant(t) => {
+            check()?;
+            return Ok(vec![t.clone()]);
+        }
+        Op::Cond | Op::While | Op::Input(_) | Op::Param(_) => {
+            return Err(crate::Error::invalid(
+                op.name(),
+                "control-flow and graph-input ops run only inside a graph (jit), not as one eager op",
+            ));
+        }
+        _ => {}
     }
     if let Some(rows) = whole_reduction_rows(op, inputs) {
         check()?;
@@ -320,15 +337,6 @@ pub(crate) fn compiled_composite_vjp(
     Ok(grads)
 }
 
-/// Whether an op is worth compiling once and reusing: not when its attributes change per call
-/// (a random seed), nor when it carries data (constants) or regions (control flow).
-fn compiles(op: &Op) -> bool {
-    !matches!(
-        op,
-        Op::Random(_) | Op::Constant(_) | Op::Cond | Op::While | Op::Input(_) | Op::Param(_)
-    )
-}
-
 /// A graph named `name` with inputs `x0`, `x1`, ... of `inputs`' types, and their values.
 fn graph_with_inputs(name: &str, inputs: &[TensorData]) -> Result<(Graph, Vec<ValueId>)> {
     let mut g = Graph::new(name);
@@ -557,6 +565,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn eager_random_is_the_reference_bit_for_bit_and_rejects_bad_attributes() {
+        use oar_ir::ops::{Random, RandomDist};
+        use oar_ir::{Dim, Float};
+        let dists = [
+            RandomDist::Uniform {
+                low: Float(-2.0),
+                high: Float(3.0),
+            },
+            RandomDist::Normal {
+                mean: Float(1.0),
+                std: Float(0.5),
+            },
+        ];
+        // 300 000 elements fill in parallel chunks on two threads; 7 in one.
+        for shape in [vec![7], vec![3, 100_000]] {
+            for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+                for dist in dists {
+                    let op = Op::Random(Random {
+                        dist,
+                        shape: shape.iter().map(|&n| Dim::Static(n)).collect(),
+                        dtype,
+                        seed: 0xD1CE,
+                    });
+                    let got = super::run(&op, &[], || Ok(())).unwrap();
+                    let want = oar_backend_reference::run_op(&op, &[]).unwrap();
+                    assert_eq!(got[0].shape(), shape.as_slice());
+                    assert!(got[0].bytes() == want[0].bytes(), "{dtype} {dist:?}");
+                }
+            }
+        }
+        let int = Op::Random(Random {
+            dist: dists[0],
+            shape: vec![Dim::Static(4)],
+            dtype: DType::I32,
+            seed: 1,
+        });
+        let e = super::run(&int, &[], || Ok(())).unwrap_err().to_string();
+        assert!(e.contains("random") && e.contains("float dtype"), "{e}");
+        let huge = Op::Random(Random {
+            dist: dists[1],
+            shape: vec![Dim::Static(1 << 40), Dim::Static(1 << 30)],
+            dtype: DType::F32,
+            seed: 1,
+        });
+        let e = super::run(&huge, &[], || Ok(())).unwrap_err().to_string();
+        assert!(e.contains("too large"), "{e}");
     }
 
     #[test]

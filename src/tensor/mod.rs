@@ -23,8 +23,8 @@ pub fn compiled_eager_ops() -> usize {
 
 /// The eager CPU kernels compiled in this process that leave a part of their program to the
 /// reference interpreter (`op: kernel k: reason`; the first 1024). Empty is the design: every
-/// eager op runs generated or native code, and the interpreter is only the oracle (and the
-/// evaluator of `random`, constants and control-flow ops, which eager runs directly).
+/// eager op runs generated or native code (`random` the runtime's generator; constants and
+/// control flow are run by the caller), and the interpreter is only the tests' oracle.
 pub fn interpreted_eager_kernels() -> Vec<String> {
     crate::kernels::interpreted()
 }

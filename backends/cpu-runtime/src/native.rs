@@ -388,6 +388,29 @@ fn fill_chunks(out: &mut [u8], size: usize, threads: usize, fill: impl Fn(usize,
     );
 }
 
+/// A `random` op of static shape run on its own, outside a program (eager mode): its output
+/// filled straight from the definition in parallel chunks, as a program's generator kernel
+/// fills its buffer — the reference's bits without its f64 tensor.
+pub fn random(r: &oar_ir::ops::Random, threads: usize) -> Result<TensorData, String> {
+    let shape = r
+        .shape
+        .iter()
+        .map(|d| match d {
+            oar_ir::Dim::Static(n) => Ok(*n),
+            d => Err(format!("random: size {d} is not bound")),
+        })
+        .collect::<Result<Vec<usize>, String>>()?;
+    if !r.dtype.is_float() {
+        return Err(format!("random needs a float dtype, got {}", r.dtype));
+    }
+    let len = oar_ir::tensor_data::checked_byte_len(r.dtype, &shape).map_err(|e| format!("random output: {e}"))?;
+    let mut out = vec![0u8; len];
+    fill_chunks(&mut out, r.dtype.size_bytes(), threads, |first, chunk| {
+        r.write_elements(first, chunk)
+    });
+    TensorData::from_bytes(r.dtype, shape, out).map_err(|e| format!("random output: {e}"))
+}
+
 /// `(outer, n, inner)`: the lanes along `axis` of a row-major `shape` — lane `(r, i)` holds the
 /// elements at `(r·n + j)·inner + i` for `j < n`.
 fn lanes(shape: &[usize], axis: usize) -> (usize, usize, usize) {
