@@ -1,4 +1,7 @@
-//! Recurrent ops (LSTM, GRU, RNN), unrolled over a static sequence length.
+//! Recurrent ops (LSTM, GRU, RNN). An LSTM with the default activations, no peepholes and no
+//! `clip`, and such a GRU with `linear_before_reset` (PyTorch's), become one `lstm_seq` /
+//! `gru_seq` op per direction (a loop over fused cells on the cpu backend); everything else is
+//! unrolled over a static sequence length:
 //!
 //! The input projection of every time step is one matmul (`X · Wᵀ + b` over `[seq, batch, in]`);
 //! each step then adds `H · Rᵀ`, slices the gates and applies the activations. Forward, reverse
@@ -146,6 +149,21 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
     let clip = cx.attr_f_opt("clip").map(f64::from);
     let acts = activations(cx, kind, nd)?;
     let linear_before_reset = kind == Kind::Gru && cx.attr_i("linear_before_reset", 0) != 0;
+    // LSTM with the default activations, no peepholes and no clip, and GRU likewise with
+    // `linear_before_reset` (PyTorch's GRU, as torch exports it), are whole-layer recurrence ops:
+    // one `lstm_seq` / `gru_seq` per direction, which the cpu backend runs as a native loop
+    // over fused cells. Anything else is unrolled step by step.
+    let default_acts = acts
+        .iter()
+        .zip(kind.default_activations().iter().cycle())
+        .all(|(a, d)| a.name.eq_ignore_ascii_case(d));
+    let whole = default_acts
+        && clip.is_none()
+        && match kind {
+            Kind::Lstm => p.is_none(),
+            Kind::Gru => linear_before_reset,
+            Kind::Rnn => false,
+        };
 
     // Initial states, layout 1 [B, D, H] → [D, B, H].
     let state = |cx: &mut NodeCx<'_>, v: Option<ValueId>| -> R<Option<ValueId>> {
@@ -179,6 +197,39 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
         let wt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[wd])?;
         let rd = dir_slice(cx, r, vec![Dim::Static(gh), Dim::Static(hidden)])?;
         let rt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[rd])?;
+        if whole {
+            let bd = match b {
+                Some(b) => Some(dir_slice(cx, b, vec![Dim::Static(2 * gh)])?),
+                None => None,
+            };
+            let h = match h0 {
+                Some(h0) => dir_slice(cx, h0, vec![batch.clone(), Dim::Static(hidden)])?,
+                None => zeros(cx)?,
+            };
+            let c = match (kind, c0) {
+                (Kind::Lstm, Some(c0)) => Some(dir_slice(cx, c0, vec![batch.clone(), Dim::Static(hidden)])?),
+                (Kind::Lstm, None) => Some(zeros(cx)?),
+                _ => None,
+            };
+            let layer = Layer {
+                kind,
+                reverse,
+                hidden,
+                w: wd,
+                r: rd,
+                b: bd,
+            };
+            let (y, h, c) = whole_layer(cx, &layer, x, h, c)?;
+            ys.push(cx.reshape(
+                y,
+                vec![Dim::Static(seq), Dim::Static(1), batch.clone(), Dim::Static(hidden)],
+            )?);
+            last_h.push(cx.reshape(h, vec![Dim::Static(1), batch.clone(), Dim::Static(hidden)])?);
+            if let Some(c) = c {
+                last_c.push(cx.reshape(c, vec![Dim::Static(1), batch.clone(), Dim::Static(hidden)])?);
+            }
+            continue;
+        }
         // Biases: Wb [gH] and Rb [gH]. Rb joins the input projection except for GRU's
         // candidate gate under linear_before_reset (there it sits inside r ⊙ (...)).
         let (x_bias, h_bias) = match b {
@@ -345,6 +396,95 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
         outs.push(yc);
     }
     Ok(outs)
+}
+
+/// One direction of an LSTM or GRU node, in ONNX's gate order (LSTM i, o, f, c; GRU z, r, h):
+/// `w [g·H, I]`, `r [g·H, H]` and `b [2·g·H]` (`Wb` then `Rb`).
+struct Layer {
+    kind: Kind,
+    reverse: bool,
+    hidden: usize,
+    w: ValueId,
+    r: ValueId,
+    b: Option<ValueId>,
+}
+
+/// `v`'s gate blocks (of `hidden` along `axis`) taken in `order`.
+fn regate(cx: &mut NodeCx<'_>, v: ValueId, axis: usize, hidden: usize, order: &[usize]) -> R<ValueId> {
+    let parts = order
+        .iter()
+        .map(|&k| cx.slice_axis(v, axis, (k * hidden) as i64, ((k + 1) * hidden) as i64))
+        .collect::<R<Vec<_>>>()?;
+    cx.op(Op::Concat(Concat { axis }), &parts)
+}
+
+/// One direction as one `lstm_seq` / `gru_seq` op on `x [S, B, I]` from state `h [B, H]` (and
+/// `c [B, H]`): `(y [S, B, H], h, c)`. The gate blocks are reordered to PyTorch's (LSTM i, f,
+/// g, o; GRU r, z, n) — constant folding does that once for constant weights — and the input
+/// projection of every step is one product. LSTM adds both biases to it; GRU adds `Wb` and
+/// keeps `Rb` apart (`linear_before_reset`: its `n` part is scaled by `r`).
+fn whole_layer(
+    cx: &mut NodeCx<'_>,
+    l: &Layer,
+    x: ValueId,
+    h: ValueId,
+    c: Option<ValueId>,
+) -> R<(ValueId, ValueId, Option<ValueId>)> {
+    let order: &[usize] = match l.kind {
+        Kind::Lstm => &[0, 2, 3, 1],
+        _ => &[1, 0, 2],
+    };
+    let gh = l.kind.gates() * l.hidden;
+    let w = regate(cx, l.w, 0, l.hidden, order)?;
+    let wt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[w])?;
+    let r = regate(cx, l.r, 0, l.hidden, order)?;
+    let xb = cx.op(Op::Permute(Permute { perm: vec![1, 0, 2] }), &[x])?;
+    let mut xg = cx.op(Op::MatMul, &[xb, wt])?;
+    let biases = match l.b {
+        Some(b) => {
+            let wb = cx.slice_axis(b, 0, 0, gh as i64)?;
+            let rb = cx.slice_axis(b, 0, gh as i64, 2 * gh as i64)?;
+            Some((regate(cx, wb, 0, l.hidden, order)?, regate(cx, rb, 0, l.hidden, order)?))
+        }
+        None => None,
+    };
+    let (op, operands) = match l.kind {
+        Kind::Lstm => {
+            if let Some((wb, rb)) = biases {
+                let bias = cx.bin(B::Add, wb, rb)?;
+                xg = cx.bin(B::Add, xg, bias)?;
+            }
+            let c = c.ok_or_else(|| cx.err("internal: an LSTM without a cell state"))?;
+            let op = Composite::LstmSeq(oar_ir::ops::LstmSeq { reverse: l.reverse });
+            (op, vec![xg, r, h, c])
+        }
+        _ => {
+            let b_hh = match biases {
+                Some((wb, rb)) => {
+                    xg = cx.bin(B::Add, xg, wb)?;
+                    rb
+                }
+                None => {
+                    let dt = cx.ty(x).dtype;
+                    let z = cx.scalar(dt, 0.0);
+                    cx.op(
+                        Op::Broadcast(Broadcast {
+                            shape: vec![Dim::Static(gh)],
+                        }),
+                        &[z],
+                    )?
+                }
+            };
+            let op = Composite::GruSeq(oar_ir::ops::GruSeq { reverse: l.reverse });
+            (op, vec![xg, r, b_hh, h])
+        }
+    };
+    let name = op.name();
+    let outs =
+        cx.g.add_op(Op::Composite(op), &operands)
+            .map_err(|e| cx.err(format!("{name}: {e}")))?;
+    let y = cx.op(Op::Permute(Permute { perm: vec![1, 0, 2] }), &[outs[0]])?;
+    Ok((y, outs[1], outs.get(2).copied()))
 }
 
 /// The activation list: the `activations` attribute (one group per direction) or the defaults,

@@ -446,3 +446,201 @@ fn checker_level_invalid_models_are_refused() {
         .map(|e| e.to_string());
     assert!(e.as_deref().is_some_and(|e| e.contains("too large")), "{e:?}");
 }
+
+/// f32 values uniform in `[-scale, scale)` from `seed`.
+fn noise(dims: &[i64], scale: f64, seed: u64) -> TensorData {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n: i64 = dims.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * scale) as f32
+        })
+        .collect();
+    TensorData::from_vec(dims.iter().map(|&x| x as usize).collect(), v).unwrap()
+}
+
+/// An LSTM or GRU node with weights as initializers and one graph input `x`; outputs `Y`, `Y_h`
+/// (and `Y_c`). `clip` of 1e30 changes no value but makes the importer unroll the node.
+#[allow(clippy::too_many_arguments)]
+fn rnn_model(
+    op: &str,
+    (s, b, i, h): (i64, i64, i64, i64),
+    direction: &str,
+    layout: i64,
+    with_bias: bool,
+    with_state: bool,
+    extra: Vec<AttributeProto>,
+    seed: u64,
+) -> ModelProto {
+    let gates = if op == "LSTM" { 4 } else { 3 };
+    let d = if direction == "bidirectional" { 2 } else { 1 };
+    let mut seed = seed;
+    let mut rand = |dims: &[i64], scale: f64| {
+        seed += 1;
+        noise(dims, scale, seed)
+    };
+    let mut inits = vec![
+        tensor_to_proto("W", &rand(&[d, gates * h, i], 0.5)),
+        tensor_to_proto("R", &rand(&[d, gates * h, h], 0.5)),
+    ];
+    let mut ins = vec!["x", "W", "R", "", "", "", ""];
+    if with_bias {
+        inits.push(tensor_to_proto("B", &rand(&[d, 2 * gates * h], 0.5)));
+        ins[3] = "B";
+    }
+    let state_dims = if layout == 0 { [d, b, h] } else { [b, d, h] };
+    if with_state {
+        inits.push(tensor_to_proto("h0", &rand(&state_dims, 1.0)));
+        ins[5] = "h0";
+        if op == "LSTM" {
+            inits.push(tensor_to_proto("c0", &rand(&state_dims, 1.0)));
+            ins[6] = "c0";
+        }
+    }
+    while ins.last() == Some(&"") {
+        ins.pop();
+    }
+    let int = |name: &str, v: i64| AttributeProto {
+        r#type: Some(2),
+        name: Some(name.into()),
+        i: Some(v),
+        ..Default::default()
+    };
+    let mut attrs = vec![
+        int("hidden_size", h),
+        int("layout", layout),
+        AttributeProto {
+            r#type: Some(3),
+            name: Some("direction".into()),
+            s: Some(direction.as_bytes().to_vec()),
+            ..Default::default()
+        },
+    ];
+    attrs.extend(extra);
+    let mut n = node(op, &ins, "Y", attrs);
+    n.output = if op == "LSTM" {
+        vec!["Y".into(), "Y_h".into(), "Y_c".into()]
+    } else {
+        vec!["Y".into(), "Y_h".into()]
+    };
+    // A symbolic batch, unless the initial states (initializers) fix it.
+    let bd = if with_state { Ok(b) } else { Err("batch") };
+    let (x_dims, y_dims) = if layout == 0 {
+        ([Ok(s), bd, Ok(i)], [Ok(s), Ok(d), bd, Ok(h)])
+    } else {
+        ([bd, Ok(s), Ok(i)], [bd, Ok(s), Ok(d), Ok(h)])
+    };
+    let sd: Vec<Result<i64, &str>> = if layout == 0 {
+        vec![Ok(d), bd, Ok(h)]
+    } else {
+        vec![bd, Ok(d), Ok(h)]
+    };
+    let mut outputs = vec![vi("Y", &y_dims), vi("Y_h", &sd)];
+    if op == "LSTM" {
+        outputs.push(vi("Y_c", &sd));
+    }
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(14),
+        }],
+        graph: Some(GraphProto {
+            node: vec![n],
+            initializer: inits,
+            input: vec![vi("x", &x_dims)],
+            output: outputs,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Imported LSTMs (default activations, no peepholes, no clip) and GRUs with
+/// `linear_before_reset` are one `lstm_seq` / `gru_seq` op per direction; they compute what the
+/// unrolled import computes (forced with a no-op `clip`), which the ONNX node tests hold to the
+/// ONNX reference outputs: within 1e-5 on the reference backend, and on the cpu backend too.
+#[test]
+fn imported_lstm_and_gru_become_whole_layer_ops() {
+    use oar_ir::backend::Backend;
+    let clip = AttributeProto {
+        r#type: Some(1),
+        name: Some("clip".into()),
+        f: Some(1e30),
+        ..Default::default()
+    };
+    let lbr = AttributeProto {
+        r#type: Some(2),
+        name: Some("linear_before_reset".into()),
+        i: Some(1),
+        ..Default::default()
+    };
+    let dims = (5, 3, 4, 6);
+    let cpu = oar_backend_cpu::CpuBackend::new();
+    let mut seed = 0;
+    for op in ["LSTM", "GRU"] {
+        for direction in ["forward", "reverse", "bidirectional"] {
+            for (layout, with_bias, with_state) in
+                [(0, true, true), (1, false, false), (0, false, true), (1, true, false)]
+            {
+                seed += 1;
+                let extra = if op == "GRU" { vec![lbr.clone()] } else { vec![] };
+                let mut unrolled_extra = extra.clone();
+                unrolled_extra.push(clip.clone());
+                let label = format!("{op} {direction} layout {layout} bias {with_bias} state {with_state}");
+                let import = |extra: Vec<AttributeProto>| {
+                    let m = rnn_model(op, dims, direction, layout, with_bias, with_state, extra, seed);
+                    oar_onnx::from_bytes(&m.encode_to_vec()).unwrap_or_else(|e| panic!("{label}: {e}"))
+                };
+                let (whole, unrolled) = (import(extra), import(unrolled_extra));
+                let seqs = |m: &Model| {
+                    m.graph
+                        .node_ids()
+                        .filter(|&n| {
+                            matches!(
+                                m.graph.node(n).op,
+                                Op::Composite(Composite::LstmSeq(_) | Composite::GruSeq(_))
+                            )
+                        })
+                        .count()
+                };
+                let nd = if direction == "bidirectional" { 2 } else { 1 };
+                assert_eq!(seqs(&whole), nd, "{label}");
+                assert_eq!(seqs(&unrolled), 0, "{label}");
+                assert!(
+                    whole.graph.node_ids().count() * 2 < unrolled.graph.node_ids().count(),
+                    "{label}: {} nodes whole vs {} unrolled",
+                    whole.graph.node_ids().count(),
+                    unrolled.graph.node_ids().count()
+                );
+                let x_shape = if layout == 0 { [5, 3, 4] } else { [3, 5, 4] };
+                let x = noise(&x_shape, 2.0, seed + 1000);
+                let inputs = BTreeMap::from([("x".to_string(), x)]);
+                let want = oar_backend_reference::run_graph(&unrolled.graph, &unrolled.weights, &inputs).unwrap();
+                let got = oar_backend_reference::run_graph(&whole.graph, &whole.weights, &inputs).unwrap();
+                let on_cpu = cpu
+                    .compile(&whole.graph, &whole.weights)
+                    .and_then(|exe| exe.run(&inputs))
+                    .unwrap_or_else(|e| panic!("{label} on cpu: {e}"));
+                assert_eq!(want.len(), got.len(), "{label}");
+                for ((name, w), ((_, g), (_, c))) in want.iter().zip(got.iter().zip(&on_cpu)) {
+                    assert_eq!(w.shape(), g.shape(), "{label} {name}");
+                    assert_eq!(w.shape(), c.shape(), "{label} {name} (cpu)");
+                    for (k, ((a, b), c)) in w
+                        .to_f64_vec()
+                        .iter()
+                        .zip(g.to_f64_vec())
+                        .zip(c.to_f64_vec())
+                        .enumerate()
+                    {
+                        assert!((a - b).abs() <= 1e-5, "{label} {name}[{k}]: {b} vs unrolled {a}");
+                        assert!((a - c).abs() <= 1e-5, "{label} {name}[{k}]: cpu {c} vs unrolled {a}");
+                    }
+                }
+            }
+        }
+    }
+}
