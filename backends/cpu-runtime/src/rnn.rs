@@ -206,15 +206,64 @@ fn cell_backward<T: Real, const F: bool>(a: &[T], c: &[T], cp: &[T], dh: &[T], d
     }
 }
 
-/// `w[R, C]` transposed (row-major `[C, R]`).
+/// `w[R, C]` transposed (row-major `[C, R]`), in 32 × 32 tiles (a column-order walk reads each
+/// cache line of `w` once per element in it).
 fn transposed<T: Real>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
+    const TILE: usize = 32;
     let mut t = vec![T::ZERO; rows * cols];
-    for (c, out) in t.chunks_exact_mut(rows).enumerate() {
-        for (r, o) in out.iter_mut().enumerate() {
-            *o = w[r * cols + c];
+    for r0 in (0..rows).step_by(TILE) {
+        let r1 = (r0 + TILE).min(rows);
+        for c0 in (0..cols).step_by(TILE) {
+            for c in c0..(c0 + TILE).min(cols) {
+                for r in r0..r1 {
+                    t[c * rows + r] = w[r * cols + c];
+                }
+            }
         }
     }
     t
+}
+
+/// Batch rows up to which a step's product `z += h · w_hhᵀ` runs as [`gemv_acc`] per row
+/// instead of through gemm, whose setup dominates a product of one to a few rows.
+const GEMV_ROWS: usize = 4;
+
+/// Columns per panel of [`panels`].
+const PANEL: usize = 64;
+
+/// `w[C, K]` (row-major) as panels of [`PANEL`] columns of `wᵀ`: panel `b` holds, for each `k`,
+/// `w[b·PANEL .. b·PANEL + PANEL, k]` contiguously (zeros past `C`), so [`gemv_acc`] streams it.
+fn panels<T: Real>(w: &[T], cols: usize, k: usize) -> Vec<T> {
+    let nb = cols.div_ceil(PANEL);
+    let mut p = vec![T::ZERO; nb * k * PANEL];
+    for (c, row) in w.chunks_exact(k).enumerate().take(cols) {
+        let (b, j) = (c / PANEL, c % PANEL);
+        let panel = &mut p[b * k * PANEL..(b + 1) * k * PANEL];
+        for (kk, &v) in row.iter().enumerate() {
+            panel[kk * PANEL + j] = v;
+        }
+    }
+    p
+}
+
+/// `z[C] += x[K] · wᵀ` with `w` as [`panels`]: each panel's [`PANEL`] sums kept in registers
+/// while `k` runs over its contiguous rows (vectorized at the width of the caller's target
+/// features).
+#[inline(always)]
+fn gemv_acc<T: Real>(z: &mut [T], x: &[T], panels: &[T]) {
+    let k = x.len();
+    for (b, zb) in z.chunks_mut(PANEL).enumerate() {
+        let mut acc = [T::ZERO; PANEL];
+        acc[..zb.len()].copy_from_slice(zb);
+        let panel = &panels[b * k * PANEL..(b + 1) * k * PANEL];
+        for (&xk, row) in x.iter().zip(panel.chunks_exact(PANEL)) {
+            for (a, &w) in acc.iter_mut().zip(row) {
+                *a = *a + xk * w;
+            }
+        }
+        let n = zb.len();
+        zb.copy_from_slice(&acc[..n]);
+    }
 }
 
 /// The forward recurrence: `y[N, T, H]`, the last `h` and `c` from `xg`, `w[4H, H]`, `h0`, `c0`.
@@ -234,7 +283,8 @@ fn forward<T: Real, const F: bool>(
     let mut gates = vec![T::ZERO; n * g4];
     // w_hhᵀ once, row-major: gemm then reads it in place each step (transposed inside, it
     // is a column-major left operand) instead of packing w_hh every step.
-    let wt = transposed(w, g4, h);
+    let small = n <= GEMV_ROWS;
+    let wt = if small { panels(w, g4, h) } else { transposed(w, g4, h) };
     c_out.copy_from_slice(c0);
     let mut prev: Option<usize> = None;
     for st in s.steps() {
@@ -247,20 +297,30 @@ fn forward<T: Real, const F: bool>(
             Some(p) => (unsafe { y.as_ptr().add(p * h) }, t * h, 1),
         };
         // gates += h_prev · w_hhᵀ.
-        // Safety: the operands are live for these sizes; `gates` is separate scratch.
-        unsafe {
-            mm(
-                n,
-                g4,
-                h,
-                gates.as_mut_ptr(),
-                g4,
-                true,
-                hp,
-                (wt.as_ptr(), g4, 1),
-                Parallelism::None,
-            )
-        };
+        if small {
+            for r in 0..n {
+                let x = match prev {
+                    None => &h0[r * h..(r + 1) * h],
+                    Some(p) => &y[(r * t + p) * h..][..h],
+                };
+                gemv_acc(&mut gates[r * g4..(r + 1) * g4], x, &wt);
+            }
+        } else {
+            // Safety: the operands are live for these sizes; `gates` is separate scratch.
+            unsafe {
+                mm(
+                    n,
+                    g4,
+                    h,
+                    gates.as_mut_ptr(),
+                    g4,
+                    true,
+                    hp,
+                    (wt.as_ptr(), g4, 1),
+                    Parallelism::None,
+                )
+            };
+        }
         for r in 0..n {
             let c = &mut c_out[r * h..(r + 1) * h];
             cell_forward::<T, F>(&gates[r * g4..(r + 1) * g4], c, &mut y[(r * t + st) * h..][..h]);
@@ -477,7 +537,8 @@ fn gru_forward<T: Real, const F: bool>(s: Seq, xg: &[T], w: &[T], b: &[T], h0: &
     let (n, t, h, g3) = (s.n, s.t, s.h, 3 * s.h);
     let mut hg = vec![T::ZERO; n * g3];
     let mut hp = vec![T::ZERO; h];
-    let wt = transposed(w, g3, h);
+    let small = n <= GEMV_ROWS;
+    let wt = if small { panels(w, g3, h) } else { transposed(w, g3, h) };
     let mut prev: Option<usize> = None;
     for st in s.steps() {
         for r in 0..n {
@@ -489,20 +550,30 @@ fn gru_forward<T: Real, const F: bool>(s: Seq, xg: &[T], w: &[T], b: &[T], h0: &
             Some(p) => (unsafe { y.as_ptr().add(p * h) }, t * h, 1),
         };
         // hg = b_hh + h_prev · w_hhᵀ.
-        // Safety: the operands are live for these sizes; `hg` is separate scratch.
-        unsafe {
-            mm(
-                n,
-                g3,
-                h,
-                hg.as_mut_ptr(),
-                g3,
-                true,
-                hprev,
-                (wt.as_ptr(), g3, 1),
-                Parallelism::None,
-            )
-        };
+        if small {
+            for r in 0..n {
+                let x = match prev {
+                    None => &h0[r * h..(r + 1) * h],
+                    Some(p) => &y[(r * t + p) * h..][..h],
+                };
+                gemv_acc(&mut hg[r * g3..(r + 1) * g3], x, &wt);
+            }
+        } else {
+            // Safety: the operands are live for these sizes; `hg` is separate scratch.
+            unsafe {
+                mm(
+                    n,
+                    g3,
+                    h,
+                    hg.as_mut_ptr(),
+                    g3,
+                    true,
+                    hprev,
+                    (wt.as_ptr(), g3, 1),
+                    Parallelism::None,
+                )
+            };
+        }
         for r in 0..n {
             hp.copy_from_slice(match prev {
                 None => &h0[r * h..(r + 1) * h],
@@ -939,6 +1010,29 @@ pub fn seq_vjp(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn panel_products_match_the_plain_sum() {
+        // 200 columns: three full panels and a partial one; f32 and f64.
+        let (cols, k) = (200, 37);
+        let w: Vec<f64> = (0..cols * k).map(|i| ((i * 7919) % 113) as f64 / 56.0 - 1.0).collect();
+        let x: Vec<f64> = (0..k).map(|i| ((i * 31) % 17) as f64 / 8.0 - 1.0).collect();
+        let z0: Vec<f64> = (0..cols).map(|j| j as f64 * 0.01).collect();
+        let want: Vec<f64> = (0..cols)
+            .map(|j| z0[j] + (0..k).map(|i| x[i] * w[j * k + i]).sum::<f64>())
+            .collect();
+        let mut z = z0.clone();
+        gemv_acc(&mut z, &x, &panels(&w, cols, k));
+        for (g, w) in z.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+        }
+        let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
+        let mut z = f(&z0);
+        gemv_acc(&mut z, &f(&x), &panels(&f(&w), cols, k));
+        for (g, w) in z.iter().zip(&want) {
+            assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
+        }
+    }
 
     fn sig(x: f64) -> f64 {
         1.0 / (1.0 + (-x).exp())
