@@ -211,6 +211,9 @@ fn cell_backward<T: Real, const F: bool>(a: &[T], c: &[T], cp: &[T], dh: &[T], d
 fn transposed<T: Real>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
     const TILE: usize = 32;
     let mut t = vec![T::ZERO; rows * cols];
+    if t.is_empty() {
+        return t;
+    }
     for r0 in (0..rows).step_by(TILE) {
         let r1 = (r0 + TILE).min(rows);
         for c0 in (0..cols).step_by(TILE) {
@@ -236,6 +239,9 @@ const PANEL: usize = 64;
 fn panels<T: Real>(w: &[T], cols: usize, k: usize) -> Vec<T> {
     let nb = cols.div_ceil(PANEL);
     let mut p = vec![T::ZERO; nb * k * PANEL];
+    if p.is_empty() {
+        return p;
+    }
     for (c, row) in w.chunks_exact(k).enumerate().take(cols) {
         let (b, j) = (c / PANEL, c % PANEL);
         let panel = &mut p[b * k * PANEL..(b + 1) * k * PANEL];
@@ -1010,6 +1016,21 @@ pub fn seq_vjp(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hidden size of 0 type-checks (`w_hh[0, 0]`); the kernels return empty results.
+    #[test]
+    fn zero_hidden_size_gives_empty_results() {
+        for n in [2, 5] {
+            let (t, h) = (3, 0);
+            for reverse in [false, true] {
+                let s = Seq { n, t, h, reverse };
+                let (mut y, mut hh, mut cc) = (vec![], vec![], vec![]);
+                run_forward::<f32>(s, &[], &[], &[], &[], &mut y, &mut hh, &mut cc);
+                run_gru_forward::<f64>(s, &[], &[], &[], &[], &mut [], &mut []);
+            }
+        }
+        assert!(transposed::<f32>(&[], 0, 5).is_empty() && panels::<f32>(&[], 0, 0).is_empty());
+    }
 
     #[test]
     fn panel_products_match_the_plain_sum() {
