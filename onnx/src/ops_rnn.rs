@@ -184,33 +184,35 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
     };
 
     let gh = gates * hidden;
-    let mut ys = Vec::with_capacity(nd);
-    let mut last_h = Vec::with_capacity(nd);
-    let mut last_c = Vec::with_capacity(nd);
+    let mut outs = DirOuts {
+        ys: Vec::with_capacity(nd),
+        last_h: Vec::with_capacity(nd),
+        last_c: Vec::with_capacity(nd),
+        seq,
+        batch: batch.clone(),
+        hidden,
+    };
     for (d, &reverse) in dirs.iter().enumerate() {
         let dir_slice = |cx: &mut NodeCx<'_>, v: ValueId, dims: Vec<Dim>| -> R<ValueId> {
             let s = cx.slice_axis(v, 0, d as i64, d as i64 + 1)?;
             cx.reshape(s, dims)
         };
-        // Wᵀ [I, gH], Rᵀ [H, gH].
         let wd = dir_slice(cx, w, vec![Dim::Static(gh), input.clone()])?;
-        let wt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[wd])?;
         let rd = dir_slice(cx, r, vec![Dim::Static(gh), Dim::Static(hidden)])?;
-        let rt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[rd])?;
+        let bd = match b {
+            Some(b) => Some(dir_slice(cx, b, vec![Dim::Static(2 * gh)])?),
+            None => None,
+        };
+        let mut h = match h0 {
+            Some(h0) => dir_slice(cx, h0, vec![batch.clone(), Dim::Static(hidden)])?,
+            None => zeros(cx)?,
+        };
+        let mut c = match (kind, c0) {
+            (Kind::Lstm, Some(c0)) => Some(dir_slice(cx, c0, vec![batch.clone(), Dim::Static(hidden)])?),
+            (Kind::Lstm, None) => Some(zeros(cx)?),
+            _ => None,
+        };
         if whole {
-            let bd = match b {
-                Some(b) => Some(dir_slice(cx, b, vec![Dim::Static(2 * gh)])?),
-                None => None,
-            };
-            let h = match h0 {
-                Some(h0) => dir_slice(cx, h0, vec![batch.clone(), Dim::Static(hidden)])?,
-                None => zeros(cx)?,
-            };
-            let c = match (kind, c0) {
-                (Kind::Lstm, Some(c0)) => Some(dir_slice(cx, c0, vec![batch.clone(), Dim::Static(hidden)])?),
-                (Kind::Lstm, None) => Some(zeros(cx)?),
-                _ => None,
-            };
             let layer = Layer {
                 kind,
                 reverse,
@@ -220,22 +222,17 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
                 b: bd,
             };
             let (y, h, c) = whole_layer(cx, &layer, x, h, c)?;
-            ys.push(cx.reshape(
-                y,
-                vec![Dim::Static(seq), Dim::Static(1), batch.clone(), Dim::Static(hidden)],
-            )?);
-            last_h.push(cx.reshape(h, vec![Dim::Static(1), batch.clone(), Dim::Static(hidden)])?);
-            if let Some(c) = c {
-                last_c.push(cx.reshape(c, vec![Dim::Static(1), batch.clone(), Dim::Static(hidden)])?);
-            }
+            outs.push(cx, y, h, c)?;
             continue;
         }
+        // Wᵀ [I, gH], Rᵀ [H, gH].
+        let wt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[wd])?;
+        let rt = cx.op(Op::Permute(Permute { perm: vec![1, 0] }), &[rd])?;
         // Biases: Wb [gH] and Rb [gH]. Rb joins the input projection except for GRU's
         // candidate gate under linear_before_reset (there it sits inside r ⊙ (...)).
-        let (x_bias, h_bias) = match b {
+        let (x_bias, h_bias) = match bd {
             None => (None, None),
-            Some(b) => {
-                let bd = dir_slice(cx, b, vec![Dim::Static(2 * gh)])?;
+            Some(bd) => {
                 let wb = cx.slice_axis(bd, 0, 0, gh as i64)?;
                 let rb = cx.slice_axis(bd, 0, gh as i64, 2 * gh as i64)?;
                 if linear_before_reset {
@@ -256,15 +253,6 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
         if let Some(xb) = x_bias {
             xw = cx.bin(B::Add, xw, xb)?;
         }
-        let mut h = match h0 {
-            Some(h0) => dir_slice(cx, h0, vec![batch.clone(), Dim::Static(hidden)])?,
-            None => zeros(cx)?,
-        };
-        let mut c = match (kind, c0) {
-            (Kind::Lstm, Some(c0)) => Some(dir_slice(cx, c0, vec![batch.clone(), Dim::Static(hidden)])?),
-            (Kind::Lstm, None) => Some(zeros(cx)?),
-            _ => None,
-        };
         // Peepholes [3H] in order i, o, f.
         let peep = match p {
             Some(p) => {
@@ -277,7 +265,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
             None => None,
         };
         let a = &acts[d * acts.len() / nd..(d + 1) * acts.len() / nd];
-        let mut outs: Vec<Option<ValueId>> = vec![None; seq];
+        let mut step_h: Vec<Option<ValueId>> = vec![None; seq];
         let order: Vec<usize> = if reverse {
             (0..seq).rev().collect()
         } else {
@@ -350,9 +338,9 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
                     h = activate(cx, &a[0], g, clip)?;
                 }
             }
-            outs[t] = Some(h);
+            step_h[t] = Some(h);
         }
-        let steps: Vec<ValueId> = outs
+        let steps: Vec<ValueId> = step_h
             .into_iter()
             .map(|v| {
                 let v = v.expect("every step ran");
@@ -364,15 +352,9 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
         } else {
             cx.op(Op::Concat(Concat { axis: 0 }), &steps)?
         };
-        ys.push(cx.reshape(
-            y,
-            vec![Dim::Static(seq), Dim::Static(1), batch.clone(), Dim::Static(hidden)],
-        )?);
-        last_h.push(cx.reshape(h, vec![Dim::Static(1), batch.clone(), Dim::Static(hidden)])?);
-        if let Some(c) = c {
-            last_c.push(cx.reshape(c, vec![Dim::Static(1), batch.clone(), Dim::Static(hidden)])?);
-        }
+        outs.push(cx, y, h, c)?;
     }
+    let DirOuts { ys, last_h, last_c, .. } = outs;
     let cat = |cx: &mut NodeCx<'_>, vs: Vec<ValueId>, axis: usize| {
         if vs.len() == 1 {
             Ok(vs[0])
@@ -396,6 +378,32 @@ pub(crate) fn convert(cx: &mut NodeCx<'_>, kind: Kind) -> R<Vec<ValueId>> {
         outs.push(yc);
     }
     Ok(outs)
+}
+
+/// The directions' results as they are produced: `Y` parts `[S, 1, B, H]`, last `h` and `c`
+/// parts `[1, B, H]`.
+struct DirOuts {
+    ys: Vec<ValueId>,
+    last_h: Vec<ValueId>,
+    last_c: Vec<ValueId>,
+    seq: usize,
+    batch: Dim,
+    hidden: usize,
+}
+
+impl DirOuts {
+    /// Add one direction's `y` (`S·B·H` elements, steps first), last `h` and `c` (`[B, H]`).
+    fn push(&mut self, cx: &mut NodeCx<'_>, y: ValueId, h: ValueId, c: Option<ValueId>) -> R<()> {
+        let (b, hd) = (self.batch.clone(), Dim::Static(self.hidden));
+        let state = vec![Dim::Static(1), b.clone(), hd.clone()];
+        self.ys
+            .push(cx.reshape(y, vec![Dim::Static(self.seq), Dim::Static(1), b, hd])?);
+        self.last_h.push(cx.reshape(h, state.clone())?);
+        if let Some(c) = c {
+            self.last_c.push(cx.reshape(c, state)?);
+        }
+        Ok(())
+    }
 }
 
 /// One direction of an LSTM or GRU node, in ONNX's gate order (LSTM i, o, f, c; GRU z, r, h):

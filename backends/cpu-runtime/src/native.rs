@@ -392,14 +392,9 @@ fn fill_chunks(out: &mut [u8], size: usize, threads: usize, fill: impl Fn(usize,
 /// filled straight from the definition in parallel chunks, as a program's generator kernel
 /// fills its buffer — the reference's bits without its f64 tensor.
 pub fn random(r: &oar_ir::ops::Random, threads: usize) -> Result<TensorData, String> {
-    let shape = r
-        .shape
-        .iter()
-        .map(|d| match d {
-            oar_ir::Dim::Static(n) => Ok(*n),
-            d => Err(format!("random: size {d} is not bound")),
-        })
-        .collect::<Result<Vec<usize>, String>>()?;
+    let shape = oar_ir::Shape(r.shape.clone())
+        .as_static()
+        .ok_or_else(|| format!("random: shape {:?} is not bound", r.shape))?;
     if !r.dtype.is_float() {
         return Err(format!("random needs a float dtype, got {}", r.dtype));
     }

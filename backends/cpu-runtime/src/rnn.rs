@@ -272,6 +272,64 @@ fn gemv_acc<T: Real>(z: &mut [T], x: &[T], panels: &[T]) {
     }
 }
 
+/// A recurrent weight `w_hh[C, H]` prepared once per sequence for its step products: as
+/// [`panels`] for [`gemv_acc`] up to [`GEMV_ROWS`] batch rows, else transposed (row-major), which
+/// gemm reads in place each step (a column-major left operand) instead of packing `w_hh` every
+/// step.
+struct StepWeights<T> {
+    small: bool,
+    w: Vec<T>,
+    cols: usize,
+}
+
+impl<T: Real> StepWeights<T> {
+    fn new(w: &[T], cols: usize, h: usize, n: usize) -> StepWeights<T> {
+        let small = n <= GEMV_ROWS;
+        let w = if small {
+            panels(w, cols, h)
+        } else {
+            transposed(w, cols, h)
+        };
+        StepWeights { small, w, cols }
+    }
+
+    /// `z[N, C] += h_prev · w_hhᵀ`, `h_prev` the rows of `h0` before the first step, else of
+    /// step `prev` in `y[N, T, H]`.
+    #[inline(always)]
+    fn accumulate(&self, s: Seq, z: &mut [T], prev: Option<usize>, h0: &[T], y: &[T]) {
+        let (n, t, h, cols) = (s.n, s.t, s.h, self.cols);
+        if self.small {
+            for r in 0..n {
+                let x = match prev {
+                    None => &h0[r * h..(r + 1) * h],
+                    Some(p) => &y[(r * t + p) * h..][..h],
+                };
+                gemv_acc(&mut z[r * cols..(r + 1) * cols], x, &self.w);
+            }
+            return;
+        }
+        let hp: Mat<T> = match prev {
+            None => (h0.as_ptr(), h, 1),
+            // Safety: step `p`'s rows of `y` were written by the previous iteration.
+            Some(p) => (unsafe { y.as_ptr().add(p * h) }, t * h, 1),
+        };
+        // Safety: the operands are live for these sizes; `z` is the caller's separate scratch.
+        unsafe {
+            mm(
+                n,
+                cols,
+                h,
+                z.as_mut_ptr(),
+                cols,
+                true,
+                hp,
+                (self.w.as_ptr(), cols, 1),
+                Parallelism::None,
+            )
+        };
+    }
+}
+
 /// The forward recurrence: `y[N, T, H]`, the last `h` and `c` from `xg`, `w[4H, H]`, `h0`, `c0`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -287,46 +345,15 @@ fn forward<T: Real, const F: bool>(
 ) {
     let (n, t, h, g4) = (s.n, s.t, s.h, 4 * s.h);
     let mut gates = vec![T::ZERO; n * g4];
-    // w_hhᵀ once, row-major: gemm then reads it in place each step (transposed inside, it
-    // is a column-major left operand) instead of packing w_hh every step.
-    let small = n <= GEMV_ROWS;
-    let wt = if small { panels(w, g4, h) } else { transposed(w, g4, h) };
+    let wt = StepWeights::new(w, g4, h, n);
     c_out.copy_from_slice(c0);
     let mut prev: Option<usize> = None;
     for st in s.steps() {
         for r in 0..n {
             gates[r * g4..(r + 1) * g4].copy_from_slice(&xg[(r * t + st) * g4..][..g4]);
         }
-        let hp: Mat<T> = match prev {
-            None => (h0.as_ptr(), h, 1),
-            // Safety: step `p`'s rows of `y` were written by the previous iteration.
-            Some(p) => (unsafe { y.as_ptr().add(p * h) }, t * h, 1),
-        };
         // gates += h_prev · w_hhᵀ.
-        if small {
-            for r in 0..n {
-                let x = match prev {
-                    None => &h0[r * h..(r + 1) * h],
-                    Some(p) => &y[(r * t + p) * h..][..h],
-                };
-                gemv_acc(&mut gates[r * g4..(r + 1) * g4], x, &wt);
-            }
-        } else {
-            // Safety: the operands are live for these sizes; `gates` is separate scratch.
-            unsafe {
-                mm(
-                    n,
-                    g4,
-                    h,
-                    gates.as_mut_ptr(),
-                    g4,
-                    true,
-                    hp,
-                    (wt.as_ptr(), g4, 1),
-                    Parallelism::None,
-                )
-            };
-        }
+        wt.accumulate(s, &mut gates, prev, h0, y);
         for r in 0..n {
             let c = &mut c_out[r * h..(r + 1) * h];
             cell_forward::<T, F>(&gates[r * g4..(r + 1) * g4], c, &mut y[(r * t + st) * h..][..h]);
@@ -543,43 +570,14 @@ fn gru_forward<T: Real, const F: bool>(s: Seq, xg: &[T], w: &[T], b: &[T], h0: &
     let (n, t, h, g3) = (s.n, s.t, s.h, 3 * s.h);
     let mut hg = vec![T::ZERO; n * g3];
     let mut hp = vec![T::ZERO; h];
-    let small = n <= GEMV_ROWS;
-    let wt = if small { panels(w, g3, h) } else { transposed(w, g3, h) };
+    let wt = StepWeights::new(w, g3, h, n);
     let mut prev: Option<usize> = None;
     for st in s.steps() {
         for r in 0..n {
             hg[r * g3..(r + 1) * g3].copy_from_slice(&b[..g3]);
         }
-        let hprev: Mat<T> = match prev {
-            None => (h0.as_ptr(), h, 1),
-            // Safety: step `p`'s rows of `y` were written by the previous iteration.
-            Some(p) => (unsafe { y.as_ptr().add(p * h) }, t * h, 1),
-        };
         // hg = b_hh + h_prev · w_hhᵀ.
-        if small {
-            for r in 0..n {
-                let x = match prev {
-                    None => &h0[r * h..(r + 1) * h],
-                    Some(p) => &y[(r * t + p) * h..][..h],
-                };
-                gemv_acc(&mut hg[r * g3..(r + 1) * g3], x, &wt);
-            }
-        } else {
-            // Safety: the operands are live for these sizes; `hg` is separate scratch.
-            unsafe {
-                mm(
-                    n,
-                    g3,
-                    h,
-                    hg.as_mut_ptr(),
-                    g3,
-                    true,
-                    hprev,
-                    (wt.as_ptr(), g3, 1),
-                    Parallelism::None,
-                )
-            };
-        }
+        wt.accumulate(s, &mut hg, prev, h0, y);
         for r in 0..n {
             hp.copy_from_slice(match prev {
                 None => &h0[r * h..(r + 1) * h],
