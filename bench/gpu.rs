@@ -144,7 +144,11 @@ fn run() -> Res<()> {
     let bytes = ELEMENTS * 4;
     let src = GpuMemory::upload(&vec![0u8; bytes], "copy source")?;
     let mut dst = GpuMemory::alloc(bytes, "copy destination")?;
-    let copy_ms = median_ms(3, 20, || -> Res<()> { Ok(dst.copy_from(&src, "copy")?) })?;
+    // A device-to-device copy returns before it is done: each timed copy waits for it.
+    let copy_ms = median_ms(3, 20, || -> Res<()> {
+        dst.copy_from(&src, "copy")?;
+        Ok(oar_backend_ptx::runtime::synchronize()?)
+    })?;
     let copy_gbs = 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9;
     drop((src, dst));
     let graph = fused_graph()?;
@@ -160,6 +164,25 @@ fn run() -> Res<()> {
     let resnet = Resident::load(&graph, &weights, gpu.arch)?;
     let ms = median_ms(2, 10, || resnet.run())?;
     println!("resnet18_b64_ms {ms:.3}");
+    if oar_backend_ptx::runtime::profile::enabled() {
+        // Where one run's time goes (OAR_GPU_PROFILE=1: every launch synchronized).
+        oar_backend_ptx::runtime::profile::take();
+        resnet.run()?;
+        let rows = oar_backend_ptx::runtime::profile::take();
+        let total: f64 = rows.iter().map(|r| r.total.as_secs_f64()).sum();
+        println!("# resnet18 b64 kernels, one run, {:.2} ms in launches:", total * 1e3);
+        for r in rows.iter().take(25) {
+            println!(
+                "#  {:8.3} ms {:5.1}% x{} grid {:?} block {:?} {}",
+                r.total.as_secs_f64() * 1e3,
+                100.0 * r.total.as_secs_f64() / total,
+                r.calls,
+                r.launch.0,
+                r.launch.1,
+                r.kernel
+            );
+        }
+    }
     drop(resnet);
 
     let (x, y) = batch()?;

@@ -365,6 +365,11 @@ impl Launcher for GpuProgram {
         }
         let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
         let name = &self.program.kernels[index].name;
+        let profiling = profile::enabled();
+        if profiling {
+            cu::ctx::synchronize().map_err(|e| drv(name, "synchronize (profile)", e))?;
+        }
+        let started = std::time::Instant::now();
         // SAFETY: the entry takes exactly `params.len()` u64 pointers, each a live allocation
         // of the buffer's size; the launch copies the parameter values before returning.
         unsafe {
@@ -378,6 +383,15 @@ impl Launcher for GpuProgram {
             )
         }
         .map_err(|err| drv(name, "launch", err))?;
+        if profiling {
+            cu::ctx::synchronize().map_err(|e| drv(name, "synchronize (profile)", e))?;
+            profile::record(
+                &self.program.kernels[index],
+                e.launch.grid,
+                e.launch.block,
+                started.elapsed(),
+            );
+        }
         Ok(Launched::Device)
     }
 
@@ -530,6 +544,66 @@ impl Drop for GpuMemory {
         {
             dev_free(self.ptr, self.bytes);
         }
+    }
+}
+
+/// Per-kernel wall time, for finding where a program's time goes without a profiler: with
+/// `OAR_GPU_PROFILE=1` every launch is synchronized before and after and its time added to
+/// its kernel's row (slower runs; off by default).
+pub mod profile {
+    use oar_ir::kernel::{Kernel, KernelBody};
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Duration;
+
+    /// One kernel's launches: what it computes, its launch shape, calls and total time.
+    #[derive(Clone, Debug)]
+    pub struct Row {
+        /// The kernel's name and, for an opaque kernel, its op (`conv2d`, `matmul`, ...).
+        pub kernel: String,
+        /// Grid × block of its last launch.
+        pub launch: ([u32; 3], [u32; 3]),
+        /// Launches.
+        pub calls: u64,
+        /// Total wall time.
+        pub total: Duration,
+    }
+
+    /// Whether `OAR_GPU_PROFILE=1` (read once).
+    pub fn enabled() -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| std::env::var("OAR_GPU_PROFILE").is_ok_and(|v| v == "1"))
+    }
+
+    fn table() -> &'static Mutex<BTreeMap<String, Row>> {
+        static T: OnceLock<Mutex<BTreeMap<String, Row>>> = OnceLock::new();
+        T.get_or_init(Default::default)
+    }
+
+    pub(crate) fn record(k: &Kernel, grid: (u32, u32, u32), block: (u32, u32, u32), t: Duration) {
+        let kernel = match &k.body {
+            KernelBody::Opaque(o) => format!("{} ({})", k.name, o.op.name()),
+            _ => format!("{} (loops)", k.name),
+        };
+        let mut table = table().lock().unwrap_or_else(|e| e.into_inner());
+        let row = table.entry(kernel.clone()).or_insert(Row {
+            kernel,
+            launch: ([0; 3], [0; 3]),
+            calls: 0,
+            total: Duration::ZERO,
+        });
+        row.launch = ([grid.0, grid.1, grid.2], [block.0, block.1, block.2]);
+        row.calls += 1;
+        row.total += t;
+    }
+
+    /// The rows recorded so far, most time first, and clears them.
+    pub fn take() -> Vec<Row> {
+        let mut rows: Vec<Row> = std::mem::take(&mut *table().lock().unwrap_or_else(|e| e.into_inner()))
+            .into_values()
+            .collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.total));
+        rows
     }
 }
 
