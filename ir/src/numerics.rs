@@ -59,7 +59,15 @@ pub fn caller_location() -> Option<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf);
     let cwd = std::env::current_dir().ok();
     let internal = |file: &str| {
-        if file.starts_with("/rustc/") || file.contains("/.cargo/registry/") || file.contains("/.cargo/git/") {
+        // The C library's thread and process entry points (`./nptl/pthread_create.c`), which
+        // a build without debug info for the user's code leaves as the only frames with a file.
+        if file.starts_with("/rustc/")
+            || file.contains("/.cargo/registry/")
+            || file.contains("/.cargo/git/")
+            || file.starts_with("./nptl/")
+            || file.starts_with("./csu/")
+            || file.contains("sysdeps/")
+        {
             return true;
         }
         let path = Path::new(file);
