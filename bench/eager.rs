@@ -1,7 +1,7 @@
 //! Eager mode against PyTorch eager (`bench/eager.sh` runs this and `bench/eager_torch.py` in one
 //! run and prints the ratios): the first call of an op on a new shape (oar compiles its kernel
 //! then), per-op overhead, elementwise, unary and reduction ops at three
-//! sizes, softmax and layer_norm, the MLP and LeNet-5 training steps of `bench/train_step.rs`,
+//! sizes, views (reshape/transpose/slice/expand, and an add reading a transpose), softmax and layer_norm, the MLP and LeNet-5 training steps of `bench/train_step.rs`,
 //! and an LSTM training step — all eager, f32.
 //!
 //! `bench_eager` prints one line per workload, `name milliseconds` (the median of several timed
@@ -113,6 +113,21 @@ fn ops() -> Result<()> {
         println!("sum_rows_{label} {:.6}", per_call(reps, || a.sum(&[1], false))?);
         println!("mean_all_{label} {:.6}", per_call(reps, || a.mean(&[], false))?);
     }
+    // Views (zero-copy in both): reshape, transpose, slice and expand of a 1024×1024 tensor,
+    // then an add that reads a transpose.
+    let a = oar::randn(&[1024, 1024], DType::F32)?;
+    let b = oar::randn(&[1024, 1024], DType::F32)?;
+    let row = oar::randn(&[1, 1024], DType::F32)?;
+    println!(
+        "views_1m {:.6}",
+        per_call(1000, || {
+            std::hint::black_box(a.reshape(&[-1])?);
+            std::hint::black_box(a.t()?);
+            std::hint::black_box(a.slice(1, 1, 513, 1)?);
+            row.broadcast_to(&[1024, 1024])
+        })?
+    );
+    println!("t_add_1m {:.6}", per_call(4, || oar::add(&a.t()?, &b))?);
     let x = oar::randn(&[512, 1024], DType::F32)?;
     let w = oar::ones(&[1024], DType::F32)?;
     let bias = oar::zeros(&[1024], DType::F32)?;
@@ -161,6 +176,7 @@ fn main() -> Result<()> {
             let f = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
                 match name.as_str() {
                     "add" => oar::add(a, b),
+                    "t_add" => oar::add(&a.t()?, b),
                     "relu" => F::relu(a),
                     "tanh" => a.tanh(),
                     "sum_rows" => a.sum(&[1], false),

@@ -70,6 +70,15 @@ def ops():
                        ("exp", lambda: torch.exp(a)), ("relu", lambda: F.relu(a)),
                        ("sum_rows", lambda: a.sum(1)), ("mean_all", lambda: a.mean())]:
             print(f"{key}_{label} {per_call(reps, f):.6f}", flush=True)
+    a, b, row = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.randn(1, 1024)
+
+    def views():
+        a.reshape(-1)
+        a.t()
+        a[:, 1:513]
+        return row.expand(1024, 1024)
+    print(f"views_1m {per_call(1000, views):.6f}", flush=True)
+    print(f"t_add_1m {per_call(4, lambda: a.t() + b):.6f}", flush=True)
     x = torch.randn(512, 1024)
     w, bias = torch.ones(1024), torch.zeros(1024)
     print(f"softmax_512x1024 {per_call(5, lambda: F.softmax(x, -1)):.6f}")

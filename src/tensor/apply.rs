@@ -40,6 +40,10 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     if let Some(device) = placement(&op, inputs)? {
         return apply_on_device(op, inputs, &device, needs_grad);
     }
+    if let Some(result) = view_of(&op, inputs)? {
+        let operand = inputs[0].storage();
+        return Ok(outputs(op, inputs, needs_grad, vec![operand], vec![result]));
+    }
     let datas: Vec<TensorData> = inputs.iter().map(|t| t.try_data()).collect::<Result<_>>()?;
     let types = || -> Vec<TensorType> { datas.iter().map(|d| d.tensor_type()).collect() };
     let outs = crate::kernels::run(&op, &datas, || {
@@ -68,6 +72,45 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     }
     let host = |d: Vec<TensorData>| d.into_iter().map(Storage::Host).collect();
     Ok(outputs(op, inputs, needs_grad, host(datas), host(outs)))
+}
+
+/// Reshape, permute, slice and broadcast of a host tensor: its bytes seen through new strides
+/// (see [`super::view`]), no kernel and no copy. A reshape that strides cannot express copies
+/// the elements once (PyTorch's `reshape` does too). `None` for other ops.
+fn view_of(op: &Op, inputs: &[&Tensor]) -> Result<Option<Storage>> {
+    let ([x], Op::Reshape(_) | Op::Permute(_) | Op::Slice(_) | Op::Broadcast(_)) = (inputs, op) else {
+        return Ok(None);
+    };
+    let storage = x.storage();
+    let view = match &storage {
+        Storage::Host(d) => super::view::View::of(d),
+        Storage::View(v) => v.clone(),
+        Storage::Device { .. } => return Ok(None),
+    };
+    let out = infer_types(op, &[x.tensor_type()], &[]).map_err(|detail| IrError::Type {
+        op: op.name().to_string(),
+        value: "(eager)".into(),
+        detail,
+    })?;
+    let Some(shape) = out.first().and_then(|t| t.shape.as_static()) else {
+        return Ok(None);
+    };
+    Ok(Some(match view.apply(op, &shape) {
+        Some(v) => v.into_storage(),
+        None if matches!(op, Op::Reshape(_)) => Storage::Host(x.try_data()?.reshaped(shape)?),
+        None => return Ok(None),
+    }))
+}
+
+/// `x`'s elements in new dense memory, recorded (when a gradient is needed) as a reshape to
+/// its own shape, whose gradient passes the cotangent through.
+pub(crate) fn dense_copy(x: &Tensor) -> Result<Tensor> {
+    let op = Op::Reshape(oar_ir::ops::Reshape {
+        shape: x.shape().into_iter().map(oar_ir::Dim::Static).collect(),
+    });
+    let dense = Storage::Host(x.try_data()?);
+    let needs_grad = is_grad_enabled() && x.requires_grad();
+    Ok(outputs(op, &[x], needs_grad, vec![x.storage()], vec![dense]).remove(0))
 }
 
 /// The output tensors of `op` on `inputs`: leaves, or — when a gradient is needed and some

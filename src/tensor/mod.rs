@@ -7,6 +7,7 @@ pub(crate) mod intercept;
 mod methods;
 mod operators;
 mod ordering;
+mod view;
 
 pub(crate) use apply::{apply, apply1};
 
@@ -71,7 +72,7 @@ impl HostDataMut<'_> {
     pub(crate) fn data(&mut self) -> Option<&mut TensorData> {
         match &mut *self.0 {
             Storage::Host(d) => Some(d),
-            Storage::Device { .. } => None,
+            Storage::View(_) | Storage::Device { .. } => None,
         }
     }
 }
@@ -80,13 +81,19 @@ impl HostDataMut<'_> {
 #[derive(Clone)]
 pub(crate) enum Storage {
     Host(TensorData),
-    Device { device: Device, tensor: DeviceTensor },
+    /// A zero-copy view of host bytes (reshape, permute, slice, expand): see [`view`].
+    View(view::View),
+    Device {
+        device: Device,
+        tensor: DeviceTensor,
+    },
 }
 
 impl Storage {
     pub(crate) fn dtype(&self) -> DType {
         match self {
             Storage::Host(d) => d.dtype(),
+            Storage::View(v) => v.dtype(),
             Storage::Device { tensor, .. } => tensor.dtype,
         }
     }
@@ -94,13 +101,14 @@ impl Storage {
     fn shape(&self) -> Vec<usize> {
         match self {
             Storage::Host(d) => d.shape().to_vec(),
+            Storage::View(v) => v.shape().to_vec(),
             Storage::Device { tensor, .. } => tensor.shape.clone(),
         }
     }
 
     fn device(&self) -> Device {
         match self {
-            Storage::Host(_) => Device::CPU,
+            Storage::Host(_) | Storage::View(_) => Device::CPU,
             Storage::Device { device, .. } => device.clone(),
         }
     }
@@ -108,6 +116,7 @@ impl Storage {
     fn to_host(&self) -> Result<TensorData> {
         match self {
             Storage::Host(d) => Ok(d.clone()),
+            Storage::View(v) => Ok(v.materialize()),
             Storage::Device { device, tensor } => crate::device::download(device, tensor),
         }
     }
@@ -226,7 +235,7 @@ impl Tensor {
     /// The tensor's device memory, if it lives on a device.
     pub(crate) fn device_tensor(&self) -> Option<DeviceTensor> {
         match &*self.stored() {
-            Storage::Host(_) => None,
+            Storage::Host(_) | Storage::View(_) => None,
             Storage::Device { tensor, .. } => Some(tensor.clone()),
         }
     }
@@ -244,6 +253,40 @@ impl Tensor {
             return Err(self.no_value("data"));
         }
         self.storage().to_host()
+    }
+
+    /// Whether the elements are dense in row-major order — false for most views (a transpose,
+    /// a strided slice, an expand), which [`Tensor::contiguous`] copies. Device tensors are.
+    pub fn is_contiguous(&self) -> bool {
+        match &*self.stored() {
+            Storage::View(v) => v.is_dense(),
+            _ => true,
+        }
+    }
+
+    /// This tensor with its elements in dense memory: itself when they are; for a view, a copy
+    /// (gradients flow through it). Kernels read views themselves (each read copies the
+    /// elements it needs); call this to copy once when a view is read many times.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() || self.is_traced() {
+            return Ok(self.clone());
+        }
+        apply::dense_copy(self)
+    }
+
+    /// Whether the two tensors read the same host memory: a view and its source do (eager
+    /// reshape, transpose, slice and expand copy nothing), a copy does not. Device tensors never
+    /// report sharing.
+    pub fn shares_memory(&self, other: &Tensor) -> bool {
+        let bytes = |t: &Tensor| match &*t.stored() {
+            Storage::Host(d) => Some(d.clone()),
+            Storage::View(v) => Some(v.base().clone()),
+            Storage::Device { .. } => None,
+        };
+        match (bytes(self), bytes(other)) {
+            (Some(a), Some(b)) => view::View::of(&a).shares_bytes(&b),
+            _ => false,
+        }
     }
 
     /// Replace the value in place (same dtype and shape), e.g. an optimizer step. Not recorded
@@ -287,9 +330,12 @@ impl Tensor {
             return None;
         }
         let mut guard = self.0.data.write().unwrap_or_else(|e| e.into_inner());
+        if let Storage::View(v) = &*guard {
+            *guard = Storage::Host(v.materialize());
+        }
         match &mut *guard {
             Storage::Host(d) => Some(f(d)),
-            Storage::Device { .. } => None,
+            Storage::View(_) | Storage::Device { .. } => None,
         }
     }
 
@@ -301,7 +347,10 @@ impl Tensor {
         if self.is_traced() {
             return None;
         }
-        let guard = self.0.data.write().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.0.data.write().unwrap_or_else(|e| e.into_inner());
+        if let Storage::View(v) = &*guard {
+            *guard = Storage::Host(v.materialize());
+        }
         matches!(&*guard, Storage::Host(_)).then_some(HostDataMut(guard))
     }
 

@@ -261,3 +261,74 @@ fn cross_entropy_rejects_out_of_range_labels() {
         .unwrap();
     assert!((got - want).abs() < 1e-12, "{got} vs {want}");
 }
+
+/// Reshape, transpose, slice and expand share the source's memory (O(1), as in PyTorch); the
+/// values read through them, the gradients through them, and a later in-place update of the
+/// source (which a view must not see: values stay values) are checked by hand.
+#[test]
+fn views_share_memory_compute_like_copies_and_do_not_alias_writes() {
+    use oar::optimizer::Optimizer;
+    let v: Vec<f64> = (0..24).map(f64::from).collect();
+    let x = t(&v, &[2, 3, 4]).requires_grad_(true).unwrap();
+    let r = x.reshape(&[6, 4]).unwrap();
+    let p = x.transpose(&[2, 0, 1]).unwrap(); // [4, 2, 3]: p[k][i][j] = x[i][j][k]
+    let s = p.slice(2, 1, 3, 1).unwrap(); // [4, 2, 2]
+    let e = x.slice(2, 0, 1, 1).unwrap().broadcast_to(&[5, 2, 3, 3]).unwrap();
+    for view in [&r, &p, &s, &e] {
+        assert!(view.shares_memory(&x), "a view copied its source");
+    }
+    assert!(r.is_contiguous() && !p.is_contiguous() && !s.is_contiguous() && !e.is_contiguous());
+    // A view of a view composes without copying where strides can say it (splitting the
+    // transposed axis), and copies where they cannot (merging the sliced axes), as in PyTorch.
+    assert!(!s.reshape(&[4, 4]).unwrap().shares_memory(&x));
+    let ps = s.reshape(&[2, 2, 2, 2]).unwrap();
+    assert!(ps.shares_memory(&x));
+    let mut want = Vec::new();
+    for k in 0..4 {
+        for i in 0..2 {
+            for j in 1..3 {
+                want.push(v[i * 12 + j * 4 + k]);
+            }
+        }
+    }
+    assert_eq!(ps.to_vec::<f64>().unwrap(), want);
+    let ev = e.to_vec::<f64>().unwrap();
+    assert_eq!(ev.len(), 90);
+    assert!(
+        ev.chunks(3)
+            .enumerate()
+            .all(|(q, c)| c.iter().all(|&y| y == v[(q % 6) * 4]))
+    );
+    // Kernels take views: values and gradients as through copies. d/dx of Σ w·ps puts w's
+    // entries back where the transpose and slice took them; untouched elements get 0.
+    let w: Vec<f64> = (0..16).map(|i| 1.0 + f64::from(i)).collect();
+    let loss = (&ps * &t(&w, &[2, 2, 2, 2])).unwrap().sum(&[], false).unwrap();
+    assert_eq!(
+        loss.item().unwrap(),
+        want.iter().zip(&w).map(|(a, b)| a * b).sum::<f64>()
+    );
+    loss.backward().unwrap();
+    let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+    let mut want_g = vec![0.0; 24];
+    let mut n = 0;
+    for k in 0..4 {
+        for i in 0..2 {
+            for j in 1..3 {
+                want_g[i * 12 + j * 4 + k] = w[n];
+                n += 1;
+            }
+        }
+    }
+    assert_eq!(g, want_g);
+    // `contiguous` copies once; the copy no longer shares memory, the value is the same.
+    let c = p.contiguous().unwrap();
+    assert!(c.is_contiguous() && !c.shares_memory(&x));
+    // An in-place update of the source (an optimizer step) leaves the views' values alone.
+    let before = r.to_vec::<f64>().unwrap();
+    let r2 = x.reshape(&[4, 6]).unwrap();
+    let mut sgd = oar::optimizer::SGD::new(vec![x.clone()], 1.0);
+    sgd.step().unwrap();
+    assert_eq!(x.to_vec::<f64>().unwrap()[1], v[1] - want_g[1]);
+    assert_eq!(r.to_vec::<f64>().unwrap(), before);
+    assert_eq!(r2.to_vec::<f64>().unwrap(), v);
+}
