@@ -107,11 +107,158 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result
         }
         _ => {}
     }
+    if let Some(out) = host_width(op, inputs) {
+        return Ok(vec![out?]);
+    }
     if let Some(rows) = whole_reduction_rows(op, inputs) {
         check()?;
         return reduce_in_two(op, &inputs[0], rows);
     }
     run_compiled(op, inputs, check)
+}
+
+/// f32 elementwise ops (`neg abs sqrt exp tanh relu sigmoid`, `add sub mul div max min` with
+/// equal shapes, a one-element operand, or a row broadcast over the leading axes) and sums or
+/// means over the last axis or every axis, on the runtime's kernels at the host's vector width
+/// (`oar_cpu_runtime::ewise`: AVX-512 or AVX2 chosen at run time; Cranelift emits 128-bit
+/// vectors only). `None`: not one of them, and the compiled kernel runs. Every case here is
+/// well typed by construction (f32 operands, shapes checked), so the type check is skipped.
+fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
+    use oar_cpu_runtime::ewise::{self, Binary, Reduce, Unary};
+    use oar_ir::Composite;
+    use oar_ir::ops::{BinaryOp, ReduceOp, UnaryOp};
+    let threads = rayon::current_num_threads();
+    let unary = match (op, inputs) {
+        (Op::Unary(u), [_]) => match u {
+            UnaryOp::Neg => Some(Unary::Neg),
+            UnaryOp::Abs => Some(Unary::Abs),
+            UnaryOp::Sqrt => Some(Unary::Sqrt),
+            UnaryOp::Exp => Some(Unary::Exp),
+            UnaryOp::Tanh => Some(Unary::Tanh),
+            _ => return None,
+        },
+        (Op::Composite(Composite::Relu), [_]) => Some(Unary::Relu),
+        (Op::Composite(Composite::Sigmoid), [_]) => Some(Unary::Sigmoid),
+        _ => None,
+    };
+    if let (Some(u), [x]) = (unary, inputs) {
+        let xs = f32s(x)?;
+        return with_output(x.shape().to_vec(), |o| ewise::unary(u, xs, o, threads));
+    }
+    match (op, inputs) {
+        (Op::Binary(b), [a, c]) => {
+            let b = match b {
+                BinaryOp::Add => Binary::Add,
+                BinaryOp::Sub => Binary::Sub,
+                BinaryOp::Mul => Binary::Mul,
+                BinaryOp::Div => Binary::Div,
+                BinaryOp::Max => Binary::Max,
+                BinaryOp::Min => Binary::Min,
+                _ => return None,
+            };
+            let (xa, xc) = (f32s(a)?, f32s(c)?);
+            let (sa, sc, shape) = broadcast_sides(a, xa, c, xc)?;
+            with_output(shape, |o| ewise::binary(b, sa, sc, o, threads))
+        }
+        (Op::Reduce(r), [x]) if matches!(r.op, ReduceOp::Sum | ReduceOp::Mean) && !x.is_empty() => {
+            let red = if r.op == ReduceOp::Sum {
+                Reduce::Sum
+            } else {
+                Reduce::Mean
+            };
+            let xs = f32s(x)?;
+            let rank = x.shape().len();
+            let mut axes = r.axes.clone();
+            axes.sort_unstable();
+            axes.dedup();
+            if rank > 0 && axes.len() == rank && axes.iter().enumerate().all(|(i, &a)| i == a) {
+                let shape = if r.keepdim { vec![1; rank] } else { vec![] };
+                let v = ewise::reduce_all(red, xs, threads);
+                return Some(TensorData::from_vec(shape, vec![v]).map_err(Into::into));
+            }
+            if rank == 0 || axes != [rank - 1] {
+                return None;
+            }
+            let n = x.shape()[rank - 1];
+            let mut shape = x.shape()[..rank - 1].to_vec();
+            if r.keepdim {
+                shape.push(1);
+            }
+            with_output(shape, |o| ewise::reduce_rows(red, xs, n, o, threads))
+        }
+        _ => None,
+    }
+}
+
+/// The elements of an f32 tensor (`None` for another dtype, or bytes not aligned for f32 —
+/// never seen: host buffers come from the allocator).
+fn f32s(t: &TensorData) -> Option<&[f32]> {
+    if t.dtype() != DType::F32 {
+        return None;
+    }
+    bytemuck::try_cast_slice(t.bytes()).ok()
+}
+
+/// How the two operands of a binary op index the result, and the result's shape: equal
+/// shapes, a one-element side, or a side whose shape (leading 1s aside) is the other's trailing
+/// axes. `None` for other broadcasts (the compiled kernel does them) and empty results.
+fn broadcast_sides<'a>(
+    a: &TensorData,
+    xa: &'a [f32],
+    c: &TensorData,
+    xc: &'a [f32],
+) -> Option<(
+    oar_cpu_runtime::ewise::Side<'a>,
+    oar_cpu_runtime::ewise::Side<'a>,
+    Vec<usize>,
+)> {
+    use oar_cpu_runtime::ewise::Side;
+    let (sa, sc) = (a.shape(), c.shape());
+    if xa.is_empty() || xc.is_empty() {
+        return None;
+    }
+    if sa == sc {
+        return Some((Side::Full(xa), Side::Full(xc), sa.to_vec()));
+    }
+    // `small` fits `big` as a scalar or as a row over its trailing axes.
+    let fits = |small: &[usize], big: &[usize]| {
+        if small.len() > big.len() {
+            return None;
+        }
+        let lead = small.iter().take_while(|&&d| d == 1).count();
+        let core = &small[lead..];
+        if core.is_empty() {
+            return Some(true);
+        }
+        (big[big.len() - core.len()..] == *core).then_some(false)
+    };
+    if let Some(scalar) = fits(sc, sa) {
+        let side = if scalar { Side::Scalar(xc[0]) } else { Side::Row(xc) };
+        return Some((Side::Full(xa), side, sa.to_vec()));
+    }
+    if let Some(scalar) = fits(sa, sc) {
+        let side = if scalar { Side::Scalar(xa[0]) } else { Side::Row(xa) };
+        return Some((side, Side::Full(xc), sc.to_vec()));
+    }
+    None
+}
+
+/// A new f32 tensor of `shape` filled by `fill`, which writes every element (the memory is not
+/// zeroed first: at 1M elements zeroing costs as much as an add, and fresh pages fault).
+/// `None` if the allocator's block is not aligned for f32 (never seen).
+fn with_output(shape: Vec<usize>, fill: impl FnOnce(&mut [f32])) -> Option<Result<TensorData>> {
+    let n: usize = shape.iter().product();
+    let mut bytes: Vec<u8> = Vec::with_capacity(n * 4);
+    if (bytes.as_ptr() as usize) % align_of::<f32>() != 0 {
+        return None;
+    }
+    // Safety: the block holds `n` aligned f32s; `fill` (an `ewise` kernel) writes all of them
+    // before anything reads them, and every bit pattern is an f32.
+    let values = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), n) };
+    fill(values);
+    // Safety: the `n · 4` bytes were written just now.
+    unsafe { bytes.set_len(n * 4) };
+    Some(TensorData::from_bytes(DType::F32, shape, bytes).map_err(Into::into))
 }
 
 /// Elements from which a reduction of a whole f32/f64 tensor runs in two steps.

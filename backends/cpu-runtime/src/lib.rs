@@ -15,6 +15,7 @@ mod contraction;
 mod conv;
 mod conv_direct;
 pub mod conv_grad;
+pub mod ewise;
 pub mod exe;
 mod model;
 pub mod native;

@@ -1,0 +1,595 @@
+//! Elementwise and reduction kernels on f32 at the host's full vector width, for eager ops.
+//!
+//! Cranelift's x64 backend emits 128-bit vectors only, so the generated one-op kernels of eager
+//! mode run 4 lanes where the host has 8 (AVX2) or 16 (AVX-512). These kernels are one generic
+//! body each, instantiated under `#[target_feature]` for AVX-512 and for AVX2+FMA and once
+//! without (other hosts), the instance chosen at run time ([`Simd`]), as the row kernels are
+//! ([`crate::rows`]). Large tensors are split across threads ([`par_units`]).
+//!
+//! Semantics are the reference's: `add sub mul div sqrt neg abs` are IEEE-exact (the same bits
+//! as the reference's f64 evaluation rounded once); `max`/`min` propagate NaN; `exp` is the row
+//! kernels' polynomial (≤ 2 ulp, below `2^-125` flushed to 0); `tanh` is Cephes' (a polynomial
+//! below 0.625, `1 - 2/(e^{2|x|} + 1)` above; ≤ 3 ulp); `sigmoid` is `1/(1 + e^{-x})`; `relu`
+//! keeps NaN. Sums accumulate in f32 lanes over blocks of [`SUM_BLOCK`] elements and add the
+//! block sums in f64 (the reference sums in f64), in a fixed order: every thread count gives
+//! the same bits.
+
+use crate::par::par_units;
+use crate::rows::exp;
+use crate::simd::Simd;
+
+/// Lanes of the sum accumulators (four AVX-512 vectors: independent add chains).
+const L: usize = 64;
+/// Elements summed in f32 lanes before the block's sum joins the f64 total.
+pub const SUM_BLOCK: usize = 4096;
+/// Elements per task for cheap ops (a pool wake-up costs more below it).
+const TASK_CHEAP: usize = 1 << 17;
+/// Elements per task for transcendental ops.
+const TASK_COSTLY: usize = 1 << 14;
+
+/// A unary elementwise op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unary {
+    /// `-x`
+    Neg,
+    /// `|x|`
+    Abs,
+    /// `√x`
+    Sqrt,
+    /// `e^x`
+    Exp,
+    /// `tanh x`
+    Tanh,
+    /// `max(x, 0)`, NaN kept
+    Relu,
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+}
+
+impl Unary {
+    fn costly(self) -> bool {
+        matches!(self, Unary::Exp | Unary::Tanh | Unary::Sigmoid)
+    }
+}
+
+/// A binary elementwise op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a · b`
+    Mul,
+    /// `a / b`
+    Div,
+    /// larger, NaN if either is
+    Max,
+    /// smaller, NaN if either is
+    Min,
+}
+
+/// One operand of a binary op, as the output's elements index it.
+#[derive(Clone, Copy, Debug)]
+pub enum Side<'a> {
+    /// One element per output element.
+    Full(&'a [f32]),
+    /// One value for every output element.
+    Scalar(f32),
+    /// A row repeated: output element `i` takes `row[i % row.len()]` (a bias over the last
+    /// axes).
+    Row(&'a [f32]),
+}
+
+impl Side<'_> {
+    /// The part of this operand for output elements `lo..hi` (`Row`: `lo` a multiple of the row).
+    fn part(self, lo: usize, hi: usize) -> Self {
+        match self {
+            Side::Full(v) => Side::Full(&v[lo..hi]),
+            other => other,
+        }
+    }
+}
+
+/// A reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// Σ
+    Sum,
+    /// Σ / n
+    Mean,
+}
+
+/// `out = op(x)`; `x` and `out` of equal length.
+pub fn unary(op: Unary, x: &[f32], out: &mut [f32], threads: usize) {
+    assert_eq!(x.len(), out.len(), "unary kernel: operand and result lengths");
+    let task = if op.costly() { TASK_COSTLY } else { TASK_CHEAP };
+    split(out, task, 1, threads, |lo, o| {
+        let x = &x[lo..lo + o.len()];
+        unary_host(op, x, o)
+    });
+}
+
+/// `out = op(a, b)`; a `Full` side has `out.len()` elements, a `Row` side a length dividing it.
+/// At most one side is not `Full`.
+pub fn binary(op: Binary, a: Side, b: Side, out: &mut [f32], threads: usize) {
+    let n = out.len();
+    let mut align = 1;
+    for s in [a, b] {
+        match s {
+            Side::Full(v) => assert_eq!(v.len(), n, "binary kernel: operand and result lengths"),
+            Side::Row(r) => {
+                assert!(
+                    !r.is_empty() && n % r.len() == 0,
+                    "binary kernel: row of {} for {n}",
+                    r.len()
+                );
+                align = r.len();
+            }
+            Side::Scalar(_) => {}
+        }
+    }
+    // Tasks hold whole rows (a multiple of the row length).
+    split(out, TASK_CHEAP, align, threads, |lo, o| {
+        let (a, b) = (a.part(lo, lo + o.len()), b.part(lo, lo + o.len()));
+        binary_host(op, a, b, o)
+    });
+}
+
+/// `out[r] = op(x[r·n .. (r+1)·n])` for each of `out.len()` rows of `n` elements.
+pub fn reduce_rows(op: Reduce, x: &[f32], n: usize, out: &mut [f32], threads: usize) {
+    assert_eq!(
+        x.len(),
+        out.len() * n,
+        "reduce kernel: {} elements for {} rows of {n}",
+        x.len(),
+        out.len()
+    );
+    if n == 0 {
+        out.fill(if op == Reduce::Mean { f32::NAN } else { 0.0 });
+        return;
+    }
+    let rows_per_task = TASK_CHEAP.div_ceil(n).max(1);
+    split(out, rows_per_task, 1, threads, |r0, o| {
+        for (i, y) in o.iter_mut().enumerate() {
+            let row = &x[(r0 + i) * n..(r0 + i + 1) * n];
+            let s = sum_host(row);
+            *y = finish(op, s, n);
+        }
+    });
+}
+
+/// `op` over all of `x` (split across threads in blocks; the same bits for any thread count).
+pub fn reduce_all(op: Reduce, x: &[f32], threads: usize) -> f32 {
+    if x.is_empty() {
+        return if op == Reduce::Mean { f32::NAN } else { 0.0 };
+    }
+    // Per-task partial sums over whole SUM_BLOCKs, added in task order.
+    let per_task = (TASK_CHEAP / SUM_BLOCK).max(1) * SUM_BLOCK;
+    let tasks = x.len().div_ceil(per_task);
+    let mut partial = vec![0f64; tasks];
+    let ptr = crate::contraction::SendPtr(partial.as_mut_ptr());
+    par_units(
+        tasks,
+        if tasks > 1 { threads } else { 1 },
+        || (),
+        |_, t| {
+            let part = &x[t * per_task..((t + 1) * per_task).min(x.len())];
+            let s = sum_host(part);
+            // Safety: each task writes its own element.
+            unsafe { *ptr.get().add(t) = s };
+        },
+    );
+    finish(op, partial.iter().sum(), x.len())
+}
+
+fn finish(op: Reduce, sum: f64, n: usize) -> f32 {
+    match op {
+        Reduce::Sum => sum as f32,
+        Reduce::Mean => (sum / n as f64) as f32,
+    }
+}
+
+/// Run `f(first_element, part)` on parts of `out` of about `task` elements (a multiple of
+/// `align`), in parallel when there are several.
+fn split(out: &mut [f32], task: usize, align: usize, threads: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let per = task.div_ceil(align).max(1) * align;
+    let tasks = out.len().div_ceil(per);
+    if tasks <= 1 || threads <= 1 {
+        f(0, out);
+        return;
+    }
+    let len = out.len();
+    let ptr = crate::contraction::SendPtr(out.as_mut_ptr());
+    par_units(
+        tasks,
+        threads,
+        || (),
+        |_, t| {
+            let lo = t * per;
+            let hi = (lo + per).min(len);
+            // Safety: tasks write disjoint ranges of `out`.
+            let part = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(lo), hi - lo) };
+            f(lo, part);
+        },
+    );
+}
+
+/// Instances of `body::<true>` for AVX-512 and AVX2+FMA: the functions `$avx2` and `$avx512`
+/// taking `$args` (off x86-64, `body::<false>`), and `$pick`, which calls the host's.
+macro_rules! instances {
+    ($body:ident, $pick:ident, $avx2:ident, $avx512:ident, ($($a:ident: $t:ty),*) -> $r:ty) => {
+        fn $avx2($($a: $t),*) -> $r {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn inner($($a: $t),*) -> $r {
+                    $body::<true>($($a),*)
+                }
+                // Safety: called only when `Simd::detect` found AVX2 and FMA.
+                unsafe { inner($($a),*) }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            $body::<false>($($a),*)
+        }
+        fn $avx512($($a: $t),*) -> $r {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn inner($($a: $t),*) -> $r {
+                    $body::<true>($($a),*)
+                }
+                // Safety: called only when `Simd::detect` found AVX-512F.
+                unsafe { inner($($a),*) }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            $body::<false>($($a),*)
+        }
+        fn $pick($($a: $t),*) -> $r {
+            match Simd::detect() {
+                Simd::Avx512 => $avx512($($a),*),
+                Simd::Avx2Fma => $avx2($($a),*),
+                Simd::Baseline => $body::<false>($($a),*),
+            }
+        }
+    };
+}
+
+instances!(unary_body, unary_host, unary_avx2, unary_avx512, (op: Unary, x: &[f32], out: &mut [f32]) -> ());
+instances!(binary_body, binary_host, binary_avx2, binary_avx512, (op: Binary, a: Side, b: Side, out: &mut [f32]) -> ());
+instances!(sum_body, sum_host, sum_avx2, sum_avx512, (x: &[f32]) -> f64);
+
+/// `a · b + c`, fused when the instance has FMA.
+#[inline(always)]
+fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if F { a.mul_add(b, c) } else { a * b + c }
+}
+
+#[inline(always)]
+fn map(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = f(v);
+    }
+}
+
+#[inline(always)]
+fn unary_body<const F: bool>(op: Unary, x: &[f32], out: &mut [f32]) {
+    match op {
+        Unary::Neg => map(x, out, |v| -v),
+        Unary::Abs => map(x, out, f32::abs),
+        Unary::Sqrt => map(x, out, f32::sqrt),
+        Unary::Exp => map(x, out, exp::<F>),
+        Unary::Tanh => map(x, out, tanh::<F>),
+        // `v > 0 || v is NaN`: v, else +0.
+        Unary::Relu => map(x, out, |v| if v > 0.0 || v.is_nan() { v } else { 0.0 }),
+        Unary::Sigmoid => map(x, out, |v| 1.0 / (1.0 + exp::<F>(-v))),
+    }
+}
+
+/// Cephes `tanhf`: `x + x³·P(x²)` for `|x| < 0.625`, else `±(1 - 2/(e^{2|x|} + 1))`.
+#[inline(always)]
+fn tanh<const F: bool>(x: f32) -> f32 {
+    let z = x * x;
+    let mut p = -5.704_988_7e-3;
+    p = madd::<F>(p, z, 2.063_908_8e-2);
+    p = madd::<F>(p, z, -5.373_971_6e-2);
+    p = madd::<F>(p, z, 0.133_314_42);
+    p = madd::<F>(p, z, -0.333_332_8);
+    let small = madd::<F>(p * z, x, x);
+    let a = x.abs();
+    // e^{2|x|} overflows past 44; tanh is 1 in f32 long before.
+    let e = exp::<F>(if a > 40.0 { 80.0 } else { a + a });
+    let big = (1.0 - 2.0 / (e + 1.0)).copysign(x);
+    if a < 0.625 || x.is_nan() { small } else { big }
+}
+
+#[inline(always)]
+fn zip_with(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
+#[inline(always)]
+fn apply2(a: Side, b: Side, out: &mut [f32], f: impl Fn(f32, f32) -> f32 + Copy) {
+    match (a, b) {
+        (Side::Full(a), Side::Full(b)) => zip_with(a, b, out, f),
+        (Side::Full(a), Side::Scalar(s)) => map(a, out, |x| f(x, s)),
+        (Side::Scalar(s), Side::Full(b)) => map(b, out, |y| f(s, y)),
+        (Side::Full(a), Side::Row(r)) => {
+            for (o, a) in out.chunks_exact_mut(r.len()).zip(a.chunks_exact(r.len())) {
+                zip_with(a, r, o, f);
+            }
+        }
+        (Side::Row(r), Side::Full(b)) => {
+            for (o, b) in out.chunks_exact_mut(r.len()).zip(b.chunks_exact(r.len())) {
+                zip_with(r, b, o, f);
+            }
+        }
+        (Side::Scalar(x), Side::Scalar(y)) => out.fill(f(x, y)),
+        (Side::Row(r), Side::Scalar(s)) => {
+            for o in out.chunks_exact_mut(r.len()) {
+                map(r, o, |x| f(x, s));
+            }
+        }
+        (Side::Scalar(s), Side::Row(r)) => {
+            for o in out.chunks_exact_mut(r.len()) {
+                map(r, o, |y| f(s, y));
+            }
+        }
+        (Side::Row(p), Side::Row(q)) => {
+            for o in out.chunks_exact_mut(p.len()) {
+                zip_with(p, q, o, f);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn binary_body<const F: bool>(op: Binary, a: Side, b: Side, out: &mut [f32]) {
+    match op {
+        Binary::Add => apply2(a, b, out, |x, y| x + y),
+        Binary::Sub => apply2(a, b, out, |x, y| x - y),
+        Binary::Mul => apply2(a, b, out, |x, y| x * y),
+        Binary::Div => apply2(a, b, out, |x, y| x / y),
+        Binary::Max => apply2(a, b, out, |x, y| {
+            let m = if x > y { x } else { y };
+            if x.is_nan() || y.is_nan() { f32::NAN } else { m }
+        }),
+        Binary::Min => apply2(a, b, out, |x, y| {
+            let m = if x < y { x } else { y };
+            if x.is_nan() || y.is_nan() { f32::NAN } else { m }
+        }),
+    }
+}
+
+/// Σ x: [`L`] f32 lanes per [`SUM_BLOCK`], block sums added in f64.
+#[inline(always)]
+fn sum_body<const F: bool>(x: &[f32]) -> f64 {
+    let mut total = 0f64;
+    for block in x.chunks(SUM_BLOCK) {
+        let mut lanes = [0f32; L];
+        let chunks = block.chunks_exact(L);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for i in 0..L {
+                lanes[i] += c[i];
+            }
+        }
+        // The lanes halved in a fixed tree (vector adds; every instance gives the same bits),
+        // then the tail in f64.
+        let mut w = L;
+        while w > 1 {
+            w /= 2;
+            for i in 0..w {
+                lanes[i] += lanes[i + w];
+            }
+        }
+        let mut s = f64::from(lanes[0]);
+        for &v in tail {
+            s += f64::from(v);
+        }
+        total += s;
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values over every range the kernels treat differently: tiny, around the tanh switch,
+    /// large, past exp's limits, ±0, ±inf and NaN.
+    fn probe() -> Vec<f32> {
+        let mut v = vec![
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            0.624,
+            0.626,
+            -0.626,
+            1.0,
+            -1.0,
+            9.0,
+            -9.0,
+            40.5,
+            88.0,
+            88.8,
+            -87.0,
+            -104.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+        ];
+        let mut s = 12345u64;
+        for _ in 0..3000 {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            v.push(((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0);
+        }
+        v
+    }
+
+    fn ulps(a: f32, b: f32) -> u32 {
+        if a.is_nan() || b.is_nan() {
+            return if a.is_nan() && b.is_nan() { 0 } else { u32::MAX };
+        }
+        if a == b {
+            return 0;
+        }
+        let key = |x: f32| {
+            let i = x.to_bits() as i32;
+            if i < 0 { i32::MIN.wrapping_sub(i) } else { i }
+        };
+        key(a).abs_diff(key(b))
+    }
+
+    fn reference(op: Unary, v: f64) -> f64 {
+        match op {
+            Unary::Neg => -v,
+            Unary::Abs => v.abs(),
+            Unary::Sqrt => v.sqrt(),
+            Unary::Exp => v.exp(),
+            Unary::Tanh => v.tanh(),
+            Unary::Relu if v.is_nan() => v,
+            Unary::Relu => v.max(0.0),
+            Unary::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        }
+    }
+
+    /// Every instance (baseline, AVX2, AVX-512 where the host has them) against f64.
+    #[test]
+    fn unary_ops_match_f64_within_their_ulp_bounds_on_every_instance() {
+        let x = probe();
+        for (op, bound) in [
+            (Unary::Neg, 0),
+            (Unary::Abs, 0),
+            (Unary::Sqrt, 0),
+            (Unary::Relu, 0),
+            (Unary::Exp, 2),
+            (Unary::Tanh, 3),
+            (Unary::Sigmoid, 3),
+        ] {
+            let mut outs = vec![vec![0f32; x.len()]; 3];
+            unary_body::<false>(op, &x, &mut outs[0]);
+            let simd = Simd::detect();
+            if simd != Simd::Baseline {
+                unary_avx2(op, &x, &mut outs[1]);
+            } else {
+                outs[1] = outs[0].clone();
+            }
+            if simd == Simd::Avx512 {
+                unary_avx512(op, &x, &mut outs[2]);
+            } else {
+                outs[2] = outs[1].clone();
+            }
+            for (k, out) in outs.iter().enumerate() {
+                for (&v, &y) in x.iter().zip(out) {
+                    let want = reference(op, f64::from(v)) as f32;
+                    // exp flushes results below 2^-125 to 0 (documented).
+                    let flushed = matches!(op, Unary::Exp | Unary::Sigmoid) && want.abs() < 2e-38;
+                    if flushed {
+                        assert!(y.abs() < 3e-38, "{op:?}({v}) = {y}, want {want}");
+                        continue;
+                    }
+                    assert!(ulps(y, want) <= bound, "{op:?}({v}) instance {k}: {y} vs {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn binary_ops_are_exact_with_every_broadcast_and_across_threads() {
+        let x = probe();
+        let n = x.len() / 10 * 10;
+        let a = &x[..n];
+        let b: Vec<f32> = a.iter().rev().copied().collect();
+        let row: Vec<f32> = b[..10].to_vec();
+        let eval = |op: Binary, p: f32, q: f32| -> f32 {
+            let (p, q) = (f64::from(p), f64::from(q));
+            (match op {
+                Binary::Add => p + q,
+                Binary::Sub => p - q,
+                Binary::Mul => p * q,
+                Binary::Div => p / q,
+                Binary::Max if p.is_nan() || q.is_nan() => f64::NAN,
+                Binary::Max => p.max(q),
+                Binary::Min if p.is_nan() || q.is_nan() => f64::NAN,
+                Binary::Min => p.min(q),
+            }) as f32
+        };
+        for op in [
+            Binary::Add,
+            Binary::Sub,
+            Binary::Mul,
+            Binary::Div,
+            Binary::Max,
+            Binary::Min,
+        ] {
+            for (sa, sb, pick) in [
+                (
+                    Side::Full(a),
+                    Side::Full(&b),
+                    (|i: usize, a: &[f32], b: &[f32], _: &[f32]| (a[i], b[i]))
+                        as fn(usize, &[f32], &[f32], &[f32]) -> (f32, f32),
+                ),
+                (Side::Full(a), Side::Scalar(2.5), |i, a, _, _| (a[i], 2.5)),
+                (Side::Scalar(-3.0), Side::Full(&b), |i, _, b, _| (-3.0, b[i])),
+                (Side::Full(a), Side::Row(&row), |i, a, _, r| (a[i], r[i % 10])),
+                (Side::Row(&row), Side::Full(&b), |i, _, b, r| (r[i % 10], b[i])),
+            ] {
+                for threads in [1, 3] {
+                    let mut out = vec![0f32; n];
+                    binary(op, sa, sb, &mut out, threads);
+                    for (i, &y) in out.iter().enumerate() {
+                        let (p, q) = pick(i, a, &b, &row);
+                        let want = eval(op, p, q);
+                        assert!(ulps(y, want) == 0, "{op:?}({p}, {q}) = {y}, want {want}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sums_are_close_to_f64_and_the_same_bits_for_any_thread_count() {
+        // 1M + 7 values of mixed sign and magnitude; rows of 1000 and one whole.
+        let n = (1 << 20) + 7;
+        let mut s = 99u64;
+        let x: Vec<f32> = (0..n)
+            .map(|i| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.3) * if i % 7 == 0 { 1000.0 } else { 1.0 }
+            })
+            .collect();
+        let exact: f64 = x.iter().map(|&v| f64::from(v)).sum();
+        let abs: f64 = x.iter().map(|&v| f64::from(v).abs()).sum();
+        let one = reduce_all(Reduce::Sum, &x, 1);
+        assert_eq!(one.to_bits(), reduce_all(Reduce::Sum, &x, 4).to_bits());
+        // f32 lanes over blocks of 4096: error ≪ n·eps·Σ|x|.
+        assert!((f64::from(one) - exact).abs() <= 1e-6 * abs, "{one} vs {exact}");
+        let mean = reduce_all(Reduce::Mean, &x, 2);
+        assert!((f64::from(mean) - exact / n as f64).abs() <= 1e-6 * abs / n as f64);
+        let rows = 1000;
+        let m = n / rows;
+        let mut out1 = vec![0f32; m];
+        let mut out3 = vec![0f32; m];
+        reduce_rows(Reduce::Mean, &x[..rows * m], rows, &mut out1, 1);
+        reduce_rows(Reduce::Mean, &x[..rows * m], rows, &mut out3, 3);
+        assert_eq!(out1, out3);
+        for (r, &y) in out1.iter().enumerate() {
+            let row = &x[r * rows..(r + 1) * rows];
+            let want = row.iter().map(|&v| f64::from(v)).sum::<f64>() / rows as f64;
+            let scale = row.iter().map(|&v| f64::from(v).abs()).sum::<f64>() / rows as f64;
+            assert!(
+                (f64::from(y) - want).abs() <= 1e-6 * scale + 1e-30,
+                "row {r}: {y} vs {want}"
+            );
+        }
+        // Empty: sum 0, mean NaN (as the reference: 0/0).
+        assert_eq!(reduce_all(Reduce::Sum, &[], 2), 0.0);
+        assert!(reduce_all(Reduce::Mean, &[], 2).is_nan());
+    }
+}
