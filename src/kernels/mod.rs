@@ -117,7 +117,7 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result
     run_compiled(op, inputs, check)
 }
 
-/// f32 elementwise ops (`neg abs sqrt exp tanh relu sigmoid`, `add sub mul div max min` with
+/// f32 elementwise ops (`neg abs sqrt exp log tanh relu sigmoid`, `add sub mul div max min` with
 /// equal shapes, a one-element operand, or a row broadcast over the leading axes) and sums or
 /// means over the last axis or every axis, on the runtime's kernels at the host's vector width
 /// (`oar_cpu_runtime::ewise`: AVX-512 or AVX2 chosen at run time; Cranelift emits 128-bit
@@ -134,6 +134,7 @@ fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
             UnaryOp::Abs => Some(Unary::Abs),
             UnaryOp::Sqrt => Some(Unary::Sqrt),
             UnaryOp::Exp => Some(Unary::Exp),
+            UnaryOp::Log => Some(Unary::Log),
             UnaryOp::Tanh => Some(Unary::Tanh),
             _ => return None,
         },

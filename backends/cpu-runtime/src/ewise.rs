@@ -8,7 +8,7 @@
 //!
 //! Semantics are the reference's: `add sub mul div sqrt neg abs` are IEEE-exact (the same bits
 //! as the reference's f64 evaluation rounded once); `max`/`min` propagate NaN; `exp` is the row
-//! kernels' polynomial (≤ 2 ulp, below `2^-125` flushed to 0); `tanh` is Cephes' (a polynomial
+//! kernels' polynomial (≤ 2 ulp, below `2^-125` flushed to 0); `log` is Cephes' (≤ 2 ulp); `tanh` is Cephes' (a polynomial
 //! below 0.625, `1 - 2/(e^{2|x|} + 1)` above; ≤ 3 ulp); `sigmoid` is `1/(1 + e^{-x})`; `relu`
 //! keeps NaN. Sums accumulate in f32 lanes over blocks of [`SUM_BLOCK`] elements and add the
 //! block sums in f64 (the reference sums in f64), in a fixed order: every thread count gives
@@ -38,6 +38,8 @@ pub enum Unary {
     Sqrt,
     /// `e^x`
     Exp,
+    /// `ln x`
+    Log,
     /// `tanh x`
     Tanh,
     /// `max(x, 0)`, NaN kept
@@ -48,7 +50,7 @@ pub enum Unary {
 
 impl Unary {
     fn costly(self) -> bool {
-        matches!(self, Unary::Exp | Unary::Tanh | Unary::Sigmoid)
+        matches!(self, Unary::Exp | Unary::Log | Unary::Tanh | Unary::Sigmoid)
     }
 }
 
@@ -279,10 +281,53 @@ fn unary_body<const F: bool>(op: Unary, x: &[f32], out: &mut [f32]) {
         Unary::Abs => map(x, out, f32::abs),
         Unary::Sqrt => map(x, out, f32::sqrt),
         Unary::Exp => map(x, out, exp::<F>),
+        Unary::Log => map(x, out, log::<F>),
         Unary::Tanh => map(x, out, tanh::<F>),
         // `v > 0 || v is NaN`: v, else +0.
         Unary::Relu => map(x, out, |v| if v > 0.0 || v.is_nan() { v } else { 0.0 }),
         Unary::Sigmoid => map(x, out, |v| 1.0 / (1.0 + exp::<F>(-v))),
+    }
+}
+
+/// Cephes `logf`: `x = m · 2^e` with `m` in `[√½, √2)`, `ln x = ln m + e · ln 2` with `ln(1 + f)`
+/// a degree-9 polynomial; subnormals are scaled by `2^23` first. `ln 0 = -inf`, `ln x = NaN` for
+/// `x < 0`, `ln inf = inf`, NaN stays NaN.
+#[inline(always)]
+fn log<const F: bool>(x: f32) -> f32 {
+    let tiny = x < f32::MIN_POSITIVE;
+    let xs = if tiny { x * 8_388_608.0 } else { x };
+    let bits = xs.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 126 - if tiny { 23 } else { 0 };
+    // The mantissa in [0.5, 1).
+    let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
+    let low = m < std::f32::consts::FRAC_1_SQRT_2;
+    if low {
+        e -= 1;
+    }
+    let f = if low { m + m - 1.0 } else { m - 1.0 };
+    let ef = e as f32;
+    let z = f * f;
+    let mut p = 7.037_683_6e-2;
+    p = madd::<F>(p, f, -1.151_461e-1);
+    p = madd::<F>(p, f, 1.167_699_9e-1);
+    p = madd::<F>(p, f, -1.242_014_1e-1);
+    p = madd::<F>(p, f, 1.424_932_3e-1);
+    p = madd::<F>(p, f, -1.666_805_8e-1);
+    p = madd::<F>(p, f, 2.000_071_5e-1);
+    p = madd::<F>(p, f, -2.499_999_4e-1);
+    p = madd::<F>(p, f, 3.333_333e-1);
+    let mut y = p * f * z;
+    y = madd::<F>(ef, -2.121_944_4e-4, y);
+    y = madd::<F>(z, -0.5, y);
+    let r = madd::<F>(ef, 0.693_359_4, f + y);
+    if x == 0.0 {
+        f32::NEG_INFINITY
+    } else if x < 0.0 || x.is_nan() {
+        f32::NAN
+    } else if x == f32::INFINITY {
+        f32::INFINITY
+    } else {
+        r
     }
 }
 
@@ -423,11 +468,20 @@ mod tests {
             f32::NAN,
             f32::MAX,
             f32::MIN_POSITIVE,
+            1e-40,
+            1.4e-45,
+            // Either side of log's mantissa switch at √½.
+            f32::from_bits(std::f32::consts::FRAC_1_SQRT_2.to_bits() - 1),
+            f32::from_bits(std::f32::consts::FRAC_1_SQRT_2.to_bits() + 1),
+            1.0000001,
+            0.99999994,
         ];
         let mut s = 12345u64;
         for _ in 0..3000 {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             v.push(((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0);
+            // And positive values over the whole exponent range (for log).
+            v.push(f32::from_bits(((s >> 7) as u32) & 0x7f7f_ffff));
         }
         v
     }
@@ -452,6 +506,7 @@ mod tests {
             Unary::Abs => v.abs(),
             Unary::Sqrt => v.sqrt(),
             Unary::Exp => v.exp(),
+            Unary::Log => v.ln(),
             Unary::Tanh => v.tanh(),
             Unary::Relu if v.is_nan() => v,
             Unary::Relu => v.max(0.0),
@@ -469,6 +524,7 @@ mod tests {
             (Unary::Sqrt, 0),
             (Unary::Relu, 0),
             (Unary::Exp, 2),
+            (Unary::Log, 2),
             (Unary::Tanh, 3),
             (Unary::Sigmoid, 3),
         ] {
