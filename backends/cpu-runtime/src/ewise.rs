@@ -23,7 +23,7 @@ const L: usize = 64;
 /// Elements summed in f32 lanes before the block's sum joins the f64 total.
 pub const SUM_BLOCK: usize = 4096;
 /// Elements per task for cheap ops (a pool wake-up costs more below it).
-const TASK_CHEAP: usize = 1 << 17;
+const TASK_CHEAP: usize = 1 << 15;
 /// Elements per task for transcendental ops.
 const TASK_COSTLY: usize = 1 << 14;
 
