@@ -149,6 +149,31 @@ fn plane<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], tree: &mut Tre
                     dx[at] = T::from_f64(dx[at].into() + gij);
                     continue;
                 }
+                if kh == 2 && kw == 2 && !nan {
+                    // A tie in a 2 × 2 window: its tree inline — (a, b) and (c, d), then the two maxima; ties
+                    // split in halves at each node, as `Tree::shares` does (a ReLU before the
+                    // pool makes all-zero windows common).
+                    let at = [base, base + 1, base + g.w, base + g.w + 1];
+                    let v: [f64; 4] = at.map(|a| x[a].into());
+                    let split = |p: f64, q: f64| {
+                        if p > q {
+                            (1.0, 0.0)
+                        } else if p < q {
+                            (0.0, 1.0)
+                        } else {
+                            (0.5, 0.5)
+                        }
+                    };
+                    let (s1, s2) = split(v[0].max(v[1]), v[2].max(v[3]));
+                    let (sa, sb) = split(v[0], v[1]);
+                    let (sc, sd) = split(v[2], v[3]);
+                    for (a, share) in at.into_iter().zip([s1 * sa, s1 * sb, s2 * sc, s2 * sd]) {
+                        if share != 0.0 {
+                            dx[a] = T::from_f64(dx[a].into() + gij * share);
+                        }
+                    }
+                    continue;
+                }
             }
             // Leaves in slice order; `None`: the padding.
             for di in 0..kh {
@@ -277,6 +302,29 @@ mod tests {
         // Window (a, b, c, d) = all equal: max(max(a, b), max(c, d)) gives each a quarter.
         let dx = vjp(&[3.0; 4], [1, 1, 2, 2], &[8.0], [1, 1, 1, 1], [2, 2], [2, 2], [0; 4]);
         assert_eq!(dx, [2.0; 4]);
+        // Partial ties in 2×2 windows (the inline path): (5, 5 | 1, 2) — the top pair's first
+        // side wins, its two leaves split it; (1, 5 | 5, 0) — the two sides tie, each side's
+        // winner takes half.
+        let dx = vjp(
+            &[5.0, 5.0, 1.0, 2.0],
+            [1, 1, 2, 2],
+            &[8.0],
+            [1, 1, 1, 1],
+            [2, 2],
+            [2, 2],
+            [0; 4],
+        );
+        assert_eq!(dx, [4.0, 4.0, 0.0, 0.0]);
+        let dx = vjp(
+            &[1.0, 5.0, 5.0, 0.0],
+            [1, 1, 2, 2],
+            &[8.0],
+            [1, 1, 1, 1],
+            [2, 2],
+            [2, 2],
+            [0; 4],
+        );
+        assert_eq!(dx, [0.0, 4.0, 4.0, 0.0]);
         // Three leaves (1×3 window), the first two tied above the third: halves; the third,
         // passed up alone, loses.
         let dx = vjp(
