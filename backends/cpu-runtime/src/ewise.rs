@@ -653,6 +653,37 @@ mod tests {
         }
     }
 
+    /// Large outputs at every offset from a cache line, split in tasks across threads: every
+    /// element is written once, with its own operands, and nothing outside.
+    #[test]
+    fn split_outputs_at_any_alignment_cover_every_element_once() {
+        let n = 100_003;
+        let a: Vec<f32> = (0..n + 16).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n + 16).map(|i| 0.5 * i as f32).collect();
+        for skip in 0..16 {
+            let mut out = vec![f32::NAN; n + 16];
+            let o = &mut out[skip..skip + n];
+            binary(
+                Binary::Add,
+                Side::Full(&a[skip..skip + n]),
+                Side::Full(&b[skip..skip + n]),
+                o,
+                3,
+            );
+            assert!(
+                o.iter().enumerate().all(|(i, &y)| y == 1.5 * (skip + i) as f32),
+                "offset {skip}"
+            );
+            assert!(
+                out[..skip].iter().chain(&out[skip + n..]).all(|v| v.is_nan()),
+                "wrote outside"
+            );
+            let mut u = vec![0f32; n];
+            unary(Unary::Neg, &a[skip..skip + n], &mut u, 2);
+            assert!(u.iter().enumerate().all(|(i, &y)| y == -((skip + i) as f32)));
+        }
+    }
+
     #[test]
     fn sums_are_close_to_f64_and_the_same_bits_for_any_thread_count() {
         // 1M + 7 values of mixed sign and magnitude; rows of 1000 and one whole.
