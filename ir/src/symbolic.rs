@@ -290,15 +290,19 @@ impl fmt::Display for SymExpr {
                 t.coef
             };
             let mut first = true;
+            // A leading `-` binds tighter than `/` when parsed back (`-N/2` is `(-N)/2`), so a
+            // quotient after it is parenthesized: `-(N/2)`.
+            let mut negated = false;
             if c != 1 || t.factors.is_empty() {
                 if c == -1 && !t.factors.is_empty() {
                     f.write_str("-")?;
+                    negated = true;
                 } else {
                     write!(f, "{c}")?;
                     first = false;
                 }
             }
-            let many = t.factors.len() > 1 || !first;
+            let many = t.factors.len() > 1 || !first || negated;
             for a in &t.factors {
                 if !first {
                     f.write_str("*")?;
@@ -459,12 +463,17 @@ mod tests {
             "N*N-4",
             "((N+1)/2)/3",
             "12",
+            // A negated quotient first: `-N/2` would parse back as `(-N)/2` (found by fuzzing).
+            "-(N/333)+M",
+            "-((N+1)/2)",
+            "-(N/2)-(M/3)",
         ] {
             let e = p(s);
             assert_eq!(p(&e.to_string()), e, "{s} printed as {e}");
         }
         assert_eq!(p("C*N+1").to_string(), "C*N+1");
         assert_eq!(p("1+2*N").to_string(), "2*N+1");
+        assert_eq!(p("-(N/2)").to_string(), "-(N/2)");
     }
 
     #[test]
