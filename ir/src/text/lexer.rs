@@ -232,6 +232,11 @@ pub(crate) fn tokenize(text: &str) -> Result<Vec<Token>, ParseError> {
                 lx.bump();
                 Tok::Punct(c)
             }
+            // `-(` starts a negated group in a size expression (`f32[-(N/2)+M]`).
+            '-' if lx.chars.clone().nth(1) == Some('(') => {
+                lx.bump();
+                Tok::Punct('-')
+            }
             '-' => {
                 let n = lx.number();
                 if n == "-" {

@@ -184,7 +184,7 @@ impl Parser {
                     depth -= 1;
                     text.push(')');
                 }
-                Tok::Punct(c @ ('*' | '+' | '/')) => text.push(c),
+                Tok::Punct(c @ ('*' | '+' | '/' | '-')) => text.push(c),
                 // `N-1` lexes as `N` and `-1`: the text reads as a subtraction again.
                 Tok::Number(s) | Tok::Ident(s) => text.push_str(&s),
                 t if text.is_empty() => return Err(self.err(format!("expected a dimension, found {}", t.describe()))),

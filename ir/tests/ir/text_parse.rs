@@ -481,3 +481,19 @@ fn size_expressions_in_types_round_trip() {
     let e = err("graph @g {\n  %x = input \"x\" : f32[N/M]\n  output \"y\" = %x\n}\n");
     assert!(e.msg.contains("N/M") && e.line == 2, "{e:?}");
 }
+
+/// A shape whose size expression starts with a negated quotient prints as `-(N/3)` and parses
+/// back to the same graph (`-N/3` would read as `(-N)/3`, another floor; found by fuzzing).
+#[test]
+fn negated_quotients_in_shapes_round_trip() {
+    let text = "graph @g {\n  %x = input \"x\" : f32[-(N/3)+5]\n  output \"y\" = %x\n}\n";
+    let g = parse_graph(text).unwrap();
+    let printed = print_graph(&g);
+    assert!(printed.contains("-(N/3)"), "{printed}");
+    let again = parse_graph(&printed).unwrap();
+    assert_eq!(print_graph(&again), printed);
+    let seed = include_str!("../../../fuzz/seeds/parse_text/negated_quotient.txt");
+    let g = parse_graph(seed).unwrap();
+    let printed = print_graph(&g);
+    assert_eq!(print_graph(&parse_graph(&printed).unwrap()), printed);
+}
