@@ -79,7 +79,8 @@ impl View {
     }
 
     /// Whether `self` and `other` read the same bytes (not a copy of them).
-    pub(crate) fn shares_bytes(&self, other: &TensorData) -> bool {
+    #[cfg(test)]
+    fn shares_bytes(&self, other: &TensorData) -> bool {
         std::ptr::eq(self.base.bytes().as_ptr(), other.bytes().as_ptr()) && !other.bytes().is_empty()
     }
 
