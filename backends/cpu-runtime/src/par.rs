@@ -6,13 +6,20 @@
 //! machines), more than a 64K-element kernel takes, so short kernels could not split at all.
 //! Here the caller claims units itself and waits only for units a pool thread has already
 //! claimed: an awake pool thread joins within a microsecond, a sleeping one arrives to find
-//! every unit taken and returns without touching the work. (PyTorch's OpenMP threads spin
-//! between ops for the same reason.)
+//! every unit taken and returns without touching the work.
+//!
+//! A pool thread is asleep more often than not between two eager ops, so after a parallel
+//! loop ends up to `tasks - 1` pool threads *linger*: each spins on a mailbox for a short
+//! while (`OAR_THREAD_SPIN_US`, default 300 µs; 0 turns it off) and the next loop hands its
+//! work straight to it, as PyTorch's OpenMP threads spin between ops. A lingering thread
+//! keeps running the pool's other jobs (`rayon::yield_now`), so it never starves them.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Run `f(state, unit)` for every unit in `0..n`, on the calling thread and up to
 /// `tasks - 1` rayon pool threads; each participant makes its own `state` with `init`
@@ -56,7 +63,16 @@ pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, 
         panic: Mutex::new(None),
         work,
     });
-    for _ in 1..tasks {
+    let mut helpers = tasks - 1;
+    for spinner in spinners() {
+        if helpers == 0 {
+            break;
+        }
+        if spinner.hand(&shared) {
+            helpers -= 1;
+        }
+    }
+    for _ in 0..helpers {
         let s = Arc::clone(&shared);
         rayon::spawn(move || {
             if let Some(first) = s.claim() {
@@ -80,6 +96,124 @@ pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, 
     }
     if let Some(payload) = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
         resume_unwind(payload);
+    }
+    linger(tasks - 1);
+}
+
+/// Keep up to `helpers` pool threads spinning for the next parallel loop.
+fn linger(helpers: usize) {
+    if spin_time().is_zero() {
+        return;
+    }
+    for spinner in spinners().iter().take(helpers) {
+        if spinner
+            .state
+            .compare_exchange(IDLE, WAITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            rayon::spawn(move || spinner.run());
+        }
+    }
+}
+
+fn spin_time() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("OAR_THREAD_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(300);
+        Duration::from_micros(us.min(1_000_000))
+    })
+}
+
+/// One mailbox per pool thread but one (the caller of a loop is the other participant).
+fn spinners() -> &'static [Spinner] {
+    static SPINNERS: OnceLock<Box<[Spinner]>> = OnceLock::new();
+    SPINNERS.get_or_init(|| {
+        (1..rayon::current_num_threads().max(1))
+            .map(|_| Spinner {
+                state: AtomicU8::new(IDLE),
+                mailbox: Mutex::new(None),
+            })
+            .collect()
+    })
+}
+
+/// No thread is lingering on this mailbox.
+const IDLE: u8 = 0;
+/// A pool thread is (or is about to be) spinning on it, and the mailbox is empty.
+const WAITING: u8 = 1;
+/// A loop's work is in the mailbox, or the lingering thread is running it.
+const HANDED: u8 = 2;
+
+struct Spinner {
+    state: AtomicU8,
+    mailbox: Mutex<Option<Arc<Shared>>>,
+}
+
+thread_local! {
+    static LINGERING: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Spinner {
+    /// Give `shared` to the thread lingering here, if there is one and it is free.
+    fn hand(&self, shared: &Arc<Shared>) -> bool {
+        if self.state.load(Ordering::Relaxed) != WAITING {
+            return false;
+        }
+        let mut mailbox = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        // The lock is held until the work is in the mailbox, so the spinner, which takes the
+        // lock after it sees HANDED, always finds it there.
+        if self
+            .state
+            .compare_exchange(WAITING, HANDED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        *mailbox = Some(Arc::clone(shared));
+        true
+    }
+
+    /// Runs on a pool thread: take loops from the mailbox until none has come for the spin
+    /// time, running the pool's other jobs in between.
+    fn run(&self) {
+        // A lingering thread that picks up another mailbox's spinner through `yield_now`
+        // would leave its own unserved: the nested one hands back at once.
+        let nested = LINGERING.with(|l| l.replace(true));
+        let mut deadline = Instant::now() + spin_time();
+        let mut polls = 0u32;
+        loop {
+            if self.state.load(Ordering::Acquire) == HANDED {
+                let job = self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(job) = job {
+                    if let Some(first) = job.claim() {
+                        // Safety: a unit is claimed, so the loop's caller is still waiting.
+                        unsafe { (*job.work)(&job, first) }
+                    }
+                }
+                self.state.store(WAITING, Ordering::Release);
+                deadline = Instant::now() + spin_time();
+                continue;
+            }
+            polls = polls.wrapping_add(1);
+            if nested || polls % 64 == 0 {
+                if (nested || Instant::now() >= deadline)
+                    && self
+                        .state
+                        .compare_exchange(WAITING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    break;
+                }
+                if !nested {
+                    rayon::yield_now();
+                }
+            }
+            std::hint::spin_loop();
+        }
+        LINGERING.with(|l| l.set(nested));
     }
 }
 
@@ -169,6 +303,42 @@ mod tests {
             release_tx.send(()).unwrap();
         }
         assert_eq!(on_caller.load(Ordering::Relaxed), 4);
+    }
+
+    /// Back-to-back loops share their units with a pool thread: the second loop's unit 0
+    /// (on the caller) waits — bounded — for unit 1 to run elsewhere, which happens whether
+    /// the pool thread was lingering (the mailbox) or asleep (a spawned job).
+    #[test]
+    fn back_to_back_loops_hand_units_to_a_pool_thread() {
+        if rayon::current_num_threads() < 2 {
+            return;
+        }
+        for _ in 0..50 {
+            par_units(2, 2, || (), |_, _| {});
+            let caller = std::thread::current().id();
+            let elsewhere = std::sync::atomic::AtomicBool::new(false);
+            let other_done = std::sync::atomic::AtomicBool::new(false);
+            par_units(
+                2,
+                2,
+                || (),
+                |_, u| {
+                    if std::thread::current().id() != caller {
+                        elsewhere.store(true, Ordering::Release);
+                        other_done.store(true, Ordering::Release);
+                        return;
+                    }
+                    if u == 0 {
+                        let start = std::time::Instant::now();
+                        while !other_done.load(Ordering::Acquire) && start.elapsed() < std::time::Duration::from_secs(5)
+                        {
+                            std::hint::spin_loop();
+                        }
+                    }
+                },
+            );
+            assert!(elsewhere.load(Ordering::Acquire), "no pool thread ran a unit");
+        }
     }
 
     #[test]
