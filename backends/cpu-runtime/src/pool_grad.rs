@@ -49,6 +49,9 @@ pub fn max_pool2d_vjp(
         left: padding[1],
     };
     let planes = xs[0] * xs[1];
+    if x.dtype() == DType::F32 && g.tiles_2x2() {
+        return tiled_2x2(x, dy, &g, planes, threads).map(Some);
+    }
     Ok(Some(match x.dtype() {
         DType::F32 => typed::<f32>(x, dy, &g, planes, threads)?,
         DType::F64 => typed::<f64>(x, dy, &g, planes, threads)?,
@@ -65,6 +68,123 @@ struct Geometry {
     stride: [usize; 2],
     top: usize,
     left: usize,
+}
+
+impl Geometry {
+    /// 2 × 2 windows, stride 2, no padding, every window inside the input: each input
+    /// element is in at most one window.
+    fn tiles_2x2(&self) -> bool {
+        self.kernel == [2, 2]
+            && self.stride == [2, 2]
+            && self.top == 0
+            && self.left == 0
+            && 2 * self.oh <= self.h
+            && 2 * self.ow <= self.w
+    }
+}
+
+/// f32 2 × 2 / stride 2 pooling ([`Geometry::tiles_2x2`]), the shape of most CNNs' pools:
+/// every window's tree written out branch-free in f32 and vectorized. Equal to [`plane`]'s
+/// result bit for bit: the comparisons are exact in either width, a share is a product of
+/// halves (exact), `g · share` is rounded once as there, and `+ 0.0` turns a -0 into the +0
+/// that adding to a zeroed gradient gives.
+fn tiled_2x2(
+    x: &TensorData,
+    dy: &TensorData,
+    g: &Geometry,
+    planes: usize,
+    threads: usize,
+) -> Result<TensorData, String> {
+    fn cast(t: &TensorData) -> Result<&[f32], String> {
+        if t.bytes().is_empty() {
+            return Ok(&[]);
+        }
+        bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("max_pool2d gradient: unaligned operand: {e}"))
+    }
+    let (xv, dyv) = (cast(x)?, cast(dy)?);
+    let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
+    let mut dx = crate::contraction::written_zeros(xv.len(), 0f32);
+    let per = (1usize << 14).div_ceil(s_in.max(1)).max(1);
+    let units = planes.div_ceil(per);
+    let threads = if planes * s_in < 1 << 16 { 1 } else { threads };
+    let dx_ptr = crate::contraction::SendPtr(dx.as_mut_ptr());
+    let rows = pick_rows_2x2();
+    par_units(
+        units,
+        threads,
+        || (),
+        |_, u| {
+            for p in u * per..((u + 1) * per).min(planes) {
+                let (xp, gp) = (&xv[p * s_in..][..s_in], &dyv[p * s_out..][..s_out]);
+                // Safety: plane `p` of dx, written by this unit only.
+                let dp = unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(p * s_in), s_in) };
+                for i in 0..g.oh {
+                    let (x0, x1) = xp[2 * i * g.w..][..2 * g.w].split_at(g.w);
+                    let (d0, d1) = dp[2 * i * g.w..][..2 * g.w].split_at_mut(g.w);
+                    rows(
+                        &x0[..2 * g.ow],
+                        &x1[..2 * g.ow],
+                        &gp[i * g.ow..][..g.ow],
+                        &mut d0[..2 * g.ow],
+                        &mut d1[..2 * g.ow],
+                    );
+                }
+            }
+        },
+    );
+    TensorData::from_vec(x.shape().to_vec(), dx).map_err(|e| e.to_string())
+}
+
+type Rows2x2 = fn(&[f32], &[f32], &[f32], &mut [f32], &mut [f32]);
+
+/// One row of 2 × 2 windows: input rows `x0`, `x1` (2 · ow elements), cotangents `gy` (ow),
+/// gradient rows `d0`, `d1`.
+#[inline(always)]
+fn rows_2x2_body(x0: &[f32], x1: &[f32], gy: &[f32], d0: &mut [f32], d1: &mut [f32]) {
+    // `max`'s rule at one node: the larger side takes it, a tie halves, a NaN gives nothing.
+    #[inline(always)]
+    fn split(p: f32, q: f32) -> (f32, f32) {
+        let tie = if p == q { 0.5 } else { 0.0 };
+        (if p > q { 1.0 } else { tie }, if q > p { 1.0 } else { tie })
+    }
+    let n = gy.len();
+    let (x0, x1, d0, d1) = (&x0[..2 * n], &x1[..2 * n], &mut d0[..2 * n], &mut d1[..2 * n]);
+    for j in 0..n {
+        let (a, b, c, d) = (x0[2 * j], x0[2 * j + 1], x1[2 * j], x1[2 * j + 1]);
+        // A NaN anywhere makes the root NaN: no share anywhere.
+        let nan = a.is_nan() | b.is_nan() | c.is_nan() | d.is_nan();
+        let g = if nan { 0.0 } else { gy[j] };
+        let (s1, s2) = split(if a > b { a } else { b }, if c > d { c } else { d });
+        let (sa, sb) = split(a, b);
+        let (sc, sd) = split(c, d);
+        d0[2 * j] = g * (s1 * sa) + 0.0;
+        d0[2 * j + 1] = g * (s1 * sb) + 0.0;
+        d1[2 * j] = g * (s2 * sc) + 0.0;
+        d1[2 * j + 1] = g * (s2 * sd) + 0.0;
+    }
+}
+
+fn pick_rows_2x2() -> Rows2x2 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::simd::Simd;
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn avx512(x0: &[f32], x1: &[f32], gy: &[f32], d0: &mut [f32], d1: &mut [f32]) {
+            rows_2x2_body(x0, x1, gy, d0, d1)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(x0: &[f32], x1: &[f32], gy: &[f32], d0: &mut [f32], d1: &mut [f32]) {
+            rows_2x2_body(x0, x1, gy, d0, d1)
+        }
+        match Simd::detect() {
+            // Safety: the features were detected.
+            Simd::Avx512 => return |x0, x1, gy, d0, d1| unsafe { avx512(x0, x1, gy, d0, d1) },
+            // Safety: as above.
+            Simd::Avx2Fma => return |x0, x1, gy, d0, d1| unsafe { avx2(x0, x1, gy, d0, d1) },
+            Simd::Baseline => {}
+        }
+    }
+    rows_2x2_body
 }
 
 /// f32 and f64 (values compared and shares added in f64; `Element` converts).
@@ -348,6 +468,63 @@ mod tests {
             [0; 4],
         );
         assert_eq!(dx, [0.0, 0.0]);
+    }
+
+    /// The f32 2 × 2 path equals the general replay bit for bit: random values with many
+    /// ties (a ReLU's zeros, a few distinct values), NaNs, -0 and subnormal cotangents, odd
+    /// input sizes (a last row and column no window covers), one and two threads.
+    #[test]
+    fn f32_2x2_windows_match_the_general_path_bitwise() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for (n, c, h, w) in [(2, 3, 28, 28), (1, 2, 11, 9), (64, 6, 10, 10), (3, 1, 2, 2)] {
+            let (oh, ow) = (h / 2, w / 2);
+            let x: Vec<f32> = (0..n * c * h * w)
+                .map(|_| match next() % 10 {
+                    0..=3 => 0.0,
+                    4 => f32::NAN,
+                    5 => -0.0,
+                    v => v as f32 * 0.5,
+                })
+                .collect();
+            let dy: Vec<f32> = (0..n * c * oh * ow)
+                .map(|_| match next() % 6 {
+                    0 => -0.0,
+                    1 => f32::from_bits(3), // subnormal: g · ¼ rounds
+                    2 => -f32::from_bits(5),
+                    v => (v as f32 - 3.7) * 1.3,
+                })
+                .collect();
+            let xt = TensorData::from_vec(vec![n, c, h, w], x).unwrap();
+            let dyt = TensorData::from_vec(vec![n, c, oh, ow], dy).unwrap();
+            let g = Geometry {
+                h,
+                w,
+                oh,
+                ow,
+                kernel: [2, 2],
+                stride: [2, 2],
+                top: 0,
+                left: 0,
+            };
+            assert!(g.tiles_2x2());
+            let general = typed::<f32>(&xt, &dyt, &g, n * c, 2).unwrap();
+            for threads in [1, 2] {
+                let fast = max_pool2d_vjp(&xt, &dyt, [2, 2], [2, 2], [0; 4], threads)
+                    .unwrap()
+                    .unwrap();
+                let (a, b): (&[u32], &[u32]) = (
+                    bytemuck::cast_slice(fast.bytes()),
+                    bytemuck::cast_slice(general.bytes()),
+                );
+                assert_eq!(a, b, "{n}×{c}×{h}×{w}, {threads} threads");
+            }
+        }
     }
 
     #[test]
