@@ -64,6 +64,7 @@ pub fn conv_vjp(
         (x, w, dy): (&TensorData, &TensorData, &TensorData),
         wants: [bool; 3],
         threads: usize,
+        direct: Option<crate::conv_wgrad::Shape>,
     ) -> Result<[Option<TensorData>; 3], String> {
         fn slice<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
             if t.bytes().is_empty() {
@@ -75,8 +76,20 @@ pub fn conv_vjp(
         let [want_x, want_w, want_b] = wants;
         let mut dx = want_x.then(|| written_zeros(xs.len(), T::ZERO));
         let mut dw = want_w.then(|| vec![T::ZERO; ws.len()]);
-        if want_x || want_w {
-            grads(geo, d, xs, ws, dys, dx.as_deref_mut(), dw.as_deref_mut(), threads);
+        // Small f32 planes: the weight gradient without a patch matrix.
+        let direct = direct.filter(|_| want_w && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>());
+        if let (Some(shape), Some(dw)) = (direct, dw.as_deref_mut()) {
+            crate::conv_wgrad::weight_grad(
+                shape,
+                bytemuck::cast_slice(xs),
+                bytemuck::cast_slice(dys),
+                bytemuck::cast_slice_mut(dw),
+                threads,
+            );
+        }
+        let dw_here = if direct.is_some() { None } else { dw.as_deref_mut() };
+        if want_x || dw_here.is_some() {
+            grads(geo, d, xs, ws, dys, dx.as_deref_mut(), dw_here, threads);
         }
         let db = want_b.then(|| {
             let mut db = vec![T::ZERO; d.o];
@@ -95,10 +108,31 @@ pub fn conv_vjp(
         Ok([wrap(dx, x.shape())?, wrap(dw, w.shape())?, wrap(db, &[d.o])?])
     }
     let ops = (x, w, dy);
+    let direct = direct_shape(&geo, d, x.shape(), w.shape(), conv);
     Ok(Some(match dtype {
-        DType::F32 => typed::<f32>(&geo, d, ops, wants, threads)?,
-        _ => typed::<f64>(&geo, d, ops, wants, threads)?,
+        DType::F32 => typed::<f32>(&geo, d, ops, wants, threads, direct)?,
+        _ => typed::<f64>(&geo, d, ops, wants, threads, direct)?,
     }))
+}
+
+/// The shapes for [`crate::conv_wgrad::weight_grad`] where it serves this convolution.
+fn direct_shape(geo: &Geo, d: Dims, xs: &[usize], ws: &[usize], conv: &Conv) -> Option<crate::conv_wgrad::Shape> {
+    if xs.len() != 4 || d.g != 1 || !crate::conv_wgrad::eligible(&conv.stride, &conv.dilation, ws[3], geo.sout[1]) {
+        return None;
+    }
+    Some(crate::conv_wgrad::Shape {
+        n: d.n,
+        c: d.c,
+        h: xs[2],
+        w: xs[3],
+        o: d.o,
+        oh: geo.sout[0],
+        ow: geo.sout[1],
+        kh: ws[2],
+        kw: ws[3],
+        pt: conv.pad_before[0],
+        pl: conv.pad_before[1],
+    })
 }
 
 /// `dx` (zeroed) and `dw` (zeroed) of an ungrouped convolution, where asked.
@@ -364,6 +398,82 @@ mod tests {
                     let g: &[f64] = bytemuck::cast_slice(g.as_ref().unwrap().bytes());
                     let err = g.iter().zip(e.iter()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
                     assert!(err < 1e-12, "case {i}, {threads} threads: {name} off by {err}");
+                }
+            }
+        }
+    }
+
+    /// f32 weight gradients of small stride-1 convolutions take the direct kernel
+    /// (`conv_wgrad`): against the definition in f64 (error within 1e-5 of the sum of the
+    /// terms' magnitudes), and bit-identical for one, two and three threads. Cases: LeNet's
+    /// two layers at batch 3, 3 × 3 with asymmetric padding and output channels not a
+    /// multiple of any block, a row wider than two vector chunks.
+    #[test]
+    fn direct_f32_weight_gradients_match_the_definition() {
+        let conv = |pb: [usize; 2], pa: [usize; 2]| Conv {
+            stride: vec![1, 1],
+            pad_before: pb.to_vec(),
+            pad_after: pa.to_vec(),
+            dilation: vec![1, 1],
+            groups: 1,
+        };
+        let cases = [
+            ([3, 1, 28, 28], [6, 1, 5, 5], conv([2, 2], [2, 2])),
+            ([3, 6, 14, 14], [16, 6, 5, 5], conv([0, 0], [0, 0])),
+            ([2, 3, 9, 7], [7, 3, 3, 3], conv([1, 0], [2, 1])),
+            ([2, 2, 6, 31], [5, 2, 3, 3], conv([1, 1], [1, 1])),
+        ];
+        for (i, (xs, ws, a)) in cases.into_iter().enumerate() {
+            let [oh, ow] = out_size(xs, ws, &a);
+            let ys = [xs[0], ws[0], oh, ow];
+            let geo = geometry(
+                &xs,
+                &ws,
+                &ConvSpec {
+                    stride: &a.stride,
+                    pad_before: &a.pad_before,
+                    pad_after: &a.pad_after,
+                    dilation: &a.dilation,
+                    groups: 1,
+                },
+            )
+            .unwrap();
+            assert!(
+                direct_shape(&geo.0, geo.1, &xs, &ws, &a).is_some(),
+                "case {i} takes the direct kernel"
+            );
+            let f32s = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+            let x = f32s(values(xs.iter().product(), 7 * i as u64));
+            let w = f32s(values(ws.iter().product(), 7 * i as u64 + 1));
+            let dy = f32s(values(ys.iter().product(), 7 * i as u64 + 2));
+            let wide = |v: &[f32]| v.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+            let (_, ew, _) = by_definition(xs, ws, &a, &wide(&x), &wide(&w), &wide(&dy));
+            let abs = |v: &[f32]| v.iter().map(|v| f64::from(v.abs())).collect::<Vec<f64>>();
+            let (_, bound, _) = by_definition(xs, ws, &a, &abs(&x), &abs(&w), &abs(&dy));
+            let t = |v: &[f32], s: &[usize]| TensorData::from_vec(s.to_vec(), v.to_vec()).unwrap();
+            let mut first: Option<Vec<u32>> = None;
+            for threads in [1, 2, 3] {
+                let got = conv_vjp(
+                    &t(&x, &xs),
+                    &t(&w, &ws),
+                    &t(&dy, &ys),
+                    &a,
+                    [false, true, false],
+                    threads,
+                )
+                .unwrap()
+                .expect("a native path");
+                let dw: &[f32] = bytemuck::cast_slice(got[1].as_ref().unwrap().bytes());
+                for (k, ((&g, &e), &b)) in dw.iter().zip(&ew).zip(&bound).enumerate() {
+                    assert!(
+                        (f64::from(g) - e).abs() <= 1e-5 * b + 1e-30,
+                        "case {i}, {threads} threads, dw[{k}]: {g} vs {e} (terms' magnitudes {b})"
+                    );
+                }
+                let bits: Vec<u32> = dw.iter().map(|v| v.to_bits()).collect();
+                match &first {
+                    None => first = Some(bits),
+                    Some(f) => assert_eq!(f, &bits, "case {i}: {threads} threads differ from one"),
                 }
             }
         }
