@@ -112,6 +112,22 @@ fn ops() -> Result<()> {
         println!("relu_{label} {:.6}", per_call(reps, || F::relu(&a))?);
         println!("sum_rows_{label} {:.6}", per_call(reps, || a.sum(&[1], false))?);
         println!("mean_all_{label} {:.6}", per_call(reps, || a.mean(&[], false))?);
+        // The rest of the elementwise / reduction families: more unary functions, a
+        // comparison and a select, a max reduction, row and column broadcasts.
+        let (row, col) = (
+            oar::randn(&[1, 1024], DType::F32)?,
+            oar::randn(&[shape[0], 1], DType::F32)?,
+        );
+        let mask = a.greater_than(&b)?;
+        println!("sigmoid_{label} {:.6}", per_call(reps, || F::sigmoid(&a))?);
+        println!("sin_{label} {:.6}", per_call(reps, || a.sin())?);
+        println!("gelu_{label} {:.6}", per_call(reps, || F::gelu(&a, false))?);
+        println!("maximum_{label} {:.6}", per_call(reps, || a.maximum(&b))?);
+        println!("gt_{label} {:.6}", per_call(reps, || a.greater_than(&b))?);
+        println!("where_{label} {:.6}", per_call(reps, || oar::where_(&mask, &a, &b))?);
+        println!("max_rows_{label} {:.6}", per_call(reps, || a.max(&[1], false))?);
+        println!("add_row_{label} {:.6}", per_call(reps, || oar::add(&a, &row))?);
+        println!("add_col_{label} {:.6}", per_call(reps, || oar::add(&a, &col))?);
     }
     // Views (zero-copy in both): reshape, transpose, slice and expand of a 1024×1024 tensor,
     // then an add that reads a transpose.
@@ -179,6 +195,10 @@ fn main() -> Result<()> {
                     "t_add" => oar::add(&a.t()?, b),
                     "relu" => F::relu(a),
                     "tanh" => a.tanh(),
+                    "gelu" => F::gelu(a, false),
+                    "sin" => a.sin(),
+                    "gt" => a.greater_than(b),
+                    "max_rows" => a.max(&[1], false),
                     "sum_rows" => a.sum(&[1], false),
                     "mean_all" => a.mean(&[], false),
                     "softmax" => F::softmax(a, -1),

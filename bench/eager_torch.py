@@ -70,6 +70,13 @@ def ops():
                        ("exp", lambda: torch.exp(a)), ("relu", lambda: F.relu(a)),
                        ("sum_rows", lambda: a.sum(1)), ("mean_all", lambda: a.mean())]:
             print(f"{key}_{label} {per_call(reps, f):.6f}", flush=True)
+        row, col, mask = torch.randn(1, 1024), torch.randn(shape[0], 1), a > b
+        for key, f in [("sigmoid", lambda: torch.sigmoid(a)), ("sin", lambda: torch.sin(a)),
+                       ("gelu", lambda: F.gelu(a)), ("maximum", lambda: torch.maximum(a, b)),
+                       ("gt", lambda: a > b), ("where", lambda: torch.where(mask, a, b)),
+                       ("max_rows", lambda: a.amax(1)), ("add_row", lambda: a + row),
+                       ("add_col", lambda: a + col)]:
+            print(f"{key}_{label} {per_call(reps, f):.6f}", flush=True)
     a, b, row = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.randn(1, 1024)
 
     def views():

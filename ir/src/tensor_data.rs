@@ -217,7 +217,10 @@ impl TensorData {
                 got: bytes.len(),
             });
         }
+        // A byte above 1 has a bit above bit 0: one OR over all bytes (a vector loop) finds
+        // whether there is one, a search only then where.
         if dtype == DType::Bool
+            && bytes.iter().fold(0u8, |acc, &b| acc | b) > 1
             && let Some((index, &byte)) = bytes.iter().enumerate().find(|(_, b)| **b > 1)
         {
             return Err(TensorDataError::NotBool { index, byte });

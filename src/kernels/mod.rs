@@ -124,7 +124,7 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result
 /// vectors only). `None`: not one of them, and the compiled kernel runs. Every case here is
 /// well typed by construction (f32 operands, shapes checked), so the type check is skipped.
 fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
-    use oar_cpu_runtime::ewise::{self, Binary, Reduce, Unary};
+    use oar_cpu_runtime::ewise::{self, Binary, Compare, Reduce, Unary};
     use oar_ir::Composite;
     use oar_ir::ops::{BinaryOp, ReduceOp, UnaryOp};
     let threads = rayon::current_num_threads();
@@ -136,10 +136,15 @@ fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
             UnaryOp::Exp => Some(Unary::Exp),
             UnaryOp::Log => Some(Unary::Log),
             UnaryOp::Tanh => Some(Unary::Tanh),
+            UnaryOp::Sin => Some(Unary::Sin),
+            UnaryOp::Cos => Some(Unary::Cos),
+            UnaryOp::Erf => Some(Unary::Erf),
             _ => return None,
         },
         (Op::Composite(Composite::Relu), [_]) => Some(Unary::Relu),
         (Op::Composite(Composite::Sigmoid), [_]) => Some(Unary::Sigmoid),
+        (Op::Composite(Composite::Silu), [_]) => Some(Unary::Silu),
+        (Op::Composite(Composite::Gelu(g)), [_]) => Some(if g.approximate { Unary::GeluTanh } else { Unary::Gelu }),
         _ => None,
     };
     if let (Some(u), [x]) = (unary, inputs) {
@@ -155,17 +160,35 @@ fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
                 BinaryOp::Div => Binary::Div,
                 BinaryOp::Max => Binary::Max,
                 BinaryOp::Min => Binary::Min,
-                _ => return None,
+                cmp => {
+                    let cmp = match cmp {
+                        BinaryOp::Eq => Compare::Eq,
+                        BinaryOp::Ne => Compare::Ne,
+                        BinaryOp::Lt => Compare::Lt,
+                        BinaryOp::Le => Compare::Le,
+                        BinaryOp::Gt => Compare::Gt,
+                        BinaryOp::Ge => Compare::Ge,
+                        _ => return None,
+                    };
+                    let (xa, xc) = (f32s(a)?, f32s(c)?);
+                    let (sa, sc, shape) = broadcast_sides(a, xa, c, xc)?;
+                    let mut out = vec![0u8; shape.iter().product()];
+                    ewise::compare(cmp, sa, sc, &mut out, threads);
+                    return Some(TensorData::from_bytes(DType::Bool, shape, out).map_err(Into::into));
+                }
             };
             let (xa, xc) = (f32s(a)?, f32s(c)?);
             let (sa, sc, shape) = broadcast_sides(a, xa, c, xc)?;
             with_output(shape, |o| ewise::binary(b, sa, sc, o, threads))
         }
-        (Op::Reduce(r), [x]) if matches!(r.op, ReduceOp::Sum | ReduceOp::Mean) && !x.is_empty() => {
-            let red = if r.op == ReduceOp::Sum {
-                Reduce::Sum
-            } else {
-                Reduce::Mean
+        (Op::Reduce(r), [x])
+            if matches!(r.op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min) && !x.is_empty() =>
+        {
+            let red = match r.op {
+                ReduceOp::Sum => Reduce::Sum,
+                ReduceOp::Mean => Reduce::Mean,
+                ReduceOp::Max => Reduce::Max,
+                _ => Reduce::Min,
             };
             let xs = f32s(x)?;
             let rank = x.shape().len();

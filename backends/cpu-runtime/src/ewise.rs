@@ -10,7 +10,10 @@
 //! as the reference's f64 evaluation rounded once); `max`/`min` propagate NaN; `exp` is the row
 //! kernels' polynomial (≤ 2 ulp, below `2^-125` flushed to 0); `log` is Cephes' (≤ 2 ulp); `tanh` is Cephes' (a polynomial
 //! below 0.625, `1 - 2/(e^{2|x|} + 1)` above; ≤ 3 ulp); `sigmoid` is `1/(1 + e^{-x})`; `relu`
-//! keeps NaN. Sums accumulate in f32 lanes over blocks of [`SUM_BLOCK`] elements and add the
+//! keeps NaN; `sin`/`cos` are Cephes' (≤ 2 ulp; past |x| = 8192 reduced in f64); `erf` is a
+//! fitted polynomial below 1 and `1 - e^{-x²}/x · R(1/x²)` above (≤ 3 ulp); `gelu` takes
+//! `erfc` directly for x < 0 and the tanh form as `x · sigmoid(2z)` (no cancellation in the
+//! negative tail, where the reference's own f64 formula rounds to 0); `silu` is `x/(1 + e^{-x})`. Sums accumulate in f32 lanes over blocks of [`SUM_BLOCK`] elements and add the
 //! block sums in f64 (the reference sums in f64), in a fixed order: every thread count gives
 //! the same bits.
 
@@ -46,11 +49,23 @@ pub enum Unary {
     Relu,
     /// `1 / (1 + e^-x)`
     Sigmoid,
+    /// `sin x`
+    Sin,
+    /// `cos x`
+    Cos,
+    /// `erf x`
+    Erf,
+    /// `x / 2 · (1 + erf(x / √2))`
+    Gelu,
+    /// `x / 2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`
+    GeluTanh,
+    /// `x · sigmoid(x)`
+    Silu,
 }
 
 impl Unary {
     fn costly(self) -> bool {
-        matches!(self, Unary::Exp | Unary::Log | Unary::Tanh | Unary::Sigmoid)
+        !matches!(self, Unary::Neg | Unary::Abs | Unary::Sqrt | Unary::Relu)
     }
 }
 
@@ -100,6 +115,27 @@ pub enum Reduce {
     Sum,
     /// Σ / n
     Mean,
+    /// the largest element, NaN if any is (at least one element)
+    Max,
+    /// the smallest element, NaN if any is (at least one element)
+    Min,
+}
+
+/// A comparison (IEEE: every one but `Ne` is false when a side is NaN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compare {
+    /// `a == b`
+    Eq,
+    /// `a != b`
+    Ne,
+    /// `a < b`
+    Lt,
+    /// `a <= b`
+    Le,
+    /// `a > b`
+    Gt,
+    /// `a >= b`
+    Ge,
 }
 
 /// `out = op(x)`; `x` and `out` of equal length.
@@ -115,7 +151,25 @@ pub fn unary(op: Unary, x: &[f32], out: &mut [f32], threads: usize) {
 /// `out = op(a, b)`; a `Full` side has `out.len()` elements, a `Row` side a length dividing it.
 /// At most one side is not `Full`.
 pub fn binary(op: Binary, a: Side, b: Side, out: &mut [f32], threads: usize) {
-    let n = out.len();
+    let align = sides_align(a, b, out.len());
+    // Tasks hold whole rows (a multiple of the row length).
+    split(out, TASK_CHEAP, align, threads, |lo, o| {
+        let (a, b) = (a.part(lo, lo + o.len()), b.part(lo, lo + o.len()));
+        binary_host(op, a, b, o)
+    });
+}
+
+/// `out = op(a, b)` as 0/1 bytes (a bool tensor's elements); sides as [`binary`]'s.
+pub fn compare(op: Compare, a: Side, b: Side, out: &mut [u8], threads: usize) {
+    let align = sides_align(a, b, out.len());
+    split(out, TASK_CHEAP, align, threads, |lo, o| {
+        let (a, b) = (a.part(lo, lo + o.len()), b.part(lo, lo + o.len()));
+        compare_host(op, a, b, o)
+    });
+}
+
+/// The sides' lengths checked against `n` output elements; the row length (1 without one).
+fn sides_align(a: Side, b: Side, n: usize) -> usize {
     let mut align = 1;
     for s in [a, b] {
         match s {
@@ -131,11 +185,7 @@ pub fn binary(op: Binary, a: Side, b: Side, out: &mut [f32], threads: usize) {
             Side::Scalar(_) => {}
         }
     }
-    // Tasks hold whole rows (a multiple of the row length).
-    split(out, TASK_CHEAP, align, threads, |lo, o| {
-        let (a, b) = (a.part(lo, lo + o.len()), b.part(lo, lo + o.len()));
-        binary_host(op, a, b, o)
-    });
+    align
 }
 
 /// `out[r] = op(x[r·n .. (r+1)·n])` for each of `out.len()` rows of `n` elements.
@@ -148,6 +198,10 @@ pub fn reduce_rows(op: Reduce, x: &[f32], n: usize, out: &mut [f32], threads: us
         out.len()
     );
     if n == 0 {
+        assert!(
+            matches!(op, Reduce::Sum | Reduce::Mean),
+            "reduce kernel: {op:?} of empty rows"
+        );
         out.fill(if op == Reduce::Mean { f32::NAN } else { 0.0 });
         return;
     }
@@ -155,8 +209,10 @@ pub fn reduce_rows(op: Reduce, x: &[f32], n: usize, out: &mut [f32], threads: us
     split(out, rows_per_task, 1, threads, |r0, o| {
         for (i, y) in o.iter_mut().enumerate() {
             let row = &x[(r0 + i) * n..(r0 + i + 1) * n];
-            let s = sum_host(row);
-            *y = finish(op, s, n);
+            *y = match op {
+                Reduce::Max | Reduce::Min => extreme_host(op == Reduce::Max, row),
+                _ => finish(op, sum_host(row), n),
+            };
         }
     });
 }
@@ -164,7 +220,23 @@ pub fn reduce_rows(op: Reduce, x: &[f32], n: usize, out: &mut [f32], threads: us
 /// `op` over all of `x` (split across threads in blocks; the same bits for any thread count).
 pub fn reduce_all(op: Reduce, x: &[f32], threads: usize) -> f32 {
     if x.is_empty() {
+        assert!(
+            matches!(op, Reduce::Sum | Reduce::Mean),
+            "reduce kernel: {op:?} of nothing"
+        );
         return if op == Reduce::Mean { f32::NAN } else { 0.0 };
+    }
+    if let Reduce::Max | Reduce::Min = op {
+        let max = op == Reduce::Max;
+        let tasks = x.len().div_ceil(TASK_CHEAP);
+        let mut partial = vec![0f32; tasks];
+        split(&mut partial, 1, 1, if tasks > 1 { threads } else { 1 }, |t0, p| {
+            for (i, y) in p.iter_mut().enumerate() {
+                let t = t0 + i;
+                *y = extreme_host(max, &x[t * TASK_CHEAP..((t + 1) * TASK_CHEAP).min(x.len())]);
+            }
+        });
+        return extreme_body::<false>(max, &partial);
     }
     // Per-task partial sums over whole SUM_BLOCKs, added in task order.
     let per_task = (TASK_CHEAP / SUM_BLOCK).max(1) * SUM_BLOCK;
@@ -187,8 +259,8 @@ pub fn reduce_all(op: Reduce, x: &[f32], threads: usize) -> f32 {
 
 fn finish(op: Reduce, sum: f64, n: usize) -> f32 {
     match op {
-        Reduce::Sum => sum as f32,
         Reduce::Mean => (sum / n as f64) as f32,
+        _ => sum as f32,
     }
 }
 
@@ -197,7 +269,7 @@ fn finish(op: Reduce, sum: f64, n: usize) -> f32 {
 /// thread, not into many `task`-sized ones: long contiguous streams keep the hardware
 /// prefetchers ahead (1M-element add, two threads: ~10% faster), and the second part still
 /// balances a thread that joins late.
-fn split(out: &mut [f32], task: usize, align: usize, threads: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+fn split<T: Copy + Send>(out: &mut [T], task: usize, align: usize, threads: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let task = task.max(out.len() / (2 * threads.max(1)));
     let per = task.div_ceil(align).max(1) * align;
     let tasks = out.len().div_ceil(per);
@@ -263,6 +335,8 @@ macro_rules! instances {
 
 instances!(unary_body, unary_host, unary_avx2, unary_avx512, (op: Unary, x: &[f32], out: &mut [f32]) -> ());
 instances!(binary_body, binary_host, binary_avx2, binary_avx512, (op: Binary, a: Side, b: Side, out: &mut [f32]) -> ());
+instances!(compare_body, compare_host, compare_avx2, compare_avx512, (op: Compare, a: Side, b: Side, out: &mut [u8]) -> ());
+instances!(extreme_body, extreme_host, extreme_avx2, extreme_avx512, (max: bool, x: &[f32]) -> f32);
 /// Σ x on this host: AVX2 intrinsics on x86-64 hosts with AVX2 (AVX-512 ones too: a sum is
 /// bound by memory, which 256-bit loads saturate), else the generic body.
 fn sum_host(x: &[f32]) -> f64 {
@@ -315,7 +389,7 @@ fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
 }
 
 #[inline(always)]
-fn map(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+fn map<O>(x: &[f32], out: &mut [O], f: impl Fn(f32) -> O) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = f(v);
     }
@@ -333,7 +407,141 @@ fn unary_body<const F: bool>(op: Unary, x: &[f32], out: &mut [f32]) {
         // `v > 0 || v is NaN`: v, else +0.
         Unary::Relu => map(x, out, |v| if v > 0.0 || v.is_nan() { v } else { 0.0 }),
         Unary::Sigmoid => map(x, out, |v| 1.0 / (1.0 + exp::<F>(-v))),
+        Unary::Sin => {
+            map(x, out, sin_reduced::<F, false>);
+            trig_fixup(x, out, f64::sin);
+        }
+        Unary::Cos => {
+            map(x, out, sin_reduced::<F, true>);
+            trig_fixup(x, out, f64::cos);
+        }
+        Unary::Erf => map(x, out, |v| {
+            let a = v.abs();
+            let y = if a < 1.0 {
+                erf_small::<F>(a)
+            } else {
+                1.0 - erfc_large::<F>(a)
+            };
+            if v.is_nan() { v } else { y.copysign(v) }
+        }),
+        // x/2 · (1 + erf(x/√2)), the negative side as x/2 · erfc(|x|/√2): no cancellation.
+        Unary::Gelu => map(x, out, |v| {
+            let erfc = erfc_gelu::<F>((v * std::f32::consts::FRAC_1_SQRT_2).abs());
+            let w = if v < 0.0 { erfc } else { 2.0 - erfc };
+            0.5 * v * w
+        }),
+        // 1 + tanh z = 2 · sigmoid(2z), so the tanh form is x · sigmoid(2z).
+        Unary::GeluTanh => map(x, out, |v| {
+            let z = GELU_K * madd::<F>(0.044_715 * v * v, v, v);
+            v / (1.0 + exp::<F>(-2.0 * z))
+        }),
+        Unary::Silu => map(x, out, |v| v / (1.0 + exp::<F>(-v))),
     }
+}
+
+/// √(2/π)
+const GELU_K: f32 = 0.797_884_6;
+
+/// Past this magnitude `sin`/`cos` reduce in f64 ([`trig_fixup`]): the three-part π/4 of
+/// [`sin_reduced`] keeps its error at an ulp up to here.
+const TRIG_LIMIT: f32 = 8192.0;
+
+/// `sin x` (`COS`: `cos x`) for `|x| ≤` [`TRIG_LIMIT`], Cephes' `sinf`/`cosf`: `j` the
+/// nearest even multiple of π/4 to `|x|`, `r = |x| - j·π/4` in three parts (exact products),
+/// then the sine or cosine polynomial on `r` by the octant, the sign by octant and input.
+#[inline(always)]
+fn sin_reduced<const F: bool, const COS: bool>(x: f32) -> f32 {
+    let a = x.abs();
+    let mut j = (a * 1.273_239_5) as i32;
+    j = j.wrapping_add(1) & !1;
+    let y = j as f32;
+    let r = madd::<F>(y, -0.785_156_25, a);
+    let r = madd::<F>(y, -2.418_756_5e-4, r);
+    let r = madd::<F>(y, -3.774_895e-8, r);
+    let z = r * r;
+    let mut ps = -1.951_529_6e-4;
+    ps = madd::<F>(ps, z, 8.332_161e-3);
+    ps = madd::<F>(ps, z, -1.666_665_5e-1);
+    let sin_r = madd::<F>(ps * z, r, r);
+    let mut pc = 2.443_315_7e-5;
+    pc = madd::<F>(pc, z, -1.388_731_6e-3);
+    pc = madd::<F>(pc, z, 4.166_664_6e-2);
+    let cos_r = madd::<F>(pc * z, z, madd::<F>(z, -0.5, 1.0));
+    // Octant j/2 (mod 4): sin x = sin r, cos r, -sin r, -cos r; cos x one octant on.
+    let q = if COS { j / 2 + 1 } else { j / 2 };
+    let v = if q & 1 == 1 { cos_r } else { sin_r };
+    let negative = (q & 2 == 2) != (!COS && x < 0.0);
+    if negative { -v } else { v }
+}
+
+/// Elements past [`TRIG_LIMIT`] (and inf/NaN) by the f64 function, rounded once.
+#[inline(always)]
+fn trig_fixup(x: &[f32], out: &mut [f32], f: fn(f64) -> f64) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        if v.is_nan() || v.abs() > TRIG_LIMIT {
+            *o = f(f64::from(v)) as f32;
+        }
+    }
+}
+
+/// `erfc a` for every `a ≥ 0` in one formula, `t · e^{P(t) - a²}` with `t = 1/(1 + a/2)` and
+/// P fitted by `tools/fit_erf.py`: relative error ≤ 1.3e-6 up to a = 2 (then growing with
+/// a²'s rounding, ≤ 2e-5 in the far tail). What GELU needs — its `1 + erf` is `2 - erfc` or
+/// `erfc`, so erfc's relative error is GELU's — at about 60% of the cost of evaluating both
+/// of `erf`'s pieces.
+#[inline(always)]
+fn erfc_gelu<const F: bool>(a: f32) -> f32 {
+    let t = 1.0 / madd::<F>(a, 0.5, 1.0);
+    let mut p = 0.142_198_26;
+    p = madd::<F>(p, t, -0.666_084_95);
+    p = madd::<F>(p, t, 1.122_452_1);
+    p = madd::<F>(p, t, -0.651_316_05);
+    p = madd::<F>(p, t, -0.116_732_27);
+    p = madd::<F>(p, t, 0.020_167_101);
+    p = madd::<F>(p, t, 0.028_366_717);
+    p = madd::<F>(p, t, 0.387_897_76);
+    p = madd::<F>(p, t, 0.998_492_7);
+    p = madd::<F>(p, t, -1.265_441_4);
+    t * exp::<F>(madd::<F>(-a, a, p))
+}
+
+/// `erf a` for `0 ≤ a < 1`: `a · P(a²)`, P fitted (weighted least squares, iterated towards
+/// minimax) by `tools/fit_erf.py`; ≤ 2 ulp.
+#[inline(always)]
+#[allow(clippy::approx_constant)]
+fn erf_small<const F: bool>(a: f32) -> f32 {
+    let z = a * a;
+    let mut p = 7.854_221e-5;
+    p = madd::<F>(p, z, -8.010_311e-4);
+    p = madd::<F>(p, z, 5.188_342_6e-3);
+    p = madd::<F>(p, z, -2.685_382e-2);
+    p = madd::<F>(p, z, 0.112_835_854);
+    p = madd::<F>(p, z, -3.761_262_6e-1);
+    // The fit's constant term: 2/√π less one ulp.
+    p = madd::<F>(p, z, 1.128_379_1);
+    p * a
+}
+
+/// `erfc a` for `a ≥ 1`: `e^{-a²} / a · R(1/a²)`, R fitted on `[1, 4]` by `tools/fit_erf.py`
+/// (beyond 4 `erf` is 1 in f32, and this tends to the asymptotic `e^{-a²} / (a√π)`).
+#[inline(always)]
+fn erfc_large<const F: bool>(a: f32) -> f32 {
+    let z = a * a;
+    // One division: 1/a, and 1/a² from it.
+    let ia = 1.0 / a;
+    let u = ia * ia;
+    let mut r = -0.126_676_53;
+    r = madd::<F>(r, u, 0.696_419_84);
+    r = madd::<F>(r, u, -1.682_409);
+    r = madd::<F>(r, u, 2.369_335);
+    r = madd::<F>(r, u, -2.193_737);
+    r = madd::<F>(r, u, 1.455_897_3);
+    r = madd::<F>(r, u, -0.772_518_8);
+    r = madd::<F>(r, u, 0.397_908_45);
+    r = madd::<F>(r, u, -0.280_797_24);
+    r = madd::<F>(r, u, 0.564_161_5);
+    // e^{-a²} underflows to 0 past a ≈ 10.
+    exp::<F>(-z) * r * ia
 }
 
 /// Cephes `logf`: `x = m · 2^e` with `m` in `[√½, √2)`, `ln x = ln m + e · ln 2` with `ln(1 + f)`
@@ -396,14 +604,14 @@ fn tanh<const F: bool>(x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn zip_with(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+fn zip_with<O>(a: &[f32], b: &[f32], out: &mut [O], f: impl Fn(f32, f32) -> O) {
     for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
         *o = f(x, y);
     }
 }
 
 #[inline(always)]
-fn apply2(a: Side, b: Side, out: &mut [f32], f: impl Fn(f32, f32) -> f32 + Copy) {
+fn apply2<O: Copy>(a: Side, b: Side, out: &mut [O], f: impl Fn(f32, f32) -> O + Copy) {
     match (a, b) {
         (Side::Full(a), Side::Full(b)) => zip_with(a, b, out, f),
         (Side::Full(a), Side::Scalar(s)) => map(a, out, |x| f(x, s)),
@@ -453,6 +661,57 @@ fn binary_body<const F: bool>(op: Binary, a: Side, b: Side, out: &mut [f32]) {
             if x.is_nan() || y.is_nan() { f32::NAN } else { m }
         }),
     }
+}
+
+#[inline(always)]
+fn compare_body<const F: bool>(op: Compare, a: Side, b: Side, out: &mut [u8]) {
+    match op {
+        Compare::Eq => apply2(a, b, out, |x, y| u8::from(x == y)),
+        Compare::Ne => apply2(a, b, out, |x, y| u8::from(x != y)),
+        Compare::Lt => apply2(a, b, out, |x, y| u8::from(x < y)),
+        Compare::Le => apply2(a, b, out, |x, y| u8::from(x <= y)),
+        Compare::Gt => apply2(a, b, out, |x, y| u8::from(x > y)),
+        Compare::Ge => apply2(a, b, out, |x, y| u8::from(x >= y)),
+    }
+}
+
+/// The largest (`max`) or smallest element of a non-empty `x`, NaN if any element is: L lanes
+/// of running extremes (vector max/min) and of NaN flags, then the lanes.
+#[inline(always)]
+fn extreme_body<const F: bool>(max: bool, x: &[f32]) -> f32 {
+    #[inline(always)]
+    fn run<const MAX: bool>(x: &[f32]) -> f32 {
+        let pick = |acc: f32, v: f32| {
+            if MAX {
+                if acc > v { acc } else { v }
+            } else if acc < v {
+                acc
+            } else {
+                v
+            }
+        };
+        let mut lanes = [x[0]; L];
+        let mut nan = [0u32; L];
+        let chunks = x.chunks_exact(L);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for i in 0..L {
+                lanes[i] = pick(lanes[i], c[i]);
+                nan[i] |= u32::from(c[i].is_nan());
+            }
+        }
+        let mut best = lanes[0];
+        let mut any_nan = tail.iter().any(|v| v.is_nan()) || x[0].is_nan();
+        for i in 0..L {
+            best = pick(best, lanes[i]);
+            any_nan |= nan[i] != 0;
+        }
+        for &v in tail {
+            best = pick(best, v);
+        }
+        if any_nan { f32::NAN } else { best }
+    }
+    if max { run::<true>(x) } else { run::<false>(x) }
 }
 
 /// Σ x: [`L`] f32 lanes per [`SUM_BLOCK`], block sums added in f64 (the portable body; x86-64
@@ -559,6 +818,17 @@ mod tests {
             Unary::Relu if v.is_nan() => v,
             Unary::Relu => v.max(0.0),
             Unary::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+            Unary::Sin => v.sin(),
+            Unary::Cos => v.cos(),
+            Unary::Erf => libm::erf(v),
+            // The definitions, written without their cancellation for x < 0 (the reference's
+            // `1 + erf` rounds the tail to 0 in f64 too, these kernels do not).
+            Unary::Gelu => 0.5 * v * libm::erfc(-v / std::f64::consts::SQRT_2),
+            Unary::GeluTanh => {
+                let k = (2.0 / std::f64::consts::PI).sqrt();
+                v / (1.0 + (-2.0 * k * (v + 0.044715 * v * v * v)).exp())
+            }
+            Unary::Silu => v / (1.0 + (-v).exp()),
         }
     }
 
@@ -575,6 +845,12 @@ mod tests {
             (Unary::Log, 2),
             (Unary::Tanh, 3),
             (Unary::Sigmoid, 3),
+            (Unary::Sin, 2),
+            (Unary::Cos, 2),
+            (Unary::Erf, 3),
+            (Unary::Gelu, 5),
+            (Unary::GeluTanh, 4),
+            (Unary::Silu, 4),
         ] {
             let mut outs = vec![vec![0f32; x.len()]; 3];
             unary_body::<false>(op, &x, &mut outs[0]);
@@ -593,13 +869,119 @@ mod tests {
                 for (&v, &y) in x.iter().zip(out) {
                     let want = reference(op, f64::from(v)) as f32;
                     // exp flushes results below 2^-125 to 0 (documented).
-                    let flushed = matches!(op, Unary::Exp | Unary::Sigmoid) && want.abs() < 2e-38;
+                    let flushed = matches!(op, Unary::Exp | Unary::Sigmoid | Unary::Silu) && want.abs() < 2e-38;
                     if flushed {
                         assert!(y.abs() < 3e-38, "{op:?}({v}) = {y}, want {want}");
                         continue;
                     }
+                    // GELU's negative tail is a product of e^{-z} with z rounded to f32 (and, for
+                    // the erf form, a fit extrapolated past 4): relative error ≤ 3e-5 there, where
+                    // values are below 1e-3 (x < -3.2); below 1e-30 absolute.
+                    if matches!(op, Unary::Gelu | Unary::GeluTanh) && v < 0.0 {
+                        let (y, w) = (f64::from(y), reference(op, f64::from(v)));
+                        let ok = if w.is_nan() {
+                            y.is_nan()
+                        } else if w.abs() < 1e-30 {
+                            (y - w).abs() <= 1e-30
+                        } else {
+                            (y - w).abs() <= 3e-5 * w.abs() && (w.abs() < 1e-3 || ulps(y as f32, want) <= 16)
+                        };
+                        assert!(ok, "{op:?}({v}) instance {k}: {y} vs {w}");
+                        continue;
+                    }
                     assert!(ulps(y, want) <= bound, "{op:?}({v}) instance {k}: {y} vs {want}");
                 }
+            }
+        }
+    }
+
+    /// Comparisons give IEEE's answers (NaN: false but for `!=`) with every side kind, on every
+    /// instance and thread count.
+    #[test]
+    fn comparisons_follow_ieee_with_every_side_kind() {
+        let x = probe();
+        let n = x.len() / 10 * 10;
+        let (a, b) = (&x[..n], &x[1..n + 1]);
+        let (row, scalar) = (&x[3..13], f32::NAN);
+        type Rule = fn(f32, f32) -> bool;
+        let ops: [(Compare, Rule); 6] = [
+            (Compare::Eq, |p, q| p == q),
+            (Compare::Ne, |p, q| p != q),
+            (Compare::Lt, |p, q| p < q),
+            (Compare::Le, |p, q| p <= q),
+            (Compare::Gt, |p, q| p > q),
+            (Compare::Ge, |p, q| p >= q),
+        ];
+        for (op, f) in ops {
+            for (sa, sb) in [
+                (Side::Full(a), Side::Full(b)),
+                (Side::Full(a), Side::Row(row)),
+                (Side::Row(row), Side::Full(b)),
+                (Side::Full(a), Side::Scalar(0.5)),
+                (Side::Scalar(scalar), Side::Full(b)),
+                (Side::Full(a), Side::Full(a)),
+            ] {
+                let value = |s: Side, i: usize| match s {
+                    Side::Full(v) => v[i],
+                    Side::Row(r) => r[i % r.len()],
+                    Side::Scalar(v) => v,
+                };
+                for threads in [1, 2, 3] {
+                    let mut out = vec![7u8; n];
+                    compare(op, sa, sb, &mut out, threads);
+                    for (i, &o) in out.iter().enumerate() {
+                        let want = u8::from(f(value(sa, i), value(sb, i)));
+                        assert_eq!(o, want, "{op:?} at {i}: {} vs {}", value(sa, i), value(sb, i));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Max / min over rows and over everything: the scalar fold's value, NaN wherever a NaN
+    /// is (first, middle, tail of a row), any thread count.
+    #[test]
+    fn max_and_min_reductions_find_the_extreme_and_propagate_nan() {
+        let mut x: Vec<f32> = probe().into_iter().filter(|v| !v.is_nan()).collect();
+        x.truncate(6000);
+        let fold = |max: bool, v: &[f32]| {
+            if v.iter().any(|v| v.is_nan()) {
+                return f32::NAN;
+            }
+            v.iter()
+                .copied()
+                .fold(v[0], |a, b| if (b > a) == max && b != a { b } else { a })
+        };
+        for &n in &[1usize, 7, 64, 100, 1000] {
+            let rows = x.len() / n;
+            let data = &x[..rows * n];
+            for op in [Reduce::Max, Reduce::Min] {
+                let max = op == Reduce::Max;
+                for threads in [1, 2] {
+                    let mut out = vec![0f32; rows];
+                    reduce_rows(op, data, n, &mut out, threads);
+                    for (r, &o) in out.iter().enumerate() {
+                        let want = fold(max, &data[r * n..(r + 1) * n]);
+                        assert!(
+                            o == want || (o.is_nan() && want.is_nan()),
+                            "{op:?} row {r} of {n}: {o} vs {want}"
+                        );
+                    }
+                    let all = reduce_all(op, data, threads);
+                    assert_eq!(all, fold(max, data), "{op:?} of all {}", data.len());
+                }
+            }
+        }
+        // A NaN anywhere wins, on every instance.
+        for at in [0, 5, 64, 100, 5999] {
+            let mut y = x.clone();
+            y[at] = f32::NAN;
+            for op in [Reduce::Max, Reduce::Min] {
+                assert!(reduce_all(op, &y, 2).is_nan(), "{op:?} with a NaN at {at}");
+                let mut out = vec![0f32; 60];
+                reduce_rows(op, &y, 100, &mut out, 1);
+                assert!(out[at / 100].is_nan(), "{op:?} row with a NaN at {at}");
+                assert!(out.iter().enumerate().all(|(r, v)| r == at / 100 || !v.is_nan()));
             }
         }
     }
