@@ -474,14 +474,25 @@ fn sin_reduced<const F: bool, const COS: bool>(x: f32) -> f32 {
     if negative { -v } else { v }
 }
 
-/// Elements past [`TRIG_LIMIT`] (and inf/NaN) by the f64 function, rounded once.
+/// Elements past [`TRIG_LIMIT`] (and inf/NaN) by the f64 function, rounded once. The check
+/// is one vector pass; the f64 calls sit behind a function LLVM cannot inline, so it does not
+/// if-convert the loop into a call per element (it did: `sin` is a pure intrinsic).
 #[inline(always)]
 fn trig_fixup(x: &[f32], out: &mut [f32], f: fn(f64) -> f64) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        if v.is_nan() || v.abs() > TRIG_LIMIT {
-            *o = f(f64::from(v)) as f32;
+    // `&`, not `all`: no early exit, so the check vectorizes.
+    if x.iter().fold(true, |ok, v| ok & (v.abs() <= TRIG_LIMIT)) {
+        return;
+    }
+    #[cold]
+    #[inline(never)]
+    fn slow(x: &[f32], out: &mut [f32], f: fn(f64) -> f64) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            if v.is_nan() || v.abs() > TRIG_LIMIT {
+                *o = f(f64::from(v)) as f32;
+            }
         }
     }
+    slow(x, out, f)
 }
 
 /// `erfc a` for every `a ≥ 0` in one formula, `t · e^{P(t) - a²}` with `t = 1/(1 + a/2)` and
@@ -700,14 +711,20 @@ fn extreme_body<const F: bool>(max: bool, x: &[f32]) -> f32 {
                 nan[i] |= u32::from(c[i].is_nan());
             }
         }
-        let mut best = lanes[0];
-        let mut any_nan = tail.iter().any(|v| v.is_nan()) || x[0].is_nan();
-        for i in 0..L {
-            best = pick(best, lanes[i]);
-            any_nan |= nan[i] != 0;
+        // The lanes halved in a tree (vector ops, not 64 dependent scalar steps).
+        let mut w = L;
+        while w > 1 {
+            w /= 2;
+            for i in 0..w {
+                lanes[i] = pick(lanes[i], lanes[i + w]);
+                nan[i] |= nan[i + w];
+            }
         }
+        let mut best = lanes[0];
+        let mut any_nan = nan[0] != 0 || x[0].is_nan();
         for &v in tail {
             best = pick(best, v);
+            any_nan |= v.is_nan();
         }
         if any_nan { f32::NAN } else { best }
     }
