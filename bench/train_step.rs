@@ -54,6 +54,13 @@ fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: 
         step.call(&[&x, &y])?;
         Ok(())
     })?;
+    if oar_cpu_runtime::profile::enabled() {
+        // OAR_CPU_PROFILE=1: where the compiled step's time goes, per kernel (stderr).
+        eprintln!(
+            "== {name}: compiled step, per kernel\n{}",
+            oar_cpu_runtime::profile::report()
+        );
+    }
     println!("{name} {static_ms:.4} {eager_ms:.4}");
     Ok(())
 }

@@ -22,6 +22,7 @@ mod model;
 pub mod native;
 mod par;
 pub mod pool_grad;
+pub mod profile;
 pub mod program;
 pub mod rnn;
 mod rows;

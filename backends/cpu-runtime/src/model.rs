@@ -497,48 +497,15 @@ impl Launcher for Model {
     }
 
     fn launch(&self, f: &mut CpuFrame, index: usize) -> Result<Launched, BackendError> {
-        let p = &self.prog.program;
-        let bufs = &f.bufs;
-        match self.prog.steps.get(index) {
-            Some(Step::Loop { kernel, call }) => {
-                kernel_status(&p.kernels[*kernel as usize], self.call(call, bufs))?;
+        if crate::profile::enabled() {
+            let start = std::time::Instant::now();
+            let launched = self.launch_step(f, index)?;
+            if let (Some(step), Some(k)) = (self.prog.steps.get(index), self.prog.program.kernels.get(index)) {
+                crate::profile::record(&self.prog.program, k, step, start.elapsed());
             }
-            Some(Step::Rows { kernel, rows, pieces }) => {
-                kernel_status(&p.kernels[*kernel as usize], self.rows(*rows, pieces, bufs))?;
-            }
-            Some(Step::Contraction { kernel, epilogue }) => {
-                let k = &p.kernels[*kernel as usize];
-                let KernelBody::Contraction(c) = &k.body else {
-                    return Err(bad_step(k, "contraction step on a non-contraction kernel"));
-                };
-                // Safety: every buffer pointer is live and as long as its static type.
-                unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads)? };
-                if let Some(call) = epilogue {
-                    kernel_status(k, self.call(call, bufs))?;
-                }
-            }
-            Some(Step::Native { kernel }) => {
-                let k = &p.kernels[*kernel as usize];
-                // Safety: as above.
-                unsafe { crate::native::run(p, k, bufs, self.threads)? };
-            }
-            Some(Step::Control { kernel, regions }) => self.control(f, *kernel as usize, regions)?,
-            Some(Step::Fail { kernel, detail }) => {
-                let k = &p.kernels[*kernel as usize];
-                return Err(BackendError::Runtime {
-                    op: k.name.clone(),
-                    value: k
-                        .outputs
-                        .first()
-                        .map(|&b| p.buffer(b).value.clone())
-                        .unwrap_or_default(),
-                    detail: detail.clone(),
-                });
-            }
-            Some(Step::Interpret { .. }) => return Ok(Launched::Host),
-            None => return Err(bad_step(&p.kernels[index], "no step for the kernel")),
+            return Ok(launched);
         }
-        Ok(Launched::Device)
+        self.launch_step(f, index)
     }
 
     fn read(&self, f: &CpuFrame, id: BufferId, b: &Buffer) -> Result<TensorData, BackendError> {
@@ -587,6 +554,54 @@ impl Launcher for Model {
 
     fn finish(&self, f: CpuFrame) {
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(f.arena);
+    }
+}
+
+impl Model {
+    /// Run step `index` (the launcher's `launch`, profiled or not).
+    fn launch_step(&self, f: &mut CpuFrame, index: usize) -> Result<Launched, BackendError> {
+        let p = &self.prog.program;
+        let bufs = &f.bufs;
+        match self.prog.steps.get(index) {
+            Some(Step::Loop { kernel, call }) => {
+                kernel_status(&p.kernels[*kernel as usize], self.call(call, bufs))?;
+            }
+            Some(Step::Rows { kernel, rows, pieces }) => {
+                kernel_status(&p.kernels[*kernel as usize], self.rows(*rows, pieces, bufs))?;
+            }
+            Some(Step::Contraction { kernel, epilogue }) => {
+                let k = &p.kernels[*kernel as usize];
+                let KernelBody::Contraction(c) = &k.body else {
+                    return Err(bad_step(k, "contraction step on a non-contraction kernel"));
+                };
+                // Safety: every buffer pointer is live and as long as its static type.
+                unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads)? };
+                if let Some(call) = epilogue {
+                    kernel_status(k, self.call(call, bufs))?;
+                }
+            }
+            Some(Step::Native { kernel }) => {
+                let k = &p.kernels[*kernel as usize];
+                // Safety: as above.
+                unsafe { crate::native::run(p, k, bufs, self.threads)? };
+            }
+            Some(Step::Control { kernel, regions }) => self.control(f, *kernel as usize, regions)?,
+            Some(Step::Fail { kernel, detail }) => {
+                let k = &p.kernels[*kernel as usize];
+                return Err(BackendError::Runtime {
+                    op: k.name.clone(),
+                    value: k
+                        .outputs
+                        .first()
+                        .map(|&b| p.buffer(b).value.clone())
+                        .unwrap_or_default(),
+                    detail: detail.clone(),
+                });
+            }
+            Some(Step::Interpret { .. }) => return Ok(Launched::Host),
+            None => return Err(bad_step(&p.kernels[index], "no step for the kernel")),
+        }
+        Ok(Launched::Device)
     }
 }
 
