@@ -160,6 +160,29 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
             materialized.insert(v);
         }
     }
+    // A one-element value that takes a few ops to compute (a traced optimizer's bias
+    // correction `lr / (1 - β^t)`, with `pow` expanded) and is read by a kernel over many
+    // elements gets its own one-element kernel: inline, it would be recomputed for every
+    // element of the reader (an MLP step's AdamW update ran ~150 scalar f64 ops per weight).
+    for &n in &order {
+        let node = g.node(n);
+        if !matches!(role(g, node), Role::Elementwise | Role::Movement) {
+            continue;
+        }
+        for output in 0..node.outputs().len() as u32 {
+            let v = ValueId { node: n, output };
+            if materialized.contains(&v) || g.value_type(v).shape.num_elements() != Some(1) {
+                continue;
+            }
+            let wide_reader = g
+                .users(v)
+                .iter()
+                .any(|&(u, _)| g.value_type(ValueId::first(u)).shape.num_elements() != Some(1));
+            if wide_reader && cone_cost(g, &materialized, v, &mut BTreeSet::new()) >= SCALAR_HOIST_COST {
+                materialized.insert(v);
+            }
+        }
+    }
     // Chains deeper than a kernel computes inline get a buffer every so many ops up front, in
     // one linear pass (`Stop::Deep` would find the same cuts one round at a time).
     let mut depth: BTreeMap<ValueId, usize> = BTreeMap::new();
@@ -203,6 +226,10 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
     }
     Err(err(g, "fusion did not converge (internal error)".into()))
 }
+
+/// [`cone_cost`] from which a one-element value read by a wider kernel gets its own kernel
+/// (a division or one transcendental op; cheaper scalar chains stay inline).
+const SCALAR_HOIST_COST: usize = 4;
 
 /// Cost of recomputing the inline cone of `v` (stops at buffers; anchors are never recomputed).
 fn cone_cost(g: &Graph, materialized: &BTreeSet<ValueId>, v: ValueId, seen: &mut BTreeSet<ValueId>) -> usize {

@@ -488,3 +488,44 @@ fn kept_composites_become_opaque_kernels() {
     let e = fuse_keeping(&g, &["softmaxx"]).unwrap_err().to_string();
     assert!(e.contains("softmaxx") && e.contains("layer_norm"), "{e}");
 }
+
+/// A one-element value that takes a division and a `pow` (a bias correction,
+/// `lr / (1 - 0.9^t)`) read by a kernel over many elements is computed once, in its own
+/// kernel; the wide kernel reads its buffer instead of recomputing `pow` per element. A cheap
+/// one-element chain (`t + 1`) stays inline.
+#[test]
+fn costly_scalars_get_their_own_kernel() {
+    let mut g = Graph::new("bias_correction");
+    let x = g.add_input("x", f32t(&[256, 64])).unwrap();
+    let t = g.add_input("t", f32t(&[])).unwrap();
+    let beta = g.add_constant(TensorData::scalar(0.9f32));
+    let one = g.add_constant(TensorData::scalar(1.0f32));
+    let p = g.add_op1(Op::Binary(BinaryOp::Pow), &[beta, t]).unwrap();
+    let d = g.add_op1(Op::Binary(BinaryOp::Sub), &[one, p]).unwrap();
+    let s = g.add_op1(Op::Binary(BinaryOp::Div), &[one, d]).unwrap();
+    let y = g.add_op1(Op::Binary(BinaryOp::Mul), &[x, s]).unwrap();
+    g.add_output("y", y).unwrap();
+    let inputs = BTreeMap::from([
+        ("x".to_string(), data(&[256, 64], 3)),
+        ("t".to_string(), TensorData::scalar(3.0f32)),
+    ]);
+    let prog = check(&g, &Weights::new(), &inputs);
+    assert_eq!(prog.kernels.len(), 2, "{prog}");
+    let text = prog.to_string();
+    // The kernel that writes the output (`-> b3`, f32[256,64]).
+    let wide = text
+        .split("\n  k")
+        .find(|k| k.lines().next().is_some_and(|l| l.contains("-> b3")))
+        .unwrap_or_else(|| panic!("{prog}"));
+    assert!(!wide.contains("pow"), "the wide kernel recomputes pow:\n{prog}");
+
+    let mut g = Graph::new("cheap_scalar");
+    let x = g.add_input("x", f32t(&[256, 64])).unwrap();
+    let t = g.add_input("t", f32t(&[])).unwrap();
+    let one = g.add_constant(TensorData::scalar(1.0f32));
+    let t1 = g.add_op1(Op::Binary(BinaryOp::Add), &[t, one]).unwrap();
+    let y = g.add_op1(Op::Binary(BinaryOp::Mul), &[x, t1]).unwrap();
+    g.add_output("y", y).unwrap();
+    let prog = check(&g, &Weights::new(), &inputs);
+    assert_eq!(prog.kernels.len(), 1, "{prog}");
+}

@@ -1279,8 +1279,9 @@ fn clif_text_names_the_function_and_uses_vectors() {
 }
 
 /// An optimizer-style update: a f64 scalar (a step count) cast to f32 and raised to a power is
-/// loop-invariant, so the f32 loop still vectorizes (the scalar part runs once, splatted), and
-/// the results match the reference.
+/// loop-invariant, so the f32 loop still vectorizes (the scalar part runs once — since fusion
+/// gives a costly one-element value its own kernel, in that kernel — and is splatted), and the
+/// results match the reference.
 #[test]
 fn loop_invariant_scalars_of_another_width_keep_the_loop_vectorized() {
     let mut g = Graph::new("update");
@@ -1294,13 +1295,15 @@ fn loop_invariant_scalars_of_another_width_keep_the_loop_vectorized() {
     let d = g.add_op1(Op::Binary(BinaryOp::Div), &[s, bt]).unwrap();
     let y = g.add_op1(Op::Binary(BinaryOp::Sub), &[p, d]).unwrap();
     g.add_output("y", y).unwrap();
-    for (_, clif) in clif_of(&g) {
-        assert!(
-            clif.contains("load.f32x4") && clif.contains("splat.f32x4"),
-            "the loop is vectorized: {clif}"
-        );
-        assert!(clif.contains("load.f64"), "the f64 scalar is loaded once: {clif}");
-    }
+    let clifs = clif_of(&g);
+    let all = clifs.iter().map(|(_, c)| c.as_str()).collect::<Vec<_>>().join("\n");
+    assert!(
+        clifs
+            .iter()
+            .any(|(_, c)| c.contains("load.f32x4") && c.contains("splat.f32x4")),
+        "the loop is vectorized: {all}"
+    );
+    assert!(all.contains("load.f64"), "the f64 scalar is loaded: {all}");
     let pv = TensorData::from_vec(vec![4, 37], (0..148).map(|i| i as f32 * 0.25 - 7.0).collect()).unwrap();
     let vv = TensorData::from_vec(
         vec![4, 37],
