@@ -50,6 +50,8 @@ fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: 
     if let Ok(dir) = std::env::var("OAR_BENCH_SAVE") {
         step.save(std::path::Path::new(&dir).join(format!("{name}_train_step.oar")))?;
     }
+    // The profile covers the compiled step alone (eager ops above ran one-op programs too).
+    let _ = oar_cpu_runtime::profile::take();
     let static_ms = median_ms(3, runs, || -> Result<()> {
         step.call(&[&x, &y])?;
         Ok(())

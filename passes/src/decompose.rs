@@ -3,14 +3,19 @@
 use crate::regions::rewrite_regions;
 use crate::{Pass, PassError};
 use oar_ir::decompose::{composite_names, decompose};
-use oar_ir::{Graph, IrError, Op, ValueId};
+use oar_ir::{Composite, Graph, IrError, Op, TensorType, ValueId};
 use std::collections::BTreeSet;
 
+/// Which instances of a kept composite stay whole, given its operands' types (a backend whose
+/// native kernel covers only some dtypes or attributes decomposes the rest).
+pub type KeepIf = fn(&Composite, &[TensorType]) -> bool;
+
 /// Replace every composite node (in regions too) by its decomposition into primitives; the
-/// composites named in the keep-list stay (a backend's native ops).
+/// composites named in the keep-list stay (a backend's native ops), where `keep_if` agrees.
 #[derive(Clone, Debug, Default)]
 pub struct Decompose {
     keep: BTreeSet<&'static str>,
+    keep_if: Option<KeepIf>,
 }
 
 impl Decompose {
@@ -32,7 +37,15 @@ impl Decompose {
                 })?;
             keep.insert(*known);
         }
-        Ok(Decompose { keep })
+        Ok(Decompose { keep, keep_if: None })
+    }
+
+    /// [`Decompose::keeping`], keeping a named composite only where `keep_if` holds for it.
+    pub fn keeping_where(names: &[&str], keep_if: KeepIf) -> Result<Decompose, PassError> {
+        Ok(Decompose {
+            keep_if: Some(keep_if),
+            ..Decompose::keeping(names)?
+        })
     }
 
     /// The composites this pass leaves in place.
@@ -40,11 +53,21 @@ impl Decompose {
         self.keep.iter().copied()
     }
 
+    fn keeps(&self, graph: &Graph, c: &Composite, inputs: &[ValueId]) -> bool {
+        self.keep.contains(c.name())
+            && self.keep_if.is_none_or(|keep_if| {
+                let types: Vec<TensorType> = inputs.iter().map(|&v| graph.value_type(v).clone()).collect();
+                keep_if(c, &types)
+            })
+    }
+
     fn run_on(&self, graph: &mut Graph) -> Result<bool, IrError> {
         let mut changed = false;
         for node in graph.topo_order() {
             let (op, inputs) = match &graph.node(node).op {
-                Op::Composite(c) if !self.keep.contains(c.name()) => (c.clone(), graph.node(node).inputs().to_vec()),
+                Op::Composite(c) if !self.keeps(graph, c, graph.node(node).inputs()) => {
+                    (c.clone(), graph.node(node).inputs().to_vec())
+                }
                 _ => continue,
             };
             let outs = decompose(&op, graph, &inputs)?;

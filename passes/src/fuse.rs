@@ -17,6 +17,7 @@
 //!    recomputed instead of stored;
 //! 4. repeat until no walk asks for anything (the materialized set only grows, so this ends).
 
+use crate::decompose::KeepIf;
 use crate::fuse_build::{Body, BufferTable, KernelBuilder, MAX_INLINE_DEPTH, Phase, Role, Stop, identity, role};
 use crate::{Decompose, Pass, PassError};
 use oar_ir::kernel::{
@@ -88,6 +89,17 @@ pub fn lower_to_kernels_keeping(
     bindings: &BTreeMap<String, usize>,
     keep: &[&str],
 ) -> Result<KernelProgram, PassError> {
+    lower_to_kernels_keeping_where(graph, bindings, keep, |_, _| true)
+}
+
+/// [`lower_to_kernels_keeping`], keeping a named composite only where `keep_if` holds for its
+/// operands' types (the others are decomposed).
+pub fn lower_to_kernels_keeping_where(
+    graph: &Graph,
+    bindings: &BTreeMap<String, usize>,
+    keep: &[&str],
+    keep_if: KeepIf,
+) -> Result<KernelProgram, PassError> {
     use crate::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
     let mut g = graph.clone();
     let mut pm = PassManager::new();
@@ -98,7 +110,7 @@ pub fn lower_to_kernels_keeping(
         .add(Simplify::new())
         .add(Dce);
     pm.run(&mut g)?;
-    fuse_keeping(&g, keep)
+    fuse_keeping_where(&g, keep, keep_if)
 }
 
 /// Fuse `graph` into kernels. Composite ops are decomposed first (on a copy), so any verified
@@ -109,8 +121,13 @@ pub fn fuse(graph: &Graph) -> Result<KernelProgram, PassError> {
 
 /// [`fuse`], keeping the composites named in `keep` whole (each an opaque kernel).
 pub fn fuse_keeping(graph: &Graph, keep: &[&str]) -> Result<KernelProgram, PassError> {
+    fuse_keeping_where(graph, keep, |_, _| true)
+}
+
+/// [`fuse_keeping`], keeping a named composite only where `keep_if` holds for it.
+pub fn fuse_keeping_where(graph: &Graph, keep: &[&str], keep_if: KeepIf) -> Result<KernelProgram, PassError> {
     oar_ir::verify(graph).map_err(|e| PassError::ir("fuse", e))?;
-    let decompose = Decompose::keeping(keep)?;
+    let decompose = Decompose::keeping_where(keep, keep_if)?;
     let kept: BTreeSet<&str> = decompose.kept().collect();
     let mut g = graph.clone();
     decompose.run(&mut g)?;

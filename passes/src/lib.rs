@@ -28,7 +28,7 @@ pub use canonicalize::Canonicalize;
 pub use check_numerics::{DEFAULT_ATOL, DEFAULT_RTOL, HALF_ATOL, HALF_RTOL, MAX_GENERATED_ELEMENTS, NumericsCheck};
 pub use cse::Cse;
 pub use dce::Dce;
-pub use decompose::Decompose;
+pub use decompose::{Decompose, KeepIf};
 pub use error::PassError;
 pub use fold::{DEFAULT_FOLD_LIMIT_BYTES, Fold};
 pub use fuse::Fuse;

@@ -17,7 +17,7 @@
 use crate::contraction::{Elem, Mat, SendPtr, gemm_into, gemm_parallelism, written_zeros};
 use crate::conv::{ConvSpec, Dims, Geo, geometry, im2col, piece_offsets, row_pieces};
 use crate::par::par_units;
-use oar_ir::ops::Conv;
+use oar_ir::ops::{Conv, ConvTranspose};
 use oar_ir::{DType, TensorData};
 
 /// Patch-matrix elements per tile (per thread), as the forward's.
@@ -115,6 +115,69 @@ pub fn conv_vjp(
     }))
 }
 
+/// Whether [`conv_transpose_into`] computes `conv_transpose(x, w, b?)` with attributes `ct`
+/// for operands of these types: one group, f32 or f64, an `output_padding` below the stride
+/// (then the transposed convolution is exactly the input gradient of the forward convolution
+/// with the same attributes, on an input of the output's size).
+pub fn conv_transpose_supported(ct: &ConvTranspose, inputs: &[oar_ir::TensorType]) -> bool {
+    let dtype_ok = inputs
+        .first()
+        .is_some_and(|x| matches!(x.dtype, DType::F32 | DType::F64))
+        && inputs.iter().all(|t| Some(t.dtype) == inputs.first().map(|x| x.dtype));
+    ct.groups == 1
+        && (2..=3).contains(&inputs.len())
+        && dtype_ok
+        && ct.output_padding.iter().zip(&ct.stride).all(|(p, s)| p < s)
+}
+
+/// `out = conv_transpose(x, w) (+ b)` (x `[N, Cin, *S]`, w `[Cin, Cout, *K]`, out `[N, Cout,
+/// *out_spatial]`, all of dtype `T`): the col2im path of [`conv_vjp`]'s input gradient, the
+/// transposed convolution's input playing the cotangent. `ct` is checked by
+/// [`conv_transpose_supported`] first.
+pub(crate) fn conv_transpose_into<T: Elem + bytemuck::Pod>(
+    ct: &ConvTranspose,
+    (x, x_shape): (&[T], &[usize]),
+    (w, w_shape): (&[T], &[usize]),
+    bias: Option<&[T]>,
+    (out, out_shape): (&mut [T], &[usize]),
+    threads: usize,
+) -> Result<(), String> {
+    let conv = Conv {
+        stride: ct.stride.clone(),
+        pad_before: ct.pad_before.clone(),
+        pad_after: ct.pad_after.clone(),
+        dilation: ct.dilation.clone(),
+        groups: ct.groups,
+    };
+    let spec = ConvSpec {
+        stride: &conv.stride,
+        pad_before: &conv.pad_before,
+        pad_after: &conv.pad_after,
+        dilation: &conv.dilation,
+        groups: conv.groups,
+    };
+    // The forward convolution: input of the output's shape, weight [Cin(=O), Cout(=C), *K].
+    let (geo, d) = geometry(out_shape, w_shape, &spec)?;
+    let y_shape = [&[d.n, d.o][..], &geo.sout].concat();
+    if d.g != 1 || y_shape != x_shape || out.len() != out_shape.iter().product::<usize>() {
+        return Err(format!(
+            "conv_transpose: x {x_shape:?}, w {w_shape:?} and output {out_shape:?} do not match (one group)"
+        ));
+    }
+    out.fill(T::ZERO);
+    grads(&geo, d, &[], w, x, Some(out), None, threads);
+    if let Some(b) = bias {
+        let plane: usize = out_shape[2..].iter().product();
+        for (i, chunk) in out.chunks_exact_mut(plane.max(1)).enumerate() {
+            let v = b[i % d.c];
+            for o in chunk {
+                *o += v;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The shapes for [`crate::conv_wgrad::weight_grad`] where it serves this convolution.
 fn direct_shape(geo: &Geo, d: Dims, xs: &[usize], ws: &[usize], conv: &Conv) -> Option<crate::conv_wgrad::Shape> {
     if xs.len() != 4 || d.g != 1 || !crate::conv_wgrad::eligible(&conv.stride, &conv.dilation, ws[3], geo.sout[1]) {
@@ -179,7 +242,6 @@ fn grads<T: Elem>(
         |(cols, back), r| {
             let mut first = true;
             for b in n * r / ranges..n * (r + 1) / ranges {
-                let xb = &x[b * c * s_in..][..c * s_in];
                 let dyb = &dy[b * o * ys..][..o * ys];
                 for t in 0..tiles {
                     let (y0, y1) = (t * tile, ((t + 1) * tile).min(ys));
@@ -191,6 +253,7 @@ fn grads<T: Elem>(
                         cs: 1,
                     };
                     if want_w {
+                        let xb = &x[b * c * s_in..][..c * s_in];
                         let cols = &mut cols[..kdim * yc];
                         im2col(geo, xb, c, y0, y1, cols);
                         // Safety: range `r`'s own [o × kdim] sum; operands in bounds.
@@ -476,6 +539,60 @@ mod tests {
                     Some(f) => assert_eq!(f, &bits, "case {i}: {threads} threads differ from one"),
                 }
             }
+        }
+    }
+
+    /// `conv_transpose` is the forward convolution's input gradient: against the definition
+    /// (dx of a convolution over an input of the output's size), with strides, padding,
+    /// output_padding, dilation and a bias; one and two threads.
+    #[test]
+    fn conv_transpose_is_the_input_gradient_by_definition() {
+        let cases = [
+            // (transpose input [N, Cin, *S], weight [Cin, Cout, *K], stride, pads, output_padding, dilation)
+            ([2, 3, 4, 5], [3, 2, 3, 3], [2, 2], [1, 0], [0, 1], [1, 0], [1, 1]),
+            ([1, 4, 5, 5], [4, 3, 2, 3], [1, 1], [0, 1], [1, 1], [0, 0], [2, 1]),
+            ([2, 2, 3, 3], [2, 5, 3, 3], [3, 2], [0, 0], [0, 0], [2, 1], [1, 1]),
+        ];
+        for (i, (xs, ws, stride, pb, pa, op, dil)) in cases.into_iter().enumerate() {
+            let ct = ConvTranspose {
+                stride: stride.to_vec(),
+                pad_before: pb.to_vec(),
+                pad_after: pa.to_vec(),
+                output_padding: op.to_vec(),
+                dilation: dil.to_vec(),
+                groups: 1,
+            };
+            let out_sp: Vec<usize> = ct.output_sizes(&xs[2..], &ws[2..]).unwrap();
+            let out_shape = [xs[0], ws[1], out_sp[0], out_sp[1]];
+            let x = values(xs.iter().product(), 11 * i as u64);
+            let w = values(ws.iter().product(), 11 * i as u64 + 1);
+            let b = values(ws[1], 11 * i as u64 + 2);
+            let a = Conv {
+                stride: stride.to_vec(),
+                pad_before: pb.to_vec(),
+                pad_after: pa.to_vec(),
+                dilation: dil.to_vec(),
+                groups: 1,
+            };
+            // The forward convolution over an output-sized input maps back to x's size.
+            assert_eq!(out_size(out_shape, ws, &a), [xs[2], xs[3]], "case {i}");
+            let zeros = vec![0.0; out_shape.iter().product()];
+            let (mut want, _, _) = by_definition(out_shape, ws, &a, &zeros, &w, &x);
+            let plane = out_sp[0] * out_sp[1];
+            for (j, v) in want.iter_mut().enumerate() {
+                *v += b[(j / plane) % ws[1]];
+            }
+            for threads in [1, 2] {
+                let mut out = vec![f64::NAN; want.len()];
+                conv_transpose_into(&ct, (&x, &xs), (&w, &ws), Some(&b), (&mut out, &out_shape), threads).unwrap();
+                let err = out.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                assert!(err < 1e-12, "case {i}, {threads} threads: off by {err}");
+            }
+            let types: Vec<oar_ir::TensorType> = [&xs[..], &ws[..], &[ws[1]][..]]
+                .iter()
+                .map(|s| oar_ir::TensorType::of(DType::F64, s))
+                .collect();
+            assert!(conv_transpose_supported(&ct, &types));
         }
     }
 

@@ -46,16 +46,36 @@ pub struct Lowered {
 /// (`oar_cpu_runtime::native`): the row ops a row at a time take two or three passes over
 /// cached memory, where their decompositions take a reduction kernel per statistic and an
 /// epilogue that recomputes `exp`; `lstm_seq` and `gru_seq` run their recurrence as one loop (a
-/// product and a fused cell per step) where their decompositions unroll every step into kernels.
-pub const KEPT_COMPOSITES: &[&str] = &["softmax", "log_softmax", "layer_norm", "lstm_seq", "gru_seq"];
+/// product and a fused cell per step) where their decompositions unroll every step into kernels;
+/// `conv_transpose` (also every convolution's input gradient) scatters `wᵀ · x` with col2im
+/// where its decomposition convolves a dilated, zero-padded input — where the runtime has it
+/// ([`keeps`]).
+pub const KEPT_COMPOSITES: &[&str] = &[
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "lstm_seq",
+    "gru_seq",
+    "conv_transpose",
+];
 
-/// Bind `bindings` in `graph`, optimize, fuse (keeping [`KEPT_COMPOSITES`]), plan and choose a
-/// step per kernel.
+/// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels
+/// compute (others are decomposed and compiled).
+pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
+    match c {
+        oar_ir::Composite::ConvTranspose(ct) => oar_cpu_runtime::conv_grad::conv_transpose_supported(ct, inputs),
+        _ => true,
+    }
+}
+
+/// Bind `bindings` in `graph`, optimize, fuse (keeping [`KEPT_COMPOSITES`] where [`keeps`]
+/// holds), plan and choose a step per kernel.
 pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Lowered, CpuError> {
-    lower_program(oar_passes::fuse::lower_to_kernels_keeping(
+    lower_program(oar_passes::fuse::lower_to_kernels_keeping_where(
         graph,
         bindings,
         KEPT_COMPOSITES,
+        keeps,
     )?)
 }
 

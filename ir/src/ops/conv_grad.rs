@@ -88,7 +88,10 @@ fn dilate<E: Emitter>(e: &mut E, x: E::Value, axis: usize, s: usize) -> Result<E
     e.add_op1(Op::Slice(Slice { ranges }), &[f])
 }
 
-/// ∂L/∂x of `conv(x, w)`: a stride-1 convolution of the dilated, padded cotangent with the
+/// ∂L/∂x of `conv(x, w)`: `conv_transpose(g, w)` with the convolution's attributes and the
+/// `output_padding` that gives back x's spatial sizes. A composite, so a backend with a native
+/// transposed convolution (the cpu runtime's col2im) runs it whole; its decomposition is
+/// [`transposed_conv`]: a stride-1 convolution of the dilated, padded cotangent with the
 /// flipped, channel-transposed weight.
 pub(crate) fn conv_grad_input<E: Emitter>(
     e: &mut E,
@@ -97,11 +100,28 @@ pub(crate) fn conv_grad_input<E: Emitter>(
     w: E::Value,
     g: E::Value,
 ) -> Result<E::Value, E::Error> {
-    let xt = e.value_type(x);
-    let sizes: Vec<usize> = (0..a.stride.len())
-        .map(|i| stat(&xt.shape.0[2 + i]))
-        .collect::<Result<_, _>>()?;
-    transposed_conv(e, a, w, g, &sizes)
+    let (xt, wt, gt) = (e.value_type(x), e.value_type(w), e.value_type(g));
+    let sp = a.stride.len();
+    let mut output_padding = Vec::with_capacity(sp);
+    for i in 0..sp {
+        let (s, k, y) = (
+            stat(&xt.shape.0[2 + i])?,
+            stat(&wt.shape.0[2 + i])?,
+            stat(&gt.shape.0[2 + i])?,
+        );
+        // The input rows past the last window: conv's floor division dropped them.
+        let covered = (y.max(1) - 1) * a.stride[i] + a.dilation[i] * (k.max(1) - 1) + 1;
+        output_padding.push((s + a.pad_before[i] + a.pad_after[i]).saturating_sub(covered));
+    }
+    let ct = super::ConvTranspose {
+        stride: a.stride.clone(),
+        pad_before: a.pad_before.clone(),
+        pad_after: a.pad_after.clone(),
+        output_padding,
+        dilation: a.dilation.clone(),
+        groups: a.groups,
+    };
+    e.add_op1(Op::Composite(super::Composite::ConvTranspose(ct)), &[g, w])
 }
 
 /// The transpose of `conv` with attributes `a` and weight `w[O, C/G, K]`, applied to `g[N, O,
