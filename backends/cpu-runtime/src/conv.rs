@@ -36,6 +36,19 @@ pub(crate) struct ConvSpec<'a> {
     pub groups: usize,
 }
 
+impl<'a> ConvSpec<'a> {
+    /// The attributes of `conv`.
+    pub(crate) fn of(conv: &'a oar_ir::ops::Conv) -> ConvSpec<'a> {
+        ConvSpec {
+            stride: &conv.stride,
+            pad_before: &conv.pad_before,
+            pad_after: &conv.pad_after,
+            dilation: &conv.dilation,
+            groups: conv.groups,
+        }
+    }
+}
+
 /// What one kernel position of the last spatial axis reads: output columns `lo..hi` read the
 /// input (the others the padding), at input column `ow · stride + shift`.
 #[derive(Clone, Copy, Debug)]

@@ -35,14 +35,7 @@ pub fn conv_vjp(
     wants: [bool; 3],
     threads: usize,
 ) -> Result<Option<[Option<TensorData>; 3]>, String> {
-    let spec = ConvSpec {
-        stride: &conv.stride,
-        pad_before: &conv.pad_before,
-        pad_after: &conv.pad_after,
-        dilation: &conv.dilation,
-        groups: conv.groups,
-    };
-    let (geo, d) = geometry(x.shape(), w.shape(), &spec)?;
+    let (geo, d) = geometry(x.shape(), w.shape(), &ConvSpec::of(conv))?;
     let dtype = x.dtype();
     if d.g != 1 || !matches!(dtype, DType::F32 | DType::F64) {
         return Ok(None);
@@ -142,22 +135,9 @@ pub(crate) fn conv_transpose_into<T: Elem + bytemuck::Pod>(
     (out, out_shape): (&mut [T], &[usize]),
     threads: usize,
 ) -> Result<(), String> {
-    let conv = Conv {
-        stride: ct.stride.clone(),
-        pad_before: ct.pad_before.clone(),
-        pad_after: ct.pad_after.clone(),
-        dilation: ct.dilation.clone(),
-        groups: ct.groups,
-    };
-    let spec = ConvSpec {
-        stride: &conv.stride,
-        pad_before: &conv.pad_before,
-        pad_after: &conv.pad_after,
-        dilation: &conv.dilation,
-        groups: conv.groups,
-    };
     // The forward convolution: input of the output's shape, weight [Cin(=O), Cout(=C), *K].
-    let (geo, d) = geometry(out_shape, w_shape, &spec)?;
+    let conv = ct.forward();
+    let (geo, d) = geometry(out_shape, w_shape, &ConvSpec::of(&conv))?;
     let y_shape = [&[d.n, d.o][..], &geo.sout].concat();
     if d.g != 1 || y_shape != x_shape || out.len() != out_shape.iter().product::<usize>() {
         return Err(format!(
@@ -489,18 +469,7 @@ mod tests {
         for (i, (xs, ws, a)) in cases.into_iter().enumerate() {
             let [oh, ow] = out_size(xs, ws, &a);
             let ys = [xs[0], ws[0], oh, ow];
-            let geo = geometry(
-                &xs,
-                &ws,
-                &ConvSpec {
-                    stride: &a.stride,
-                    pad_before: &a.pad_before,
-                    pad_after: &a.pad_after,
-                    dilation: &a.dilation,
-                    groups: 1,
-                },
-            )
-            .unwrap();
+            let geo = geometry(&xs, &ws, &ConvSpec::of(&a)).unwrap();
             assert!(
                 direct_shape(&geo.0, geo.1, &xs, &ws, &a).is_some(),
                 "case {i} takes the direct kernel"

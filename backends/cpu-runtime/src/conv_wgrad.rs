@@ -18,7 +18,7 @@ use crate::simd::Simd;
 /// kernel width it has an instance for, output rows short enough that im2col's segments are
 /// what costs.
 pub(crate) fn eligible(stride: &[usize], dilation: &[usize], kw: usize, ow: usize) -> bool {
-    stride.len() == 2 && stride == [1, 1] && dilation == [1, 1] && matches!(kw, 3 | 5) && ow <= 32
+    stride == [1, 1] && dilation == [1, 1] && matches!(kw, 3 | 5) && ow <= 32
 }
 
 /// Shapes of one call: x `[n, c, h, w]`, dy `[n, o, oh, ow]`, kernel `[kh, kw]`, padding

@@ -95,13 +95,7 @@ fn tiled_2x2(
     planes: usize,
     threads: usize,
 ) -> Result<TensorData, String> {
-    fn cast(t: &TensorData) -> Result<&[f32], String> {
-        if t.bytes().is_empty() {
-            return Ok(&[]);
-        }
-        bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("max_pool2d gradient: unaligned operand: {e}"))
-    }
-    let (xv, dyv) = (cast(x)?, cast(dy)?);
+    let (xv, dyv) = (slice::<f32>(x)?, slice::<f32>(dy)?);
     let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
     let mut dx = crate::contraction::written_zeros(xv.len(), 0f32);
     let per = (1usize << 14).div_ceil(s_in.max(1)).max(1);
@@ -187,6 +181,14 @@ fn pick_rows_2x2() -> Rows2x2 {
     rows_2x2_body
 }
 
+/// A tensor's elements as `T` (its dtype checked by the caller).
+fn slice<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
+    if t.bytes().is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("max_pool2d gradient: unaligned operand: {e}"))
+}
+
 /// f32 and f64 (values compared and shares added in f64; `Element` converts).
 trait Float: bytemuck::Pod + oar_ir::Element + Into<f64> {}
 impl Float for f32 {}
@@ -199,12 +201,6 @@ fn typed<T: Float>(
     planes: usize,
     threads: usize,
 ) -> Result<TensorData, String> {
-    fn slice<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
-        if t.bytes().is_empty() {
-            return Ok(&[]);
-        }
-        bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("max_pool2d gradient: unaligned operand: {e}"))
-    }
     let (xv, dyv) = (slice::<T>(x)?, slice::<T>(dy)?);
     let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
     let mut dx = crate::contraction::written_zeros(xv.len(), T::from_f64(0.0));
