@@ -224,8 +224,9 @@ fn f32s(t: &TensorData) -> Option<&[f32]> {
 }
 
 /// How the two operands of a binary op index the result, and the result's shape: equal
-/// shapes, a one-element side, or a side whose shape (leading 1s aside) is the other's trailing
-/// axes. `None` for other broadcasts (the compiled kernel does them) and empty results.
+/// shapes, or one side broadcast over the other's shape as a scalar, a row (its axes the
+/// other's last ones) or a column (its axes a run of the other's, ones after them). `None` for
+/// other broadcasts (the compiled kernel does them) and empty results.
 fn broadcast_sides<'a>(
     a: &TensorData,
     xa: &'a [f32],
@@ -244,27 +245,40 @@ fn broadcast_sides<'a>(
     if sa == sc {
         return Some((Side::Full(xa), Side::Full(xc), sa.to_vec()));
     }
-    // `small` fits `big` as a scalar or as a row over its trailing axes.
-    let fits = |small: &[usize], big: &[usize]| {
-        if small.len() > big.len() {
-            return None;
-        }
-        let lead = small.iter().take_while(|&&d| d == 1).count();
-        let core = &small[lead..];
-        if core.is_empty() {
-            return Some(true);
-        }
-        (big[big.len() - core.len()..] == *core).then_some(false)
-    };
-    if let Some(scalar) = fits(sc, sa) {
-        let side = if scalar { Side::Scalar(xc[0]) } else { Side::Row(xc) };
+    if let Some(side) = broadcast_side(sc, xc, sa) {
         return Some((Side::Full(xa), side, sa.to_vec()));
     }
-    if let Some(scalar) = fits(sa, sc) {
-        let side = if scalar { Side::Scalar(xa[0]) } else { Side::Row(xa) };
-        return Some((side, Side::Full(xc), sc.to_vec()));
+    let side = broadcast_side(sa, xa, sc)?;
+    Some((side, Side::Full(xc), sc.to_vec()))
+}
+
+/// `small` (elements `x`) broadcast over `big` as a scalar, a row or a column, if it is one.
+fn broadcast_side<'a>(small: &[usize], x: &'a [f32], big: &[usize]) -> Option<oar_cpu_runtime::ewise::Side<'a>> {
+    use oar_cpu_runtime::ewise::Side;
+    if small.len() > big.len() {
+        return None;
     }
-    None
+    // Right-aligned: the axes of `big` where `small` is not 1 must form one run `lo..hi`
+    // on which the two agree.
+    let big_tail = &big[big.len() - small.len()..];
+    let shift = big.len() - small.len();
+    let kept: Vec<usize> = (0..small.len()).filter(|&i| small[i] != 1).collect();
+    let (Some(&lo), Some(&hi)) = (kept.first(), kept.last()) else {
+        return Some(Side::Scalar(x[0]));
+    };
+    if (lo..=hi).any(|i| small[i] != big_tail[i]) {
+        return None;
+    }
+    let inner: usize = big[shift + hi + 1..].iter().product();
+    Some(if inner == 1 {
+        Side::Row(x)
+    } else {
+        Side::Column {
+            col: x,
+            inner,
+            first: 0,
+        }
+    })
 }
 
 /// A new f32 tensor of `shape` filled by `fill`, which writes every element (the memory is not
@@ -699,6 +713,50 @@ mod tests {
                 let dy = data(dtype, &ys, &values(ys.iter().product(), seed + 3, None));
                 let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
                 compare(&Op::Composite(Composite::Conv2d(c.clone())), &inputs, dy, wants, tol);
+            }
+        }
+    }
+
+    /// Binary ops with one side broadcast as a scalar, a row or a column (and shapes that are
+    /// none of them, left to the compiled kernel): the reference's bits, the result's shape,
+    /// and which ones the host-width kernels take.
+    #[test]
+    fn broadcast_binary_ops_are_the_reference_bit_for_bit() {
+        use oar_ir::ops::BinaryOp;
+        let cases: [(&[usize], &[usize], bool); 10] = [
+            (&[6, 70, 5], &[6, 70, 5], true),
+            (&[6, 70, 5], &[1], true),
+            (&[6, 70, 5], &[70, 5], true),
+            (&[6, 70, 5], &[1, 1, 5], true),
+            (&[6, 70, 5], &[6, 1, 1], true),
+            (&[6, 70, 5], &[70, 1], true),
+            (&[1, 70, 1], &[6, 70, 5], true),
+            (&[4, 3, 7, 9], &[3, 1, 1], true),
+            (&[6, 70, 5], &[6, 1, 5], false),
+            (&[6, 1], &[1, 5], false),
+        ];
+        for (sa, sb, host) in cases {
+            let na: usize = sa.iter().product();
+            let nb: usize = sb.iter().product();
+            let a = data(DType::F32, sa, &values(na, na as u64, None));
+            let b = data(DType::F32, sb, &values(nb, 7 + nb as u64, None));
+            for (x, y) in [(&a, &b), (&b, &a)] {
+                for op in [BinaryOp::Add, BinaryOp::Div, BinaryOp::Max, BinaryOp::Lt] {
+                    let op = Op::Binary(op);
+                    let ins = [x.clone(), y.clone()];
+                    assert_eq!(super::host_width(&op, &ins).is_some(), host, "{op:?} {sa:?} {sb:?}");
+                    let got = super::run(&op, &ins, || Ok(())).unwrap();
+                    let want = oar_backend_reference::run_op(&op, &ins).unwrap();
+                    assert_eq!(got[0].shape(), want[0].shape(), "{op:?} {sa:?} {sb:?}");
+                    assert_eq!(got[0].dtype(), want[0].dtype());
+                    assert_eq!(
+                        got[0].bytes(),
+                        want[0].bytes(),
+                        "{op:?} {:?} {:?}",
+                        x.shape(),
+                        y.shape()
+                    );
+                }
             }
         }
     }

@@ -96,14 +96,42 @@ pub enum Side<'a> {
     /// A row repeated: output element `i` takes `row[i % row.len()]` (a bias over the last
     /// axes).
     Row(&'a [f32]),
+    /// A column repeated along the last axes: output element `i` takes
+    /// `col[(first + i / inner) % col.len()]` — a value per row or channel (`[R, 1]` against
+    /// `[R, K]`, `[C, 1, 1]` against `[N, C, H, W]`). `first` is 0 for a whole output.
+    Column {
+        /// one value per run of `inner` output elements, repeated
+        col: &'a [f32],
+        /// output elements sharing one value (≥ 1)
+        inner: usize,
+        /// the value of the first run
+        first: usize,
+    },
 }
 
 impl Side<'_> {
-    /// The part of this operand for output elements `lo..hi` (`Row`: `lo` a multiple of the row).
+    /// The part of this operand for output elements `lo..hi` (`Row`: `lo` a multiple of the
+    /// row; `Column`: of `inner`).
     fn part(self, lo: usize, hi: usize) -> Self {
         match self {
             Side::Full(v) => Side::Full(&v[lo..hi]),
+            Side::Column { col, inner, first } => Side::Column {
+                col,
+                inner,
+                first: (first + lo / inner) % col.len(),
+            },
             other => other,
+        }
+    }
+
+    /// The operand of output element `i`.
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        match self {
+            Side::Full(v) => v[i],
+            Side::Scalar(s) => s,
+            Side::Row(r) => r[i % r.len()],
+            Side::Column { col, inner, first } => col[(first + i / inner) % col.len()],
         }
     }
 }
@@ -148,8 +176,8 @@ pub fn unary(op: Unary, x: &[f32], out: &mut [f32], threads: usize) {
     });
 }
 
-/// `out = op(a, b)`; a `Full` side has `out.len()` elements, a `Row` side a length dividing it.
-/// At most one side is not `Full`.
+/// `out = op(a, b)`; a `Full` side has `out.len()` elements, a `Row` side a length dividing it,
+/// a `Column` side's `inner` divides it.
 pub fn binary(op: Binary, a: Side, b: Side, out: &mut [f32], threads: usize) {
     let align = sides_align(a, b, out.len());
     // Tasks hold whole rows (a multiple of the row length).
@@ -168,24 +196,45 @@ pub fn compare(op: Compare, a: Side, b: Side, out: &mut [u8], threads: usize) {
     });
 }
 
-/// The sides' lengths checked against `n` output elements; the row length (1 without one).
+/// The sides' lengths checked against `n` output elements; the length tasks are multiples
+/// of (a row, a column's run; 1 without them).
 fn sides_align(a: Side, b: Side, n: usize) -> usize {
     let mut align = 1;
     for s in [a, b] {
-        match s {
-            Side::Full(v) => assert_eq!(v.len(), n, "binary kernel: operand and result lengths"),
+        let unit = match s {
+            Side::Full(v) => {
+                assert_eq!(v.len(), n, "binary kernel: operand and result lengths");
+                1
+            }
             Side::Row(r) => {
                 assert!(
                     !r.is_empty() && n % r.len() == 0,
                     "binary kernel: row of {} for {n}",
                     r.len()
                 );
-                align = r.len();
+                r.len()
             }
-            Side::Scalar(_) => {}
-        }
+            Side::Column { col, inner, first } => {
+                assert!(
+                    !col.is_empty() && inner > 0 && n % inner == 0 && first < col.len(),
+                    "binary kernel: column of {} by {inner} for {n}",
+                    col.len()
+                );
+                inner
+            }
+            Side::Scalar(_) => 1,
+        };
+        align = lcm(align, unit);
     }
     align
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
 }
 
 /// `out[r] = op(x[r·n .. (r+1)·n])` for each of `out.len()` rows of `n` elements.
@@ -653,6 +702,42 @@ fn apply2<O: Copy>(a: Side, b: Side, out: &mut [O], f: impl Fn(f32, f32) -> O + 
                 zip_with(p, q, o, f);
             }
         }
+        // A column's value is a scalar over each run of `inner` elements.
+        (Side::Full(a), Side::Column { col, inner, first }) => {
+            let runs = out.chunks_exact_mut(inner).zip(a.chunks_exact(inner));
+            for ((o, a), &s) in runs.zip(col[first..].iter().chain(col.iter().cycle())) {
+                map(a, o, |x| f(x, s));
+            }
+        }
+        (Side::Column { col, inner, first }, Side::Full(b)) => {
+            let runs = out.chunks_exact_mut(inner).zip(b.chunks_exact(inner));
+            for ((o, b), &s) in runs.zip(col[first..].iter().chain(col.iter().cycle())) {
+                map(b, o, |y| f(s, y));
+            }
+        }
+        (Side::Column { col, inner, first }, Side::Scalar(t)) => {
+            for (o, &s) in out
+                .chunks_exact_mut(inner)
+                .zip(col[first..].iter().chain(col.iter().cycle()))
+            {
+                o.fill(f(s, t));
+            }
+        }
+        (Side::Scalar(t), Side::Column { col, inner, first }) => {
+            for (o, &s) in out
+                .chunks_exact_mut(inner)
+                .zip(col[first..].iter().chain(col.iter().cycle()))
+            {
+                o.fill(f(t, s));
+            }
+        }
+        // Column against a row or a column: element by element (not made by eager dispatch).
+        (a @ (Side::Row(_) | Side::Column { .. }), b @ Side::Column { .. })
+        | (a @ Side::Column { .. }, b @ Side::Row(_)) => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f(a.at(i), b.at(i));
+            }
+        }
     }
 }
 
@@ -937,12 +1022,32 @@ mod tests {
                 (Side::Full(a), Side::Scalar(0.5)),
                 (Side::Scalar(scalar), Side::Full(b)),
                 (Side::Full(a), Side::Full(a)),
+                (
+                    Side::Full(a),
+                    Side::Column {
+                        col: row,
+                        inner: 5,
+                        first: 0,
+                    },
+                ),
+                (
+                    Side::Column {
+                        col: row,
+                        inner: 2,
+                        first: 3,
+                    },
+                    Side::Full(b),
+                ),
+                (
+                    Side::Column {
+                        col: row,
+                        inner: 2,
+                        first: 3,
+                    },
+                    Side::Scalar(0.5),
+                ),
             ] {
-                let value = |s: Side, i: usize| match s {
-                    Side::Full(v) => v[i],
-                    Side::Row(r) => r[i % r.len()],
-                    Side::Scalar(v) => v,
-                };
+                let value = |s: Side, i: usize| s.at(i);
                 for threads in [1, 2, 3] {
                     let mut out = vec![7u8; n];
                     compare(op, sa, sb, &mut out, threads);
@@ -1042,6 +1147,43 @@ mod tests {
                 (Side::Scalar(-3.0), Side::Full(&b), |i, _, b, _| (-3.0, b[i])),
                 (Side::Full(a), Side::Row(&row), |i, a, _, r| (a[i], r[i % 10])),
                 (Side::Row(&row), Side::Full(&b), |i, _, b, r| (r[i % 10], b[i])),
+                // A value per run of 5, the runs cycling through the column from its fourth.
+                (
+                    Side::Full(a),
+                    Side::Column {
+                        col: &row,
+                        inner: 5,
+                        first: 3,
+                    },
+                    |i, a, _, r| (a[i], r[(3 + i / 5) % 10]),
+                ),
+                (
+                    Side::Column {
+                        col: &row,
+                        inner: 2,
+                        first: 0,
+                    },
+                    Side::Full(&b),
+                    |i, _, b, r| (r[(i / 2) % 10], b[i]),
+                ),
+                (
+                    Side::Scalar(1.5),
+                    Side::Column {
+                        col: &row,
+                        inner: 10,
+                        first: 9,
+                    },
+                    |i, _, _, r| (1.5, r[(9 + i / 10) % 10]),
+                ),
+                (
+                    Side::Row(&row[..5]),
+                    Side::Column {
+                        col: &row,
+                        inner: 5,
+                        first: 1,
+                    },
+                    |i, _, _, r| (r[i % 5], r[(1 + i / 5) % 10]),
+                ),
             ] {
                 for threads in [1, 3] {
                     let mut out = vec![0f32; n];
