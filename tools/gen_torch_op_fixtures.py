@@ -305,6 +305,32 @@ for name, n, steps, h, reverse, mk, tol in [("f32", 2, 4, 3, False, f32, TOL_ACC
          [y.numpy(), hy[0].numpy()], tol)
 
 
+# ---- conv_weight_grad (a convolution's weight gradient, by PyTorch's autograd) ----------------
+
+def conv_weight_grad(name, x, k, o, stride, pb, pa, dil, groups):
+    """PyTorch pads symmetrically; oar pads `pb` before and `pa` after: x zero-padded first."""
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.ndim]
+    pad = []
+    for p, q in zip(reversed(pb), reversed(pa)):
+        pad += [p, q]
+    xp = F.pad(t(x), pad)
+    w = torch.zeros((o, x.shape[1] // groups, *k), dtype=xp.dtype, requires_grad=True)
+    y = fn(xp, w, stride=stride, dilation=dil, groups=groups)
+    dy = rng.uniform(-1, 1, tuple(y.shape)).astype(x.dtype)
+    (dw,) = torch.autograd.grad(y, w, t(dy))
+    op = comp("ConvWeightGrad", {"stride": list(stride), "pad_before": list(pb), "pad_after": list(pa),
+                                 "dilation": list(dil), "groups": groups, "kernel": list(k)})
+    case("torch_conv_weight_grad", name, op, [x, dy], [dw.numpy()],
+         TOL_ACC32 if x.dtype == np.float32 else TOL_F64)
+
+
+conv_weight_grad("wgrad_1d_stride2", f32(2, 3, 7), [3], 4, [2], [1], [0], [1], 1)
+conv_weight_grad("wgrad_2d_groups_dilation", f32(1, 4, 6, 5), [2, 3], 6, [1, 2], [1, 0], [0, 1], [2, 1], 2)
+conv_weight_grad("wgrad_2d_same_f64", f64(2, 3, 8, 8), [5, 5], 4, [1, 1], [2, 2], [2, 2], [1, 1], 1)
+conv_weight_grad("wgrad_2d_5x5_same_one_channel", f32(2, 1, 12, 12), [5, 5], 6, [1, 1], [2, 2], [2, 2], [1, 1], 1)
+conv_weight_grad("wgrad_3d", f32(1, 2, 3, 5, 3), [2, 3, 2], 2, [1, 2, 1], [0, 1, 0], [0, 1, 0], [1, 1, 1], 1)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

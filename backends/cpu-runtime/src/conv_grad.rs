@@ -17,7 +17,7 @@
 use crate::contraction::{Elem, Mat, SendPtr, gemm_into, gemm_parallelism, written_zeros};
 use crate::conv::{ConvSpec, Dims, Geo, geometry, im2col, piece_offsets, row_pieces};
 use crate::par::par_units;
-use oar_ir::ops::{Conv, ConvTranspose};
+use oar_ir::ops::{Conv, ConvTranspose, ConvWeightGrad};
 use oar_ir::{DType, TensorData};
 
 /// Patch-matrix elements per tile (per thread), as the forward's.
@@ -155,6 +155,51 @@ pub(crate) fn conv_transpose_into<T: Elem + bytemuck::Pod>(
             }
         }
     }
+    Ok(())
+}
+
+/// Whether [`conv_weight_grad_into`] computes `conv_weight_grad(x, dy)` for operands of these
+/// types: one group, f32 or f64.
+pub fn conv_weight_grad_supported(cw: &ConvWeightGrad, inputs: &[oar_ir::TensorType]) -> bool {
+    cw.groups == 1
+        && inputs.len() == 2
+        && matches!(inputs[0].dtype, DType::F32 | DType::F64)
+        && inputs[1].dtype == inputs[0].dtype
+}
+
+/// `out = conv_weight_grad(x, dy)` (x `[N, C, *S]`, dy `[N, O, *Y]`, out `[O, C, *K]`, all of
+/// dtype `T`): the weight-gradient half of [`conv_vjp`] (the direct kernel for small f32
+/// planes, else im2col + GEMM per tile). `cw` is checked by [`conv_weight_grad_supported`]
+/// first.
+pub(crate) fn conv_weight_grad_into<T: Elem + bytemuck::Pod>(
+    cw: &ConvWeightGrad,
+    (x, x_shape): (&[T], &[usize]),
+    (dy, dy_shape): (&[T], &[usize]),
+    (out, out_shape): (&mut [T], &[usize]),
+    threads: usize,
+) -> Result<(), String> {
+    let conv = cw.forward();
+    let (geo, d) = geometry(x_shape, out_shape, &ConvSpec::of(&conv))?;
+    let y_shape = [&[d.n, d.o][..], &geo.sout].concat();
+    if d.g != 1 || y_shape != dy_shape || out.len() != out_shape.iter().product::<usize>() {
+        return Err(format!(
+            "conv_weight_grad: x {x_shape:?}, dy {dy_shape:?} and output {out_shape:?} do not match (one group)"
+        ));
+    }
+    let direct = direct_shape(&geo, d, x_shape, out_shape, &conv);
+    if let (Some(shape), true) = (direct, std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()) {
+        crate::conv_wgrad::weight_grad(
+            shape,
+            bytemuck::cast_slice(x),
+            bytemuck::cast_slice(dy),
+            bytemuck::cast_slice_mut(out),
+            threads,
+        );
+        return Ok(());
+    }
+    // `grads` leaves an empty problem's gradient alone: zero it first.
+    out.fill(T::ZERO);
+    grads(&geo, d, x, &[], dy, None, Some(out), threads);
     Ok(())
 }
 

@@ -10,7 +10,7 @@
 use crate::conv_direct::copy_run;
 use crate::program::static_shape;
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
-use oar_ir::ops::{Composite, Concat, ConvTranspose, Gather, Pad, Scatter, ScatterReduce};
+use oar_ir::ops::{Composite, Concat, ConvTranspose, ConvWeightGrad, Gather, Pad, Scatter, ScatterReduce};
 use oar_ir::tensor_data::{read_as_f64, store_f64_as};
 use oar_ir::{BackendError, DType, Op, TensorData};
 
@@ -38,6 +38,10 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Composite(Composite::ConvTranspose(ct)) => {
             let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
             crate::conv_grad::conv_transpose_supported(ct, &types)
+        }
+        Op::Composite(Composite::ConvWeightGrad(cw)) => {
+            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
+            crate::conv_grad::conv_weight_grad_supported(cw, &types)
         }
         Op::Composite(c) => {
             crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))
@@ -347,6 +351,44 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                 DType::F32 => typed::<f32>(ct, &ins, &shapes, out, &out_shape, threads),
                 DType::F64 => typed::<f64>(ct, &ins, &shapes, out, &out_shape, threads),
                 other => Err(format!("conv_transpose: no native kernel for {other}")),
+            }
+            .map_err(|d| err(k, d))?;
+        }
+        Op::Composite(Composite::ConvWeightGrad(cw)) => {
+            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
+            let ins: Vec<&[u8]> = copies
+                .iter_mut()
+                .enumerate()
+                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
+                .collect();
+            let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
+            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            fn typed<T: crate::contraction::Elem + bytemuck::Pod>(
+                cw: &ConvWeightGrad,
+                ins: &[&[u8]],
+                shapes: &[Vec<usize>],
+                out: &mut [u8],
+                out_shape: &[usize],
+                threads: usize,
+            ) -> Result<(), String> {
+                fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
+                    bytemuck::try_cast_slice(b).map_err(|e| format!("conv_weight_grad: unaligned operand: {e}"))
+                }
+                let out: &mut [T] = bytemuck::try_cast_slice_mut(out)
+                    .map_err(|e| format!("conv_weight_grad: unaligned output: {e}"))?;
+                crate::conv_grad::conv_weight_grad_into(
+                    cw,
+                    (cast::<T>(ins[0])?, &shapes[0]),
+                    (cast::<T>(ins[1])?, &shapes[1]),
+                    (out, out_shape),
+                    threads,
+                )
+            }
+            match out_ty.dtype {
+                DType::F32 => typed::<f32>(cw, &ins, &shapes, out, &out_shape, threads),
+                DType::F64 => typed::<f64>(cw, &ins, &shapes, out, &out_shape, threads),
+                other => Err(format!("conv_weight_grad: no native kernel for {other}")),
             }
             .map_err(|d| err(k, d))?;
         }

@@ -48,8 +48,10 @@ pub struct Lowered {
 /// epilogue that recomputes `exp`; `lstm_seq` and `gru_seq` run their recurrence as one loop (a
 /// product and a fused cell per step) where their decompositions unroll every step into kernels;
 /// `conv_transpose` (also every convolution's input gradient) scatters `wᵀ · x` with col2im
-/// where its decomposition convolves a dilated, zero-padded input — where the runtime has it
-/// ([`keeps`]).
+/// where its decomposition convolves a dilated, zero-padded input; `conv_weight_grad` (every
+/// convolution's weight gradient) runs the runtime's direct or im2col + GEMM kernel where its
+/// decomposition convolves the input with the cotangent as the kernel (a patch matrix of
+/// the cotangent's size per weight element) — where the runtime has them ([`keeps`]).
 pub const KEPT_COMPOSITES: &[&str] = &[
     "softmax",
     "log_softmax",
@@ -57,6 +59,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "lstm_seq",
     "gru_seq",
     "conv_transpose",
+    "conv_weight_grad",
 ];
 
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels
@@ -64,6 +67,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
 pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
     match c {
         oar_ir::Composite::ConvTranspose(ct) => oar_cpu_runtime::conv_grad::conv_transpose_supported(ct, inputs),
+        oar_ir::Composite::ConvWeightGrad(cw) => oar_cpu_runtime::conv_grad::conv_weight_grad_supported(cw, inputs),
         _ => true,
     }
 }

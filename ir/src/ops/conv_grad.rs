@@ -175,8 +175,9 @@ pub(crate) fn transposed_conv<E: Emitter>(
     slice_spatial(e, full, &a.pad_before, sizes)
 }
 
-/// ∂L/∂w of `conv(x, w)`: a convolution of the padded input (batch as channels) with the
-/// cotangent as the kernel (stride and dilation swap roles).
+/// ∂L/∂w of `conv(x, w)` (w's kernel sizes `kernel`): the `conv_weight_grad` composite, so a
+/// backend with a native weight gradient (the cpu runtime's) runs it whole; its decomposition
+/// is [`weight_grad_conv`].
 pub(crate) fn conv_grad_weight<E: Emitter>(
     e: &mut E,
     a: &Conv,
@@ -184,11 +185,33 @@ pub(crate) fn conv_grad_weight<E: Emitter>(
     w: E::Value,
     g: E::Value,
 ) -> Result<E::Value, E::Error> {
-    let (xt, wt, gt) = (e.value_type(x), e.value_type(w), e.value_type(g));
+    let wt = e.value_type(w);
+    let kernel = wt.shape.0[2..].iter().map(stat).collect::<Result<Vec<_>, _>>()?;
+    let cw = super::ConvWeightGrad {
+        stride: a.stride.clone(),
+        pad_before: a.pad_before.clone(),
+        pad_after: a.pad_after.clone(),
+        dilation: a.dilation.clone(),
+        groups: a.groups,
+        kernel,
+    };
+    e.add_op1(Op::Composite(super::Composite::ConvWeightGrad(cw)), &[x, g])
+}
+
+/// ∂L/∂w (`[O, C/groups, *ksize]`) of `conv(x, w)` for the cotangent `g[N, O, *Y]`: a
+/// convolution of the padded input (batch as channels) with the cotangent as the kernel
+/// (stride and dilation swap roles).
+pub(crate) fn weight_grad_conv<E: Emitter>(
+    e: &mut E,
+    a: &Conv,
+    x: E::Value,
+    g: E::Value,
+    ksize: &[usize],
+) -> Result<E::Value, E::Error> {
+    let (xt, gt) = (e.value_type(x), e.value_type(g));
     let sp = a.stride.len();
     let groups = a.groups;
-    let (c, o) = (stat(&xt.shape.0[1])?, stat(&wt.shape.0[0])?);
-    let ksize: Vec<usize> = (0..sp).map(|i| stat(&wt.shape.0[2 + i])).collect::<Result<_, _>>()?;
+    let (c, o) = (stat(&xt.shape.0[1])?, stat(&gt.shape.0[1])?);
     let mut before = vec![0, 0];
     before.extend_from_slice(&a.pad_before);
     let mut after = vec![0, 0];
@@ -204,7 +227,7 @@ pub(crate) fn conv_grad_weight<E: Emitter>(
         let xs = e.permute(xg, swap01(sp))?;
         let gs = e.permute(gg, swap01(sp))?;
         let r = conv(e, xs, gs, a.dilation.to_vec(), a.stride.to_vec(), 1)?;
-        let r = slice_spatial(e, r, &vec![0; sp], &ksize)?;
+        let r = slice_spatial(e, r, &vec![0; sp], ksize)?;
         e.permute(r, swap01(sp))
     };
     if groups == 1 {
@@ -247,6 +270,6 @@ pub(crate) fn conv_grad_weight<E: Emitter>(
     dims.extend(gt.shape.0[2..].iter().cloned());
     let gs = e.reshape(g5, &Shape(dims))?;
     let r = conv(e, xs, gs, a.dilation.to_vec(), a.stride.to_vec(), groups)?;
-    let r = slice_spatial(e, r, &vec![0; sp], &ksize)?;
+    let r = slice_spatial(e, r, &vec![0; sp], ksize)?;
     e.permute(r, swap01(sp))
 }

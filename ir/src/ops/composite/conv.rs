@@ -1,14 +1,15 @@
 //! Convolution layers: `conv2d` (conv + bias) and `conv_transpose` (1-D, 2-D, 3-D; groups,
 //! stride, dilation, padding, output_padding), whose decomposition is the transposed
-//! convolution conv's own input gradient uses.
+//! convolution conv's own input gradient uses; and `conv_weight_grad`, conv's weight gradient
+//! (the op its VJP emits, so backends with a native kernel run it whole).
 //!
 //! `conv_transpose(x[N, Cin, *S], w[Cin, Cout/groups, *K], b[Cout]?)`, with PyTorch's and
 //! ONNX's output size per spatial axis:
 //! `stride·(S-1) + dilation·(K-1) + 1 + output_padding - pad_before - pad_after`.
 
 use super::super::contraction::{conv, conv_flops, conv_type};
-use super::super::conv_grad::transposed_conv;
-use super::super::rules::{R, arity_range, float, out_elements, same_dtype};
+use super::super::conv_grad::{transposed_conv, weight_grad_conv};
+use super::super::rules::{R, arity, arity_range, float, out_elements, same_dtype};
 use super::super::sample::{Sample, input};
 use super::{composite_def, one, reshape, vector_of};
 use crate::eval::{EvalCx, Res, Value, array};
@@ -47,6 +48,26 @@ op_struct! {
         dilation: Vec<usize>,
         /// Number of groups (Cin and Cout divisible by it).
         groups: usize,
+    }
+}
+
+op_struct! {
+    /// `conv_weight_grad(x[N, C, *S], dy[N, O, *Y])`: the gradient `[O, C/groups, *kernel]` of
+    /// a convolution's weight — the convolution with these attributes of `x` by a weight of
+    /// that shape gave an output whose cotangent is `dy`.
+    ConvWeightGrad "conv_weight_grad" {
+        /// Stride per spatial axis.
+        stride: Vec<usize>,
+        /// Padding before each spatial axis.
+        pad_before: Vec<usize>,
+        /// Padding after each spatial axis.
+        pad_after: Vec<usize>,
+        /// Dilation per spatial axis.
+        dilation: Vec<usize>,
+        /// Number of groups.
+        groups: usize,
+        /// The weight's spatial (kernel) sizes.
+        kernel: Vec<usize>,
     }
 }
 
@@ -174,6 +195,192 @@ impl ConvTranspose {
                 }
             })
             .collect()
+    }
+}
+
+impl ConvWeightGrad {
+    /// The forward convolution whose weight gradient this is.
+    pub fn forward(&self) -> Conv {
+        Conv {
+            stride: self.stride.clone(),
+            pad_before: self.pad_before.clone(),
+            pad_after: self.pad_after.clone(),
+            dilation: self.dilation.clone(),
+            groups: self.groups,
+        }
+    }
+
+    /// The weight's type for input `x` and cotangent `dy`, and the forward convolution's
+    /// output type (which `dy` must have), or why not.
+    fn weight_type(&self, x: &TensorType, dy: &TensorType) -> Result<(TensorType, TensorType), String> {
+        let sp = x.rank().saturating_sub(2);
+        if sp == 0 || dy.rank() != x.rank() || self.kernel.len() != sp {
+            return Err(format!(
+                "conv_weight_grad needs x[N,C,*spatial] and dy[N,O,*out] of equal rank ≥ 3 and {} kernel sizes, got {x}, {dy} and {:?}",
+                sp.max(1),
+                self.kernel
+            ));
+        }
+        let (c, o) = (x.shape.0[1].as_static(), dy.shape.0[1].as_static());
+        let (Some(c), Some(o)) = (c, o) else {
+            return Err(format!("conv_weight_grad needs static channels, got {x} and {dy}"));
+        };
+        if self.groups == 0 || c % self.groups != 0 {
+            return Err(format!(
+                "conv_weight_grad channels: x {x}, groups {} (need C % groups = 0)",
+                self.groups
+            ));
+        }
+        let mut w = vec![Dim::Static(o), Dim::Static(c / self.groups)];
+        w.extend(self.kernel.iter().map(|&k| Dim::Static(k)));
+        let w = TensorType::new(x.dtype, w);
+        let y = conv_type(x, &w, &self.forward())?;
+        Ok((w, y))
+    }
+}
+
+impl OpDef for ConvWeightGrad {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity(inputs, 2)?;
+        let (x, dy) = (&inputs[0], &inputs[1]);
+        same_dtype(x, dy)?;
+        float(x)?;
+        let (w, y) = self.weight_type(x, dy)?;
+        if y.shape != dy.shape {
+            return Err(format!(
+                "conv_weight_grad: the convolution of x {x} by a weight {w} gives {y}, but dy is {dy}"
+            ));
+        }
+        Ok(vec![w])
+    }
+
+    /// As the forward convolution's: 2 per weight element (of one group) per output element.
+    fn flops(&self, inputs: &[TensorType], outputs: &[TensorType]) -> Option<u64> {
+        conv_flops(&[inputs.first()?.clone(), outputs.first()?.clone()], &inputs[1..])
+    }
+
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        _: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        one::<E>(weight_grad_conv(g, &self.forward(), x[0], x[1], &self.kernel))
+    }
+
+    /// Directly: `dw[o, c, k] = Σ_n Σ_p dy[n, o, p] · x[n, group(o)·C/g + c, p·stride +
+    /// k·dilation - pad_before]` over the output positions `p` whose tap `k` is inside x.
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        let site = cx.site();
+        crate::eval::arity(site, ins, &[2])?;
+        let (x, dy) = (ins[0].as_f(site, "input")?, ins[1].as_f(site, "cotangent")?);
+        let (xs, ys) = (x.shape().to_vec(), dy.shape().to_vec());
+        let ty = |s: &[usize]| TensorType::new(DType::F64, s.iter().map(|&d| Dim::Static(d)).collect::<Vec<_>>());
+        let (w, y) = self.weight_type(&ty(&xs), &ty(&ys)).map_err(|e| site.err(e))?;
+        let want: Vec<usize> = y.shape.0.iter().filter_map(Dim::as_static).collect();
+        if want != ys {
+            return Err(site.err(format!("dy {ys:?} is not the convolution's output {want:?}")));
+        }
+        let ws: Vec<usize> = w.shape.0.iter().filter_map(Dim::as_static).collect();
+        site.check_size(DType::F64, &ws, "conv_weight_grad output")?;
+        let sp = xs.len() - 2;
+        let (n, c, o, cg) = (xs[0], xs[1], ws[0], ws[1]);
+        let og = o / self.groups;
+        let strides = |d: &[usize]| -> Vec<usize> {
+            let mut s = vec![1; d.len()];
+            for i in (0..d.len().saturating_sub(1)).rev() {
+                s[i] = s[i + 1] * d[i + 1];
+            }
+            s
+        };
+        let (sin, kd, sout) = (&xs[2..], &self.kernel[..], &ys[2..]);
+        let (sin_n, k_n, out_n) = (
+            sin.iter().product::<usize>(),
+            kd.iter().product::<usize>(),
+            sout.iter().product::<usize>(),
+        );
+        let (sin_st, k_st, out_st) = (strides(sin), strides(kd), strides(sout));
+        let xf: Vec<f64> = x.iter().copied().collect();
+        let yf: Vec<f64> = dy.iter().copied().collect();
+        let mut dw = vec![0.0f64; o * cg * k_n];
+        for p in 0..out_n {
+            for kp in 0..k_n {
+                // The input position output position p reads through tap kp, if inside.
+                let mut off = 0usize;
+                let mut inside = true;
+                for d in 0..sp {
+                    let i = (p / out_st[d]) % sout[d];
+                    let k = (kp / k_st[d]) % kd[d];
+                    let pos = (i * self.stride[d] + k * self.dilation[d]) as i64 - self.pad_before[d] as i64;
+                    if pos < 0 || pos >= sin[d] as i64 {
+                        inside = false;
+                        break;
+                    }
+                    off += pos as usize * sin_st[d];
+                }
+                if !inside {
+                    continue;
+                }
+                for b in 0..n {
+                    for oc in 0..o {
+                        let g = yf[(b * o + oc) * out_n + p];
+                        let grp = oc / og;
+                        for cl in 0..cg {
+                            dw[(oc * cg + cl) * k_n + kp] += g * xf[(b * c + grp * cg + cl) * sin_n + off];
+                        }
+                    }
+                }
+            }
+        }
+        Ok(vec![Value::float(ins[0].dtype, array(site, &ws, dw)?)])
+    }
+
+    fn samples() -> Vec<Sample> {
+        let f = DType::F32;
+        let cw = |stride: &[usize], pads: (&[usize], &[usize]), dil: &[usize], groups, kernel: &[usize]| {
+            Op::Composite(Composite::ConvWeightGrad(ConvWeightGrad {
+                stride: stride.to_vec(),
+                pad_before: pads.0.to_vec(),
+                pad_after: pads.1.to_vec(),
+                dilation: dil.to_vec(),
+                groups,
+                kernel: kernel.to_vec(),
+            }))
+        };
+        vec![
+            // x [2, 3, 7], k 3, stride 2, pads (1, 0): out 3.
+            Sample::new(
+                "conv_weight_grad/1d/stride2",
+                cw(&[2], (&[1], &[0]), &[1], 1, &[3]),
+                vec![input(f, &[2, 3, 7]), input(f, &[2, 4, 3])],
+            ),
+            // x [1, 4, 6, 5], k (2, 3), stride (1, 2), dilation (2, 1), groups 2, pads (1, 0 / 0, 1): out (5, 2).
+            Sample::new(
+                "conv_weight_grad/2d/groups_dilation",
+                cw(&[1, 2], (&[1, 0], &[0, 1]), &[2, 1], 2, &[2, 3]),
+                vec![input(f, &[1, 4, 6, 5]), input(f, &[1, 6, 5, 2])],
+            ),
+            // LeNet's second layer, small: x [2, 3, 8, 8], k 5, same padding.
+            Sample::new(
+                "conv_weight_grad/2d/same_f64",
+                cw(&[1, 1], (&[2, 2], &[2, 2]), &[1, 1], 1, &[5, 5]),
+                vec![input(DType::F64, &[2, 3, 8, 8]), input(DType::F64, &[2, 4, 8, 8])],
+            ),
+            // Stride 1, 5 wide, narrow planes: the cpu runtime's direct (no patch matrix) kernel.
+            Sample::new(
+                "conv_weight_grad/2d/same_f32_direct",
+                cw(&[1, 1], (&[2, 1], &[2, 3]), &[1, 1], 1, &[5, 5]),
+                vec![input(f, &[3, 2, 9, 7]), input(f, &[3, 5, 9, 7])],
+            ),
+            Sample::new(
+                "conv_weight_grad/3d",
+                cw(&[1, 2, 1], (&[0, 1, 0], &[0, 1, 0]), &[1, 1, 1], 1, &[2, 3, 2]),
+                vec![input(f, &[1, 2, 3, 5, 3]), input(f, &[1, 2, 2, 3, 2])],
+            ),
+        ]
     }
 }
 

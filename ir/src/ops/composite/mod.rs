@@ -24,7 +24,7 @@ mod shape_of;
 
 pub use activation::{Dropout, Gelu, LogSoftmax, Relu, Sigmoid, Silu, Softmax};
 pub use attention::ScaledDotProductAttention;
-pub use conv::{Conv2d, ConvTranspose};
+pub use conv::{Conv2d, ConvTranspose, ConvWeightGrad};
 pub use einsum::Einsum;
 pub use loss::{CrossEntropy, Reduction};
 pub use nn::{Embedding, Linear};
@@ -50,6 +50,8 @@ op_set! {
         Conv2d(Conv2d),
         /// `conv_transpose(x[N,Cin,*S], w[Cin,Cout/g,*K], b[Cout]?)`.
         ConvTranspose(ConvTranspose),
+        /// `conv_weight_grad(x[N,C,*S], dy[N,O,*Y])`: a convolution's weight gradient.
+        ConvWeightGrad(ConvWeightGrad),
         /// `max_pool2d(x[N,C,H,W])`.
         MaxPool2d(MaxPool2d),
         /// `avg_pool2d(x[N,C,H,W])`.
