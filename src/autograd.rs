@@ -326,7 +326,8 @@ impl Tensor {
             let wants: Vec<bool> = node.edges.iter().map(|e| !matches!(e, Edge::None)).collect();
             let grads: Vec<Option<Tensor>> = match &node.op {
                 // Recorded as itself (a fused eager composite): its compiled gradient program.
-                Op::Composite(_) => {
+                // (A traced one, recorded whole for its own rule, records that rule below.)
+                Op::Composite(_) if !saved.0.iter().any(Tensor::is_traced) => {
                     let ins: Vec<TensorData> = saved.0.iter().map(Tensor::try_data).collect::<Result<_>>()?;
                     let cts: Vec<Option<TensorData>> = cts
                         .iter()

@@ -331,6 +331,24 @@ conv_weight_grad("wgrad_2d_5x5_same_one_channel", f32(2, 1, 12, 12), [5, 5], 6, 
 conv_weight_grad("wgrad_3d", f32(1, 2, 3, 5, 3), [2, 3, 2], 2, [1, 2, 1], [0, 1, 0], [0, 1, 0], [1, 1, 1], 1)
 
 
+# ---- max_pool2d_grad (max_pool2d's gradient, by PyTorch's autograd; distinct values: PyTorch
+# gives a tied window's cotangent to its first maximum, oar splits it as its max tree does) ------
+
+def max_pool2d_grad(name, x, k, s, p, ceil_mode):
+    xt = t(x).requires_grad_(True)
+    y = F.max_pool2d(xt, k, s, p, ceil_mode=ceil_mode)
+    dy = rng.uniform(-1, 1, tuple(y.shape)).astype(x.dtype)
+    (dx,) = torch.autograd.grad(y, xt, t(dy))
+    op = comp("MaxPool2dGrad", {"kernel": list(k), "stride": list(s), "padding": [p[0], p[1], p[0], p[1]],
+                                "ceil_mode": ceil_mode})
+    case("torch_max_pool2d_grad", name, op, [x, dy], [dx.numpy()], TOL_F64 if x.dtype == np.float64 else TOL_F32)
+
+
+max_pool2d_grad("k2s2", f32(2, 3, 8, 6), [2, 2], [2, 2], [0, 0], False)
+max_pool2d_grad("k3s2p1", f32(1, 2, 9, 7), [3, 3], [2, 2], [1, 1], False)
+max_pool2d_grad("k3x2_s1x2_ceil_f64", f64(1, 2, 5, 7), [3, 2], [1, 2], [1, 0], True)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

@@ -18,9 +18,10 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         .or_else(super::intercept::current);
     let needs_grad = is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
     // A traced composite stays one node unless its gradient is needed (a traced training
-    // step): then, as in eager mode, it runs as its decomposition so the primitives' VJPs apply.
+    // step) and it has no gradient rule of its own: then it runs as its decomposition so the
+    // primitives' VJPs apply.
     if let Some(ctx) = &trace
-        && !(needs_grad && matches!(op, Op::Composite(_)))
+        && !(needs_grad && matches!(&op, Op::Composite(c) if !oar_ir::ops::OpDef::has_vjp(c)))
     {
         return ctx.clone().intercept(op, inputs);
     }

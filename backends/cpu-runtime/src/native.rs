@@ -10,7 +10,9 @@
 use crate::conv_direct::copy_run;
 use crate::program::static_shape;
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
-use oar_ir::ops::{Composite, Concat, ConvTranspose, ConvWeightGrad, Gather, Pad, Scatter, ScatterReduce};
+use oar_ir::ops::{
+    Composite, Concat, ConvTranspose, ConvWeightGrad, Gather, MaxPool2dGrad, Pad, Scatter, ScatterReduce,
+};
 use oar_ir::tensor_data::{read_as_f64, store_f64_as};
 use oar_ir::{BackendError, DType, Op, TensorData};
 
@@ -42,6 +44,11 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Composite(Composite::ConvWeightGrad(cw)) => {
             let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
             crate::conv_grad::conv_weight_grad_supported(cw, &types)
+        }
+        Op::Composite(Composite::MaxPool2dGrad(m)) => {
+            o.inputs.len() == 2
+                && dt(0) == dt(1)
+                && dt(0).is_some_and(|d| crate::pool_grad::max_pool2d_vjp_supported(m.kernel, m.stride, d))
         }
         Op::Composite(c) => {
             crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))
@@ -389,6 +396,45 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                 DType::F32 => typed::<f32>(cw, &ins, &shapes, out, &out_shape, threads),
                 DType::F64 => typed::<f64>(cw, &ins, &shapes, out, &out_shape, threads),
                 other => Err(format!("conv_weight_grad: no native kernel for {other}")),
+            }
+            .map_err(|d| err(k, d))?;
+        }
+        Op::Composite(Composite::MaxPool2dGrad(m)) => {
+            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); 2];
+            let ins: Vec<&[u8]> = copies
+                .iter_mut()
+                .enumerate()
+                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
+                .collect();
+            let shapes: Vec<Vec<usize>> = (0..2).map(shape_of).collect();
+            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            fn typed<T: crate::pool_grad::Float>(
+                m: &MaxPool2dGrad,
+                ins: &[&[u8]],
+                shapes: &[Vec<usize>],
+                out: &mut [u8],
+                threads: usize,
+            ) -> Result<(), String> {
+                fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
+                    bytemuck::try_cast_slice(b).map_err(|e| format!("max_pool2d_grad: unaligned operand: {e}"))
+                }
+                let out: &mut [T] =
+                    bytemuck::try_cast_slice_mut(out).map_err(|e| format!("max_pool2d_grad: unaligned output: {e}"))?;
+                crate::pool_grad::max_pool2d_vjp_into(
+                    (cast::<T>(ins[0])?, &shapes[0]),
+                    (cast::<T>(ins[1])?, &shapes[1]),
+                    m.kernel,
+                    m.stride,
+                    m.padding,
+                    out,
+                    threads,
+                )
+            }
+            match out_ty.dtype {
+                DType::F32 => typed::<f32>(m, &ins, &shapes, out, threads),
+                DType::F64 => typed::<f64>(m, &ins, &shapes, out, threads),
+                other => Err(format!("max_pool2d_grad: no native kernel for {other}")),
             }
             .map_err(|d| err(k, d))?;
         }

@@ -26,40 +26,85 @@ pub fn max_pool2d_vjp(
     padding: [usize; 4],
     threads: usize,
 ) -> Result<Option<TensorData>, String> {
-    let (xs, ys) = (x.shape(), dy.shape());
-    if xs.len() != 4 || ys.len() != 4 || xs[..2] != ys[..2] || x.dtype() != dy.dtype() {
+    if x.dtype() != dy.dtype() {
         return Err(format!(
-            "max_pool2d gradient: x {xs:?} ({}) and cotangent {ys:?} ({}) need [N, C, H, W] and [N, C, OH, OW] of one dtype",
+            "max_pool2d gradient: x {:?} ({}) and cotangent {:?} ({}) need one dtype",
+            x.shape(),
             x.dtype(),
+            dy.shape(),
             dy.dtype()
         ));
     }
-    let k = kernel[0] * kernel[1];
-    if k == 0 || k > MAX_WINDOW || stride.contains(&0) {
+    let Some(g) = Geometry::of(x.shape(), dy.shape(), kernel, stride, padding)? else {
         return Ok(None);
-    }
-    let g = Geometry {
-        h: xs[2],
-        w: xs[3],
-        oh: ys[2],
-        ow: ys[3],
-        kernel,
-        stride,
-        top: padding[0],
-        left: padding[1],
     };
-    let planes = xs[0] * xs[1];
-    if x.dtype() == DType::F32 && g.tiles_2x2() {
-        return tiled_2x2(x, dy, &g, planes, threads).map(Some);
+    fn typed<T: Float>(x: &TensorData, dy: &TensorData, g: &Geometry, threads: usize) -> Result<TensorData, String> {
+        let (xv, dyv) = (slice::<T>(x)?, slice::<T>(dy)?);
+        let mut dx = crate::contraction::written_zeros(xv.len(), T::from_f64(0.0));
+        run(g, xv, dyv, &mut dx, threads);
+        TensorData::from_vec(x.shape().to_vec(), dx).map_err(|e| e.to_string())
     }
     Ok(Some(match x.dtype() {
-        DType::F32 => typed::<f32>(x, dy, &g, planes, threads)?,
-        DType::F64 => typed::<f64>(x, dy, &g, planes, threads)?,
+        DType::F32 => typed::<f32>(x, dy, &g, threads)?,
+        DType::F64 => typed::<f64>(x, dy, &g, threads)?,
         _ => return Ok(None),
     }))
 }
 
+/// Whether [`max_pool2d_vjp_into`] computes this gradient: f32 or f64, windows up to
+/// [`MAX_WINDOW`] elements.
+pub fn max_pool2d_vjp_supported(kernel: [usize; 2], stride: [usize; 2], dtype: DType) -> bool {
+    let k = kernel[0] * kernel[1];
+    k > 0 && k <= MAX_WINDOW && !stride.contains(&0) && matches!(dtype, DType::F32 | DType::F64)
+}
+
+/// [`max_pool2d_vjp`] into `dx` (x's shape, overwritten) for f32 or f64 operands `x` (shape
+/// `xs`) and `dy` (shape `ys`), [`max_pool2d_vjp_supported`] checked first.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn max_pool2d_vjp_into<T: Float>(
+    (x, xs): (&[T], &[usize]),
+    (dy, ys): (&[T], &[usize]),
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 4],
+    dx: &mut [T],
+    threads: usize,
+) -> Result<(), String> {
+    let Some(g) = Geometry::of(xs, ys, kernel, stride, padding)? else {
+        return Err(format!(
+            "max_pool2d gradient: no native kernel for kernel {kernel:?}, stride {stride:?}"
+        ));
+    };
+    if x.len() != g.planes * g.h * g.w || dy.len() != g.planes * g.oh * g.ow || dx.len() != x.len() {
+        return Err(format!(
+            "max_pool2d gradient: {} / {} / {} elements for x {xs:?} and cotangent {ys:?}",
+            x.len(),
+            dy.len(),
+            dx.len()
+        ));
+    }
+    dx.fill(T::from_f64(0.0));
+    run(&g, x, dy, dx, threads);
+    Ok(())
+}
+
+/// `dx` (zeroed) += the gradient, on the kernel for the geometry and dtype.
+fn run<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], threads: usize) {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && g.tiles_2x2() {
+        tiled_2x2(
+            bytemuck::cast_slice(x),
+            bytemuck::cast_slice(dy),
+            bytemuck::cast_slice_mut(dx),
+            g,
+            threads,
+        );
+    } else {
+        typed(x, dy, dx, g, threads);
+    }
+}
+
 struct Geometry {
+    planes: usize,
     h: usize,
     w: usize,
     oh: usize,
@@ -71,6 +116,37 @@ struct Geometry {
 }
 
 impl Geometry {
+    /// The geometry of x `[N, C, H, W]` pooled to `[N, C, OH, OW]`; `None` where no native
+    /// kernel serves (windows above [`MAX_WINDOW`] elements).
+    fn of(
+        xs: &[usize],
+        ys: &[usize],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 4],
+    ) -> Result<Option<Geometry>, String> {
+        if xs.len() != 4 || ys.len() != 4 || xs[..2] != ys[..2] {
+            return Err(format!(
+                "max_pool2d gradient: x {xs:?} and cotangent {ys:?} need [N, C, H, W] and [N, C, OH, OW]"
+            ));
+        }
+        let k = kernel[0] * kernel[1];
+        if k == 0 || k > MAX_WINDOW || stride.contains(&0) {
+            return Ok(None);
+        }
+        Ok(Some(Geometry {
+            planes: xs[0] * xs[1],
+            h: xs[2],
+            w: xs[3],
+            oh: ys[2],
+            ow: ys[3],
+            kernel,
+            stride,
+            top: padding[0],
+            left: padding[1],
+        }))
+    }
+
     /// 2 × 2 windows, stride 2, no padding, every window inside the input: each input
     /// element is in at most one window.
     fn tiles_2x2(&self) -> bool {
@@ -88,16 +164,9 @@ impl Geometry {
 /// result bit for bit: the comparisons are exact in either width, a share is a product of
 /// halves (exact), `g · share` is rounded once as there, and `+ 0.0` turns a -0 into the +0
 /// that adding to a zeroed gradient gives.
-fn tiled_2x2(
-    x: &TensorData,
-    dy: &TensorData,
-    g: &Geometry,
-    planes: usize,
-    threads: usize,
-) -> Result<TensorData, String> {
-    let (xv, dyv) = (slice::<f32>(x)?, slice::<f32>(dy)?);
+fn tiled_2x2(xv: &[f32], dyv: &[f32], dx: &mut [f32], g: &Geometry, threads: usize) {
+    let planes = g.planes;
     let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
-    let mut dx = crate::contraction::written_zeros(xv.len(), 0f32);
     let per = (1usize << 14).div_ceil(s_in.max(1)).max(1);
     let units = planes.div_ceil(per);
     let threads = if planes * s_in < 1 << 16 { 1 } else { threads };
@@ -126,7 +195,6 @@ fn tiled_2x2(
             }
         },
     );
-    TensorData::from_vec(x.shape().to_vec(), dx).map_err(|e| e.to_string())
 }
 
 type Rows2x2 = fn(&[f32], &[f32], &[f32], &mut [f32], &mut [f32]);
@@ -190,20 +258,14 @@ fn slice<T: bytemuck::Pod>(t: &TensorData) -> Result<&[T], String> {
 }
 
 /// f32 and f64 (values compared and shares added in f64; `Element` converts).
-trait Float: bytemuck::Pod + oar_ir::Element + Into<f64> {}
+pub(crate) trait Float: bytemuck::Pod + oar_ir::Element + Into<f64> + 'static {}
 impl Float for f32 {}
 impl Float for f64 {}
 
-fn typed<T: Float>(
-    x: &TensorData,
-    dy: &TensorData,
-    g: &Geometry,
-    planes: usize,
-    threads: usize,
-) -> Result<TensorData, String> {
-    let (xv, dyv) = (slice::<T>(x)?, slice::<T>(dy)?);
+/// Any window up to [`MAX_WINDOW`], f32 or f64: each window's tree replayed.
+fn typed<T: Float>(xv: &[T], dyv: &[T], dx: &mut [T], g: &Geometry, threads: usize) {
+    let planes = g.planes;
     let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
-    let mut dx = crate::contraction::written_zeros(xv.len(), T::from_f64(0.0));
     let k = g.kernel[0] * g.kernel[1];
     // Planes per unit: about 16K input elements each.
     let per = (1usize << 14).div_ceil(s_in.max(1)).max(1);
@@ -225,7 +287,6 @@ fn typed<T: Float>(
             }
         },
     );
-    TensorData::from_vec(x.shape().to_vec(), dx).map_err(|e| e.to_string())
 }
 
 /// One plane: every window replays the max tree and adds its shares of the cotangent.
@@ -496,29 +557,35 @@ mod tests {
                     v => (v as f32 - 3.7) * 1.3,
                 })
                 .collect();
-            let xt = TensorData::from_vec(vec![n, c, h, w], x).unwrap();
-            let dyt = TensorData::from_vec(vec![n, c, oh, ow], dy).unwrap();
-            let g = Geometry {
-                h,
-                w,
-                oh,
-                ow,
-                kernel: [2, 2],
-                stride: [2, 2],
-                top: 0,
-                left: 0,
-            };
+            let g = Geometry::of(&[n, c, h, w], &[n, c, oh, ow], [2, 2], [2, 2], [0; 4])
+                .unwrap()
+                .unwrap();
             assert!(g.tiles_2x2());
-            let general = typed::<f32>(&xt, &dyt, &g, n * c, 2).unwrap();
+            let mut general = vec![0f32; x.len()];
+            typed::<f32>(&x, &dy, &mut general, &g, 2);
+            let xt = TensorData::from_vec(vec![n, c, h, w], x.clone()).unwrap();
+            let dyt = TensorData::from_vec(vec![n, c, oh, ow], dy.clone()).unwrap();
             for threads in [1, 2] {
                 let fast = max_pool2d_vjp(&xt, &dyt, [2, 2], [2, 2], [0; 4], threads)
                     .unwrap()
                     .unwrap();
-                let (a, b): (&[u32], &[u32]) = (
-                    bytemuck::cast_slice(fast.bytes()),
-                    bytemuck::cast_slice(general.bytes()),
-                );
+                let a: &[u32] = bytemuck::cast_slice(fast.bytes());
+                let b: &[u32] = bytemuck::cast_slice(&general);
                 assert_eq!(a, b, "{n}×{c}×{h}×{w}, {threads} threads");
+                // The slice entry point (the compiled graphs' kernel), over a dirty buffer.
+                let mut into = vec![f32::NAN; x.len()];
+                max_pool2d_vjp_into(
+                    (&x, &[n, c, h, w]),
+                    (&dy, &[n, c, oh, ow]),
+                    [2, 2],
+                    [2, 2],
+                    [0; 4],
+                    &mut into,
+                    threads,
+                )
+                .unwrap();
+                let bits: &[u32] = bytemuck::cast_slice(&into);
+                assert_eq!(bits, b, "{n}×{c}×{h}×{w}, {threads} threads, into");
             }
         }
     }

@@ -51,7 +51,9 @@ pub struct Lowered {
 /// where its decomposition convolves a dilated, zero-padded input; `conv_weight_grad` (every
 /// convolution's weight gradient) runs the runtime's direct or im2col + GEMM kernel where its
 /// decomposition convolves the input with the cotangent as the kernel (a patch matrix of
-/// the cotangent's size per weight element) — where the runtime has them ([`keeps`]).
+/// the cotangent's size per weight element); `max_pool2d_grad` replays each window's max
+/// tree in one pass where its decomposition takes a slice, comparisons and a select per
+/// kernel position — where the runtime has them ([`keeps`]).
 pub const KEPT_COMPOSITES: &[&str] = &[
     "softmax",
     "log_softmax",
@@ -60,6 +62,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "gru_seq",
     "conv_transpose",
     "conv_weight_grad",
+    "max_pool2d_grad",
 ];
 
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels
@@ -68,6 +71,11 @@ pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
     match c {
         oar_ir::Composite::ConvTranspose(ct) => oar_cpu_runtime::conv_grad::conv_transpose_supported(ct, inputs),
         oar_ir::Composite::ConvWeightGrad(cw) => oar_cpu_runtime::conv_grad::conv_weight_grad_supported(cw, inputs),
+        oar_ir::Composite::MaxPool2dGrad(m) => {
+            inputs.len() == 2
+                && inputs[0].dtype == inputs[1].dtype
+                && oar_cpu_runtime::pool_grad::max_pool2d_vjp_supported(m.kernel, m.stride, inputs[0].dtype)
+        }
         _ => true,
     }
 }

@@ -78,6 +78,13 @@ pub trait OpDef: OpText {
     /// (so eager autograd and static backward graphs share them).
     fn vjp<E: Emitter>(&self, e: &mut E, a: &VjpArgs<E::Value>) -> Grads<E>;
 
+    /// Whether [`OpDef::vjp`] differentiates this op as a whole. Composites without a rule of
+    /// their own say no: they are differentiated through their decomposition (decompose
+    /// first).
+    fn has_vjp(&self) -> bool {
+        true
+    }
+
     /// For a composite: the primitives computing it (operand types already checked against
     /// its rule; `want` are its output types). `None` for primitives.
     fn decompose<E: Emitter>(
@@ -320,6 +327,9 @@ macro_rules! op_set {
                 a: &$crate::ops::VjpArgs<Em::Value>,
             ) -> $crate::ops::Grads<Em> {
                 match self { $( op_set!(@pat $E $V d $($T)?) => { op_set!(@bind d $V $($T)?); $crate::ops::OpDef::vjp(d, e, a) } )* }
+            }
+            fn has_vjp(&self) -> bool {
+                match self { $( op_set!(@pat $E $V d $($T)?) => { op_set!(@bind d $V $($T)?); $crate::ops::OpDef::has_vjp(d) } )* }
             }
             fn decompose<Em: $crate::Emitter>(
                 &self,

@@ -373,7 +373,7 @@ impl OpDef for ConvWeightGrad {
             Sample::new(
                 "conv_weight_grad/2d/same_f32_direct",
                 cw(&[1, 1], (&[2, 1], &[2, 3]), &[1, 1], 1, &[5, 5]),
-                vec![input(f, &[3, 2, 9, 7]), input(f, &[3, 5, 9, 7])],
+                vec![input(f, &[1, 2, 5, 4]), input(f, &[1, 3, 5, 4])],
             ),
             Sample::new(
                 "conv_weight_grad/3d",

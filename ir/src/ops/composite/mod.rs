@@ -31,7 +31,7 @@ pub use nn::{Embedding, Linear};
 pub use norm::{BatchNorm, GroupNorm, InstanceNorm, LayerNorm};
 pub use ordering::{ArgSort, Flip, TopK};
 pub use padding::{BorderPad, PadMode};
-pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d};
+pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d, MaxPool2dGrad};
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
 pub use rnn::{GruCell, GruSeq, LstmCell, LstmSeq};
 pub use scan::CumSum;
@@ -54,6 +54,8 @@ op_set! {
         ConvWeightGrad(ConvWeightGrad),
         /// `max_pool2d(x[N,C,H,W])`.
         MaxPool2d(MaxPool2d),
+        /// `max_pool2d_grad(x[N,C,H,W], dy)`: max_pool2d's gradient.
+        MaxPool2dGrad(MaxPool2dGrad),
         /// `avg_pool2d(x[N,C,H,W])`.
         AvgPool2d(AvgPool2d),
         /// `adaptive_avg_pool2d(x[N,C,H,W])`.
@@ -142,6 +144,15 @@ macro_rules! composite_def {
         }
         fn vjp<E: $crate::Emitter>(&self, _: &mut E, _: &$crate::ops::VjpArgs<E::Value>) -> $crate::ops::Grads<E> {
             $crate::ops::def::composite_vjp::<E>($crate::ops::OpText::name(self))
+        }
+        fn has_vjp(&self) -> bool {
+            false
+        }
+    };
+    // A composite with a gradient rule of its own (its `vjp`, written beside).
+    (with_vjp) => {
+        fn family(&self) -> $crate::ops::OpFamily {
+            $crate::ops::OpFamily::Composite
         }
     };
 }

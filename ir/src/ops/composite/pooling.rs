@@ -11,17 +11,40 @@
 //!
 //! Decompositions: sums/maxima of strided slices (fixed windows) or of per-cell slices
 //! (adaptive).
+//!
+//! `max_pool2d` differentiates as a whole: its VJP is `max_pool2d_grad(x, dy)`, whose
+//! decomposition is the gradient of `max_pool2d`'s decomposition (the pairwise tree of `max`
+//! over the window slices: the larger side takes the cotangent, a tie halves it, a NaN stops
+//! it), so a backend with a native kernel (the cpu runtime) runs one op where the decomposed
+//! gradient takes a slice, comparisons and a select per kernel position.
 
+use super::super::rules::same_dtype;
 use super::super::rules::{R, arity, elements, float, out_elements, window_out};
+use super::super::sample::{Domain, Sample, input, input_in};
 use super::{composite_def, dims, lowest, one, reshape, slice, unsupported};
-use crate::eval::{Data, EvalCx, Res, Site, Value};
-use crate::ops::{BinaryOp, Concat, Float, OpDef, Pad, ReduceOp, SliceRange, op_struct};
+use crate::eval::{Data, EvalCx, Res, Site, Value, array};
+use crate::ops::{BinaryOp, Composite, Concat, Float, Grads, OpDef, Pad, ReduceOp, SliceRange, VjpArgs, op_struct};
 use crate::{DType, Dim, Emitter, Graph, Op, TensorData, TensorType};
 use ndarray::{ArrayD, IxDyn};
 
 op_struct! {
     /// `max_pool2d(x[N,C,H,W])`; padding is implicit -inf.
     MaxPool2d "max_pool2d" {
+        /// (kh, kw)
+        kernel: [usize; 2],
+        /// (sh, sw)
+        stride: [usize; 2],
+        /// (top, left, bottom, right)
+        padding: [usize; 4],
+        /// Use ceil instead of floor for the output size.
+        ceil_mode: bool,
+    }
+}
+
+op_struct! {
+    /// `max_pool2d_grad(x[N,C,H,W], dy[N,C,OH,OW])`: the gradient of `max_pool2d` (these
+    /// attributes) at `x` for the cotangent `dy`, shaped as `x`.
+    MaxPool2dGrad "max_pool2d_grad" {
         /// (kh, kw)
         kernel: [usize; 2],
         /// (sh, sw)
@@ -140,7 +163,22 @@ impl AvgPool2d {
 }
 
 impl OpDef for MaxPool2d {
-    composite_def!();
+    composite_def!(with_vjp);
+
+    /// `max_pool2d_grad(x, g)` (float inputs; other dtypes have no gradient).
+    fn vjp<E: Emitter>(&self, e: &mut E, a: &VjpArgs<E::Value>) -> Grads<E> {
+        let x = a.inputs[0];
+        if !a.want(0) || !e.value_type(x).dtype.is_float() {
+            return Ok(vec![None]);
+        }
+        let grad = Composite::MaxPool2dGrad(MaxPool2dGrad {
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            ceil_mode: self.ceil_mode,
+        });
+        Ok(vec![Some(e.add_op1(Op::Composite(grad), &[x, a.g])?)])
+    }
 
     fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
         arity(inputs, 1)?;
@@ -179,6 +217,181 @@ impl OpDef for MaxPool2d {
         let (wh, ww) = spec_windows(cx.site(), ins[0], self.window())?;
         Ok(vec![max_pool(cx.site(), ins[0], &wh, &ww)?])
     }
+}
+
+impl MaxPool2dGrad {
+    /// The pooling this is the gradient of.
+    pub fn forward(&self) -> MaxPool2d {
+        MaxPool2d {
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            ceil_mode: self.ceil_mode,
+        }
+    }
+}
+
+impl OpDef for MaxPool2dGrad {
+    composite_def!();
+
+    fn infer(&self, inputs: &[TensorType], _: &[Graph]) -> R {
+        arity(inputs, 2)?;
+        let (x, dy) = (&inputs[0], &inputs[1]);
+        float(x)?;
+        same_dtype(x, dy)?;
+        let y = pool_out(x, self.forward().window())?;
+        if y.shape != dy.shape {
+            return Err(format!("max_pool2d_grad: pooling x {x} gives {y}, but dy is {dy}"));
+        }
+        Ok(vec![x.clone()])
+    }
+
+    fn flops(&self, _: &[TensorType], _: &[TensorType]) -> Option<u64> {
+        None
+    }
+
+    /// The gradient of `max_pool2d`'s decomposition, emitted.
+    fn decompose<E: Emitter>(
+        &self,
+        g: &mut E,
+        x: &[E::Value],
+        _: &[TensorType],
+        _: &[TensorType],
+    ) -> Option<Result<Vec<E::Value>, E::Error>> {
+        let fwd = Composite::MaxPool2d(self.forward());
+        let grads = crate::autodiff::vjp_through_decomposition(g, &fwd, &x[..1], &[Some(x[1])], &[true]);
+        Some(grads.and_then(|gs| match gs.as_slice() {
+            [Some(dx)] => Ok(vec![*dx]),
+            // The cotangent reaches x through every window: never without a gradient.
+            _ => Err(unsupported("max_pool2d_grad", "no gradient reached the input".into()).into()),
+        }))
+    }
+
+    /// Each window's tree replayed on its values (row-major kernel order; the padding is
+    /// -inf and takes no gradient): a node's share goes to its larger child, halves on a tie,
+    /// stops at a NaN; the window's cotangent times its leaves' shares is added to `dx`.
+    fn eval(&self, cx: &dyn EvalCx, ins: &[&Value]) -> Res<Vec<Value>> {
+        let site = cx.site();
+        crate::eval::arity(site, ins, &[2])?;
+        let (x, dy) = (ins[0].as_f(site, "input")?, ins[1].as_f(site, "cotangent")?);
+        let (xs, ys) = (x.shape().to_vec(), dy.shape().to_vec());
+        let ty = |s: &[usize]| TensorType::new(DType::F64, s.iter().map(|&d| Dim::Static(d)).collect::<Vec<_>>());
+        let y = pool_out(&ty(&xs), self.forward().window()).map_err(|e| site.err(e))?;
+        if y.shape != ty(&ys).shape {
+            return Err(site.err(format!("cotangent {ys:?} is not the pooled shape {}", y.shape)));
+        }
+        let (planes, h, w, oh, ow) = (xs[0] * xs[1], xs[2], xs[3], ys[2], ys[3]);
+        let (xv, gv): (Vec<f64>, Vec<f64>) = (x.iter().copied().collect(), dy.iter().copied().collect());
+        let [kh, kw] = self.kernel;
+        let mut dx = vec![0.0f64; xv.len()];
+        for p in 0..planes {
+            for i in 0..oh {
+                for j in 0..ow {
+                    let mut leaves = Vec::with_capacity(kh * kw);
+                    for di in 0..kh {
+                        for dj in 0..kw {
+                            let r = (i * self.stride[0] + di)
+                                .checked_sub(self.padding[0])
+                                .filter(|&r| r < h);
+                            let c = (j * self.stride[1] + dj)
+                                .checked_sub(self.padding[1])
+                                .filter(|&c| c < w);
+                            leaves.push(r.zip(c).map(|(r, c)| p * h * w + r * w + c));
+                        }
+                    }
+                    let vals: Vec<f64> = leaves.iter().map(|l| l.map_or(f64::NEG_INFINITY, |a| xv[a])).collect();
+                    let g = gv[(p * oh + i) * ow + j];
+                    for (leaf, share) in leaves.iter().zip(max_tree_shares(&vals)) {
+                        if let Some(a) = leaf
+                            && share != 0.0
+                        {
+                            dx[*a] += g * share;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(vec![Value::float(ins[0].dtype, array(site, &xs, dx)?)])
+    }
+
+    fn samples() -> Vec<Sample> {
+        let f = DType::F32;
+        let grad = |k: [usize; 2], s: [usize; 2], p: [usize; 4], ceil_mode| {
+            Op::Composite(Composite::MaxPool2dGrad(MaxPool2dGrad {
+                kernel: k,
+                stride: s,
+                padding: p,
+                ceil_mode,
+            }))
+        };
+        // Few distinct values: ties in most windows (as after a ReLU).
+        let ties = Domain::Ints(-1, 1);
+        vec![
+            Sample::new(
+                "max_pool2d_grad/k3s2p1",
+                grad([3, 3], [2, 2], [1; 4], false),
+                vec![input(f, &[2, 3, 9, 9]), input(f, &[2, 3, 5, 5])],
+            ),
+            Sample::new(
+                "max_pool2d_grad/k2s2_ties",
+                grad([2, 2], [2, 2], [0; 4], false),
+                vec![input_in(f, &[2, 3, 8, 6], ties.clone()), input(f, &[2, 3, 4, 3])],
+            )
+            .no_grad(),
+            Sample::new(
+                "max_pool2d_grad/k3x2_s1x2_ceil_ties_f64",
+                grad([3, 2], [1, 2], [1, 0, 0, 1], true),
+                vec![
+                    input_in(DType::F64, &[1, 2, 5, 7], ties),
+                    input(DType::F64, &[1, 2, 4, 4]),
+                ],
+            )
+            .no_grad(),
+        ]
+    }
+}
+
+/// Each leaf's share of the root's cotangent in the pairwise tree of `max` over `vals`
+/// (level by level, an odd last node passed up as is; NaN propagates up and stops shares).
+fn max_tree_shares(vals: &[f64]) -> Vec<f64> {
+    let mut levels = vec![vals.to_vec()];
+    while levels.last().is_some_and(|l| l.len() > 1) {
+        let next = levels[levels.len() - 1]
+            .chunks(2)
+            .map(|p| match *p {
+                [a, b] if a.is_nan() || b.is_nan() => f64::NAN,
+                [a, b] => a.max(b),
+                [a] => a,
+                _ => unreachable!("chunks(2)"),
+            })
+            .collect();
+        levels.push(next);
+    }
+    let mut share = vec![1.0];
+    for level in levels.iter().rev().skip(1) {
+        let mut below = vec![0.0; level.len()];
+        for (k, &s) in share.iter().enumerate() {
+            match (level.get(2 * k), level.get(2 * k + 1)) {
+                (Some(&p), Some(&q)) => {
+                    let (sp, sq) = if p > q {
+                        (1.0, 0.0)
+                    } else if p < q {
+                        (0.0, 1.0)
+                    } else if p == q {
+                        (0.5, 0.5)
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    below[2 * k] = s * sp;
+                    below[2 * k + 1] = s * sq;
+                }
+                (Some(_), None) => below[2 * k] = s,
+                _ => {}
+            }
+        }
+        share = below;
+    }
+    share
 }
 
 impl OpDef for AvgPool2d {
