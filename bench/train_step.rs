@@ -1,5 +1,6 @@
 //! Training throughput: one step (forward, cross-entropy, backward, AdamW) of an MLP and of
-//! LeNet-5, batch 64, traced with `jit::to_static_train_step` and run compiled on the `cpu`
+//! LeNet-5 (batch 64) and of ResNet-18 on CIFAR-sized images (batch 32; `OAR_BENCH_RESNET=0`
+//! skips it), traced with `jit::to_static_train_step` and run compiled on the `cpu`
 //! backend, next to the same step in oar's eager mode. `bench/train_step.sh` runs this and
 //! `bench/train_step_torch.py` (PyTorch eager, same shapes) in one run and prints the ratios.
 //!
@@ -12,17 +13,18 @@ mod timing;
 use models::{lenet, mlp};
 use oar::jit::{InputSpec, to_static_train_step};
 use oar::nn::functional::cross_entropy;
-use oar::nn::{Layer, Reduction, Sequential};
+use oar::nn::{Layer, Reduction};
 use oar::optimizer::{AdamW, Optimizer};
 use oar::{DType, Result, Tensor};
 use timing::median_ms;
 
 const BATCH: usize = 64;
 
-fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: usize) -> Result<()> {
+fn bench<L: Layer>(name: &str, make: fn() -> Result<L>, x_shape: &[usize], runs: usize) -> Result<()> {
     oar::seed(0);
     let x = oar::randn(x_shape, DType::F32)?;
-    let y = Tensor::from_vec((0..BATCH as i64).map(|i| i % 10).collect::<Vec<i64>>(), &[BATCH])?;
+    let batch = x_shape[0];
+    let y = Tensor::from_vec((0..batch as i64).map(|i| i % 10).collect::<Vec<i64>>(), &[batch])?;
 
     let eager = make()?;
     let mut opt = AdamW::new(eager.named_parameters(), 1e-3);
@@ -70,5 +72,8 @@ fn bench(name: &str, make: fn() -> Result<Sequential>, x_shape: &[usize], runs: 
 fn main() -> Result<()> {
     bench("mlp", mlp, &[BATCH, 784], 41)?;
     bench("lenet", lenet, &[BATCH, 1, 28, 28], 21)?;
+    if std::env::var("OAR_BENCH_RESNET").as_deref() != Ok("0") {
+        bench("resnet18", || oar::vision::models::resnet18(10), &[32, 3, 32, 32], 5)?;
+    }
     Ok(())
 }

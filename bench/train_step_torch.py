@@ -17,7 +17,7 @@ def bench(name, make, shape, runs):
     model = make()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(*shape)
-    y = torch.arange(BATCH) % 10
+    y = torch.arange(shape[0]) % 10
     loss_fn = nn.CrossEntropyLoss()
 
     def step():
@@ -34,3 +34,7 @@ if __name__ == "__main__":
         torch.set_num_threads(int(os.environ["OAR_BENCH_THREADS"]))
     bench("mlp", mlp, (BATCH, 784), 41)
     bench("lenet", lenet, (BATCH, 1, 28, 28), 21)
+    if os.environ.get("OAR_BENCH_RESNET") != "0":
+        # torchvision's ResNet-18 is oar's (basic blocks, 1×1 downsample + batch norm, no conv bias).
+        import torchvision
+        bench("resnet18", lambda: torchvision.models.resnet18(num_classes=10), (32, 3, 32, 32), 5)

@@ -642,7 +642,27 @@ mod tests {
 
     #[test]
     fn native_conv2d_gradient_matches_the_compiled_definition() {
-        let cases: [ConvCase; 5] = [
+        let cases: [ConvCase; 7] = [
+            // A large plane: tiles of positions within one image.
+            (
+                [2, 16, 40, 40],
+                [4, 16, 3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                false,
+                &[true, true],
+            ),
+            // 1 × 1 planes (a deep CNN stage): many images per product.
+            (
+                [5, 8, 1, 1],
+                [6, 8, 3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                true,
+                &[true, true, true],
+            ),
             (
                 [2, 3, 8, 9],
                 [4, 3, 3, 3],

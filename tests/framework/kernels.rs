@@ -78,6 +78,22 @@ fn conv_matches_reference() {
             vec![1, 2, 4, 5, 3],
             vec![2, 2, 2, 3, 2],
         ),
+        // Small planes and more images than threads: several images per product.
+        (
+            conv(vec![1, 1], vec![1, 1], vec![1, 1], vec![1, 1], 1),
+            vec![5, 8, 1, 1],
+            vec![6, 8, 3, 3],
+        ),
+        (
+            conv(vec![1, 1], vec![1, 1], vec![1, 1], vec![1, 1], 2),
+            vec![7, 4, 4, 4],
+            vec![6, 2, 3, 3],
+        ),
+        (
+            conv(vec![2, 1], vec![0, 1], vec![1, 0], vec![1, 2], 1),
+            vec![9, 3, 6, 5],
+            vec![4, 3, 2, 3],
+        ),
     ];
     for (op, xs, ws) in cases {
         for dtype in [DType::F32, DType::F64] {

@@ -323,6 +323,63 @@ pub(crate) unsafe fn conv<T: Elem>(
     } else {
         (TILE_ELEMS / kdim).max(MIN_TILE)
     };
+    // Small planes (a deep CNN stage's 4 × 4 or 1 × 1): several images per product, their
+    // patches side by side — one image's product is a matrix-vector product re-reading the
+    // weights. At least one block of images per thread.
+    let group = if pointwise || ys * 2 >= max_tile {
+        1
+    } else {
+        (max_tile / ys).min(n.div_ceil(threads)).max(1)
+    };
+    if group > 1 {
+        let blocks = n.div_ceil(group);
+        let units = blocks * g;
+        let cols_n = group * ys;
+        let par = if units < threads && threads > 1 {
+            Parallelism::Rayon(threads.div_ceil(units))
+        } else {
+            Parallelism::None
+        };
+        par_units(
+            units,
+            threads,
+            || (vec![T::ZERO; kdim * cols_n], vec![T::ZERO; og * cols_n]),
+            |(cols, prod), u| {
+                let (blk, grp) = (u / g, u % g);
+                let (b0, b1) = (blk * group, ((blk + 1) * group).min(n));
+                let m = (b1 - b0) * ys;
+                for (j, b) in (b0..b1).enumerate() {
+                    let xg = (xp.get() as *const T).wrapping_add((b * c + grp * cg) * s_in);
+                    // Safety: the group's `cg` input planes of batch `b`, in bounds.
+                    let planes = unsafe { std::slice::from_raw_parts(xg, cg * s_in) };
+                    let dst = &mut cols[j * ys * kdim..][..ys * kdim];
+                    patches_by_position(&geo, spec.dilation[sp - 1], planes, cg, 0, ys, dst);
+                }
+                let lhs = Mat {
+                    ptr: (wp.get() as *const T).wrapping_add(grp * og * kdim),
+                    rs: kdim as isize,
+                    cs: 1,
+                };
+                let rhs = Mat {
+                    ptr: cols.as_ptr(),
+                    rs: 1,
+                    cs: kdim as isize,
+                };
+                // Safety: `prod` holds og × m elements; operands in bounds.
+                unsafe { gemm_raw(og, m, kdim, prod.as_mut_ptr(), m as isize, lhs, rhs, par) };
+                for (j, b) in (b0..b1).enumerate() {
+                    for oc in 0..og {
+                        // Safety: output plane (b, grp·og + oc): in bounds, written by this
+                        // unit only.
+                        let dst =
+                            unsafe { std::slice::from_raw_parts_mut(out.get().add((b * o + grp * og + oc) * ys), ys) };
+                        dst.copy_from_slice(&prod[oc * m + j * ys..][..ys]);
+                    }
+                }
+            },
+        );
+        return Ok(());
+    }
     let want_tiles = threads.div_ceil(n * g).min(ys.div_ceil(MIN_TILE));
     let ntiles = ys.div_ceil(max_tile).max(want_tiles).max(1);
     let tile = ys.div_ceil(ntiles).next_multiple_of(16).min(ys);

@@ -223,7 +223,14 @@ fn direct_shape(geo: &Geo, d: Dims, xs: &[usize], ws: &[usize], conv: &Conv) -> 
     })
 }
 
-/// `dx` (zeroed) and `dw` (zeroed) of an ungrouped convolution, where asked.
+/// `dx` (zeroed) and `dw` of an ungrouped convolution, where asked.
+///
+/// Large output planes are cut into tiles of positions, one patch matrix each. Small planes
+/// (the deep layers of a CNN: 4 × 4, 1 × 1) are grouped instead: several images' patch
+/// matrices side by side and their cotangents packed beside them, so each product has a
+/// useful inner size — per image, a 1 × 1 plane's weight gradient is a rank-1 update of the
+/// whole `[O, C·K]` matrix, and its input gradient a matrix-vector product re-reading all the
+/// weights.
 #[allow(clippy::too_many_arguments)]
 fn grads<T: Elem>(
     geo: &Geo,
@@ -240,93 +247,113 @@ fn grads<T: Elem>(
     if n == 0 || ys == 0 || kdim == 0 || o == 0 {
         return;
     }
-    let tile = (TILE_ELEMS / kdim).clamp(16, ys.max(16)).min(ys);
+    // Positions per product: a tile of one image's plane, or whole planes of `group` images.
+    let target = (TILE_ELEMS / kdim).max(16);
+    let tile = target.clamp(16, ys.max(16)).min(ys);
     let tiles = ys.div_ceil(tile);
+    let group = if ys >= target / 2 { 1 } else { (target / ys).max(1) };
     // Fixed batch ranges, one weight-gradient sum each.
-    let ranges = threads.clamp(1, n);
+    let ranges = threads.clamp(1, n.div_ceil(group));
     let per_range = o * kdim;
     let want_w = dw.is_some();
     let mut partial = vec![T::ZERO; if want_w { ranges * per_range } else { 0 }];
+    let cols_n = (group * ys).max(tile);
     // With fewer ranges than threads (a batch of one), each product may split instead.
-    let flops = o * kdim * tile;
+    let flops = o * kdim * cols_n;
     let par = if ranges < threads {
         gemm_parallelism(flops, threads)
     } else {
         gemm::Parallelism::None
     };
+    let want_x = dx.is_some();
     let (dx_ptr, part_ptr) = (dx.map(|d| SendPtr(d.as_mut_ptr())), SendPtr(partial.as_mut_ptr()));
     par_units(
         ranges,
         threads,
-        || {
-            (
-                vec![T::ZERO; kdim * tile],
-                vec![T::ZERO; if dx_ptr.is_some() { kdim * tile } else { 0 }],
-            )
+        || GradScratch {
+            cols: vec![T::ZERO; kdim * cols_n],
+            back: vec![T::ZERO; if want_x { kdim * cols_n } else { 0 }],
+            dy: vec![T::ZERO; if group > 1 { o * cols_n } else { 0 }],
+            one: vec![T::ZERO; if group > 1 { kdim * ys } else { 0 }],
         },
-        |(cols, back), r| {
+        |sc, r| {
             let mut first = true;
-            for b in n * r / ranges..n * (r + 1) / ranges {
-                let dyb = &dy[b * o * ys..][..o * ys];
-                for t in 0..tiles {
-                    let (y0, y1) = (t * tile, ((t + 1) * tile).min(ys));
-                    let yc = y1 - y0;
-                    // dy[:, y0..y1] as an [o × yc] matrix.
+            let (lo, hi) = (n * r / ranges, n * (r + 1) / ranges);
+            // Range `r`'s own [o × kdim] sum.
+            let part = part_ptr.get().wrapping_add(r * per_range);
+            let mut b0 = lo;
+            while b0 < hi {
+                let b1 = (b0 + group).min(hi);
+                if group == 1 {
+                    let dyb = &dy[b0 * o * ys..][..o * ys];
+                    for t in 0..tiles {
+                        let (y0, y1) = (t * tile, ((t + 1) * tile).min(ys));
+                        let yc = y1 - y0;
+                        // dy[:, y0..y1] as an [o × yc] matrix.
+                        let dy_tile = Mat {
+                            ptr: dyb[y0..].as_ptr(),
+                            rs: ys as isize,
+                            cs: 1,
+                        };
+                        if want_w {
+                            let cols = &mut sc.cols[..kdim * yc];
+                            im2col(geo, &x[b0 * c * s_in..][..c * s_in], c, y0, y1, cols);
+                            // Safety: `part` is this range's sum; operands in bounds.
+                            unsafe { weight_product(o, kdim, yc, part, dy_tile, cols, !first, par) };
+                            first = false;
+                        }
+                        if let Some(dx_ptr) = dx_ptr {
+                            let back = &mut sc.back[..kdim * yc];
+                            // Safety: `back` holds kdim × yc elements; operands in bounds.
+                            unsafe { input_product(o, kdim, yc, w, dy_tile, back, par) };
+                            // Safety: image `b0`'s planes of dx: only this range writes them.
+                            let dxb =
+                                unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(b0 * c * s_in), c * s_in) };
+                            col2im(geo, back, c, y0, y1, dxb);
+                        }
+                    }
+                } else {
+                    // Images b0..b1 side by side: columns (image, position).
+                    let m = (b1 - b0) * ys;
+                    let dyp = &mut sc.dy[..o * m];
+                    for (j, b) in (b0..b1).enumerate() {
+                        for oc in 0..o {
+                            dyp[oc * m + j * ys..][..ys].copy_from_slice(&dy[(b * o + oc) * ys..][..ys]);
+                        }
+                    }
                     let dy_tile = Mat {
-                        ptr: dyb[y0..].as_ptr(),
-                        rs: ys as isize,
+                        ptr: dyp.as_ptr(),
+                        rs: m as isize,
                         cs: 1,
                     };
                     if want_w {
-                        let xb = &x[b * c * s_in..][..c * s_in];
-                        let cols = &mut cols[..kdim * yc];
-                        im2col(geo, xb, c, y0, y1, cols);
-                        // Safety: range `r`'s own [o × kdim] sum; operands in bounds.
-                        unsafe {
-                            gemm_into(
-                                o,
-                                kdim,
-                                yc,
-                                part_ptr.get().add(r * per_range),
-                                kdim as isize,
-                                dy_tile,
-                                Mat {
-                                    ptr: cols.as_ptr(),
-                                    rs: 1,
-                                    cs: yc as isize,
-                                },
-                                !first,
-                                par,
-                            )
-                        };
+                        let cols = &mut sc.cols[..kdim * m];
+                        for (j, b) in (b0..b1).enumerate() {
+                            im2col(geo, &x[b * c * s_in..][..c * s_in], c, 0, ys, &mut sc.one);
+                            for (row, src) in sc.one.chunks_exact(ys).enumerate() {
+                                cols[row * m + j * ys..][..ys].copy_from_slice(src);
+                            }
+                        }
+                        // Safety: `part` is this range's sum; operands in bounds.
+                        unsafe { weight_product(o, kdim, m, part, dy_tile, cols, !first, par) };
                         first = false;
                     }
                     if let Some(dx_ptr) = dx_ptr {
-                        let back = &mut back[..kdim * yc];
-                        // back[kdim × yc] = wᵀ · dy_tile
-                        // Safety: `back` holds kdim × yc elements; operands in bounds.
-                        unsafe {
-                            gemm_into(
-                                kdim,
-                                yc,
-                                o,
-                                back.as_mut_ptr(),
-                                yc as isize,
-                                Mat {
-                                    ptr: w.as_ptr(),
-                                    rs: 1,
-                                    cs: kdim as isize,
-                                },
-                                dy_tile,
-                                false,
-                                par,
-                            )
-                        };
-                        // Safety: batch `b`'s planes of dx: only this range writes them.
-                        let dxb = unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(b * c * s_in), c * s_in) };
-                        col2im(geo, back, c, y0, y1, dxb);
+                        let back = &mut sc.back[..kdim * m];
+                        // Safety: `back` holds kdim × m elements; operands in bounds.
+                        unsafe { input_product(o, kdim, m, w, dy_tile, back, par) };
+                        for (j, b) in (b0..b1).enumerate() {
+                            for (row, dst) in sc.one.chunks_exact_mut(ys).enumerate() {
+                                dst.copy_from_slice(&back[row * m + j * ys..][..ys]);
+                            }
+                            // Safety: image `b`'s planes of dx: only this range writes them.
+                            let dxb =
+                                unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(b * c * s_in), c * s_in) };
+                            col2im(geo, &sc.one, c, 0, ys, dxb);
+                        }
                     }
                 }
+                b0 = b1;
             }
         },
     );
@@ -338,6 +365,61 @@ fn grads<T: Elem>(
             }
         }
     }
+}
+
+/// Per-thread buffers of [`grads`]: patch matrix, its gradient, packed cotangents, and one
+/// image's patch matrix (grouped images).
+struct GradScratch<T> {
+    cols: Vec<T>,
+    back: Vec<T>,
+    dy: Vec<T>,
+    one: Vec<T>,
+}
+
+/// `part[o × kdim] (+)= dy[o × m] · cols[kdim × m]ᵀ`.
+///
+/// # Safety
+/// `part` holds `o · kdim` elements (initialized when `accumulate`); `dy` addresses `o × m`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn weight_product<T: Elem>(
+    o: usize,
+    kdim: usize,
+    m: usize,
+    part: *mut T,
+    dy: Mat<T>,
+    cols: &[T],
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
+    let cols = Mat {
+        ptr: cols.as_ptr(),
+        rs: 1,
+        cs: m as isize,
+    };
+    // Safety: the caller's contract; `cols` holds kdim × m elements.
+    unsafe { gemm_into(o, kdim, m, part, kdim as isize, dy, cols, accumulate, par) }
+}
+
+/// `back[kdim × m] = w[o × kdim]ᵀ · dy[o × m]`.
+///
+/// # Safety
+/// `dy` addresses `o × m` elements; `w` holds `o · kdim`, `back` `kdim · m`.
+unsafe fn input_product<T: Elem>(
+    o: usize,
+    kdim: usize,
+    m: usize,
+    w: &[T],
+    dy: Mat<T>,
+    back: &mut [T],
+    par: gemm::Parallelism,
+) {
+    let wt = Mat {
+        ptr: w.as_ptr(),
+        rs: 1,
+        cs: kdim as isize,
+    };
+    // Safety: the caller's contract.
+    unsafe { gemm_into(kdim, m, o, back.as_mut_ptr(), m as isize, wt, dy, false, par) }
 }
 
 /// The adjoint of [`im2col`]: add each patch-matrix element of output positions `y0..y1`
@@ -508,7 +590,7 @@ mod tests {
         let cases = [
             ([3, 1, 28, 28], [6, 1, 5, 5], conv([2, 2], [2, 2])),
             ([3, 6, 14, 14], [16, 6, 5, 5], conv([0, 0], [0, 0])),
-            ([2, 3, 9, 7], [7, 3, 3, 3], conv([1, 0], [2, 1])),
+            ([2, 3, 9, 10], [7, 3, 3, 3], conv([1, 0], [2, 1])),
             ([2, 2, 6, 31], [5, 2, 3, 3], conv([1, 1], [1, 1])),
         ];
         for (i, (xs, ws, a)) in cases.into_iter().enumerate() {

@@ -16,9 +16,10 @@ use crate::simd::Simd;
 
 /// Where the direct kernel serves (else im2col + GEMM): 2-D, f32, stride 1, no dilation, a
 /// kernel width it has an instance for, output rows short enough that im2col's segments are
-/// what costs.
+/// what costs, and long enough to fill most of a vector (the lanes are output columns: a
+/// 1 × 1 plane would use one lane of sixteen, where GEMM over grouped images runs at speed).
 pub(crate) fn eligible(stride: &[usize], dilation: &[usize], kw: usize, ow: usize) -> bool {
-    stride == [1, 1] && dilation == [1, 1] && matches!(kw, 3 | 5) && ow <= 32
+    stride == [1, 1] && dilation == [1, 1] && matches!(kw, 3 | 5) && (8..=32).contains(&ow)
 }
 
 /// Shapes of one call: x `[n, c, h, w]`, dy `[n, o, oh, ow]`, kernel `[kh, kw]`, padding

@@ -369,11 +369,11 @@ impl OpDef for ConvWeightGrad {
                 cw(&[1, 1], (&[2, 2], &[2, 2]), &[1, 1], 1, &[5, 5]),
                 vec![input(DType::F64, &[2, 3, 8, 8]), input(DType::F64, &[2, 4, 8, 8])],
             ),
-            // Stride 1, 5 wide, narrow planes: the cpu runtime's direct (no patch matrix) kernel.
+            // Stride 1, 5 wide, rows of 8 to 32: the cpu runtime's direct (no patch matrix) kernel.
             Sample::new(
                 "conv_weight_grad/2d/same_f32_direct",
                 cw(&[1, 1], (&[2, 1], &[2, 3]), &[1, 1], 1, &[5, 5]),
-                vec![input(f, &[1, 2, 5, 4]), input(f, &[1, 3, 5, 4])],
+                vec![input(f, &[1, 2, 5, 8]), input(f, &[1, 3, 5, 8])],
             ),
             Sample::new(
                 "conv_weight_grad/3d",
