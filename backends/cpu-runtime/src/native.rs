@@ -321,7 +321,9 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             // copied first (data may be planned into the output's own bytes).
             unsafe { scatter(p, k, o, sc, bufs, out_ptr, out_len)? };
         }
-        Op::Composite(Composite::ConvTranspose(ct)) => {
+        Op::Composite(
+            c @ (Composite::ConvTranspose(_) | Composite::ConvWeightGrad(_) | Composite::MaxPool2dGrad(_)),
+        ) => {
             let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
             let ins: Vec<&[u8]> = copies
                 .iter_mut()
@@ -331,110 +333,18 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
             // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
-            fn typed<T: crate::contraction::Elem + bytemuck::Pod>(
-                ct: &ConvTranspose,
-                ins: &[&[u8]],
-                shapes: &[Vec<usize>],
-                out: &mut [u8],
-                out_shape: &[usize],
-                threads: usize,
-            ) -> Result<(), String> {
-                fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
-                    bytemuck::try_cast_slice(b).map_err(|e| format!("conv_transpose: unaligned operand: {e}"))
-                }
-                let out: &mut [T] =
-                    bytemuck::try_cast_slice_mut(out).map_err(|e| format!("conv_transpose: unaligned output: {e}"))?;
-                let bias = ins.get(2).map(|b| cast::<T>(b)).transpose()?;
-                crate::conv_grad::conv_transpose_into(
-                    ct,
-                    (cast::<T>(ins[0])?, &shapes[0]),
-                    (cast::<T>(ins[1])?, &shapes[1]),
-                    bias,
-                    (out, out_shape),
-                    threads,
-                )
-            }
-            match out_ty.dtype {
-                DType::F32 => typed::<f32>(ct, &ins, &shapes, out, &out_shape, threads),
-                DType::F64 => typed::<f64>(ct, &ins, &shapes, out, &out_shape, threads),
-                other => Err(format!("conv_transpose: no native kernel for {other}")),
-            }
-            .map_err(|d| err(k, d))?;
-        }
-        Op::Composite(Composite::ConvWeightGrad(cw)) => {
-            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
-            let ins: Vec<&[u8]> = copies
-                .iter_mut()
-                .enumerate()
-                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
-                .collect();
-            let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
-            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
-            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
-            fn typed<T: crate::contraction::Elem + bytemuck::Pod>(
-                cw: &ConvWeightGrad,
-                ins: &[&[u8]],
-                shapes: &[Vec<usize>],
-                out: &mut [u8],
-                out_shape: &[usize],
-                threads: usize,
-            ) -> Result<(), String> {
-                fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
-                    bytemuck::try_cast_slice(b).map_err(|e| format!("conv_weight_grad: unaligned operand: {e}"))
-                }
-                let out: &mut [T] = bytemuck::try_cast_slice_mut(out)
-                    .map_err(|e| format!("conv_weight_grad: unaligned output: {e}"))?;
-                crate::conv_grad::conv_weight_grad_into(
-                    cw,
-                    (cast::<T>(ins[0])?, &shapes[0]),
-                    (cast::<T>(ins[1])?, &shapes[1]),
-                    (out, out_shape),
-                    threads,
-                )
-            }
-            match out_ty.dtype {
-                DType::F32 => typed::<f32>(cw, &ins, &shapes, out, &out_shape, threads),
-                DType::F64 => typed::<f64>(cw, &ins, &shapes, out, &out_shape, threads),
-                other => Err(format!("conv_weight_grad: no native kernel for {other}")),
-            }
-            .map_err(|d| err(k, d))?;
-        }
-        Op::Composite(Composite::MaxPool2dGrad(m)) => {
-            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); 2];
-            let ins: Vec<&[u8]> = copies
-                .iter_mut()
-                .enumerate()
-                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
-                .collect();
-            let shapes: Vec<Vec<usize>> = (0..2).map(shape_of).collect();
-            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
-            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
-            fn typed<T: crate::pool_grad::Float>(
-                m: &MaxPool2dGrad,
-                ins: &[&[u8]],
-                shapes: &[Vec<usize>],
-                out: &mut [u8],
-                threads: usize,
-            ) -> Result<(), String> {
-                fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
-                    bytemuck::try_cast_slice(b).map_err(|e| format!("max_pool2d_grad: unaligned operand: {e}"))
-                }
-                let out: &mut [T] =
-                    bytemuck::try_cast_slice_mut(out).map_err(|e| format!("max_pool2d_grad: unaligned output: {e}"))?;
-                crate::pool_grad::max_pool2d_vjp_into(
-                    (cast::<T>(ins[0])?, &shapes[0]),
-                    (cast::<T>(ins[1])?, &shapes[1]),
-                    m.kernel,
-                    m.stride,
-                    m.padding,
-                    out,
-                    threads,
-                )
-            }
-            match out_ty.dtype {
-                DType::F32 => typed::<f32>(m, &ins, &shapes, out, threads),
-                DType::F64 => typed::<f64>(m, &ins, &shapes, out, threads),
-                other => Err(format!("max_pool2d_grad: no native kernel for {other}")),
+            let operands = FloatOperands {
+                name: c.name(),
+                ins: &ins,
+                shapes: &shapes,
+                out_shape: &out_shape,
+                threads,
+            };
+            match c {
+                Composite::ConvTranspose(ct) => operands.run(ct, out_ty.dtype, out),
+                Composite::ConvWeightGrad(cw) => operands.run(cw, out_ty.dtype, out),
+                Composite::MaxPool2dGrad(m) => operands.run(m, out_ty.dtype, out),
+                _ => unreachable!("matched above"),
             }
             .map_err(|d| err(k, d))?;
         }
@@ -704,6 +614,100 @@ pub(crate) fn half_convert(from: DType, to: DType, x: &[u8], out: &mut [u8]) {
                 };
                 out[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
             }
+        }
+    }
+}
+
+/// The element types of [`FloatKernel`]s.
+trait FloatElem: crate::contraction::Elem + crate::pool_grad::Float {}
+impl FloatElem for f32 {}
+impl FloatElem for f64 {}
+
+/// A native composite on f32 or f64 operands, one body for both.
+trait FloatKernel {
+    /// `out = op(ins)`, every operand of dtype `T`.
+    fn run<T: FloatElem>(
+        &self,
+        ins: &[&[T]],
+        shapes: &[Vec<usize>],
+        out: (&mut [T], &[usize]),
+        threads: usize,
+    ) -> Result<(), String>;
+}
+
+impl FloatKernel for ConvTranspose {
+    fn run<T: FloatElem>(
+        &self,
+        ins: &[&[T]],
+        shapes: &[Vec<usize>],
+        out: (&mut [T], &[usize]),
+        threads: usize,
+    ) -> Result<(), String> {
+        let bias = ins.get(2).copied();
+        crate::conv_grad::conv_transpose_into(self, (ins[0], &shapes[0]), (ins[1], &shapes[1]), bias, out, threads)
+    }
+}
+
+impl FloatKernel for ConvWeightGrad {
+    fn run<T: FloatElem>(
+        &self,
+        ins: &[&[T]],
+        shapes: &[Vec<usize>],
+        out: (&mut [T], &[usize]),
+        threads: usize,
+    ) -> Result<(), String> {
+        crate::conv_grad::conv_weight_grad_into(self, (ins[0], &shapes[0]), (ins[1], &shapes[1]), out, threads)
+    }
+}
+
+impl FloatKernel for MaxPool2dGrad {
+    fn run<T: FloatElem>(
+        &self,
+        ins: &[&[T]],
+        shapes: &[Vec<usize>],
+        out: (&mut [T], &[usize]),
+        threads: usize,
+    ) -> Result<(), String> {
+        crate::pool_grad::max_pool2d_vjp_into(
+            (ins[0], &shapes[0]),
+            (ins[1], &shapes[1]),
+            self.kernel,
+            self.stride,
+            self.padding,
+            out.0,
+            threads,
+        )
+    }
+}
+
+/// A native composite's operands as bytes, with their shapes.
+struct FloatOperands<'a> {
+    name: &'a str,
+    ins: &'a [&'a [u8]],
+    shapes: &'a [Vec<usize>],
+    out_shape: &'a [usize],
+    threads: usize,
+}
+
+impl FloatOperands<'_> {
+    /// `kernel` on the operands seen as `dtype` (f32 or f64).
+    fn run(&self, kernel: &impl FloatKernel, dtype: DType, out: &mut [u8]) -> Result<(), String> {
+        fn typed<T: FloatElem>(ops: &FloatOperands, kernel: &impl FloatKernel, out: &mut [u8]) -> Result<(), String> {
+            let ins = ops
+                .ins
+                .iter()
+                .map(|b| {
+                    bytemuck::try_cast_slice::<u8, T>(b).map_err(|e| format!("{}: unaligned operand: {e}", ops.name))
+                })
+                .collect::<Result<Vec<&[T]>, String>>()?;
+            let out: &mut [T] =
+                bytemuck::try_cast_slice_mut(out).map_err(|e| format!("{}: unaligned output: {e}", ops.name))?;
+            kernel.run(&ins, ops.shapes, (out, ops.out_shape), ops.threads)
+        }
+        match dtype {
+            DType::F32 => typed::<f32>(self, kernel, out),
+            DType::F64 => typed::<f64>(self, kernel, out),
+            other => Err(format!("{}: no native kernel for {other}", self.name)),
         }
     }
 }
