@@ -335,11 +335,7 @@ pub(crate) unsafe fn conv<T: Elem>(
         let blocks = n.div_ceil(group);
         let units = blocks * g;
         let cols_n = group * ys;
-        let par = if units < threads && threads > 1 {
-            Parallelism::Rayon(threads.div_ceil(units))
-        } else {
-            Parallelism::None
-        };
+        let par = product_parallelism(units, threads);
         par_units(
             units,
             threads,
@@ -385,12 +381,7 @@ pub(crate) unsafe fn conv<T: Elem>(
     let tile = ys.div_ceil(ntiles).next_multiple_of(16).min(ys);
     let ntiles = ys.div_ceil(tile);
     let units = n * g * ntiles;
-    // gemm splits a product itself only when there are fewer units than threads.
-    let par = if units < threads && threads > 1 {
-        Parallelism::Rayon(threads.div_ceil(units))
-    } else {
-        Parallelism::None
-    };
+    let par = product_parallelism(units, threads);
     par_units(
         units,
         threads,
@@ -455,6 +446,16 @@ pub(crate) unsafe fn conv<T: Elem>(
         },
     );
     Ok(())
+}
+
+/// How each of `units` GEMMs may split: gemm splits a product itself only when there are
+/// fewer units than threads.
+fn product_parallelism(units: usize, threads: usize) -> Parallelism {
+    if units < threads && threads > 1 {
+        Parallelism::Rayon(threads.div_ceil(units))
+    } else {
+        Parallelism::None
+    }
 }
 
 /// The patch matrix of [`im2col`] stored by output position: row `y - y0` (position `y`)

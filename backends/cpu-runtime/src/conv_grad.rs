@@ -197,8 +197,6 @@ pub(crate) fn conv_weight_grad_into<T: Elem + bytemuck::Pod>(
         );
         return Ok(());
     }
-    // `grads` leaves an empty problem's gradient alone: zero it first.
-    out.fill(T::ZERO);
     grads(&geo, d, x, &[], dy, None, Some(out), threads);
     Ok(())
 }
@@ -223,7 +221,8 @@ fn direct_shape(geo: &Geo, d: Dims, xs: &[usize], ws: &[usize], conv: &Conv) -> 
     })
 }
 
-/// `dx` (zeroed) and `dw` of an ungrouped convolution, where asked.
+/// `dx` (zeroed by the caller; added to) and `dw` (overwritten) of an ungrouped convolution,
+/// where asked.
 ///
 /// Large output planes are cut into tiles of positions, one patch matrix each. Small planes
 /// (the deep layers of a CNN: 4 × 4, 1 × 1) are grouped instead: several images' patch
@@ -245,6 +244,10 @@ fn grads<T: Elem>(
     let Dims { n, c, o, ys, .. } = d;
     let (s_in, kdim) = (geo.s_in, c * geo.ks);
     if n == 0 || ys == 0 || kdim == 0 || o == 0 {
+        // An empty sum: a zero weight gradient (dx is zeroed by the caller).
+        if let Some(dw) = dw {
+            dw.fill(T::ZERO);
+        }
         return;
     }
     // Positions per product: a tile of one image's plane, or whole planes of `group` images.

@@ -46,9 +46,8 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
             crate::conv_grad::conv_weight_grad_supported(cw, &types)
         }
         Op::Composite(Composite::MaxPool2dGrad(m)) => {
-            o.inputs.len() == 2
-                && dt(0) == dt(1)
-                && dt(0).is_some_and(|d| crate::pool_grad::max_pool2d_vjp_supported(m.kernel, m.stride, d))
+            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
+            crate::pool_grad::max_pool2d_grad_supported(m, &types)
         }
         Op::Composite(c) => {
             crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))

@@ -51,15 +51,23 @@ pub fn max_pool2d_vjp(
     }))
 }
 
-/// Whether [`max_pool2d_vjp_into`] computes this gradient: f32 or f64, windows up to
-/// [`MAX_WINDOW`] elements.
-pub fn max_pool2d_vjp_supported(kernel: [usize; 2], stride: [usize; 2], dtype: DType) -> bool {
+/// Whether the native kernel runs `max_pool2d_grad(x, dy)` with attributes `m` on operands
+/// of these types: f32 or f64 (both alike), windows up to [`MAX_WINDOW`] elements.
+pub fn max_pool2d_grad_supported(m: &oar_ir::ops::MaxPool2dGrad, inputs: &[oar_ir::TensorType]) -> bool {
+    inputs.len() == 2
+        && inputs[0].dtype == inputs[1].dtype
+        && matches!(inputs[0].dtype, DType::F32 | DType::F64)
+        && window_fits(m.kernel, m.stride)
+}
+
+/// Windows the native kernels take: non-empty, at most [`MAX_WINDOW`] elements, a stride.
+fn window_fits(kernel: [usize; 2], stride: [usize; 2]) -> bool {
     let k = kernel[0] * kernel[1];
-    k > 0 && k <= MAX_WINDOW && !stride.contains(&0) && matches!(dtype, DType::F32 | DType::F64)
+    k > 0 && k <= MAX_WINDOW && !stride.contains(&0)
 }
 
 /// [`max_pool2d_vjp`] into `dx` (x's shape, overwritten) for f32 or f64 operands `x` (shape
-/// `xs`) and `dy` (shape `ys`), [`max_pool2d_vjp_supported`] checked first.
+/// `xs`) and `dy` (shape `ys`), [`max_pool2d_grad_supported`] checked first.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn max_pool2d_vjp_into<T: Float>(
     (x, xs): (&[T], &[usize]),
@@ -130,8 +138,7 @@ impl Geometry {
                 "max_pool2d gradient: x {xs:?} and cotangent {ys:?} need [N, C, H, W] and [N, C, OH, OW]"
             ));
         }
-        let k = kernel[0] * kernel[1];
-        if k == 0 || k > MAX_WINDOW || stride.contains(&0) {
+        if !window_fits(kernel, stride) {
             return Ok(None);
         }
         Ok(Some(Geometry {

@@ -71,11 +71,7 @@ pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
     match c {
         oar_ir::Composite::ConvTranspose(ct) => oar_cpu_runtime::conv_grad::conv_transpose_supported(ct, inputs),
         oar_ir::Composite::ConvWeightGrad(cw) => oar_cpu_runtime::conv_grad::conv_weight_grad_supported(cw, inputs),
-        oar_ir::Composite::MaxPool2dGrad(m) => {
-            inputs.len() == 2
-                && inputs[0].dtype == inputs[1].dtype
-                && oar_cpu_runtime::pool_grad::max_pool2d_vjp_supported(m.kernel, m.stride, inputs[0].dtype)
-        }
+        oar_ir::Composite::MaxPool2dGrad(m) => oar_cpu_runtime::pool_grad::max_pool2d_grad_supported(m, inputs),
         _ => true,
     }
 }

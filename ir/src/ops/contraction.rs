@@ -194,6 +194,50 @@ impl OpDef for Conv {
     }
 }
 
+/// Which input element each (output position, kernel tap) of a convolution reads, for the
+/// reference evaluations of conv and of its gradients (`conv_transpose`, `conv_weight_grad`):
+/// positions and taps are flat row-major indices over the spatial axes.
+pub(crate) struct ConvTaps<'a> {
+    spec: &'a Conv,
+    sin: &'a [usize],
+    kd: &'a [usize],
+    sout: &'a [usize],
+    sin_st: Vec<usize>,
+    k_st: Vec<usize>,
+    out_st: Vec<usize>,
+}
+
+impl<'a> ConvTaps<'a> {
+    /// The convolution `spec` of spatial input `sin` by kernel `kd` giving spatial output `sout`.
+    pub(crate) fn new(spec: &'a Conv, sin: &'a [usize], kd: &'a [usize], sout: &'a [usize]) -> Self {
+        ConvTaps {
+            spec,
+            sin,
+            kd,
+            sout,
+            sin_st: strides(sin),
+            k_st: strides(kd),
+            out_st: strides(sout),
+        }
+    }
+
+    /// The offset within one input plane that output position `p` reads through tap `kp`;
+    /// `None` in the padding.
+    pub(crate) fn input_offset(&self, p: usize, kp: usize) -> Option<usize> {
+        let mut off = 0usize;
+        for d in 0..self.sin.len() {
+            let op = (p / self.out_st[d]) % self.sout[d];
+            let k = (kp / self.k_st[d]) % self.kd[d];
+            let pos = (op * self.spec.stride[d] + k * self.spec.dilation[d]) as i64 - self.spec.pad_before[d] as i64;
+            if pos < 0 || pos >= self.sin[d] as i64 {
+                return None;
+            }
+            off += pos as usize * self.sin_st[d];
+        }
+        Some(off)
+    }
+}
+
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
@@ -333,7 +377,7 @@ pub(crate) fn conv_f64(site: &Site, x: &ArrayD<f64>, w: &ArrayD<f64>, spec: &Con
     let wf: Vec<f64> = w.iter().copied().collect();
     let (sin_n, k_n, out_n): (usize, usize, usize) =
         (sin.iter().product(), kdims.iter().product(), sout.iter().product());
-    let (sin_str, k_str, out_str) = (strides(sin), strides(kdims), strides(&sout));
+    let taps_of = ConvTaps::new(spec, sin, kdims, &sout);
     let og = o / g;
     let mut out = vec![0.0f64; n * o * out_n];
     // Input offset (within one channel plane) per kernel position for the current output
@@ -341,19 +385,7 @@ pub(crate) fn conv_f64(site: &Site, x: &ArrayD<f64>, w: &ArrayD<f64>, spec: &Con
     let mut taps: Vec<Option<usize>> = vec![None; k_n];
     for p in 0..out_n {
         for (kp, tap) in taps.iter_mut().enumerate() {
-            let mut off = 0usize;
-            let mut inside = true;
-            for d in 0..sp {
-                let op = (p / out_str[d]) % sout[d];
-                let kd = (kp / k_str[d]) % kdims[d];
-                let pos = (op * spec.stride[d] + kd * spec.dilation[d]) as i64 - spec.pad_before[d] as i64;
-                if pos < 0 || pos >= sin[d] as i64 {
-                    inside = false;
-                    break;
-                }
-                off += pos as usize * sin_str[d];
-            }
-            *tap = inside.then_some(off);
+            *tap = taps_of.input_offset(p, kp);
         }
         for b in 0..n {
             for oc in 0..o {

@@ -7,7 +7,7 @@
 //! ONNX's output size per spatial axis:
 //! `stride·(S-1) + dilation·(K-1) + 1 + output_padding - pad_before - pad_after`.
 
-use super::super::contraction::{conv, conv_flops, conv_type};
+use super::super::contraction::{ConvTaps, conv, conv_flops, conv_type};
 use super::super::conv_grad::{transposed_conv, weight_grad_conv};
 use super::super::rules::{R, arity, arity_range, float, out_elements, same_dtype};
 use super::super::sample::{Sample, input};
@@ -286,44 +286,25 @@ impl OpDef for ConvWeightGrad {
         }
         let ws: Vec<usize> = w.shape.0.iter().filter_map(Dim::as_static).collect();
         site.check_size(DType::F64, &ws, "conv_weight_grad output")?;
-        let sp = xs.len() - 2;
         let (n, c, o, cg) = (xs[0], xs[1], ws[0], ws[1]);
         let og = o / self.groups;
-        let strides = |d: &[usize]| -> Vec<usize> {
-            let mut s = vec![1; d.len()];
-            for i in (0..d.len().saturating_sub(1)).rev() {
-                s[i] = s[i + 1] * d[i + 1];
-            }
-            s
-        };
         let (sin, kd, sout) = (&xs[2..], &self.kernel[..], &ys[2..]);
         let (sin_n, k_n, out_n) = (
             sin.iter().product::<usize>(),
             kd.iter().product::<usize>(),
             sout.iter().product::<usize>(),
         );
-        let (sin_st, k_st, out_st) = (strides(sin), strides(kd), strides(sout));
+        let forward = self.forward();
+        let taps = ConvTaps::new(&forward, sin, kd, sout);
         let xf: Vec<f64> = x.iter().copied().collect();
         let yf: Vec<f64> = dy.iter().copied().collect();
         let mut dw = vec![0.0f64; o * cg * k_n];
         for p in 0..out_n {
             for kp in 0..k_n {
-                // The input position output position p reads through tap kp, if inside.
-                let mut off = 0usize;
-                let mut inside = true;
-                for d in 0..sp {
-                    let i = (p / out_st[d]) % sout[d];
-                    let k = (kp / k_st[d]) % kd[d];
-                    let pos = (i * self.stride[d] + k * self.dilation[d]) as i64 - self.pad_before[d] as i64;
-                    if pos < 0 || pos >= sin[d] as i64 {
-                        inside = false;
-                        break;
-                    }
-                    off += pos as usize * sin_st[d];
-                }
-                if !inside {
+                // The input element output position p reads through tap kp, if inside.
+                let Some(off) = taps.input_offset(p, kp) else {
                     continue;
-                }
+                };
                 for b in 0..n {
                     for oc in 0..o {
                         let g = yf[(b * o + oc) * out_n + p];
@@ -460,41 +441,24 @@ impl OpDef for ConvTranspose {
         let mut shape = vec![n, cout];
         shape.extend(&out);
         site.check_size(DType::F64, &shape, "conv_transpose output")?;
-        let strides = |d: &[usize]| -> Vec<usize> {
-            let mut s = vec![1; d.len()];
-            for i in (0..d.len().saturating_sub(1)).rev() {
-                s[i] = s[i + 1] * d[i + 1];
-            }
-            s
-        };
         let (sin, kd) = (&xs[2..], &ws[2..]);
         let (sin_n, k_n, out_n) = (
             sin.iter().product::<usize>(),
             kd.iter().product::<usize>(),
             out.iter().product::<usize>(),
         );
-        let (sin_st, k_st, out_st) = (strides(sin), strides(kd), strides(&out));
+        // The forward convolution reads this op's output and writes its input.
+        let forward = self.forward();
+        let taps = ConvTaps::new(&forward, &out, kd, sin);
         let xf: Vec<f64> = x.iter().copied().collect();
         let wf: Vec<f64> = w.iter().copied().collect();
         let mut y = vec![0.0f64; n * cout * out_n];
         for p in 0..sin_n {
             for kp in 0..k_n {
                 // The output position input position p reaches through kernel tap kp, if any.
-                let mut off = 0usize;
-                let mut inside = true;
-                for d in 0..sp {
-                    let i = (p / sin_st[d]) % sin[d];
-                    let k = (kp / k_st[d]) % kd[d];
-                    let pos = (i * self.stride[d] + k * self.dilation[d]) as i64 - self.pad_before[d] as i64;
-                    if pos < 0 || pos >= out[d] as i64 {
-                        inside = false;
-                        break;
-                    }
-                    off += pos as usize * out_st[d];
-                }
-                if !inside {
+                let Some(off) = taps.input_offset(p, kp) else {
                     continue;
-                }
+                };
                 for b in 0..n {
                     for ci in 0..cin {
                         let grp = ci / cin_g;
