@@ -5,7 +5,7 @@ double-precision math.erf.
 
     erf(a)  = a · P(a²)                     0 ≤ a < 1      (degree 6 in a²)
     erfc(a) = e^{-a²} / a · R(1/a²)          1 ≤ a ≤ 4      (degree 9 in 1/a²)
-    erfc(a) = t · e^{G(t) - a²}, t = 1/(1 + a/2), 0 ≤ a ≤ 10  (degree 9 in t; GELU's)
+    erfc(a)/2 = u · 2^{Q(u) - x²·log2(e)/2}, a = |x|/√2, u = 1/(2√2 + |x|)  (degree 9 in u; GELU's)
 
 Each fit is a weighted least-squares fit on Chebyshev nodes (weights 1/|f|: relative error),
 reweighted by Lawson's iteration towards the minimax fit. The GELU form is reported by
@@ -63,19 +63,34 @@ got = (np.float32(1) - (e * horner32(r, (np.float32(1) / z).astype(np.float32)) 
 print("R (erfc_large):", [str(c) for c in r])
 print("  max error of 1 - erfc:", ulps(got, erf(a.astype(np.float64))), "ulp")
 
-# GELU: G(t) = ln(erfc(a) / t) + a², fitted in t (absolute error: it is an exponent) on
-# Chebyshev nodes of t over a in [0, 10].
-g = fit(lambda t: np.array([math.log(math.erfc(2 * (1 / u - 1)) / u) + (2 * (1 / u - 1)) ** 2 for u in t]),
-        1 / 6, 1.0, 9, lambda t: t, nodes=6000, relative=False)
-x = np.linspace(-13, 10, 400_001).astype(np.float32)
-a = np.abs((x * np.float32(math.sqrt(0.5))).astype(np.float32))
-t = (np.float32(1) / (np.float32(1) + np.float32(0.5) * a)).astype(np.float32)
-arg = (horner32(g, t).astype(np.float64) - a.astype(np.float64) ** 2).astype(np.float32)  # a fused multiply-add
-ec = (t * np.exp(arg.astype(np.float64)).astype(np.float32)).astype(np.float32)
-gelu = (np.float32(0.5) * x * np.where(x < 0, ec, (np.float32(2) - ec).astype(np.float32))).astype(np.float32)
+# GELU: h(x) = erfc(|x|/√2) / 2 = u · 2^{Q(u) - x²·log2(e)/2}, u = 1/(K + |x|), K = 2√2 (in f32),
+# Q fitted in u (absolute error: it is an exponent) on Chebyshev nodes of u over |x| in [0, 13.3]
+# (past it GELU's negative side is below 1e-38); 2^r on [-1/2, 1/2] as 1 + r·E(r).
+LOG2E = math.log2(math.e)
+K = float(np.float32(2 * math.sqrt(2)))
+XMAX = 13.3
+q = fit(lambda u: np.array([math.log2(0.5 * math.erfc((1 / w - K) / math.sqrt(2)) / w) + (1 / w - K) ** 2 * LOG2E / 2
+                            for w in u]),
+        1 / (K + XMAX), 1 / K, 9, lambda u: u, nodes=6000, relative=False)
+e2 = fit(lambda r: np.where(r == 0, math.log(2), (2**r - 1) / np.where(r == 0, 1, r)), -0.5, 0.5, 4, lambda r: r)
+x = np.linspace(-14, 12, 800_001).astype(np.float32)
+u = (np.float32(1) / (np.float32(K) + np.abs(x)).astype(np.float32)).astype(np.float32)
+# y = fma(x · c, x, Q(u)), c = -log2(e)/2 rounded to f32
+y = ((x * np.float32(-LOG2E / 2)).astype(np.float32).astype(np.float64) * x + horner32(q, u)).astype(np.float32)
+n = np.round(y).astype(np.float32)
+r = (y - n).astype(np.float32)
+p2 = (r.astype(np.float64) * horner32(e2, r) + 1).astype(np.float32)
+h = (u * (p2.astype(np.float64) * 2.0 ** n.astype(np.float64)).astype(np.float32)).astype(np.float32)
+h = np.where(y < -125, np.float32(0), h)
+gelu = (x * np.where(x < 0, h, (np.float32(1) - h).astype(np.float32))).astype(np.float32)
 want = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.astype(np.float64)])
 keep = np.abs(want) > 1e-30
 rel = np.abs(gelu[keep] - want[keep]) / np.abs(want[keep])
-print("G (erfc_gelu):", [str(c) for c in g])
-print("  GELU max relative error: x in [-3, 0):", float(rel[(x[keep] < 0) & (x[keep] > -3)].max()),
-      " everywhere:", float(rel.max()), " x > 0:", ulps(gelu[keep][x[keep] > 0], want[keep][x[keep] > 0]), "ulp")
+xs = x[keep]
+print("Q (gelu):", [str(c) for c in q])
+print("E (gelu's 2^r):", [str(c) for c in e2])
+print("  GELU max relative error: x in [-3, 0):", float(rel[(xs < 0) & (xs > -3)].max()),
+      " x < 0:", float(rel[xs < 0].max()), " x > 0:", ulps(gelu[keep][xs > 0], want[keep][xs > 0]), "ulp",
+      " |GELU| ≥ 1e-3, x < 0:", ulps(gelu[keep][(xs < 0) & (np.abs(want[keep]) >= 1e-3)],
+                                      want[keep][(xs < 0) & (np.abs(want[keep]) >= 1e-3)]), "ulp",
+      " below 1e-30: absolute", float(np.abs(gelu[~keep] - want[~keep]).max()))
