@@ -1,7 +1,7 @@
 //! Eager mode against PyTorch eager (`bench/eager.sh` runs this and `bench/eager_torch.py` in one
 //! run and prints the ratios): the first call of an op on a new shape (oar compiles its kernel
 //! then), per-op overhead, elementwise, unary and reduction ops at three
-//! sizes, views (reshape/transpose/slice/expand, and an add reading a transpose), softmax and layer_norm, the MLP and LeNet-5 training steps of `bench/train_step.rs`,
+//! sizes, views (reshape/transpose/slice/expand, and an add reading a transpose), softmax and layer_norm, scaled-dot-product attention, the MLP and LeNet-5 training steps of `bench/train_step.rs`,
 //! and an LSTM training step — all eager, f32.
 //!
 //! `bench_eager` prints one line per workload, `name milliseconds` (the median of several timed
@@ -151,6 +151,33 @@ fn ops() -> Result<()> {
     println!(
         "layer_norm_512x1024 {:.6}",
         per_call(5, || F::layer_norm(&x, 1, Some(&w), Some(&bias), 1e-5))?
+    );
+    // Scaled-dot-product attention, [batch 4, heads 8, sequence 128, head 64]: forward, causal
+    // forward, and forward + backward to q, k and v.
+    let qkv = || oar::randn(&[4, 8, 128, 64], DType::F32);
+    let (q, k, v) = (qkv()?, qkv()?, qkv()?);
+    let guard = oar::no_grad();
+    println!(
+        "sdpa_4x8x128x64 {:.6}",
+        per_call(5, || F::scaled_dot_product_attention(&q, &k, &v, None, false, None))?
+    );
+    println!(
+        "sdpa_causal_4x8x128x64 {:.6}",
+        per_call(5, || F::scaled_dot_product_attention(&q, &k, &v, None, true, None))?
+    );
+    drop(guard);
+    let (q, k, v) = (
+        qkv()?.requires_grad_(true)?,
+        qkv()?.requires_grad_(true)?,
+        qkv()?.requires_grad_(true)?,
+    );
+    println!(
+        "sdpa_grad_4x8x128x64 {:.6}",
+        per_call(3, || {
+            let o = F::scaled_dot_product_attention(&q, &k, &v, None, false, None)?;
+            o.sum(&[], false)?.backward()?;
+            Ok(o)
+        })?
     );
     for name in ["mlp", "lenet", "lstm"] {
         let mut step = train_step(name)?;

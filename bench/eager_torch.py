@@ -90,6 +90,18 @@ def ops():
     w, bias = torch.ones(1024), torch.zeros(1024)
     print(f"softmax_512x1024 {per_call(5, lambda: F.softmax(x, -1)):.6f}")
     print(f"layer_norm_512x1024 {per_call(5, lambda: F.layer_norm(x, (1024,), w, bias, 1e-5)):.6f}")
+    q, k, v = (torch.randn(4, 8, 128, 64) for _ in range(3))
+    with torch.no_grad():
+        print(f"sdpa_4x8x128x64 {per_call(5, lambda: F.scaled_dot_product_attention(q, k, v)):.6f}")
+        print(f"sdpa_causal_4x8x128x64 "
+              f"{per_call(5, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)):.6f}")
+    q, k, v = (torch.randn(4, 8, 128, 64, requires_grad=True) for _ in range(3))
+
+    def sdpa_grad():
+        o = F.scaled_dot_product_attention(q, k, v)
+        o.sum().backward()
+        return o
+    print(f"sdpa_grad_4x8x128x64 {per_call(3, sdpa_grad):.6f}")
     for name in ("mlp", "lenet", "lstm"):
         runs = 31 if name == "mlp" else 11
         print(f"{name}_step {median_ms(train_step(name), runs):.6f}", flush=True)

@@ -404,8 +404,9 @@ pub(crate) fn composite_vjp(
 }
 
 /// The native backward kernels of the cpu runtime, for f32/f64 operands: `lstm_seq` and
-/// `gru_seq`, ungrouped `conv2d` (im2col/col2im products) and `max_pool2d` (each window's max
-/// tree replayed, ties split as the decomposition's gradient splits them). `None`: no native
+/// `gru_seq`, ungrouped `conv2d` (im2col/col2im products), `max_pool2d` (each window's max
+/// tree replayed, ties split as the decomposition's gradient splits them) and `sdpa` (each
+/// block's probabilities recomputed, five products per block). `None`: no native
 /// kernel for this op or these operands. Each computes what [`compiled_composite_vjp`] does
 /// (tests/framework compare them).
 pub(crate) fn native_composite_vjp(
@@ -443,6 +444,9 @@ pub(crate) fn native_composite_vjp(
                 }
                 grads
             }))
+        }
+        (oar_ir::Composite::ScaledDotProductAttention(a), _, [Some(dy)]) => {
+            oar_cpu_runtime::attention::vjp(a, inputs, dy, wants, threads).map_err(fail)
         }
         (oar_ir::Composite::MaxPool2d(m), [x], [Some(dy)]) if wants == [true] => {
             let native = oar_cpu_runtime::pool_grad::max_pool2d_vjp(x, dy, m.kernel, m.stride, m.padding, threads)
@@ -626,6 +630,76 @@ mod tests {
             let scale = c.iter().fold(1.0f64, |m, v| m.max(v.abs()));
             let err = n.iter().zip(&c).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(err <= tol * scale, "{op:?}: operand {i} off by {err} (scale {scale})");
+        }
+    }
+
+    /// Attention's native gradients (blocks of query rows, recomputed probabilities) against
+    /// the compiled gradient of its decomposition: several blocks, causal, bool and float
+    /// masks, some operands not wanted.
+    #[test]
+    fn native_sdpa_gradient_matches_the_compiled_definition() {
+        use oar_ir::ops::{Float, ScaledDotProductAttention};
+        // q, k, v shapes, mask (shape, bool?), causal, wants.
+        type Case = (
+            [usize; 4],
+            usize,
+            usize,
+            Option<(&'static [usize], bool)>,
+            bool,
+            &'static [bool],
+        );
+        let cases: [Case; 4] = [
+            ([2, 3, 40, 8], 12, 6, None, true, &[true, true, true]),
+            ([1, 2, 7, 4], 50, 5, None, false, &[false, true, true]),
+            (
+                [2, 2, 33, 4],
+                9,
+                4,
+                Some((&[2, 1, 33, 9], true)),
+                false,
+                &[true, false, true],
+            ),
+            (
+                [2, 2, 10, 4],
+                10,
+                4,
+                Some((&[10, 10], false)),
+                true,
+                &[true, true, false, false],
+            ),
+        ];
+        for (i, (qs, s, ev, mask, causal, wants)) in cases.into_iter().enumerate() {
+            let op = Op::Composite(Composite::ScaledDotProductAttention(ScaledDotProductAttention {
+                causal,
+                scale: (i == 1).then_some(Float(0.4)),
+            }));
+            let (ks, vs) = ([qs[0], qs[1], s, qs[3]], [qs[0], qs[1], s, ev]);
+            for dtype in [DType::F64, DType::F32] {
+                let seed = 20 * i as u64;
+                let mut inputs = vec![
+                    data(dtype, &qs, &values(qs.iter().product(), seed, None)),
+                    data(dtype, &ks, &values(ks.iter().product(), seed + 1, None)),
+                    data(dtype, &vs, &values(vs.iter().product(), seed + 2, None)),
+                ];
+                if let Some((m, bool_mask)) = mask {
+                    let v = values(m.iter().product(), seed + 3, None);
+                    inputs.push(if bool_mask {
+                        // Keep ~70% and always the first key.
+                        let keep: Vec<f64> = v
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &x)| f64::from(x > -0.4 || j % m[m.len() - 1] == 0))
+                            .collect();
+                        data(DType::Bool, m, &keep)
+                    } else {
+                        data(dtype, m, &v)
+                    });
+                }
+                let ys = [qs[0], qs[1], qs[2], ev];
+                let dy = data(dtype, &ys, &values(ys.iter().product(), seed + 4, None));
+                let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+                compare(&op, &inputs, dy, wants, tol);
+            }
         }
     }
 

@@ -244,6 +244,27 @@ pub(crate) unsafe fn gemm_into<T: Elem>(
     accumulate: bool,
     parallelism: Parallelism,
 ) {
+    // Safety: the caller's contract.
+    unsafe { gemm_scaled_into(m, n, k, dst, dst_rs, lhs, rhs, accumulate, T::ONE, parallelism) }
+}
+
+/// [`gemm_into`] with the product scaled: `dst (+)= scale · lhs · rhs`.
+///
+/// # Safety
+/// As [`gemm_into`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_scaled_into<T: Elem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_rs: isize,
+    lhs: Mat<T>,
+    rhs: Mat<T>,
+    accumulate: bool,
+    scale: T,
+    parallelism: Parallelism,
+) {
     if m == 0 || n == 0 || (k == 0 && accumulate) {
         return;
     }
@@ -279,7 +300,7 @@ pub(crate) unsafe fn gemm_into<T: Elem>(
             rhs_rs,
             // dst = alpha · dst + beta · lhs · rhs (alpha read only with `accumulate`)
             if accumulate { T::ONE } else { T::ZERO },
-            T::ONE,
+            scale,
             false,
             false,
             false,

@@ -10,6 +10,7 @@
 //! Built as an rlib (linked into the JIT) and as a static library (linked into AOT executables
 //! and shared libraries, which then depend on nothing beyond libc).
 
+pub mod attention;
 pub mod capi;
 mod contraction;
 mod conv;

@@ -5,7 +5,7 @@
 //! comparison, permutation and generator functions the reference evaluation uses too), so the
 //! results are the reference's bits. Also the composites the cpu backend keeps whole
 //! (`softmax`, `log_softmax`, `layer_norm`: vectorized row kernels in [`crate::rows`], within
-//! rounding of the reference).
+//! rounding of the reference; `sdpa`: [`crate::attention`]).
 
 use crate::conv_direct::copy_run;
 use crate::program::static_shape;
@@ -48,6 +48,10 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Composite(Composite::MaxPool2dGrad(m)) => {
             let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
             crate::pool_grad::max_pool2d_grad_supported(m, &types)
+        }
+        Op::Composite(Composite::ScaledDotProductAttention(a)) => {
+            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
+            crate::attention::supported(a, &types)
         }
         Op::Composite(c) => {
             crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))
@@ -346,6 +350,20 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                 _ => unreachable!("matched above"),
             }
             .map_err(|d| err(k, d))?;
+        }
+        Op::Composite(Composite::ScaledDotProductAttention(a)) => {
+            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
+            let ins: Vec<&[u8]> = copies
+                .iter_mut()
+                .enumerate()
+                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
+                .collect();
+            let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
+            let mask_bool = o.inputs.get(3).is_some_and(|&b| p.buffer(b).ty.dtype == DType::Bool);
+            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            crate::attention::run_bytes(a, out_ty.dtype, &ins, &shapes, mask_bool, out, threads)
+                .map_err(|d| err(k, d))?;
         }
         Op::Composite(c) if let Some((rec, reverse)) = crate::rnn::Recurrence::of(c) => {
             let outs: Vec<(*mut u8, usize)> = k

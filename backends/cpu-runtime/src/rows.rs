@@ -231,6 +231,42 @@ fn run_f32(op: RowOp, g: Rows, x: &[f32], affine: Option<(&[f32], &[f32])>, out:
     });
 }
 
+/// Softmax of each contiguous row of `n` elements of `x` into `out`, on this thread, at the
+/// host's vector width (for kernels that softmax blocks of their own, as attention does).
+pub(crate) fn softmax_rows_f32(x: &[f32], out: &mut [f32], n: usize) {
+    if n == 0 {
+        return;
+    }
+    let g = Rows {
+        outer: x.len() / n,
+        n,
+        inner: 1,
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Safety: the features were detected on this host.
+        match Simd::detect() {
+            Simd::Avx512 => return unsafe { blocks_avx512(RowOp::Softmax, g, x, None, out) },
+            Simd::Avx2Fma => return unsafe { blocks_avx2(RowOp::Softmax, g, x, None, out) },
+            Simd::Baseline => {}
+        }
+    }
+    blocks::<false>(RowOp::Softmax, g, x, None, out)
+}
+
+/// [`softmax_rows_f32`] in f64 (as the reference computes it).
+pub(crate) fn softmax_rows_f64(x: &[f64], out: &mut [f64], n: usize) {
+    if n == 0 {
+        return;
+    }
+    let g = Rows {
+        outer: x.len() / n,
+        n,
+        inner: 1,
+    };
+    run_f64(RowOp::Softmax, g, x, None, out)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn blocks_avx512(op: RowOp, g: Rows, x: &[f32], affine: Option<(&[f32], &[f32])>, out: &mut [f32]) {

@@ -53,7 +53,9 @@ pub struct Lowered {
 /// decomposition convolves the input with the cotangent as the kernel (a patch matrix of
 /// the cotangent's size per weight element); `max_pool2d_grad` replays each window's max
 /// tree in one pass where its decomposition takes a slice, comparisons and a select per
-/// kernel position — where the runtime has them ([`keeps`]).
+/// kernel position; `sdpa` (scaled dot-product attention) runs per block of query rows without
+/// materializing the scores, skipping causal attention's masked keys, where its decomposition
+/// computes and masks every score — where the runtime has them ([`keeps`]).
 pub const KEPT_COMPOSITES: &[&str] = &[
     "softmax",
     "log_softmax",
@@ -63,6 +65,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "conv_transpose",
     "conv_weight_grad",
     "max_pool2d_grad",
+    "sdpa",
 ];
 
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels
@@ -72,6 +75,7 @@ pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
         oar_ir::Composite::ConvTranspose(ct) => oar_cpu_runtime::conv_grad::conv_transpose_supported(ct, inputs),
         oar_ir::Composite::ConvWeightGrad(cw) => oar_cpu_runtime::conv_grad::conv_weight_grad_supported(cw, inputs),
         oar_ir::Composite::MaxPool2dGrad(m) => oar_cpu_runtime::pool_grad::max_pool2d_grad_supported(m, inputs),
+        oar_ir::Composite::ScaledDotProductAttention(a) => oar_cpu_runtime::attention::supported(a, inputs),
         _ => true,
     }
 }
