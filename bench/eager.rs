@@ -129,6 +129,15 @@ fn ops() -> Result<()> {
         println!("add_row_{label} {:.6}", per_call(reps, || oar::add(&a, &row))?);
         println!("add_col_{label} {:.6}", per_call(reps, || oar::add(&a, &col))?);
     }
+    // Other dtypes at 1M: f64 add, and bf16 / f16 add and gelu (computed in f32 lanes).
+    for (label, dtype) in [("f64", DType::F64), ("bf16", DType::BF16), ("f16", DType::F16)] {
+        let a = oar::randn(&[1024, 1024], DType::F32)?.cast(dtype)?;
+        let b = oar::randn(&[1024, 1024], DType::F32)?.cast(dtype)?;
+        println!("add_{label}_1m {:.6}", per_call(4, || oar::add(&a, &b))?);
+        if dtype != DType::F64 {
+            println!("gelu_{label}_1m {:.6}", per_call(4, || F::gelu(&a, false))?);
+        }
+    }
     // Views (zero-copy in both): reshape, transpose, slice and expand of a 1024×1024 tensor,
     // then an add that reads a transpose.
     let a = oar::randn(&[1024, 1024], DType::F32)?;

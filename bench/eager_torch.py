@@ -77,6 +77,11 @@ def ops():
                        ("max_rows", lambda: a.amax(1)), ("add_row", lambda: a + row),
                        ("add_col", lambda: a + col)]:
             print(f"{key}_{label} {per_call(reps, f):.6f}", flush=True)
+    for label, dtype in (("f64", torch.float64), ("bf16", torch.bfloat16), ("f16", torch.float16)):
+        a, b = torch.randn(1024, 1024).to(dtype), torch.randn(1024, 1024).to(dtype)
+        print(f"add_{label}_1m {per_call(4, lambda: a + b):.6f}", flush=True)
+        if dtype != torch.float64:
+            print(f"gelu_{label}_1m {per_call(4, lambda: F.gelu(a)):.6f}", flush=True)
     a, b, row = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.randn(1, 1024)
 
     def views():

@@ -117,17 +117,26 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result
     run_compiled(op, inputs, check)
 }
 
-/// f32 elementwise ops (`neg abs sqrt exp log tanh relu sigmoid`, `add sub mul div max min` with
-/// equal shapes, a one-element operand, or a row broadcast over the leading axes) and sums or
-/// means over the last axis or every axis, on the runtime's kernels at the host's vector width
+/// Elementwise ops and reductions on the runtime's kernels at the host's vector width
 /// (`oar_cpu_runtime::ewise`: AVX-512 or AVX2 chosen at run time; Cranelift emits 128-bit
-/// vectors only). `None`: not one of them, and the compiled kernel runs. Every case here is
-/// well typed by construction (f32 operands, shapes checked), so the type check is skipped.
+/// vectors only): on f32, the unary functions (`neg abs sqrt exp log tanh sin cos erf relu
+/// sigmoid silu gelu`), `add sub mul div max min` and the comparisons with equal shapes, a
+/// one-element operand, a row or a column broadcast, and sums, means, maxima and minima over
+/// the last axis or every axis; on f64 the IEEE-exact ones (`neg abs sqrt relu`, the binary
+/// ops, the comparisons); on f16/bf16 the unary functions and binary ops, widened to f32 a
+/// chunk at a time and rounded back (as the compiled kernels compute them). `None`: not one
+/// of them, and the compiled kernel runs. Every case here is well typed by construction
+/// (operand dtypes and shapes checked), so the type check is skipped.
 fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
-    use oar_cpu_runtime::ewise::{self, Binary, Compare, Reduce, Unary};
+    use oar_cpu_runtime::ewise::{self, Binary, Compare, Half, Reduce, Unary};
     use oar_ir::Composite;
     use oar_ir::ops::{BinaryOp, ReduceOp, UnaryOp};
     let threads = rayon::current_num_threads();
+    let half = |d: DType| match d {
+        DType::F16 => Some(Half::F16),
+        DType::BF16 => Some(Half::Bf16),
+        _ => None,
+    };
     let unary = match (op, inputs) {
         (Op::Unary(u), [_]) => match u {
             UnaryOp::Neg => Some(Unary::Neg),
@@ -148,38 +157,72 @@ fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
         _ => None,
     };
     if let (Some(u), [x]) = (unary, inputs) {
-        let xs = f32s(x)?;
-        return with_output(x.shape().to_vec(), |o| ewise::unary(u, xs, o, threads));
+        let shape = x.shape().to_vec();
+        return match x.dtype() {
+            DType::F32 => {
+                let xs = elems::<f32>(x)?;
+                with_output(DType::F32, shape, |o| ewise::unary(u, xs, o, threads))
+            }
+            DType::F64 if ewise::unary_f64_supported(u) => {
+                let xs = elems::<f64>(x)?;
+                with_output(DType::F64, shape, |o| ewise::unary_f64(u, xs, o, threads))
+            }
+            d => {
+                let h = half(d)?;
+                let xs = elems::<u16>(x)?;
+                with_output(d, shape, |o| ewise::unary_half(u, h, xs, o, threads))
+            }
+        };
     }
     match (op, inputs) {
         (Op::Binary(b), [a, c]) => {
-            let b = match b {
-                BinaryOp::Add => Binary::Add,
-                BinaryOp::Sub => Binary::Sub,
-                BinaryOp::Mul => Binary::Mul,
-                BinaryOp::Div => Binary::Div,
-                BinaryOp::Max => Binary::Max,
-                BinaryOp::Min => Binary::Min,
-                cmp => {
-                    let cmp = match cmp {
-                        BinaryOp::Eq => Compare::Eq,
-                        BinaryOp::Ne => Compare::Ne,
-                        BinaryOp::Lt => Compare::Lt,
-                        BinaryOp::Le => Compare::Le,
-                        BinaryOp::Gt => Compare::Gt,
-                        BinaryOp::Ge => Compare::Ge,
-                        _ => return None,
-                    };
-                    let (xa, xc) = (f32s(a)?, f32s(c)?);
-                    let (sa, sc, shape) = broadcast_sides(a, xa, c, xc)?;
-                    let mut out = vec![0u8; shape.iter().product()];
-                    ewise::compare(cmp, sa, sc, &mut out, threads);
-                    return Some(TensorData::from_bytes(DType::Bool, shape, out).map_err(Into::into));
-                }
+            let arith = match b {
+                BinaryOp::Add => Ok(Binary::Add),
+                BinaryOp::Sub => Ok(Binary::Sub),
+                BinaryOp::Mul => Ok(Binary::Mul),
+                BinaryOp::Div => Ok(Binary::Div),
+                BinaryOp::Max => Ok(Binary::Max),
+                BinaryOp::Min => Ok(Binary::Min),
+                BinaryOp::Eq => Err(Compare::Eq),
+                BinaryOp::Ne => Err(Compare::Ne),
+                BinaryOp::Lt => Err(Compare::Lt),
+                BinaryOp::Le => Err(Compare::Le),
+                BinaryOp::Gt => Err(Compare::Gt),
+                BinaryOp::Ge => Err(Compare::Ge),
+                _ => return None,
             };
-            let (xa, xc) = (f32s(a)?, f32s(c)?);
-            let (sa, sc, shape) = broadcast_sides(a, xa, c, xc)?;
-            with_output(shape, |o| ewise::binary(b, sa, sc, o, threads))
+            let dtype = a.dtype();
+            if c.dtype() != dtype {
+                return None;
+            }
+            /// A comparison's 0/1 bytes as a bool tensor.
+            fn bools(shape: Vec<usize>, fill: impl FnOnce(&mut [u8])) -> Option<Result<TensorData>> {
+                let mut out = vec![0u8; shape.iter().product()];
+                fill(&mut out);
+                Some(TensorData::from_bytes(DType::Bool, shape, out).map_err(Into::into))
+            }
+            match (dtype, arith) {
+                (DType::F32, arith) => {
+                    let (sa, sc, shape) = broadcast_sides(a, elems::<f32>(a)?, c, elems::<f32>(c)?)?;
+                    match arith {
+                        Ok(b) => with_output(dtype, shape, |o| ewise::binary(b, sa, sc, o, threads)),
+                        Err(cmp) => bools(shape, |o| ewise::compare(cmp, sa, sc, o, threads)),
+                    }
+                }
+                (DType::F64, arith) => {
+                    let (sa, sc, shape) = broadcast_sides(a, elems::<f64>(a)?, c, elems::<f64>(c)?)?;
+                    match arith {
+                        Ok(b) => with_output(dtype, shape, |o| ewise::binary_f64(b, sa, sc, o, threads)),
+                        Err(cmp) => bools(shape, |o| ewise::compare_f64(cmp, sa, sc, o, threads)),
+                    }
+                }
+                (d, Ok(b)) => {
+                    let h = half(d)?;
+                    let (sa, sc, shape) = broadcast_sides(a, elems::<u16>(a)?, c, elems::<u16>(c)?)?;
+                    with_output(d, shape, |o| ewise::binary_half(b, h, sa, sc, o, threads))
+                }
+                _ => None,
+            }
         }
         (Op::Reduce(r), [x])
             if matches!(r.op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min) && !x.is_empty() =>
@@ -208,7 +251,7 @@ fn host_width(op: &Op, inputs: &[TensorData]) -> Option<Result<TensorData>> {
             if r.keepdim {
                 shape.push(1);
             }
-            with_output(shape, |o| ewise::reduce_rows(red, xs, n, o, threads))
+            with_output(DType::F32, shape, |o| ewise::reduce_rows(red, xs, n, o, threads))
         }
         _ => None,
     }
@@ -220,6 +263,12 @@ fn f32s(t: &TensorData) -> Option<&[f32]> {
     if t.dtype() != DType::F32 {
         return None;
     }
+    elems(t)
+}
+
+/// A tensor's elements as `T` (the caller matched the dtype to `T`'s size); `None` if the bytes
+/// are not aligned for `T` (never seen: host buffers come from the allocator).
+fn elems<T: bytemuck::Pod>(t: &TensorData) -> Option<&[T]> {
     bytemuck::try_cast_slice(t.bytes()).ok()
 }
 
@@ -227,14 +276,14 @@ fn f32s(t: &TensorData) -> Option<&[f32]> {
 /// shapes, or one side broadcast over the other's shape as a scalar, a row (its axes the
 /// other's last ones) or a column (its axes a run of the other's, ones after them). `None` for
 /// other broadcasts (the compiled kernel does them) and empty results.
-fn broadcast_sides<'a>(
+fn broadcast_sides<'a, T: Copy>(
     a: &TensorData,
-    xa: &'a [f32],
+    xa: &'a [T],
     c: &TensorData,
-    xc: &'a [f32],
+    xc: &'a [T],
 ) -> Option<(
-    oar_cpu_runtime::ewise::Side<'a>,
-    oar_cpu_runtime::ewise::Side<'a>,
+    oar_cpu_runtime::ewise::Side<'a, T>,
+    oar_cpu_runtime::ewise::Side<'a, T>,
     Vec<usize>,
 )> {
     use oar_cpu_runtime::ewise::Side;
@@ -253,7 +302,11 @@ fn broadcast_sides<'a>(
 }
 
 /// `small` (elements `x`) broadcast over `big` as a scalar, a row or a column, if it is one.
-fn broadcast_side<'a>(small: &[usize], x: &'a [f32], big: &[usize]) -> Option<oar_cpu_runtime::ewise::Side<'a>> {
+fn broadcast_side<'a, T: Copy>(
+    small: &[usize],
+    x: &'a [T],
+    big: &[usize],
+) -> Option<oar_cpu_runtime::ewise::Side<'a, T>> {
     use oar_cpu_runtime::ewise::Side;
     if small.len() > big.len() {
         return None;
@@ -281,22 +334,28 @@ fn broadcast_side<'a>(small: &[usize], x: &'a [f32], big: &[usize]) -> Option<oa
     })
 }
 
-/// A new f32 tensor of `shape` filled by `fill`, which writes every element (the memory is not
-/// zeroed first: at 1M elements zeroing costs as much as an add, and fresh pages fault).
-/// `None` if the allocator's block is not aligned for f32 (never seen).
-fn with_output(shape: Vec<usize>, fill: impl FnOnce(&mut [f32])) -> Option<Result<TensorData>> {
+/// A new tensor of `dtype` (elements `T`) and `shape` filled by `fill`, which writes every
+/// element (the memory is not zeroed first: at 1M elements zeroing costs as much as an add,
+/// and fresh pages fault). `None` if the allocator's block is not aligned for `T` (never seen).
+fn with_output<T: bytemuck::Pod>(
+    dtype: DType,
+    shape: Vec<usize>,
+    fill: impl FnOnce(&mut [T]),
+) -> Option<Result<TensorData>> {
+    debug_assert_eq!(dtype.size_bytes(), size_of::<T>());
     let n: usize = shape.iter().product();
-    let mut bytes: Vec<u8> = Vec::with_capacity(n * 4);
-    if (bytes.as_ptr() as usize) % align_of::<f32>() != 0 {
+    let bytes_len = n * size_of::<T>();
+    let mut bytes: Vec<u8> = Vec::with_capacity(bytes_len);
+    if (bytes.as_ptr() as usize) % align_of::<T>() != 0 {
         return None;
     }
-    // Safety: the block holds `n` aligned f32s; `fill` (an `ewise` kernel) writes all of them
-    // before anything reads them, and every bit pattern is an f32.
-    let values = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), n) };
+    // Safety: the block holds `n` aligned `T`s; `fill` (an `ewise` kernel) writes all of them
+    // before anything reads them, and every bit pattern is a `T` (`Pod`).
+    let values = unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), n) };
     fill(values);
-    // Safety: the `n · 4` bytes were written just now.
-    unsafe { bytes.set_len(n * 4) };
-    Some(TensorData::from_bytes(DType::F32, shape, bytes).map_err(Into::into))
+    // Safety: the `n · size_of::<T>()` bytes were written just now.
+    unsafe { bytes.set_len(bytes_len) };
+    Some(TensorData::from_bytes(dtype, shape, bytes).map_err(Into::into))
 }
 
 /// Elements from which a reduction of a whole f32/f64 tensor runs in two steps.
@@ -812,8 +871,10 @@ mod tests {
     }
 
     /// Binary ops with one side broadcast as a scalar, a row or a column (and shapes that are
-    /// none of them, left to the compiled kernel): the reference's bits, the result's shape,
-    /// and which ones the host-width kernels take.
+    /// none of them, left to the compiled kernel), on f32, f64, f16 and bf16: the reference's
+    /// bits (16-bit floats computed in f32 and rounded once more round as the reference's f64
+    /// does: 24 bits ≥ 2 · 11 + 2), the result's shape, and which ones the host-width kernels
+    /// take.
     #[test]
     fn broadcast_binary_ops_are_the_reference_bit_for_bit() {
         use oar_ir::ops::BinaryOp;
@@ -829,27 +890,124 @@ mod tests {
             (&[6, 70, 5], &[6, 1, 5], false),
             (&[6, 1], &[1, 5], false),
         ];
-        for (sa, sb, host) in cases {
+        // Specials among the values: NaN, ±inf, -0, a value below f16's normal range and one
+        // past bf16's precision.
+        let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 3e-6, 1.0 + 1e-5];
+        for ((sa, sb, host), dtype) in cases
+            .into_iter()
+            .flat_map(|c| [DType::F32, DType::F64, DType::F16, DType::BF16].map(|d| (c, d)))
+        {
             let na: usize = sa.iter().product();
             let nb: usize = sb.iter().product();
-            let a = data(DType::F32, sa, &values(na, na as u64, None));
-            let b = data(DType::F32, sb, &values(nb, 7 + nb as u64, None));
+            let mut va = values(na, na as u64, None);
+            for (v, &x) in va.iter_mut().step_by(7).zip(&specials) {
+                *v = x;
+            }
+            let a = data(dtype, sa, &va);
+            let b = data(dtype, sb, &values(nb, 7 + nb as u64, None));
             for (x, y) in [(&a, &b), (&b, &a)] {
-                for op in [BinaryOp::Add, BinaryOp::Div, BinaryOp::Max, BinaryOp::Lt] {
+                for op in [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Div,
+                    BinaryOp::Max,
+                    BinaryOp::Min,
+                    BinaryOp::Lt,
+                ] {
                     let op = Op::Binary(op);
                     let ins = [x.clone(), y.clone()];
-                    assert_eq!(super::host_width(&op, &ins).is_some(), host, "{op:?} {sa:?} {sb:?}");
+                    // Comparisons of 16-bit floats are left to the compiled kernel.
+                    let host = host && !(op == Op::Binary(BinaryOp::Lt) && matches!(dtype, DType::F16 | DType::BF16));
+                    assert_eq!(
+                        super::host_width(&op, &ins).is_some(),
+                        host,
+                        "{op:?} {sa:?} {sb:?} {dtype}"
+                    );
                     let got = super::run(&op, &ins, || Ok(())).unwrap();
                     let want = oar_backend_reference::run_op(&op, &ins).unwrap();
                     assert_eq!(got[0].shape(), want[0].shape(), "{op:?} {sa:?} {sb:?}");
                     assert_eq!(got[0].dtype(), want[0].dtype());
-                    assert_eq!(
-                        got[0].bytes(),
-                        want[0].bytes(),
-                        "{op:?} {:?} {:?}",
-                        x.shape(),
-                        y.shape()
-                    );
+                    // The same bits, any NaN for a NaN (payloads are not part of the contract).
+                    for (i, (g, w)) in got[0].to_f64_vec().iter().zip(want[0].to_f64_vec()).enumerate() {
+                        let same = (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits();
+                        assert!(
+                            same,
+                            "{op:?} {:?} {:?} {dtype} element {i}: {g} vs {w}",
+                            x.shape(),
+                            y.shape()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Unary ops on f64 (the exact ones) and on 16-bit floats (every one, widened to f32) on
+    /// the host-width kernels: exact ones bit for bit, the others within one ulp of the format
+    /// of the reference (the f32 kernel's few-ulp error, then one more rounding).
+    #[test]
+    fn f64_and_half_unary_ops_match_the_reference() {
+        use oar_ir::ops::UnaryOp;
+        let mut v = values(3000, 5, None).iter().map(|x| 6.0 * x).collect::<Vec<f64>>();
+        v.extend([
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            0.0,
+            -0.0,
+            3e-6,
+            1e-3,
+            70000.0,
+        ]);
+        let ops = [
+            (Op::Unary(UnaryOp::Neg), true),
+            (Op::Unary(UnaryOp::Abs), true),
+            (Op::Unary(UnaryOp::Sqrt), true),
+            (Op::Composite(Composite::Relu), true),
+            (Op::Unary(UnaryOp::Exp), false),
+            (Op::Unary(UnaryOp::Tanh), false),
+            (Op::Unary(UnaryOp::Sin), false),
+            (Op::Composite(Composite::Sigmoid), false),
+            (
+                Op::Composite(Composite::Gelu(oar_ir::ops::Gelu { approximate: false })),
+                false,
+            ),
+        ];
+        for dtype in [DType::F64, DType::F16, DType::BF16] {
+            let ulp = match dtype {
+                DType::F16 => 2f64.powi(-10),
+                DType::BF16 => 2f64.powi(-7),
+                _ => 0.0,
+            };
+            let x = data(dtype, &[v.len()], &v);
+            for (op, exact) in &ops {
+                let ins = [x.clone()];
+                let host = super::host_width(op, &ins);
+                assert_eq!(host.is_some(), *exact || dtype != DType::F64, "{op:?} {dtype}");
+                let Some(got) = host else { continue };
+                let got = got.unwrap();
+                let want = oar_backend_reference::run_op(op, &ins).unwrap();
+                assert_eq!(got.dtype(), dtype);
+                if *exact {
+                    for (g, w) in got.to_f64_vec().iter().zip(want[0].to_f64_vec()) {
+                        assert!(
+                            (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                            "{op:?} {dtype}: {g} vs {w}"
+                        );
+                    }
+                    continue;
+                }
+                for (i, (g, w)) in got.to_f64_vec().iter().zip(want[0].to_f64_vec()).enumerate() {
+                    let ok = if w.is_nan() {
+                        g.is_nan()
+                    } else if *g == w {
+                        true
+                    } else {
+                        // One ulp of the format at w (absolute below the normal range).
+                        (g - w).abs() <= ulp * w.abs().max(6.1e-5)
+                    };
+                    assert!(ok, "{op:?} {dtype} at {}: {g} vs {w}", v[i]);
                 }
             }
         }

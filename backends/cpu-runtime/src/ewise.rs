@@ -90,20 +90,20 @@ pub enum Binary {
 
 /// One operand of a binary op, as the output's elements index it.
 #[derive(Clone, Copy, Debug)]
-pub enum Side<'a> {
+pub enum Side<'a, T = f32> {
     /// One element per output element.
-    Full(&'a [f32]),
+    Full(&'a [T]),
     /// One value for every output element.
-    Scalar(f32),
+    Scalar(T),
     /// A row repeated: output element `i` takes `row[i % row.len()]` (a bias over the last
     /// axes).
-    Row(&'a [f32]),
+    Row(&'a [T]),
     /// A column repeated along the last axes: output element `i` takes
     /// `col[(first + i / inner) % col.len()]` — a value per row or channel (`[R, 1]` against
     /// `[R, K]`, `[C, 1, 1]` against `[N, C, H, W]`). `first` is 0 for a whole output.
     Column {
         /// one value per run of `inner` output elements, repeated
-        col: &'a [f32],
+        col: &'a [T],
         /// output elements sharing one value (≥ 1)
         inner: usize,
         /// the value of the first run
@@ -111,7 +111,7 @@ pub enum Side<'a> {
     },
 }
 
-impl Side<'_> {
+impl<T: Copy> Side<'_, T> {
     /// The part of this operand for output elements `lo..hi` (`Row`: `lo` a multiple of the
     /// row; `Column`: of `inner`).
     fn part(self, lo: usize, hi: usize) -> Self {
@@ -128,7 +128,7 @@ impl Side<'_> {
 
     /// The operand of output element `i`.
     #[inline(always)]
-    fn at(self, i: usize) -> f32 {
+    fn at(self, i: usize) -> T {
         match self {
             Side::Full(v) => v[i],
             Side::Scalar(s) => s,
@@ -198,9 +198,175 @@ pub fn compare(op: Compare, a: Side, b: Side, out: &mut [u8], threads: usize) {
     });
 }
 
+/// Whether [`unary_f64`] computes `op` (the IEEE-exact ones).
+pub fn unary_f64_supported(op: Unary) -> bool {
+    matches!(op, Unary::Neg | Unary::Abs | Unary::Sqrt | Unary::Relu)
+}
+
+/// [`unary`] on f64 for the ops of [`unary_f64_supported`] (others panic: callers check).
+pub fn unary_f64(op: Unary, x: &[f64], out: &mut [f64], threads: usize) {
+    assert_eq!(x.len(), out.len(), "unary kernel: operand and result lengths");
+    assert!(unary_f64_supported(op), "unary kernel: no f64 {op:?}");
+    split(out, TASK_CHEAP, 1, threads, |lo, o| {
+        let x = &x[lo..lo + o.len()];
+        unary_f64_host(op, x, o)
+    });
+}
+
+/// [`binary`] on f64.
+pub fn binary_f64(op: Binary, a: Side<f64>, b: Side<f64>, out: &mut [f64], threads: usize) {
+    let align = sides_align(a, b, out.len());
+    split(out, TASK_CHEAP, align, threads, |lo, o| {
+        let (a, b) = (a.part(lo, lo + o.len()), b.part(lo, lo + o.len()));
+        binary_f64_host(op, a, b, o)
+    });
+}
+
+/// [`compare`] on f64.
+pub fn compare_f64(op: Compare, a: Side<f64>, b: Side<f64>, out: &mut [u8], threads: usize) {
+    let align = sides_align(a, b, out.len());
+    split(out, TASK_CHEAP, align, threads, |lo, o| {
+        let (a, b) = (a.part(lo, lo + o.len()), b.part(lo, lo + o.len()));
+        compare_f64_host(op, a, b, o)
+    });
+}
+
+/// A 16-bit float format, its elements held as their bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    /// IEEE binary16
+    F16,
+    /// bfloat16
+    Bf16,
+}
+
+/// Elements widened to f32 at a time by the half-precision kernels (they stay in L1).
+const HALF_CHUNK: usize = 1024;
+
+/// [`unary`] on 16-bit floats: each chunk of [`HALF_CHUNK`] elements widened to f32, computed
+/// by the f32 kernel and rounded back (to nearest, ties to even; NaN stays NaN) — what the
+/// compiled kernels do for these formats, at the host's vector width.
+pub fn unary_half(op: Unary, half: Half, x: &[u16], out: &mut [u16], threads: usize) {
+    assert_eq!(x.len(), out.len(), "unary kernel: operand and result lengths");
+    let task = if op.costly() { TASK_COSTLY } else { TASK_CHEAP };
+    split(out, task, 1, threads, |lo, o| {
+        let x = &x[lo..lo + o.len()];
+        unary_half_host(op, half, x, o)
+    });
+}
+
+/// [`binary`] on 16-bit floats, as [`unary_half`]: a row or column side is widened once, full
+/// sides chunk by chunk.
+pub fn binary_half(op: Binary, half: Half, a: Side<u16>, b: Side<u16>, out: &mut [u16], threads: usize) {
+    let align = sides_align(a, b, out.len());
+    let wide = |s: Side<u16>| -> Vec<f32> {
+        let v = match s {
+            Side::Row(r) => r,
+            Side::Column { col, .. } => col,
+            Side::Full(_) | Side::Scalar(_) => return Vec::new(),
+        };
+        let mut w = vec![0f32; v.len()];
+        widen(half, v, &mut w);
+        w
+    };
+    let (wa, wb) = (wide(a), wide(b));
+    split(out, TASK_CHEAP, align, threads, |lo, o| {
+        binary_half_host(op, half, (a, &wa), (b, &wb), lo, align, o)
+    });
+}
+
+/// 16-bit floats widened to f32 (exact).
+#[inline(always)]
+fn widen(half: Half, src: &[u16], dst: &mut [f32]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    match half {
+        Half::F16 => {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("f16c") {
+                // Safety: F16C (and so AVX) was detected.
+                return unsafe { f16c::widen(src, dst) };
+            }
+            src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst)
+        }
+        Half::Bf16 => {
+            for (d, &h) in dst.iter_mut().zip(src) {
+                *d = f32::from_bits(u32::from(h) << 16);
+            }
+        }
+    }
+}
+
+/// f16 ⇄ f32 eight lanes at a time with F16C (`half`'s slice conversions call a function per
+/// four elements).
+#[cfg(target_arch = "x86_64")]
+mod f16c {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The host has F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn widen(src: &[u16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let (mut s, mut d) = (src[..n].chunks_exact(8), dst[..n].chunks_exact_mut(8));
+        for (s, d) in (&mut s).zip(&mut d) {
+            // Safety: `s` holds 8 u16s (16 bytes), `d` 8 f32s; unaligned loads and stores.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) };
+        }
+        for (o, &h) in d.into_remainder().iter_mut().zip(s.remainder()) {
+            *o = half::f16::from_bits(h).to_f32();
+        }
+    }
+
+    /// Rounded to nearest, ties to even.
+    ///
+    /// # Safety
+    /// The host has F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [u16]) {
+        let n = src.len().min(dst.len());
+        let (mut s, mut d) = (src[..n].chunks_exact(8), dst[..n].chunks_exact_mut(8));
+        for (s, d) in (&mut s).zip(&mut d) {
+            // Safety: as in `widen`.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+                _mm_storeu_si128(d.as_mut_ptr().cast(), h);
+            }
+        }
+        for (o, &v) in d.into_remainder().iter_mut().zip(s.remainder()) {
+            *o = half::f16::from_f32(v).to_bits();
+        }
+    }
+}
+
+/// f32 rounded to 16-bit floats: to nearest, ties to even; NaN stays NaN (`half`'s rounding).
+#[inline(always)]
+fn narrow(half: Half, src: &[f32], dst: &mut [u16]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    match half {
+        Half::F16 => {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("f16c") {
+                // Safety: F16C (and so AVX) was detected.
+                return unsafe { f16c::narrow(src, dst) };
+            }
+            dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src)
+        }
+        Half::Bf16 => {
+            for (d, &v) in dst.iter_mut().zip(src) {
+                let x = v.to_bits();
+                *d = if v.is_nan() {
+                    ((x >> 16) | 0x40) as u16
+                } else {
+                    (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16
+                };
+            }
+        }
+    }
+}
+
 /// The sides' lengths checked against `n` output elements; the length tasks are multiples
 /// of (a row, a column's run; 1 without them).
-fn sides_align(a: Side, b: Side, n: usize) -> usize {
+fn sides_align<T: Copy>(a: Side<T>, b: Side<T>, n: usize) -> usize {
     let mut align = 1;
     for s in [a, b] {
         let unit = match s {
@@ -388,6 +554,12 @@ instances!(unary_body, unary_host, unary_avx2, unary_avx512, (op: Unary, x: &[f3
 instances!(binary_body, binary_host, binary_avx2, binary_avx512, (op: Binary, a: Side, b: Side, out: &mut [f32]) -> ());
 instances!(compare_body, compare_host, compare_avx2, compare_avx512, (op: Compare, a: Side, b: Side, out: &mut [u8]) -> ());
 instances!(extreme_body, extreme_host, extreme_avx2, extreme_avx512, (max: bool, x: &[f32]) -> f32);
+instances!(unary_f64_body, unary_f64_host, unary_f64_avx2, unary_f64_avx512, (op: Unary, x: &[f64], out: &mut [f64]) -> ());
+instances!(binary_f64_body, binary_f64_host, binary_f64_avx2, binary_f64_avx512, (op: Binary, a: Side<f64>, b: Side<f64>, out: &mut [f64]) -> ());
+instances!(compare_f64_body, compare_f64_host, compare_f64_avx2, compare_f64_avx512, (op: Compare, a: Side<f64>, b: Side<f64>, out: &mut [u8]) -> ());
+instances!(unary_half_body, unary_half_host, unary_half_avx2, unary_half_avx512, (op: Unary, half: Half, x: &[u16], out: &mut [u16]) -> ());
+instances!(binary_half_body, binary_half_host, binary_half_avx2, binary_half_avx512,
+    (op: Binary, half: Half, a: (Side<u16>, &[f32]), b: (Side<u16>, &[f32]), lo: usize, align: usize, out: &mut [u16]) -> ());
 /// Σ x on this host: AVX2 intrinsics on x86-64 hosts with AVX2 (AVX-512 ones too: a sum is
 /// bound by memory, which 256-bit loads saturate), else the generic body.
 fn sum_host(x: &[f32]) -> f64 {
@@ -440,7 +612,7 @@ fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
 }
 
 #[inline(always)]
-fn map<O>(x: &[f32], out: &mut [O], f: impl Fn(f32) -> O) {
+fn map<T: Copy, O>(x: &[T], out: &mut [O], f: impl Fn(T) -> O) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = f(v);
     }
@@ -683,14 +855,14 @@ fn tanh<const F: bool>(x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn zip_with<O>(a: &[f32], b: &[f32], out: &mut [O], f: impl Fn(f32, f32) -> O) {
+fn zip_with<T: Copy, O>(a: &[T], b: &[T], out: &mut [O], f: impl Fn(T, T) -> O) {
     for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
         *o = f(x, y);
     }
 }
 
 #[inline(always)]
-fn apply2<O: Copy>(a: Side, b: Side, out: &mut [O], f: impl Fn(f32, f32) -> O + Copy) {
+fn apply2<T: Copy, O: Copy>(a: Side<T>, b: Side<T>, out: &mut [O], f: impl Fn(T, T) -> O + Copy) {
     match (a, b) {
         (Side::Full(a), Side::Full(b)) => zip_with(a, b, out, f),
         (Side::Full(a), Side::Scalar(s)) => map(a, out, |x| f(x, s)),
@@ -760,8 +932,37 @@ fn apply2<O: Copy>(a: Side, b: Side, out: &mut [O], f: impl Fn(f32, f32) -> O + 
     }
 }
 
+/// The float element types of the binary and comparison bodies.
+trait Real:
+    Copy
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+{
+    const NAN: Self;
+    fn nan(self) -> bool;
+}
+
+impl Real for f32 {
+    const NAN: f32 = f32::NAN;
+    #[inline(always)]
+    fn nan(self) -> bool {
+        self.is_nan()
+    }
+}
+
+impl Real for f64 {
+    const NAN: f64 = f64::NAN;
+    #[inline(always)]
+    fn nan(self) -> bool {
+        self.is_nan()
+    }
+}
+
 #[inline(always)]
-fn binary_body<const F: bool>(op: Binary, a: Side, b: Side, out: &mut [f32]) {
+fn binary_of<T: Real>(op: Binary, a: Side<T>, b: Side<T>, out: &mut [T]) {
     match op {
         Binary::Add => apply2(a, b, out, |x, y| x + y),
         Binary::Sub => apply2(a, b, out, |x, y| x - y),
@@ -769,17 +970,17 @@ fn binary_body<const F: bool>(op: Binary, a: Side, b: Side, out: &mut [f32]) {
         Binary::Div => apply2(a, b, out, |x, y| x / y),
         Binary::Max => apply2(a, b, out, |x, y| {
             let m = if x > y { x } else { y };
-            if x.is_nan() || y.is_nan() { f32::NAN } else { m }
+            if x.nan() || y.nan() { T::NAN } else { m }
         }),
         Binary::Min => apply2(a, b, out, |x, y| {
             let m = if x < y { x } else { y };
-            if x.is_nan() || y.is_nan() { f32::NAN } else { m }
+            if x.nan() || y.nan() { T::NAN } else { m }
         }),
     }
 }
 
 #[inline(always)]
-fn compare_body<const F: bool>(op: Compare, a: Side, b: Side, out: &mut [u8]) {
+fn compare_of<T: Real>(op: Compare, a: Side<T>, b: Side<T>, out: &mut [u8]) {
     match op {
         Compare::Eq => apply2(a, b, out, |x, y| u8::from(x == y)),
         Compare::Ne => apply2(a, b, out, |x, y| u8::from(x != y)),
@@ -787,6 +988,104 @@ fn compare_body<const F: bool>(op: Compare, a: Side, b: Side, out: &mut [u8]) {
         Compare::Le => apply2(a, b, out, |x, y| u8::from(x <= y)),
         Compare::Gt => apply2(a, b, out, |x, y| u8::from(x > y)),
         Compare::Ge => apply2(a, b, out, |x, y| u8::from(x >= y)),
+    }
+}
+
+#[inline(always)]
+fn binary_body<const F: bool>(op: Binary, a: Side, b: Side, out: &mut [f32]) {
+    binary_of(op, a, b, out)
+}
+
+#[inline(always)]
+fn compare_body<const F: bool>(op: Compare, a: Side, b: Side, out: &mut [u8]) {
+    compare_of(op, a, b, out)
+}
+
+#[inline(always)]
+fn binary_f64_body<const F: bool>(op: Binary, a: Side<f64>, b: Side<f64>, out: &mut [f64]) {
+    binary_of(op, a, b, out)
+}
+
+#[inline(always)]
+fn compare_f64_body<const F: bool>(op: Compare, a: Side<f64>, b: Side<f64>, out: &mut [u8]) {
+    compare_of(op, a, b, out)
+}
+
+#[inline(always)]
+fn unary_f64_body<const F: bool>(op: Unary, x: &[f64], out: &mut [f64]) {
+    match op {
+        Unary::Neg => map(x, out, |v| -v),
+        Unary::Abs => map(x, out, f64::abs),
+        Unary::Sqrt => map(x, out, f64::sqrt),
+        Unary::Relu => map(x, out, |v| if v > 0.0 || v.is_nan() { v } else { 0.0 }),
+        other => unreachable!("unary_f64 checks its op ({other:?})"),
+    }
+}
+
+#[inline(always)]
+fn unary_half_body<const F: bool>(op: Unary, half: Half, x: &[u16], out: &mut [u16]) {
+    let (mut a, mut o) = ([0f32; HALF_CHUNK], [0f32; HALF_CHUNK]);
+    for (xc, oc) in x.chunks(HALF_CHUNK).zip(out.chunks_mut(HALF_CHUNK)) {
+        let n = xc.len();
+        widen(half, xc, &mut a[..n]);
+        unary_body::<F>(op, &a[..n], &mut o[..n]);
+        narrow(half, &o[..n], oc);
+    }
+}
+
+/// Side `s` for output elements `c0..c0 + n` as f32: its widened row or column (`wide`), its
+/// scalar, or `None` for a full side, whose elements are widened into `buf`.
+#[inline(always)]
+fn half_side<'w>(
+    half: Half,
+    s: Side<u16>,
+    wide: &'w [f32],
+    buf: &mut [f32],
+    c0: usize,
+    n: usize,
+) -> Option<Side<'w, f32>> {
+    Some(match s {
+        Side::Full(v) => {
+            widen(half, &v[c0..c0 + n], &mut buf[..n]);
+            return None;
+        }
+        Side::Scalar(h) => {
+            let mut w = [0f32];
+            widen(half, &[h], &mut w);
+            Side::Scalar(w[0])
+        }
+        Side::Row(_) => Side::Row(wide),
+        Side::Column { inner, first, .. } => Side::Column {
+            col: wide,
+            inner,
+            first,
+        }
+        .part(c0, c0 + n),
+    })
+}
+
+/// Output elements `lo..lo + out.len()` of a half binary op; each side with its row or
+/// column widened (empty for full and scalar sides). `lo` and the chunks are multiples of
+/// `align`.
+#[inline(always)]
+fn binary_half_body<const F: bool>(
+    op: Binary,
+    half: Half,
+    (a, wa): (Side<u16>, &[f32]),
+    (b, wb): (Side<u16>, &[f32]),
+    lo: usize,
+    align: usize,
+    out: &mut [u16],
+) {
+    let ch = (HALF_CHUNK / align).max(1) * align;
+    let mut bufs = [vec![0f32; ch], vec![0f32; ch], vec![0f32; ch]];
+    let [ba, bb, bo] = &mut bufs;
+    for (k, oc) in out.chunks_mut(ch).enumerate() {
+        let (c0, n) = (lo + k * ch, oc.len());
+        let sa = half_side(half, a, wa, ba, c0, n).unwrap_or(Side::Full(&ba[..n]));
+        let sb = half_side(half, b, wb, bb, c0, n).unwrap_or(Side::Full(&bb[..n]));
+        binary_body::<F>(op, sa, sb, &mut bo[..n]);
+        narrow(half, &bo[..n], oc);
     }
 }
 
@@ -1286,5 +1585,171 @@ mod tests {
         // Empty: sum 0, mean NaN (as the reference: 0/0).
         assert_eq!(reduce_all(Reduce::Sum, &[], 2), 0.0);
         assert!(reduce_all(Reduce::Mean, &[], 2).is_nan());
+    }
+
+    /// bf16 rounding is `half`'s (nearest, ties to even, NaN kept quiet) on every f32 class:
+    /// ties both ways, the largest finite values (rounding to inf), subnormals, NaNs.
+    #[test]
+    fn bf16_rounding_is_halfs() {
+        let mut bits: Vec<u32> = vec![
+            0x3f80_8000,
+            0x3f81_8000,
+            0x3f80_8001,
+            0x7f7f_ffff,
+            0x7f7f_8000,
+            0x0000_8000,
+            0x0001_8000,
+            0x7fc0_0001,
+            0x7f80_0001,
+            0xff80_0001,
+            0x7f80_0000,
+            0xff80_0000,
+            0x8000_0000,
+        ];
+        let mut s = 1u64;
+        for _ in 0..100_000 {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            bits.push((s >> 32) as u32);
+        }
+        let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let mut got = vec![0u16; src.len()];
+        narrow(Half::Bf16, &src, &mut got);
+        for ((&v, &g), &b) in src.iter().zip(&got).zip(&bits) {
+            let want = half::bf16::from_f32(v).to_bits();
+            assert_eq!(g, want, "{b:#010x}");
+        }
+        let mut back = vec![0f32; got.len()];
+        widen(Half::Bf16, &got, &mut back);
+        for (&g, &w) in got.iter().zip(&back) {
+            assert_eq!(w.to_bits(), half::bf16::from_bits(g).to_f32().to_bits());
+        }
+    }
+
+    /// Half binary and unary kernels over several tasks and chunks, with row, column and scalar
+    /// sides: each element the f32 op of the widened operands, rounded once (`half`'s
+    /// conversions), on every instance and thread count.
+    #[test]
+    fn half_kernels_widen_compute_and_round_each_element() {
+        let n = 3 * 40_000;
+        let x = probe();
+        let vals: Vec<f32> = (0..n)
+            .map(|i| x[i % x.len()] * if i % 3 == 0 { 1e-3 } else { 1.0 })
+            .collect();
+        for half in [Half::F16, Half::Bf16] {
+            let to = |v: f32| match half {
+                Half::F16 => half::f16::from_f32(v).to_bits(),
+                Half::Bf16 => half::bf16::from_f32(v).to_bits(),
+            };
+            let from = |h: u16| match half {
+                Half::F16 => half::f16::from_bits(h).to_f32(),
+                Half::Bf16 => half::bf16::from_bits(h).to_f32(),
+            };
+            let a: Vec<u16> = vals.iter().map(|&v| to(v)).collect();
+            let b: Vec<u16> = vals.iter().rev().map(|&v| to(v)).collect();
+            // A row of 600 (not a divisor of the chunk) and a column of 7 values over runs of 40.
+            let (row, col) = (&b[..600], &b[..7]);
+            type At<'a> = Box<dyn Fn(usize) -> u16 + 'a>;
+            let sides: [(Side<u16>, At); 4] = [
+                (Side::Full(&b), Box::new(|i| b[i])),
+                (Side::Row(row), Box::new(|i| row[i % 600])),
+                (
+                    Side::Column {
+                        col,
+                        inner: 40,
+                        first: 0,
+                    },
+                    Box::new(|i| col[(i / 40) % 7]),
+                ),
+                (Side::Scalar(b[5]), Box::new(|_| b[5])),
+            ];
+            for (side, at) in &sides {
+                for op in [Binary::Add, Binary::Div, Binary::Max] {
+                    for threads in [1, 2] {
+                        let mut out = vec![0u16; n];
+                        binary_half(op, half, Side::Full(&a), *side, &mut out, threads);
+                        for (i, &o) in out.iter().enumerate() {
+                            let (p, q) = (from(a[i]), from(at(i)));
+                            let mut w = [0f32];
+                            binary_body::<false>(op, Side::Scalar(p), Side::Scalar(q), &mut w);
+                            let want = to(w[0]);
+                            assert!(
+                                o == want || (from(o).is_nan() && from(want).is_nan()),
+                                "{half:?} {op:?} {i}"
+                            );
+                        }
+                    }
+                }
+            }
+            for op in [Unary::Exp, Unary::Gelu, Unary::Sqrt] {
+                let mut out = vec![0u16; n];
+                unary_half(op, half, &a, &mut out, 2);
+                let mut wide = vec![0f32; n];
+                let aw: Vec<f32> = a.iter().map(|&h| from(h)).collect();
+                unary_host(op, &aw, &mut wide);
+                for (i, (&o, &w)) in out.iter().zip(&wide).enumerate() {
+                    assert!(o == to(w) || (from(o).is_nan() && w.is_nan()), "{half:?} {op:?} {i}");
+                }
+            }
+        }
+    }
+
+    /// f64 kernels: IEEE results, NaN propagating through max/min, on every side kind.
+    #[test]
+    fn f64_kernels_are_ieee() {
+        let x: Vec<f64> = probe().iter().map(|&v| f64::from(v) * 1.000_000_1).collect();
+        let n = x.len() / 10 * 10;
+        let (a, b) = (&x[..n], &x[1..n + 1]);
+        for threads in [1, 2] {
+            for op in [
+                Binary::Add,
+                Binary::Sub,
+                Binary::Mul,
+                Binary::Div,
+                Binary::Max,
+                Binary::Min,
+            ] {
+                let mut out = vec![0f64; n];
+                binary_f64(op, Side::Full(a), Side::Row(&b[..10]), &mut out, threads);
+                for i in 0..n {
+                    let (p, q) = (a[i], b[i % 10]);
+                    let want = match op {
+                        Binary::Add => p + q,
+                        Binary::Sub => p - q,
+                        Binary::Mul => p * q,
+                        Binary::Div => p / q,
+                        _ if p.is_nan() || q.is_nan() => f64::NAN,
+                        // The reference's rule (it decides ±0 too).
+                        Binary::Max => {
+                            if p > q {
+                                p
+                            } else {
+                                q
+                            }
+                        }
+                        _ => {
+                            if p < q {
+                                p
+                            } else {
+                                q
+                            }
+                        }
+                    };
+                    assert!(
+                        out[i].to_bits() == want.to_bits() || (out[i].is_nan() && want.is_nan()),
+                        "{op:?} {p} {q}"
+                    );
+                }
+            }
+            let mut lt = vec![0u8; n];
+            compare_f64(Compare::Lt, Side::Full(a), Side::Scalar(0.5), &mut lt, threads);
+            assert!(lt.iter().zip(a).all(|(&l, &v)| (l == 1) == (v < 0.5)));
+            let mut out = vec![0f64; n];
+            unary_f64(Unary::Sqrt, a, &mut out, threads);
+            assert!(
+                out.iter()
+                    .zip(a)
+                    .all(|(o, v)| o.to_bits() == v.sqrt().to_bits() || (o.is_nan() && v.is_nan()))
+            );
+        }
     }
 }
