@@ -349,6 +349,31 @@ max_pool2d_grad("k3s2p1", f32(1, 2, 9, 7), [3, 3], [2, 2], [1, 1], False)
 max_pool2d_grad("k3x2_s1x2_ceil_f64", f64(1, 2, 5, 7), [3, 2], [1, 2], [1, 0], True)
 
 
+# ---- adam_update (one step of PyTorch's own Adam / AdamW from a given state) --------------
+
+def adam_update(name, shape, dtype, step, lr, wd):
+    p, g = rng.uniform(-1, 1, shape).astype(dtype), rng.uniform(-1, 1, shape).astype(dtype)
+    m, v = rng.uniform(-0.1, 0.1, shape).astype(dtype), rng.uniform(0, 0.01, shape).astype(dtype)
+    param = torch.nn.Parameter(t(p.copy()))
+    param.grad = t(g.copy())
+    opt = torch.optim.AdamW([param], lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd, foreach=False)
+    # The state after `step - 1` updates; step() counts this one.
+    opt.state[param] = {"step": torch.tensor(float(step - 1)), "exp_avg": t(m.copy()),
+                        "exp_avg_sq": t(v.copy())}
+    opt.step()
+    st = opt.state[param]
+    op = comp("AdamUpdate", {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "weight_decay": wd})
+    scalar = lambda x: np.asarray(x, dtype=dtype)
+    case("torch_optim", name, op, [p, g, m, v, scalar(lr), scalar(step)],
+         [param.detach().numpy(), st["exp_avg"].numpy(), st["exp_avg_sq"].numpy()],
+         TOL_F64 if dtype == np.float64 else TOL_F32)
+
+
+adam_update("adamw_f32", (3, 5), np.float32, 3, 0.01, 0.01)
+adam_update("adam_first_step_f32", (37,), np.float32, 1, 0.001, 0.0)
+adam_update("adamw_f64", (2, 3, 4), np.float64, 10, 0.01, 0.1)
+
+
 def main():
     for family, cases in FILES.items():
         path = os.path.join(OUT_DIR, f"{family}.json")

@@ -3,7 +3,9 @@
 use super::core::{Core, Rule, TracedUpdate, impl_optimizer};
 use super::{LearningRate, Params};
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, apply};
+use oar_ir::Op;
+use oar_ir::ops::{AdamUpdate, Composite, Float};
 
 const SLOTS: &[&str] = &["moment1", "moment2"];
 
@@ -41,30 +43,6 @@ impl AdamHyper {
     }
 }
 
-/// f32 Adam on a block: the same formula as [`AdamHyper::update`] in f32 (constants computed in
-/// f64 once), one body compiled for AVX2+FMA and for the baseline, chosen at run time.
-#[inline(always)]
-fn adam_f32(k: [f32; 6], p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    let [beta1, beta2, step_size, bc2_sqrt, eps, decay] = k;
-    let n = p.len().min(g.len()).min(m.len()).min(v.len());
-    let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
-    for i in 0..n {
-        let gi = g[i];
-        let pi = p[i] * decay;
-        let mi = beta1 * m[i] + (1.0 - beta1) * gi;
-        let vi = beta2 * v[i] + (1.0 - beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn adam_f32_avx2(k: [f32; 6], p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    adam_f32(k, p, g, m, v)
-}
-
 impl Rule for AdamHyper {
     const F32: bool = true;
 
@@ -88,44 +66,34 @@ impl Rule for AdamHyper {
     }
 
     fn update_f32(&self, lr: f64, step: u64, p: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
-        let t = step as f64;
-        let k = [
-            self.beta1 as f32,
-            self.beta2 as f32,
-            (lr / (1.0 - self.beta1.powf(t))) as f32,
-            (1.0 - self.beta2.powf(t)).sqrt() as f32,
-            self.epsilon as f32,
-            (1.0 - lr * self.decoupled) as f32,
-        ];
         let [m, v] = slots else {
             unreachable!("Adam keeps two slots")
         };
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // Safety: the features were detected on this host.
-            return unsafe { adam_f32_avx2(k, p, g, m, v) };
-        }
-        adam_f32(k, p, g, m, v)
+        // The runtime's kernel: one pass at the host's vector width, the constants in f64.
+        oar_cpu_runtime::optim::adam_f32_in_place(&self.op(), lr, step as f64, p, g, [m, v], 1);
     }
 }
 
 impl AdamHyper {
-    /// The same update as [`AdamHyper::update`], with tensor ops (for static training steps).
+    /// The op computing this update (for static training steps and the runtime's kernel).
+    fn op(&self) -> AdamUpdate {
+        AdamUpdate {
+            beta1: Float(self.beta1),
+            beta2: Float(self.beta2),
+            epsilon: Float(self.epsilon),
+            weight_decay: Float(self.decoupled),
+        }
+    }
+
+    /// The same update as [`AdamHyper::update`] as one `adam_update` op (for static training
+    /// steps: the cpu backend runs it as one pass per parameter).
     fn traced_update(&self, u: &TracedUpdate) -> Result<(Tensor, Vec<Tensor>)> {
-        let (g, m, v) = (&u.grad, &u.slots[0], &u.slots[1]);
-        let bc1 = u.scalar(self.beta1)?.pow(&u.step)?.scale(-1.0, 1.0)?;
-        let bc2_sqrt = u.scalar(self.beta2)?.pow(&u.step)?.scale(-1.0, 1.0)?.sqrt()?;
-        let p = if self.decoupled != 0.0 {
-            (&u.param * &(&u.lr * -self.decoupled)?.scale(1.0, 1.0)?)?
-        } else {
-            u.param.clone()
-        };
-        let m = (&(m * self.beta1)? + &(g * (1.0 - self.beta1))?)?;
-        let v = (&(v * self.beta2)? + &(&(g * g)? * (1.0 - self.beta2))?)?;
-        let denom = (&(&v.sqrt()? / &bc2_sqrt)? + self.epsilon)?;
-        let step = (&(&u.lr / &bc1)? * &m)?;
-        let p = (&p - &(&step / &denom)?)?;
-        Ok((p, vec![m, v]))
+        let op = Op::Composite(Composite::AdamUpdate(self.op()));
+        let mut outs = apply(op, &[&u.param, &u.grad, &u.slots[0], &u.slots[1], &u.lr, &u.step])?.into_iter();
+        match (outs.next(), outs.next(), outs.next()) {
+            (Some(p), Some(m), Some(v)) => Ok((p, vec![m, v])),
+            _ => Err(crate::Error::invalid("adam_update", "internal: three results expected")),
+        }
     }
 }
 

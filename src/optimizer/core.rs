@@ -284,17 +284,6 @@ pub(crate) struct TracedUpdate {
     pub(crate) slots: Vec<Tensor>,
 }
 
-impl TracedUpdate {
-    /// A scalar of the parameter's dtype.
-    pub(crate) fn scalar(&self, v: f64) -> Result<Tensor> {
-        Ok(Tensor::from_data(TensorData::from_f64_slice(
-            self.param.dtype(),
-            vec![],
-            &[v],
-        )?))
-    }
-}
-
 pub(crate) struct Core {
     /// The optimizer's name, for errors.
     pub(crate) op: &'static str,

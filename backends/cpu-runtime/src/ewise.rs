@@ -21,7 +21,7 @@
 
 use crate::par::par_units;
 use crate::rows::exp;
-use crate::simd::Simd;
+use crate::simd::{Simd, instances};
 
 /// Lanes of the sum accumulators (four AVX-512 vectors: independent add chains).
 const L: usize = 64;
@@ -508,46 +508,6 @@ fn split<T: Copy + Send>(out: &mut [T], task: usize, align: usize, threads: usiz
             f(lo, part);
         },
     );
-}
-
-/// Instances of `body::<true>` for AVX-512 and AVX2+FMA: the functions `$avx2` and `$avx512`
-/// taking `$args` (off x86-64, `body::<false>`), and `$pick`, which calls the host's.
-macro_rules! instances {
-    ($body:ident, $pick:ident, $avx2:ident, $avx512:ident, ($($a:ident: $t:ty),*) -> $r:ty) => {
-        fn $avx2($($a: $t),*) -> $r {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn inner($($a: $t),*) -> $r {
-                    $body::<true>($($a),*)
-                }
-                // Safety: called only when `Simd::detect` found AVX2 and FMA.
-                unsafe { inner($($a),*) }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            $body::<false>($($a),*)
-        }
-        fn $avx512($($a: $t),*) -> $r {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx2,fma")]
-                unsafe fn inner($($a: $t),*) -> $r {
-                    $body::<true>($($a),*)
-                }
-                // Safety: called only when `Simd::detect` found AVX-512F.
-                unsafe { inner($($a),*) }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            $body::<false>($($a),*)
-        }
-        fn $pick($($a: $t),*) -> $r {
-            match Simd::detect() {
-                Simd::Avx512 => $avx512($($a),*),
-                Simd::Avx2Fma => $avx2($($a),*),
-                Simd::Baseline => $body::<false>($($a),*),
-            }
-        }
-    };
 }
 
 instances!(unary_body, unary_host, unary_avx2, unary_avx512, (op: Unary, x: &[f32], out: &mut [f32]) -> ());

@@ -21,6 +21,7 @@ pub mod ewise;
 pub mod exe;
 mod model;
 pub mod native;
+pub mod optim;
 mod par;
 pub mod pool_grad;
 pub mod profile;

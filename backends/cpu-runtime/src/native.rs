@@ -53,6 +53,10 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
             let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
             crate::attention::supported(a, &types)
         }
+        Op::Composite(Composite::AdamUpdate(_)) => {
+            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
+            crate::optim::adam_supported(&types)
+        }
         Op::Composite(c) => {
             crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))
                 && dt(0).is_some_and(row_float)
@@ -364,6 +368,37 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
             crate::attention::run_bytes(a, out_ty.dtype, &ins, &shapes, mask_bool, out, threads)
                 .map_err(|d| err(k, d))?;
+        }
+        Op::Composite(Composite::AdamUpdate(a)) => {
+            let outs: Vec<(*mut u8, usize)> = k
+                .outputs
+                .iter()
+                .map(|b| (bufs[b.index()], crate::model::byte_len(p.buffer(*b))))
+                .collect();
+            // Operands that share bytes with a result are copied first.
+            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
+            let ins: Vec<&[u8]> = copies
+                .iter_mut()
+                .enumerate()
+                .map(|(i, copy)| {
+                    let (src, len) = (bufs[o.inputs[i].index()] as *const u8, len_of(i));
+                    // Safety: the caller passes live buffers of their types' lengths.
+                    let view = unsafe { std::slice::from_raw_parts(src, len) };
+                    if outs.iter().any(|&(out, n)| overlaps(src, len, out, n)) {
+                        *copy = view.to_vec();
+                        &copy[..]
+                    } else {
+                        view
+                    }
+                })
+                .collect();
+            // Safety: the results are live, as long as their types, disjoint from each other
+            // and (after the copies) from the operands.
+            let outs = outs
+                .iter()
+                .map(|&(ptr, n)| unsafe { std::slice::from_raw_parts_mut(ptr, n) })
+                .collect();
+            crate::optim::adam_bytes(a, out_ty.dtype, &ins, outs, threads).map_err(|d| err(k, d))?;
         }
         Op::Composite(c) if let Some((rec, reverse)) = crate::rnn::Recurrence::of(c) => {
             let outs: Vec<(*mut u8, usize)> = k

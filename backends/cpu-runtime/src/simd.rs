@@ -28,3 +28,44 @@ impl Simd {
         Simd::Baseline
     }
 }
+
+/// Instances of `body::<true>` for AVX-512 and AVX2+FMA: the functions `$avx2` and `$avx512`
+/// taking `$args` (off x86-64, `body::<false>`), and `$pick`, which calls the host's.
+macro_rules! instances {
+    ($body:ident, $pick:ident, $avx2:ident, $avx512:ident, ($($a:ident: $t:ty),*) -> $r:ty) => {
+        fn $avx2($($a: $t),*) -> $r {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn inner($($a: $t),*) -> $r {
+                    $body::<true>($($a),*)
+                }
+                // Safety: called only when `Simd::detect` found AVX2 and FMA.
+                unsafe { inner($($a),*) }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            $body::<false>($($a),*)
+        }
+        fn $avx512($($a: $t),*) -> $r {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn inner($($a: $t),*) -> $r {
+                    $body::<true>($($a),*)
+                }
+                // Safety: called only when `Simd::detect` found AVX-512F.
+                unsafe { inner($($a),*) }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            $body::<false>($($a),*)
+        }
+        fn $pick($($a: $t),*) -> $r {
+            match Simd::detect() {
+                Simd::Avx512 => $avx512($($a),*),
+                Simd::Avx2Fma => $avx2($($a),*),
+                Simd::Baseline => $body::<false>($($a),*),
+            }
+        }
+    };
+}
+pub(crate) use instances;

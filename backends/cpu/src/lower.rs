@@ -55,7 +55,9 @@ pub struct Lowered {
 /// tree in one pass where its decomposition takes a slice, comparisons and a select per
 /// kernel position; `sdpa` (scaled dot-product attention) runs per block of query rows without
 /// materializing the scores, skipping causal attention's masked keys, where its decomposition
-/// computes and masks every score — where the runtime has them ([`keeps`]).
+/// computes and masks every score; `adam_update` (a static training step's Adam / AdamW
+/// update of one parameter) is one pass over the parameter, gradient and moments where its
+/// decomposition is a chain of elementwise kernels — where the runtime has them ([`keeps`]).
 pub const KEPT_COMPOSITES: &[&str] = &[
     "softmax",
     "log_softmax",
@@ -66,6 +68,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "conv_weight_grad",
     "max_pool2d_grad",
     "sdpa",
+    "adam_update",
 ];
 
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels
@@ -76,6 +79,7 @@ pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
         oar_ir::Composite::ConvWeightGrad(cw) => oar_cpu_runtime::conv_grad::conv_weight_grad_supported(cw, inputs),
         oar_ir::Composite::MaxPool2dGrad(m) => oar_cpu_runtime::pool_grad::max_pool2d_grad_supported(m, inputs),
         oar_ir::Composite::ScaledDotProductAttention(a) => oar_cpu_runtime::attention::supported(a, inputs),
+        oar_ir::Composite::AdamUpdate(_) => oar_cpu_runtime::optim::adam_supported(inputs),
         _ => true,
     }
 }

@@ -13,6 +13,7 @@ mod einsum;
 mod loss;
 mod nn;
 mod norm;
+mod optim;
 mod ordering;
 mod padding;
 mod pooling;
@@ -29,6 +30,7 @@ pub use einsum::Einsum;
 pub use loss::{CrossEntropy, Reduction};
 pub use nn::{Embedding, Linear};
 pub use norm::{BatchNorm, GroupNorm, InstanceNorm, LayerNorm};
+pub use optim::{AdamConstants, AdamUpdate};
 pub use ordering::{ArgSort, Flip, TopK};
 pub use padding::{BorderPad, PadMode};
 pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d, MaxPool2dGrad};
@@ -120,6 +122,8 @@ op_set! {
         Einsum(Einsum),
         /// The input's shape as a tensor.
         ShapeOf,
+        /// One Adam / AdamW update of a parameter and its moments.
+        AdamUpdate(AdamUpdate),
     }
 }
 
