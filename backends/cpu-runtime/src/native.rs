@@ -125,6 +125,8 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
     let out_ptr = bufs[out_id.index()];
     let shape_of = |i: usize| static_shape(&p.buffer(o.inputs[i]).ty);
     let len_of = |i: usize| shape_of(i).iter().product::<usize>() * size;
+    // Operand i's bytes in its own dtype (a bool mask beside float operands).
+    let bytes_of = |i: usize| crate::model::byte_len(p.buffer(o.inputs[i]));
     let mut copy = Vec::new();
     match &o.op {
         Op::Pad(Pad { before, value, .. }) => {
@@ -360,7 +362,7 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             let ins: Vec<&[u8]> = copies
                 .iter_mut()
                 .enumerate()
-                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
+                .map(|(i, copy)| input(bufs[o.inputs[i].index()], bytes_of(i), out_ptr, out_len, copy))
                 .collect();
             let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
             let mask_bool = o.inputs.get(3).is_some_and(|&b| p.buffer(b).ty.dtype == DType::Bool);
@@ -370,69 +372,24 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
                 .map_err(|d| err(k, d))?;
         }
         Op::Composite(Composite::AdamUpdate(a)) => {
-            let outs: Vec<(*mut u8, usize)> = k
-                .outputs
-                .iter()
-                .map(|b| (bufs[b.index()], crate::model::byte_len(p.buffer(*b))))
-                .collect();
-            // Operands that share bytes with a result are copied first.
-            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
-            let ins: Vec<&[u8]> = copies
-                .iter_mut()
-                .enumerate()
-                .map(|(i, copy)| {
-                    let (src, len) = (bufs[o.inputs[i].index()] as *const u8, len_of(i));
-                    // Safety: the caller passes live buffers of their types' lengths.
-                    let view = unsafe { std::slice::from_raw_parts(src, len) };
-                    if outs.iter().any(|&(out, n)| overlaps(src, len, out, n)) {
-                        *copy = view.to_vec();
-                        &copy[..]
-                    } else {
-                        view
-                    }
+            // Safety: the caller passes live buffers of the program's types.
+            unsafe {
+                with_results(p, k, o, bufs, |ins, outs| {
+                    crate::optim::adam_bytes(a, out_ty.dtype, ins, outs, threads)
                 })
-                .collect();
-            // Safety: the results are live, as long as their types, disjoint from each other
-            // and (after the copies) from the operands.
-            let outs = outs
-                .iter()
-                .map(|&(ptr, n)| unsafe { std::slice::from_raw_parts_mut(ptr, n) })
-                .collect();
-            crate::optim::adam_bytes(a, out_ty.dtype, &ins, outs, threads).map_err(|d| err(k, d))?;
+            }
+            .map_err(|d| err(k, d))?;
         }
         Op::Composite(c) if let Some((rec, reverse)) = crate::rnn::Recurrence::of(c) => {
-            let outs: Vec<(*mut u8, usize)> = k
-                .outputs
-                .iter()
-                .map(|b| (bufs[b.index()], crate::model::byte_len(p.buffer(*b))))
-                .collect();
-            // Operands that share bytes with a result (the memory plan may place them so) are
-            // copied first.
-            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
-            let ins: Vec<&[u8]> = copies
-                .iter_mut()
-                .enumerate()
-                .map(|(i, copy)| {
-                    let (src, len) = (bufs[o.inputs[i].index()] as *const u8, len_of(i));
-                    // Safety: the caller passes live buffers of their types' lengths.
-                    let view = unsafe { std::slice::from_raw_parts(src, len) };
-                    if outs.iter().any(|&(out, n)| overlaps(src, len, out, n)) {
-                        *copy = view.to_vec();
-                        &copy[..]
-                    } else {
-                        view
-                    }
-                })
-                .collect();
             let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
             let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-            // Safety: the results are live, as long as their types, disjoint from each other
-            // and (after the copies) from the operands.
-            let outs = outs
-                .iter()
-                .map(|&(ptr, n)| unsafe { std::slice::from_raw_parts_mut(ptr, n) })
-                .collect();
-            crate::rnn::run_native(rec, reverse, out_ty.dtype, &shapes, &ins, outs, threads).map_err(|d| err(k, d))?;
+            // Safety: the caller passes live buffers of the program's types.
+            unsafe {
+                with_results(p, k, o, bufs, |ins, outs| {
+                    crate::rnn::run_native(rec, reverse, out_ty.dtype, &shapes, ins, outs, threads)
+                })
+            }
+            .map_err(|d| err(k, d))?;
         }
         Op::Composite(c) if crate::rows::of(c).is_some() => {
             let (op, g) = crate::rows::geometry(c, &shape_of(0)).map_err(|d| err(k, d))?;
@@ -454,6 +411,49 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }
     Ok(())
+}
+
+/// `f(operands, results)` for a kernel with several results, each operand and result as its
+/// buffer's bytes; operands that share bytes with a result (the memory plan may place them
+/// so) are copied first.
+///
+/// # Safety
+/// As [`run`]: `bufs` holds live buffers of the program's types.
+unsafe fn with_results<R>(
+    p: &KernelProgram,
+    k: &Kernel,
+    o: &OpaqueKernel,
+    bufs: &[*mut u8],
+    f: impl FnOnce(&[&[u8]], Vec<&mut [u8]>) -> R,
+) -> R {
+    let outs: Vec<(*mut u8, usize)> = k
+        .outputs
+        .iter()
+        .map(|b| (bufs[b.index()], crate::model::byte_len(p.buffer(*b))))
+        .collect();
+    let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
+    let ins: Vec<&[u8]> = copies
+        .iter_mut()
+        .zip(&o.inputs)
+        .map(|(copy, b)| {
+            let (src, len) = (bufs[b.index()] as *const u8, crate::model::byte_len(p.buffer(*b)));
+            // Safety: the caller passes live buffers of their types' lengths.
+            let view = unsafe { std::slice::from_raw_parts(src, len) };
+            if outs.iter().any(|&(out, n)| overlaps(src, len, out, n)) {
+                *copy = view.to_vec();
+                &copy[..]
+            } else {
+                view
+            }
+        })
+        .collect();
+    // Safety: the results are live, as long as their types, disjoint from each other and
+    // (after the copies) from the operands.
+    let outs = outs
+        .iter()
+        .map(|&(ptr, n)| unsafe { std::slice::from_raw_parts_mut(ptr, n) })
+        .collect();
+    f(&ins, outs)
 }
 
 /// Fill `out` (elements of `size` bytes) by `fill(first_element, chunk)`, split across up to

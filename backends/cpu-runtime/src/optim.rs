@@ -50,7 +50,8 @@ fn constants<T: AdamElem>(op: &AdamUpdate, lr: f64, step: f64) -> [T; 8] {
     ]
 }
 
-macro_rules! element {
+/// The element function and the out-of-place body for one float type.
+macro_rules! bodies {
     ($t:ty) => {
         /// One element's `(p', m', v')`.
         #[inline(always)]
@@ -60,11 +61,30 @@ macro_rules! element {
             let v = beta2 * v + rest2 * g * g;
             (p * decay - step_size * m / (v.sqrt() / bc2_sqrt + eps), m, v)
         }
+
+        #[inline(always)]
+        pub(super) fn into<const F: bool>(k: [$t; 8], ins: [&[$t]; 4], outs: [&mut [$t]; 3]) {
+            let [p, g, m, v] = ins;
+            let [po, mo, vo] = outs;
+            let n = p
+                .len()
+                .min(g.len())
+                .min(m.len())
+                .min(v.len())
+                .min(po.len())
+                .min(mo.len())
+                .min(vo.len());
+            let (p, g, m, v) = (&p[..n], &g[..n], &m[..n], &v[..n]);
+            let (po, mo, vo) = (&mut po[..n], &mut mo[..n], &mut vo[..n]);
+            for i in 0..n {
+                (po[i], mo[i], vo[i]) = element(k, p[i], g[i], m[i], v[i]);
+            }
+        }
     };
 }
 
 mod f32_body {
-    element!(f32);
+    bodies!(f32);
 
     #[inline(always)]
     pub(super) fn in_place<const F: bool>(k: [f32; 8], p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
@@ -74,62 +94,10 @@ mod f32_body {
             (p[i], m[i], v[i]) = element(k, p[i], g[i], m[i], v[i]);
         }
     }
-
-    #[inline(always)]
-    pub(super) fn into<const F: bool>(k: [f32; 8], ins: [&[f32]; 4], outs: [&mut [f32]; 3]) {
-        let [p, g, m, v] = ins;
-        let [po, mo, vo] = outs;
-        let n = p
-            .len()
-            .min(g.len())
-            .min(m.len())
-            .min(v.len())
-            .min(po.len())
-            .min(mo.len())
-            .min(vo.len());
-        let (p, g, m, v, po, mo, vo) = (
-            &p[..n],
-            &g[..n],
-            &m[..n],
-            &v[..n],
-            &mut po[..n],
-            &mut mo[..n],
-            &mut vo[..n],
-        );
-        for i in 0..n {
-            (po[i], mo[i], vo[i]) = element(k, p[i], g[i], m[i], v[i]);
-        }
-    }
 }
 
 mod f64_body {
-    element!(f64);
-
-    #[inline(always)]
-    pub(super) fn into<const F: bool>(k: [f64; 8], ins: [&[f64]; 4], outs: [&mut [f64]; 3]) {
-        let [p, g, m, v] = ins;
-        let [po, mo, vo] = outs;
-        let n = p
-            .len()
-            .min(g.len())
-            .min(m.len())
-            .min(v.len())
-            .min(po.len())
-            .min(mo.len())
-            .min(vo.len());
-        let (p, g, m, v, po, mo, vo) = (
-            &p[..n],
-            &g[..n],
-            &m[..n],
-            &v[..n],
-            &mut po[..n],
-            &mut mo[..n],
-            &mut vo[..n],
-        );
-        for i in 0..n {
-            (po[i], mo[i], vo[i]) = element(k, p[i], g[i], m[i], v[i]);
-        }
-    }
+    bodies!(f64);
 }
 
 use f32_body::in_place as adam_f32_in_place_body;
