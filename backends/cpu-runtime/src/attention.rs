@@ -20,6 +20,7 @@
 //! scores; the float mask's own gradient is left to the definition.
 
 use crate::contraction::{Elem, Mat, SendPtr, gemm_parallelism, gemm_scaled_into, written_zeros};
+use crate::native::{elems, elems_mut};
 use crate::par::par_units;
 use gemm::Parallelism;
 use oar_ir::ops::ScaledDotProductAttention;
@@ -221,11 +222,7 @@ impl<'a, T: AttnFloat> Operands<'a, T> {
     /// against `g`'s sizes.
     fn of(g: &Geometry, ins: &[&'a [u8]], mask_bool: bool) -> Result<Self, String> {
         let cast = |b: &'a [u8], what: &str, len: usize| -> Result<&'a [T], String> {
-            let s: &[T] = if b.is_empty() {
-                &[]
-            } else {
-                bytemuck::try_cast_slice(b).map_err(|e| format!("sdpa: unaligned {what}: {e}"))?
-            };
+            let s: &[T] = elems(b, &format!("sdpa {what}"))?;
             if s.len() != len {
                 return Err(format!("sdpa: {what} holds {} elements, expected {len}", s.len()));
             }
@@ -249,11 +246,7 @@ impl<'a, T: AttnFloat> Operands<'a, T> {
                     }
                     Mask::Keep(m)
                 } else {
-                    let t: &[T] = if m.is_empty() {
-                        &[]
-                    } else {
-                        bytemuck::try_cast_slice(m).map_err(|e| format!("sdpa: unaligned mask: {e}"))?
-                    };
+                    let t: &[T] = elems(m, "sdpa mask")?;
                     if t.len() < len {
                         return Err(format!("sdpa: mask holds {} elements, needs {len}", t.len()));
                     }
@@ -553,11 +546,7 @@ pub fn run_bytes(
         threads: usize,
     ) -> Result<(), String> {
         let ops = Operands::<T>::of(g, ins, mask_bool)?;
-        let out: &mut [T] = if out.is_empty() {
-            &mut []
-        } else {
-            bytemuck::try_cast_slice_mut(out).map_err(|e| format!("sdpa: unaligned output: {e}"))?
-        };
+        let out: &mut [T] = elems_mut(out, "sdpa output")?;
         if out.len() != g.out_len() {
             return Err(format!(
                 "sdpa: output holds {} elements, expected {}",
@@ -620,11 +609,7 @@ pub fn vjp(
     ) -> Result<Vec<Option<TensorData>>, String> {
         let ins: Vec<&[u8]> = inputs.iter().map(TensorData::bytes).collect();
         let ops = Operands::<T>::of(g, &ins, mask_bool)?;
-        let dys: &[T] = if dy.bytes().is_empty() {
-            &[]
-        } else {
-            bytemuck::try_cast_slice(dy.bytes()).map_err(|e| format!("sdpa gradient: unaligned cotangent: {e}"))?
-        };
+        let dys: &[T] = elems(dy.bytes(), "sdpa gradient's cotangent")?;
         let grads = backward(g, &ops, dys, wants, threads);
         let wrap = |v: Option<Vec<T>>, like: &TensorData| {
             v.map(|v| TensorData::from_vec(like.shape().to_vec(), v).map_err(|e| format!("sdpa gradient: {e}")))

@@ -19,6 +19,7 @@ use oar_ir::{BackendError, DType, Op, TensorData};
 /// Whether [`run`] computes this opaque kernel.
 pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
     let dt = |i: usize| o.inputs.get(i).map(|b| p.buffer(*b).ty.dtype);
+    let types = || -> Vec<oar_ir::TensorType> { o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect() };
     match &o.op {
         Op::Pad(_) => o.inputs.len() == 1,
         Op::Concat(_) => !o.inputs.is_empty(),
@@ -37,32 +38,45 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Composite(c) if crate::rnn::Recurrence::of(c).is_some() => {
             o.inputs.len() == 4 && dt(0).is_some_and(crate::rnn::seq_dtype)
         }
-        Op::Composite(Composite::ConvTranspose(ct)) => {
-            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
-            crate::conv_grad::conv_transpose_supported(ct, &types)
-        }
-        Op::Composite(Composite::ConvWeightGrad(cw)) => {
-            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
-            crate::conv_grad::conv_weight_grad_supported(cw, &types)
-        }
-        Op::Composite(Composite::MaxPool2dGrad(m)) => {
-            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
-            crate::pool_grad::max_pool2d_grad_supported(m, &types)
-        }
-        Op::Composite(Composite::ScaledDotProductAttention(a)) => {
-            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
-            crate::attention::supported(a, &types)
-        }
-        Op::Composite(Composite::AdamUpdate(_)) => {
-            let types: Vec<oar_ir::TensorType> = o.inputs.iter().map(|b| p.buffer(*b).ty.clone()).collect();
-            crate::optim::adam_supported(&types)
-        }
+        Op::Composite(c) if let Some(kept) = whole_supported(c, &types()) => kept,
         Op::Composite(c) => {
             crate::rows::of(c).is_some_and(|(_, arities)| arities.contains(&o.inputs.len()))
                 && dt(0).is_some_and(row_float)
         }
         _ => false,
     }
+}
+
+/// Whether the runtime computes composite `c` on operands of these types, for the composites
+/// whose kernels cover some instances only (`conv_transpose`, `conv_weight_grad`,
+/// `max_pool2d_grad`, `sdpa`, `adam_update`); `None` for every other composite. The cpu
+/// backend keeps exactly these instances whole, and [`supports`] accepts them.
+pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bool> {
+    Some(match c {
+        Composite::ConvTranspose(ct) => crate::conv_grad::conv_transpose_supported(ct, types),
+        Composite::ConvWeightGrad(cw) => crate::conv_grad::conv_weight_grad_supported(cw, types),
+        Composite::MaxPool2dGrad(m) => crate::pool_grad::max_pool2d_grad_supported(m, types),
+        Composite::ScaledDotProductAttention(a) => crate::attention::supported(a, types),
+        Composite::AdamUpdate(_) => crate::optim::adam_supported(types),
+        _ => return None,
+    })
+}
+
+/// `bytes` as elements of `T` (`what` names them in the error); empty bytes are no elements
+/// whatever their address.
+pub(crate) fn elems<'a, T: bytemuck::Pod>(bytes: &'a [u8], what: &str) -> Result<&'a [T], String> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(bytes).map_err(|e| format!("{what}: unaligned: {e}"))
+}
+
+/// [`elems`] for a result.
+pub(crate) fn elems_mut<'a, T: bytemuck::Pod>(bytes: &'a mut [u8], what: &str) -> Result<&'a mut [T], String> {
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
+    bytemuck::try_cast_slice_mut(bytes).map_err(|e| format!("{what}: unaligned: {e}"))
 }
 
 /// The dtypes the row kernels ([`crate::rows`]) compute.
@@ -124,9 +138,8 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
     let out_len = out_shape.iter().product::<usize>() * size;
     let out_ptr = bufs[out_id.index()];
     let shape_of = |i: usize| static_shape(&p.buffer(o.inputs[i]).ty);
-    let len_of = |i: usize| shape_of(i).iter().product::<usize>() * size;
-    // Operand i's bytes in its own dtype (a bool mask beside float operands).
-    let bytes_of = |i: usize| crate::model::byte_len(p.buffer(o.inputs[i]));
+    // Operand i's bytes, in its own dtype (a bool mask beside float operands).
+    let len_of = |i: usize| crate::model::byte_len(p.buffer(o.inputs[i]));
     let mut copy = Vec::new();
     match &o.op {
         Op::Pad(Pad { before, value, .. }) => {
@@ -362,7 +375,7 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             let ins: Vec<&[u8]> = copies
                 .iter_mut()
                 .enumerate()
-                .map(|(i, copy)| input(bufs[o.inputs[i].index()], bytes_of(i), out_ptr, out_len, copy))
+                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
                 .collect();
             let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
             let mask_bool = o.inputs.get(3).is_some_and(|&b| p.buffer(b).ty.dtype == DType::Bool);

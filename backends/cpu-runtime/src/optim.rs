@@ -9,6 +9,7 @@
 //! `p' = p · decay - step_size · m' / (√v' / √(1 - β₂^t) + ε)` in that type.
 
 use crate::contraction::SendPtr;
+use crate::native::{elems, elems_mut};
 use crate::par::par_units;
 use crate::simd::{Simd, instances};
 use oar_ir::ops::AdamUpdate;
@@ -20,17 +21,25 @@ const TASK: usize = 1 << 15;
 pub trait AdamElem: Copy + Send + Sync + 'static {
     /// The f64 constant rounded to this type.
     fn of(v: f64) -> Self;
+    /// The host instance of the out-of-place kernel.
+    fn run(k: [Self; 8], ins: [&[Self]; 4], outs: [&mut [Self]; 3]);
 }
 
 impl AdamElem for f32 {
     fn of(v: f64) -> f32 {
         v as f32
     }
+    fn run(k: [f32; 8], ins: [&[f32]; 4], outs: [&mut [f32]; 3]) {
+        adam_f32_into_host(k, ins, outs)
+    }
 }
 
 impl AdamElem for f64 {
     fn of(v: f64) -> f64 {
         v
+    }
+    fn run(k: [f64; 8], ins: [&[f64]; 4], outs: [&mut [f64]; 3]) {
+        adam_f64_into_host(k, ins, outs)
     }
 }
 
@@ -151,7 +160,7 @@ pub fn adam_f32_in_place(
 
 /// One Adam step into new buffers: `outs = (p', m', v')` from `ins = (p, g, m, v)`, every slice
 /// of one length, f32 or f64.
-pub fn adam_into<T: AdamElem + IntoKernel>(
+pub fn adam_into<T: AdamElem>(
     op: &AdamUpdate,
     lr: f64,
     step: f64,
@@ -178,24 +187,6 @@ pub fn adam_into<T: AdamElem + IntoKernel>(
     Ok(())
 }
 
-/// The host instance of the out-of-place kernel for an element type.
-pub trait IntoKernel: Sized {
-    /// Run it.
-    fn run(k: [Self; 8], ins: [&[Self]; 4], outs: [&mut [Self]; 3]);
-}
-
-impl IntoKernel for f32 {
-    fn run(k: [f32; 8], ins: [&[f32]; 4], outs: [&mut [f32]; 3]) {
-        adam_f32_into_host(k, ins, outs)
-    }
-}
-
-impl IntoKernel for f64 {
-    fn run(k: [f64; 8], ins: [&[f64]; 4], outs: [&mut [f64]; 3]) {
-        adam_f64_into_host(k, ins, outs)
-    }
-}
-
 /// [`adam_into`] on operand bytes (`p g m v lr step`, every one of `dtype`) into the three
 /// results' bytes.
 pub fn adam_bytes(
@@ -205,26 +196,15 @@ pub fn adam_bytes(
     outs: Vec<&mut [u8]>,
     threads: usize,
 ) -> Result<(), String> {
-    fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T], String> {
-        if b.is_empty() {
-            return Ok(&[]);
-        }
-        bytemuck::try_cast_slice(b).map_err(|e| format!("adam_update: unaligned operand: {e}"))
-    }
-    fn cast_mut<T: bytemuck::Pod>(b: &mut [u8]) -> Result<&mut [T], String> {
-        if b.is_empty() {
-            return Ok(&mut []);
-        }
-        bytemuck::try_cast_slice_mut(b).map_err(|e| format!("adam_update: unaligned result: {e}"))
-    }
-    fn typed<T: AdamElem + IntoKernel + bytemuck::Pod + oar_ir::Element>(
+    fn typed<T: AdamElem + bytemuck::Pod + oar_ir::Element>(
         op: &AdamUpdate,
         ins: &[&[u8]],
         outs: Vec<&mut [u8]>,
         threads: usize,
     ) -> Result<(), String> {
+        let cast = |b| elems::<T>(b, "adam_update operand");
         let scalar = |i: usize, what: &str| -> Result<f64, String> {
-            match cast::<T>(ins[i])? {
+            match cast(ins[i])? {
                 [x] => Ok(x.to_f64()),
                 other => Err(format!(
                     "adam_update: the {what} holds {} elements, not one",
@@ -234,7 +214,8 @@ pub fn adam_bytes(
         };
         let (lr, step) = (scalar(4, "learning rate")?, scalar(5, "step")?);
         let [po, mo, vo]: [&mut [u8]; 3] = outs.try_into().map_err(|_| "adam_update: three results".to_string())?;
-        let ins: [&[T]; 4] = [cast(ins[0])?, cast(ins[1])?, cast(ins[2])?, cast(ins[3])?];
+        let cast_mut = |b| elems_mut::<T>(b, "adam_update result");
+        let ins = [cast(ins[0])?, cast(ins[1])?, cast(ins[2])?, cast(ins[3])?];
         adam_into(
             op,
             lr,

@@ -74,14 +74,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels
 /// compute (others are decomposed and compiled).
 pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
-    match c {
-        oar_ir::Composite::ConvTranspose(ct) => oar_cpu_runtime::conv_grad::conv_transpose_supported(ct, inputs),
-        oar_ir::Composite::ConvWeightGrad(cw) => oar_cpu_runtime::conv_grad::conv_weight_grad_supported(cw, inputs),
-        oar_ir::Composite::MaxPool2dGrad(m) => oar_cpu_runtime::pool_grad::max_pool2d_grad_supported(m, inputs),
-        oar_ir::Composite::ScaledDotProductAttention(a) => oar_cpu_runtime::attention::supported(a, inputs),
-        oar_ir::Composite::AdamUpdate(_) => oar_cpu_runtime::optim::adam_supported(inputs),
-        _ => true,
-    }
+    oar_cpu_runtime::native::whole_supported(c, inputs).unwrap_or(true)
 }
 
 /// Bind `bindings` in `graph`, optimize, fuse (keeping [`KEPT_COMPOSITES`] where [`keeps`]
