@@ -24,6 +24,10 @@ python3 -c "import onnx, onnxruntime" 2>/dev/null || pip install -q -r tools/onn
 python3 -c 'import nvidia.cuda_nvcc' 2>/dev/null || pip install -q nvidia-cuda-nvcc-cu12
 export OAR_REQUIRE_PTXAS=1
 cargo test --workspace --quiet 2>&1 | tee target/test.log
+# The runtime's hand-written kernels again through their AVX2 and baseline instances
+# (OAR_CPU_SIMD narrows what the host would pick).
+OAR_CPU_SIMD=avx2 cargo test -p oar-cpu-runtime --lib --quiet 2>&1 | tee -a target/test.log
+OAR_CPU_SIMD=baseline cargo test -p oar-cpu-runtime --lib --quiet 2>&1 | tee -a target/test.log
 disk
 # The workspace's test executables have run; the mlir steps below build their own (each links
 # LLVM/MLIR), so drop these first to bound the peak disk use. Libraries stay.

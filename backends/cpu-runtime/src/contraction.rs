@@ -14,7 +14,7 @@
 use crate::conv::{ConvSpec, conv};
 use crate::par::par_units;
 use gemm::Parallelism;
-use oar_ir::kernel::{BufferId, Contraction, ContractionKernel, KernelProgram, Operand};
+use oar_ir::kernel::{BufferId, BufferKind, Contraction, ContractionKernel, KernelProgram, Operand};
 use oar_ir::ops::Conv;
 use oar_ir::{BackendError, DType, Dim};
 use std::ops::{Add, AddAssign, Mul};
@@ -87,6 +87,7 @@ pub(crate) trait Product: Copy + Send + Sync + 'static {
         _out_shape: &[usize],
         _spec: &ConvSpec,
         _threads: usize,
+        _cache: Option<&WeightCache>,
     ) -> Result<(), String> {
         Err("conv on integers".into())
     }
@@ -100,9 +101,9 @@ macro_rules! float_product {
                 unsafe { gemm_raw(m, n, k, dst, dst_rs, lhs, rhs, par) }
             }
 
-            unsafe fn conv(x: &View, px: *const Self, w: &View, pw: *const Self, out: *mut Self, out_shape: &[usize], spec: &ConvSpec, threads: usize) -> Result<(), String> {
+            unsafe fn conv(x: &View, px: *const Self, w: &View, pw: *const Self, out: *mut Self, out_shape: &[usize], spec: &ConvSpec, threads: usize, cache: Option<&WeightCache>) -> Result<(), String> {
                 // Safety: the caller's contract.
-                unsafe { conv(x, px, w, pw, out, out_shape, spec, threads) }
+                unsafe { conv(x, px, w, pw, out, out_shape, spec, threads, cache) }
             }
         }
     )*};
@@ -228,6 +229,51 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
     unsafe { gemm_into(m, n, k, dst, dst_rs, lhs, rhs, false, parallelism) }
 }
 
+/// `dst = lhs · rhs` on the calling thread, `dst[i, j]` at `dst + i·dst_rs + j·dst_cs` (a
+/// column-major destination lets a product be computed transposed into the other's layout).
+///
+/// # Safety
+/// As [`gemm_raw`], for this destination layout; `k > 0`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_strided<T: Elem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_rs: isize,
+    dst_cs: isize,
+    lhs: Mat<T>,
+    rhs: Mat<T>,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Safety: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs,
+            dst_rs,
+            false,
+            lhs.ptr,
+            lhs.cs,
+            lhs.rs,
+            rhs.ptr,
+            rhs.cs,
+            rhs.rs,
+            T::ZERO,
+            T::ONE,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
 /// [`gemm_raw`], or `dst += lhs · rhs` when `accumulate`.
 ///
 /// # Safety
@@ -276,6 +322,59 @@ pub(crate) unsafe fn gemm_scaled_into<T: Elem>(
         }
         return;
     }
+    if let Parallelism::Rayon(t) = parallelism
+        && let Some((along_rows, chunk)) = split_product(m, n, t)
+    {
+        // gemm's own threading leaves one thread busy on many shapes (a deep convolution's
+        // 512 × 49 × 4608 product, a transformer's 768 × 128 × 768 ran at one core's speed
+        // with 2 threads): split the product into independent blocks of rows (or columns)
+        // instead, one single-threaded gemm each.
+        let total = if along_rows { m } else { n };
+        let parts = total.div_ceil(chunk);
+        let (d, l, r) = (SendPtr(dst), SendPtr(lhs.ptr as *mut T), SendPtr(rhs.ptr as *mut T));
+        crate::par::par_units(
+            parts,
+            parts,
+            || (),
+            |_, u| {
+                let (a, b) = (u * chunk, ((u + 1) * chunk).min(total));
+                let (mut lhs, mut rhs) = (
+                    Mat {
+                        ptr: l.get() as *const T,
+                        ..lhs
+                    },
+                    Mat {
+                        ptr: r.get() as *const T,
+                        ..rhs
+                    },
+                );
+                let (rows, cols, at) = if along_rows {
+                    lhs.ptr = lhs.ptr.wrapping_offset(a as isize * lhs.rs);
+                    (b - a, n, a as isize * dst_rs)
+                } else {
+                    rhs.ptr = rhs.ptr.wrapping_offset(a as isize * rhs.cs);
+                    (m, b - a, a as isize)
+                };
+                // Safety: a block of the caller's product (rows or columns `a..b`), in
+                // bounds as the whole is; blocks write disjoint parts of `dst`.
+                unsafe {
+                    gemm_scaled_into(
+                        rows,
+                        cols,
+                        k,
+                        d.get().wrapping_offset(at),
+                        dst_rs,
+                        lhs,
+                        rhs,
+                        accumulate,
+                        scale,
+                        Parallelism::None,
+                    )
+                };
+            },
+        );
+        return;
+    }
     // Strides of unit axes are never used; keep them tidy so gemm's layout checks see the
     // contiguous case.
     let tidy = |n: usize, s: isize| if n == 1 { 1 } else { s };
@@ -309,6 +408,29 @@ pub(crate) unsafe fn gemm_scaled_into<T: Elem>(
     }
 }
 
+/// How [`gemm_scaled_into`] splits an `m × n` product over `threads` (`Rayon(0)`: all of
+/// them): `(along_rows, chunk)` — blocks of `chunk` rows when there are rows enough for every
+/// thread to run whole register tiles (48 rows on AVX-512), else blocks of columns; `None`
+/// when neither side is worth splitting.
+fn split_product(m: usize, n: usize, threads: usize) -> Option<(bool, usize)> {
+    let threads = match threads {
+        0 => rayon::current_num_threads(),
+        t => t,
+    };
+    if threads <= 1 {
+        return None;
+    }
+    // Rows in multiples of 16 (the vector width gemm wants for an unpacked left side),
+    // columns in multiples of 8.
+    if m >= 48 * threads || (m >= 16 * threads && m >= n) {
+        return Some((true, m.div_ceil(threads).next_multiple_of(16)));
+    }
+    if n >= 16 * threads {
+        return Some((false, n.div_ceil(threads).next_multiple_of(8)));
+    }
+    None
+}
+
 /// How `gemm` may split one product, given the threads available.
 pub(crate) fn gemm_parallelism(flops: usize, threads: usize) -> Parallelism {
     if threads > 1 && flops >= GEMM_PARALLEL_MIN_FLOPS {
@@ -323,7 +445,13 @@ pub(crate) fn useful_threads(flops: usize, threads: usize) -> usize {
     if flops < PARALLEL_MIN_FLOPS { 1 } else { threads.max(1) }
 }
 
-/// Compute `k`'s contraction (not its epilogue) into buffer `out`.
+/// What a kernel derives from a constant operand once and keeps for every later run (a
+/// convolution's Winograd-transformed kernels), one slot per step of a model.
+pub type WeightCache = std::sync::OnceLock<Vec<f32>>;
+
+/// Compute `k`'s contraction (not its epilogue) into buffer `out`. `cache` is the step's slot
+/// for data derived from its right operand, used only when that operand is a param or a
+/// constant (which no step writes).
 ///
 /// # Safety
 /// `bufs` holds valid base pointers for every buffer of `program`, sized as their types say.
@@ -333,6 +461,7 @@ pub(crate) unsafe fn run(
     program: &KernelProgram,
     bufs: &[*mut u8],
     threads: usize,
+    cache: Option<&WeightCache>,
 ) -> Result<(), BackendError> {
     let op = op_name(&k.op);
     let fail = |detail: String| BackendError::Runtime {
@@ -348,16 +477,21 @@ pub(crate) unsafe fn run(
         out_shape,
     } = prep;
     let ptr = |b: BufferId| bufs[b.index()];
+    let constant = matches!(
+        program.buffer(rhs.1).kind,
+        BufferKind::Param { .. } | BufferKind::Constant(_)
+    );
+    let cache = cache.filter(|_| constant);
     // Safety: `prepare` checked every operand view against its buffer's size, the output
     // shape against the output buffer, the dtypes and the pointers' alignment.
     unsafe {
         match dtype {
-            DType::F32 => typed::<f32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::F64 => typed::<f64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::I8 => typed::<i8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::U8 => typed::<u8>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::I32 => typed::<i32>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
-            DType::I64 => typed::<i64>(k, &lhs, &rhs, &out_shape, ptr, out, threads),
+            DType::F32 => typed::<f32>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
+            DType::F64 => typed::<f64>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
+            DType::I8 => typed::<i8>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
+            DType::U8 => typed::<u8>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
+            DType::I32 => typed::<i32>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
+            DType::I64 => typed::<i64>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
             other => Err(format!("{other} contractions are not supported")),
         }
     }
@@ -523,6 +657,7 @@ fn op_name(op: &Contraction) -> &'static str {
 }
 
 /// The contraction for one element type.
+#[allow(clippy::too_many_arguments)]
 unsafe fn typed<T: Product>(
     k: &ContractionKernel,
     lhs: &(View, BufferId),
@@ -531,6 +666,7 @@ unsafe fn typed<T: Product>(
     ptr: impl Fn(BufferId) -> *mut u8,
     out: BufferId,
     threads: usize,
+    cache: Option<&WeightCache>,
 ) -> Result<(), String> {
     let (pa, pb) = (ptr(lhs.1) as *const T, ptr(rhs.1) as *const T);
     let po = ptr(out) as *mut T;
@@ -559,6 +695,7 @@ unsafe fn typed<T: Product>(
                     groups: *groups,
                 },
                 threads,
+                cache,
             ),
         }
     }
@@ -707,4 +844,80 @@ pub(crate) unsafe fn matmul<T: Product>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 33) % 17) as f64 / 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Products split into blocks of rows or of columns over 2 and 3 threads equal one
+    /// unsplit product — strided operands, a destination wider than the product,
+    /// accumulation and scaling included. The values are small multiples of 1/4, so every
+    /// sum is exact in f64 whatever the order.
+    #[test]
+    fn split_products_equal_one_product() {
+        for (m, n, k) in [(200, 7, 13), (40, 90, 5), (97, 97, 33), (3, 200, 8), (1, 64, 4)] {
+            for threads in [2, 3] {
+                let split = split_product(m, n, threads);
+                for accumulate in [false, true] {
+                    // lhs row-major with a padded row, rhs column-major.
+                    let (lrs, rcs, drs) = (k + 3, k + 1, n + 5);
+                    let lhs = values(m * lrs, 1);
+                    let rhs = values(n * rcs, 2);
+                    let init = values(m * drs, 3);
+                    let run = |par: Parallelism| {
+                        let mut dst = init.clone();
+                        // Safety: every address is inside the vectors above.
+                        unsafe {
+                            gemm_scaled_into(
+                                m,
+                                n,
+                                k,
+                                dst.as_mut_ptr(),
+                                drs as isize,
+                                Mat {
+                                    ptr: lhs.as_ptr(),
+                                    rs: lrs as isize,
+                                    cs: 1,
+                                },
+                                Mat {
+                                    ptr: rhs.as_ptr(),
+                                    rs: 1,
+                                    cs: rcs as isize,
+                                },
+                                accumulate,
+                                0.5,
+                                par,
+                            )
+                        };
+                        dst
+                    };
+                    let want = run(Parallelism::None);
+                    // Hand-computed check of one element, then the split against the whole.
+                    let (i, j) = (m - 1, n / 2);
+                    let dot: f64 = (0..k).map(|c| lhs[i * lrs + c] * rhs[j * rcs + c]).sum();
+                    let base = if accumulate { init[i * drs + j] } else { 0.0 };
+                    assert_eq!(want[i * drs + j], base + 0.5 * dot);
+                    assert_eq!(
+                        run(Parallelism::Rayon(threads)),
+                        want,
+                        "{m}×{n}×{k} {threads} {split:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(split_product(200, 7, 2), Some((true, 112)));
+        assert_eq!(split_product(3, 200, 2), Some((false, 104)));
+        assert_eq!(split_product(1, 20, 2), None);
+    }
 }

@@ -15,6 +15,7 @@
 use crate::contraction::{Elem, Mat, SendPtr, View, gemm_raw, useful_threads};
 use crate::conv_direct::{Direct, Scratch, gather_step};
 use crate::par::par_units;
+use crate::scratch::Pooled;
 use gemm::Parallelism;
 
 /// Patch-matrix elements per im2col tile (per thread).
@@ -223,7 +224,7 @@ pub(crate) fn geometry(xs: &[usize], ws: &[usize], spec: &ConvSpec) -> Result<(G
     Ok((geo, Dims { n, c, o, cg, g, og, ys }))
 }
 
-/// `out = conv(x, w)`.
+/// `out = conv(x, w)`; `cache` keeps what is derived from constant weights across calls.
 ///
 /// # Safety
 /// The views are in bounds of the buffers at `px`, `pw`; `out` holds `out_shape`'s elements
@@ -238,6 +239,7 @@ pub(crate) unsafe fn conv<T: Elem>(
     out_shape: &[usize],
     spec: &ConvSpec,
     threads: usize,
+    cache: Option<&crate::contraction::WeightCache>,
 ) -> Result<(), String> {
     let (xs, ws) = (&x.shape, &w.shape);
     let (geo, d) = geometry(xs, ws, spec)?;
@@ -261,6 +263,33 @@ pub(crate) unsafe fn conv<T: Elem>(
         unsafe { std::slice::from_raw_parts_mut(out, total).fill(T::ZERO) };
         return Ok(());
     }
+    if let Some(crop) = Crop::of(&geo, spec) {
+        let packed: Vec<T>;
+        let full = if w.is_dense() {
+            // Safety: the view is in bounds (the caller's contract).
+            unsafe { std::slice::from_raw_parts(pw.wrapping_offset(w.offset), w.len()) }
+        } else {
+            // Safety: as above.
+            packed = unsafe { pack(pw, w) };
+            &packed
+        };
+        let small = crop.kernel(full, &geo.kd);
+        let view = dense(&[&ws[..2], &crop.kd[..]].concat());
+        // Safety: the cropped kernel is dense and of its view's shape; the rest is the caller's.
+        return unsafe {
+            conv(
+                x,
+                px,
+                &view,
+                small.as_ptr(),
+                out,
+                out_shape,
+                &crop.spec(spec),
+                threads,
+                None,
+            )
+        };
+    }
     // Contiguous operands.
     let xbuf: Vec<T>;
     let xp = if x.is_dense() {
@@ -278,6 +307,14 @@ pub(crate) unsafe fn conv<T: Elem>(
         wbuf = unsafe { pack(pw, w) };
         wbuf.as_ptr()
     };
+    if let Some(s) = winograd_shape(&geo, &d, spec)
+        && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+    {
+        // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
+        // `total` elements and overlaps neither.
+        unsafe { crate::winograd::conv(xp as *const f32, wp as *const f32, out as *mut f32, &s, threads, cache) };
+        return Ok(());
+    }
     let flops = total.saturating_mul(cg).saturating_mul(ks);
     let threads = useful_threads(flops, threads);
     let (xp, wp, out) = (SendPtr(xp as *mut T), SendPtr(wp as *mut T), SendPtr(out));
@@ -296,15 +333,22 @@ pub(crate) unsafe fn conv<T: Elem>(
             spec.pad_before,
             spec.dilation,
         );
-        par_units(n * o, threads, Scratch::default, |scratch, u| {
-            let (b, oc) = (u / o, u % o);
-            // Safety: plane `(b, oc / og)` of x, weights of `oc`, output plane `u`: all in
-            // bounds (contiguous operands of the checked shapes); units write disjoint planes.
-            unsafe {
-                let x = std::slice::from_raw_parts((xp.get() as *const T).add((b * c + oc / og) * s_in), s_in);
-                let wk = std::slice::from_raw_parts((wp.get() as *const T).add(oc * ks), ks);
-                let dst = std::slice::from_raw_parts_mut(out.get().add(u * ys), ys);
-                direct.plane(x, wk, dst, scratch);
+        // Planes per unit: about 64K multiply-adds (a 7 × 7 stage's planes are a few hundred
+        // each).
+        let planes = n * o;
+        let per = (1usize << 16).div_ceil(ys * ks).clamp(1, planes);
+        par_units(planes.div_ceil(per), threads, Scratch::default, |scratch, unit| {
+            for u in unit * per..((unit + 1) * per).min(planes) {
+                let (b, oc) = (u / o, u % o);
+                // Safety: plane `(b, oc / og)` of x, weights of `oc`, output plane `u`: all in
+                // bounds (contiguous operands of the checked shapes); units write disjoint
+                // planes.
+                unsafe {
+                    let x = std::slice::from_raw_parts((xp.get() as *const T).add((b * c + oc / og) * s_in), s_in);
+                    let wk = std::slice::from_raw_parts((wp.get() as *const T).add(oc * ks), ks);
+                    let dst = std::slice::from_raw_parts_mut(out.get().add(u * ys), ys);
+                    direct.plane(x, wk, dst, scratch);
+                }
             }
         });
         return Ok(());
@@ -325,11 +369,13 @@ pub(crate) unsafe fn conv<T: Elem>(
     };
     // Small planes (a deep CNN stage's 4 × 4 or 1 × 1): several images per product, their
     // patches side by side — one image's product is a matrix-vector product re-reading the
-    // weights. At least one block of images per thread.
-    let group = if pointwise || ys * 2 >= max_tile {
+    // weights (pointwise convolutions too: their planes are not adjacent in NCHW). At least
+    // one block of images per thread.
+    let patch_tile = (TILE_ELEMS / kdim).max(MIN_TILE);
+    let group = if ys * 2 >= patch_tile {
         1
     } else {
-        (max_tile / ys).min(n.div_ceil(threads)).max(1)
+        (patch_tile / ys).min(n.div_ceil(threads)).max(1)
     };
     if group > 1 {
         let blocks = n.div_ceil(group);
@@ -339,7 +385,7 @@ pub(crate) unsafe fn conv<T: Elem>(
         par_units(
             units,
             threads,
-            || (vec![T::ZERO; kdim * cols_n], vec![T::ZERO; og * cols_n]),
+            || (Pooled::<T>::take(kdim * cols_n), Pooled::<T>::take(og * cols_n)),
             |(cols, prod), u| {
                 let (blk, grp) = (u / g, u % g);
                 let (b0, b1) = (blk * group, ((blk + 1) * group).min(n));
@@ -351,18 +397,41 @@ pub(crate) unsafe fn conv<T: Elem>(
                     let dst = &mut cols[j * ys * kdim..][..ys * kdim];
                     patches_by_position(&geo, spec.dilation[sp - 1], planes, cg, 0, ys, dst);
                 }
-                let lhs = Mat {
-                    ptr: (wp.get() as *const T).wrapping_add(grp * og * kdim),
-                    rs: kdim as isize,
-                    cs: 1,
-                };
-                let rhs = Mat {
-                    ptr: cols.as_ptr(),
-                    rs: 1,
-                    cs: kdim as isize,
-                };
-                // Safety: `prod` holds og × m elements; operands in bounds.
-                unsafe { gemm_raw(og, m, kdim, prod.as_mut_ptr(), m as isize, lhs, rhs, par) };
+                let w = (wp.get() as *const T).wrapping_add(grp * og * kdim);
+                if og < 32 && m >= 4 * og && matches!(par, Parallelism::None) {
+                    // Few output channels (LeNet's 16): the product transposed, positions
+                    // along the register tile's long side, written column-major into `prod`.
+                    let (lhs, rhs) = (
+                        Mat {
+                            ptr: cols.as_ptr(),
+                            rs: kdim as isize,
+                            cs: 1,
+                        },
+                        Mat {
+                            ptr: w,
+                            rs: 1,
+                            cs: kdim as isize,
+                        },
+                    );
+                    // Safety: `prod` holds og × m elements (position i, channel j at
+                    // j·m + i); operands in bounds; kdim > 0.
+                    unsafe {
+                        crate::contraction::gemm_strided(m, og, kdim, prod.as_mut_ptr(), 1, m as isize, lhs, rhs)
+                    };
+                } else {
+                    let lhs = Mat {
+                        ptr: w,
+                        rs: kdim as isize,
+                        cs: 1,
+                    };
+                    let rhs = Mat {
+                        ptr: cols.as_ptr(),
+                        rs: 1,
+                        cs: kdim as isize,
+                    };
+                    // Safety: `prod` holds og × m elements; operands in bounds.
+                    unsafe { gemm_raw(og, m, kdim, prod.as_mut_ptr(), m as isize, lhs, rhs, par) };
+                }
                 for (j, b) in (b0..b1).enumerate() {
                     for oc in 0..og {
                         // Safety: output plane (b, grp·og + oc): in bounds, written by this
@@ -385,13 +454,7 @@ pub(crate) unsafe fn conv<T: Elem>(
     par_units(
         units,
         threads,
-        || {
-            if pointwise {
-                Vec::new()
-            } else {
-                vec![T::ZERO; kdim * tile]
-            }
-        },
+        || Pooled::<T>::take(if pointwise { 0 } else { kdim * tile }),
         |scratch, u| {
             let (b, grp, t) = (u / (g * ntiles), (u / ntiles) % g, u % ntiles);
             let (y0, y1) = (t * tile, ((t + 1) * tile).min(ys));
@@ -448,6 +511,24 @@ pub(crate) unsafe fn conv<T: Elem>(
     Ok(())
 }
 
+/// The Winograd path's shape of this convolution, where [`crate::winograd::applies`]: 2-d,
+/// 3 × 3, stride 1, undilated, one group.
+fn winograd_shape(geo: &Geo, d: &Dims, spec: &ConvSpec) -> Option<crate::winograd::Shape> {
+    let plain = geo.kd == [3, 3] && spec.stride == [1, 1] && spec.dilation == [1, 1] && d.g == 1;
+    let s = crate::winograd::Shape {
+        n: d.n,
+        c: d.c,
+        k: d.o,
+        h: *geo.sin.first()?,
+        w: *geo.sin.get(1)?,
+        pt: spec.pad_before[0],
+        pl: spec.pad_before[1],
+        oh: geo.sout[0],
+        ow: geo.sout[1],
+    };
+    (plain && crate::winograd::applies(&s)).then_some(s)
+}
+
 /// How each of `units` GEMMs may split: gemm splits a product itself only when there are
 /// fewer units than threads.
 fn product_parallelism(units: usize, threads: usize) -> Parallelism {
@@ -481,7 +562,7 @@ fn patches_by_position<T: Elem>(g: &Geo, dil: usize, x: &[T], cg: usize, y0: usi
                 let whole = dil == 1 && first == Some(0) && (g.cols[kw - 1].lo..g.cols[kw - 1].hi).contains(&col);
                 if whole {
                     let a = at(&g.cols[0]);
-                    dst.copy_from_slice(&plane[a..a + kw]);
+                    copy_short(dst, &plane[a..a + kw]);
                 } else {
                     for (d, t) in dst.iter_mut().zip(&g.cols) {
                         *d = if (t.lo..t.hi).contains(&col) {
@@ -493,6 +574,131 @@ fn patches_by_position<T: Elem>(g: &Geo, dil: usize, x: &[T], cg: usize, y0: usi
                 }
             }
         }
+    }
+}
+
+/// The part of the kernel window that reads the input: per spatial axis the taps `lo .. lo +
+/// kd` that some output position reads inside the input. Taps outside it read padding for
+/// every output (a 3 × 3 kernel with padding 1 on a 1 × 1 plane — the deep layers of a CNN on
+/// small images — reads the input with its centre tap only), so the convolution equals the
+/// one with the cropped kernel and the padding reduced to match, on 1/9 of the work there.
+pub(crate) struct Crop {
+    pub lo: Vec<usize>,
+    pub kd: Vec<usize>,
+    pub pad_before: Vec<usize>,
+    pub pad_after: Vec<usize>,
+}
+
+impl Crop {
+    /// The crop of this convolution's kernel, `None` when every tap reads the input somewhere
+    /// (or none does on some axis: the output is then the bias alone, left to the plain path).
+    pub(crate) fn of(geo: &Geo, spec: &ConvSpec) -> Option<Crop> {
+        let sp = geo.sp();
+        let mut c = Crop {
+            lo: vec![0; sp],
+            kd: vec![0; sp],
+            pad_before: vec![0; sp],
+            pad_after: vec![0; sp],
+        };
+        for i in 0..sp {
+            let (s, d, p) = (spec.stride[i], spec.dilation[i], spec.pad_before[i] as isize);
+            let reads = |kk: usize| {
+                (0..geo.sout[i]).any(|yy| {
+                    let pos = (yy * s + kk * d) as isize - p;
+                    pos >= 0 && (pos as usize) < geo.sin[i]
+                })
+            };
+            let lo = (0..geo.kd[i]).find(|&kk| reads(kk))?;
+            let hi = (lo..geo.kd[i]).rev().find(|&kk| reads(kk))? + 1;
+            let pb = spec.pad_before[i].checked_sub(lo * d)?;
+            let span = (hi - lo - 1) * d + 1;
+            let pa = ((geo.sout[i] - 1) * s + span).checked_sub(geo.sin[i] + pb)?;
+            (c.lo[i], c.kd[i], c.pad_before[i], c.pad_after[i]) = (lo, hi - lo, pb, pa);
+        }
+        (c.kd != geo.kd).then_some(c)
+    }
+
+    /// The attributes of the cropped convolution.
+    pub(crate) fn spec<'a>(&'a self, spec: &ConvSpec<'a>) -> ConvSpec<'a> {
+        ConvSpec {
+            stride: spec.stride,
+            pad_before: &self.pad_before,
+            pad_after: &self.pad_after,
+            dilation: spec.dilation,
+            groups: spec.groups,
+        }
+    }
+
+    /// Kernel offset pairs: for each element of a cropped kernel window (row-major over
+    /// `self.kd`), its offset in the full window `kd`.
+    fn offsets(&self, kd: &[usize]) -> Vec<usize> {
+        let n: usize = self.kd.iter().product();
+        (0..n)
+            .map(|mut j| {
+                let (mut at, mut scale) = (0, 1);
+                for i in (0..kd.len()).rev() {
+                    at += (j % self.kd[i] + self.lo[i]) * scale;
+                    j /= self.kd[i];
+                    scale *= kd[i];
+                }
+                at
+            })
+            .collect()
+    }
+
+    /// `w` (`[A, B, *kd]`, dense) restricted to the cropped window: `[A, B, *self.kd]`.
+    pub(crate) fn kernel<T: Copy>(&self, w: &[T], kd: &[usize]) -> Vec<T> {
+        let (ks, offs) = (kd.iter().product::<usize>(), self.offsets(kd));
+        w.chunks_exact(ks.max(1))
+            .flat_map(|win| offs.iter().map(move |&o| win[o]))
+            .collect()
+    }
+
+    /// The full `[A, B, *kd]` gradient from the cropped one: zero outside the window.
+    pub(crate) fn uncrop<T: Copy>(&self, small: &[T], kd: &[usize], zero: T, out: &mut [T]) {
+        let (ks, offs) = (kd.iter().product::<usize>(), self.offsets(kd));
+        out.fill(zero);
+        for (win, part) in out
+            .chunks_exact_mut(ks.max(1))
+            .zip(small.chunks_exact(offs.len().max(1)))
+        {
+            for (&o, &v) in offs.iter().zip(part) {
+                win[o] = v;
+            }
+        }
+    }
+}
+
+/// A dense view of `shape`.
+pub(crate) fn dense(shape: &[usize]) -> View {
+    let mut strides = vec![1isize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1] as isize;
+    }
+    View {
+        offset: 0,
+        shape: shape.to_vec(),
+        strides,
+    }
+}
+
+/// `dst = src` (equal lengths) for a kernel row: common widths as fixed-size moves (a
+/// `memmove` call costs more than copying 3, 5 or 7 elements).
+#[inline(always)]
+fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
+    fn fixed<T: Copy, const N: usize>(dst: &mut [T], src: &[T]) {
+        let s: &[T; N] = src.try_into().expect("equal lengths");
+        let d: &mut [T; N] = dst.try_into().expect("equal lengths");
+        *d = *s;
+    }
+    match dst.len() {
+        1 => dst[0] = src[0],
+        2 => fixed::<T, 2>(dst, src),
+        3 => fixed::<T, 3>(dst, src),
+        4 => fixed::<T, 4>(dst, src),
+        5 => fixed::<T, 5>(dst, src),
+        7 => fixed::<T, 7>(dst, src),
+        _ => dst.copy_from_slice(src),
     }
 }
 
@@ -591,6 +797,156 @@ pub(crate) fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize,
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The convolution by its definition in f64 (2-d, undilated): `x[xs] ⋆ w[ws]` with
+    /// `groups`, into an output of `sout`.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        (x, xs): (&[f64], [usize; 4]),
+        (w, ws): (&[f64], [usize; 4]),
+        stride: [usize; 2],
+        pad: [usize; 2],
+        groups: usize,
+        sout: [usize; 2],
+    ) -> Vec<f64> {
+        let [n, c, h, wi] = xs;
+        let [o, cg, kh, kw] = ws;
+        let og = o / groups;
+        let mut out = vec![0f64; n * o * sout[0] * sout[1]];
+        for b in 0..n {
+            for oc in 0..o {
+                for yy in 0..sout[0] {
+                    for xx in 0..sout[1] {
+                        let mut acc = 0.0;
+                        for ci in 0..cg {
+                            let ic = oc / og * cg + ci;
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let iy = (yy * stride[0] + ky) as isize - pad[0] as isize;
+                                    let ix = (xx * stride[1] + kx) as isize - pad[1] as isize;
+                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wi {
+                                        acc += x[((b * c + ic) * h + iy as usize) * wi + ix as usize]
+                                            * w[((oc * cg + ci) * kh + ky) * kw + kx];
+                                    }
+                                }
+                            }
+                        }
+                        out[((b * o + oc) * sout[0] + yy) * sout[1] + xx] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// [`conv`] on dense operands, 2 threads, no cache.
+    fn run<T: Elem>(xs: &[usize], x: &[T], ws: &[usize], w: &[T], out_shape: &[usize], spec: &ConvSpec) -> Vec<T> {
+        let mut out = vec![T::ZERO; out_shape.iter().product()];
+        // Safety: dense operands of their shapes; `out` holds the output.
+        unsafe {
+            conv(
+                &dense(xs),
+                x.as_ptr(),
+                &dense(ws),
+                w.as_ptr(),
+                out.as_mut_ptr(),
+                out_shape,
+                spec,
+                2,
+                None,
+            )
+        }
+        .unwrap();
+        out
+    }
+
+    /// Forward convolutions whose kernel reaches past what the input offers (cropped to the
+    /// taps that read it) against the definition in f64, and the crops themselves; small
+    /// planes of several images in one product.
+    #[test]
+    fn cropped_kernels_give_the_same_convolution() {
+        // (x, w, stride, pad before, pad after, crop)
+        // The last three: no crop; a pointwise convolution of small planes, images grouped.
+        type Case = ([usize; 4], [usize; 4], usize, usize, usize, Option<Vec<usize>>);
+        let cases: [Case; 6] = [
+            ([3, 5, 1, 1], [4, 5, 3, 3], 1, 1, 1, Some(vec![1, 1])),
+            ([2, 3, 2, 2], [4, 3, 5, 5], 1, 2, 2, Some(vec![3, 3])),
+            ([2, 2, 1, 6], [3, 2, 3, 3], 2, 1, 1, Some(vec![1, 3])),
+            ([1, 2, 4, 4], [3, 2, 3, 3], 1, 1, 1, None),
+            ([5, 3, 2, 2], [4, 3, 1, 1], 1, 0, 0, None),
+            // Grouped images, few output channels: the transposed product.
+            ([6, 3, 3, 3], [2, 3, 3, 3], 1, 1, 1, None),
+        ];
+        for (i, (xs, ws, st, pb, pa, want_crop)) in cases.into_iter().enumerate() {
+            let (stride, pad_before, pad_after, dilation) = ([st; 2], [pb; 2], [pa; 2], [1; 2]);
+            let spec = ConvSpec {
+                stride: &stride,
+                pad_before: &pad_before,
+                pad_after: &pad_after,
+                dilation: &dilation,
+                groups: 1,
+            };
+            let (geo, _) = geometry(&xs, &ws, &spec).unwrap();
+            assert_eq!(Crop::of(&geo, &spec).map(|c| c.kd), want_crop, "case {i}");
+            let n = |s: &[usize]| s.iter().product::<usize>();
+            let x: Vec<f64> = (0..n(&xs)).map(|j| ((j * 7 + i) % 11) as f64 - 5.0).collect();
+            let w: Vec<f64> = (0..n(&ws)).map(|j| ((j * 5 + i) % 9) as f64 - 4.0).collect();
+            let out_shape = [xs[0], ws[0], geo.sout[0], geo.sout[1]];
+            let want = reference((&x, xs), (&w, ws), [st; 2], [pb; 2], 1, [geo.sout[0], geo.sout[1]]);
+            let got = run(&xs, &x, &ws, &w, &out_shape, &spec);
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    /// Depthwise and single-input-channel convolutions (the direct path): strides 1 to 3,
+    /// asymmetric padding, a channel multiplier, planes from 1 × 1 to 9 × 11, against the
+    /// definition in f64, for f32 and f64 operands.
+    #[test]
+    fn direct_convolutions_match_the_definition() {
+        // (n, c, o, h, w, kh, kw, stride, pad before, pad after)
+        let cases = [
+            (2, 4, 4, 7, 7, 3, 3, [1, 1], [1, 1], [1, 1]),
+            (1, 3, 6, 9, 11, 3, 3, [2, 2], [1, 1], [1, 1]),
+            (2, 2, 2, 6, 5, 5, 3, [1, 3], [2, 0], [1, 2]),
+            (1, 1, 3, 8, 8, 5, 5, [1, 1], [0, 0], [0, 0]),
+            (3, 5, 5, 1, 1, 3, 3, [1, 1], [1, 1], [1, 1]),
+        ];
+        for (i, (n, c, o, h, w, kh, kw, st, pb, pa)) in cases.into_iter().enumerate() {
+            let dil = [1, 1];
+            let spec = ConvSpec {
+                stride: &st,
+                pad_before: &pb,
+                pad_after: &pa,
+                dilation: &dil,
+                groups: c,
+            };
+            let (xs, ws) = ([n, c, h, w], [o, 1, kh, kw]);
+            let (geo, _) = geometry(&xs, &ws, &spec).unwrap();
+            let (oh, ow) = (geo.sout[0], geo.sout[1]);
+            let x: Vec<f64> = (0..n * c * h * w).map(|j| ((j * 7 + i) % 13) as f64 - 6.0).collect();
+            let wt: Vec<f64> = (0..o * kh * kw).map(|j| ((j * 5 + i) % 7) as f64 - 3.0).collect();
+            let want = reference((&x, xs), (&wt, ws), st, pb, c, [oh, ow]);
+            let out_shape = [n, o, oh, ow];
+            let got = run(&xs, &x, &ws, &wt, &out_shape, &spec);
+            assert_eq!(got, want, "case {i}, f64");
+            let (x32, w32): (Vec<f32>, Vec<f32>) = (
+                x.iter().map(|&v| v as f32).collect(),
+                wt.iter().map(|&v| v as f32).collect(),
+            );
+            let got32 = run(&xs, &x32, &ws, &w32, &out_shape, &spec);
+            // Small integers: exact in f32 too.
+            assert_eq!(
+                got32.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                want,
+                "case {i}, f32"
+            );
         }
     }
 }

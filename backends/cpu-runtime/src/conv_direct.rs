@@ -19,15 +19,12 @@ const TAPS_PER_PASS: usize = 8;
 
 /// The geometry of a direct convolution (per plane; the same for every plane of a call).
 pub(crate) struct Direct {
-    /// Input and output spatial shapes, strides, padding before.
+    /// Input and output spatial shapes, strides.
     sin: Vec<usize>,
     sout: Vec<usize>,
     stride: Vec<usize>,
-    pad: Vec<usize>,
-    /// Per axis, the padded extent the taps read: `(O-1)·stride + (K-1)·dilation + 1`.
-    ext: Vec<usize>,
-    /// Sub-plane shape (`ceil(ext / stride)`), its row-major strides and size.
-    qstr: Vec<usize>,
+    /// Elements of a sub-plane (`ceil(ext / stride)` per axis, `ext` the padded extent the
+    /// taps read: `(O-1)·stride + (K-1)·dilation + 1`).
     qn: usize,
     /// Number of sub-planes (`Π stride`).
     nphase: usize,
@@ -35,14 +32,22 @@ pub(crate) struct Direct {
     taps: Vec<usize>,
     /// Length of every run: the output plane in sub-plane pitch.
     len: usize,
+    /// Per input row (row-major over every axis but the last): where its phases start in the
+    /// padded buffer, `None` for rows no tap reads.
+    in_rows: Vec<Option<usize>>,
+    /// Per column phase of an input row: first input column, offset added to the row's start,
+    /// number of elements.
+    col_runs: Vec<(usize, usize, usize)>,
+    /// Per output row: where it starts in the accumulator.
+    out_rows: Vec<usize>,
     simd: Simd,
 }
 
-/// Per-thread scratch of [`Direct::plane`].
+/// Per-thread scratch of [`Direct::plane`], for one [`Direct`] (its padded plane's border is
+/// zeroed once and never written).
 pub(crate) struct Scratch<T> {
     padded: Vec<T>,
     acc: Vec<T>,
-    idx: Vec<usize>,
 }
 
 impl<T> Default for Scratch<T> {
@@ -50,7 +55,6 @@ impl<T> Default for Scratch<T> {
         Scratch {
             padded: Vec::new(),
             acc: Vec::new(),
-            idx: Vec::new(),
         }
     }
 }
@@ -103,13 +107,51 @@ impl Direct {
             })
             .collect();
         let len = (0..sp).map(|i| (sout[i] - 1) * qstr[i]).sum::<usize>() + 1;
+        // The index arithmetic of the padded split and of the output rows, once per geometry
+        // instead of once per plane.
+        let l = sp - 1;
+        let in_rows = (0..sin[..l].iter().product::<usize>())
+            .map(|mut r| {
+                let (mut phase, mut off, mut scale) = (0, 0, 1);
+                for i in (0..l).rev() {
+                    let ip = r % sin[i] + pad[i];
+                    r /= sin[i];
+                    if ip >= ext[i] {
+                        return None;
+                    }
+                    phase += (ip % stride[i]) * scale;
+                    scale *= stride[i];
+                    off += ip / stride[i] * qstr[i];
+                }
+                Some(phase * stride[l] * qn + off)
+            })
+            .collect();
+        let (sl, pl) = (stride[l], pad[l]);
+        let lim = sin[l].min(ext[l].saturating_sub(pl));
+        let col_runs = (0..sl)
+            .filter_map(|c| {
+                // Columns of phase `c`: `(iw + pl) % sl == c`.
+                let iw0 = (c + sl - pl % sl) % sl;
+                (iw0 < lim).then(|| (iw0, c * qn + (iw0 + pl) / sl, (lim - iw0).div_ceil(sl)))
+            })
+            .collect();
+        let out_rows = (0..sout[..l].iter().product::<usize>())
+            .map(|mut r| {
+                let mut at = 0;
+                for i in (0..l).rev() {
+                    at += (r % sout[i]) * qstr[i];
+                    r /= sout[i];
+                }
+                at
+            })
+            .collect();
         Direct {
+            in_rows,
+            col_runs,
+            out_rows,
             sin: sin.to_vec(),
             sout: sout.to_vec(),
             stride: stride.to_vec(),
-            pad: pad.to_vec(),
-            ext,
-            qstr,
             qn,
             nphase,
             taps,
@@ -147,56 +189,36 @@ impl Direct {
 
     #[inline(always)]
     fn plane_impl<T: Elem, const FMA: bool>(&self, x: &[T], w: &[T], out: &mut [T], s: &mut Scratch<T>) {
-        self.pad_and_split(x, &mut s.padded, &mut s.idx);
-        s.acc.clear();
-        s.acc.resize(self.len, T::ZERO);
+        self.pad_and_split(x, &mut s.padded);
+        if s.acc.len() == self.len {
+            s.acc.fill(T::ZERO);
+        } else {
+            s.acc.clear();
+            s.acc.resize(self.len, T::ZERO);
+        }
         add_taps::<T, FMA>(&self.taps, &s.padded, w, &mut s.acc);
         // Keep the real output columns.
-        let sp = self.sout.len();
-        let ow = self.sout[sp - 1];
-        let idx = &mut s.idx;
-        idx.clear();
-        idx.resize(sp - 1, 0);
-        for orow in out.chunks_exact_mut(ow) {
-            let at: usize = idx.iter().zip(&self.qstr).map(|(i, s)| i * s).sum();
-            orow.copy_from_slice(&s.acc[at..at + ow]);
-            next_index(idx, &self.sout[..sp - 1]);
+        let ow = self.sout[self.sout.len() - 1];
+        for (orow, &at) in out.chunks_exact_mut(ow).zip(&self.out_rows) {
+            copy_run(orow, &s.acc[at..at + ow]);
         }
     }
 
     /// The zero-padded input plane, split into stride phases.
     #[inline(always)]
-    fn pad_and_split<T: Elem>(&self, x: &[T], buf: &mut Vec<T>, idx: &mut Vec<usize>) {
-        let sp = self.sin.len();
-        let l = sp - 1;
-        buf.clear();
-        buf.resize(self.nphase * self.qn, T::ZERO);
-        let (w, sl, pl) = (self.sin[l], self.stride[l], self.pad[l]);
-        // Input columns `iw < lim` are read by some tap.
-        let lim = w.min(self.ext[l].saturating_sub(pl));
-        idx.clear();
-        idx.resize(l, 0);
-        for xr in x.chunks_exact(w) {
-            let (mut phase, mut off, mut inside) = (0, 0, true);
-            for (i, &at) in idx.iter().enumerate() {
-                let ip = at + self.pad[i];
-                inside &= ip < self.ext[i];
-                phase = phase * self.stride[i] + ip % self.stride[i];
-                off += ip / self.stride[i] * self.qstr[i];
-            }
-            next_index(idx, &self.sin[..l]);
-            if !inside {
-                continue;
-            }
-            for c in 0..sl {
-                // Columns of phase `c`: `(iw + pl) % sl == c`.
-                let iw0 = (c + sl - pl % sl) % sl;
-                if iw0 >= lim {
-                    continue;
-                }
-                let at = (phase * sl + c) * self.qn + off + (iw0 + pl) / sl;
-                let n = (lim - iw0).div_ceil(sl);
-                gather_step(&mut buf[at..at + n], &xr[iw0..lim], sl);
+    fn pad_and_split<T: Elem>(&self, x: &[T], buf: &mut Vec<T>) {
+        // The padding stays zero from the first plane on: every plane writes the same
+        // positions (a scratch serves one geometry).
+        if buf.len() != self.nphase * self.qn {
+            buf.clear();
+            buf.resize(self.nphase * self.qn, T::ZERO);
+        }
+        let (w, sl) = (self.sin[self.sin.len() - 1], self.stride[self.stride.len() - 1]);
+        for (xr, row) in x.chunks_exact(w).zip(&self.in_rows) {
+            let Some(row) = *row else { continue };
+            for &(iw0, add, n) in &self.col_runs {
+                let at = row + add;
+                gather_step(&mut buf[at..at + n], &xr[iw0..], sl);
             }
         }
     }
@@ -247,17 +269,6 @@ pub(crate) fn copy_run<T: Copy>(dst: &mut [T], src: &[T]) {
     }
     if i < n {
         dst[n - B..].copy_from_slice(&src[n - B..]);
-    }
-}
-
-/// Advance a row-major multi-index over `dims` (wrapping to zeros at the end).
-fn next_index(idx: &mut [usize], dims: &[usize]) {
-    for i in (0..idx.len()).rev() {
-        idx[i] += 1;
-        if idx[i] < dims[i] {
-            return;
-        }
-        idx[i] = 0;
     }
 }
 

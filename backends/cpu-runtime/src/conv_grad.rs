@@ -15,8 +15,9 @@
 //! ranges' sums are added in order, so results do not depend on which thread ran what.
 
 use crate::contraction::{Elem, Mat, SendPtr, gemm_into, gemm_parallelism, written_zeros};
-use crate::conv::{ConvSpec, Dims, Geo, geometry, im2col, piece_offsets, row_pieces};
+use crate::conv::{ConvSpec, Crop, Dims, Geo, geometry, im2col, piece_offsets, row_pieces};
 use crate::par::par_units;
+use crate::scratch::Pooled;
 use oar_ir::ops::{Conv, ConvTranspose, ConvWeightGrad};
 use oar_ir::{DType, TensorData};
 
@@ -50,6 +51,22 @@ pub fn conv_vjp(
             w.shape(),
             w.dtype()
         ));
+    }
+    let spec = ConvSpec::of(conv);
+    if let Some(crop) = Crop::of(&geo, &spec) {
+        // Taps that only ever meet the padding: the cropped convolution's gradients, a zero
+        // weight gradient outside the window.
+        let small = Conv {
+            pad_before: crop.pad_before.clone(),
+            pad_after: crop.pad_after.clone(),
+            ..conv.clone()
+        };
+        let small_w = recrop(w, &crop, &geo.kd, false)?;
+        let Some([dx, dw, db]) = conv_vjp(x, &small_w, dy, &small, wants, threads)? else {
+            return Ok(None);
+        };
+        let dw = dw.map(|t| recrop(&t, &crop, &geo.kd, true)).transpose()?;
+        return Ok(Some([dx, dw, db]));
     }
     fn typed<T: Elem + bytemuck::Pod + oar_ir::Element>(
         geo: &Geo,
@@ -108,6 +125,32 @@ pub fn conv_vjp(
     }))
 }
 
+/// A `[A, B, *K]` f32/f64 tensor cut to `crop`'s window, or (`full`) a cut one put back into
+/// the whole window `kd` with zeros around it.
+fn recrop(t: &TensorData, crop: &Crop, kd: &[usize], full: bool) -> Result<TensorData, String> {
+    fn typed<T: bytemuck::Pod + oar_ir::Element + Elem>(
+        t: &TensorData,
+        crop: &Crop,
+        kd: &[usize],
+        full: bool,
+    ) -> Result<TensorData, String> {
+        let v: &[T] = bytemuck::try_cast_slice(t.bytes()).map_err(|e| format!("conv gradient: {e}"))?;
+        let lead = &t.shape()[..2];
+        let (shape, data) = if full {
+            let mut out = vec![T::ZERO; lead.iter().product::<usize>() * kd.iter().product::<usize>()];
+            crop.uncrop(v, kd, T::ZERO, &mut out);
+            ([lead, kd].concat(), out)
+        } else {
+            ([lead, &crop.kd[..]].concat(), crop.kernel(v, kd))
+        };
+        TensorData::from_vec(shape, data).map_err(|e| e.to_string())
+    }
+    match t.dtype() {
+        DType::F32 => typed::<f32>(t, crop, kd, full),
+        _ => typed::<f64>(t, crop, kd, full),
+    }
+}
+
 /// Whether [`conv_transpose_into`] computes `conv_transpose(x, w, b?)` with attributes `ct`
 /// for operands of these types: one group, f32 or f64, an `output_padding` below the stride
 /// (then the transposed convolution is exactly the input gradient of the forward convolution
@@ -137,12 +180,31 @@ pub(crate) fn conv_transpose_into<T: Elem + bytemuck::Pod>(
 ) -> Result<(), String> {
     // The forward convolution: input of the output's shape, weight [Cin(=O), Cout(=C), *K].
     let conv = ct.forward();
-    let (geo, d) = geometry(out_shape, w_shape, &ConvSpec::of(&conv))?;
+    let spec = ConvSpec::of(&conv);
+    let (geo, d) = geometry(out_shape, w_shape, &spec)?;
     let y_shape = [&[d.n, d.o][..], &geo.sout].concat();
     if d.g != 1 || y_shape != x_shape || out.len() != out_shape.iter().product::<usize>() {
         return Err(format!(
             "conv_transpose: x {x_shape:?}, w {w_shape:?} and output {out_shape:?} do not match (one group)"
         ));
+    }
+    if let Some(crop) = Crop::of(&geo, &spec) {
+        // Taps that only ever meet the padding scatter nothing into the output.
+        let small = ConvTranspose {
+            pad_before: crop.pad_before.clone(),
+            pad_after: crop.pad_after.clone(),
+            ..ct.clone()
+        };
+        let small_w = crop.kernel(w, &geo.kd);
+        let small_shape = [&w_shape[..2], &crop.kd[..]].concat();
+        return conv_transpose_into(
+            &small,
+            (x, x_shape),
+            (&small_w, &small_shape),
+            bias,
+            (out, out_shape),
+            threads,
+        );
     }
     out.fill(T::ZERO);
     grads(&geo, d, &[], w, x, Some(out), None, threads);
@@ -179,12 +241,27 @@ pub(crate) fn conv_weight_grad_into<T: Elem + bytemuck::Pod>(
     threads: usize,
 ) -> Result<(), String> {
     let conv = cw.forward();
-    let (geo, d) = geometry(x_shape, out_shape, &ConvSpec::of(&conv))?;
+    let spec = ConvSpec::of(&conv);
+    let (geo, d) = geometry(x_shape, out_shape, &spec)?;
     let y_shape = [&[d.n, d.o][..], &geo.sout].concat();
     if d.g != 1 || y_shape != dy_shape || out.len() != out_shape.iter().product::<usize>() {
         return Err(format!(
             "conv_weight_grad: x {x_shape:?}, dy {dy_shape:?} and output {out_shape:?} do not match (one group)"
         ));
+    }
+    if let Some(crop) = Crop::of(&geo, &spec) {
+        // Taps that only ever meet the padding have a zero gradient.
+        let small = ConvWeightGrad {
+            pad_before: crop.pad_before.clone(),
+            pad_after: crop.pad_after.clone(),
+            kernel: crop.kd.clone(),
+            ..cw.clone()
+        };
+        let small_shape = [&out_shape[..2], &crop.kd[..]].concat();
+        let mut part = vec![T::ZERO; small_shape.iter().product()];
+        conv_weight_grad_into(&small, (x, x_shape), (dy, dy_shape), (&mut part, &small_shape), threads)?;
+        crop.uncrop(&part, &geo.kd, T::ZERO, out);
+        return Ok(());
     }
     let direct = direct_shape(&geo, d, x_shape, out_shape, &conv);
     if let (Some(shape), true) = (direct, std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()) {
@@ -203,7 +280,10 @@ pub(crate) fn conv_weight_grad_into<T: Elem + bytemuck::Pod>(
 
 /// The shapes for [`crate::conv_wgrad::weight_grad`] where it serves this convolution.
 fn direct_shape(geo: &Geo, d: Dims, xs: &[usize], ws: &[usize], conv: &Conv) -> Option<crate::conv_wgrad::Shape> {
-    if xs.len() != 4 || d.g != 1 || !crate::conv_wgrad::eligible(&conv.stride, &conv.dilation, ws[3], geo.sout[1]) {
+    if xs.len() != 4
+        || d.g != 1
+        || !crate::conv_wgrad::eligible(&conv.stride, &conv.dilation, ws[3], geo.sout[1], d.o, d.c)
+    {
         return None;
     }
     Some(crate::conv_wgrad::Shape {
@@ -274,10 +354,10 @@ fn grads<T: Elem>(
         ranges,
         threads,
         || GradScratch {
-            cols: vec![T::ZERO; kdim * cols_n],
-            back: vec![T::ZERO; if want_x { kdim * cols_n } else { 0 }],
-            dy: vec![T::ZERO; if group > 1 { o * cols_n } else { 0 }],
-            one: vec![T::ZERO; if group > 1 { kdim * ys } else { 0 }],
+            cols: Pooled::take(kdim * cols_n),
+            back: Pooled::take(if want_x { kdim * cols_n } else { 0 }),
+            dy: Pooled::take(if group > 1 { o * cols_n } else { 0 }),
+            one: Pooled::take(if group > 1 { kdim * ys } else { 0 }),
         },
         |sc, r| {
             let mut first = true;
@@ -372,11 +452,11 @@ fn grads<T: Elem>(
 
 /// Per-thread buffers of [`grads`]: patch matrix, its gradient, packed cotangents, and one
 /// image's patch matrix (grouped images).
-struct GradScratch<T> {
-    cols: Vec<T>,
-    back: Vec<T>,
-    dy: Vec<T>,
-    one: Vec<T>,
+struct GradScratch<T: Copy + Default + 'static> {
+    cols: Pooled<T>,
+    back: Pooled<T>,
+    dy: Pooled<T>,
+    one: Pooled<T>,
 }
 
 /// `part[o × kdim] (+)= dy[o × m] · cols[kdim × m]ᵀ`.
@@ -548,8 +628,28 @@ mod tests {
             // (several tiles of output positions).
             ([1, 6, 14, 14], [16, 6, 5, 5], conv([1, 1], [0, 0], [0, 0], [1, 1])),
             ([1, 8, 40, 90], [2, 8, 3, 3], conv([1, 1], [1, 1], [1, 1], [1, 1])),
+            // Kernels wider than what the input lets them read (cropped, `Crop`): 1 × 1
+            // planes (the centre tap alone), 2 × 2 planes under a 5 × 5 kernel (taps 1..4
+            // per axis), one axis only.
+            ([4, 5, 1, 1], [6, 5, 3, 3], conv([1, 1], [1, 1], [1, 1], [1, 1])),
+            ([3, 4, 2, 2], [5, 4, 5, 5], conv([1, 1], [2, 2], [2, 2], [1, 1])),
+            ([2, 3, 1, 3], [4, 3, 3, 3], conv([1, 1], [1, 1], [1, 1], [1, 1])),
         ];
         for (i, (xs, ws, a)) in cases.into_iter().enumerate() {
+            let cropped = Crop::of(&geometry(&xs, &ws, &ConvSpec::of(&a)).unwrap().0, &ConvSpec::of(&a));
+            assert_eq!(
+                cropped.map(|c| c.kd),
+                [
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    Some(vec![1, 1]),
+                    Some(vec![3, 3]),
+                    Some(vec![1, 3])
+                ][i]
+            );
             let x = values(xs.iter().product(), 3 * i as u64);
             let w = values(ws.iter().product(), 3 * i as u64 + 1);
             let [oh, ow] = out_size(xs, ws, &a);
@@ -651,6 +751,8 @@ mod tests {
             ([2, 3, 4, 5], [3, 2, 3, 3], [2, 2], [1, 0], [0, 1], [1, 0], [1, 1]),
             ([1, 4, 5, 5], [4, 3, 2, 3], [1, 1], [0, 1], [1, 1], [0, 0], [2, 1]),
             ([2, 2, 3, 3], [2, 5, 3, 3], [3, 2], [0, 0], [0, 0], [2, 1], [1, 1]),
+            // 1 × 1 planes: only the centre tap scatters into the output (cropped).
+            ([3, 4, 1, 1], [4, 2, 3, 3], [1, 1], [1, 1], [1, 1], [0, 0], [1, 1]),
         ];
         for (i, (xs, ws, stride, pb, pa, op, dil)) in cases.into_iter().enumerate() {
             let ct = ConvTranspose {
@@ -692,6 +794,47 @@ mod tests {
                 .map(|s| oar_ir::TensorType::of(DType::F64, s))
                 .collect();
             assert!(conv_transpose_supported(&ct, &types));
+        }
+    }
+
+    /// `conv_weight_grad` (a static graph's weight gradient) against the definition, where the
+    /// kernel is cropped to the taps that read the input and where it is not.
+    #[test]
+    fn conv_weight_grad_matches_the_definition() {
+        for (i, (xs, ws, pad)) in [
+            ([3, 4, 1, 1], [5, 4, 3, 3], 1),
+            ([2, 3, 2, 2], [4, 3, 5, 5], 2),
+            ([2, 3, 5, 4], [4, 3, 3, 3], 1),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let a = Conv {
+                stride: vec![1, 1],
+                pad_before: vec![pad; 2],
+                pad_after: vec![pad; 2],
+                dilation: vec![1, 1],
+                groups: 1,
+            };
+            let cw = ConvWeightGrad {
+                stride: a.stride.clone(),
+                pad_before: a.pad_before.clone(),
+                pad_after: a.pad_after.clone(),
+                dilation: a.dilation.clone(),
+                groups: 1,
+                kernel: ws[2..].to_vec(),
+            };
+            let [oh, ow] = out_size(xs, ws, &a);
+            let ys = [xs[0], ws[0], oh, ow];
+            let x = values(xs.iter().product(), 13 * i as u64);
+            let dy = values(ys.iter().product(), 13 * i as u64 + 1);
+            let (_, want, _) = by_definition(xs, ws, &a, &x, &vec![0.0; ws.iter().product()], &dy);
+            for threads in [1, 2] {
+                let mut got = vec![f64::NAN; want.len()];
+                conv_weight_grad_into(&cw, (&x, &xs), (&dy, &ys), (&mut got, &ws), threads).unwrap();
+                let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                assert!(err < 1e-12, "case {i}, {threads} threads: off by {err}");
+            }
         }
     }
 

@@ -23,12 +23,15 @@ mod model;
 pub mod native;
 pub mod optim;
 mod par;
+pub mod pool;
 pub mod pool_grad;
 pub mod profile;
 pub mod program;
 pub mod rnn;
 mod rows;
+mod scratch;
 mod simd;
+mod winograd;
 
 pub use contraction::supported as contraction_supported;
 pub use model::Model;

@@ -35,6 +35,8 @@ pub struct Model {
     regions: Vec<Model>,
     /// Bytes one run allocates (its arena and outputs), checked against the memory budget.
     run_bytes: u64,
+    /// Per step: what its kernel derived from constant operands on the first run.
+    derived: Vec<contraction::WeightCache>,
 }
 
 // Safety: kernel functions are plain machine code that only touch the buffers passed to them;
@@ -117,7 +119,9 @@ impl Model {
             .map(|b| byte_len(b) as u64)
             .fold(0, u64::saturating_add);
         let run_bytes = (prog.plan.arena_bytes as u64).saturating_add(outputs);
+        let derived = (0..prog.steps.len()).map(|_| Default::default()).collect();
         Ok(Model {
+            derived,
             prog,
             funcs,
             regions,
@@ -575,7 +579,7 @@ impl Model {
                     return Err(bad_step(k, "contraction step on a non-contraction kernel"));
                 };
                 // Safety: every buffer pointer is live and as long as its static type.
-                unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads)? };
+                unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads, self.derived.get(index))? };
                 if let Some(call) = epilogue {
                     kernel_status(k, self.call(call, bufs))?;
                 }

@@ -11,7 +11,7 @@ use crate::conv_direct::copy_run;
 use crate::program::static_shape;
 use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
 use oar_ir::ops::{
-    Composite, Concat, ConvTranspose, ConvWeightGrad, Gather, MaxPool2dGrad, Pad, Scatter, ScatterReduce,
+    Composite, Concat, ConvTranspose, ConvWeightGrad, Gather, MaxPool2d, MaxPool2dGrad, Pad, Scatter, ScatterReduce,
 };
 use oar_ir::tensor_data::{read_as_f64, store_f64_as};
 use oar_ir::{BackendError, DType, Op, TensorData};
@@ -49,12 +49,13 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
 
 /// Whether the runtime computes composite `c` on operands of these types, for the composites
 /// whose kernels cover some instances only (`conv_transpose`, `conv_weight_grad`,
-/// `max_pool2d_grad`, `sdpa`, `adam_update`); `None` for every other composite. The cpu
+/// `max_pool2d`, `max_pool2d_grad`, `sdpa`, `adam_update`); `None` for every other composite. The cpu
 /// backend keeps exactly these instances whole, and [`supports`] accepts them.
 pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bool> {
     Some(match c {
         Composite::ConvTranspose(ct) => crate::conv_grad::conv_transpose_supported(ct, types),
         Composite::ConvWeightGrad(cw) => crate::conv_grad::conv_weight_grad_supported(cw, types),
+        Composite::MaxPool2d(m) => crate::pool::max_pool2d_supported(m, types),
         Composite::MaxPool2dGrad(m) => crate::pool_grad::max_pool2d_grad_supported(m, types),
         Composite::ScaledDotProductAttention(a) => crate::attention::supported(a, types),
         Composite::AdamUpdate(_) => crate::optim::adam_supported(types),
@@ -344,7 +345,10 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             unsafe { scatter(p, k, o, sc, bufs, out_ptr, out_len)? };
         }
         Op::Composite(
-            c @ (Composite::ConvTranspose(_) | Composite::ConvWeightGrad(_) | Composite::MaxPool2dGrad(_)),
+            c @ (Composite::ConvTranspose(_)
+            | Composite::ConvWeightGrad(_)
+            | Composite::MaxPool2d(_)
+            | Composite::MaxPool2dGrad(_)),
         ) => {
             let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
             let ins: Vec<&[u8]> = copies
@@ -365,6 +369,7 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
             match c {
                 Composite::ConvTranspose(ct) => operands.run(ct, out_ty.dtype, out),
                 Composite::ConvWeightGrad(cw) => operands.run(cw, out_ty.dtype, out),
+                Composite::MaxPool2d(m) => operands.run(m, out_ty.dtype, out),
                 Composite::MaxPool2dGrad(m) => operands.run(m, out_ty.dtype, out),
                 _ => unreachable!("matched above"),
             }
@@ -684,7 +689,7 @@ pub(crate) fn half_convert(from: DType, to: DType, x: &[u8], out: &mut [u8]) {
 }
 
 /// The element types of [`FloatKernel`]s.
-trait FloatElem: crate::contraction::Elem + crate::pool_grad::Float {}
+trait FloatElem: crate::contraction::Elem + crate::pool_grad::Float + crate::pool::Lane {}
 impl FloatElem for f32 {}
 impl FloatElem for f64 {}
 
@@ -722,6 +727,18 @@ impl FloatKernel for ConvWeightGrad {
         threads: usize,
     ) -> Result<(), String> {
         crate::conv_grad::conv_weight_grad_into(self, (ins[0], &shapes[0]), (ins[1], &shapes[1]), out, threads)
+    }
+}
+
+impl FloatKernel for MaxPool2d {
+    fn run<T: FloatElem>(
+        &self,
+        ins: &[&[T]],
+        shapes: &[Vec<usize>],
+        out: (&mut [T], &[usize]),
+        threads: usize,
+    ) -> Result<(), String> {
+        crate::pool::max_pool2d_into((ins[0], &shapes[0]), out, self, threads)
     }
 }
 

@@ -111,16 +111,18 @@ fn run<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], threads: usize) 
     }
 }
 
-struct Geometry {
-    planes: usize,
-    h: usize,
-    w: usize,
-    oh: usize,
-    ow: usize,
-    kernel: [usize; 2],
-    stride: [usize; 2],
-    top: usize,
-    left: usize,
+/// One 2-d pooling's planes, window and padding before (the forward kernel, `crate::pool`,
+/// shares it).
+pub(crate) struct Geometry {
+    pub(crate) planes: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) kernel: [usize; 2],
+    pub(crate) stride: [usize; 2],
+    pub(crate) top: usize,
+    pub(crate) left: usize,
 }
 
 impl Geometry {

@@ -14,8 +14,25 @@ pub(crate) enum Simd {
 }
 
 impl Simd {
-    /// The host's (the detection is cached by the standard library).
+    /// The instruction set the kernels use: the host's widest, or a narrower one named by
+    /// `OAR_CPU_SIMD` (`avx2` or `baseline`; read once) — so one AVX-512 machine tests the
+    /// AVX2 instances too (CI runs the runtime's tests both ways). A value naming more than
+    /// the host has, or none of these, leaves the host's (with a warning for the latter).
     pub(crate) fn detect() -> Simd {
+        static FORCED: std::sync::OnceLock<Option<Simd>> = std::sync::OnceLock::new();
+        Simd::pick(*FORCED.get_or_init(Simd::from_env), Simd::host())
+    }
+
+    /// The forced set where it is narrower than the host's, else the host's.
+    fn pick(forced: Option<Simd>, host: Simd) -> Simd {
+        match forced {
+            Some(f) if f.rank() < host.rank() => f,
+            _ => host,
+        }
+    }
+
+    /// What this host runs (the detection is cached by the standard library).
+    fn host() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
@@ -26,6 +43,33 @@ impl Simd {
             }
         }
         Simd::Baseline
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            Simd::Baseline => 0,
+            Simd::Avx2Fma => 1,
+            Simd::Avx512 => 2,
+        }
+    }
+
+    /// `OAR_CPU_SIMD`, parsed.
+    fn from_env() -> Option<Simd> {
+        let v = std::env::var("OAR_CPU_SIMD").ok()?;
+        let parsed = Simd::parse(&v);
+        if parsed.is_none() {
+            eprintln!("oar: OAR_CPU_SIMD={v:?} is not one of avx512, avx2, baseline; using the host's");
+        }
+        parsed
+    }
+
+    fn parse(v: &str) -> Option<Simd> {
+        match v.to_ascii_lowercase().as_str() {
+            "avx512" => Some(Simd::Avx512),
+            "avx2" => Some(Simd::Avx2Fma),
+            "baseline" => Some(Simd::Baseline),
+            _ => None,
+        }
     }
 }
 
@@ -69,3 +113,21 @@ macro_rules! instances {
     };
 }
 pub(crate) use instances;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_set_is_never_wider_than_the_host() {
+        assert_eq!(Simd::parse("AVX2"), Some(Simd::Avx2Fma));
+        assert_eq!(Simd::parse("baseline"), Some(Simd::Baseline));
+        assert_eq!(Simd::parse("sse9"), None);
+        assert_eq!(Simd::pick(Some(Simd::Avx2Fma), Simd::Avx512), Simd::Avx2Fma);
+        assert_eq!(Simd::pick(Some(Simd::Baseline), Simd::Avx2Fma), Simd::Baseline);
+        assert_eq!(Simd::pick(Some(Simd::Avx512), Simd::Avx2Fma), Simd::Avx2Fma);
+        assert_eq!(Simd::pick(None, Simd::Avx512), Simd::Avx512);
+        // Whatever this process was told, never more than the host.
+        assert!(Simd::detect().rank() <= Simd::host().rank());
+    }
+}

@@ -51,7 +51,9 @@ pub struct Lowered {
 /// where its decomposition convolves a dilated, zero-padded input; `conv_weight_grad` (every
 /// convolution's weight gradient) runs the runtime's direct or im2col + GEMM kernel where its
 /// decomposition convolves the input with the cotangent as the kernel (a patch matrix of
-/// the cotangent's size per weight element); `max_pool2d_grad` replays each window's max
+/// the cotangent's size per weight element); `max_pool2d` replays each window's max tree on
+/// rows of outputs without the `-inf`-padded copy of the input its decomposition pads and
+/// slices; `max_pool2d_grad` replays each window's max
 /// tree in one pass where its decomposition takes a slice, comparisons and a select per
 /// kernel position; `sdpa` (scaled dot-product attention) runs per block of query rows without
 /// materializing the scores, skipping causal attention's masked keys, where its decomposition
@@ -66,6 +68,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "gru_seq",
     "conv_transpose",
     "conv_weight_grad",
+    "max_pool2d",
     "max_pool2d_grad",
     "sdpa",
     "adam_update",
