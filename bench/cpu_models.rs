@@ -1,4 +1,4 @@
-//! Batch-1 inference latency of oar's `cpu` backend on models exported from PyTorch to ONNX
+//! Inference latency of oar's `cpu` backend on models exported from PyTorch to ONNX
 //! (`tools/export_torch_models.py --size full`), imported with `oar::onnx`, compiled once and
 //! run repeatedly. `bench/cpu_models.sh` runs this next to ONNX Runtime and PyTorch
 //! (`bench/cpu_models_ref.py`) on the same files and inputs, and prints the ratios.
@@ -36,6 +36,7 @@ fn bench(dir: &Path, name: &str, runs: usize) -> Res<()> {
     for _ in 0..3 {
         exe.run(&inputs)?;
     }
+    let _ = oar_cpu_runtime::profile::take();
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
         let s = Instant::now();
@@ -43,6 +44,10 @@ fn bench(dir: &Path, name: &str, runs: usize) -> Res<()> {
         times.push(s.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
+    if oar_cpu_runtime::profile::enabled() {
+        // OAR_CPU_PROFILE=1: where the timed runs' time goes, per kernel (stderr).
+        eprintln!("== {name}: per kernel\n{}", oar_cpu_runtime::profile::report());
+    }
     println!(
         "{name} {:.4} {:.4} {compile_ms:.1} {err:.2e}",
         times[runs / 2],
@@ -57,9 +62,16 @@ fn main() -> Res<()> {
     let names: Vec<String> = if args.len() > 1 {
         args[1..].to_vec()
     } else {
-        ["resnet18", "mobilenet_v2", "transformer_encoder"]
-            .map(String::from)
-            .to_vec()
+        [
+            "resnet18",
+            "mobilenet_v2",
+            "transformer_encoder",
+            "lstm",
+            "gru",
+            "resnet18_b16",
+        ]
+        .map(String::from)
+        .to_vec()
     };
     for name in &names {
         bench(&dir, name, 30)?;

@@ -1,4 +1,4 @@
-"""ONNX Runtime and PyTorch batch-1 latency on the models bench/cpu_models.rs times.
+"""ONNX Runtime and PyTorch inference latency on the models bench/cpu_models.rs times.
 
 ONNX Runtime runs the exported .onnx files; PyTorch runs the same modules rebuilt by
 tools/export_torch_models.py (same seeds, hence the same weights). Prints per model one
@@ -30,7 +30,7 @@ def median_ms(f, runs=30):
 
 def main():
     d = sys.argv[1]
-    names = sys.argv[2:] or ["resnet18", "mobilenet_v2", "transformer_encoder"]
+    names = sys.argv[2:] or ["resnet18", "mobilenet_v2", "transformer_encoder", "lstm", "gru", "resnet18_b16"]
     threads = int(os.environ.get("OAR_BENCH_THREADS", "0"))
     if threads:
         torch.set_num_threads(threads)

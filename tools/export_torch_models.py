@@ -5,7 +5,8 @@
     python3 tools/export_torch_models.py --size full  --out target/models       # benchmark sizes
     python3 tools/export_torch_models.py --size small --out onnx/tests/models/dynamo --exporter dynamo
 
-For each model NAME in (resnet18, mobilenet_v2, transformer_encoder, lstm) this writes
+For each model NAME in (resnet18, mobilenet_v2, transformer_encoder, lstm; at full size also
+gru and resnet18_b16) this writes
     DIR/NAME.onnx           the model (weights inside the file)
     DIR/NAME.input_0.npy    its input (float32)
     DIR/NAME.output_0.npy   onnxruntime's output on that input (CPUExecutionProvider)
@@ -21,7 +22,8 @@ randomized (both exporters fold BatchNorm into the preceding Conv).
 Sizes:
   full   resnet18 (torchvision, 224x224, batch 1); mobilenet_v2 (torchvision, width 1.0, 224x224,
          batch 1); transformer encoder (4 layers, d_model 256, 4 heads, ffn 1024, gelu, seq 128,
-         batch 1); LSTM (2 layers, input 64, hidden 256, seq 64, batch 1) + Linear head (10).
+         batch 1); LSTM (2 layers, input 64, hidden 256, seq 64, batch 1) + Linear head (10); GRU
+         (same sizes) + Linear head; resnet18_b16: resnet18 at batch 16.
   small  resnet18 structure from torchvision BasicBlocks with widths 16/32/64/128 (64x64, batch 2);
          mobilenet_v2 (torchvision, width_mult 0.25, 100 classes, 64x64, batch 1); transformer
          encoder (2 layers, d_model 64, 4 heads, ffn 128, seq 16, batch 2); LSTM (2 layers, input 16,
@@ -46,7 +48,10 @@ from torchvision.models.resnet import BasicBlock, conv1x1
 
 OPSET = 17
 DYNAMO_OPSET = 18
-NAMES = ("resnet18", "mobilenet_v2", "transformer_encoder", "lstm")
+NAMES = ("resnet18", "mobilenet_v2", "transformer_encoder", "lstm", "gru", "resnet18_b16")
+# The committed `--size small` fixtures are these; the benchmark (`--size full`) adds a GRU and
+# ResNet-18 at batch 16.
+SMALL_NAMES = NAMES[:4]
 
 
 class SmallResNet18(nn.Module):
@@ -96,11 +101,11 @@ class Encoder(nn.Module):
 
 
 class LstmHead(nn.Module):
-    """nn.LSTM (batch_first) + Linear head on every time step."""
+    """nn.LSTM (or nn.GRU; batch_first) + Linear head on every time step."""
 
-    def __init__(self, inp, hidden, layers, classes):
+    def __init__(self, inp, hidden, layers, classes, cell=nn.LSTM):
         super().__init__()
-        self.lstm = nn.LSTM(inp, hidden, num_layers=layers, batch_first=True)
+        self.lstm = cell(inp, hidden, num_layers=layers, batch_first=True)
         self.head = nn.Linear(hidden, classes)
 
     def forward(self, x):
@@ -126,10 +131,11 @@ def build(name, size):
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     full = size == "full"
-    if name == "resnet18":
+    if name in ("resnet18", "resnet18_b16"):
         m = torchvision.models.resnet18(weights=None) if full else SmallResNet18()
         randomize_bn(m, gen)
-        x = torch.randn(1, 3, 224, 224, generator=gen) if full else torch.randn(2, 3, 64, 64, generator=gen)
+        batch = 16 if name == "resnet18_b16" else 1
+        x = torch.randn(batch, 3, 224, 224, generator=gen) if full else torch.randn(2, 3, 64, 64, generator=gen)
     elif name == "mobilenet_v2":
         m = (
             torchvision.models.mobilenet_v2(weights=None)
@@ -142,9 +148,9 @@ def build(name, size):
         layers, d, heads, ffn, seq, batch = (4, 256, 4, 1024, 128, 1) if full else (2, 64, 4, 128, 16, 2)
         m = Encoder(layers, d, heads, ffn)
         x = torch.randn(batch, seq, d, generator=gen)
-    elif name == "lstm":
+    elif name in ("lstm", "gru"):
         inp, hidden, layers, classes, seq, batch = (64, 256, 2, 10, 64, 1) if full else (16, 32, 2, 5, 12, 2)
-        m = LstmHead(inp, hidden, layers, classes)
+        m = LstmHead(inp, hidden, layers, classes, nn.LSTM if name == "lstm" else nn.GRU)
         x = torch.randn(batch, seq, inp, generator=gen)
     else:
         raise ValueError(name)
@@ -206,7 +212,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--size", choices=["small", "full"], default="small")
-    ap.add_argument("--models", nargs="*", default=list(NAMES), choices=NAMES)
+    ap.add_argument("--models", nargs="*", choices=NAMES, help="default: every model of the size")
     ap.add_argument(
         "--exporter",
         choices=["torchscript", "dynamo"],
@@ -215,6 +221,8 @@ def main():
         "torch.export-based exporter (dynamo=True, opset 18; needs `pip install onnxscript`)",
     )
     args = ap.parse_args()
+    if not args.models:
+        args.models = list(NAMES if args.size == "full" else SMALL_NAMES)
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     manifest = {
@@ -226,6 +234,14 @@ def main():
         "onnxruntime": ort.__version__,
         "models": [],
     }
+    # A partial export (`--models`) keeps the other models' entries of an existing manifest of
+    # the same size and exporter.
+    path = os.path.join(args.out, "manifest.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("size") == manifest["size"] and old.get("exporter") == manifest["exporter"]:
+            manifest["models"] = [m for m in old.get("models", []) if m.get("name") not in args.models]
     for name in args.models:
         info = export(name, args.size, args.out, args.exporter)
         manifest["models"].append(info)
@@ -234,7 +250,7 @@ def main():
             f" -> out {info['output_shape']}, |torch-ort| {info['max_abs_torch_vs_ort']:.2e}",
             file=sys.stderr,
         )
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
 
