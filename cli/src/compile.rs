@@ -37,10 +37,15 @@ pub(crate) struct CompileArgs {
     /// when the model loads.
     #[arg(long, default_value = "embedded", value_parser = ["embedded", "external"])]
     pub weights: String,
-    /// The runtime static library to link with (default: $OAR_CPU_RUNTIME_LIB, or the one
-    /// cargo built beside this program).
+    /// The runtime static library to link with (default: $OAR_CPU_RUNTIME_LIB, else the one
+    /// this program carries, else the one cargo built beside it).
     #[arg(long, value_name = "LIB.a")]
     pub runtime_lib: Option<PathBuf>,
+    /// The CPUs the generated code is for: `portable` (any x86-64 since 2009: x86-64-v2; the
+    /// runtime's kernels still pick AVX2 or AVX-512 when the binary starts) or `native` (every
+    /// feature of this machine; the binary may not run on an older one).
+    #[arg(long, default_value = "portable", value_parser = ["portable", "native"])]
+    pub cpu: String,
 }
 
 pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
@@ -62,6 +67,10 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
     }
     let model = load(&args.file)?;
     let emit: Emit = emit.parse()?;
+    // The runtime library of this very build, so an installed `oar` links anywhere.
+    if let Some(gz) = oar_cpu_runtime_embed::embedded_runtime!() {
+        aot::embed_runtime(gz);
+    }
     let weights: WeightsMode = args.weights.parse()?;
     let opts = AotOptions {
         emit,
@@ -69,6 +78,7 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
         bindings: parse_binds(&args.binds, &model.graph)?,
         weights,
         runtime_lib: args.runtime_lib.clone(),
+        cpu: args.cpu.parse()?,
     };
     let report =
         aot::compile(&model.graph, &model.weights, &opts).map_err(|e| format!("{}: {e}", args.file.display()))?;

@@ -10,10 +10,35 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_jit::{JITBuilder, JITModule};
 use oar_cpu_runtime::KernelFn;
 
-/// The host ISA with oar's code generation settings (speed, SIMD features the host has).
+/// Which instruction-set features generated code may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuTarget {
+    /// Every x86-64 CPU since 2009 (x86-64-v2: SSE4.2 and POPCNT, Cranelift's `nehalem`
+    /// preset); other architectures their baseline. The default for AOT binaries: the runtime's
+    /// hand-written kernels choose AVX2 or AVX-512 when the binary runs, the generated glue
+    /// (128-bit SIMD either way) does not need them.
+    #[default]
+    Portable,
+    /// What the compiling host has (the JIT's choice): AVX encodings, FMA, BMI, AVX-512 where
+    /// present. A binary compiled so may not run on an older CPU.
+    Native,
+}
+
+impl std::str::FromStr for CpuTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<CpuTarget, String> {
+        match s {
+            "portable" => Ok(CpuTarget::Portable),
+            "native" => Ok(CpuTarget::Native),
+            _ => Err(format!("unknown cpu target `{s}` (portable, native)")),
+        }
+    }
+}
+
+/// The ISA for `target` with oar's code generation settings (optimized for speed).
 /// `pic`: position-independent code, needed for objects linked into shared libraries;
 /// cranelift-jit needs it off.
-pub fn host_isa(pic: bool) -> Result<OwnedTargetIsa, CpuError> {
+pub fn isa(target: CpuTarget, pic: bool) -> Result<OwnedTargetIsa, CpuError> {
     let mut flags = settings::builder();
     let set = |f: &mut settings::Builder, k: &str, v: &str| {
         f.set(k, v)
@@ -26,11 +51,27 @@ pub fn host_isa(pic: bool) -> Result<OwnedTargetIsa, CpuError> {
         "enable_verifier",
         if cfg!(debug_assertions) { "true" } else { "false" },
     )?;
-    let isa = cranelift_native::builder()
-        .map_err(|e| CpuError::Module(format!("host ISA: {e}")))?
+    let builder = match target {
+        CpuTarget::Native => cranelift_native::builder().map_err(|e| CpuError::Module(format!("host ISA: {e}")))?,
+        CpuTarget::Portable => {
+            let triple = target_lexicon::Triple::host();
+            let mut b = cranelift_codegen::isa::lookup(triple.clone())
+                .map_err(|e| CpuError::Module(format!("ISA for {triple}: {e}")))?;
+            if triple.architecture == target_lexicon::Architecture::X86_64 {
+                b.enable("nehalem")
+                    .map_err(|e| CpuError::Module(format!("x86-64-v2 preset: {e}")))?;
+            }
+            b
+        }
+    };
+    builder
         .finish(settings::Flags::new(flags))
-        .map_err(|e| CpuError::Module(format!("host ISA: {e}")))?;
-    Ok(isa)
+        .map_err(|e| CpuError::Module(format!("ISA: {e}")))
+}
+
+/// The host ISA with every feature it has (what the in-process compiler uses).
+pub fn host_isa(pic: bool) -> Result<OwnedTargetIsa, CpuError> {
+    isa(CpuTarget::Native, pic)
 }
 
 /// Machine code for a lowered program, kept alive as long as its functions are used.

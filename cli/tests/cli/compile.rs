@@ -135,6 +135,57 @@ fn compile_exe_and_run_it() {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 }
 
+/// An installed `oar` — copied away from target/, where cargo leaves the runtime's static
+/// library — links executables and shared libraries with the runtime library it carries
+/// (`embedded_runtime!()`), and the executable matches the reference.
+#[test]
+fn oar_copied_away_from_target_links_with_the_runtime_it_carries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, model) = model(dir.path());
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let installed = bin.join("oar");
+    std::fs::copy(env!("CARGO_BIN_EXE_oar"), &installed).unwrap();
+    let compile = |emit: &str, out: &Path| {
+        let o = Command::new(&installed)
+            .args(["compile", m.to_str().unwrap(), "--emit", emit, "-o"])
+            .arg(out)
+            .args(["--bind", "N=2"])
+            .env_remove("OAR_CPU_RUNTIME_LIB")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "--emit {emit}: {}", stderr(&o));
+    };
+    let exe = dir.path().join("ew");
+    compile("exe", &exe);
+    let x = dir.path().join("x.npy");
+    oar::ir::npy::write_npy(&x, &input()).unwrap();
+    let out = dir.path().join("out");
+    let r = Command::new(&exe)
+        .args([x.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let inputs = BTreeMap::from([("x".to_string(), input())]);
+    let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
+    for (name, t) in &want {
+        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
+        assert_close(&got, t, name);
+    }
+    let so = dir.path().join("libew.so");
+    compile("so", &so);
+    assert!(std::fs::metadata(&so).unwrap().len() > 0);
+    // Nothing left behind but what was asked for (the unpacked archive lives in the link's
+    // scratch directory).
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["bin", "ew", "ew.oar", "libew.h", "libew.so", "out", "x.npy"]);
+}
+
 #[test]
 fn compile_so_obj_clif_and_external_weights() {
     let dir = tempfile::tempdir().unwrap();

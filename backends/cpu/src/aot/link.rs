@@ -2,11 +2,43 @@
 
 use crate::CpuError;
 use oar_cpu_runtime::capi::C_API_SYMBOLS;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 /// Environment variable naming the runtime static library explicitly.
 pub const RUNTIME_LIB_ENV: &str = "OAR_CPU_RUNTIME_LIB";
+
+/// The gzip-compressed runtime library a program carries (see [`embed_runtime`]).
+static EMBEDDED: OnceLock<&'static [u8]> = OnceLock::new();
+
+/// Register the runtime static library this program carries, gzip-compressed (what
+/// `oar_cpu_runtime_embed::embedded_runtime!()` expands to in a program that depends on
+/// `oar-cpu-runtime` directly): AOT binaries then link against it unless a library is named
+/// (`AotOptions::runtime_lib`, `$OAR_CPU_RUNTIME_LIB`), wherever the program was copied to.
+/// It must be the archive of the runtime this program was built with (the model blob's format
+/// is that version's). The first registration wins.
+pub fn embed_runtime(gz: &'static [u8]) {
+    let _ = EMBEDDED.set(gz);
+}
+
+/// Where the runtime library to link with comes from.
+pub(crate) enum Runtime {
+    File(PathBuf),
+    /// gzip-compressed bytes, unpacked into the link's scratch directory.
+    Embedded(&'static [u8]),
+}
+
+/// `$OAR_CPU_RUNTIME_LIB`, else the registered archive, else [`find_runtime_lib`]'s search.
+pub(crate) fn runtime() -> Result<Runtime, CpuError> {
+    if std::env::var_os(RUNTIME_LIB_ENV).is_none()
+        && let Some(gz) = EMBEDDED.get()
+    {
+        return Ok(Runtime::Embedded(gz));
+    }
+    find_runtime_lib().map(Runtime::File)
+}
 
 /// The runtime static library (`liboar_cpu_runtime*.a`) to link AOT binaries with:
 /// `$OAR_CPU_RUNTIME_LIB` if set, else the newest one beside the running executable, in its
@@ -113,8 +145,21 @@ fn s(p: &Path) -> String {
 /// library at `out`. Executables are linked fully static when the C library allows it,
 /// otherwise against libc/libm only (libgcc linked in); shared libraries export only the C
 /// API and need only libc/libm.
-pub(crate) fn link(shared: bool, obj: &[u8], rt: &Path, out: &Path) -> Result<(), CpuError> {
+pub(crate) fn link(shared: bool, obj: &[u8], rt: &Runtime, out: &Path) -> Result<(), CpuError> {
     let scratch = Scratch::new(out)?;
+    let rt = match rt {
+        Runtime::File(p) => p.clone(),
+        Runtime::Embedded(gz) => {
+            let mut bytes = Vec::new();
+            flate2::read::GzDecoder::new(*gz)
+                .read_to_end(&mut bytes)
+                .map_err(|e| CpuError::Io(format!("unpacking the runtime library this program carries: {e}")))?;
+            let p = scratch.0.join("liboar_cpu_runtime.a");
+            std::fs::write(&p, bytes).map_err(|e| CpuError::Io(format!("{}: {e}", p.display())))?;
+            p
+        }
+    };
+    let rt = rt.as_path();
     let o = scratch.0.join("model.o");
     std::fs::write(&o, obj).map_err(|e| CpuError::Io(format!("{}: {e}", o.display())))?;
     let tmp_out = scratch.0.join("linked");

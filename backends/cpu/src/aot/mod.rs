@@ -14,8 +14,13 @@
 //!   runtime).
 //!
 //! Executables and shared libraries are linked by the system C compiler (`cc`) against the
-//! runtime's static library (`liboar_cpu_runtime*.a`, see [`find_runtime_lib`]), so they
+//! runtime's static library (`liboar_cpu_runtime*.a`: the one a program registered with
+//! [`embed_runtime`] — the `oar` tool carries its own — else [`find_runtime_lib`]), so they
 //! depend on nothing beyond libc.
+//!
+//! The generated code targets [`CpuTarget::Portable`] unless asked otherwise: one binary runs
+//! on any x86-64 CPU, and the runtime's hand-written kernels pick their AVX2 or AVX-512
+//! instances when it starts (`OAR_CPU_SIMD=avx2|baseline` narrows that choice).
 
 mod header;
 mod link;
@@ -28,8 +33,9 @@ use oar_ir::{Dim, Graph, Shape, TensorType, Weights};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use crate::machine::CpuTarget;
 pub use header::c_header;
-pub use link::find_runtime_lib;
+pub use link::{embed_runtime, find_runtime_lib};
 pub use object::clif_listing;
 
 /// What `oar compile` writes.
@@ -94,6 +100,8 @@ pub struct AotOptions {
     pub weights: WeightsMode,
     /// The runtime static library (default: [`find_runtime_lib`]); only exe and so link.
     pub runtime_lib: Option<PathBuf>,
+    /// Which CPUs the generated code runs on (the runtime's kernels choose theirs at run time).
+    pub cpu: CpuTarget,
 }
 
 /// What [`compile`] did.
@@ -134,7 +142,7 @@ pub fn compile(graph: &Graph, weights: &Weights, opts: &AotOptions) -> Result<Ao
     };
     let out = &opts.output;
     if opts.emit == Emit::Clif {
-        let text = clif_listing(&lowered)?;
+        let text = clif_listing(&lowered, opts.cpu)?;
         write_file(out, text.as_bytes())?;
         report.files.push((out.clone(), text.len() as u64));
         return Ok(report);
@@ -154,19 +162,19 @@ pub fn compile(graph: &Graph, weights: &Weights, opts: &AotOptions) -> Result<Ao
     } else {
         object::Entry::Library
     };
-    let obj = object::build_object(&lowered, &blob, entry)?;
+    let obj = object::build_object(&lowered, &blob, entry, opts.cpu)?;
     match opts.emit {
         Emit::Obj => write_file(out, &obj)?,
         Emit::Exe | Emit::So => {
             let rt = match &opts.runtime_lib {
-                Some(p) if p.is_file() => p.clone(),
+                Some(p) if p.is_file() => link::Runtime::File(p.clone()),
                 Some(p) => {
                     return Err(CpuError::Io(format!(
                         "runtime library {}: no such file (it should be liboar_cpu_runtime*.a)",
                         p.display()
                     )));
                 }
-                None => find_runtime_lib()?,
+                None => link::runtime()?,
             };
             link::link(opts.emit == Emit::So, &obj, &rt, out)?;
         }

@@ -4,7 +4,7 @@
 use crate::CpuError;
 use crate::codegen;
 use crate::lower::Lowered;
-use crate::machine::host_isa;
+use crate::machine::{CpuTarget, isa};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, types};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module};
@@ -26,8 +26,8 @@ fn module_err(what: &str) -> impl Fn(cranelift_module::ModuleError) -> CpuError 
     move |e| CpuError::Module(format!("{what}: {e}"))
 }
 
-fn new_module(name: &str) -> Result<ObjectModule, CpuError> {
-    let builder = ObjectBuilder::new(host_isa(true)?, name, cranelift_module::default_libcall_names())
+fn new_module(name: &str, target: CpuTarget) -> Result<ObjectModule, CpuError> {
+    let builder = ObjectBuilder::new(isa(target, true)?, name, cranelift_module::default_libcall_names())
         .map_err(module_err("object module"))?;
     Ok(ObjectModule::new(builder))
 }
@@ -46,8 +46,13 @@ fn define_kernels(
 }
 
 /// The object file of a lowered model with its blob and entry function.
-pub(crate) fn build_object(lowered: &Lowered, blob: &[u8], entry: Entry) -> Result<Vec<u8>, CpuError> {
-    let mut module = new_module(&lowered.cpu.program.name)?;
+pub(crate) fn build_object(
+    lowered: &Lowered,
+    blob: &[u8],
+    entry: Entry,
+    target: CpuTarget,
+) -> Result<Vec<u8>, CpuError> {
+    let mut module = new_module(&lowered.cpu.program.name, target)?;
     let funcs = define_kernels(&mut module, lowered, false)?;
     let ptr = module.isa().pointer_bytes() as usize;
 
@@ -222,8 +227,8 @@ fn step_listing(lowered: &Lowered) -> String {
 
 /// The CLIF text of every generated function, each under a comment naming its kernel, after
 /// a listing of how every kernel runs (compiled, gemm, or interpreted and why).
-pub fn clif_listing(lowered: &Lowered) -> Result<String, CpuError> {
-    let mut module = new_module(&lowered.cpu.program.name)?;
+pub fn clif_listing(lowered: &Lowered, target: CpuTarget) -> Result<String, CpuError> {
+    let mut module = new_module(&lowered.cpu.program.name, target)?;
     let funcs = define_kernels(&mut module, lowered, true)?;
     let mut s = step_listing(lowered);
     let p = &lowered.cpu.program;

@@ -126,6 +126,7 @@ fn compile(g: &Graph, w: &Weights, emit: Emit, out: &Path, weights: WeightsMode)
             bindings: binds(3),
             weights,
             runtime_lib: None,
+            cpu: Default::default(),
         },
     )
     .unwrap_or_else(|e| panic!("compiling {emit:?}: {e}"))
@@ -699,6 +700,7 @@ fn unbound_symbolic_dim_is_a_typed_error() {
             bindings: BTreeMap::new(),
             weights: WeightsMode::Embedded,
             runtime_lib: None,
+            cpu: Default::default(),
         },
     )
     .unwrap_err();
@@ -719,6 +721,7 @@ fn unbound_symbolic_dim_is_a_typed_error() {
             bindings: binds(2),
             weights: WeightsMode::Embedded,
             runtime_lib: None,
+            cpu: Default::default(),
         },
     )
     .unwrap_err();
@@ -733,6 +736,7 @@ fn unbound_symbolic_dim_is_a_typed_error() {
             bindings: binds(2),
             weights: WeightsMode::Embedded,
             runtime_lib: Some(dir.path().join("nope.a")),
+            cpu: Default::default(),
         },
     )
     .unwrap_err();
@@ -770,6 +774,25 @@ fn mlp_and_cnn_match_reference_and_jit() {
             assert_close(&got, t, &format!("{name} exe {o} vs reference"));
             let j = &jit.iter().find(|(n, _)| n == o).unwrap().1;
             assert_close(&got, j, &format!("{name} exe {o} vs JIT"));
+        }
+        // The same binary through the runtime's AVX2 and baseline kernel instances (what it
+        // picks on an older CPU; OAR_CPU_SIMD only narrows the host's choice).
+        for simd in ["avx2", "baseline"] {
+            let out = dir.path().join(format!("{name}-{simd}"));
+            let o = Command::new(&exe)
+                .args([files[input].to_str().unwrap(), "-o", out.to_str().unwrap()])
+                .env("OAR_CPU_SIMD", simd)
+                .output()
+                .unwrap();
+            ok(&o);
+            for (o, t) in &want {
+                let got = oar_ir::npy::read_npy(&out.join(format!("{o}.npy"))).unwrap();
+                assert_close(
+                    &got,
+                    t,
+                    &format!("{name} exe {o} with OAR_CPU_SIMD={simd} vs reference"),
+                );
+            }
         }
 
         let so = dir.path().join(format!("{name}.so"));
@@ -831,5 +854,55 @@ fn control_flow_runs_compiled_in_an_executable() {
             let got = oar_ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
             assert_close(&got, t, &format!("exe {name} (p = {p}) vs reference"));
         }
+    }
+}
+
+/// `CpuTarget::Portable` (the default) writes generated code any x86-64-v2 CPU runs: no VEX or
+/// EVEX instruction (AVX, AVX2, FMA, AVX-512) in the object; `Native` on an AVX host uses them.
+/// The runtime's kernels, linked in later, choose their instruction set when the binary runs.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn portable_objects_use_no_avx() {
+    let dir = tempfile::tempdir().unwrap();
+    let (g, w) = with_weights(CNN);
+    let vex = |cpu: aot::CpuTarget| -> Option<Vec<String>> {
+        let obj = dir.path().join(format!("cnn-{cpu:?}.o"));
+        let opts = AotOptions {
+            emit: Emit::Obj,
+            output: obj.clone(),
+            bindings: binds(3),
+            weights: WeightsMode::Embedded,
+            runtime_lib: None,
+            cpu,
+        };
+        aot::compile(&g, &w, &opts).unwrap();
+        // objdump (binutils, which `cc` links with) prints one instruction per line.
+        let o = Command::new("objdump")
+            .args(["-d", "--no-show-raw-insn"])
+            .arg(&obj)
+            .output()
+            .ok()?;
+        assert!(o.status.success(), "objdump: {}", text(&o.stderr));
+        let code = text(&o.stdout);
+        assert!(code.lines().filter(|l| l.contains(":\t")).count() > 20, "{code}");
+        Some(
+            code.lines()
+                .filter_map(|l| l.split('\t').nth(1))
+                .filter(|m| m.starts_with('v'))
+                .map(str::to_string)
+                .collect(),
+        )
+    };
+    let Some(portable) = vex(aot::CpuTarget::Portable) else {
+        eprintln!("objdump not found: skipping the instruction check");
+        return;
+    };
+    assert!(
+        portable.is_empty(),
+        "VEX/EVEX instructions in a portable object: {portable:?}"
+    );
+    if std::arch::is_x86_feature_detected!("avx") {
+        let native = vex(aot::CpuTarget::Native).unwrap();
+        assert!(!native.is_empty(), "a native object on an AVX host uses AVX encodings");
     }
 }
