@@ -23,6 +23,9 @@ pub enum Launched {
     Device,
     /// Not at all: the runner runs it on the host.
     Host,
+    /// Not this run: its results were computed once, when the program was loaded (a kernel
+    /// that reads only weights, whose results later kernels read as weights too).
+    Hoisted,
 }
 
 /// What a backend supplies to the runner: one run's memory and the launches.
@@ -165,7 +168,11 @@ pub fn execute<L: Launcher>(
 ) -> Result<(), BackendError> {
     let check = crate::numerics::enabled();
     for (index, k) in program.kernels.iter().enumerate() {
-        if launcher.launch(frame, index)? == Launched::Device {
+        let launched = launcher.launch(frame, index)?;
+        if launched == Launched::Hoisted {
+            continue;
+        }
+        if launched == Launched::Device {
             if check {
                 launcher.sync(frame)?;
                 check_results(launcher, frame, program, k)?;

@@ -37,6 +37,8 @@ pub struct Model {
     run_bytes: u64,
     /// Per step: what its kernel derived from constant operands on the first run.
     derived: Vec<contraction::WeightCache>,
+    /// Per step: computed once by [`Model::hoist`], skipped by every run.
+    hoisted: Vec<bool>,
 }
 
 // Safety: kernel functions are plain machine code that only touch the buffers passed to them;
@@ -120,7 +122,8 @@ impl Model {
             .fold(0, u64::saturating_add);
         let run_bytes = (prog.plan.arena_bytes as u64).saturating_add(outputs);
         let derived = (0..prog.steps.len()).map(|_| Default::default()).collect();
-        Ok(Model {
+        let mut model = Model {
+            hoisted: vec![false; prog.steps.len()],
             derived,
             prog,
             funcs,
@@ -130,10 +133,104 @@ impl Model {
             region_weights,
             arenas: std::sync::Mutex::new(Vec::new()),
             threads: rayon::current_num_threads().max(1),
-        })
+        };
+        model.hoist()?;
+        Ok(model)
     }
 
-    /// The program this model runs.
+    /// Run, once, every kernel that reads only weights (params, constants, and what such
+    /// kernels wrote) — an imported RNN's gate reordering of its weight matrices, transposes,
+    /// scalings folded into weights — and keep the results later kernels read as weights
+    /// (`@hoisted/N`); runs skip those kernels. A model's weights never change, so neither do
+    /// these results; and a kernel that reads them sees a weight, which it may prepare once
+    /// (`contraction::WeightCache`). Kernels writing a program output, control flow and
+    /// host-interpreted kernels are not hoisted.
+    fn hoist(&mut self) -> Result<(), BackendError> {
+        let p = &self.prog.program;
+        let mut fixed: Vec<bool> = p
+            .buffers
+            .iter()
+            .map(|b| matches!(b.kind, BufferKind::Param { .. } | BufferKind::Constant(_)))
+            .collect();
+        let mut hoisted = vec![false; p.kernels.len()];
+        for (i, k) in p.kernels.iter().enumerate() {
+            let runs_here = matches!(
+                self.prog.steps.get(i),
+                Some(Step::Loop { .. } | Step::Rows { .. } | Step::Contraction { .. } | Step::Native { .. })
+            );
+            if runs_here
+                && k.reads().iter().all(|b| fixed[b.index()])
+                && k.outputs.iter().all(|&o| p.buffer(o).kind == BufferKind::Temp)
+            {
+                hoisted[i] = true;
+                for &o in &k.outputs {
+                    fixed[o.index()] = true;
+                }
+            }
+        }
+        if !hoisted.contains(&true) {
+            return Ok(());
+        }
+        // What the kept kernels read of the hoisted ones' results.
+        let mut kept_reads: Vec<BufferId> = p
+            .kernels
+            .iter()
+            .zip(&hoisted)
+            .filter(|(_, h)| !**h)
+            .flat_map(|(k, _)| k.reads())
+            .filter(|b| fixed[b.index()] && p.buffer(*b).kind == BufferKind::Temp)
+            .collect();
+        kept_reads.sort();
+        kept_reads.dedup();
+        let mut frame = self.frame(p)?;
+        for (i, b) in p.buffers.iter().enumerate() {
+            let leaf = match &b.kind {
+                BufferKind::Param { name } => self.weights.get(name),
+                BufferKind::Constant(t) => Some(t),
+                // Never read by a hoisted kernel.
+                BufferKind::Input { .. } => {
+                    frame.bufs.push(std::ptr::null_mut());
+                    continue;
+                }
+                _ => None,
+            };
+            self.bind(&mut frame, BufferId(i as u32), b, leaf)?;
+        }
+        // Each result is taken as soon as it is written: the memory plan lets a later kernel
+        // reuse its place once the (kept) kernels reading it have run, and those do not run here.
+        let mut results = Vec::with_capacity(kept_reads.len());
+        for (i, _) in hoisted.iter().enumerate().filter(|(_, h)| **h) {
+            self.launch_step(&mut frame, i)?;
+            for &id in &p.kernels[i].outputs {
+                if kept_reads.binary_search(&id).is_ok() {
+                    results.push((id, self.read(&frame, id, p.buffer(id))?));
+                }
+            }
+        }
+        self.finish(frame);
+        for (id, t) in results {
+            let name = format!("@hoisted/{}", id.index());
+            self.prog.program.buffers[id.index()].kind = BufferKind::Param { name: name.clone() };
+            self.weights.insert(name, t);
+        }
+        self.hoisted = hoisted;
+        Ok(())
+    }
+
+    /// The kernels [`Model::hoist`] ran once when the model was made (they read only weights);
+    /// runs skip them.
+    pub fn hoisted_kernels(&self) -> Vec<&str> {
+        self.prog
+            .program
+            .kernels
+            .iter()
+            .zip(&self.hoisted)
+            .filter(|(_, h)| **h)
+            .map(|(k, _)| k.name.as_str())
+            .collect()
+    }
+
+    /// The program this model runs (hoisted kernels' results read as `@hoisted/N` params).
     pub fn program(&self) -> &CpuProgram {
         &self.prog
     }
@@ -501,6 +598,9 @@ impl Launcher for Model {
     }
 
     fn launch(&self, f: &mut CpuFrame, index: usize) -> Result<Launched, BackendError> {
+        if self.hoisted.get(index) == Some(&true) {
+            return Ok(Launched::Hoisted);
+        }
         if crate::profile::enabled() {
             let start = std::time::Instant::now();
             let launched = self.launch_step(f, index)?;
@@ -587,7 +687,7 @@ impl Model {
             Some(Step::Native { kernel }) => {
                 let k = &p.kernels[*kernel as usize];
                 // Safety: as above.
-                unsafe { crate::native::run(p, k, bufs, self.threads)? };
+                unsafe { crate::native::run(p, k, bufs, self.threads, self.derived.get(index))? };
             }
             Some(Step::Control { kernel, regions }) => self.control(f, *kernel as usize, regions)?,
             Some(Step::Fail { kernel, detail }) => {

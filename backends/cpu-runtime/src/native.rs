@@ -9,7 +9,7 @@
 
 use crate::conv_direct::copy_run;
 use crate::program::static_shape;
-use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
+use oar_ir::kernel::{BufferKind, Kernel, KernelBody, KernelProgram, OpaqueKernel};
 use oar_ir::ops::{
     Composite, Concat, ConvTranspose, ConvWeightGrad, Gather, MaxPool2d, MaxPool2dGrad, Pad, Scatter, ScatterReduce,
 };
@@ -128,7 +128,13 @@ fn normalized(k: &Kernel, raw: &[i64], n: usize, op: &str, axis: usize) -> Resul
 ///
 /// # Safety
 /// `bufs` holds a live pointer for every buffer of `p`, each as long as its static type.
-pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usize) -> Result<(), BackendError> {
+pub unsafe fn run(
+    p: &KernelProgram,
+    k: &Kernel,
+    bufs: &[*mut u8],
+    threads: usize,
+    cache: Option<&crate::contraction::WeightCache>,
+) -> Result<(), BackendError> {
     let KernelBody::Opaque(o) = &k.body else {
         return Err(err(k, "native step on a non-opaque kernel".into()));
     };
@@ -401,10 +407,17 @@ pub unsafe fn run(p: &KernelProgram, k: &Kernel, bufs: &[*mut u8], threads: usiz
         Op::Composite(c) if let Some((rec, reverse)) = crate::rnn::Recurrence::of(c) => {
             let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
             let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+            // The recurrent weight's panels are kept for later runs when it is a weight.
+            let cache = cache.filter(|_| {
+                matches!(
+                    p.buffer(o.inputs[1]).kind,
+                    BufferKind::Param { .. } | BufferKind::Constant(_)
+                )
+            });
             // Safety: the caller passes live buffers of the program's types.
             unsafe {
                 with_results(p, k, o, bufs, |ins, outs| {
-                    crate::rnn::run_native(rec, reverse, out_ty.dtype, &shapes, ins, outs, threads)
+                    crate::rnn::run_native(rec, reverse, out_ty.dtype, &shapes, ins, outs, threads, cache)
                 })
             }
             .map_err(|d| err(k, d))?;

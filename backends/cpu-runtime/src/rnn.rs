@@ -17,12 +17,15 @@
 //! `tanh x = ±(1 − e^-2|x|) / (1 + e^-2|x|)`, absolute errors below 2e-7), f64 the standard
 //! library's.
 
-use crate::contraction::{SendPtr, gemm_parallelism};
+use crate::contraction::{SendPtr, WeightCache, gemm_parallelism};
 use crate::par::par_units;
 use crate::simd::Simd;
 use gemm::Parallelism;
 use oar_ir::{Composite, DType, TensorData};
+use std::borrow::Cow;
+use std::cell::UnsafeCell;
 use std::ops::{Add, Mul, Sub};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// An element type the kernels compute in.
 pub(crate) trait Real:
@@ -34,6 +37,9 @@ pub(crate) trait Real:
     fn sigmoid<const F: bool>(self) -> Self;
     /// `tanh x`.
     fn tanh_<const F: bool>(self) -> Self;
+    /// `make()` kept in `cache` across runs where the type has a slot there (f32, when the
+    /// data derives from a weight); otherwise made for this call. `len`: what `make` gives.
+    fn prepared(cache: Option<&WeightCache>, len: usize, make: impl Fn() -> Vec<Self>) -> Cow<'_, [Self]>;
 }
 
 impl Real for f32 {
@@ -48,6 +54,12 @@ impl Real for f32 {
         let e = crate::rows::exp::<F>(-2.0 * self.abs());
         ((1.0 - e) / (1.0 + e)).copysign(self)
     }
+    fn prepared(cache: Option<&WeightCache>, len: usize, make: impl Fn() -> Vec<f32>) -> Cow<'_, [f32]> {
+        match cache.map(|c| c.get_or_init(&make)) {
+            Some(v) if v.len() == len => Cow::Borrowed(v),
+            _ => Cow::Owned(make()),
+        }
+    }
 }
 
 impl Real for f64 {
@@ -60,6 +72,9 @@ impl Real for f64 {
     #[inline(always)]
     fn tanh_<const F: bool>(self) -> f64 {
         self.tanh()
+    }
+    fn prepared(_: Option<&WeightCache>, _: usize, make: impl Fn() -> Vec<f64>) -> Cow<'_, [f64]> {
+        Cow::Owned(make())
     }
 }
 
@@ -227,87 +242,71 @@ fn transposed<T: Real>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
     t
 }
 
-/// Batch rows up to which a step's product `z += h · w_hhᵀ` runs as [`gemv_acc`] per row
-/// instead of through gemm, whose setup dominates a product of one to a few rows.
+/// Batch rows up to which a sequence runs its step products as [`gemv_acc`] per row over
+/// [`unit_panels`] (a [`Split`]) instead of through gemm, whose setup dominates a product of
+/// one to a few rows.
 const GEMV_ROWS: usize = 4;
 
-/// Columns per panel of [`panels`].
-const PANEL: usize = 64;
+/// Hidden units per block of [`unit_panels`].
+const UNITS: usize = 16;
 
-/// `w[C, K]` (row-major) as panels of [`PANEL`] columns of `wᵀ`: panel `b` holds, for each `k`,
-/// `w[b·PANEL .. b·PANEL + PANEL, k]` contiguously (zeros past `C`), so [`gemv_acc`] streams it.
-fn panels<T: Real>(w: &[T], cols: usize, k: usize) -> Vec<T> {
-    let nb = cols.div_ceil(PANEL);
-    let mut p = vec![T::ZERO; nb * k * PANEL];
-    if p.is_empty() {
-        return p;
-    }
-    for (c, row) in w.chunks_exact(k).enumerate().take(cols) {
-        let (b, j) = (c / PANEL, c % PANEL);
-        let panel = &mut p[b * k * PANEL..(b + 1) * k * PANEL];
-        for (kk, &v) in row.iter().enumerate() {
-            panel[kk * PANEL + j] = v;
+/// `w_hh[G·H, H]` as one panel per block of [`UNITS`] hidden units: panel `b` holds, for each
+/// `k`, the `G · UNITS` weights `w[g·H + u, k]` of its units `u` (gate-major; zeros past `H`)
+/// contiguously, so [`gemv_acc`] streams it and a chunk of consecutive blocks is a contiguous
+/// run of panels. Made once per model when `w_hh` is a weight (f32: [`Real::prepared`]).
+fn unit_panels<T: Real>(w: &[T], gates: usize, h: usize) -> Vec<T> {
+    let width = gates * UNITS;
+    let mut p = vec![T::ZERO; h.div_ceil(UNITS) * h * width];
+    for g in 0..gates {
+        for u in 0..h {
+            let (b, j) = (u / UNITS, u % UNITS);
+            let panel = &mut p[b * h * width..(b + 1) * h * width];
+            for (k, &v) in w[(g * h + u) * h..(g * h + u + 1) * h].iter().enumerate() {
+                panel[k * width + g * UNITS + j] = v;
+            }
         }
     }
     p
 }
 
-/// `z[C] += x[K] · wᵀ` with `w` as [`panels`]: each panel's [`PANEL`] sums kept in registers
-/// while `k` runs over its contiguous rows (vectorized at the width of the caller's target
-/// features).
+/// `z[B·W] += x[K] · (panels)ᵀ` for `B` consecutive panels of width `W` (each `K` rows of `W`):
+/// each panel's `W` sums kept in registers while `k` runs over its contiguous rows (vectorized
+/// at the width of the caller's target features). The same arithmetic per column whichever
+/// panels a call covers.
 #[inline(always)]
-fn gemv_acc<T: Real>(z: &mut [T], x: &[T], panels: &[T]) {
+fn gemv_acc<T: Real, const W: usize>(z: &mut [T], x: &[T], panels: &[T]) {
     let k = x.len();
-    for (b, zb) in z.chunks_mut(PANEL).enumerate() {
-        let mut acc = [T::ZERO; PANEL];
-        acc[..zb.len()].copy_from_slice(zb);
-        let panel = &panels[b * k * PANEL..(b + 1) * k * PANEL];
-        for (&xk, row) in x.iter().zip(panel.chunks_exact(PANEL)) {
+    for (zb, panel) in z.chunks_exact_mut(W).zip(panels.chunks_exact(k * W)) {
+        let mut acc = [T::ZERO; W];
+        acc.copy_from_slice(zb);
+        for (&xk, row) in x.iter().zip(panel.chunks_exact(W)) {
             for (a, &w) in acc.iter_mut().zip(row) {
                 *a = *a + xk * w;
             }
         }
-        let n = zb.len();
-        zb.copy_from_slice(&acc[..n]);
+        zb.copy_from_slice(&acc);
     }
 }
 
-/// A recurrent weight `w_hh[C, H]` prepared once per sequence for its step products: as
-/// [`panels`] for [`gemv_acc`] up to [`GEMV_ROWS`] batch rows, else transposed (row-major), which
-/// gemm reads in place each step (a column-major left operand) instead of packing `w_hh` every
-/// step.
+/// A recurrent weight `w_hh[C, H]` transposed once per sequence (row-major), which gemm reads
+/// in place each step (a column-major left operand) instead of packing `w_hh` every step.
 struct StepWeights<T> {
-    small: bool,
     w: Vec<T>,
-    cols: usize,
 }
 
 impl<T: Real> StepWeights<T> {
-    fn new(w: &[T], cols: usize, h: usize, n: usize) -> StepWeights<T> {
-        let small = n <= GEMV_ROWS;
-        let w = if small {
-            panels(w, cols, h)
-        } else {
-            transposed(w, cols, h)
-        };
-        StepWeights { small, w, cols }
+    fn new(w: &[T], cols: usize, h: usize) -> StepWeights<T> {
+        StepWeights {
+            w: transposed(w, cols, h),
+        }
     }
 
     /// `z[N, C] += h_prev · w_hhᵀ`, `h_prev` the rows of `h0` before the first step, else of
     /// step `prev` in `y[N, T, H]`.
     #[inline(always)]
     fn accumulate(&self, s: Seq, z: &mut [T], prev: Option<usize>, h0: &[T], y: &[T]) {
-        let (n, t, h, cols) = (s.n, s.t, s.h, self.cols);
-        if self.small {
-            for r in 0..n {
-                let x = match prev {
-                    None => &h0[r * h..(r + 1) * h],
-                    Some(p) => &y[(r * t + p) * h..][..h],
-                };
-                gemv_acc(&mut z[r * cols..(r + 1) * cols], x, &self.w);
-            }
-            return;
-        }
+        let (n, t, h) = (s.n, s.t, s.h);
+        let cols = z.len() / n.max(1);
         let hp: Mat<T> = match prev {
             None => (h0.as_ptr(), h, 1),
             // Safety: step `p`'s rows of `y` were written by the previous iteration.
@@ -330,6 +329,196 @@ impl<T: Real> StepWeights<T> {
     }
 }
 
+// ---- Few rows: the step by unit blocks, on one thread or several ---------------------------
+
+/// A forward recurrence with few batch rows, its steps run by blocks of [`UNITS`] hidden units
+/// over [`unit_panels`], and split across threads by blocks: chunk `c` owns a run of blocks,
+/// i.e. the gate columns `g·H + u` of its units `u`, so it computes its part of each step's
+/// product and runs the cell for its units, while every chunk reads the whole previous `h`.
+/// Each chunk's panels (half of `w_hh` for two threads) stay in the cache of the thread that
+/// runs it, instead of one thread streaming all of `w_hh` each step.
+///
+/// Steps synchronize through two counters per chunk (`next`: the first step nobody has
+/// claimed; `done`: steps completed). Participant 0 (the caller) walks every step and claims,
+/// in order, each chunk of it nobody has; participant `p > 0` keeps claiming chunk `p`'s next
+/// step. A chunk starts once the previous step is done, and a thread only ever waits for work
+/// another thread has already claimed, so a pool thread that never shows up costs nothing but
+/// its share (the caller does every chunk then).
+struct Split<T> {
+    /// `Seq::steps`.
+    steps: Vec<usize>,
+    chunks: Vec<Chunk<T>>,
+}
+
+struct Chunk<T> {
+    /// Its blocks of units.
+    b0: usize,
+    b1: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// The chunk's gate scratch (`[G·UNITS]` per block, then `[G·UNITS]` for the GRU's input
+    /// part). Used only by the thread holding the chunk's current step.
+    work: UnsafeCell<Vec<T>>,
+}
+
+// Safety: `work` is touched only by the thread that claimed the chunk's current step; the
+// claim and the `done` counter (release/acquire) order one holder's accesses before the next's.
+unsafe impl<T: Send> Sync for Split<T> {}
+
+/// What a split recurrence reads and writes: `xg[N, T, G·H]`, `w_hh`'s [`unit_panels`], the
+/// GRU's `b[3H]` (empty for the LSTM), `h0[N, H]`; `y[N, T, H]` and the LSTM's running `c[N, H]`
+/// (holding `c0` on entry; null for the GRU) as base pointers, each chunk writing its units only.
+struct SplitIo<'a, T> {
+    rec: Recurrence,
+    s: Seq,
+    xg: &'a [T],
+    panels: &'a [T],
+    b: &'a [T],
+    h0: &'a [T],
+    y: SendPtr<T>,
+    c: SendPtr<T>,
+}
+
+impl<T: Real> Split<T> {
+    /// `parts` chunks of about equal numbers of unit blocks (fewer if there are fewer blocks).
+    fn new(s: Seq, parts: usize) -> Split<T> {
+        let blocks = s.h.div_ceil(UNITS);
+        let parts = parts.clamp(1, blocks.max(1));
+        let chunks = (0..parts)
+            .map(|c| Chunk {
+                b0: blocks * c / parts,
+                b1: blocks * (c + 1) / parts,
+                next: AtomicUsize::new(0),
+                done: AtomicUsize::new(0),
+                work: UnsafeCell::new(Vec::new()),
+            })
+            .collect();
+        Split {
+            steps: s.steps(),
+            chunks,
+        }
+    }
+
+    /// Wait until every chunk has done `k` steps.
+    fn wait_done(&self, k: usize) {
+        for ch in &self.chunks {
+            let mut spins = 0u32;
+            while ch.done.load(Ordering::Acquire) < k {
+                spins += 1;
+                if spins < 1 << 12 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Claim chunk `c`'s step `k`; if won, run it once step `k - 1` is done.
+    #[inline(always)]
+    fn try_run<const F: bool>(&self, io: &SplitIo<'_, T>, c: usize, k: usize) {
+        let ch = &self.chunks[c];
+        if ch
+            .next
+            .compare_exchange(k, k + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        self.wait_done(k);
+        match io.rec {
+            Recurrence::Lstm => split_step::<T, F, { 4 * UNITS }>(self, io, ch, k),
+            Recurrence::Gru => split_step::<T, F, { 3 * UNITS }>(self, io, ch, k),
+        }
+        ch.done.store(k + 1, Ordering::Release);
+    }
+}
+
+/// Participant `p` of a split forward recurrence (see [`Split`]). Plain functions all the way
+/// down to the arithmetic (no closure), so the caller's target features reach it.
+#[inline(always)]
+fn split_forward<T: Real, const F: bool>(sp: &Split<T>, io: &SplitIo<'_, T>, p: usize) {
+    let steps = sp.steps.len();
+    if p == 0 {
+        for k in 0..steps {
+            for c in 0..sp.chunks.len() {
+                sp.try_run::<F>(io, c, k);
+            }
+        }
+        sp.wait_done(steps);
+    } else if let Some(ch) = sp.chunks.get(p) {
+        loop {
+            let k = ch.next.load(Ordering::Acquire);
+            if k >= steps {
+                break;
+            }
+            sp.try_run::<F>(io, p, k);
+        }
+    }
+}
+
+/// Step `k` of chunk `ch` (panel width `W = G · UNITS`): for every row, its blocks' gate
+/// products, then the cell on each block's units.
+#[inline(always)]
+fn split_step<T: Real, const F: bool, const W: usize>(sp: &Split<T>, io: &SplitIo<'_, T>, ch: &Chunk<T>, k: usize) {
+    let Seq { n, t, h, .. } = io.s;
+    let gates = W / UNITS;
+    let gh = gates * h;
+    let nb = ch.b1 - ch.b0;
+    // Safety: this thread holds the chunk's current step (see `Chunk::work`).
+    let work = unsafe { &mut *ch.work.get() };
+    if work.len() < (nb + 1) * W {
+        work.resize((nb + 1) * W, T::ZERO);
+    }
+    let (z, xl) = work.split_at_mut(nb * W);
+    let st = sp.steps[k];
+    let prev = k.checked_sub(1).map(|q| sp.steps[q]);
+    let panels = &io.panels[ch.b0 * h * W..ch.b1 * h * W];
+    for r in 0..n {
+        let xrow = &io.xg[(r * t + st) * gh..][..gh];
+        // Safety: step `prev` is complete (every chunk's units written before `done`).
+        let hp: &[T] = match prev {
+            None => &io.h0[r * h..(r + 1) * h],
+            Some(q) => unsafe { std::slice::from_raw_parts(io.y.get().add((r * t + q) * h), h) },
+        };
+        for (b, zb) in (ch.b0..ch.b1).zip(z.chunks_exact_mut(W)) {
+            let (u0, u1) = (b * UNITS, (b * UNITS + UNITS).min(h));
+            for (g, zg) in zb.chunks_exact_mut(UNITS).enumerate() {
+                let src = match io.rec {
+                    Recurrence::Lstm => &xrow[g * h + u0..g * h + u1],
+                    Recurrence::Gru => &io.b[g * h + u0..g * h + u1],
+                };
+                zg[..u1 - u0].copy_from_slice(src);
+            }
+        }
+        gemv_acc::<T, W>(z, hp, panels);
+        for (b, zb) in (ch.b0..ch.b1).zip(z.chunks_exact_mut(W)) {
+            let (u0, u1) = (b * UNITS, (b * UNITS + UNITS).min(h));
+            let m = u1 - u0;
+            if m < UNITS {
+                // A last, partial block: its gates side by side, as the cells read them.
+                for g in 1..gates {
+                    zb.copy_within(g * UNITS..g * UNITS + m, g * m);
+                }
+            }
+            // Safety: units `u0..u1` of this row's step `st` (and of its `c`) are this chunk's.
+            let hy = unsafe { std::slice::from_raw_parts_mut(io.y.get().add((r * t + st) * h + u0), m) };
+            match io.rec {
+                Recurrence::Lstm => {
+                    let c = unsafe { std::slice::from_raw_parts_mut(io.c.get().add(r * h + u0), m) };
+                    cell_forward::<T, F>(&zb[..gates * m], c, hy);
+                }
+                Recurrence::Gru => {
+                    for g in 0..gates {
+                        xl[g * m..(g + 1) * m].copy_from_slice(&xrow[g * h + u0..g * h + u1]);
+                    }
+                    gru_cell_forward::<T, F>(&xl[..gates * m], &zb[..gates * m], &hp[u0..u1], hy);
+                }
+            }
+        }
+    }
+}
+
 /// The forward recurrence: `y[N, T, H]`, the last `h` and `c` from `xg`, `w[4H, H]`, `h0`, `c0`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -345,7 +534,7 @@ fn forward<T: Real, const F: bool>(
 ) {
     let (n, t, h, g4) = (s.n, s.t, s.h, 4 * s.h);
     let mut gates = vec![T::ZERO; n * g4];
-    let wt = StepWeights::new(w, g4, h, n);
+    let wt = StepWeights::new(w, g4, h);
     c_out.copy_from_slice(c0);
     let mut prev: Option<usize> = None;
     for st in s.steps() {
@@ -513,6 +702,11 @@ simd_dispatch! {
 }
 
 simd_dispatch! {
+    /// Participant `p` of a split forward recurrence, for the host's instruction set.
+    fn run_split_forward = split_forward(sp: &Split<T>, io: &SplitIo<'_, T>, p: usize)
+}
+
+simd_dispatch! {
     /// The LSTM backward kernel on typed slices, for the host's instruction set.
     fn run_backward = backward(s: Seq, ins: Operands<T>, y: &[T], cts: Cotangents<T>, threads: usize) -> [Vec<T>; 4]
 }
@@ -570,7 +764,7 @@ fn gru_forward<T: Real, const F: bool>(s: Seq, xg: &[T], w: &[T], b: &[T], h0: &
     let (n, t, h, g3) = (s.n, s.t, s.h, 3 * s.h);
     let mut hg = vec![T::ZERO; n * g3];
     let mut hp = vec![T::ZERO; h];
-    let wt = StepWeights::new(w, g3, h, n);
+    let wt = StepWeights::new(w, g3, h);
     let mut prev: Option<usize> = None;
     for st in s.steps() {
         for r in 0..n {
@@ -749,6 +943,14 @@ impl Recurrence {
         }
     }
 
+    /// Gates per hidden unit.
+    fn gates(self) -> usize {
+        match self {
+            Recurrence::Lstm => 4,
+            Recurrence::Gru => 3,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Recurrence::Lstm => "lstm_seq",
@@ -804,15 +1006,72 @@ pub fn seq_dtype(d: DType) -> bool {
 /// Blocks of batch rows a sequence op splits into: one per thread when the recurrence is
 /// worth splitting (each block runs every step for its rows, without synchronizing).
 fn row_blocks(rec: Recurrence, s: Seq, threads: usize) -> usize {
-    let gates = match rec {
-        Recurrence::Lstm => 4,
-        Recurrence::Gru => 3,
-    };
+    let gates = rec.gates();
     let flops = s.n.saturating_mul(s.t).saturating_mul(gates * s.h).saturating_mul(s.h);
     if flops < 1 << 20 {
         1
     } else {
         threads.clamp(1, s.n.max(1))
+    }
+}
+
+/// Threads a forward recurrence with few rows ([`Split`]) runs on: one for short sequences,
+/// else one per thread, at most one per block of units.
+fn split_parts(rec: Recurrence, s: Seq, threads: usize) -> usize {
+    let flops =
+        s.n.saturating_mul(s.t)
+            .saturating_mul(rec.gates() * s.h)
+            .saturating_mul(s.h);
+    if flops < 1 << 20 {
+        return 1;
+    }
+    threads.clamp(1, s.h.div_ceil(UNITS).max(1))
+}
+
+/// The forward kernel of `rec` for few rows (`n ≤ GEMV_ROWS`) as a [`Split`] into `parts`
+/// chunks: `ins` and `outs` as [`run_native`] checked them; `cache` keeps `w_hh`'s panels.
+fn forward_split<T: Real>(
+    rec: Recurrence,
+    s: Seq,
+    parts: usize,
+    ins: &[&[T]],
+    mut outs: Vec<&mut [T]>,
+    cache: Option<&WeightCache>,
+) {
+    let (xg, w) = (ins[0], ins[1]);
+    let (b, h0): (&[T], &[T]) = match rec {
+        Recurrence::Lstm => (&[], ins[2]),
+        Recurrence::Gru => (ins[2], ins[3]),
+    };
+    let c = match (rec, outs.as_mut_slice()) {
+        (Recurrence::Lstm, [_, _, c]) => {
+            c.copy_from_slice(ins[3]);
+            SendPtr(c.as_mut_ptr())
+        }
+        _ => SendPtr(std::ptr::null_mut()),
+    };
+    let (gates, h) = (rec.gates(), s.h);
+    let panels = T::prepared(cache, h.div_ceil(UNITS) * h * gates * UNITS, || {
+        unit_panels(w, gates, h)
+    });
+    let sp = Split::new(s, parts);
+    let io = SplitIo {
+        rec,
+        s,
+        xg,
+        panels: &panels,
+        b,
+        h0,
+        y: SendPtr(outs[0].as_mut_ptr()),
+        c,
+    };
+    let np = sp.chunks.len();
+    par_units(np, np, || (), |_, p| run_split_forward(&sp, &io, p));
+    let t = s.t;
+    if let (Some(&last), [y, h_out, ..]) = (sp.steps.last(), outs.as_mut_slice()) {
+        for r in 0..s.n {
+            h_out[r * h..(r + 1) * h].copy_from_slice(&y[(r * t + last) * h..][..h]);
+        }
     }
 }
 
@@ -842,6 +1101,7 @@ fn cast_mut<T: bytemuck::Pod>(b: &mut [u8]) -> Result<&mut [T], String> {
 
 /// The forward kernel of `rec` on the bytes of its operands (shapes `shapes`) and results
 /// (f32 or f64 as `dtype`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_native(
     rec: Recurrence,
     reverse: bool,
@@ -850,6 +1110,7 @@ pub(crate) fn run_native(
     ins: &[&[u8]],
     outs: Vec<&mut [u8]>,
     threads: usize,
+    cache: Option<&WeightCache>,
 ) -> Result<(), String> {
     fn typed<T: Real + bytemuck::Pod>(
         rec: Recurrence,
@@ -857,6 +1118,7 @@ pub(crate) fn run_native(
         ins: &[&[u8]],
         outs: Vec<&mut [u8]>,
         threads: usize,
+        cache: Option<&WeightCache>,
     ) -> Result<(), String> {
         let (ops, res) = rec.shapes(s);
         let ins: Vec<&[T]> = ins.iter().map(|b| cast::<T>(b)).collect::<Result<_, _>>()?;
@@ -871,6 +1133,10 @@ pub(crate) fn run_native(
         }
         if !matches!((rec, outs.len()), (Recurrence::Lstm, 3) | (Recurrence::Gru, 2)) {
             return Err(format!("{} buffers do not hold {s:?}", rec.name()));
+        }
+        if s.n <= GEMV_ROWS {
+            forward_split(rec, s, split_parts(rec, s, threads), &ins, outs, cache);
+            return Ok(());
         }
         // Batch rows never interact: each block of rows runs the whole sequence on its own.
         let blocks = row_blocks(rec, s, threads);
@@ -904,8 +1170,8 @@ pub(crate) fn run_native(
     }
     let s = rec.seq(shapes, reverse)?;
     match dtype {
-        DType::F32 => typed::<f32>(rec, s, ins, outs, threads),
-        DType::F64 => typed::<f64>(rec, s, ins, outs, threads),
+        DType::F32 => typed::<f32>(rec, s, ins, outs, threads, cache),
+        DType::F64 => typed::<f64>(rec, s, ins, outs, threads, cache),
         other => Err(format!("{} has no native kernel in {other}", rec.name())),
     }
 }
@@ -1027,28 +1293,53 @@ mod tests {
                 run_gru_forward::<f64>(s, &[], &[], &[], &[], &mut [], &mut []);
             }
         }
-        assert!(transposed::<f32>(&[], 0, 5).is_empty() && panels::<f32>(&[], 0, 0).is_empty());
+        assert!(transposed::<f32>(&[], 0, 5).is_empty());
     }
 
     #[test]
-    fn panel_products_match_the_plain_sum() {
-        // 200 columns: three full panels and a partial one; f32 and f64.
-        let (cols, k) = (200, 37);
-        let w: Vec<f64> = (0..cols * k).map(|i| ((i * 7919) % 113) as f64 / 56.0 - 1.0).collect();
-        let x: Vec<f64> = (0..k).map(|i| ((i * 31) % 17) as f64 / 8.0 - 1.0).collect();
-        let z0: Vec<f64> = (0..cols).map(|j| j as f64 * 0.01).collect();
-        let want: Vec<f64> = (0..cols)
-            .map(|j| z0[j] + (0..k).map(|i| x[i] * w[j * k + i]).sum::<f64>())
+    fn unit_panel_products_match_the_plain_sum() {
+        // 3 gates of 37 units (two whole blocks and a partial one) over K = 37; f32 and f64;
+        // the blocks one call at a time give the same bits as all of them in one call.
+        let (gates, h) = (3, 37);
+        let w: Vec<f64> = (0..gates * h * h)
+            .map(|i| ((i * 7919) % 113) as f64 / 56.0 - 1.0)
             .collect();
-        let mut z = z0.clone();
-        gemv_acc(&mut z, &x, &panels(&w, cols, k));
-        for (g, w) in z.iter().zip(&want) {
+        let x: Vec<f64> = (0..h).map(|i| ((i * 31) % 17) as f64 / 8.0 - 1.0).collect();
+        let panels = unit_panels(&w, gates, h);
+        let width = gates * UNITS;
+        let blocks = h.div_ceil(UNITS);
+        assert_eq!(panels.len(), blocks * h * width);
+        // z in panel order: block, gate, unit (0.01 · column as the starting value).
+        let col = |b: usize, g: usize, j: usize| (g * h + b * UNITS + j, b * width + g * UNITS + j);
+        let mut z = vec![0.0; blocks * width];
+        let mut want = vec![0.0; blocks * width];
+        for b in 0..blocks {
+            for g in 0..gates {
+                for j in 0..UNITS.min(h - b * UNITS) {
+                    let (c, at) = col(b, g, j);
+                    z[at] = c as f64 * 0.01;
+                    want[at] = z[at] + (0..h).map(|i| x[i] * w[c * h + i]).sum::<f64>();
+                }
+            }
+        }
+        let mut all = z.clone();
+        gemv_acc::<f64, 48>(&mut all, &x, &panels);
+        for (g, w) in all.iter().zip(&want) {
             assert!((g - w).abs() < 1e-12, "{g} vs {w}");
         }
+        let mut one_by_one = z.clone();
+        for b in 0..blocks {
+            gemv_acc::<f64, 48>(
+                &mut one_by_one[b * width..(b + 1) * width],
+                &x,
+                &panels[b * h * width..(b + 1) * h * width],
+            );
+        }
+        assert_eq!(one_by_one, all);
         let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
-        let mut z = f(&z0);
-        gemv_acc(&mut z, &f(&x), &panels(&f(&w), cols, k));
-        for (g, w) in z.iter().zip(&want) {
+        let mut z32 = f(&z);
+        gemv_acc::<f32, 48>(&mut z32, &f(&x), &unit_panels(&f(&w), gates, h));
+        for (g, w) in z32.iter().zip(&want) {
             assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
         }
     }
@@ -1239,6 +1530,7 @@ mod tests {
                     &bytes,
                     vec![y.bytes_mut(), hl.bytes_mut()],
                     2,
+                    None,
                 )
                 .unwrap();
                 let tol = if dt == DType::F64 { 1e-13 } else { 3e-6 };
@@ -1289,6 +1581,116 @@ mod tests {
         }
     }
 
+    /// Few rows, long enough to split each step across threads by blocks of hidden units
+    /// (`Split`), with a partial last block: the results match the gemm path's (`forward`,
+    /// `gru_forward`: another summation order, 1e-12 in f64); 2 and 3 threads give the 1-thread
+    /// results bit for bit (each column's sum runs in the same order); and the caller alone,
+    /// with no helper ever showing up, does every chunk.
+    #[test]
+    fn steps_split_across_threads_give_the_unsplit_results() {
+        for (n, t, h, reverse) in [(1, 40, 100, false), (3, 24, 72, true)] {
+            for rec in [Recurrence::Lstm, Recurrence::Gru] {
+                let g = if rec == Recurrence::Lstm { 4 } else { 3 };
+                let s = Seq { n, t, h, reverse };
+                assert_eq!((split_parts(rec, s, 1), split_parts(rec, s, 3)), (1, 3), "{s:?}");
+                let shapes: Vec<Vec<usize>> = match rec {
+                    Recurrence::Lstm => vec![vec![n, t, g * h], vec![g * h, h], vec![n, h], vec![n, h]],
+                    Recurrence::Gru => vec![vec![n, t, g * h], vec![g * h, h], vec![g * h], vec![n, h]],
+                };
+                let vals: Vec<Vec<f64>> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, sh)| values(sh.iter().product(), 60 + i as u64, 0.7))
+                    .collect();
+                let res = [vec![0.0; n * t * h], vec![0.0; n * h], vec![0.0; n * h]];
+                let run = |threads: usize| {
+                    let tds: Vec<TensorData> = shapes
+                        .iter()
+                        .zip(&vals)
+                        .map(|(sh, v)| data(sh, v, DType::F64))
+                        .collect();
+                    let bytes: Vec<&[u8]> = tds.iter().map(TensorData::bytes).collect();
+                    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+                    let mut outs: Vec<TensorData> = [vec![n, t, h], vec![n, h], vec![n, h]][..g - 1]
+                        .iter()
+                        .map(|sh| TensorData::full(DType::F64, sh.clone(), 0.0).unwrap())
+                        .collect();
+                    let out_bytes = outs.iter_mut().map(TensorData::bytes_mut).collect();
+                    run_native(rec, reverse, DType::F64, &refs, &bytes, out_bytes, threads, None).unwrap();
+                    outs.iter().map(TensorData::to_f64_vec).collect::<Vec<_>>()
+                };
+                let one = run(1);
+                for threads in [2, 3] {
+                    assert_eq!(run(threads), one, "{rec:?} {s:?}, {threads} threads");
+                }
+                let mut gemm = res.clone();
+                let [y, hh, cc] = &mut gemm;
+                match rec {
+                    Recurrence::Lstm => run_forward(s, &vals[0], &vals[1], &vals[2], &vals[3], y, hh, cc),
+                    Recurrence::Gru => run_gru_forward(s, &vals[0], &vals[1], &vals[2], &vals[3], y, hh),
+                }
+                for (k, (a, b)) in one.iter().zip(&gemm).enumerate() {
+                    let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+                    assert!(err <= 1e-12, "{rec:?} {s:?}: result {k} off the gemm path's by {err}");
+                }
+                // The caller alone.
+                let mut alone = res.clone();
+                let [y, hh, cc] = &mut alone;
+                let ins: Vec<&[f64]> = vals.iter().map(Vec::as_slice).collect();
+                let mut outs: Vec<&mut [f64]> = vec![y, hh, cc];
+                outs.truncate(g - 1);
+                let sp = Split::new(s, 3);
+                assert_eq!(sp.chunks.len(), 3);
+                let c = match rec {
+                    Recurrence::Lstm => {
+                        outs[2].copy_from_slice(ins[3]);
+                        SendPtr(outs[2].as_mut_ptr())
+                    }
+                    Recurrence::Gru => SendPtr(std::ptr::null_mut()),
+                };
+                let (b, h0) = match rec {
+                    Recurrence::Lstm => (&[][..], ins[2]),
+                    Recurrence::Gru => (ins[2], ins[3]),
+                };
+                let io = SplitIo {
+                    rec,
+                    s,
+                    xg: ins[0],
+                    panels: &unit_panels(ins[1], g, h),
+                    b,
+                    h0,
+                    y: SendPtr(outs[0].as_mut_ptr()),
+                    c,
+                };
+                run_split_forward(&sp, &io, 0);
+                assert_eq!(alone[0], one[0], "{rec:?} {s:?}: the caller alone");
+
+                // f32 with a weight cache: the panels are made on the first run and reused.
+                let run32 = |cache: Option<&WeightCache>| {
+                    let tds: Vec<TensorData> = shapes
+                        .iter()
+                        .zip(&vals)
+                        .map(|(sh, v)| data(sh, v, DType::F32))
+                        .collect();
+                    let bytes: Vec<&[u8]> = tds.iter().map(TensorData::bytes).collect();
+                    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+                    let mut outs: Vec<TensorData> = [vec![n, t, h], vec![n, h], vec![n, h]][..g - 1]
+                        .iter()
+                        .map(|sh| TensorData::full(DType::F32, sh.clone(), 0.0).unwrap())
+                        .collect();
+                    let out_bytes = outs.iter_mut().map(TensorData::bytes_mut).collect();
+                    run_native(rec, reverse, DType::F32, &refs, &bytes, out_bytes, 2, cache).unwrap();
+                    outs.iter().map(TensorData::to_f64_vec).collect::<Vec<_>>()
+                };
+                let cache = WeightCache::new();
+                let plain = run32(None);
+                assert_eq!(run32(Some(&cache)), plain, "{rec:?} {s:?}: f32, first cached run");
+                assert_eq!(cache.get().map(Vec::len), Some(h.div_ceil(UNITS) * h * g * UNITS));
+                assert_eq!(run32(Some(&cache)), plain, "{rec:?} {s:?}: f32, from the cache");
+            }
+        }
+    }
+
     /// Big enough to split into blocks of batch rows (`row_blocks`): forward and gradients
     /// with 1, 2 and 3 threads agree (the blocks run the same per-row arithmetic; only the
     /// shared weights' gradients are summed in another order).
@@ -1316,7 +1718,7 @@ mod tests {
                     .map(|sh| TensorData::full(DType::F64, sh.clone(), 0.0).unwrap())
                     .collect();
                 let out_bytes = outs.iter_mut().map(TensorData::bytes_mut).collect();
-                run_native(rec, true, DType::F64, &refs, &bytes, out_bytes, threads).unwrap();
+                run_native(rec, true, DType::F64, &refs, &bytes, out_bytes, threads, None).unwrap();
                 let cts: Vec<Option<TensorData>> = outs
                     .iter()
                     .enumerate()

@@ -1797,3 +1797,72 @@ fn a_chain_of_twenty_thousand_ops_compiles_and_runs() {
     let kernels = lowered.cpu.steps.len();
     assert!((50..=200).contains(&kernels), "{kernels} steps");
 }
+
+/// Kernels that read only weights (here a transposed, squared weight matrix and a bias
+/// reordering) run once when the model is made; runs skip them and read their results as
+/// weights. Input-dependent kernels and kernels writing a program output (`e`, though it reads
+/// only a weight) still run each time. Results equal the reference's, run after run.
+#[test]
+fn weight_only_kernels_run_once_when_the_model_is_made() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @hoist {
+  %x = input "x" : f32[2,4]
+  %w = param "w" : f32[6,4]
+  %b = param "b" : f32[6]
+  %0 = permute(%w) {perm = [1, 0]} : f32[4,6]
+  %1 = mul(%0, %0) : f32[4,6]
+  %2 = matmul(%x, %1) : f32[2,6]
+  %3 = slice(%b) {ranges = [3:6]} : f32[3]
+  %4 = slice(%b) {ranges = [:3]} : f32[3]
+  %5 = concat(%3, %4) {axis = 0} : f32[6]
+  %6 = add(%2, %5) : f32[2,6]
+  %7 = exp(%b) : f32[6]
+  output "y" = %6
+  output "e" = %7
+}
+"#,
+    )
+    .unwrap();
+    let vals = |n: usize, seed: f32| (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect::<Vec<f32>>();
+    let w = Weights::from([
+        (
+            "w".to_string(),
+            TensorData::from_vec(vec![6, 4], vals(24, 0.1)).unwrap(),
+        ),
+        ("b".to_string(), TensorData::from_vec(vec![6], vals(6, 0.7)).unwrap()),
+    ]);
+    let c = compile(&g);
+    let m = Model::new(c.lowered.cpu.clone(), c.funcs.clone(), &w).unwrap();
+    let hoisted = m.hoisted_kernels();
+    let kernels: Vec<&str> = c.lowered.cpu.program.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert!(!hoisted.is_empty(), "nothing hoisted from {kernels:?}");
+    for k in &c.lowered.cpu.program.kernels {
+        let reads_input = k.reads().iter().any(|b| {
+            matches!(
+                c.lowered.cpu.program.buffer(*b).kind,
+                oar_ir::kernel::BufferKind::Input { .. }
+            )
+        });
+        let writes_output = k
+            .outputs
+            .iter()
+            .any(|b| c.lowered.cpu.program.buffer(*b).kind == oar_ir::kernel::BufferKind::Output);
+        if reads_input || writes_output {
+            assert!(!hoisted.contains(&k.name.as_str()), "{} hoisted", k.name);
+        }
+    }
+    for seed in [0.3f32, -1.2] {
+        let inputs = BTreeMap::from([(
+            "x".to_string(),
+            TensorData::from_vec(vec![2, 4], vals(8, seed)).unwrap(),
+        )]);
+        let want = run_graph(&g, &w, &inputs).unwrap();
+        let got = m.run(&inputs).unwrap();
+        for ((n, a), (_, b)) in got.iter().zip(&want) {
+            for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{n}: {x} vs {y}");
+            }
+        }
+    }
+}
