@@ -37,6 +37,8 @@ pub(crate) trait Real:
     fn sigmoid<const F: bool>(self) -> Self;
     /// `tanh x`.
     fn tanh_<const F: bool>(self) -> Self;
+    /// `self · a + b`, fused where the instance has FMA (`F`).
+    fn madd<const F: bool>(self, a: Self, b: Self) -> Self;
     /// `make()` kept in `cache` across runs where the type has a slot there (f32, when the
     /// data derives from a weight); otherwise made for this call. `len`: what `make` gives.
     fn prepared(cache: Option<&WeightCache>, len: usize, make: impl Fn() -> Vec<Self>) -> Cow<'_, [Self]>;
@@ -53,6 +55,10 @@ impl Real for f32 {
     fn tanh_<const F: bool>(self) -> f32 {
         let e = crate::rows::exp::<F>(-2.0 * self.abs());
         ((1.0 - e) / (1.0 + e)).copysign(self)
+    }
+    #[inline(always)]
+    fn madd<const F: bool>(self, a: f32, b: f32) -> f32 {
+        if F { self.mul_add(a, b) } else { self * a + b }
     }
     fn prepared(cache: Option<&WeightCache>, len: usize, make: impl Fn() -> Vec<f32>) -> Cow<'_, [f32]> {
         match cache.map(|c| c.get_or_init(&make)) {
@@ -72,6 +78,10 @@ impl Real for f64 {
     #[inline(always)]
     fn tanh_<const F: bool>(self) -> f64 {
         self.tanh()
+    }
+    #[inline(always)]
+    fn madd<const F: bool>(self, a: f64, b: f64) -> f64 {
+        if F { self.mul_add(a, b) } else { self * a + b }
     }
     fn prepared(_: Option<&WeightCache>, _: usize, make: impl Fn() -> Vec<f64>) -> Cow<'_, [f64]> {
         Cow::Owned(make())
@@ -270,18 +280,18 @@ fn unit_panels<T: Real>(w: &[T], gates: usize, h: usize) -> Vec<T> {
 }
 
 /// `z[B·W] += x[K] · (panels)ᵀ` for `B` consecutive panels of width `W` (each `K` rows of `W`):
-/// each panel's `W` sums kept in registers while `k` runs over its contiguous rows (vectorized
-/// at the width of the caller's target features). The same arithmetic per column whichever
-/// panels a call covers.
+/// each panel's `W` sums kept in registers while `k` runs over its contiguous rows, fused
+/// multiply-adds where the instance has FMA (`F`), vectorized at the width of the caller's
+/// target features. The same arithmetic per column whichever panels a call covers.
 #[inline(always)]
-fn gemv_acc<T: Real, const W: usize>(z: &mut [T], x: &[T], panels: &[T]) {
+fn gemv_acc<T: Real, const F: bool, const W: usize>(z: &mut [T], x: &[T], panels: &[T]) {
     let k = x.len();
     for (zb, panel) in z.chunks_exact_mut(W).zip(panels.chunks_exact(k * W)) {
         let mut acc = [T::ZERO; W];
         acc.copy_from_slice(zb);
         for (&xk, row) in x.iter().zip(panel.chunks_exact(W)) {
             for (a, &w) in acc.iter_mut().zip(row) {
-                *a = *a + xk * w;
+                *a = w.madd::<F>(xk, *a);
             }
         }
         zb.copy_from_slice(&acc);
@@ -491,7 +501,7 @@ fn split_step<T: Real, const F: bool, const W: usize>(sp: &Split<T>, io: &SplitI
                 zg[..u1 - u0].copy_from_slice(src);
             }
         }
-        gemv_acc::<T, W>(z, hp, panels);
+        gemv_acc::<T, F, W>(z, hp, panels);
         for (b, zb) in (ch.b0..ch.b1).zip(z.chunks_exact_mut(W)) {
             let (u0, u1) = (b * UNITS, (b * UNITS + UNITS).min(h));
             let m = u1 - u0;
@@ -1323,13 +1333,13 @@ mod tests {
             }
         }
         let mut all = z.clone();
-        gemv_acc::<f64, 48>(&mut all, &x, &panels);
+        gemv_acc::<f64, false, 48>(&mut all, &x, &panels);
         for (g, w) in all.iter().zip(&want) {
             assert!((g - w).abs() < 1e-12, "{g} vs {w}");
         }
         let mut one_by_one = z.clone();
         for b in 0..blocks {
-            gemv_acc::<f64, 48>(
+            gemv_acc::<f64, false, 48>(
                 &mut one_by_one[b * width..(b + 1) * width],
                 &x,
                 &panels[b * h * width..(b + 1) * h * width],
@@ -1338,7 +1348,7 @@ mod tests {
         assert_eq!(one_by_one, all);
         let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
         let mut z32 = f(&z);
-        gemv_acc::<f32, 48>(&mut z32, &f(&x), &unit_panels(&f(&w), gates, h));
+        gemv_acc::<f32, false, 48>(&mut z32, &f(&x), &unit_panels(&f(&w), gates, h));
         for (g, w) in z32.iter().zip(&want) {
             assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
         }
