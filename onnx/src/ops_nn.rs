@@ -315,7 +315,12 @@ fn spatial_pads(
 pub(crate) fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
     let (x, w) = (cx.input(0)?, cx.input(1)?);
     let wt = cx.ty(w);
-    let n = wt.rank().saturating_sub(2);
+    if wt.rank() < 3 {
+        return Err(cx.err(format!(
+            "the weight must be [C_out, C_in/group, k...] with at least one spatial axis, got {wt}"
+        )));
+    }
+    let n = wt.rank() - 2;
     let kernel: Vec<usize> = match cx.attr_ints("kernel_shape") {
         Some(k) => cx.usizes(&k)?,
         None => wt.shape.0[2..].iter().map(|d| d.as_static().unwrap_or(0)).collect(),

@@ -1613,22 +1613,20 @@ mod tests {
                     .map(|(i, sh)| values(sh.iter().product(), 60 + i as u64, 0.7))
                     .collect();
                 let res = [vec![0.0; n * t * h], vec![0.0; n * h], vec![0.0; n * h]];
-                let run = |threads: usize| {
-                    let tds: Vec<TensorData> = shapes
-                        .iter()
-                        .zip(&vals)
-                        .map(|(sh, v)| data(sh, v, DType::F64))
-                        .collect();
+                // run_native in `dt` on `threads` threads with `cache`: the results as f64.
+                let run_in = |dt: DType, threads: usize, cache: Option<&WeightCache>| {
+                    let tds: Vec<TensorData> = shapes.iter().zip(&vals).map(|(sh, v)| data(sh, v, dt)).collect();
                     let bytes: Vec<&[u8]> = tds.iter().map(TensorData::bytes).collect();
                     let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
                     let mut outs: Vec<TensorData> = [vec![n, t, h], vec![n, h], vec![n, h]][..g - 1]
                         .iter()
-                        .map(|sh| TensorData::full(DType::F64, sh.clone(), 0.0).unwrap())
+                        .map(|sh| TensorData::full(dt, sh.clone(), 0.0).unwrap())
                         .collect();
                     let out_bytes = outs.iter_mut().map(TensorData::bytes_mut).collect();
-                    run_native(rec, reverse, DType::F64, &refs, &bytes, out_bytes, threads, None).unwrap();
+                    run_native(rec, reverse, dt, &refs, &bytes, out_bytes, threads, cache).unwrap();
                     outs.iter().map(TensorData::to_f64_vec).collect::<Vec<_>>()
                 };
+                let run = |threads: usize| run_in(DType::F64, threads, None);
                 let one = run(1);
                 for threads in [2, 3] {
                     assert_eq!(run(threads), one, "{rec:?} {s:?}, {threads} threads");
@@ -1676,22 +1674,7 @@ mod tests {
                 assert_eq!(alone[0], one[0], "{rec:?} {s:?}: the caller alone");
 
                 // f32 with a weight cache: the panels are made on the first run and reused.
-                let run32 = |cache: Option<&WeightCache>| {
-                    let tds: Vec<TensorData> = shapes
-                        .iter()
-                        .zip(&vals)
-                        .map(|(sh, v)| data(sh, v, DType::F32))
-                        .collect();
-                    let bytes: Vec<&[u8]> = tds.iter().map(TensorData::bytes).collect();
-                    let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-                    let mut outs: Vec<TensorData> = [vec![n, t, h], vec![n, h], vec![n, h]][..g - 1]
-                        .iter()
-                        .map(|sh| TensorData::full(DType::F32, sh.clone(), 0.0).unwrap())
-                        .collect();
-                    let out_bytes = outs.iter_mut().map(TensorData::bytes_mut).collect();
-                    run_native(rec, reverse, DType::F32, &refs, &bytes, out_bytes, 2, cache).unwrap();
-                    outs.iter().map(TensorData::to_f64_vec).collect::<Vec<_>>()
-                };
+                let run32 = |cache: Option<&WeightCache>| run_in(DType::F32, 2, cache);
                 let cache = WeightCache::new();
                 let plain = run32(None);
                 assert_eq!(run32(Some(&cache)), plain, "{rec:?} {s:?}: f32, first cached run");

@@ -47,6 +47,26 @@ fn assert_close(got: &TensorData, want: &TensorData, what: &str) {
     }
 }
 
+/// Run executable `exe` on [`input`] (written to `dir/x.npy`, whose path it returns) and check
+/// its outputs against the reference's.
+fn run_and_check(exe: &Path, dir: &Path, model: &Model) -> PathBuf {
+    let x = dir.join("x.npy");
+    oar::ir::npy::write_npy(&x, &input()).unwrap();
+    let out = dir.join("out");
+    let r = Command::new(exe)
+        .args([x.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let inputs = BTreeMap::from([("x".to_string(), input())]);
+    let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
+    for (name, t) in &want {
+        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
+        assert_close(&got, t, name);
+    }
+    x
+}
+
 #[test]
 fn compile_exe_and_run_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -68,20 +88,7 @@ fn compile_exe_and_run_it() {
     let s = stdout(&o);
     assert!(s.contains(&format!("wrote {}", exe.display())), "{s}");
 
-    let x = dir.path().join("x.npy");
-    oar::ir::npy::write_npy(&x, &input()).unwrap();
-    let out = dir.path().join("out");
-    let r = Command::new(&exe)
-        .args([x.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let inputs = BTreeMap::from([("x".to_string(), input())]);
-    let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
-    for (name, t) in &want {
-        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
-        assert_close(&got, t, name);
-    }
+    let x = run_and_check(&exe, dir.path(), &model);
 
     // `--weights FILE` replaces the parameters: it must hold exactly the model's tensors
     // (reliability reproducer 07: empty, foreign or partial files ran with exit 0).
@@ -159,20 +166,7 @@ fn oar_copied_away_from_target_links_with_the_runtime_it_carries() {
     };
     let exe = dir.path().join("ew");
     compile("exe", &exe);
-    let x = dir.path().join("x.npy");
-    oar::ir::npy::write_npy(&x, &input()).unwrap();
-    let out = dir.path().join("out");
-    let r = Command::new(&exe)
-        .args([x.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let inputs = BTreeMap::from([("x".to_string(), input())]);
-    let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
-    for (name, t) in &want {
-        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
-        assert_close(&got, t, name);
-    }
+    run_and_check(&exe, dir.path(), &model);
     let so = dir.path().join("libew.so");
     compile("so", &so);
     assert!(std::fs::metadata(&so).unwrap().len() > 0);

@@ -330,6 +330,21 @@ fn oversized_dims_are_an_error_not_an_allocation() {
     assert!(matches!(e, OnnxError::Tensor { .. }), "{e}");
 }
 
+/// A Conv or ConvTranspose whose weight has no spatial axis is an error, not a slice panic
+/// (found by the `load_onnx` fuzz target; its input is `tests/corpus/invalid/
+/// fuzz_conv_weight_rank1.onnx`).
+#[test]
+fn conv_weights_without_spatial_axes_are_an_error() {
+    for op in ["Conv", "ConvTranspose"] {
+        let w = tensor_to_proto("w", &TensorData::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap());
+        let m = model(vec![node(op, &["x", "w"], "y", vec![])], vec![w], 13);
+        let e = oar_onnx::from_bytes(&m.encode_to_vec()).unwrap_err().to_string();
+        // ConvTranspose first asks for a static input shape (this graph's batch is symbolic).
+        let why = if op == "Conv" { "spatial axis" } else { "static shape" };
+        assert!(e.contains(op) && e.contains(why), "{op}: {e}");
+    }
+}
+
 #[test]
 fn mutated_models_never_panic() {
     let bytes = oar_onnx::to_bytes(&mlp()).unwrap();
@@ -426,6 +441,8 @@ fn checker_level_invalid_models_are_refused() {
         ("attr_wrong_type", "must be INT, got STRING"),
         ("dup_graph_inputs", "declared twice"),
         ("dup_output_def", "already defined"),
+        // The `load_onnx` fuzz target's find: a Conv weight of rank 1 panicked.
+        ("fuzz_conv_weight_rank1", "spatial axis"),
         ("ir_version_99", "ir_version 99"),
         ("mut_attr_type_missing", "has no type"),
         ("mut_duplicate_node_name", "used by two nodes"),
