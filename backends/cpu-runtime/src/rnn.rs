@@ -1013,11 +1013,18 @@ pub fn seq_dtype(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64)
 }
 
+/// Multiply-adds of a sequence's step products (`N · T · G·H · H`), what decides whether
+/// splitting it across threads pays.
+fn recurrence_macs(rec: Recurrence, s: Seq) -> usize {
+    s.n.saturating_mul(s.t)
+        .saturating_mul(rec.gates() * s.h)
+        .saturating_mul(s.h)
+}
+
 /// Blocks of batch rows a sequence op splits into: one per thread when the recurrence is
 /// worth splitting (each block runs every step for its rows, without synchronizing).
 fn row_blocks(rec: Recurrence, s: Seq, threads: usize) -> usize {
-    let gates = rec.gates();
-    let flops = s.n.saturating_mul(s.t).saturating_mul(gates * s.h).saturating_mul(s.h);
+    let flops = recurrence_macs(rec, s);
     if flops < 1 << 20 {
         1
     } else {
@@ -1028,10 +1035,7 @@ fn row_blocks(rec: Recurrence, s: Seq, threads: usize) -> usize {
 /// Threads a forward recurrence with few rows ([`Split`]) runs on: one for short sequences,
 /// else one per thread, at most one per block of units.
 fn split_parts(rec: Recurrence, s: Seq, threads: usize) -> usize {
-    let flops =
-        s.n.saturating_mul(s.t)
-            .saturating_mul(rec.gates() * s.h)
-            .saturating_mul(s.h);
+    let flops = recurrence_macs(rec, s);
     if flops < 1 << 20 {
         return 1;
     }
