@@ -346,7 +346,7 @@ fn with_output<T: bytemuck::Pod>(
     let n: usize = shape.iter().product();
     let bytes_len = n * size_of::<T>();
     let mut bytes: Vec<u8> = Vec::with_capacity(bytes_len);
-    if (bytes.as_ptr() as usize) % align_of::<T>() != 0 {
+    if !(bytes.as_ptr() as usize).is_multiple_of(align_of::<T>()) {
         return None;
     }
     // Safety: the block holds `n` aligned `T`s; `fill` (an `ewise` kernel) writes all of them

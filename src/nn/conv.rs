@@ -21,7 +21,7 @@ struct ConvCore {
 
 impl ConvCore {
     fn new(layer: &str, in_channels: usize, out_channels: usize, kernel: &[usize], groups: usize) -> Result<ConvCore> {
-        if groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
+        if groups == 0 || !in_channels.is_multiple_of(groups) || !out_channels.is_multiple_of(groups) {
             return Err(Error::invalid(
                 layer,
                 format!(

@@ -295,7 +295,7 @@ pub struct GroupNorm {
 impl GroupNorm {
     /// `num_groups` groups over `num_channels` channels (the groups must divide the channels).
     pub fn new(num_groups: usize, num_channels: usize) -> Result<GroupNorm> {
-        if num_groups == 0 || num_channels % num_groups != 0 {
+        if num_groups == 0 || !num_channels.is_multiple_of(num_groups) {
             return Err(Error::invalid(
                 "GroupNorm",
                 format!("num_groups={num_groups} must be ≥ 1 and divide num_channels={num_channels}"),

@@ -78,7 +78,7 @@ pub struct Pad {
 impl Pad {
     /// Padding `[left, right, top, bottom, ...]` in `mode`.
     pub fn new(padding: &[usize], mode: &str) -> Result<Pad> {
-        if padding.len() % 2 != 0 || padding.is_empty() {
+        if !padding.len().is_multiple_of(2) || padding.is_empty() {
             return Err(Error::invalid(
                 "Pad",
                 format!("padding {padding:?} must be (before, after) pairs"),

@@ -130,7 +130,7 @@ pub struct MultiHeadAttention {
 impl MultiHeadAttention {
     /// Attention over `embed_dim` features split into `num_heads` heads (f32, no dropout).
     pub fn new(embed_dim: usize, num_heads: usize) -> Result<MultiHeadAttention> {
-        if embed_dim == 0 || num_heads == 0 || embed_dim % num_heads != 0 {
+        if embed_dim == 0 || num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
             return Err(Error::invalid(
                 "MultiHeadAttention",
                 format!("embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})"),

@@ -551,7 +551,7 @@ fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut
         (out, checked_len(&out_shape)?),
     ] {
         // (An empty buffer may have a dangling pointer; nothing is read through it.)
-        if n > 0 && bufs[b.index()] as usize % align != 0 {
+        if n > 0 && !(bufs[b.index()] as usize).is_multiple_of(align) {
             return Err(format!("{b} is not aligned to {align} bytes"));
         }
     }

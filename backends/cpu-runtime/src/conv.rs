@@ -1,7 +1,9 @@
 //! N-d convolution `x[N, C, *S] ⋆ w[O, C/groups, *K] -> out[N, O, *Y]` (cross-correlation, as
 //! `Op::Conv`) for the contraction runtime.
 //!
-//! Three paths, all on contiguous operands (a strided operand is copied first):
+//! Four paths, all on contiguous operands (a strided operand is copied first):
+//! - **tiled** ([`crate::conv_tiled`]) for f32 2-d convolutions with several input channels
+//!   per group on AVX2 and AVX-512 hosts: register-tiled direct convolution on packed weights;
 //! - **direct** ([`crate::conv_direct`]) when each output channel reads one input channel
 //!   (`C/groups == 1`: depthwise convolutions as in MobileNet), one plane at a time;
 //! - **1×1** (unit kernel, stride 1, no padding): one gemm per (batch, group, column tile) on
@@ -20,6 +22,10 @@ use gemm::Parallelism;
 
 /// Patch-matrix elements per im2col tile (per thread).
 const TILE_ELEMS: usize = 1 << 17;
+/// Output planes at least this large get products of their own, as do strided 1 × 1
+/// convolutions' (never grouped with other images': the grouped patches are stored
+/// position-major, which reads the channels far apart).
+const MIN_PLANE: usize = 256;
 /// Smallest tile of output positions (gemm's n) worth a call.
 const MIN_TILE: usize = 64;
 
@@ -307,9 +313,31 @@ pub(crate) unsafe fn conv<T: Elem>(
         wbuf = unsafe { pack(pw, w) };
         wbuf.as_ptr()
     };
-    if let Some(s) = winograd_shape(&geo, &d, spec)
-        && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+    let f32s = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+    let winograd = winograd_shape(&geo, &d, spec).filter(|_| f32s);
+    // Winograd's 36 GEMMs run well from about 128 tiles (a batch of 56 × 56 planes, or of
+    // 14 × 14 ones); fewer, and the tiled direct convolution is faster.
+    let many_tiles = winograd.is_some_and(|s| s.tiles() >= 128);
+    if f32s
+        && !many_tiles
+        && let Some(plan) = crate::conv_tiled::Plan::new(xs, ws, spec, sout)
     {
+        let threads = useful_threads(total.saturating_mul(cg).saturating_mul(ks), threads);
+        // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
+        // `total` elements and overlaps neither.
+        unsafe {
+            crate::conv_tiled::conv(
+                xp as *const f32,
+                wp as *const f32,
+                out as *mut f32,
+                &plan,
+                threads,
+                cache,
+            )
+        };
+        return Ok(());
+    }
+    if let Some(s) = winograd {
         // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
         // `total` elements and overlaps neither.
         unsafe { crate::winograd::conv(xp as *const f32, wp as *const f32, out as *mut f32, &s, threads, cache) };
@@ -372,7 +400,8 @@ pub(crate) unsafe fn conv<T: Elem>(
     // weights (pointwise convolutions too: their planes are not adjacent in NCHW). At least
     // one block of images per thread.
     let patch_tile = (TILE_ELEMS / kdim).max(MIN_TILE);
-    let group = if ys * 2 >= patch_tile {
+    let unit_kernel = geo.kd.iter().all(|&k| k == 1);
+    let group = if ys * 2 >= patch_tile || ys >= MIN_PLANE || unit_kernel && !pointwise {
         1
     } else {
         (patch_tile / ys).min(n.div_ceil(threads)).max(1)

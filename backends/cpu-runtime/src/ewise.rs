@@ -376,7 +376,7 @@ fn sides_align<T: Copy>(a: Side<T>, b: Side<T>, n: usize) -> usize {
             }
             Side::Row(r) => {
                 assert!(
-                    !r.is_empty() && n % r.len() == 0,
+                    !r.is_empty() && n.is_multiple_of(r.len()),
                     "binary kernel: row of {} for {n}",
                     r.len()
                 );
@@ -384,7 +384,7 @@ fn sides_align<T: Copy>(a: Side<T>, b: Side<T>, n: usize) -> usize {
             }
             Side::Column { col, inner, first } => {
                 assert!(
-                    !col.is_empty() && inner > 0 && n % inner == 0 && first < col.len(),
+                    !col.is_empty() && inner > 0 && n.is_multiple_of(inner) && first < col.len(),
                     "binary kernel: column of {} by {inner} for {n}",
                     col.len()
                 );

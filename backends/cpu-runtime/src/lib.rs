@@ -16,6 +16,7 @@ mod contraction;
 mod conv;
 mod conv_direct;
 pub mod conv_grad;
+mod conv_tiled;
 mod conv_wgrad;
 pub mod ewise;
 pub mod exe;

@@ -187,18 +187,18 @@ impl Spinner {
         loop {
             if self.state.load(Ordering::Acquire) == HANDED {
                 let job = self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some(job) = job {
-                    if let Some(first) = job.claim() {
-                        // Safety: a unit is claimed, so the loop's caller is still waiting.
-                        unsafe { (*job.work)(&job, first) }
-                    }
+                if let Some(job) = job
+                    && let Some(first) = job.claim()
+                {
+                    // Safety: a unit is claimed, so the loop's caller is still waiting.
+                    unsafe { (*job.work)(&job, first) }
                 }
                 self.state.store(WAITING, Ordering::Release);
                 deadline = Instant::now() + spin_time();
                 continue;
             }
             polls = polls.wrapping_add(1);
-            if nested || polls % 64 == 0 {
+            if nested || polls.is_multiple_of(64) {
                 if (nested || Instant::now() >= deadline)
                     && self
                         .state

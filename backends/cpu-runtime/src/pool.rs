@@ -1,17 +1,20 @@
-//! `max_pool2d` in one pass over each plane, without the padded copy of the input.
+//! `max_pool2d` plane by plane, on the plane's stride phases.
 //!
 //! The op's definition (`oar_ir`'s decomposition) pads the input with `-inf`, takes one
 //! strided slice per kernel position and combines the slices by the pairwise tree of binary
-//! `max` (slices in row-major kernel order, an odd last node passed up as is). Here each output
-//! row replays that tree on rows of leaves: the input rows a window row reads are split once
-//! into their `stride` column phases (with `-inf` where the window reaches the padding, or
-//! past it in ceil mode), so every kernel position's leaf row is a contiguous slice of a
-//! phase, and each tree node is one elementwise `max` over a row of outputs (which the
-//! compiler vectorizes). Same values, same NaN propagation, same order of comparisons as the
-//! compiled definition.
+//! `max` (slices in row-major kernel order, an odd last node passed up as is). Here each plane
+//! is copied once into its stride phases (the polyphase decomposition of
+//! [`crate::conv_direct`], `-inf` where the windows reach the padding, or past it in ceil
+//! mode): phase `(r, s)` holds the padded elements whose row is `≡ r` and column `≡ s` modulo
+//! the stride. There every kernel position's leaf, for a block of output rows, is one
+//! contiguous run (output position `oy · pitch + ox`; the `pitch - ow` positions past each
+//! row are computed and dropped), so each tree node is one long elementwise `max` (vectorized
+//! at the host's width for f32). Same values, same NaN propagation, same order of comparisons
+//! as the compiled definition.
 
 use crate::par::par_units;
 use crate::pool_grad::Geometry;
+use crate::simd::{Simd, instances};
 use oar_ir::DType;
 use oar_ir::ops::MaxPool2d;
 
@@ -51,27 +54,38 @@ fn max<T: Lane>(a: T, b: T) -> T {
     if a != a { a } else { m }
 }
 
+#[inline(always)]
 fn max_into<T: Lane>(dst: &mut [T], a: &[T], b: &[T]) {
     for ((d, &a), &b) in dst.iter_mut().zip(a).zip(b) {
         *d = max(a, b);
     }
 }
 
+#[inline(always)]
 fn max_assign<T: Lane>(dst: &mut [T], b: &[T]) {
     for (d, &b) in dst.iter_mut().zip(b) {
         *d = max(*d, b);
     }
 }
 
+/// Tree scratch elements per block of output rows at most (the nodes stay in L1).
+const BLOCK_ELEMS: usize = 1 << 11;
+
 impl Geometry {
-    /// Column phases a window row reads (`q = dj mod stride` for `dj < kw`).
-    fn phases(&self) -> usize {
-        self.stride[1].min(self.kernel[1])
+    /// Rows and columns (the pitch) of each stride phase: the padded extent the windows read
+    /// (`(o - 1) · stride + kernel`), divided by the stride.
+    fn rows(&self) -> usize {
+        ((self.oh - 1) * self.stride[0] + self.kernel[0]).div_ceil(self.stride[0])
     }
 
-    /// Elements of one phase row: every output column's leaf for every `dj` of that phase.
-    fn phase_len(&self) -> usize {
-        self.ow + (self.kernel[1] - 1) / self.stride[1]
+    fn pitch(&self) -> usize {
+        ((self.ow - 1) * self.stride[1] + self.kernel[1]).div_ceil(self.stride[1])
+    }
+
+    /// Output rows per block: the tree's nodes for a block stay within [`BLOCK_ELEMS`].
+    fn block(&self) -> usize {
+        let k = self.kernel[0] * self.kernel[1];
+        (BLOCK_ELEMS / (k.div_ceil(2) * self.pitch())).clamp(1, self.oh)
     }
 }
 
@@ -123,89 +137,121 @@ pub(crate) fn max_pool2d_into<T: Lane>(
     let work = g.planes.saturating_mul(s_out).saturating_mul(k);
     let threads = if work < 1 << 16 { 1 } else { threads };
     let out_ptr = crate::contraction::SendPtr(out.as_mut_ptr());
+    let (rows, block) = (g.rows(), g.block());
     let scratch = || {
         (
-            vec![T::LOWEST; g.kernel[0] * g.phases() * g.phase_len()],
-            vec![T::LOWEST; k.div_ceil(2) * g.ow],
+            vec![T::LOWEST; g.stride[0] * g.stride[1] * rows * g.pitch()],
+            vec![T::LOWEST; k.div_ceil(2) * ((block - 1) * g.pitch() + g.ow)],
         )
     };
     par_units(units, threads, scratch, |(phases, tmp), u| {
         for p in u * per..((u + 1) * per).min(g.planes) {
             // Safety: plane `p` of the output, written by this unit only.
             let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(p * s_out), s_out) };
-            plane(&g, &x[p * s_in..][..s_in], dst, phases, tmp);
+            any_plane(&g, &x[p * s_in..][..s_in], dst, phases, tmp);
         }
     });
     Ok(())
 }
 
-/// One plane, output row by output row.
+/// [`plane`] for f32, compiled for the host's vector instructions ([`instances`]).
+#[inline(always)]
+fn plane_body<const V: bool>(g: &Geometry, x: &[f32], out: &mut [f32], phases: &mut [f32], tmp: &mut [f32]) {
+    plane(g, x, out, phases, tmp)
+}
+
+instances!(plane_body, plane_f32, plane_avx2, plane_avx512,
+    (g: &Geometry, x: &[f32], out: &mut [f32], phases: &mut [f32], tmp: &mut [f32]) -> ());
+
+/// [`plane`], at the host's full vector width for f32.
+fn any_plane<T: Lane>(g: &Geometry, x: &[T], out: &mut [T], phases: &mut [T], tmp: &mut [T]) {
+    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
+        return plane(g, x, out, phases, tmp);
+    }
+    // Safety: `T` is f32: the same slices, typed as they are.
+    unsafe {
+        let f = |s: &mut [T]| std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut f32, s.len());
+        let x = std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len());
+        plane_f32(g, x, f(out), f(phases), f(tmp))
+    }
+}
+
+/// One plane: its phases, then the tree block of output rows by block.
+#[inline(always)]
 fn plane<T: Lane>(g: &Geometry, x: &[T], out: &mut [T], phases: &mut [T], tmp: &mut [T]) {
     let [kh, kw] = g.kernel;
     let [sh, sw] = g.stride;
-    let (nph, plen, ow) = (g.phases(), g.phase_len(), g.ow);
+    let (rows, pitch, ow) = (g.rows(), g.pitch(), g.ow);
     let k = kh * kw;
-    for (i, out_row) in out.chunks_exact_mut(ow).enumerate() {
-        // Phase q of window row di: element t is padded column q + sw·t of input row
-        // i·sh + di - top (-inf outside the input).
-        for di in 0..kh {
-            let r = (i * sh + di).checked_sub(g.top).filter(|&r| r < g.h);
-            for q in 0..nph {
-                let ph = &mut phases[(di * nph + q) * plen..][..plen];
-                let Some(r) = r else {
-                    ph.fill(T::LOWEST);
+    // Phase (r, s), element (i, j): padded row i·sh + r, column j·sw + s.
+    for r in 0..sh {
+        for s in 0..sw {
+            let ph = &mut phases[(r * sw + s) * rows * pitch..][..rows * pitch];
+            // Columns j with left ≤ j·sw + s < left + w read the input.
+            let lo = g.left.saturating_sub(s).div_ceil(sw).min(pitch);
+            let hi = (g.left + g.w)
+                .checked_sub(s)
+                .map_or(0, |e| e.div_ceil(sw))
+                .clamp(lo, pitch);
+            for (i, prow) in ph.chunks_exact_mut(pitch).enumerate() {
+                let Some(y) = (i * sh + r).checked_sub(g.top).filter(|&y| y < g.h) else {
+                    prow.fill(T::LOWEST);
                     continue;
                 };
-                let row = &x[r * g.w..][..g.w];
-                // Columns t with left ≤ q + sw·t < left + w read the input.
-                let lo = g.left.saturating_sub(q).div_ceil(sw).min(plen);
-                let hi = if q >= g.left + g.w {
-                    0
-                } else {
-                    (g.left + g.w - q).div_ceil(sw).min(plen)
-                }
-                .max(lo);
-                ph[..lo].fill(T::LOWEST);
-                ph[hi..].fill(T::LOWEST);
+                prow[..lo].fill(T::LOWEST);
+                prow[hi..].fill(T::LOWEST);
                 if lo < hi {
-                    let first = q + sw * lo - g.left;
-                    crate::conv_direct::gather_step(&mut ph[lo..hi], &row[first..], sw);
+                    let first = lo * sw + s - g.left;
+                    crate::conv_direct::gather_step(&mut prow[lo..hi], &x[y * g.w + first..][..g.w - first], sw);
                 }
             }
         }
+    }
+    let block = g.block();
+    for oy0 in (0..g.oh).step_by(block) {
+        let nr = block.min(g.oh - oy0);
+        // Output (oy0 + a, ox) at a · pitch + ox of the block's runs.
+        let len = (nr - 1) * pitch + ow;
         let leaf = |l: usize| {
             let (di, dj) = (l / kw, l % kw);
-            &phases[(di * nph + dj % sw) * plen + dj / sw..][..ow]
+            let at = ((di % sh) * sw + dj % sw) * rows * pitch + (oy0 + di / sh) * pitch + dj / sw;
+            &phases[at..][..len]
         };
+        let rows_out = &mut out[oy0 * ow..][..nr * ow];
         if k == 1 {
-            out_row.copy_from_slice(leaf(0));
+            let run = leaf(0);
+            for (a, o) in rows_out.chunks_exact_mut(ow).enumerate() {
+                o.copy_from_slice(&run[a * pitch..][..ow]);
+            }
             continue;
         }
         // The tree's first level from the leaves, the others in place in `tmp` (node j of a
         // level from nodes 2j and 2j + 1 of the one below).
         for j in 0..k / 2 {
-            max_into(&mut tmp[j * ow..][..ow], leaf(2 * j), leaf(2 * j + 1));
+            max_into(&mut tmp[j * len..][..len], leaf(2 * j), leaf(2 * j + 1));
         }
         if k % 2 == 1 {
-            tmp[k / 2 * ow..][..ow].copy_from_slice(leaf(k - 1));
+            tmp[k / 2 * len..][..len].copy_from_slice(leaf(k - 1));
         }
         let mut n = k.div_ceil(2);
         while n > 1 {
             {
-                let (first, rest) = tmp.split_at_mut(ow);
-                max_assign(first, &rest[..ow]);
+                let (first, rest) = tmp.split_at_mut(len);
+                max_assign(first, &rest[..len]);
             }
             for j in 1..n / 2 {
-                let (lo, hi) = tmp.split_at_mut(2 * j * ow);
-                let (a, b) = hi.split_at(ow);
-                max_into(&mut lo[j * ow..][..ow], a, &b[..ow]);
+                let (lo, hi) = tmp.split_at_mut(2 * j * len);
+                let (a, b) = hi.split_at(len);
+                max_into(&mut lo[j * len..][..len], a, &b[..len]);
             }
             if n % 2 == 1 {
-                tmp.copy_within((n - 1) * ow..n * ow, n / 2 * ow);
+                tmp.copy_within((n - 1) * len..n * len, n / 2 * len);
             }
             n = n.div_ceil(2);
         }
-        out_row.copy_from_slice(&tmp[..ow]);
+        for (a, o) in rows_out.chunks_exact_mut(ow).enumerate() {
+            o.copy_from_slice(&tmp[a * pitch..][..ow]);
+        }
     }
 }
 

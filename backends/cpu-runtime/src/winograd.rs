@@ -53,7 +53,7 @@ impl Shape {
         (self.oh.div_ceil(4), self.ow.div_ceil(4))
     }
 
-    fn tiles(&self) -> usize {
+    pub(crate) fn tiles(&self) -> usize {
         let (th, tw) = self.tiles_hw();
         self.n * th * tw
     }

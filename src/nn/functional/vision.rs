@@ -127,7 +127,7 @@ pub fn interpolate(
 /// `value`), `reflect`, `replicate` or `circular`.
 pub fn pad(x: &Tensor, pad: &[usize], mode: &str, value: f64) -> Result<Tensor> {
     let rank = x.ndim();
-    if pad.len() % 2 != 0 || pad.len() / 2 > rank {
+    if !pad.len().is_multiple_of(2) || pad.len() / 2 > rank {
         return Err(Error::invalid(
             "pad",
             format!(

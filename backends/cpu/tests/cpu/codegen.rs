@@ -1540,7 +1540,10 @@ fn random_programs_match_the_reference() {
             let name = format!("x{i}");
             let v = match kind {
                 0 => {
-                    let s: Vec<usize> = shape.iter().map(|&d| if r.next() % 2 == 0 { 1 } else { d }).collect();
+                    let s: Vec<usize> = shape
+                        .iter()
+                        .map(|&d| if r.next().is_multiple_of(2) { 1 } else { d })
+                        .collect();
                     ins.push((name.clone(), f32_data(&s, case * 10 + i)));
                     input(&mut g, &name, DType::F32, &s)
                 }
@@ -1591,7 +1594,7 @@ fn random_programs_match_the_reference() {
                 _ => {
                     // Reduce over some axes (keepdim), then combine with the unreduced value.
                     let cur_rank = g.value_type(cur).rank();
-                    let axes: Vec<usize> = (0..cur_rank).filter(|_| r.next() % 2 == 0).collect();
+                    let axes: Vec<usize> = (0..cur_rank).filter(|_| r.next().is_multiple_of(2)).collect();
                     let axes = if axes.is_empty() { vec![cur_rank - 1] } else { axes };
                     let op = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean][(r.next() % 4) as usize];
                     let red = g
@@ -1607,7 +1610,7 @@ fn random_programs_match_the_reference() {
                     g.add_op1(Op::Binary(BinaryOp::Sub), &[cur, red]).unwrap()
                 }
             };
-            if r.next() % 4 == 0 {
+            if r.next().is_multiple_of(4) {
                 vals.push(cur);
             }
         }

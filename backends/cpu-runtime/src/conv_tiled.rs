@@ -1,0 +1,713 @@
+//! Register-tiled direct convolution for f32 (2-d, NCHW, several input channels per group):
+//! the path for ordinary convolutions — 3 × 3 and 1 × 1 layers at any stride, a CNN's first
+//! layer on 3 channels — where im2col would copy every input element once per kernel tap and
+//! a GEMM on the copy re-packs both operands on every call.
+//!
+//! **Input layout.** Each image's channels are copied once into scratch, zero-padded and split
+//! into stride phases (the polyphase decomposition of [`crate::conv_direct`]): phase `(r, s)`
+//! of a channel holds the padded elements whose row is `≡ r` and column `≡ s` modulo the
+//! stride. There, kernel tap `t` of output position `q = oy · pitch + ox` reads channel `c` at
+//! `c · plane + tap[t] + q` — one contiguous run per tap over the whole output plane (the
+//! `pitch - ow` positions past each output row are computed and dropped).
+//!
+//! **Weights** are packed once (kept in the step's [`WeightCache`] when they are constant)
+//! into blocks of `OCB` output channels, `[group][K / OCB][C][tap][OCB]`, zero-filled past the
+//! last channel.
+//!
+//! **Microkernel.** A tile is `OCB` output channels × `NV` vectors of consecutive positions,
+//! held in `OCB · NV` accumulators (AVX-512: 8 × 3 zmm; AVX2: 4 × 3 ymm). For each input
+//! channel and tap it loads `NV` input vectors and broadcasts `OCB` weights: `OCB · NV` fused
+//! multiply-adds for `OCB + NV` loads. The last block of a plane takes as many vectors as it
+//! needs. Tiles are stored to a small buffer and their valid positions copied to the output
+//! rows.
+//!
+//! Threads split the tiles: by position block (every channel block of it in turn, so the
+//! input block stays in L1) when a group's weights are small, else by channel block (its
+//! weights stay in L2 while the positions stream).
+
+use crate::contraction::{SendPtr, WeightCache};
+use crate::conv::ConvSpec;
+use crate::par::par_units;
+use crate::scratch::Pooled;
+use crate::simd::Simd;
+
+/// Output-channel vectors per tile (of [`lanes`] channels each).
+const OV: usize = 2;
+/// Weight rows (one per input channel and tap) prefetched ahead.
+const PREFETCH: usize = 32;
+/// Scratch bytes of padded input per batch of images (at least one image).
+const SCRATCH_BYTES: usize = 8 << 20;
+
+/// The geometry of one tiled convolution.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    n: usize,
+    /// Groups, input and output channels per group.
+    g: usize,
+    cg: usize,
+    og: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    sh: usize,
+    sw: usize,
+    pt: usize,
+    pl: usize,
+    /// Rows and columns (the pitch) of each stride phase of a padded channel.
+    rows: usize,
+    pitch: usize,
+    /// Elements per channel in scratch (`sh · sw · rows · pitch`).
+    plane: usize,
+    /// Per kernel tap (row-major): where its run starts within a channel.
+    taps: Vec<usize>,
+    /// Per stride phase: whether a tap reads it (a strided 1 × 1 kernel reads one of them).
+    phases: Vec<bool>,
+    /// Elements of one image's scratch (every channel of one group).
+    image: usize,
+    simd: Simd,
+}
+
+impl Plan {
+    /// The plan for `conv(x[xs], w[ws])` with `spec` and output spatial shape `sout`, where this
+    /// path serves: a 2-d convolution with several input channels per group (`cg ≥ 2`,
+    /// `cg · taps ≥ 8`; depthwise ones take [`crate::conv_direct`]), not a 1 × 1 one,
+    /// a host with AVX2 or AVX-512, and padded scratch not far beyond the input's size.
+    pub(crate) fn new(xs: &[usize], ws: &[usize], spec: &ConvSpec, sout: &[usize]) -> Option<Plan> {
+        let simd = Simd::detect();
+        if simd == Simd::Baseline || xs.len() != 4 || ws.len() != 4 || sout.len() != 2 || forced_off() {
+            return None;
+        }
+        let (n, g) = (xs[0], spec.groups);
+        let (cg, og) = (ws[1], ws[0] / g.max(1));
+        let (h, w, kh, kw, oh, ow) = (xs[2], xs[3], ws[2], ws[3], sout[0], sout[1]);
+        let (sh, sw, dh, dw) = (spec.stride[0], spec.stride[1], spec.dilation[0], spec.dilation[1]);
+        if cg < 2 || cg * kh * kw < 8 || og == 0 || oh == 0 || ow == 0 {
+            return None;
+        }
+        // A 1 × 1 convolution is a GEMM on the input as it is (or on its strided gather): no
+        // scratch to fill, no tile to transpose, few multiply-adds per output to hide them.
+        if kh * kw == 1 {
+            return None;
+        }
+        let ext = |o: usize, s: usize, k: usize, d: usize| {
+            (o - 1)
+                .checked_mul(s)?
+                .checked_add((k - 1).checked_mul(d)?)?
+                .checked_add(1)
+        };
+        let rows = ext(oh, sh, kh, dh)?.div_ceil(sh);
+        let pitch = ext(ow, sw, kw, dw)?.div_ceil(sw);
+        let plane = sh.checked_mul(sw)?.checked_mul(rows)?.checked_mul(pitch)?;
+        let mut taps = Vec::with_capacity(kh * kw);
+        let mut phases = vec![false; sh * sw];
+        for a in 0..kh {
+            for b in 0..kw {
+                let (r, c) = (a * dh, b * dw);
+                let phase = (r % sh) * sw + c % sw;
+                phases[phase] = true;
+                taps.push(phase * rows * pitch + (r / sh) * pitch + c / sw);
+            }
+        }
+        let image = cg.checked_mul(plane)?;
+        // Huge padding, strides or dilations: the scratch would dwarf the input.
+        if image > (cg * h * w).saturating_mul(4).saturating_add(1 << 16) {
+            return None;
+        }
+        Some(Plan {
+            n,
+            g,
+            cg,
+            og,
+            h,
+            w,
+            oh,
+            ow,
+            sh,
+            sw,
+            pt: spec.pad_before[0],
+            pl: spec.pad_before[1],
+            rows,
+            pitch,
+            plane,
+            taps,
+            phases,
+            image,
+            simd,
+        })
+    }
+
+    /// Output channels per weight block.
+    fn ocb(&self) -> usize {
+        OV * lanes(self.simd)
+    }
+
+    fn blocks(&self) -> usize {
+        self.og.div_ceil(self.ocb())
+    }
+
+    /// Elements of the packed weights.
+    fn packed_len(&self) -> usize {
+        self.g * self.blocks() * self.cg * self.taps.len() * self.ocb()
+    }
+}
+
+/// `OAR_CPU_CONV=im2col` turns this path off (read once): the A/B switch of the benchmarks.
+fn forced_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("OAR_CPU_CONV").is_ok_and(|v| v.eq_ignore_ascii_case("im2col")))
+}
+
+fn lanes(simd: Simd) -> usize {
+    match simd {
+        Simd::Avx512 => 16,
+        _ => 8,
+    }
+}
+
+/// The kernels `w[G·og, cg, kh, kw]` in blocks: `[group][og / OCB][cg][tap][OCB]`.
+fn pack(w: &[f32], p: &Plan) -> Vec<f32> {
+    let (ocb, taps) = (p.ocb(), p.taps.len());
+    let mut out = vec![0f32; p.packed_len()];
+    for grp in 0..p.g {
+        for oc in 0..p.og {
+            let (blk, o) = (oc / ocb, oc % ocb);
+            let base = (grp * p.blocks() + blk) * p.cg * taps * ocb + o;
+            let src = &w[(grp * p.og + oc) * p.cg * taps..][..p.cg * taps];
+            for (i, &v) in src.iter().enumerate() {
+                out[base + i * ocb] = v;
+            }
+        }
+    }
+    out
+}
+
+/// `out[N, G·og, OH, OW] = conv(x[N, G·cg, H, W], w[G·og, cg, kh, kw])` as planned.
+/// With `cache` (constant weights) the packed weights are made on the first call and kept.
+///
+/// # Safety
+/// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither.
+pub(crate) unsafe fn conv(
+    x: *const f32,
+    w: *const f32,
+    out: *mut f32,
+    p: &Plan,
+    threads: usize,
+    cache: Option<&WeightCache>,
+) {
+    let (c, o) = (p.g * p.cg, p.g * p.og);
+    // Safety: the caller's contract.
+    let (x, w) = unsafe {
+        (
+            std::slice::from_raw_parts(x, p.n * c * p.h * p.w),
+            std::slice::from_raw_parts(w, o * p.cg * p.taps.len()),
+        )
+    };
+    let own;
+    let packed: &[f32] = match cache.map(|c| c.get_or_init(|| pack(w, p))) {
+        Some(v) if v.len() == p.packed_len() => v,
+        _ => {
+            own = pack(w, p);
+            &own
+        }
+    };
+    let out = SendPtr(out);
+    // Images per batch of scratch; each (image, group) has its own scratch.
+    let per = p.g * p.image;
+    let imgs = (SCRATCH_BYTES / 4 / per.max(1)).clamp(1, p.n);
+    let mut scratch = Pooled::<f32>::take(imgs * per);
+    let sp = SendPtr(scratch.as_mut_ptr());
+    for b0 in (0..p.n).step_by(imgs) {
+        let nb = imgs.min(p.n - b0);
+        // Fill: units of channels.
+        let chans = nb * c;
+        let per_unit = (1usize << 15).div_ceil(p.plane).clamp(1, chans);
+        par_units(
+            chans.div_ceil(per_unit),
+            threads,
+            || (),
+            |_, u| {
+                for ch in u * per_unit..((u + 1) * per_unit).min(chans) {
+                    let (b, ci) = (ch / c, ch % c);
+                    let (grp, cc) = (ci / p.cg, ci % p.cg);
+                    let src = &x[((b0 + b) * c + ci) * p.h * p.w..][..p.h * p.w];
+                    // Safety: channel `cc` of (image b, group grp)'s scratch: in bounds, written by
+                    // this unit only.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(sp.get().add((b * p.g + grp) * p.image + cc * p.plane), p.plane)
+                    };
+                    fill(p, src, dst);
+                }
+            },
+        );
+        // Compute: units of (image, group, weight block, rows), in tiles of `rows(simd)` rows
+        // and row segments of at most `max_np(simd)` positions; enough units for every thread
+        // to take several.
+        let (nob, tr) = (p.blocks(), rows(p.simd));
+        let blocks = nb * p.g * nob;
+        let splits = (8 * threads).div_ceil(blocks).clamp(1, p.oh);
+        let rows_per = p.oh.div_ceil(splits).next_multiple_of(tr);
+        let splits = p.oh.div_ceil(rows_per);
+        let segs = p.ow.div_ceil(max_np(p.simd));
+        let seg = p.ow.div_ceil(segs);
+        par_units(
+            blocks * splits,
+            threads,
+            || (),
+            |_, u| {
+                let (blk, split) = (u / splits, u % splits);
+                let (bg, ob) = (blk / nob, blk % nob);
+                let (b, grp) = (bg / p.g, bg % p.g);
+                // Safety: the scratch of (b, grp) is filled; tiles write disjoint outputs.
+                unsafe {
+                    let xs = sp.get().add((b * p.g + grp) * p.image) as *const f32;
+                    let wb = packed.as_ptr().add((grp * nob + ob) * p.cg * p.taps.len() * p.ocb());
+                    let dst = out.get().add(((b0 + b) * o + grp * p.og) * p.oh * p.ow);
+                    let end = ((split + 1) * rows_per).min(p.oh);
+                    for oy in (split * rows_per..end).step_by(tr) {
+                        for ox in (0..p.ow).step_by(seg) {
+                            let at = Pos {
+                                oy,
+                                nr: tr.min(end - oy),
+                                ox,
+                                np: seg.min(p.ow - ox),
+                            };
+                            tile(p, xs, wb, at, ob, dst);
+                        }
+                    }
+                }
+            },
+        );
+    }
+}
+
+/// One channel of one image, padded and phase-split into `dst` (`plane` elements).
+fn fill(p: &Plan, src: &[f32], dst: &mut [f32]) {
+    let phase = p.rows * p.pitch;
+    for r in 0..p.sh {
+        for s in 0..p.sw {
+            if !p.phases[r * p.sw + s] {
+                continue;
+            }
+            let ph = &mut dst[(r * p.sw + s) * phase..][..phase];
+            // Columns j of this phase read input column j·sw + s - pl, where it exists.
+            let first = p.pl.saturating_sub(s).div_ceil(p.sw).min(p.pitch);
+            let end = (p.w + p.pl)
+                .checked_sub(s)
+                .map_or(0, |e| e.div_ceil(p.sw))
+                .clamp(first, p.pitch);
+            for (i, row) in ph.chunks_exact_mut(p.pitch).enumerate() {
+                let y = (i * p.sh + r).checked_sub(p.pt).filter(|&y| y < p.h);
+                let Some(y) = y else {
+                    row.fill(0.0);
+                    continue;
+                };
+                row[..first].fill(0.0);
+                row[end..].fill(0.0);
+                let line = &src[y * p.w..][..p.w];
+                let x0 = first * p.sw + s - p.pl;
+                if p.sw == 1 {
+                    row[first..end].copy_from_slice(&line[x0..x0 + (end - first)]);
+                } else {
+                    for (j, v) in row[first..end].iter_mut().enumerate() {
+                        *v = line[x0 + j * p.sw];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows per tile: two on AVX-512, so each weight vector loaded serves twice the positions.
+fn rows(simd: Simd) -> usize {
+    match simd {
+        Simd::Avx512 => 2,
+        _ => 1,
+    }
+}
+
+/// Positions per tile row at most: the accumulators (`OV · rows · np`), the `OV` weight
+/// vectors and a broadcast fit the 32 zmm (16 ymm) registers.
+fn max_np(simd: Simd) -> usize {
+    match simd {
+        Simd::Avx512 => 7,
+        _ => 6,
+    }
+}
+
+/// Where a tile is: output rows `oy..oy + nr`, columns `ox..ox + np`.
+#[derive(Clone, Copy)]
+struct Pos {
+    oy: usize,
+    nr: usize,
+    ox: usize,
+    np: usize,
+}
+
+/// The tile at `at` of weight block `ob` into the output planes at `dst` (the group's first
+/// output channel of the image).
+///
+/// # Safety
+/// `xs` is the (image, group)'s filled scratch, `wb` the block's packed weights, `dst` holds
+/// the group's `og` output planes; the tile is within the output and at most `rows` ×
+/// `max_np`.
+unsafe fn tile(p: &Plan, xs: *const f32, wb: *const f32, at: Pos, ob: usize, dst: *mut f32) {
+    let (ocb, lanes) = (p.ocb(), lanes(p.simd));
+    let oc0 = ob * ocb;
+    let valid = ocb.min(p.og - oc0);
+    let ov = valid.div_ceil(lanes);
+    let mut buf = [0f32; 2 * 7 * OV * 16];
+    let a = Args {
+        x: xs.wrapping_add(at.oy * p.pitch + at.ox),
+        w: wb,
+        cg: p.cg,
+        plane: p.plane,
+        pitch: p.pitch,
+        taps: &p.taps,
+        out: buf.as_mut_ptr(),
+    };
+    let (nr, np) = (at.nr, at.np);
+    // Safety: reads stay within the scratch and the block; `buf` holds nr × np × ocb.
+    unsafe {
+        match p.simd {
+            Simd::Avx512 if ov == OV && nr == 2 => avx512_2x2(a, np),
+            Simd::Avx512 if ov == OV => avx512_2x1(a, np),
+            Simd::Avx512 if nr == 2 => avx512_1x2(a, np),
+            Simd::Avx512 => avx512_1x1(a, np),
+            _ if ov == OV => avx2_2x1(a, np),
+            _ => avx2_1x1(a, np),
+        }
+    }
+    let plane = p.oh * p.ow;
+    for o in 0..valid {
+        for r in 0..nr {
+            // Safety: output (oc0 + o, oy + r, ox..ox + np) of the group's planes.
+            let row =
+                unsafe { std::slice::from_raw_parts_mut(dst.add((oc0 + o) * plane + (at.oy + r) * p.ow + at.ox), np) };
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = buf[(r * np + j) * ocb + o];
+            }
+        }
+    }
+}
+
+/// The operands of one microkernel call.
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    /// The tile's first position in the first channel's scratch.
+    x: *const f32,
+    /// The weight block, `[cg][tap][ocb]`.
+    w: *const f32,
+    cg: usize,
+    plane: usize,
+    /// Scratch elements from one output row to the next.
+    pitch: usize,
+    taps: &'a [usize],
+    /// `[rows][np][ocb]`.
+    out: *mut f32,
+}
+
+/// A vector of f32 lanes, as the microkernel uses it.
+trait Lanes: Copy {
+    const N: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn splat(p: *const f32) -> Self;
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn store(p: *mut f32, v: Self);
+    /// Hint that the 64 bytes at `p` are read soon.
+    unsafe fn prefetch(p: *const f32);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Lanes;
+    use std::arch::x86_64::*;
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Zmm(__m512);
+    #[derive(Clone, Copy)]
+    pub(super) struct Ymm(__m256);
+
+    // Safety (every method): called only from functions compiled with the instruction set
+    // (AVX-512F resp. AVX2 + FMA) on pointers valid for the lanes read or written.
+    impl Lanes for Zmm {
+        const N: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            unsafe { Zmm(_mm512_setzero_ps()) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            unsafe { Zmm(_mm512_loadu_ps(p)) }
+        }
+        #[inline(always)]
+        unsafe fn splat(p: *const f32) -> Self {
+            unsafe { Zmm(_mm512_set1_ps(*p)) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+            unsafe { Zmm(_mm512_fmadd_ps(a.0, b.0, c.0)) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self) {
+            unsafe { _mm512_storeu_ps(p, v.0) }
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+        }
+    }
+
+    impl Lanes for Ymm {
+        const N: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            unsafe { Ymm(_mm256_setzero_ps()) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            unsafe { Ymm(_mm256_loadu_ps(p)) }
+        }
+        #[inline(always)]
+        unsafe fn splat(p: *const f32) -> Self {
+            unsafe { Ymm(_mm256_broadcast_ss(&*p)) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+            unsafe { Ymm(_mm256_fmadd_ps(a.0, b.0, c.0)) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self) {
+            unsafe { _mm256_storeu_ps(p, v.0) }
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+        }
+    }
+}
+
+/// `out[r][j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + r·pitch + j]` for `R`
+/// rows of `NP` positions and `V` vectors of output channels (`W` channels per weight row).
+///
+/// # Safety
+/// Called with `L`'s instruction set; every read is within the operands.
+#[inline(always)]
+unsafe fn microkernel<L: Lanes, const V: usize, const R: usize, const NP: usize, const W: usize>(a: Args) {
+    // Safety: the caller's contract.
+    unsafe {
+        let mut acc = [[[L::zero(); V]; NP]; R];
+        let mut wp = a.w;
+        for c in 0..a.cg {
+            let xc = a.x.add(c * a.plane);
+            for &t in a.taps {
+                let mut wv = [L::zero(); V];
+                for (v, wv) in wv.iter_mut().enumerate() {
+                    *wv = L::load(wp.add(v * L::N));
+                    // The weights stream from memory when a layer's are larger than L2.
+                    L::prefetch(wp.wrapping_add(PREFETCH * W + v * L::N));
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let xt = xc.add(t + r * a.pitch);
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let xj = L::splat(xt.add(j));
+                        for v in 0..V {
+                            acc[v] = L::fma(wv[v], xj, acc[v]);
+                        }
+                    }
+                }
+                wp = wp.add(W);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (j, acc) in acc.iter().enumerate() {
+                for (v, &s) in acc.iter().enumerate() {
+                    L::store(a.out.add((r * NP + j) * W + v * L::N), s);
+                }
+            }
+        }
+    }
+}
+
+/// The instances of [`microkernel`] for one instruction set, vector count and row count:
+/// `$name(args, np)` picks the one for `np` positions per row.
+macro_rules! microkernels {
+    ($name:ident, $feat:literal, $lanes:ty, $v:literal, $r:literal, $w:literal, [$($np:literal)*]) => {
+        /// # Safety
+        /// The host has the instruction set; as [`microkernel`].
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(a: Args, np: usize) {
+            // Safety: the caller's contract.
+            unsafe {
+                match np {
+                    $($np => microkernel::<$lanes, $v, $r, $np, $w>(a),)*
+                    _ => unreachable!("tile of {np} positions"),
+                }
+            }
+        }
+
+        /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
+        #[cfg(not(target_arch = "x86_64"))]
+        unsafe fn $name(_: Args, _: usize) {
+            unreachable!("no vector instances off x86-64")
+        }
+    };
+}
+
+microkernels!(avx512_2x2, "avx512f,avx2,fma", x86::Zmm, 2, 2, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx512_2x1, "avx512f,avx2,fma", x86::Zmm, 2, 1, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx512_1x2, "avx512f,avx2,fma", x86::Zmm, 1, 2, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx512_1x1, "avx512f,avx2,fma", x86::Zmm, 1, 1, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx2_2x1, "avx2,fma", x86::Ymm, 2, 1, 16, [1 2 3 4 5 6]);
+microkernels!(avx2_1x1, "avx2,fma", x86::Ymm, 1, 1, 16, [1 2 3 4 5 6]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 2-d convolution by its definition in f64, with groups and dilation.
+    fn reference(x: &[f64], xs: [usize; 4], w: &[f64], ws: [usize; 4], spec: &ConvSpec, sout: [usize; 2]) -> Vec<f64> {
+        let ([n, c, h, wi], [o, cg, kh, kw]) = (xs, ws);
+        let og = o / spec.groups;
+        let mut out = vec![0f64; n * o * sout[0] * sout[1]];
+        for b in 0..n {
+            for oc in 0..o {
+                for yy in 0..sout[0] {
+                    for xx in 0..sout[1] {
+                        let mut acc = 0.0;
+                        for ci in 0..cg {
+                            let ic = oc / og * cg + ci;
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let iy = (yy * spec.stride[0] + ky * spec.dilation[0]) as isize
+                                        - spec.pad_before[0] as isize;
+                                    let ix = (xx * spec.stride[1] + kx * spec.dilation[1]) as isize
+                                        - spec.pad_before[1] as isize;
+                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wi {
+                                        acc += x[((b * c + ic) * h + iy as usize) * wi + ix as usize]
+                                            * w[((oc * cg + ci) * kh + ky) * kw + kx];
+                                    }
+                                }
+                            }
+                        }
+                        out[((b * o + oc) * sout[0] + yy) * sout[1] + xx] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Strides 1 to 3, asymmetric padding, dilation, groups, 1 × 3, 3 × 1 and 7 × 7 kernels, a
+    /// 3-channel first layer, output channels that fill no weight block or half of one, rows
+    /// wider than a tile, several images in one batch of scratch, cached and uncached weights,
+    /// 1 and 2 threads: against the definition (small integers, so f32 is exact). CI runs this
+    /// on the AVX-512 and the AVX2 instances (`OAR_CPU_SIMD`).
+    #[test]
+    fn tiled_convolutions_match_the_definition() {
+        // (n, c, o, h, w, kh, kw, stride, pad before, pad after, dilation, groups)
+        type Case = (
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            usize,
+        );
+        let cases: [Case; 10] = [
+            (1, 16, 24, 14, 14, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
+            (2, 3, 10, 23, 21, 7, 7, [2, 2], [3, 3], [3, 2], [1, 1], 1),
+            (1, 8, 9, 7, 7, 1, 3, [1, 1], [0, 1], [0, 1], [1, 1], 1),
+            (3, 8, 5, 9, 10, 3, 1, [2, 2], [1, 0], [1, 0], [1, 1], 1),
+            (1, 12, 16, 11, 13, 3, 3, [1, 2], [2, 0], [1, 2], [2, 1], 1),
+            (2, 8, 12, 9, 9, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 4),
+            (1, 4, 33, 5, 40, 3, 5, [3, 1], [1, 2], [0, 2], [1, 2], 1),
+            (1, 2, 8, 1, 1, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
+            (5, 9, 17, 6, 6, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
+            (1, 5, 70, 4, 29, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
+        ];
+        for (i, (n, c, o, h, w, kh, kw, stride, pad_before, pad_after, dilation, groups)) in
+            cases.into_iter().enumerate()
+        {
+            let spec = ConvSpec {
+                stride: &stride,
+                pad_before: &pad_before,
+                pad_after: &pad_after,
+                dilation: &dilation,
+                groups,
+            };
+            let (xs, ws) = ([n, c, h, w], [o, c / groups, kh, kw]);
+            let (geo, _) = crate::conv::geometry(&xs, &ws, &spec).unwrap();
+            let sout = [geo.sout[0], geo.sout[1]];
+            let x: Vec<f64> = (0..xs.iter().product())
+                .map(|j: usize| ((j * 7 + i) % 9) as f64 - 4.0)
+                .collect();
+            let wt: Vec<f64> = (0..ws.iter().product())
+                .map(|j: usize| ((j * 5 + i) % 7) as f64 - 3.0)
+                .collect();
+            let want = reference(&x, xs, &wt, ws, &spec, sout);
+            let Some(plan) = Plan::new(&xs, &ws, &spec, &sout) else {
+                assert_eq!(Simd::detect(), Simd::Baseline, "case {i}: no plan");
+                continue;
+            };
+            let (x32, w32): (Vec<f32>, Vec<f32>) = (
+                x.iter().map(|&v| v as f32).collect(),
+                wt.iter().map(|&v| v as f32).collect(),
+            );
+            let cache = WeightCache::new();
+            for (threads, cached) in [(1, false), (2, true), (2, true)] {
+                let mut out = vec![f32::NAN; want.len()];
+                // Safety: dense operands of the plan's shapes; `out` holds the output.
+                unsafe {
+                    conv(
+                        x32.as_ptr(),
+                        w32.as_ptr(),
+                        out.as_mut_ptr(),
+                        &plan,
+                        threads,
+                        cached.then_some(&cache),
+                    )
+                };
+                let got: Vec<f64> = out.iter().map(|&v| v as f64).collect();
+                assert_eq!(got, want, "case {i}, {threads} threads, cached {cached}");
+            }
+        }
+    }
+
+    /// Depthwise convolutions, single input channels, 1 × 1 and 3-d convolutions and
+    /// baseline hosts are not this path's.
+    #[test]
+    fn declines_what_other_paths_serve() {
+        let (st, pad, dil) = ([1, 1], [1, 1], [1, 1]);
+        let spec = |groups| ConvSpec {
+            stride: &st,
+            pad_before: &pad,
+            pad_after: &pad,
+            dilation: &dil,
+            groups,
+        };
+        assert!(Plan::new(&[1, 8, 9, 9], &[8, 1, 3, 3], &spec(8), &[9, 9]).is_none());
+        assert!(Plan::new(&[1, 1, 9, 9], &[8, 1, 3, 3], &spec(1), &[9, 9]).is_none());
+        assert!(Plan::new(&[1, 2, 3, 9, 9], &[8, 2, 3, 3, 3], &spec(1), &[9, 9]).is_none());
+        let (zero, one) = ([0, 0], [1, 1]);
+        let pointwise = ConvSpec {
+            stride: &one,
+            pad_before: &zero,
+            pad_after: &zero,
+            dilation: &one,
+            groups: 1,
+        };
+        assert!(Plan::new(&[1, 8, 9, 9], &[8, 8, 1, 1], &pointwise, &[9, 9]).is_none());
+        assert!(Plan::new(&[1, 8, 9, 9], &[8, 8, 1, 1], &spec(1), &[11, 11]).is_none());
+        let serves = Plan::new(&[1, 8, 9, 9], &[8, 8, 3, 3], &spec(1), &[9, 9]).is_some();
+        assert_eq!(serves, Simd::detect() != Simd::Baseline);
+    }
+}
