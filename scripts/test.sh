@@ -50,10 +50,11 @@ echo "== onnx node tests"
 python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt
 python3 tools/gen_onnx_node_tests.py target/onnx-node-tests > /dev/null
 cargo run -q -p oar-onnx --example onnx_conformance -- target/onnx-node-tests --baseline onnx/tests/onnx_baseline.txt
+disk
 echo "== fuzz"
 # Every fuzz target, briefly, from its committed corpus (scripts/fuzz.sh; a long run is in
 # docs/RELIABILITY.md). OAR_FUZZ_SECONDS=0 skips it.
-fuzz_secs=${OAR_FUZZ_SECONDS:-20}
+fuzz_secs=${OAR_FUZZ_SECONDS:-10}
 if [ "$fuzz_secs" != 0 ]; then scripts/fuzz.sh "$fuzz_secs"; fi
 disk
 echo "== demo"
