@@ -56,6 +56,8 @@ fn pc(simd: Simd) -> usize {
 /// (AVX-512; AVX2, with fewer channels per tile, up to 3/5 of it: measured on 3 × 3 and 7 × 7
 /// first layers).
 const POSITIONS_MAX_MACS: usize = 160;
+/// Output rows narrower than this take another path.
+const MIN_WIDTH: usize = 6;
 /// Scratch bytes of padded input per batch of images (at least one image).
 const SCRATCH_BYTES: usize = 8 << 20;
 
@@ -97,7 +99,8 @@ pub(crate) struct Plan {
 impl Plan {
     /// The plan for `conv(x[xs], w[ws])` with `spec` and output spatial shape `sout`, where this
     /// path serves: a 2-d convolution with several input channels per group (`cg ≥ 2`,
-    /// `cg · taps ≥ 8`; depthwise ones take [`crate::conv_direct`]), not a 1 × 1 one,
+    /// `cg · taps ≥ 8`; depthwise ones take [`crate::conv_direct`]), not a 1 × 1 one, output
+    /// rows of at least [`MIN_WIDTH`],
     /// a host with AVX2 or AVX-512, and padded scratch not far beyond the input's size.
     pub(crate) fn new(xs: &[usize], ws: &[usize], spec: &ConvSpec, sout: &[usize]) -> Option<Plan> {
         let simd = Simd::detect();
@@ -108,7 +111,10 @@ impl Plan {
         let (cg, og) = (ws[1], ws[0] / g.max(1));
         let (h, w, kh, kw, oh, ow) = (xs[2], xs[3], ws[2], ws[3], sout[0], sout[1]);
         let (sh, sw, dh, dw) = (spec.stride[0], spec.stride[1], spec.dilation[0], spec.dilation[1]);
-        if cg < 2 || cg * kh * kw < 8 || og == 0 || oh == 0 || ow == 0 {
+        // Planes narrower than 6 (a deep stage's 4 × 4 or 1 × 1 at a training batch) leave
+        // too few positions per tile to reuse the weights loaded: the caller's GEMM over
+        // several images serves them.
+        if cg < 2 || cg * kh * kw < 8 || og == 0 || oh == 0 || ow < MIN_WIDTH {
             return None;
         }
         // A 1 × 1 convolution is a GEMM on the input as it is (or on its strided gather): no
@@ -747,11 +753,11 @@ mod tests {
     }
 
     /// Both orientations; strides 1 to 3, asymmetric padding, dilation, groups, 1 × 3, 3 × 1
-    /// and 7 × 7 kernels, a
-    /// 3-channel first layer, output channels that fill no weight block or half of one, rows
-    /// wider than a tile, several images in one batch of scratch, cached and uncached weights,
-    /// 1 and 2 threads: against the definition (small integers, so f32 is exact). CI runs this
-    /// on the AVX-512 and the AVX2 instances (`OAR_CPU_SIMD`).
+    /// and 7 × 7 kernels, a 3-channel first layer, output channels that fill no weight block
+    /// or half of one, one-row planes, rows wider than a tile, several images in one batch of
+    /// scratch, cached and uncached weights, 1 and 2 threads: against the definition (small
+    /// integers, so f32 is exact). CI runs this on the AVX-512 and the AVX2 instances
+    /// (`OAR_CPU_SIMD`).
     #[test]
     fn tiled_convolutions_match_the_definition() {
         // (n, c, o, h, w, kh, kw, stride, pad before, pad after, dilation, groups)
@@ -773,11 +779,11 @@ mod tests {
             (1, 16, 24, 14, 14, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
             (2, 3, 10, 23, 21, 7, 7, [2, 2], [3, 3], [3, 2], [1, 1], 1),
             (1, 8, 9, 7, 7, 1, 3, [1, 1], [0, 1], [0, 1], [1, 1], 1),
-            (3, 8, 5, 9, 10, 3, 1, [2, 2], [1, 0], [1, 0], [1, 1], 1),
+            (3, 8, 5, 9, 12, 3, 1, [2, 2], [1, 0], [1, 0], [1, 1], 1),
             (1, 12, 16, 11, 13, 3, 3, [1, 2], [2, 0], [1, 2], [2, 1], 1),
             (2, 8, 12, 9, 9, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 4),
             (1, 4, 33, 5, 40, 3, 5, [3, 1], [1, 2], [0, 2], [1, 2], 1),
-            (1, 2, 8, 1, 1, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
+            (1, 2, 8, 1, 7, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
             (5, 9, 17, 6, 6, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
             (1, 5, 70, 4, 29, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
             // The position orientation: a first layer, rows of one partial and of several
@@ -840,8 +846,8 @@ mod tests {
         }
     }
 
-    /// Depthwise convolutions, single input channels, 1 × 1 and 3-d convolutions and
-    /// baseline hosts are not this path's.
+    /// Depthwise convolutions, single input channels, 1 × 1 and 3-d convolutions, narrow
+    /// planes and baseline hosts are not this path's.
     #[test]
     fn declines_what_other_paths_serve() {
         let (st, pad, dil) = ([1, 1], [1, 1], [1, 1]);
@@ -865,6 +871,7 @@ mod tests {
         };
         assert!(Plan::new(&[1, 8, 9, 9], &[8, 8, 1, 1], &pointwise, &[9, 9]).is_none());
         assert!(Plan::new(&[1, 8, 9, 9], &[8, 8, 1, 1], &spec(1), &[11, 11]).is_none());
+        assert!(Plan::new(&[32, 8, 4, 4], &[8, 8, 3, 3], &spec(1), &[4, 4]).is_none());
         let serves = Plan::new(&[1, 8, 9, 9], &[8, 8, 3, 3], &spec(1), &[9, 9]).is_some();
         assert_eq!(serves, Simd::detect() != Simd::Baseline);
     }
