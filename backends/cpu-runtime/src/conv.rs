@@ -1,9 +1,12 @@
 //! N-d convolution `x[N, C, *S] ⋆ w[O, C/groups, *K] -> out[N, O, *Y]` (cross-correlation, as
 //! `Op::Conv`) for the contraction runtime.
 //!
-//! Four paths, all on contiguous operands (a strided operand is copied first):
-//! - **tiled** ([`crate::conv_tiled`]) for f32 2-d convolutions with several input channels
-//!   per group on AVX2 and AVX-512 hosts: register-tiled direct convolution on packed weights;
+//! Five paths, all on contiguous operands (a strided operand is copied first):
+//! - **Winograd** ([`crate::winograd`]) for f32 3 × 3 stride-1 convolutions with at least 128
+//!   output tiles (a batch of large planes);
+//! - **tiled** ([`crate::conv_tiled`]) for other f32 2-d convolutions with several input
+//!   channels per group and rows of 6 or more outputs on AVX2 and AVX-512 hosts:
+//!   register-tiled direct convolution on packed weights;
 //! - **direct** ([`crate::conv_direct`]) when each output channel reads one input channel
 //!   (`C/groups == 1`: depthwise convolutions as in MobileNet), one plane at a time;
 //! - **1×1** (unit kernel, stride 1, no padding): one gemm per (batch, group, column tile) on
