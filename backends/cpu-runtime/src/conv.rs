@@ -833,24 +833,22 @@ pub(crate) fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize,
     }
 }
 
+/// What the convolution paths' tests share.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod testing {
+    use super::ConvSpec;
 
-    /// The convolution by its definition in f64 (2-d, undilated): `x[xs] ⋆ w[ws]` with
-    /// `groups`, into an output of `sout`.
-    #[allow(clippy::too_many_arguments)]
-    fn reference(
-        (x, xs): (&[f64], [usize; 4]),
-        (w, ws): (&[f64], [usize; 4]),
-        stride: [usize; 2],
-        pad: [usize; 2],
-        groups: usize,
+    /// The 2-d convolution by its definition in f64, with groups and dilation.
+    pub(crate) fn reference(
+        x: &[f64],
+        xs: [usize; 4],
+        w: &[f64],
+        ws: [usize; 4],
+        spec: &ConvSpec,
         sout: [usize; 2],
     ) -> Vec<f64> {
-        let [n, c, h, wi] = xs;
-        let [o, cg, kh, kw] = ws;
-        let og = o / groups;
+        let ([n, c, h, wi], [o, cg, kh, kw]) = (xs, ws);
+        let og = o / spec.groups;
         let mut out = vec![0f64; n * o * sout[0] * sout[1]];
         for b in 0..n {
             for oc in 0..o {
@@ -861,8 +859,10 @@ mod tests {
                             let ic = oc / og * cg + ci;
                             for ky in 0..kh {
                                 for kx in 0..kw {
-                                    let iy = (yy * stride[0] + ky) as isize - pad[0] as isize;
-                                    let ix = (xx * stride[1] + kx) as isize - pad[1] as isize;
+                                    let iy = (yy * spec.stride[0] + ky * spec.dilation[0]) as isize
+                                        - spec.pad_before[0] as isize;
+                                    let ix = (xx * spec.stride[1] + kx * spec.dilation[1]) as isize
+                                        - spec.pad_before[1] as isize;
                                     if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wi {
                                         acc += x[((b * c + ic) * h + iy as usize) * wi + ix as usize]
                                             * w[((oc * cg + ci) * kh + ky) * kw + kx];
@@ -876,6 +876,31 @@ mod tests {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The convolution by its definition in f64 (2-d, undilated): `x[xs] ⋆ w[ws]` with
+    /// `groups`, into an output of `sout`.
+    fn reference(
+        (x, xs): (&[f64], [usize; 4]),
+        (w, ws): (&[f64], [usize; 4]),
+        stride: [usize; 2],
+        pad: [usize; 2],
+        groups: usize,
+        sout: [usize; 2],
+    ) -> Vec<f64> {
+        let spec = ConvSpec {
+            stride: &stride,
+            pad_before: &pad,
+            pad_after: &pad,
+            dilation: &[1, 1],
+            groups,
+        };
+        testing::reference(x, xs, w, ws, &spec, sout)
     }
 
     /// [`conv`] on dense operands, 2 threads, no cache.

@@ -516,63 +516,60 @@ mod x86 {
     #[derive(Clone, Copy)]
     pub(super) struct Ymm(__m256);
 
-    // Safety (every method): called only from functions compiled with the instruction set
-    // (AVX-512F resp. AVX2 + FMA) on pointers valid for the lanes read or written.
-    impl Lanes for Zmm {
-        const N: usize = 16;
-        #[inline(always)]
-        unsafe fn zero() -> Self {
-            unsafe { Zmm(_mm512_setzero_ps()) }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { Zmm(_mm512_loadu_ps(p)) }
-        }
-        #[inline(always)]
-        unsafe fn splat(p: *const f32) -> Self {
-            unsafe { Zmm(_mm512_set1_ps(*p)) }
-        }
-        #[inline(always)]
-        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-            unsafe { Zmm(_mm512_fmadd_ps(a.0, b.0, c.0)) }
-        }
-        #[inline(always)]
-        unsafe fn store(p: *mut f32, v: Self) {
-            unsafe { _mm512_storeu_ps(p, v.0) }
-        }
-        #[inline(always)]
-        unsafe fn prefetch(p: *const f32) {
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
-        }
+    /// `Lanes` for one vector type from its intrinsics.
+    macro_rules! lanes {
+        ($t:ident, $n:literal, $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident) => {
+            // Safety (every method): called only from functions compiled with the type's
+            // instruction set (AVX-512F resp. AVX2 + FMA) on pointers valid for the lanes read
+            // or written.
+            impl Lanes for $t {
+                const N: usize = $n;
+                #[inline(always)]
+                unsafe fn zero() -> Self {
+                    unsafe { $t($zero()) }
+                }
+                #[inline(always)]
+                unsafe fn load(p: *const f32) -> Self {
+                    unsafe { $t($load(p)) }
+                }
+                #[inline(always)]
+                unsafe fn splat(p: *const f32) -> Self {
+                    unsafe { $t($set1(*p)) }
+                }
+                #[inline(always)]
+                unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+                    unsafe { $t($fma(a.0, b.0, c.0)) }
+                }
+                #[inline(always)]
+                unsafe fn store(p: *mut f32, v: Self) {
+                    unsafe { $store(p, v.0) }
+                }
+                #[inline(always)]
+                unsafe fn prefetch(p: *const f32) {
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+                }
+            }
+        };
     }
 
-    impl Lanes for Ymm {
-        const N: usize = 8;
-        #[inline(always)]
-        unsafe fn zero() -> Self {
-            unsafe { Ymm(_mm256_setzero_ps()) }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { Ymm(_mm256_loadu_ps(p)) }
-        }
-        #[inline(always)]
-        unsafe fn splat(p: *const f32) -> Self {
-            unsafe { Ymm(_mm256_broadcast_ss(&*p)) }
-        }
-        #[inline(always)]
-        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-            unsafe { Ymm(_mm256_fmadd_ps(a.0, b.0, c.0)) }
-        }
-        #[inline(always)]
-        unsafe fn store(p: *mut f32, v: Self) {
-            unsafe { _mm256_storeu_ps(p, v.0) }
-        }
-        #[inline(always)]
-        unsafe fn prefetch(p: *const f32) {
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
-        }
-    }
+    lanes!(
+        Zmm,
+        16,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_set1_ps,
+        _mm512_fmadd_ps,
+        _mm512_storeu_ps
+    );
+    lanes!(
+        Ymm,
+        8,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_set1_ps,
+        _mm256_fmadd_ps,
+        _mm256_storeu_ps
+    );
 }
 
 /// `out[r][j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + r·pitch + j]` for `R`
@@ -719,39 +716,6 @@ microkernels!(avx2_1x1, "avx2,fma", x86::Ymm, 1, 1, 16, [1 2 3 4 5 6]);
 mod tests {
     use super::*;
 
-    /// The 2-d convolution by its definition in f64, with groups and dilation.
-    fn reference(x: &[f64], xs: [usize; 4], w: &[f64], ws: [usize; 4], spec: &ConvSpec, sout: [usize; 2]) -> Vec<f64> {
-        let ([n, c, h, wi], [o, cg, kh, kw]) = (xs, ws);
-        let og = o / spec.groups;
-        let mut out = vec![0f64; n * o * sout[0] * sout[1]];
-        for b in 0..n {
-            for oc in 0..o {
-                for yy in 0..sout[0] {
-                    for xx in 0..sout[1] {
-                        let mut acc = 0.0;
-                        for ci in 0..cg {
-                            let ic = oc / og * cg + ci;
-                            for ky in 0..kh {
-                                for kx in 0..kw {
-                                    let iy = (yy * spec.stride[0] + ky * spec.dilation[0]) as isize
-                                        - spec.pad_before[0] as isize;
-                                    let ix = (xx * spec.stride[1] + kx * spec.dilation[1]) as isize
-                                        - spec.pad_before[1] as isize;
-                                    if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < wi {
-                                        acc += x[((b * c + ic) * h + iy as usize) * wi + ix as usize]
-                                            * w[((oc * cg + ci) * kh + ky) * kw + kx];
-                                    }
-                                }
-                            }
-                        }
-                        out[((b * o + oc) * sout[0] + yy) * sout[1] + xx] = acc;
-                    }
-                }
-            }
-        }
-        out
-    }
-
     /// Both orientations; strides 1 to 3, asymmetric padding, dilation, groups, 1 × 3, 3 × 1
     /// and 7 × 7 kernels, a 3-channel first layer, output channels that fill no weight block
     /// or half of one, one-row planes, rows wider than a tile, several images in one batch of
@@ -810,7 +774,7 @@ mod tests {
             let wt: Vec<f64> = (0..ws.iter().product())
                 .map(|j: usize| ((j * 5 + i) % 7) as f64 - 3.0)
                 .collect();
-            let want = reference(&x, xs, &wt, ws, &spec, sout);
+            let want = crate::conv::testing::reference(&x, xs, &wt, ws, &spec, sout);
             let Some(plan) = Plan::new(&xs, &ws, &spec, &sout) else {
                 assert_eq!(Simd::detect(), Simd::Baseline, "case {i}: no plan");
                 continue;
