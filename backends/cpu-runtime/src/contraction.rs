@@ -14,7 +14,7 @@
 use crate::conv::{ConvSpec, conv};
 use crate::par::par_units;
 use gemm::Parallelism;
-use oar_ir::kernel::{BufferId, BufferKind, Contraction, ContractionKernel, KernelProgram, Operand};
+use oar_ir::kernel::{BufferId, Contraction, ContractionKernel, KernelProgram, Operand};
 use oar_ir::ops::Conv;
 use oar_ir::{BackendError, DType, Dim};
 use std::ops::{Add, AddAssign, Mul};
@@ -449,6 +449,19 @@ pub(crate) fn useful_threads(flops: usize, threads: usize) -> usize {
 /// convolution's Winograd-transformed kernels), one slot per step of a model.
 pub type WeightCache = std::sync::OnceLock<Vec<f32>>;
 
+/// `make()` kept in `cache` across runs (made on the first), where there is a cache and what it
+/// holds has the `len` elements `make` gives; otherwise made for this call.
+pub(crate) fn prepared(
+    cache: Option<&WeightCache>,
+    len: usize,
+    make: impl Fn() -> Vec<f32>,
+) -> std::borrow::Cow<'_, [f32]> {
+    match cache.map(|c| c.get_or_init(&make)) {
+        Some(v) if v.len() == len => std::borrow::Cow::Borrowed(v),
+        _ => std::borrow::Cow::Owned(make()),
+    }
+}
+
 /// Compute `k`'s contraction (not its epilogue) into buffer `out`. `cache` is the step's slot
 /// for data derived from its right operand, used only when that operand is a param or a
 /// constant (which no step writes).
@@ -477,11 +490,7 @@ pub(crate) unsafe fn run(
         out_shape,
     } = prep;
     let ptr = |b: BufferId| bufs[b.index()];
-    let constant = matches!(
-        program.buffer(rhs.1).kind,
-        BufferKind::Param { .. } | BufferKind::Constant(_)
-    );
-    let cache = cache.filter(|_| constant);
+    let cache = cache.filter(|_| program.buffer(rhs.1).kind.is_weight());
     // Safety: `prepare` checked every operand view against its buffer's size, the output
     // shape against the output buffer, the dtypes and the pointers' alignment.
     unsafe {

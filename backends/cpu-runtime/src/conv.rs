@@ -321,11 +321,12 @@ pub(crate) unsafe fn conv<T: Elem>(
     // Winograd's 36 GEMMs run well from about 128 tiles (a batch of 56 × 56 planes, or of
     // 14 × 14 ones); fewer, and the tiled direct convolution is faster.
     let many_tiles = winograd.is_some_and(|s| s.tiles() >= 128);
+    let flops = total.saturating_mul(cg).saturating_mul(ks);
+    let useful = useful_threads(flops, threads);
     if f32s
         && !many_tiles
         && let Some(plan) = crate::conv_tiled::Plan::new(xs, ws, spec, sout)
     {
-        let threads = useful_threads(total.saturating_mul(cg).saturating_mul(ks), threads);
         // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
         // `total` elements and overlaps neither.
         unsafe {
@@ -334,7 +335,7 @@ pub(crate) unsafe fn conv<T: Elem>(
                 wp as *const f32,
                 out as *mut f32,
                 &plan,
-                threads,
+                useful,
                 cache,
             )
         };
@@ -346,8 +347,7 @@ pub(crate) unsafe fn conv<T: Elem>(
         unsafe { crate::winograd::conv(xp as *const f32, wp as *const f32, out as *mut f32, &s, threads, cache) };
         return Ok(());
     }
-    let flops = total.saturating_mul(cg).saturating_mul(ks);
-    let threads = useful_threads(flops, threads);
+    let threads = useful;
     let (xp, wp, out) = (SendPtr(xp as *mut T), SendPtr(wp as *mut T), SendPtr(out));
     // The direct path's scratch, next to the planes' own sizes.
     let direct_fits = || {

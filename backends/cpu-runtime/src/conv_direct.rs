@@ -224,6 +224,55 @@ impl Direct {
     }
 }
 
+/// A 2-d plane's stride phases, the decomposition [`Direct`] computes in: phase `(r, s)`, of
+/// `rows × pitch` elements, holds at `(i, j)` the padded element `(i·sh + r, j·sw + s)` of an
+/// `h × w` input padded by `top` rows and `left` columns before.
+pub(crate) struct Phases {
+    pub h: usize,
+    pub w: usize,
+    pub top: usize,
+    pub left: usize,
+    pub sh: usize,
+    pub sw: usize,
+    pub rows: usize,
+    pub pitch: usize,
+}
+
+impl Phases {
+    /// `src` (the `h × w` plane) split into `dst` (`sh · sw` phases, one after another), `pad`
+    /// outside the input; the phases `skip` names are left as they are.
+    pub(crate) fn split<T: Copy>(&self, src: &[T], pad: T, dst: &mut [T], skip: impl Fn(usize) -> bool) {
+        let (sh, sw, pitch) = (self.sh, self.sw, self.pitch);
+        let len = self.rows * pitch;
+        for r in 0..sh {
+            for s in 0..sw {
+                if skip(r * sw + s) {
+                    continue;
+                }
+                let ph = &mut dst[(r * sw + s) * len..][..len];
+                // Columns j with left ≤ j·sw + s < left + w read the input.
+                let lo = self.left.saturating_sub(s).div_ceil(sw).min(pitch);
+                let hi = (self.left + self.w)
+                    .checked_sub(s)
+                    .map_or(0, |e| e.div_ceil(sw))
+                    .clamp(lo, pitch);
+                for (i, prow) in ph.chunks_exact_mut(pitch).enumerate() {
+                    let Some(y) = (i * sh + r).checked_sub(self.top).filter(|&y| y < self.h) else {
+                        prow.fill(pad);
+                        continue;
+                    };
+                    prow[..lo].fill(pad);
+                    prow[hi..].fill(pad);
+                    if lo < hi {
+                        let first = lo * sw + s - self.left;
+                        gather_step(&mut prow[lo..hi], &src[y * self.w + first..][..self.w - first], sw);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `dst[j] = src[j · step]` for every `j` of `dst` (`src` holds them all).
 #[inline(always)]
 pub(crate) fn gather_step<T: Copy>(dst: &mut [T], src: &[T], step: usize) {

@@ -40,11 +40,6 @@ const PREFETCH: usize = 32;
 const PV: usize = 3;
 const PC: usize = 8;
 
-/// Position vectors per tile in the position orientation.
-fn pv(_: Simd) -> usize {
-    PV
-}
-
 /// Output channels per tile in the position orientation.
 fn pc(simd: Simd) -> usize {
     match simd {
@@ -146,7 +141,7 @@ impl Plan {
             _ => POSITIONS_MAX_MACS * 3 / 5,
         };
         let along_positions = cg * kh * kw <= max_macs && ow >= 2 * lanes(simd);
-        let image = cg.checked_mul(plane)?.checked_add(pv(simd) * lanes(simd))?;
+        let image = cg.checked_mul(plane)?.checked_add(PV * lanes(simd))?;
         // Huge padding, strides or dilations: the scratch would dwarf the input.
         if image > (cg * h * w).saturating_mul(4).saturating_add(1 << 16) {
             return None;
@@ -245,14 +240,7 @@ pub(crate) unsafe fn conv(
             std::slice::from_raw_parts(w, o * p.cg * p.taps.len()),
         )
     };
-    let own;
-    let packed: &[f32] = match cache.map(|c| c.get_or_init(|| pack(w, p))) {
-        Some(v) if v.len() == p.packed_len() => v,
-        _ => {
-            own = pack(w, p);
-            &own
-        }
-    };
+    let packed = crate::contraction::prepared(cache, p.packed_len(), || pack(w, p));
     let out = SendPtr(out);
     // Images per batch of scratch; each (image, group) has its own scratch.
     let per = p.g * p.image;
@@ -308,7 +296,7 @@ pub(crate) unsafe fn conv(
                     let end = ((split + 1) * rows_per).min(p.oh);
                     if p.along_positions {
                         for oy in split * rows_per..end {
-                            for ox in (0..p.ow).step_by(pv(p.simd) * lanes(p.simd)) {
+                            for ox in (0..p.ow).step_by(PV * lanes(p.simd)) {
                                 tile_positions(p, xs, wb, oy, ox, ob, dst);
                             }
                         }
@@ -331,41 +319,20 @@ pub(crate) unsafe fn conv(
     }
 }
 
-/// One channel of one image, padded and phase-split into `dst` (`plane` elements).
+/// One channel of one image, padded and phase-split into `dst` (`plane` elements; the
+/// phases no tap reads are left alone).
 fn fill(p: &Plan, src: &[f32], dst: &mut [f32]) {
-    let phase = p.rows * p.pitch;
-    for r in 0..p.sh {
-        for s in 0..p.sw {
-            if !p.phases[r * p.sw + s] {
-                continue;
-            }
-            let ph = &mut dst[(r * p.sw + s) * phase..][..phase];
-            // Columns j of this phase read input column j·sw + s - pl, where it exists.
-            let first = p.pl.saturating_sub(s).div_ceil(p.sw).min(p.pitch);
-            let end = (p.w + p.pl)
-                .checked_sub(s)
-                .map_or(0, |e| e.div_ceil(p.sw))
-                .clamp(first, p.pitch);
-            for (i, row) in ph.chunks_exact_mut(p.pitch).enumerate() {
-                let y = (i * p.sh + r).checked_sub(p.pt).filter(|&y| y < p.h);
-                let Some(y) = y else {
-                    row.fill(0.0);
-                    continue;
-                };
-                row[..first].fill(0.0);
-                row[end..].fill(0.0);
-                let line = &src[y * p.w..][..p.w];
-                let x0 = first * p.sw + s - p.pl;
-                if p.sw == 1 {
-                    row[first..end].copy_from_slice(&line[x0..x0 + (end - first)]);
-                } else {
-                    for (j, v) in row[first..end].iter_mut().enumerate() {
-                        *v = line[x0 + j * p.sw];
-                    }
-                }
-            }
-        }
-    }
+    let split = crate::conv_direct::Phases {
+        h: p.h,
+        w: p.w,
+        top: p.pt,
+        left: p.pl,
+        sh: p.sh,
+        sw: p.sw,
+        rows: p.rows,
+        pitch: p.pitch,
+    };
+    split.split(src, 0.0, dst, |phase| !p.phases[phase]);
 }
 
 /// Rows per tile: two on AVX-512, so each weight vector loaded serves twice the positions.
@@ -441,7 +408,7 @@ unsafe fn tile(p: &Plan, xs: *const f32, wb: *const f32, at: Pos, ob: usize, dst
     }
 }
 
-/// Output row `oy`, columns `ox..` (up to [`pv`] vectors), of weight block `ob` in the
+/// Output row `oy`, columns `ox..` (up to [`PV`] vectors), of weight block `ob` in the
 /// position orientation.
 ///
 /// # Safety
@@ -450,7 +417,7 @@ unsafe fn tile_positions(p: &Plan, xs: *const f32, wb: *const f32, oy: usize, ox
     let (ocb, lanes) = (p.ocb(), lanes(p.simd));
     let oc0 = ob * ocb;
     let valid = ocb.min(p.og - oc0);
-    let np = (p.ow - ox).min(pv(p.simd) * lanes);
+    let np = (p.ow - ox).min(PV * lanes);
     let nv = np.div_ceil(lanes);
     let mut buf = [0f32; PC * PV * 16];
     let a = Args {

@@ -147,11 +147,7 @@ impl Model {
     /// host-interpreted kernels are not hoisted.
     fn hoist(&mut self) -> Result<(), BackendError> {
         let p = &self.prog.program;
-        let mut fixed: Vec<bool> = p
-            .buffers
-            .iter()
-            .map(|b| matches!(b.kind, BufferKind::Param { .. } | BufferKind::Constant(_)))
-            .collect();
+        let mut fixed: Vec<bool> = p.buffers.iter().map(|b| b.kind.is_weight()).collect();
         let mut hoisted = vec![false; p.kernels.len()];
         for (i, k) in p.kernels.iter().enumerate() {
             let runs_here = matches!(

@@ -9,7 +9,7 @@
 
 use crate::conv_direct::copy_run;
 use crate::program::static_shape;
-use oar_ir::kernel::{BufferKind, Kernel, KernelBody, KernelProgram, OpaqueKernel};
+use oar_ir::kernel::{Kernel, KernelBody, KernelProgram, OpaqueKernel};
 use oar_ir::ops::{
     Composite, Concat, ConvTranspose, ConvWeightGrad, Gather, MaxPool2d, MaxPool2dGrad, Pad, Scatter, ScatterReduce,
 };
@@ -408,12 +408,7 @@ pub unsafe fn run(
             let shapes: Vec<Vec<usize>> = (0..o.inputs.len()).map(shape_of).collect();
             let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
             // The recurrent weight's panels are kept for later runs when it is a weight.
-            let cache = cache.filter(|_| {
-                matches!(
-                    p.buffer(o.inputs[1]).kind,
-                    BufferKind::Param { .. } | BufferKind::Constant(_)
-                )
-            });
+            let cache = cache.filter(|_| p.buffer(o.inputs[1]).kind.is_weight());
             // Safety: the caller passes live buffers of the program's types.
             unsafe {
                 with_results(p, k, o, bufs, |ins, outs| {

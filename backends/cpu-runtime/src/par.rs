@@ -85,8 +85,18 @@ pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, 
         participate(&shared, first);
     }
     // Every unit is claimed; wait for those pool threads are still running.
+    wait_until(|| shared.done.load(Ordering::Acquire) >= n);
+    if let Some(payload) = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        resume_unwind(payload);
+    }
+    linger(tasks - 1);
+}
+
+/// Spin until `done()`, then yield between checks: work another thread has already claimed
+/// finishes within microseconds unless that thread was descheduled.
+pub(crate) fn wait_until(done: impl Fn() -> bool) {
     let mut spins = 0u32;
-    while shared.done.load(Ordering::Acquire) < n {
+    while !done() {
         if spins < 1 << 12 {
             spins += 1;
             std::hint::spin_loop();
@@ -94,10 +104,6 @@ pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, 
             std::thread::yield_now();
         }
     }
-    if let Some(payload) = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        resume_unwind(payload);
-    }
-    linger(tasks - 1);
 }
 
 /// Keep up to `helpers` pool threads spinning for the next parallel loop.

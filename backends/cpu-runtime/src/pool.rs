@@ -184,29 +184,17 @@ fn plane<T: Lane>(g: &Geometry, x: &[T], out: &mut [T], phases: &mut [T], tmp: &
     let (rows, pitch, ow) = (g.rows(), g.pitch(), g.ow);
     let k = kh * kw;
     // Phase (r, s), element (i, j): padded row i·sh + r, column j·sw + s.
-    for r in 0..sh {
-        for s in 0..sw {
-            let ph = &mut phases[(r * sw + s) * rows * pitch..][..rows * pitch];
-            // Columns j with left ≤ j·sw + s < left + w read the input.
-            let lo = g.left.saturating_sub(s).div_ceil(sw).min(pitch);
-            let hi = (g.left + g.w)
-                .checked_sub(s)
-                .map_or(0, |e| e.div_ceil(sw))
-                .clamp(lo, pitch);
-            for (i, prow) in ph.chunks_exact_mut(pitch).enumerate() {
-                let Some(y) = (i * sh + r).checked_sub(g.top).filter(|&y| y < g.h) else {
-                    prow.fill(T::LOWEST);
-                    continue;
-                };
-                prow[..lo].fill(T::LOWEST);
-                prow[hi..].fill(T::LOWEST);
-                if lo < hi {
-                    let first = lo * sw + s - g.left;
-                    crate::conv_direct::gather_step(&mut prow[lo..hi], &x[y * g.w + first..][..g.w - first], sw);
-                }
-            }
-        }
-    }
+    let split = crate::conv_direct::Phases {
+        h: g.h,
+        w: g.w,
+        top: g.top,
+        left: g.left,
+        sh,
+        sw,
+        rows,
+        pitch,
+    };
+    split.split(x, T::LOWEST, phases, |_| false);
     let block = g.block();
     for oy0 in (0..g.oh).step_by(block) {
         let nr = block.min(g.oh - oy0);

@@ -61,10 +61,7 @@ impl Real for f32 {
         if F { self.mul_add(a, b) } else { self * a + b }
     }
     fn prepared(cache: Option<&WeightCache>, len: usize, make: impl Fn() -> Vec<f32>) -> Cow<'_, [f32]> {
-        match cache.map(|c| c.get_or_init(&make)) {
-            Some(v) if v.len() == len => Cow::Borrowed(v),
-            _ => Cow::Owned(make()),
-        }
+        crate::contraction::prepared(cache, len, make)
     }
 }
 
@@ -389,6 +386,34 @@ struct SplitIo<'a, T> {
     c: SendPtr<T>,
 }
 
+impl<'a, T: Real> SplitIo<'a, T> {
+    /// The operands and results of `rec` as [`run_native`] checked them, with `w_hh` as
+    /// `panels`; the LSTM's running `c` (its third result) starts as `c0`.
+    fn new(rec: Recurrence, s: Seq, ins: &[&'a [T]], outs: &mut [&mut [T]], panels: &'a [T]) -> SplitIo<'a, T> {
+        let (b, h0): (&[T], &[T]) = match rec {
+            Recurrence::Lstm => (&[], ins[2]),
+            Recurrence::Gru => (ins[2], ins[3]),
+        };
+        let c = match (rec, &mut *outs) {
+            (Recurrence::Lstm, [_, _, c]) => {
+                c.copy_from_slice(ins[3]);
+                SendPtr(c.as_mut_ptr())
+            }
+            _ => SendPtr(std::ptr::null_mut()),
+        };
+        SplitIo {
+            rec,
+            s,
+            xg: ins[0],
+            panels,
+            b,
+            h0,
+            y: SendPtr(outs[0].as_mut_ptr()),
+            c,
+        }
+    }
+}
+
 impl<T: Real> Split<T> {
     /// `parts` chunks of about equal numbers of unit blocks (fewer if there are fewer blocks).
     fn new(s: Seq, parts: usize) -> Split<T> {
@@ -412,15 +437,7 @@ impl<T: Real> Split<T> {
     /// Wait until every chunk has done `k` steps.
     fn wait_done(&self, k: usize) {
         for ch in &self.chunks {
-            let mut spins = 0u32;
-            while ch.done.load(Ordering::Acquire) < k {
-                spins += 1;
-                if spins < 1 << 12 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+            crate::par::wait_until(|| ch.done.load(Ordering::Acquire) >= k);
         }
     }
 
@@ -1052,33 +1069,12 @@ fn forward_split<T: Real>(
     mut outs: Vec<&mut [T]>,
     cache: Option<&WeightCache>,
 ) {
-    let (xg, w) = (ins[0], ins[1]);
-    let (b, h0): (&[T], &[T]) = match rec {
-        Recurrence::Lstm => (&[], ins[2]),
-        Recurrence::Gru => (ins[2], ins[3]),
-    };
-    let c = match (rec, outs.as_mut_slice()) {
-        (Recurrence::Lstm, [_, _, c]) => {
-            c.copy_from_slice(ins[3]);
-            SendPtr(c.as_mut_ptr())
-        }
-        _ => SendPtr(std::ptr::null_mut()),
-    };
     let (gates, h) = (rec.gates(), s.h);
     let panels = T::prepared(cache, h.div_ceil(UNITS) * h * gates * UNITS, || {
-        unit_panels(w, gates, h)
+        unit_panels(ins[1], gates, h)
     });
     let sp = Split::new(s, parts);
-    let io = SplitIo {
-        rec,
-        s,
-        xg,
-        panels: &panels,
-        b,
-        h0,
-        y: SendPtr(outs[0].as_mut_ptr()),
-        c,
-    };
+    let io = SplitIo::new(rec, s, ins, &mut outs, &panels);
     let np = sp.chunks.len();
     par_units(np, np, || (), |_, p| run_split_forward(&sp, &io, p));
     let t = s.t;
@@ -1653,27 +1649,8 @@ mod tests {
                 outs.truncate(g - 1);
                 let sp = Split::new(s, 3);
                 assert_eq!(sp.chunks.len(), 3);
-                let c = match rec {
-                    Recurrence::Lstm => {
-                        outs[2].copy_from_slice(ins[3]);
-                        SendPtr(outs[2].as_mut_ptr())
-                    }
-                    Recurrence::Gru => SendPtr(std::ptr::null_mut()),
-                };
-                let (b, h0) = match rec {
-                    Recurrence::Lstm => (&[][..], ins[2]),
-                    Recurrence::Gru => (ins[2], ins[3]),
-                };
-                let io = SplitIo {
-                    rec,
-                    s,
-                    xg: ins[0],
-                    panels: &unit_panels(ins[1], g, h),
-                    b,
-                    h0,
-                    y: SendPtr(outs[0].as_mut_ptr()),
-                    c,
-                };
+                let panels = unit_panels(ins[1], g, h);
+                let io = SplitIo::new(rec, s, &ins, &mut outs, &panels);
                 run_split_forward(&sp, &io, 0);
                 assert_eq!(alone[0], one[0], "{rec:?} {s:?}: the caller alone");
 

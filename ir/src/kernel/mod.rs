@@ -65,6 +65,13 @@ pub enum BufferKind {
     Output,
 }
 
+impl BufferKind {
+    /// A parameter or a constant: what no kernel writes, the same on every run of a model.
+    pub fn is_weight(&self) -> bool {
+        matches!(self, BufferKind::Param { .. } | BufferKind::Constant(_))
+    }
+}
+
 /// One buffer: a dense row-major tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Buffer {
