@@ -227,6 +227,7 @@ impl Direct {
 /// A 2-d plane's stride phases, the decomposition [`Direct`] computes in: phase `(r, s)`, of
 /// `rows × pitch` elements, holds at `(i, j)` the padded element `(i·sh + r, j·sw + s)` of an
 /// `h × w` input padded by `top` rows and `left` columns before.
+#[derive(Clone, Debug)]
 pub(crate) struct Phases {
     pub h: usize,
     pub w: usize,
@@ -241,6 +242,7 @@ pub(crate) struct Phases {
 impl Phases {
     /// `src` (the `h × w` plane) split into `dst` (`sh · sw` phases, one after another), `pad`
     /// outside the input; the phases `skip` names are left as they are.
+    #[inline(always)]
     pub(crate) fn split<T: Copy>(&self, src: &[T], pad: T, dst: &mut [T], skip: impl Fn(usize) -> bool) {
         let (sh, sw, pitch) = (self.sh, self.sw, self.pitch);
         let len = self.rows * pitch;
@@ -250,12 +252,7 @@ impl Phases {
                     continue;
                 }
                 let ph = &mut dst[(r * sw + s) * len..][..len];
-                // Columns j with left ≤ j·sw + s < left + w read the input.
-                let lo = self.left.saturating_sub(s).div_ceil(sw).min(pitch);
-                let hi = (self.left + self.w)
-                    .checked_sub(s)
-                    .map_or(0, |e| e.div_ceil(sw))
-                    .clamp(lo, pitch);
+                let (lo, hi) = self.columns(s);
                 for (i, prow) in ph.chunks_exact_mut(pitch).enumerate() {
                     let Some(y) = (i * sh + r).checked_sub(self.top).filter(|&y| y < self.h) else {
                         prow.fill(pad);
@@ -270,6 +267,44 @@ impl Phases {
                 }
             }
         }
+    }
+}
+
+impl Phases {
+    /// The runs [`Phases::split`] copies from the input into the phases `keep` names, as
+    /// `(to, from, n)`: `n` elements from `from` on, every `sw`-th, to `to` on (every other
+    /// element of those phases is padding).
+    pub(crate) fn runs(&self, keep: impl Fn(usize) -> bool) -> Vec<(usize, usize, usize)> {
+        let (sh, sw, pitch) = (self.sh, self.sw, self.pitch);
+        let mut runs = Vec::new();
+        for r in 0..sh {
+            for s in 0..sw {
+                if !keep(r * sw + s) {
+                    continue;
+                }
+                let base = (r * sw + s) * self.rows * pitch;
+                let (lo, hi) = self.columns(s);
+                for i in 0..self.rows {
+                    if let Some(y) = (i * sh + r).checked_sub(self.top).filter(|&y| y < self.h)
+                        && lo < hi
+                    {
+                        runs.push((base + i * pitch + lo, y * self.w + lo * sw + s - self.left, hi - lo));
+                    }
+                }
+            }
+        }
+        runs
+    }
+
+    /// The columns `lo..hi` of phase column `s` that read the input: `left ≤ j·sw + s < left + w`.
+    fn columns(&self, s: usize) -> (usize, usize) {
+        let (sw, pitch) = (self.sw, self.pitch);
+        let lo = self.left.saturating_sub(s).div_ceil(sw).min(pitch);
+        let hi = (self.left + self.w)
+            .checked_sub(s)
+            .map_or(0, |e| e.div_ceil(sw))
+            .clamp(lo, pitch);
+        (lo, hi)
     }
 }
 

@@ -29,7 +29,7 @@ use crate::contraction::{SendPtr, WeightCache};
 use crate::conv::ConvSpec;
 use crate::par::par_units;
 use crate::scratch::Pooled;
-use crate::simd::Simd;
+use crate::simd::{Lanes, Simd};
 
 /// Output-channel vectors per tile (of [`lanes`] channels each).
 const OV: usize = 2;
@@ -190,7 +190,7 @@ impl Plan {
 }
 
 /// `OAR_CPU_CONV=im2col` turns this path off (read once): the A/B switch of the benchmarks.
-fn forced_off() -> bool {
+pub(crate) fn forced_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("OAR_CPU_CONV").is_ok_and(|v| v.eq_ignore_ascii_case("im2col")))
 }
@@ -461,84 +461,6 @@ struct Args<'a> {
     out: *mut f32,
 }
 
-/// A vector of f32 lanes, as the microkernel uses it.
-trait Lanes: Copy {
-    const N: usize;
-    unsafe fn zero() -> Self;
-    unsafe fn load(p: *const f32) -> Self;
-    unsafe fn splat(p: *const f32) -> Self;
-    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
-    unsafe fn store(p: *mut f32, v: Self);
-    /// Hint that the 64 bytes at `p` are read soon.
-    unsafe fn prefetch(p: *const f32);
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::Lanes;
-    use std::arch::x86_64::*;
-
-    #[derive(Clone, Copy)]
-    pub(super) struct Zmm(__m512);
-    #[derive(Clone, Copy)]
-    pub(super) struct Ymm(__m256);
-
-    /// `Lanes` for one vector type from its intrinsics.
-    macro_rules! lanes {
-        ($t:ident, $n:literal, $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident) => {
-            // Safety (every method): called only from functions compiled with the type's
-            // instruction set (AVX-512F resp. AVX2 + FMA) on pointers valid for the lanes read
-            // or written.
-            impl Lanes for $t {
-                const N: usize = $n;
-                #[inline(always)]
-                unsafe fn zero() -> Self {
-                    unsafe { $t($zero()) }
-                }
-                #[inline(always)]
-                unsafe fn load(p: *const f32) -> Self {
-                    unsafe { $t($load(p)) }
-                }
-                #[inline(always)]
-                unsafe fn splat(p: *const f32) -> Self {
-                    unsafe { $t($set1(*p)) }
-                }
-                #[inline(always)]
-                unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-                    unsafe { $t($fma(a.0, b.0, c.0)) }
-                }
-                #[inline(always)]
-                unsafe fn store(p: *mut f32, v: Self) {
-                    unsafe { $store(p, v.0) }
-                }
-                #[inline(always)]
-                unsafe fn prefetch(p: *const f32) {
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
-                }
-            }
-        };
-    }
-
-    lanes!(
-        Zmm,
-        16,
-        _mm512_setzero_ps,
-        _mm512_loadu_ps,
-        _mm512_set1_ps,
-        _mm512_fmadd_ps,
-        _mm512_storeu_ps
-    );
-    lanes!(
-        Ymm,
-        8,
-        _mm256_setzero_ps,
-        _mm256_loadu_ps,
-        _mm256_set1_ps,
-        _mm256_fmadd_ps,
-        _mm256_storeu_ps
-    );
-}
-
 /// `out[r][j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + r·pitch + j]` for `R`
 /// rows of `NP` positions and `V` vectors of output channels (`W` channels per weight row).
 ///
@@ -643,8 +565,8 @@ macro_rules! position_kernels {
     };
 }
 
-position_kernels!(positions_avx512, "avx512f,avx2,fma", x86::Zmm, PC, [1 2 3]);
-position_kernels!(positions_avx2, "avx2,fma", x86::Ymm, PC / 2, [1 2 3]);
+position_kernels!(positions_avx512, "avx512f,avx2,fma", crate::simd::x86::Zmm, PC, [1 2 3]);
+position_kernels!(positions_avx2, "avx2,fma", crate::simd::x86::Ymm, PC / 2, [1 2 3]);
 
 /// The instances of [`microkernel`] for one instruction set, vector count and row count:
 /// `$name(args, np)` picks the one for `np` positions per row.
@@ -672,12 +594,12 @@ macro_rules! microkernels {
     };
 }
 
-microkernels!(avx512_2x2, "avx512f,avx2,fma", x86::Zmm, 2, 2, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx512_2x1, "avx512f,avx2,fma", x86::Zmm, 2, 1, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx512_1x2, "avx512f,avx2,fma", x86::Zmm, 1, 2, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx512_1x1, "avx512f,avx2,fma", x86::Zmm, 1, 1, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx2_2x1, "avx2,fma", x86::Ymm, 2, 1, 16, [1 2 3 4 5 6]);
-microkernels!(avx2_1x1, "avx2,fma", x86::Ymm, 1, 1, 16, [1 2 3 4 5 6]);
+microkernels!(avx512_2x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 2, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx512_2x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 1, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx512_1x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 2, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx512_1x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 1, 32, [1 2 3 4 5 6 7]);
+microkernels!(avx2_2x1, "avx2,fma", crate::simd::x86::Ymm, 2, 1, 16, [1 2 3 4 5 6]);
+microkernels!(avx2_1x1, "avx2,fma", crate::simd::x86::Ymm, 1, 1, 16, [1 2 3 4 5 6]);
 
 #[cfg(test)]
 mod tests {

@@ -14,6 +14,7 @@ pub mod attention;
 pub mod capi;
 mod contraction;
 mod conv;
+mod conv_depthwise;
 mod conv_direct;
 pub mod conv_grad;
 mod conv_tiled;

@@ -114,6 +114,114 @@ macro_rules! instances {
 }
 pub(crate) use instances;
 
+/// A vector of f32 lanes, as the hand-written microkernels use it (implemented for the
+/// AVX-512 and AVX2 vectors in [`x86`]).
+pub(crate) trait Lanes: Copy {
+    const N: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn splat(p: *const f32) -> Self;
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn store(p: *mut f32, v: Self);
+    /// Hint that the 64 bytes at `p` are read soon.
+    unsafe fn prefetch(p: *const f32);
+    /// The even lanes of `a` then those of `b` (a stride-2 gather of `a ‖ b`).
+    unsafe fn evens(a: Self, b: Self) -> Self;
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use super::Lanes;
+    use std::arch::x86_64::*;
+
+    #[derive(Clone, Copy)]
+    pub(crate) struct Zmm(__m512);
+    #[derive(Clone, Copy)]
+    pub(crate) struct Ymm(__m256);
+
+    /// `Lanes` for one vector type from its intrinsics.
+    macro_rules! lanes {
+        ($t:ident, $n:literal, $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident, $evens:path) => {
+            // Safety (every method): called only from functions compiled with the type's
+            // instruction set (AVX-512F resp. AVX2 + FMA) on pointers valid for the lanes read
+            // or written.
+            impl Lanes for $t {
+                const N: usize = $n;
+                #[inline(always)]
+                unsafe fn zero() -> Self {
+                    unsafe { $t($zero()) }
+                }
+                #[inline(always)]
+                unsafe fn load(p: *const f32) -> Self {
+                    unsafe { $t($load(p)) }
+                }
+                #[inline(always)]
+                unsafe fn splat(p: *const f32) -> Self {
+                    unsafe { $t($set1(*p)) }
+                }
+                #[inline(always)]
+                unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+                    unsafe { $t($fma(a.0, b.0, c.0)) }
+                }
+                #[inline(always)]
+                unsafe fn store(p: *mut f32, v: Self) {
+                    unsafe { $store(p, v.0) }
+                }
+                #[inline(always)]
+                unsafe fn prefetch(p: *const f32) {
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+                }
+                #[inline(always)]
+                unsafe fn evens(a: Self, b: Self) -> Self {
+                    unsafe { $t($evens(a.0, b.0)) }
+                }
+            }
+        };
+    }
+
+    lanes!(
+        Zmm,
+        16,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_set1_ps,
+        _mm512_fmadd_ps,
+        _mm512_storeu_ps,
+        evens512
+    );
+    lanes!(
+        Ymm,
+        8,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_set1_ps,
+        _mm256_fmadd_ps,
+        _mm256_storeu_ps,
+        evens256
+    );
+
+    /// Lanes 0, 2, …, 30 of `a ‖ b`.
+    #[inline(always)]
+    unsafe fn evens512(a: __m512, b: __m512) -> __m512 {
+        // Safety: AVX-512F (the caller's).
+        unsafe {
+            let idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            _mm512_permutex2var_ps(a, idx, b)
+        }
+    }
+
+    /// Lanes 0, 2, …, 14 of `a ‖ b`.
+    #[inline(always)]
+    unsafe fn evens256(a: __m256, b: __m256) -> __m256 {
+        // Safety: AVX2 (the caller's).
+        unsafe {
+            // a0 a2 b0 b2 | a4 a6 b4 b6, then the 64-bit pairs in order 0 2 1 3.
+            let s = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
+            _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(s)))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,429 @@
+//! Depthwise 2-d convolution in f32 — each output channel reads one input channel, as
+//! MobileNet's 3 × 3 and 5 × 5 layers — with register-blocked accumulators on AVX2 and
+//! AVX-512 hosts.
+//!
+//! Per plane, the input is padded and split into stride phases once
+//! ([`crate::conv_direct::Phases`]), so that each kernel tap reads one contiguous run per
+//! output row. The output is computed in the phases' pitch (`oy · pitch + ox`; the columns
+//! past `ow` are dropped when the rows are copied out), `U` vectors at a time, each kept in a
+//! register across every tap: one load and one multiply-add per vector and tap, with the
+//! plane's weights held in registers. Small planes (7 × 7 at the end of MobileNet) fill the
+//! vectors because the flat layout runs across rows.
+
+use crate::contraction::SendPtr;
+use crate::conv::ConvSpec;
+use crate::conv_direct::Phases;
+use crate::par::par_units;
+use crate::simd::{Lanes, Simd};
+
+/// Vectors per register block.
+const U: usize = 4;
+/// Output elements per block of rows (the block's accumulator stays in L1).
+const BLOCK: usize = 2048;
+/// Multiply-adds per unit of planes handed to a thread, at least.
+const UNIT_MACS: usize = 1 << 15;
+
+/// The geometry of one depthwise convolution.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    /// Output planes (`n · o`), input channels, output channels per input channel.
+    planes: usize,
+    c: usize,
+    o: usize,
+    og: usize,
+    split: Phases,
+    oh: usize,
+    ow: usize,
+    /// Per kernel tap (row-major): where its run starts in the split plane.
+    taps: Vec<usize>,
+    /// The input runs the split copies, `(to, from, n)`: `n` elements from `from` on, every
+    /// `sw`-th, to `to` on in the split plane (whose other elements, the padding, stay zero).
+    runs: Vec<(usize, usize, usize)>,
+    /// Elements of the split plane with the slack the last block's vectors read past it.
+    scratch: usize,
+    simd: Simd,
+}
+
+impl Plan {
+    /// The plan for `conv(x[xs], w[ws])` with `spec` and output spatial shape `sout`, where this
+    /// path serves: a 2-d convolution with one input channel per group and output channel, on
+    /// a host with AVX2 or AVX-512, whose split plane is not far beyond the input plane.
+    pub(crate) fn new(xs: &[usize], ws: &[usize], spec: &ConvSpec, sout: &[usize]) -> Option<Plan> {
+        let simd = Simd::detect();
+        if simd == Simd::Baseline || xs.len() != 4 || ws.len() != 4 || sout.len() != 2 || ws[1] != 1 {
+            return None;
+        }
+        if crate::conv_tiled::forced_off() {
+            return None;
+        }
+        let (n, c, o) = (xs[0], xs[1], ws[0]);
+        let g = spec.groups;
+        if g != c || o % g.max(1) != 0 {
+            return None;
+        }
+        let (h, w, kh, kw, oh, ow) = (xs[2], xs[3], ws[2], ws[3], sout[0], sout[1]);
+        let (sh, sw, dh, dw) = (spec.stride[0], spec.stride[1], spec.dilation[0], spec.dilation[1]);
+        if oh == 0 || ow == 0 || kh == 0 || kw == 0 {
+            return None;
+        }
+        let ext = |o: usize, s: usize, k: usize, d: usize| {
+            (o - 1)
+                .checked_mul(s)?
+                .checked_add((k - 1).checked_mul(d)?)?
+                .checked_add(1)
+        };
+        let rows = ext(oh, sh, kh, dh)?.div_ceil(sh);
+        let pitch = ext(ow, sw, kw, dw)?.div_ceil(sw);
+        let plane = sh.checked_mul(sw)?.checked_mul(rows)?.checked_mul(pitch)?;
+        // Huge padding, strides or dilations: the split plane would dwarf the input.
+        if plane > (h * w).saturating_mul(4).saturating_add(1 << 16) {
+            return None;
+        }
+        let mut taps = Vec::with_capacity(kh * kw);
+        let mut phases = vec![false; sh * sw];
+        for a in 0..kh {
+            for b in 0..kw {
+                let (r, s) = (a * dh, b * dw);
+                let phase = (r % sh) * sw + s % sw;
+                phases[phase] = true;
+                taps.push(phase * rows * pitch + (r / sh) * pitch + s / sw);
+            }
+        }
+        let split = Phases {
+            h,
+            w,
+            top: spec.pad_before[0],
+            left: spec.pad_before[1],
+            sh,
+            sw,
+            rows,
+            pitch,
+        };
+        let runs = split.runs(|phase| phases[phase]);
+        Some(Plan {
+            planes: n * o,
+            c,
+            o,
+            og: o / c,
+            split,
+            oh,
+            ow,
+            taps,
+            runs,
+            scratch: plane + U * lanes(simd),
+            simd,
+        })
+    }
+
+    /// Output rows per block.
+    fn block_rows(&self) -> usize {
+        (BLOCK / self.split.pitch).clamp(1, self.oh)
+    }
+}
+
+fn lanes(simd: Simd) -> usize {
+    match simd {
+        Simd::Avx512 => 16,
+        _ => 8,
+    }
+}
+
+/// Per-thread scratch: the split plane and one block's accumulators.
+struct Scratch {
+    split: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// `out[N, O, OH, OW] = conv(x[N, C, H, W], w[O, 1, kh, kw])` with `O/C` output channels per
+/// input channel, as planned.
+///
+/// # Safety
+/// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither.
+pub(crate) unsafe fn conv(x: *const f32, w: *const f32, out: *mut f32, p: &Plan, threads: usize) {
+    let (ks, s_in, ys) = (p.taps.len(), p.split.h * p.split.w, p.oh * p.ow);
+    let (x, w, out) = (SendPtr(x as *mut f32), SendPtr(w as *mut f32), SendPtr(out));
+    // Units of whole planes: several per thread where there is work enough, so that threads
+    // finishing early take more.
+    let units = (p.planes * ys * ks / UNIT_MACS)
+        .clamp(threads, 4 * threads)
+        .min(p.planes);
+    let per = p.planes.div_ceil(units.max(1));
+    let (block_rows, step) = (p.block_rows(), U * lanes(p.simd));
+    par_units(
+        p.planes.div_ceil(per),
+        threads,
+        || Scratch {
+            split: vec![0.0; p.scratch],
+            acc: vec![0.0; block_rows * p.split.pitch + step],
+        },
+        |s, unit| {
+            for plane in unit * per..((unit + 1) * per).min(p.planes) {
+                let (b, oc) = (plane / p.o, plane % p.o);
+                // Safety: plane `(b, oc / og)` of x, the kernel of `oc`, output plane `plane`:
+                // in bounds (the caller's contract); units write disjoint planes.
+                let (src, wk, dst) = unsafe {
+                    (
+                        std::slice::from_raw_parts((x.get() as *const f32).add((b * p.c + oc / p.og) * s_in), s_in),
+                        std::slice::from_raw_parts((w.get() as *const f32).add(oc * ks), ks),
+                        std::slice::from_raw_parts_mut(out.get().add(plane * ys), ys),
+                    )
+                };
+                // Safety: the plan's instruction set (see `Plan::new`).
+                unsafe {
+                    match p.simd {
+                        Simd::Avx512 => plane_avx512(p, src, wk, dst, s),
+                        _ => plane_avx2(p, src, wk, dst, s),
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// One output plane `dst` of the input plane `src` and the kernel `w`: split, blocks of rows
+/// computed flat, rows copied out.
+///
+/// # Safety
+/// Called with `L`'s instruction set.
+#[inline(always)]
+unsafe fn plane<L: Lanes>(p: &Plan, src: &[f32], w: &[f32], dst: &mut [f32], s: &mut Scratch) {
+    // The padding of the split plane is zero from the scratch's start on: only the input's
+    // elements are written, here.
+    let sw = p.split.sw;
+    for &(to, from, n) in &p.runs {
+        let (to, from) = (&mut s.split[to..to + n], &src[from..]);
+        match sw {
+            // Safety: both runs hold `n` elements.
+            1 => unsafe { copy::<L>(to.as_mut_ptr(), from[..n].as_ptr(), n) },
+            2 => evens::<L>(to, from),
+            _ => {
+                for (d, &v) in to.iter_mut().zip(from.iter().step_by(sw)) {
+                    *d = v;
+                }
+            }
+        }
+    }
+    let (block_rows, pitch, step) = (p.block_rows(), p.split.pitch, U * L::N);
+    for r0 in (0..p.oh).step_by(block_rows) {
+        let r1 = (r0 + block_rows).min(p.oh);
+        let len = ((r1 - 1 - r0) * pitch + p.ow).next_multiple_of(step);
+        let at = &s.split[r0 * pitch..];
+        assert!(p.taps.iter().all(|&t| t + len <= at.len()) && len <= s.acc.len());
+        // Safety: every read and write is in bounds (just checked).
+        unsafe {
+            match p.taps.len() {
+                9 => flat::<L, 9>(&p.taps, at.as_ptr(), w, s.acc.as_mut_ptr(), len),
+                25 => flat::<L, 25>(&p.taps, at.as_ptr(), w, s.acc.as_mut_ptr(), len),
+                _ => flat::<L, 0>(&p.taps, at.as_ptr(), w, s.acc.as_mut_ptr(), len),
+            }
+        }
+        for (oy, row) in (r0..r1).zip(dst[r0 * p.ow..r1 * p.ow].chunks_exact_mut(p.ow)) {
+            let from = &s.acc[(oy - r0) * pitch..][..p.ow];
+            // Safety: both rows hold `ow` elements.
+            unsafe { copy::<L>(row.as_mut_ptr(), from.as_ptr(), p.ow) };
+        }
+    }
+}
+
+/// `dst[j] = src[2·j]` for every `j` of `dst`, by vectors where `src` holds both vectors read.
+///
+/// # Safety
+/// Called with `L`'s instruction set.
+#[inline(always)]
+fn evens<L: Lanes>(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len();
+    let mut j = 0;
+    while j + L::N <= n && 2 * (j + L::N) <= src.len() {
+        // Safety: `src` holds the two vectors read, `dst` the one written.
+        unsafe {
+            let (a, b) = (
+                L::load(src.as_ptr().add(2 * j)),
+                L::load(src.as_ptr().add(2 * j + L::N)),
+            );
+            L::store(dst.as_mut_ptr().add(j), L::evens(a, b));
+        }
+        j += L::N;
+    }
+    for (d, &v) in dst[j..].iter_mut().zip(src[2 * j..].iter().step_by(2)) {
+        *d = v;
+    }
+}
+
+/// `n` elements from `src` to `dst` by vectors, then one by one (rows of small planes are
+/// shorter than a `memcpy` call is worth).
+///
+/// # Safety
+/// Called with `L`'s instruction set; `src` and `dst` hold `n` elements and do not overlap.
+#[inline(always)]
+unsafe fn copy<L: Lanes>(dst: *mut f32, src: *const f32, n: usize) {
+    // Safety: the caller's contract.
+    unsafe {
+        let mut j = 0;
+        while j + L::N <= n {
+            L::store(dst.add(j), L::load(src.add(j)));
+            j += L::N;
+        }
+        while j < n {
+            *dst.add(j) = *src.add(j);
+            j += 1;
+        }
+    }
+}
+
+/// `acc[j] = Σ_t w[t] · src[taps[t] + j]` for `j < len` (a multiple of the register block)
+/// with `K` taps (`K = 0`: any number, the weights broadcast from memory per block).
+///
+/// # Safety
+/// Called with `L`'s instruction set; `src` is readable at every `taps[t] + j`, `acc` writable
+/// at every `j < len`.
+#[inline(always)]
+unsafe fn flat<L: Lanes, const K: usize>(taps: &[usize], src: *const f32, w: &[f32], acc: *mut f32, len: usize) {
+    // Safety: the caller's contract.
+    unsafe {
+        let step = U * L::N;
+        if K > 0 {
+            let t: [usize; K] = std::array::from_fn(|i| taps[i]);
+            let wv: [L; K] = std::array::from_fn(|i| L::splat(&w[i]));
+            for j in (0..len).step_by(step) {
+                let mut a = [L::zero(); U];
+                for k in 0..K {
+                    let s = src.add(t[k] + j);
+                    for (u, a) in a.iter_mut().enumerate() {
+                        *a = L::fma(L::load(s.add(u * L::N)), wv[k], *a);
+                    }
+                }
+                for (u, &a) in a.iter().enumerate() {
+                    L::store(acc.add(j + u * L::N), a);
+                }
+            }
+            return;
+        }
+        for j in (0..len).step_by(step) {
+            let mut a = [L::zero(); U];
+            for (&t, wt) in taps.iter().zip(w) {
+                let (s, wv) = (src.add(t + j), L::splat(wt));
+                for (u, a) in a.iter_mut().enumerate() {
+                    *a = L::fma(L::load(s.add(u * L::N)), wv, *a);
+                }
+            }
+            for (u, &a) in a.iter().enumerate() {
+                L::store(acc.add(j + u * L::N), a);
+            }
+        }
+    }
+}
+
+/// [`plane`] for one instruction set.
+macro_rules! plane_instance {
+    ($name:ident, $feat:literal, $lanes:ty) => {
+        /// # Safety
+        /// The host has the instruction set.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(p: &Plan, src: &[f32], w: &[f32], dst: &mut [f32], s: &mut Scratch) {
+            // Safety: the caller's contract.
+            unsafe { plane::<$lanes>(p, src, w, dst, s) }
+        }
+
+        /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
+        #[cfg(not(target_arch = "x86_64"))]
+        unsafe fn $name(_: &Plan, _: &[f32], _: &[f32], _: &mut [f32], _: &mut Scratch) {
+            unreachable!("no vector instances off x86-64")
+        }
+    };
+}
+
+plane_instance!(plane_avx512, "avx512f,avx2,fma", crate::simd::x86::Zmm);
+plane_instance!(plane_avx2, "avx2,fma", crate::simd::x86::Ymm);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::testing::reference;
+
+    /// 3 × 3, 5 × 5, 7 × 7 and 1 × 3 kernels; strides 1 to 3, asymmetric padding, dilation,
+    /// two output channels per input channel, 1 × 1 to 30 × 33 planes, batches, 1 and 2
+    /// threads: against the definition (small integers, so f32 is exact). CI runs this on the
+    /// AVX-512 and the AVX2 instances (`OAR_CPU_SIMD`).
+    #[test]
+    fn depthwise_convolutions_match_the_definition() {
+        // (n, c, og, h, w, kh, kw, stride, pad before, pad after, dilation)
+        type Case = (
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+        );
+        let cases: [Case; 12] = [
+            (1, 3, 1, 7, 7, 3, 3, 1, 1, 1, 1),
+            (2, 5, 1, 14, 14, 3, 3, 2, 1, 1, 1),
+            (1, 4, 1, 30, 33, 3, 3, 1, 1, 1, 1),
+            (1, 2, 1, 30, 33, 3, 3, 2, 0, 1, 1),
+            (1, 3, 1, 19, 17, 5, 5, 1, 2, 2, 1),
+            (1, 3, 1, 19, 17, 5, 5, 2, 2, 2, 1),
+            (1, 2, 2, 12, 11, 3, 3, 1, 1, 1, 1),
+            (1, 2, 1, 16, 16, 7, 7, 3, 3, 2, 1),
+            (1, 2, 1, 13, 15, 3, 3, 1, 2, 2, 2),
+            (1, 2, 1, 1, 1, 3, 3, 1, 1, 1, 1),
+            (2, 3, 1, 9, 40, 1, 3, 1, 0, 1, 1),
+            (1, 40, 1, 56, 56, 3, 3, 1, 1, 1, 1),
+        ];
+        if Simd::detect() == Simd::Baseline {
+            return;
+        }
+        for (n, c, og, h, w, kh, kw, s, pb, pa, d) in cases {
+            let o = c * og;
+            let xs = [n, c, h, w];
+            let ws = [o, 1, kh, kw];
+            let x: Vec<f64> = (0..n * c * h * w).map(|i| ((i * 7 + 3) % 11) as f64 - 5.0).collect();
+            let wt: Vec<f64> = (0..o * kh * kw).map(|i| ((i * 5 + 1) % 7) as f64 - 3.0).collect();
+            let spec = ConvSpec {
+                stride: &[s, s],
+                pad_before: &[pb, pb],
+                pad_after: &[pa, pa],
+                dilation: &[d, d],
+                groups: c,
+            };
+            let out = |i: usize, k: usize| (i + pb + pa - d * (k - 1) - 1) / s + 1;
+            let sout = [out(h, kh), out(w, kw)];
+            let want: Vec<f32> = reference(&x, xs, &wt, ws, &spec, sout)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            let plan = Plan::new(&xs, &ws, &spec, &sout).expect("a depthwise plan");
+            let (x, wt): (Vec<f32>, Vec<f32>) = (
+                x.iter().map(|&v| v as f32).collect(),
+                wt.iter().map(|&v| v as f32).collect(),
+            );
+            for threads in [1, 2] {
+                let mut got = vec![f32::NAN; n * o * sout[0] * sout[1]];
+                // Safety: operands of the plan's shapes.
+                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, threads) };
+                let case = (n, c, og, h, w, kh, kw, s, pb, pa, d);
+                assert_eq!(got, want, "{case:?}, {threads} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn declines_what_other_paths_serve() {
+        let spec = ConvSpec {
+            stride: &[1, 1],
+            pad_before: &[1, 1],
+            pad_after: &[1, 1],
+            dilation: &[1, 1],
+            groups: 1,
+        };
+        // Several input channels per group: the tiled path's.
+        assert!(Plan::new(&[1, 4, 8, 8], &[4, 4, 3, 3], &spec, &[8, 8]).is_none());
+        // 1-d and 3-d convolutions: the generic direct path's.
+        assert!(Plan::new(&[1, 4, 8], &[4, 1, 3], &spec, &[8]).is_none());
+    }
+}
