@@ -11,7 +11,7 @@
 //! generated code. Every shape is checked first: a malformed kernel is an error, never a panic
 //! or an out-of-bounds access.
 
-use crate::conv::{ConvSpec, conv};
+use crate::conv::ConvSpec;
 use crate::par::par_units;
 use gemm::Parallelism;
 use oar_ir::kernel::{BufferId, Contraction, ContractionKernel, KernelProgram, Operand};
@@ -88,7 +88,8 @@ pub(crate) trait Product: Copy + Send + Sync + 'static {
         _spec: &ConvSpec,
         _threads: usize,
         _cache: Option<&WeightCache>,
-    ) -> Result<(), String> {
+        _epi: Option<PlaneEpilogue>,
+    ) -> Result<bool, String> {
         Err("conv on integers".into())
     }
 }
@@ -101,9 +102,9 @@ macro_rules! float_product {
                 unsafe { gemm_raw(m, n, k, dst, dst_rs, lhs, rhs, par) }
             }
 
-            unsafe fn conv(x: &View, px: *const Self, w: &View, pw: *const Self, out: *mut Self, out_shape: &[usize], spec: &ConvSpec, threads: usize, cache: Option<&WeightCache>) -> Result<(), String> {
+            unsafe fn conv(x: &View, px: *const Self, w: &View, pw: *const Self, out: *mut Self, out_shape: &[usize], spec: &ConvSpec, threads: usize, cache: Option<&WeightCache>, epi: Option<PlaneEpilogue>) -> Result<bool, String> {
                 // Safety: the caller's contract.
-                unsafe { conv(x, px, w, pw, out, out_shape, spec, threads, cache) }
+                unsafe { crate::conv::conv_with(x, px, w, pw, out, out_shape, spec, threads, cache, epi) }
             }
         }
     )*};
@@ -462,9 +463,16 @@ pub(crate) fn prepared(
     }
 }
 
-/// Compute `k`'s contraction (not its epilogue) into buffer `out`. `cache` is the step's slot
-/// for data derived from its right operand, used only when that operand is a param or a
-/// constant (which no step writes).
+/// A convolution's epilogue, for a path that completes whole output planes to apply while they
+/// are in cache: `epi(first, n)` runs it on output planes `first..first + n` (plane `b · O + o`
+/// is image `b`, channel `o`). The path calls it for each plane exactly once, after the plane
+/// is complete, or never.
+pub(crate) type PlaneEpilogue<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+/// Compute `k`'s contraction into buffer `out`. `cache` is the step's slot for data derived
+/// from its right operand, used only when that operand is a param or a constant (which no
+/// step writes). A convolution may apply its epilogue `epi` itself, plane by plane; the result
+/// says whether it did (the caller applies the epilogue otherwise).
 ///
 /// # Safety
 /// `bufs` holds valid base pointers for every buffer of `program`, sized as their types say.
@@ -475,7 +483,8 @@ pub(crate) unsafe fn run(
     bufs: &[*mut u8],
     threads: usize,
     cache: Option<&WeightCache>,
-) -> Result<(), BackendError> {
+    epi: Option<PlaneEpilogue>,
+) -> Result<bool, BackendError> {
     let op = op_name(&k.op);
     let fail = |detail: String| BackendError::Runtime {
         op: op.into(),
@@ -495,12 +504,12 @@ pub(crate) unsafe fn run(
     // shape against the output buffer, the dtypes and the pointers' alignment.
     unsafe {
         match dtype {
-            DType::F32 => typed::<f32>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
-            DType::F64 => typed::<f64>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
-            DType::I8 => typed::<i8>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
-            DType::U8 => typed::<u8>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
-            DType::I32 => typed::<i32>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
-            DType::I64 => typed::<i64>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache),
+            DType::F32 => typed::<f32>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache, epi),
+            DType::F64 => typed::<f64>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache, epi),
+            DType::I8 => typed::<i8>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache, epi),
+            DType::U8 => typed::<u8>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache, epi),
+            DType::I32 => typed::<i32>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache, epi),
+            DType::I64 => typed::<i64>(k, &lhs, &rhs, &out_shape, ptr, out, threads, cache, epi),
             other => Err(format!("{other} contractions are not supported")),
         }
     }
@@ -676,13 +685,14 @@ unsafe fn typed<T: Product>(
     out: BufferId,
     threads: usize,
     cache: Option<&WeightCache>,
-) -> Result<(), String> {
+    epi: Option<PlaneEpilogue>,
+) -> Result<bool, String> {
     let (pa, pb) = (ptr(lhs.1) as *const T, ptr(rhs.1) as *const T);
     let po = ptr(out) as *mut T;
     // Safety: the caller checked the views and buffers.
     unsafe {
         match &k.op {
-            Contraction::MatMul => matmul(&lhs.0, pa, &rhs.0, pb, po, out_shape, threads),
+            Contraction::MatMul => matmul(&lhs.0, pa, &rhs.0, pb, po, out_shape, threads).map(|()| false),
             Contraction::Conv(Conv {
                 stride,
                 pad_before,
@@ -705,6 +715,7 @@ unsafe fn typed<T: Product>(
                 },
                 threads,
                 cache,
+                epi,
             ),
         }
     }
@@ -844,12 +855,23 @@ pub(crate) unsafe fn matmul<T: Product>(
         unsafe { T::product(m, n, k, out.get().add(bi * m * n), n as isize, lhs, rhs, par) };
     };
     let per = m.saturating_mul(n).saturating_mul(k);
-    if nb >= threads || per < GEMM_PARALLEL_MIN_FLOPS {
+    // A matrix-vector product (a batch-1 classifier) streams its matrix once: memory-bound,
+    // it gains from a second thread's bandwidth from a sixteenth of the work on.
+    let vector = m == 1 || n == 1;
+    let split_from = if vector {
+        GEMM_PARALLEL_MIN_FLOPS / 16
+    } else {
+        GEMM_PARALLEL_MIN_FLOPS
+    };
+    if nb >= threads || per < split_from {
         // Threads over batches, one single-threaded product each.
         par_units(nb, threads, || (), |_, bi| one(bi, Parallelism::None));
     } else {
         for bi in 0..nb {
-            one(bi, gemm_parallelism(per, threads));
+            one(
+                bi,
+                gemm_parallelism(per.max(if vector { GEMM_PARALLEL_MIN_FLOPS } else { 0 }), threads),
+            );
         }
     }
     Ok(())

@@ -20,11 +20,15 @@
 //! Threads split the (batch, group, tile) units; tiles are sized so scratch stays small and
 //! there are enough units for every thread.
 
-use crate::contraction::{Elem, Mat, SendPtr, View, gemm_raw, useful_threads};
+use crate::contraction::{Elem, Mat, PlaneEpilogue, SendPtr, View, gemm_raw, useful_threads};
 use crate::conv_direct::{Direct, Scratch, gather_step};
 use crate::par::par_units;
 use crate::scratch::Pooled;
 use gemm::Parallelism;
+
+/// Multiply-adds plus input elements of a depthwise convolution from which it is split across
+/// threads.
+const DEPTHWISE_PARALLEL_MIN: usize = 1 << 17;
 
 /// Patch-matrix elements per im2col tile (per thread).
 const TILE_ELEMS: usize = 1 << 17;
@@ -253,6 +257,28 @@ pub(crate) unsafe fn conv<T: Elem>(
     threads: usize,
     cache: Option<&crate::contraction::WeightCache>,
 ) -> Result<(), String> {
+    // Safety: the caller's contract.
+    unsafe { conv_with(x, px, w, pw, out, out_shape, spec, threads, cache, None) }.map(|_| ())
+}
+
+/// [`conv`], and the path applies the epilogue `epi` to the planes it completes where it can
+/// (the depthwise one does): the result says whether it did.
+///
+/// # Safety
+/// As [`conv`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv_with<T: Elem>(
+    x: &View,
+    px: *const T,
+    w: &View,
+    pw: *const T,
+    out: *mut T,
+    out_shape: &[usize],
+    spec: &ConvSpec,
+    threads: usize,
+    cache: Option<&crate::contraction::WeightCache>,
+    epi: Option<PlaneEpilogue>,
+) -> Result<bool, String> {
     let (xs, ws) = (&x.shape, &w.shape);
     let (geo, d) = geometry(xs, ws, spec)?;
     let Dims { n, c, o, cg, g, og, ys } = d;
@@ -266,14 +292,14 @@ pub(crate) unsafe fn conv<T: Elem>(
     }
     let total = n * o * ys;
     if total == 0 {
-        return Ok(());
+        return Ok(false);
     }
     let (ks, s_in) = (geo.ks, geo.s_in);
     if cg == 0 || s_in == 0 {
         // No input channels, or an empty input the padding alone covers: every tap reads 0.
         // Safety: `out` holds `total` elements.
         unsafe { std::slice::from_raw_parts_mut(out, total).fill(T::ZERO) };
-        return Ok(());
+        return Ok(false);
     }
     if let Some(crop) = Crop::of(&geo, spec) {
         let packed: Vec<T>;
@@ -289,7 +315,7 @@ pub(crate) unsafe fn conv<T: Elem>(
         let view = dense(&[&ws[..2], &crop.kd[..]].concat());
         // Safety: the cropped kernel is dense and of its view's shape; the rest is the caller's.
         return unsafe {
-            conv(
+            conv_with(
                 x,
                 px,
                 &view,
@@ -299,6 +325,7 @@ pub(crate) unsafe fn conv<T: Elem>(
                 &crop.spec(spec),
                 threads,
                 None,
+                epi,
             )
         };
     }
@@ -342,19 +369,26 @@ pub(crate) unsafe fn conv<T: Elem>(
                 cache,
             )
         };
-        return Ok(());
+        return Ok(false);
     }
     if let Some(s) = winograd {
         // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
         // `total` elements and overlaps neither.
         unsafe { crate::winograd::conv(xp as *const f32, wp as *const f32, out as *mut f32, &s, threads, cache) };
-        return Ok(());
+        return Ok(false);
     }
     if f32s && let Some(plan) = crate::conv_depthwise::Plan::new(xs, ws, spec, sout) {
         // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
         // `total` elements and overlaps neither.
-        unsafe { crate::conv_depthwise::conv(xp as *const f32, wp as *const f32, out as *mut f32, &plan, useful) };
-        return Ok(());
+        // Few multiply-adds per element moved: threads pay off from fewer of them.
+        let work = total
+            .saturating_mul(ks)
+            .saturating_add(n.saturating_mul(c).saturating_mul(s_in));
+        let threads = if work >= DEPTHWISE_PARALLEL_MIN { threads } else { 1 };
+        unsafe {
+            crate::conv_depthwise::conv(xp as *const f32, wp as *const f32, out as *mut f32, &plan, threads, epi)
+        };
+        return Ok(epi.is_some());
     }
     let threads = useful;
     let (xp, wp, out) = (SendPtr(xp as *mut T), SendPtr(wp as *mut T), SendPtr(out));
@@ -391,7 +425,7 @@ pub(crate) unsafe fn conv<T: Elem>(
                 }
             }
         });
-        return Ok(());
+        return Ok(false);
     }
     let pointwise = geo.kd.iter().all(|&k| k == 1)
         && spec.stride.iter().all(|&s| s == 1)
@@ -484,7 +518,7 @@ pub(crate) unsafe fn conv<T: Elem>(
                 }
             },
         );
-        return Ok(());
+        return Ok(false);
     }
     let want_tiles = threads.div_ceil(n * g).min(ys.div_ceil(MIN_TILE));
     let ntiles = ys.div_ceil(max_tile).max(want_tiles).max(1);
@@ -549,7 +583,7 @@ pub(crate) unsafe fn conv<T: Elem>(
             }
         },
     );
-    Ok(())
+    Ok(false)
 }
 
 /// The Winograd path's shape of this convolution, where [`crate::winograd::applies`]: 2-d,

@@ -10,7 +10,7 @@
 //! plane's weights held in registers. Small planes (7 × 7 at the end of MobileNet) fill the
 //! vectors because the flat layout runs across rows.
 
-use crate::contraction::SendPtr;
+use crate::contraction::{PlaneEpilogue, SendPtr};
 use crate::conv::ConvSpec;
 use crate::conv_direct::Phases;
 use crate::par::par_units;
@@ -135,11 +135,18 @@ struct Scratch {
 }
 
 /// `out[N, O, OH, OW] = conv(x[N, C, H, W], w[O, 1, kh, kw])` with `O/C` output channels per
-/// input channel, as planned.
+/// input channel, as planned; `epi` is applied to each unit's planes as soon as they are done.
 ///
 /// # Safety
 /// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither.
-pub(crate) unsafe fn conv(x: *const f32, w: *const f32, out: *mut f32, p: &Plan, threads: usize) {
+pub(crate) unsafe fn conv(
+    x: *const f32,
+    w: *const f32,
+    out: *mut f32,
+    p: &Plan,
+    threads: usize,
+    epi: Option<PlaneEpilogue>,
+) {
     let (ks, s_in, ys) = (p.taps.len(), p.split.h * p.split.w, p.oh * p.ow);
     let (x, w, out) = (SendPtr(x as *mut f32), SendPtr(w as *mut f32), SendPtr(out));
     // Units of whole planes: several per thread where there is work enough, so that threads
@@ -157,7 +164,8 @@ pub(crate) unsafe fn conv(x: *const f32, w: *const f32, out: *mut f32, p: &Plan,
             acc: vec![0.0; block_rows * p.split.pitch + step],
         },
         |s, unit| {
-            for plane in unit * per..((unit + 1) * per).min(p.planes) {
+            let planes = unit * per..((unit + 1) * per).min(p.planes);
+            for plane in planes.clone() {
                 let (b, oc) = (plane / p.o, plane % p.o);
                 // Safety: plane `(b, oc / og)` of x, the kernel of `oc`, output plane `plane`:
                 // in bounds (the caller's contract); units write disjoint planes.
@@ -175,6 +183,9 @@ pub(crate) unsafe fn conv(x: *const f32, w: *const f32, out: *mut f32, p: &Plan,
                         _ => plane_avx2(p, src, wk, dst, s),
                     }
                 }
+            }
+            if let Some(epi) = epi {
+                epi(planes.start, planes.len());
             }
         },
     );
@@ -405,7 +416,7 @@ mod tests {
             for threads in [1, 2] {
                 let mut got = vec![f32::NAN; n * o * sout[0] * sout[1]];
                 // Safety: operands of the plan's shapes.
-                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, threads) };
+                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, threads, None) };
                 let case = (n, c, og, h, w, kh, kw, s, pb, pa, d);
                 assert_eq!(got, want, "{case:?}, {threads} threads");
             }

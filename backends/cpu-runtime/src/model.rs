@@ -669,15 +669,37 @@ impl Model {
             Some(Step::Rows { kernel, rows, pieces }) => {
                 kernel_status(&p.kernels[*kernel as usize], self.rows(*rows, pieces, bufs))?;
             }
-            Some(Step::Contraction { kernel, epilogue }) => {
+            Some(Step::Contraction {
+                kernel,
+                epilogue,
+                plane_iters,
+            }) => {
                 let k = &p.kernels[*kernel as usize];
                 let KernelBody::Contraction(c) = &k.body else {
                     return Err(bad_step(k, "contraction step on a non-contraction kernel"));
                 };
+                // The epilogue plane by plane, for a convolution path to apply to the planes
+                // it completes while they are in cache.
+                let status = AtomicI32::new(0);
+                let (base, per) = (bufs.as_ptr() as usize, *plane_iters as i64);
+                let by_plane = epilogue.as_ref().filter(|_| per > 0).map(|call| {
+                    let (f, status) = (self.funcs[call.func as usize], &status);
+                    move |first: usize, n: usize| {
+                        let (lo, hi) = (first as i64 * per, (first + n) as i64 * per);
+                        // Safety: the functions are correct for any sub-range of their extent;
+                        // the buffers are live while the step runs.
+                        let s = unsafe { f(base as *const *mut u8, lo, hi) };
+                        status.fetch_or(s, Ordering::Relaxed);
+                    }
+                });
+                let epi = by_plane.as_ref().map(|f| f as contraction::PlaneEpilogue);
                 // Safety: every buffer pointer is live and as long as its static type.
-                unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads, self.derived.get(index))? };
-                if let Some(call) = epilogue {
-                    kernel_status(k, self.call(call, bufs))?;
+                let applied =
+                    unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads, self.derived.get(index), epi)? };
+                match epilogue {
+                    Some(_) if applied => kernel_status(k, status.into_inner())?,
+                    Some(call) => kernel_status(k, self.call(call, bufs))?,
+                    None => {}
                 }
             }
             Some(Step::Native { kernel }) => {

@@ -62,6 +62,12 @@ pub enum Step {
         kernel: u32,
         /// The generated epilogue.
         epilogue: Option<LoopCall>,
+        /// For a convolution: the epilogue's outer iterations per output plane (image,
+        /// channel) when they run plane after plane in order, else 0. Then a convolution path
+        /// that completes whole planes applies the epilogue to them itself, while they are in
+        /// cache, instead of in a pass of its own over the output.
+        #[serde(default)]
+        plane_iters: u64,
     },
     /// A loop kernel with reduction stages (layer_norm, softmax), run as generated plain
     /// pieces ([`oar_ir::kernel::LoopKernel::split_stages`]): each stage writes its scratch

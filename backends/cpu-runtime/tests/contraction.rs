@@ -123,6 +123,7 @@ fn model(p: &KernelProgram) -> Result<Model, String> {
         steps: vec![Step::Contraction {
             kernel: 0,
             epilogue: None,
+            plane_iters: 0,
         }],
         n_funcs: 0,
         regions: Vec::new(),

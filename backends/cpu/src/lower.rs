@@ -8,8 +8,8 @@ use oar_cpu_runtime::program::Region;
 use oar_cpu_runtime::program::const_name;
 use oar_cpu_runtime::{CpuProgram, LoopCall, RowPiece, Step};
 use oar_ir::kernel::{
-    Buffer, BufferId, BufferKind, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load, LoopKernel,
-    MemoryPlan, ScalarOp,
+    Buffer, BufferId, BufferKind, Contraction, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load,
+    LoopKernel, MemoryPlan, ScalarOp,
 };
 use oar_ir::ops::ReduceOp;
 use oar_ir::{Graph, Weights};
@@ -177,11 +177,16 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                 Err(reason) => Step::Interpret { kernel, reason },
                 Ok(()) => {
                     if is_identity_epilogue(c) {
-                        Step::Contraction { kernel, epilogue: None }
+                        Step::Contraction {
+                            kernel,
+                            epilogue: None,
+                            plane_iters: 0,
+                        }
                     } else {
                         let l = epilogue_kernel(c, k.outputs[0], &program.buffers);
                         match codegen::analyze(&l, k.outputs[0], &program.buffers) {
                             Ok((extent, cost)) => {
+                                let plane_iters = plane_iters(c, &l, k.outputs[0], &program.buffers);
                                 let func = funcs.len() as u32;
                                 funcs.push(FuncSpec {
                                     name: format!("oar_k{ki}_{}_epilogue", sanitize(&k.name)),
@@ -192,6 +197,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                                 Step::Contraction {
                                     kernel,
                                     epilogue: Some(LoopCall { func, extent, cost }),
+                                    plane_iters,
                                 }
                             }
                             Err(reason) => Step::Interpret { kernel, reason },
@@ -383,6 +389,20 @@ fn contraction_support(c: &ContractionKernel, out: BufferId, buffers: &[Buffer])
         return Err(format!("mixed dtypes: {l} x {r} -> {} -> {o}", c.acc_dtype));
     }
     Ok(())
+}
+
+/// For a convolution, the outer iterations of its epilogue function `l` per output plane
+/// (image, channel) when they run plane after plane in order, else 0 (see
+/// [`Step::Contraction`]).
+fn plane_iters(c: &ContractionKernel, l: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> u64 {
+    if !matches!(c.op, Contraction::Conv(_)) {
+        return 0;
+    }
+    let dims: Option<Vec<u64>> = c.shape.iter().map(|d| d.as_static().map(|v| v as u64)).collect();
+    match dims.as_deref() {
+        Some([n, o, _, ..]) => codegen::analyze_rows(l, out, buffers, n * o).map_or(0, |(_, _, per)| per),
+        _ => 0,
+    }
 }
 
 fn is_identity_epilogue(c: &ContractionKernel) -> bool {

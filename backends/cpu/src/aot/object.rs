@@ -177,10 +177,18 @@ fn step_listing(lowered: &Lowered) -> String {
                 call.extent,
                 call.cost
             ),
-            Step::Contraction { kernel, epilogue } => format!(
+            Step::Contraction {
+                kernel,
+                epilogue,
+                plane_iters,
+            } => format!(
                 "kernel {kernel} `{}`: gemm contraction{}",
                 p.kernels[*kernel as usize].name,
                 match epilogue {
+                    Some(c) if *plane_iters > 0 => format!(
+                        ", then epilogue function {} `{}` in place, plane by plane where the path completes planes ({plane_iters} iterations each)",
+                        c.func, lowered.funcs[c.func as usize].name
+                    ),
                     Some(c) => format!(
                         ", then epilogue function {} `{}` in place",
                         c.func, lowered.funcs[c.func as usize].name
@@ -241,6 +249,7 @@ pub fn clif_listing(lowered: &Lowered, target: CpuTarget) -> Result<String, CpuE
             Step::Contraction {
                 kernel,
                 epilogue: Some(c),
+                ..
             } if c.func as usize == i => Some((*kernel, "epilogue of contraction")),
             _ => None,
         });

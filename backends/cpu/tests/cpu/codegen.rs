@@ -1517,6 +1517,53 @@ fn transformer_layer_and_resnet_block_kernels_are_all_compiled() {
     }
 }
 
+/// Convolution epilogues (bias, a residual input, relu) applied by the convolution itself,
+/// plane by plane, where the path completes whole planes (depthwise convolutions, with a
+/// channel multiplier and strides, and a single-input-channel one), and in a pass of their own
+/// where it does not (a dense 3 × 3): the steps say the epilogue may run by plane; the values
+/// match the reference with 1 and 5 threads (an epilogue skipped or applied twice would not).
+#[test]
+fn conv_epilogues_run_plane_by_plane() {
+    // (x, w, stride, padding, groups)
+    type Case = ([usize; 4], [usize; 4], usize, usize, usize);
+    let cases: [Case; 5] = [
+        ([2, 6, 9, 9], [6, 1, 3, 3], 1, 1, 6),
+        ([1, 16, 14, 14], [16, 1, 3, 3], 2, 1, 16),
+        ([2, 3, 8, 8], [6, 1, 3, 3], 1, 1, 3),
+        ([3, 1, 12, 12], [4, 1, 5, 5], 1, 0, 1),
+        ([2, 8, 10, 10], [12, 8, 3, 3], 1, 1, 1),
+    ];
+    for (xs, ws, s, p, groups) in cases {
+        let mut g = Graph::new("conv_epilogue");
+        let mut w = Weights::new();
+        let x = input(&mut g, "x", DType::F32, &xs);
+        let k = param(&mut g, &mut w, "w", &ws);
+        let b = param(&mut g, &mut w, "b", &[ws[0]]);
+        let conv = Conv2d {
+            stride: [s, s],
+            padding: [p; 4],
+            dilation: [1, 1],
+            groups,
+        };
+        let y = g.add_op1(Op::Composite(Composite::Conv2d(conv)), &[x, k, b]).unwrap();
+        let out = (xs[2] + 2 * p - ws[2]) / s + 1;
+        let r = input(&mut g, "r", DType::F32, &[xs[0], ws[0], out, out]);
+        let y = g.add_op1(Op::Binary(BinaryOp::Add), &[y, r]).unwrap();
+        let y = g.add_op1(Op::Composite(Composite::Relu), &[y]).unwrap();
+        g.add_output("y", y).unwrap();
+        let feeds = feeds(&[("x", f32_data(&xs, 3)), ("r", f32_data(&[xs[0], ws[0], out, out], 4))]);
+        // f32 sums of up to 72 products in another order than the reference's.
+        let c = check_with(&g, &w, &feeds, Tol { rel: 1e-4, abs: 1e-4 }, true);
+        let by_plane = c
+            .lowered
+            .cpu
+            .steps
+            .iter()
+            .any(|st| matches!(st, Step::Contraction { epilogue: Some(_), plane_iters, .. } if *plane_iters > 0));
+        assert!(by_plane, "{xs:?} {ws:?}: {:?}", c.lowered.cpu.steps);
+    }
+}
+
 // ---------------------------------------------------------------- random programs
 
 /// Random f32 programs mixing broadcasts, transposes, unary/binary ops, comparisons with
