@@ -607,7 +607,8 @@ mod tests {
 
     /// Both orientations; strides 1 to 3, asymmetric padding, dilation, groups, 1 × 3, 3 × 1
     /// and 7 × 7 kernels, a 3-channel first layer, output channels that fill no weight block
-    /// or half of one, one-row planes, rows wider than a tile, several images in one batch of
+    /// or half of one, one-row planes, rows wider than a tile (whole position tiles beside part
+    /// ones), several images in one batch of
     /// scratch, cached and uncached weights, 1 and 2 threads: against the definition (small
     /// integers, so f32 is exact). CI runs this on the AVX-512 and the AVX2 instances
     /// (`OAR_CPU_SIMD`).
@@ -628,7 +629,7 @@ mod tests {
             [usize; 2],
             usize,
         );
-        let cases: [Case; 12] = [
+        let cases: [Case; 13] = [
             (1, 16, 24, 14, 14, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
             (2, 3, 10, 23, 21, 7, 7, [2, 2], [3, 3], [3, 2], [1, 1], 1),
             (1, 8, 9, 7, 7, 1, 3, [1, 1], [0, 1], [0, 1], [1, 1], 1),
@@ -643,6 +644,7 @@ mod tests {
             // tiles.
             (1, 3, 13, 40, 75, 5, 5, [2, 2], [2, 2], [2, 2], [1, 1], 1),
             (2, 4, 7, 5, 70, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
+            (1, 3, 20, 6, 100, 3, 3, [1, 1], [1, 1], [1, 1], [1, 1], 1),
         ];
         for (i, (n, c, o, h, w, kh, kw, stride, pad_before, pad_after, dilation, groups)) in
             cases.into_iter().enumerate()
@@ -668,7 +670,7 @@ mod tests {
                 assert_eq!(Simd::detect(), Simd::Baseline, "case {i}: no plan");
                 continue;
             };
-            // The last two cases' rows are wide enough for the position orientation, cases 0,
+            // The last three cases' rows are wide enough for the position orientation, cases 0,
             // 4 and 8 too narrow.
             if i >= 10 {
                 assert!(plan.along_positions, "case {i}");
