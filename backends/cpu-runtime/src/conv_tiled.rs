@@ -608,9 +608,8 @@ mod tests {
     /// Both orientations; strides 1 to 3, asymmetric padding, dilation, groups, 1 × 3, 3 × 1
     /// and 7 × 7 kernels, a 3-channel first layer, output channels that fill no weight block
     /// or half of one, one-row planes, rows wider than a tile (whole position tiles beside part
-    /// ones), several images in one batch of
-    /// scratch, cached and uncached weights, 1 and 2 threads: against the definition (small
-    /// integers, so f32 is exact). CI runs this on the AVX-512 and the AVX2 instances
+    /// ones), several images in one batch of scratch, cached and uncached weights, 1 and 2
+    /// threads: against the definition (small integers, so f32 is exact). CI runs this on the AVX-512 and the AVX2 instances
     /// (`OAR_CPU_SIMD`).
     #[test]
     fn tiled_convolutions_match_the_definition() {
