@@ -151,7 +151,7 @@ pub(crate) unsafe fn conv(
     let (x, w, out) = (SendPtr(x as *mut f32), SendPtr(w as *mut f32), SendPtr(out));
     // Units of whole planes: several per thread where there is work enough, so that threads
     // finishing early take more.
-    let units = (p.planes * ys * ks / UNIT_MACS)
+    let units = (p.planes.saturating_mul(ys).saturating_mul(ks) / UNIT_MACS)
         .clamp(threads, 4 * threads)
         .min(p.planes);
     let per = p.planes.div_ceil(units.max(1));
