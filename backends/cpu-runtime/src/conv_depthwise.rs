@@ -12,7 +12,7 @@
 
 use crate::contraction::{PlaneEpilogue, SendPtr};
 use crate::conv::ConvSpec;
-use crate::conv_direct::Phases;
+use crate::conv_direct::{Phases, TapPhases};
 use crate::par::par_units;
 use crate::simd::{Lanes, Simd};
 
@@ -66,28 +66,16 @@ impl Plan {
         if oh == 0 || ow == 0 || kh == 0 || kw == 0 {
             return None;
         }
-        let ext = |o: usize, s: usize, k: usize, d: usize| {
-            (o - 1)
-                .checked_mul(s)?
-                .checked_add((k - 1).checked_mul(d)?)?
-                .checked_add(1)
-        };
-        let rows = ext(oh, sh, kh, dh)?.div_ceil(sh);
-        let pitch = ext(ow, sw, kw, dw)?.div_ceil(sw);
-        let plane = sh.checked_mul(sw)?.checked_mul(rows)?.checked_mul(pitch)?;
+        let TapPhases {
+            rows,
+            pitch,
+            plane,
+            taps,
+            phases,
+        } = TapPhases::new([kh, kw], [sh, sw], [dh, dw], [oh, ow])?;
         // Huge padding, strides or dilations: the split plane would dwarf the input.
         if plane > (h * w).saturating_mul(4).saturating_add(1 << 16) {
             return None;
-        }
-        let mut taps = Vec::with_capacity(kh * kw);
-        let mut phases = vec![false; sh * sw];
-        for a in 0..kh {
-            for b in 0..kw {
-                let (r, s) = (a * dh, b * dw);
-                let phase = (r % sh) * sw + s % sw;
-                phases[phase] = true;
-                taps.push(phase * rows * pitch + (r / sh) * pitch + s / sw);
-            }
         }
         let split = Phases {
             h,
@@ -110,7 +98,7 @@ impl Plan {
             ow,
             taps,
             runs,
-            scratch: plane + U * lanes(simd),
+            scratch: plane + U * simd.lanes(),
             simd,
         })
     }
@@ -118,13 +106,6 @@ impl Plan {
     /// Output rows per block.
     fn block_rows(&self) -> usize {
         (BLOCK / self.split.pitch).clamp(1, self.oh)
-    }
-}
-
-fn lanes(simd: Simd) -> usize {
-    match simd {
-        Simd::Avx512 => 16,
-        _ => 8,
     }
 }
 
@@ -155,7 +136,7 @@ pub(crate) unsafe fn conv(
         .clamp(threads, 4 * threads)
         .min(p.planes);
     let per = p.planes.div_ceil(units.max(1));
-    let (block_rows, step) = (p.block_rows(), U * lanes(p.simd));
+    let (block_rows, step) = (p.block_rows(), U * p.simd.lanes());
     par_units(
         p.planes.div_ceil(per),
         threads,

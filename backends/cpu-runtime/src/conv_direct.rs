@@ -308,6 +308,52 @@ impl Phases {
     }
 }
 
+/// Where a 2-d convolution's kernel taps read in its input's stride phases: each phase has
+/// `rows × pitch` elements (the padded extent the outputs' windows read, divided by the
+/// stride), phase `(r, s)` at `(r · sw + s) · rows · pitch`; tap `(a, b)` (row-major) starts
+/// at `taps[a · kw + b]`, and `phases` says which phases a tap reads.
+pub(crate) struct TapPhases {
+    pub rows: usize,
+    pub pitch: usize,
+    /// Elements of all the phases.
+    pub plane: usize,
+    pub taps: Vec<usize>,
+    pub phases: Vec<bool>,
+}
+
+impl TapPhases {
+    /// For kernel `k`, strides `s`, dilations `d` and output `o` (rows, columns; every one
+    /// at least 1), `None` on overflow.
+    pub(crate) fn new(k: [usize; 2], s: [usize; 2], d: [usize; 2], o: [usize; 2]) -> Option<TapPhases> {
+        let ext = |i: usize| {
+            (o[i] - 1)
+                .checked_mul(s[i])?
+                .checked_add((k[i] - 1).checked_mul(d[i])?)?
+                .checked_add(1)
+        };
+        let rows = ext(0)?.div_ceil(s[0]);
+        let pitch = ext(1)?.div_ceil(s[1]);
+        let plane = s[0].checked_mul(s[1])?.checked_mul(rows)?.checked_mul(pitch)?;
+        let mut taps = Vec::with_capacity(k[0] * k[1]);
+        let mut phases = vec![false; s[0] * s[1]];
+        for a in 0..k[0] {
+            for b in 0..k[1] {
+                let (r, c) = (a * d[0], b * d[1]);
+                let phase = (r % s[0]) * s[1] + c % s[1];
+                phases[phase] = true;
+                taps.push(phase * rows * pitch + (r / s[0]) * pitch + c / s[1]);
+            }
+        }
+        Some(TapPhases {
+            rows,
+            pitch,
+            plane,
+            taps,
+            phases,
+        })
+    }
+}
+
 /// `dst[j] = src[j · step]` for every `j` of `dst` (`src` holds them all).
 #[inline(always)]
 pub(crate) fn gather_step<T: Copy>(dst: &mut [T], src: &[T], step: usize) {

@@ -27,6 +27,7 @@
 
 use crate::contraction::{SendPtr, WeightCache};
 use crate::conv::ConvSpec;
+use crate::conv_direct::TapPhases;
 use crate::par::par_units;
 use crate::scratch::Pooled;
 use crate::simd::{Lanes, Simd};
@@ -117,31 +118,19 @@ impl Plan {
         if kh * kw == 1 {
             return None;
         }
-        let ext = |o: usize, s: usize, k: usize, d: usize| {
-            (o - 1)
-                .checked_mul(s)?
-                .checked_add((k - 1).checked_mul(d)?)?
-                .checked_add(1)
-        };
-        let rows = ext(oh, sh, kh, dh)?.div_ceil(sh);
-        let pitch = ext(ow, sw, kw, dw)?.div_ceil(sw);
-        let plane = sh.checked_mul(sw)?.checked_mul(rows)?.checked_mul(pitch)?;
-        let mut taps = Vec::with_capacity(kh * kw);
-        let mut phases = vec![false; sh * sw];
-        for a in 0..kh {
-            for b in 0..kw {
-                let (r, c) = (a * dh, b * dw);
-                let phase = (r % sh) * sw + c % sw;
-                phases[phase] = true;
-                taps.push(phase * rows * pitch + (r / sh) * pitch + c / sw);
-            }
-        }
+        let TapPhases {
+            rows,
+            pitch,
+            plane,
+            taps,
+            phases,
+        } = TapPhases::new([kh, kw], [sh, sw], [dh, dw], [oh, ow])?;
         let max_macs = match simd {
             Simd::Avx512 => POSITIONS_MAX_MACS,
             _ => POSITIONS_MAX_MACS * 3 / 5,
         };
-        let along_positions = cg * kh * kw <= max_macs && ow >= 2 * lanes(simd);
-        let image = cg.checked_mul(plane)?.checked_add(PV * lanes(simd))?;
+        let along_positions = cg * kh * kw <= max_macs && ow >= 2 * simd.lanes();
+        let image = cg.checked_mul(plane)?.checked_add(PV * simd.lanes())?;
         // Huge padding, strides or dilations: the scratch would dwarf the input.
         if image > (cg * h * w).saturating_mul(4).saturating_add(1 << 16) {
             return None;
@@ -175,7 +164,7 @@ impl Plan {
         if self.along_positions {
             pc(self.simd)
         } else {
-            OV * lanes(self.simd)
+            OV * self.simd.lanes()
         }
     }
 
@@ -193,13 +182,6 @@ impl Plan {
 pub(crate) fn forced_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("OAR_CPU_CONV").is_ok_and(|v| v.eq_ignore_ascii_case("im2col")))
-}
-
-fn lanes(simd: Simd) -> usize {
-    match simd {
-        Simd::Avx512 => 16,
-        _ => 8,
-    }
 }
 
 /// The kernels `w[G·og, cg, kh, kw]` in blocks: `[group][og / OCB][cg][tap][OCB]`.
@@ -296,7 +278,7 @@ pub(crate) unsafe fn conv(
                     let end = ((split + 1) * rows_per).min(p.oh);
                     if p.along_positions {
                         for oy in split * rows_per..end {
-                            for ox in (0..p.ow).step_by(PV * lanes(p.simd)) {
+                            for ox in (0..p.ow).step_by(PV * p.simd.lanes()) {
                                 tile_positions(p, xs, wb, oy, ox, ob, dst);
                             }
                         }
@@ -369,7 +351,7 @@ struct Pos {
 /// the group's `og` output planes; the tile is within the output and at most `rows` ×
 /// `max_np`.
 unsafe fn tile(p: &Plan, xs: *const f32, wb: *const f32, at: Pos, ob: usize, dst: *mut f32) {
-    let (ocb, lanes) = (p.ocb(), lanes(p.simd));
+    let (ocb, lanes) = (p.ocb(), p.simd.lanes());
     let oc0 = ob * ocb;
     let valid = ocb.min(p.og - oc0);
     let ov = valid.div_ceil(lanes);
@@ -414,7 +396,7 @@ unsafe fn tile(p: &Plan, xs: *const f32, wb: *const f32, at: Pos, ob: usize, dst
 /// # Safety
 /// As [`tile`].
 unsafe fn tile_positions(p: &Plan, xs: *const f32, wb: *const f32, oy: usize, ox: usize, ob: usize, dst: *mut f32) {
-    let (ocb, lanes) = (p.ocb(), lanes(p.simd));
+    let (ocb, lanes) = (p.ocb(), p.simd.lanes());
     let oc0 = ob * ocb;
     let valid = ocb.min(p.og - oc0);
     let np = (p.ow - ox).min(PV * lanes);

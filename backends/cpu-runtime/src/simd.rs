@@ -45,6 +45,15 @@ impl Simd {
         Simd::Baseline
     }
 
+    /// f32 lanes of the instruction set's vectors the kernels use (AVX2's for `Baseline`,
+    /// where no hand-written kernel runs).
+    pub(crate) fn lanes(self) -> usize {
+        match self {
+            Simd::Avx512 => 16,
+            _ => 8,
+        }
+    }
+
     fn rank(self) -> u8 {
         match self {
             Simd::Baseline => 0,
