@@ -26,10 +26,6 @@ use crate::par::par_units;
 use crate::scratch::Pooled;
 use gemm::Parallelism;
 
-/// Multiply-adds plus input elements of a depthwise convolution from which it is split across
-/// threads.
-const DEPTHWISE_PARALLEL_MIN: usize = 1 << 17;
-
 /// Patch-matrix elements per im2col tile (per thread).
 const TILE_ELEMS: usize = 1 << 17;
 /// Output planes at least this large get products of their own, as do strided 1 × 1
@@ -380,11 +376,6 @@ pub(crate) unsafe fn conv_with<T: Elem>(
     if f32s && let Some(plan) = crate::conv_depthwise::Plan::new(xs, ws, spec, sout) {
         // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
         // `total` elements and overlaps neither.
-        // Few multiply-adds per element moved: threads pay off from fewer of them.
-        let work = total
-            .saturating_mul(ks)
-            .saturating_add(n.saturating_mul(c).saturating_mul(s_in));
-        let threads = if work >= DEPTHWISE_PARALLEL_MIN { threads } else { 1 };
         unsafe {
             crate::conv_depthwise::conv(xp as *const f32, wp as *const f32, out as *mut f32, &plan, threads, epi)
         };

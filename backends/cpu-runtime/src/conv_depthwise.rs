@@ -12,7 +12,7 @@
 
 use crate::contraction::{PlaneEpilogue, SendPtr};
 use crate::conv::ConvSpec;
-use crate::conv_direct::{Phases, TapPhases};
+use crate::conv_direct::{Phases, TapPhases, copy_run, gather_step};
 use crate::par::par_units;
 use crate::simd::{Lanes, Simd};
 
@@ -22,6 +22,9 @@ const U: usize = 4;
 const BLOCK: usize = 2048;
 /// Multiply-adds per unit of planes handed to a thread, at least.
 const UNIT_MACS: usize = 1 << 15;
+/// Multiply-adds plus input elements from which a convolution is split across threads: few
+/// multiply-adds per element moved, so threads pay off from less work than a GEMM's.
+const PARALLEL_MIN: usize = 1 << 17;
 
 /// The geometry of one depthwise convolution.
 #[derive(Clone, Debug)]
@@ -116,7 +119,8 @@ struct Scratch {
 }
 
 /// `out[N, O, OH, OW] = conv(x[N, C, H, W], w[O, 1, kh, kw])` with `O/C` output channels per
-/// input channel, as planned; `epi` is applied to each unit's planes as soon as they are done.
+/// input channel, as planned, on up to `threads` threads; `epi` is applied to each unit's
+/// planes as soon as they are done.
 ///
 /// # Safety
 /// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither.
@@ -130,11 +134,12 @@ pub(crate) unsafe fn conv(
 ) {
     let (ks, s_in, ys) = (p.taps.len(), p.split.h * p.split.w, p.oh * p.ow);
     let (x, w, out) = (SendPtr(x as *mut f32), SendPtr(w as *mut f32), SendPtr(out));
+    let macs = p.planes.saturating_mul(ys).saturating_mul(ks);
+    let moved = macs.saturating_add((p.planes / p.og.max(1)).saturating_mul(s_in));
+    let threads = if moved >= PARALLEL_MIN { threads } else { 1 };
     // Units of whole planes: several per thread where there is work enough, so that threads
     // finishing early take more.
-    let units = (p.planes.saturating_mul(ys).saturating_mul(ks) / UNIT_MACS)
-        .clamp(threads, 4 * threads)
-        .min(p.planes);
+    let units = (macs / UNIT_MACS).clamp(threads, 4 * threads).min(p.planes);
     let per = p.planes.div_ceil(units.max(1));
     let (block_rows, step) = (p.block_rows(), U * p.simd.lanes());
     par_units(
@@ -181,27 +186,18 @@ pub(crate) unsafe fn conv(
 unsafe fn plane<L: Lanes>(p: &Plan, src: &[f32], w: &[f32], dst: &mut [f32], s: &mut Scratch) {
     // The padding of the split plane is zero from the scratch's start on: only the input's
     // elements are written, here.
-    let sw = p.split.sw;
     for &(to, from, n) in &p.runs {
-        let (to, from) = (&mut s.split[to..to + n], &src[from..]);
-        match sw {
-            // Safety: both runs hold `n` elements.
-            1 => unsafe { copy::<L>(to.as_mut_ptr(), from[..n].as_ptr(), n) },
-            2 => evens::<L>(to, from),
-            _ => {
-                for (d, &v) in to.iter_mut().zip(from.iter().step_by(sw)) {
-                    *d = v;
-                }
-            }
-        }
+        gather_step(&mut s.split[to..to + n], &src[from..], p.split.sw);
     }
     let (block_rows, pitch, step) = (p.block_rows(), p.split.pitch, U * L::N);
     for r0 in (0..p.oh).step_by(block_rows) {
         let r1 = (r0 + block_rows).min(p.oh);
         let len = ((r1 - 1 - r0) * pitch + p.ow).next_multiple_of(step);
         let at = &s.split[r0 * pitch..];
-        assert!(p.taps.iter().all(|&t| t + len <= at.len()) && len <= s.acc.len());
-        // Safety: every read and write is in bounds (just checked).
+        // Every tap's run of the block's rows ends within the split plane (the phases hold
+        // what the windows read), and the rounding up to whole steps within its slack.
+        debug_assert!(p.taps.iter().all(|&t| t + len <= at.len()) && len <= s.acc.len());
+        // Safety: every read and write is in bounds (above).
         unsafe {
             match p.taps.len() {
                 9 => flat::<L, 9>(&p.taps, at.as_ptr(), w, s.acc.as_mut_ptr(), len),
@@ -210,54 +206,7 @@ unsafe fn plane<L: Lanes>(p: &Plan, src: &[f32], w: &[f32], dst: &mut [f32], s: 
             }
         }
         for (oy, row) in (r0..r1).zip(dst[r0 * p.ow..r1 * p.ow].chunks_exact_mut(p.ow)) {
-            let from = &s.acc[(oy - r0) * pitch..][..p.ow];
-            // Safety: both rows hold `ow` elements.
-            unsafe { copy::<L>(row.as_mut_ptr(), from.as_ptr(), p.ow) };
-        }
-    }
-}
-
-/// `dst[j] = src[2·j]` for every `j` of `dst`, by vectors where `src` holds both vectors read.
-///
-/// # Safety
-/// Called with `L`'s instruction set.
-#[inline(always)]
-fn evens<L: Lanes>(dst: &mut [f32], src: &[f32]) {
-    let n = dst.len();
-    let mut j = 0;
-    while j + L::N <= n && 2 * (j + L::N) <= src.len() {
-        // Safety: `src` holds the two vectors read, `dst` the one written.
-        unsafe {
-            let (a, b) = (
-                L::load(src.as_ptr().add(2 * j)),
-                L::load(src.as_ptr().add(2 * j + L::N)),
-            );
-            L::store(dst.as_mut_ptr().add(j), L::evens(a, b));
-        }
-        j += L::N;
-    }
-    for (d, &v) in dst[j..].iter_mut().zip(src[2 * j..].iter().step_by(2)) {
-        *d = v;
-    }
-}
-
-/// `n` elements from `src` to `dst` by vectors, then one by one (rows of small planes are
-/// shorter than a `memcpy` call is worth).
-///
-/// # Safety
-/// Called with `L`'s instruction set; `src` and `dst` hold `n` elements and do not overlap.
-#[inline(always)]
-unsafe fn copy<L: Lanes>(dst: *mut f32, src: *const f32, n: usize) {
-    // Safety: the caller's contract.
-    unsafe {
-        let mut j = 0;
-        while j + L::N <= n {
-            L::store(dst.add(j), L::load(src.add(j)));
-            j += L::N;
-        }
-        while j < n {
-            *dst.add(j) = *src.add(j);
-            j += 1;
+            copy_run(row, &s.acc[(oy - r0) * pitch..][..p.ow]);
         }
     }
 }
@@ -272,30 +221,15 @@ unsafe fn copy<L: Lanes>(dst: *mut f32, src: *const f32, n: usize) {
 unsafe fn flat<L: Lanes, const K: usize>(taps: &[usize], src: *const f32, w: &[f32], acc: *mut f32, len: usize) {
     // Safety: the caller's contract.
     unsafe {
-        let step = U * L::N;
-        if K > 0 {
-            let t: [usize; K] = std::array::from_fn(|i| taps[i]);
-            let wv: [L; K] = std::array::from_fn(|i| L::splat(&w[i]));
-            for j in (0..len).step_by(step) {
-                let mut a = [L::zero(); U];
-                for k in 0..K {
-                    let s = src.add(t[k] + j);
-                    for (u, a) in a.iter_mut().enumerate() {
-                        *a = L::fma(L::load(s.add(u * L::N)), wv[k], *a);
-                    }
-                }
-                for (u, &a) in a.iter().enumerate() {
-                    L::store(acc.add(j + u * L::N), a);
-                }
-            }
-            return;
-        }
-        for j in (0..len).step_by(step) {
+        // With `K` known the tap loop unrolls and the weights stay in registers.
+        let n = if K > 0 { K } else { taps.len() };
+        let held: [L; K] = std::array::from_fn(|i| L::splat(&w[i]));
+        for j in (0..len).step_by(U * L::N) {
             let mut a = [L::zero(); U];
-            for (&t, wt) in taps.iter().zip(w) {
-                let (s, wv) = (src.add(t + j), L::splat(wt));
+            for k in 0..n {
+                let (s, wk) = (src.add(taps[k] + j), if K > 0 { held[k] } else { L::splat(&w[k]) });
                 for (u, a) in a.iter_mut().enumerate() {
-                    *a = L::fma(L::load(s.add(u * L::N)), wv, *a);
+                    *a = L::fma(L::load(s.add(u * L::N)), wk, *a);
                 }
             }
             for (u, &a) in a.iter().enumerate() {

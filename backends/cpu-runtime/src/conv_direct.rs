@@ -268,9 +268,7 @@ impl Phases {
             }
         }
     }
-}
 
-impl Phases {
     /// The runs [`Phases::split`] copies from the input into the phases `keep` names, as
     /// `(to, from, n)`: `n` elements from `from` on, every `sw`-th, to `to` on (every other
     /// element of those phases is padding).

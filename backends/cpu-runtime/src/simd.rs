@@ -134,8 +134,6 @@ pub(crate) trait Lanes: Copy {
     unsafe fn store(p: *mut f32, v: Self);
     /// Hint that the 64 bytes at `p` are read soon.
     unsafe fn prefetch(p: *const f32);
-    /// The even lanes of `a` then those of `b` (a stride-2 gather of `a ‖ b`).
-    unsafe fn evens(a: Self, b: Self) -> Self;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -150,7 +148,7 @@ pub(crate) mod x86 {
 
     /// `Lanes` for one vector type from its intrinsics.
     macro_rules! lanes {
-        ($t:ident, $n:literal, $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident, $evens:path) => {
+        ($t:ident, $n:literal, $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident) => {
             // Safety (every method): called only from functions compiled with the type's
             // instruction set (AVX-512F resp. AVX2 + FMA) on pointers valid for the lanes read
             // or written.
@@ -180,10 +178,6 @@ pub(crate) mod x86 {
                 unsafe fn prefetch(p: *const f32) {
                     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
                 }
-                #[inline(always)]
-                unsafe fn evens(a: Self, b: Self) -> Self {
-                    unsafe { $t($evens(a.0, b.0)) }
-                }
             }
         };
     }
@@ -195,8 +189,7 @@ pub(crate) mod x86 {
         _mm512_loadu_ps,
         _mm512_set1_ps,
         _mm512_fmadd_ps,
-        _mm512_storeu_ps,
-        evens512
+        _mm512_storeu_ps
     );
     lanes!(
         Ymm,
@@ -205,30 +198,8 @@ pub(crate) mod x86 {
         _mm256_loadu_ps,
         _mm256_set1_ps,
         _mm256_fmadd_ps,
-        _mm256_storeu_ps,
-        evens256
+        _mm256_storeu_ps
     );
-
-    /// Lanes 0, 2, …, 30 of `a ‖ b`.
-    #[inline(always)]
-    unsafe fn evens512(a: __m512, b: __m512) -> __m512 {
-        // Safety: AVX-512F (the caller's).
-        unsafe {
-            let idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-            _mm512_permutex2var_ps(a, idx, b)
-        }
-    }
-
-    /// Lanes 0, 2, …, 14 of `a ‖ b`.
-    #[inline(always)]
-    unsafe fn evens256(a: __m256, b: __m256) -> __m256 {
-        // Safety: AVX2 (the caller's).
-        unsafe {
-            // a0 a2 b0 b2 | a4 a6 b4 b6, then the 64-bit pairs in order 0 2 1 3.
-            let s = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
-            _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(s)))
-        }
-    }
 }
 
 #[cfg(test)]
