@@ -867,11 +867,9 @@ pub(crate) unsafe fn matmul<T: Product>(
         // Threads over batches, one single-threaded product each.
         par_units(nb, threads, || (), |_, bi| one(bi, Parallelism::None));
     } else {
+        // Fewer batches than threads (so at least 2 threads), each product worth splitting.
         for bi in 0..nb {
-            one(
-                bi,
-                gemm_parallelism(per.max(if vector { GEMM_PARALLEL_MIN_FLOPS } else { 0 }), threads),
-            );
+            one(bi, Parallelism::Rayon(threads));
         }
     }
     Ok(())

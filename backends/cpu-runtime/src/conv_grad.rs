@@ -255,7 +255,8 @@ const FORWARD_MIN_WIDTH: usize = 8;
 /// no dilation, one group, padding of at most `k - 1` per side (the forward padding is
 /// `k - 1 - p`).
 struct Forward {
-    stride: Vec<usize>,
+    /// A 1 per spatial axis: the stride and the dilation.
+    ones: Vec<usize>,
     pad_before: Vec<usize>,
     pad_after: Vec<usize>,
 }
@@ -263,10 +264,10 @@ struct Forward {
 impl Forward {
     fn spec(&self) -> ConvSpec<'_> {
         ConvSpec {
-            stride: &self.stride,
+            stride: &self.ones,
             pad_before: &self.pad_before,
             pad_after: &self.pad_after,
-            dilation: &self.stride,
+            dilation: &self.ones,
             groups: 1,
         }
     }
@@ -280,7 +281,7 @@ fn as_forward(ct: &ConvTranspose, kd: &[usize]) -> Option<Forward> {
     let flip =
         |pads: &[usize]| -> Option<Vec<usize>> { pads.iter().zip(kd).map(|(&p, &k)| (k - 1).checked_sub(p)).collect() };
     Some(Forward {
-        stride: ct.stride.clone(),
+        ones: ct.stride.clone(),
         pad_before: flip(&ct.pad_before)?,
         pad_after: flip(&ct.pad_after)?,
     })
