@@ -271,6 +271,8 @@ impl Tensor {
             None => crate::tensor::full_dims(&self.dims(), 1.0, self.dtype())?.to(&self.device())?,
         };
         let _mode = crate::autograd::no_grad();
+        // Gradients run in the dtypes the forward ops ran in, never re-cast by AMP.
+        let _amp = crate::amp::disable();
         let Some((root, out)) = &self.0.creator else {
             let mut slot = self.grad();
             add_into(&mut slot, seed)?;

@@ -5,6 +5,7 @@
 //! through [`passes`], and run on a [`backend`] (the reference interpreter today; Cranelift,
 //! PTX and MLIR code generators build on the same contract).
 
+pub mod amp;
 pub mod autograd;
 pub mod backend;
 pub mod device;

@@ -46,6 +46,22 @@ pub(crate) struct CompileArgs {
     /// feature of this machine; the binary may not run on an older one).
     #[arg(long, default_value = "portable", value_parser = ["portable", "native"])]
     pub cpu: String,
+    /// Compute precision: `f32` as the model is, or mixed precision by the AMP lists (`bf16`,
+    /// `f16`: the `amp` pass at level O1 — matmuls and convolutions in the low dtype with f32
+    /// accumulation, reductions, softmax and norms in f32; inputs and outputs keep their types).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
+    pub precision: String,
+}
+
+/// The model, rewritten by the `amp` pass when `--precision` asks for mixed precision.
+fn load_at_precision(args: &CompileArgs) -> CliResult<oar_ir::file::Model> {
+    let mut model = load(&args.file)?;
+    if args.precision != "f32" {
+        use oar_passes::Pass;
+        let amp = oar_passes::Amp::parse(&args.precision).map_err(|e| e.to_string())?;
+        amp.run(&mut model.graph).map_err(|e| e.to_string())?;
+    }
+    Ok(model)
 }
 
 pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
@@ -65,7 +81,7 @@ pub(crate) fn compile(args: CompileArgs) -> CliResult<()> {
             if emit == "ptx" { "ptx" } else { "mlir" }
         ));
     }
-    let model = load(&args.file)?;
+    let model = load_at_precision(&args)?;
     let emit: Emit = emit.parse()?;
     // The runtime library of this very build, so an installed `oar` links anywhere.
     if let Some(gz) = oar_cpu_runtime_embed::embedded_runtime!() {
@@ -104,7 +120,7 @@ fn compile_ptx(args: &CompileArgs) -> CliResult<()> {
     if emit != "ptx" {
         return Err(format!("--target ptx writes a PTX module (--emit ptx), not `{emit}`"));
     }
-    let model = load(&args.file)?;
+    let model = load_at_precision(args)?;
     let arch = if args.arch == "sm_90" { Arch::Sm90 } else { Arch::Sm80 };
     let bindings = parse_binds(&args.binds, &model.graph)?;
     let (program, module) = oar_backend_ptx::compile_to_ptx(&model.graph, &bindings, arch)
@@ -151,7 +167,7 @@ fn write_text(path: &std::path::Path, text: &str) -> CliResult<bool> {
 /// `--target mlir`: write the model's MLIR module (`--emit mlir`) or its LLVM IR (`--emit llvm`).
 fn compile_mlir(args: &CompileArgs) -> CliResult<()> {
     let emit = args.emit.as_deref().unwrap_or("mlir");
-    let model = load(&args.file)?;
+    let model = load_at_precision(args)?;
     let bindings = parse_binds(&args.binds, &model.graph)?;
     let fail = |e: oar_backend_mlir::MlirError| format!("{}: {e}", args.file.display());
     let text = match emit {
@@ -185,7 +201,7 @@ fn compile_mlir_gpu(args: &CompileArgs) -> CliResult<()> {
             "--target mlir-gpu writes a PTX module (--emit ptx), not `{emit}`"
         ));
     }
-    let model = load(&args.file)?;
+    let model = load_at_precision(args)?;
     let arch = if args.arch == "sm_90" { Arch::Sm90 } else { Arch::Sm80 };
     let bindings = parse_binds(&args.binds, &model.graph)?;
     let fail = |e: String| format!("{}: {e}", args.file.display());

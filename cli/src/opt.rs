@@ -6,7 +6,7 @@ use crate::{CliResult, load};
 use oar_ir::file::Model;
 use oar_ir::ops::Param;
 use oar_ir::{Graph, Op};
-use oar_passes::{NumericsCheck, PassError, PassManager, SpecializeShapes, list_passes, pass_by_name};
+use oar_passes::{NumericsCheck, PassError, PassManager, SpecializeShapes, list_passes, pass_from_spec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -16,8 +16,15 @@ pub(crate) struct OptArgs {
     /// A `.oar` model or a `.oir` IR text file.
     #[arg(required_unless_present = "list_passes")]
     pub file: Option<PathBuf>,
-    /// Passes to run, in order, comma-separated (see --list-passes).
-    #[arg(long = "passes", short = 'p', value_delimiter = ',', value_name = "PASS,...")]
+    /// Passes to run, in order, comma-separated (see --list-passes); a pass that takes an
+    /// argument is given as `name=arg` (`amp=bf16`, `amp=f16:O2`).
+    #[arg(
+        long = "passes",
+        visible_alias = "pass",
+        short = 'p',
+        value_delimiter = ',',
+        value_name = "PASS,..."
+    )]
     pub passes: Vec<String>,
     /// Output: `.oar` (graph and weights) or `.oir` (IR text); default: IR text on stdout.
     #[arg(long, short = 'o')]
@@ -69,7 +76,7 @@ fn pipeline(names: &[String], binds: &[(String, usize)]) -> CliResult<PassManage
             pm.add(SpecializeShapes::new(binds.iter().map(|(k, v)| (k.as_str(), *v))));
             continue;
         }
-        let pass = pass_by_name(name).ok_or_else(|| {
+        let pass = pass_from_spec(name).map_err(|e| e.to_string())?.ok_or_else(|| {
             PassError::UnknownPass {
                 name: name.to_string(),
                 known: list_passes().iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),

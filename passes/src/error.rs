@@ -66,6 +66,14 @@ pub enum PassError {
         /// Why.
         detail: String,
     },
+    /// A pass was configured with an option it cannot take (`amp=f64`, an unknown op in a list).
+    #[error("pass `{pass}`: {detail}")]
+    Config {
+        /// The pass.
+        pass: String,
+        /// What is wrong with the option.
+        detail: String,
+    },
     /// Writing the IR to a dump file failed.
     #[error("cannot write IR dump `{path}`: {detail}")]
     Dump {

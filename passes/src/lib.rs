@@ -5,6 +5,7 @@
 //! and after chosen passes through a caller-supplied sink, time each pass, and stop after pass
 //! N (to bisect a bad rewrite). Passes are found by name in a registry ([`pass_by_name`]).
 
+pub mod amp;
 mod canonicalize;
 mod check_numerics;
 mod cse;
@@ -24,6 +25,7 @@ pub mod simplify;
 mod specialize_shapes;
 mod steps;
 
+pub use amp::{Amp, AmpClass, AmpConfig, AmpLevel};
 pub use canonicalize::Canonicalize;
 pub use check_numerics::{DEFAULT_ATOL, DEFAULT_RTOL, HALF_ATOL, HALF_RTOL, MAX_GENERATED_ELEMENTS, NumericsCheck};
 pub use cse::Cse;
@@ -34,7 +36,7 @@ pub use fold::{DEFAULT_FOLD_LIMIT_BYTES, Fold};
 pub use fuse::Fuse;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
 pub use memory_plan::memory_plan;
-pub use registry::{list_passes, pass_by_name};
+pub use registry::{list_passes, pass_by_name, pass_from_spec};
 pub use simplify::{Simplify, SimplifyStats};
 pub use specialize_shapes::SpecializeShapes;
 pub use steps::{StepBudget, StepRun};

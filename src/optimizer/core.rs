@@ -16,6 +16,8 @@ const EPOCH_KEY: &str = "@lr_scheduler.last_epoch";
 pub const OPT_PREFIX: &str = "@opt/";
 /// Slot name of the per-parameter step counter.
 const STEP_SLOT: &str = "step";
+/// Slot name of a half parameter's f32 master copy (multi-precision).
+const MASTER_SLOT: &str = "master_weight";
 
 /// One parameter's optimizer state: how many updates it has had, and its buffers (moments,
 /// velocity) in the optimizer's slot order, each shaped as the parameter in the state dtype
@@ -24,6 +26,9 @@ const STEP_SLOT: &str = "step";
 pub(crate) struct ParamState {
     pub(crate) step: u64,
     pub(crate) slots: Vec<TensorData>,
+    /// The f32 master copy of a half parameter under multi-precision (AMP O2): the update
+    /// runs on it and the parameter is its rounding.
+    pub(crate) master: Option<TensorData>,
 }
 
 /// Elements below which a parameter's update runs on the calling thread.
@@ -259,6 +264,7 @@ fn fresh_state(slots: usize, dtype: DType, shape: &[usize]) -> Result<ParamState
     Ok(ParamState {
         step: 0,
         slots: vec![zero; slots],
+        master: None,
     })
 }
 
@@ -272,6 +278,7 @@ fn host_state(d: &DeviceState) -> Result<ParamState> {
     Ok(ParamState {
         step: d.step,
         slots: d.slots.iter().map(|s| s.try_data()).collect::<Result<_>>()?,
+        master: None,
     })
 }
 
@@ -296,6 +303,8 @@ pub(crate) struct Core {
     state: Vec<Option<ParamState>>,
     /// The state of parameters updated on their device ([`Core::device_step`]), kept there.
     device_state: Vec<Option<DeviceState>>,
+    /// Keep f32 master weights for f16/bf16 parameters (AMP O2, Paddle's `multi_precision`).
+    pub(crate) multi_precision: bool,
 }
 
 /// A parameter's optimizer state on its device: the step count and the slots as tensors
@@ -319,6 +328,7 @@ impl Core {
             slots,
             state: vec![None; n],
             device_state: vec![None; n],
+            multi_precision: false,
         }
     }
 
@@ -507,6 +517,24 @@ impl Core {
     fn host_update(&mut self, rule: &impl Rule, lr: f64, i: usize, g: Vec<f64>) -> Result<()> {
         let p = self.params[i].try_data()?;
         let state = param_state(&mut self.state[i], self.slots.len(), p.dtype(), p.shape())?;
+        if self.multi_precision && matches!(p.dtype(), DType::F16 | DType::BF16) {
+            // The update on the f32 master copy (made from the parameter on first use), the
+            // parameter its rounding.
+            let master = match state.master.take() {
+                Some(m) => m,
+                None => TensorData::from_f64_slice(DType::F32, p.shape().to_vec(), &p.to_f64_vec())?,
+            };
+            let mut value: Vec<f32> = master.to_vec::<f32>()?;
+            let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+            if !apply_chunked(rule, lr, self.weight_decay, state, &mut value, &g) {
+                return Err(self.bad_state(i));
+            }
+            let wide: Vec<f64> = value.iter().map(|&v| f64::from(v)).collect();
+            let rounded = TensorData::from_f64_slice(p.dtype(), p.shape().to_vec(), &wide)?;
+            let master = TensorData::from_vec(p.shape().to_vec(), value)?;
+            state.master = Some(master);
+            return self.params[i].set_data(rounded);
+        }
         if p.dtype() == DType::F32 {
             // In f32, as the in-place path computes an f32 parameter: the same bits.
             let mut value: Vec<f32> = p.to_vec::<f32>()?;
@@ -526,7 +554,7 @@ impl Core {
     /// True when parameters on a device are updated there ([`Core::device_step`]): some
     /// parameter lives on a device and no gradient clipping (which runs on the host) is set.
     pub(crate) fn on_device(&self) -> bool {
-        self.grad_clip.is_none() && self.params.iter().any(|p| !p.device().is_cpu())
+        self.grad_clip.is_none() && !self.multi_precision && self.params.iter().any(|p| !p.device().is_cpu())
     }
 
     /// Bring device-held state back to the host state (a parameter moved back to the CPU,
@@ -718,6 +746,9 @@ impl Core {
             for (slot, vals) in self.slots.iter().zip(&st.slots) {
                 out.insert(format!("{name}.{slot}"), vals.clone());
             }
+            if let Some(m) = &st.master {
+                out.insert(format!("{name}.{MASTER_SLOT}"), m.clone());
+            }
         }
         out
     }
@@ -728,6 +759,7 @@ impl Core {
         // Per parameter: its step (once given) and its slots (as they are given).
         let mut steps: Vec<Option<u64>> = vec![None; self.params.len()];
         let mut slots: Vec<Option<Vec<Option<TensorData>>>> = vec![None; self.params.len()];
+        let mut masters: Vec<Option<TensorData>> = vec![None; self.params.len()];
         let mut new_lr = None;
         let mut new_epoch = None;
         let scalar_i64 = |key: &str, d: &TensorData| -> Result<u64> {
@@ -769,6 +801,17 @@ impl Core {
                 steps[i] = Some(scalar_i64(key, d)?);
                 continue;
             }
+            if slot == MASTER_SLOT {
+                if (d.dtype(), d.shape()) != (DType::F32, p.shape().as_slice()) || !p.dtype().is_float() {
+                    return Err(bad(format!(
+                        "`{key}` is {} but parameter `{name}` ({}) needs an f32 master copy of its shape",
+                        d.tensor_type(),
+                        p.tensor_type()
+                    )));
+                }
+                masters[i] = Some(d.clone());
+                continue;
+            }
             let j = self
                 .slots
                 .iter()
@@ -791,7 +834,13 @@ impl Core {
             let Some(given) = given else { continue };
             let complete: Option<Vec<TensorData>> = given.into_iter().collect();
             match (steps[i], complete) {
-                (Some(step), Some(slots)) => new_state[i] = Some(ParamState { step, slots }),
+                (Some(step), Some(slots)) => {
+                    new_state[i] = Some(ParamState {
+                        step,
+                        slots,
+                        master: masters[i].take(),
+                    })
+                }
                 _ => {
                     return Err(bad(format!(
                         "the state of parameter `{}` is incomplete (needs `{STEP_SLOT}` and {:?})",
@@ -814,6 +863,20 @@ impl Core {
 
     pub(crate) fn clear_grad(&self) {
         self.params.iter().for_each(Tensor::clear_grad);
+    }
+
+    /// Turn f32 master weights for half parameters on or off (off drops the master copies).
+    pub(crate) fn set_multi_precision(&mut self, on: bool) -> Result<()> {
+        if self.is_traced() {
+            return Err(self.invalid("multi-precision (f32 master weights) is not supported in a traced step yet"));
+        }
+        if !on {
+            for st in self.state.iter_mut().flatten() {
+                st.master = None;
+            }
+        }
+        self.multi_precision = on;
+        Ok(())
     }
 }
 
@@ -863,6 +926,9 @@ macro_rules! impl_optimizer {
             }
             fn parameters(&self) -> &[$crate::Tensor] {
                 self.core.params()
+            }
+            fn set_multi_precision(&mut self, on: bool) -> $crate::Result<()> {
+                self.core.set_multi_precision(on)
             }
         }
 

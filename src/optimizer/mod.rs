@@ -63,6 +63,12 @@ pub trait Optimizer {
     /// The parameters this optimizer updates.
     fn parameters(&self) -> &[Tensor];
 
+    /// Keep f32 master weights for f16/bf16 parameters (Paddle's `multi_precision`; set by
+    /// [`crate::amp::decorate`] for AMP O2): each update runs on the master copy and the
+    /// parameter becomes its rounding, so updates smaller than the half dtype's step add up.
+    /// The master copies are part of the state dict (`<param>.master_weight`).
+    fn set_multi_precision(&mut self, on: bool) -> Result<()>;
+
     /// Paddle's `minimize`: backpropagate `loss`, then `step`.
     fn minimize(&mut self, loss: &Tensor) -> Result<()> {
         loss.backward()?;

@@ -10,8 +10,18 @@ use oar_ir::ops::infer_types;
 use oar_ir::{DeviceTensor, IrError, Op, TensorData, TensorType};
 use std::sync::Arc;
 
-/// Apply `op` to eager tensors.
+/// Apply `op` to eager tensors. Inside an AMP scope (`crate::amp`) the operands are first
+/// cast as its table says (the casts are ops too: recorded for autograd, traced).
 pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if let Some(cast) = crate::amp::cast_operands(&op, inputs)? {
+        let refs: Vec<&Tensor> = cast.iter().collect();
+        return apply_as_is(op, &refs);
+    }
+    apply_as_is(op, inputs)
+}
+
+/// [`apply`] without AMP's casts.
+fn apply_as_is(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
     let trace = inputs
         .iter()
         .find_map(|t| t.0.trace.as_ref().map(|tr| tr.ctx.clone()))
@@ -35,6 +45,8 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
             values: inputs.iter().map(|t| (*t).clone()).collect(),
         };
         let args: Vec<usize> = (0..inputs.len()).collect();
+        // AMP decided the composite's precision; its parts run at it (as the fused kernel does).
+        let _amp = crate::amp::disable();
         let outs = oar_ir::decompose::decompose(c, &mut em, &args)?;
         return Ok(outs.into_iter().map(|i| em.values[i].clone()).collect());
     }

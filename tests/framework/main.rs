@@ -4,6 +4,8 @@
 
 mod common;
 
+mod amp;
+
 mod eager;
 mod eager_device;
 mod gradcheck;

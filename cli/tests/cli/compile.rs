@@ -307,3 +307,70 @@ fn import_onnx_resnet18_then_compile_and_run() {
         );
     }
 }
+
+/// `oar opt --pass amp=bf16` and `oar compile --precision bf16`: the matmul runs in bf16
+/// (casts in the IR), the signature stays f32, and the executable's outputs are within bf16's
+/// precision of the f32 reference — and not equal to it (the low precision is really used).
+#[test]
+fn amp_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = oar::ir::Graph::new("mm");
+    let x = g
+        .add_input("x", oar::ir::TensorType::of(oar::ir::DType::F32, &[2, 3]))
+        .unwrap();
+    let w = g
+        .add_param("w", oar::ir::TensorType::of(oar::ir::DType::F32, &[3, 4]))
+        .unwrap();
+    let y = g.add_op1(oar::ir::Op::MatMul, &[x, w]).unwrap();
+    let s = g
+        .add_op1(
+            oar::ir::Op::Composite(oar::ir::Composite::Softmax(oar::ir::ops::Softmax { axis: 1 })),
+            &[y],
+        )
+        .unwrap();
+    g.add_output("y", y).unwrap();
+    g.add_output("s", s).unwrap();
+    let wv: Vec<f32> = (0..12).map(|i| (i as f32 * 0.37).sin()).collect();
+    let model = Model {
+        graph: g,
+        weights: Weights::from([("w".to_string(), TensorData::from_vec(vec![3, 4], wv).unwrap())]),
+    };
+    let m = dir.path().join("mm.oar");
+    model.save(&m).unwrap();
+    let opt = oar(&["opt", m.to_str().unwrap(), "--pass", "amp=bf16"]);
+    assert!(opt.status.success(), "{}", stderr(&opt));
+    let ir = stdout(&opt);
+    assert!(ir.contains("matmul(") && ir.contains(": bf16[2,4]"), "{ir}");
+    assert!(ir.contains("softmax(") && ir.contains("output \"y\""), "{ir}");
+    let bad = oar(&["opt", m.to_str().unwrap(), "--pass", "amp=f64"]);
+    assert_clean_error(&bad, "amp");
+
+    let exe = dir.path().join("mm");
+    let o = oar(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--precision",
+        "bf16",
+        "-o",
+        exe.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let x = dir.path().join("x.npy");
+    oar::ir::npy::write_npy(&x, &input()).unwrap();
+    let out = dir.path().join("out");
+    let r = Command::new(&exe)
+        .args([x.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let inputs = BTreeMap::from([("x".to_string(), input())]);
+    let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
+    for (name, t) in &want {
+        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
+        assert_eq!(got.tensor_type(), t.tensor_type(), "{name}: the signature is kept");
+        let (a, b) = (got.to_f64_vec(), t.to_f64_vec());
+        let err = a.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        // bf16 operands: relative error ≤ 2^-8 each, three products summed.
+        assert!(err <= 2e-2 && err > 0.0, "{name}: max error {err}");
+    }
+}

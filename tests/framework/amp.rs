@@ -1,0 +1,300 @@
+//! Automatic mixed precision: `auto_cast` scopes (O1 and O2, custom lists), gradients through
+//! the casts, traced scopes against the `amp` pass, `GradScaler`, master weights, and AMP
+//! training of the digits MLP against f32.
+
+use oar::amp::{self, AmpConfig, AmpLevel, GradScaler};
+use oar::io::DataLoader;
+use oar::io::datasets::{Digits, Split};
+use oar::jit::{InputSpec, to_static};
+use oar::nn::functional::cross_entropy;
+use oar::nn::{Flatten, Layer, LayerNorm, Linear, ReLU, Reduction, Sequential, Softmax};
+use oar::optimizer::{Adam, ClipGradByGlobalNorm, Optimizer, SGD};
+use oar::passes::{Amp, Pass};
+use oar::{DType, Tensor};
+
+fn mlp() -> Sequential {
+    oar::seed(7);
+    Sequential::new()
+        .add(Linear::new(8, 16).unwrap())
+        .add(ReLU)
+        .add(LayerNorm::new(&[16]).unwrap())
+        .add(Linear::new(16, 4).unwrap())
+        .add(Softmax::new(-1))
+}
+
+fn max_rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.cast(DType::F64).unwrap(), b.cast(DType::F64).unwrap());
+    let (a, b) = (a.to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
+    let scale = a.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    a.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn o1_runs_products_low_sensitive_ops_in_f32_and_the_rest_follows() {
+    let x = oar::randn(&[3, 8], DType::F32).unwrap();
+    let w = oar::randn(&[8, 5], DType::F32).unwrap();
+    {
+        let _amp = amp::auto_cast(AmpLevel::O1, DType::BF16).unwrap();
+        assert!(amp::is_enabled());
+        let y = x.matmul(&w).unwrap();
+        assert_eq!(y.dtype(), DType::BF16);
+        assert_eq!(
+            oar::nn::functional::relu(&y).unwrap().dtype(),
+            DType::BF16,
+            "relu follows its operand"
+        );
+        assert_eq!(y.exp().unwrap().dtype(), DType::F32, "exp is on the deny list");
+        assert_eq!(y.sum(&[], false).unwrap().dtype(), DType::F32, "sums accumulate in f32");
+        // Mixed operands meet at the widest; a 0-d operand does not widen.
+        assert_eq!(
+            (&y + &x.matmul(&w).unwrap().cast(DType::F32).unwrap()).unwrap().dtype(),
+            DType::F32
+        );
+        assert_eq!((&y * 2.0).unwrap().dtype(), DType::BF16);
+        {
+            let _off = amp::disable();
+            assert_eq!(x.matmul(&w).unwrap().dtype(), DType::F32, "disabled inside the scope");
+        }
+        assert_eq!(x.matmul(&w).unwrap().dtype(), DType::BF16, "the scope is back");
+        // Within bf16's precision of the f32 product.
+        let _off = amp::disable();
+        assert!(max_rel_err(&x.matmul(&w).unwrap(), &y) < 2e-2);
+    }
+    assert!(!amp::is_enabled());
+    assert_eq!(x.matmul(&w).unwrap().dtype(), DType::F32);
+    // Custom lists override the table; bad names are errors naming the op.
+    let cfg = AmpConfig::new(AmpLevel::O1, DType::F16)
+        .unwrap()
+        .deny(["matmul"])
+        .unwrap();
+    let _g = amp::auto_cast_with(cfg);
+    assert_eq!(x.matmul(&w).unwrap().dtype(), DType::F32);
+    let err = AmpConfig::new(AmpLevel::O1, DType::F16)
+        .unwrap()
+        .allow(["matmool"])
+        .unwrap_err();
+    assert!(err.contains("matmool"), "{err}");
+    assert!(amp::auto_cast(AmpLevel::O1, DType::F32).is_err());
+}
+
+#[test]
+fn gradients_flow_through_the_casts_to_f32_parameters() {
+    let model = mlp();
+    let x = oar::randn(&[6, 8], DType::F32).unwrap();
+    let grads = |on: bool| {
+        model.clear_gradients();
+        let _amp = on.then(|| amp::auto_cast(AmpLevel::O1, DType::BF16).unwrap());
+        let y = model.forward(&x).unwrap();
+        assert_eq!(y.dtype(), DType::F32, "softmax is on the deny list");
+        let loss = (&y * &y).unwrap().sum(&[], false).unwrap();
+        loss.backward().unwrap();
+        model.parameters().iter().map(|p| p.grad().unwrap()).collect::<Vec<_>>()
+    };
+    let (full, mixed) = (grads(false), grads(true));
+    for (p, (f, m)) in model.parameters().iter().zip(full.iter().zip(&mixed)) {
+        assert_eq!(p.dtype(), DType::F32);
+        assert_eq!(m.dtype(), DType::F32, "the gradient of an f32 parameter is f32");
+        // bf16 keeps 8 significant bits; through two products and a norm the gradients
+        // stay within a few percent of the f32 ones.
+        let e = max_rel_err(f, m);
+        assert!(e < 6e-2 && e > 0.0, "relative error {e}");
+    }
+}
+
+#[test]
+fn a_traced_scope_is_the_amp_pass_of_the_f32_trace() {
+    let model = mlp();
+    let spec = [InputSpec::new(&[Some(2), Some(8)], DType::F32, "x")];
+    let f = |xs: &[Tensor]| {
+        let h = model.forward(&xs[0])?;
+        Ok(vec![h.cast(DType::F32)?])
+    };
+    let plain = to_static(f, &spec).unwrap();
+    let traced = {
+        let _amp = amp::auto_cast(AmpLevel::O1, DType::BF16).unwrap();
+        to_static(f, &spec).unwrap()
+    };
+    let mut by_pass = plain.graph().clone();
+    assert!(Amp::default().run(&mut by_pass).unwrap());
+    // The pass puts its output in a canonical node order (each cast just before its first
+    // user); on the traced graph it adds no cast and only reorders.
+    let casts = |g: &oar::ir::Graph| g.node_ids().filter(|&n| g.node(n).op.name() == "cast").count();
+    let mut normalized = traced.graph().clone();
+    Amp::default().run(&mut normalized).unwrap();
+    assert_eq!(casts(&normalized), casts(traced.graph()));
+    assert_eq!(
+        casts(&by_pass),
+        8,
+        "x, w, b; relu up; layer_norm down; w2, b2; the logits up"
+    );
+    assert_eq!(normalized.to_string(), by_pass.to_string());
+    // And the traced static function computes what the eager scope computes.
+    let x = oar::randn(&[2, 8], DType::F32).unwrap();
+    let eager = {
+        let _amp = amp::auto_cast(AmpLevel::O1, DType::BF16).unwrap();
+        model.forward(&x).unwrap()
+    };
+    let stat = traced.call(&[&x]).unwrap().remove(0);
+    assert!(max_rel_err(&eager, &stat) < 1e-6, "{}", max_rel_err(&eager, &stat));
+}
+
+#[test]
+fn the_scaler_skips_overflowing_steps_and_adapts_its_scale() {
+    let w = Tensor::parameter(oar::ir::TensorData::from_vec(vec![2], vec![1.0f32, -1.0]).unwrap()).unwrap();
+    let mut opt = SGD::new(vec![w.clone()], 0.1);
+    let mut scaler = GradScaler::new().growth_interval(2).unwrap();
+    assert_eq!(scaler.get_scale(), 65536.0);
+    let step = |scaler: &mut GradScaler, opt: &mut SGD, big: f64| {
+        let loss = (&w * big).unwrap().sum(&[], false).unwrap();
+        scaler.scale(&loss).unwrap().backward().unwrap();
+        let ran = scaler.step(opt).unwrap();
+        scaler.update();
+        opt.clear_grad();
+        ran
+    };
+    // 65536 × 1e35 overflows f32: the step is skipped, nothing changes, the scale halves.
+    assert!(!step(&mut scaler, &mut opt, 1e35));
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![1.0, -1.0]);
+    assert_eq!(scaler.get_scale(), 32768.0);
+    // A good step: gradients unscaled to exactly 1 each, the update applied.
+    assert!(step(&mut scaler, &mut opt, 1.0));
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.9, -1.1]);
+    assert_eq!(scaler.get_scale(), 32768.0);
+    // Two good steps in a row: the scale doubles.
+    assert!(step(&mut scaler, &mut opt, 1.0));
+    assert_eq!(scaler.get_scale(), 65536.0);
+    // State round trip; bad state is an error and changes nothing.
+    let state = scaler.state_dict();
+    let mut other = GradScaler::new();
+    other.load_state_dict(&state).unwrap();
+    assert_eq!(other.state_dict(), state);
+    let mut bad = state.clone();
+    bad.insert("scale".into(), -1.0);
+    assert!(other.load_state_dict(&bad).is_err());
+    assert_eq!(other.state_dict(), state);
+    // Unscale before clipping: the clip sees true gradients; step does not unscale again.
+    let mut clipped = SGD::new(vec![w.clone()], 1.0).grad_clip(ClipGradByGlobalNorm::new(0.5));
+    let before = w.to_vec::<f32>().unwrap();
+    let loss = (&w * 3.0).unwrap().sum(&[], false).unwrap();
+    scaler.scale(&loss).unwrap().backward().unwrap();
+    scaler.unscale_(&clipped).unwrap();
+    assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![3.0, 3.0]);
+    let err = scaler.unscale_(&clipped).unwrap_err().to_string();
+    assert!(err.contains("already"), "{err}");
+    assert!(scaler.step(&mut clipped).unwrap());
+    scaler.update();
+    let after = w.to_vec::<f32>().unwrap();
+    let moved = ((after[0] - before[0]).powi(2) + (after[1] - before[1]).powi(2)).sqrt();
+    assert!((moved - 0.5).abs() < 1e-6, "clipped to norm 0.5, moved {moved}");
+}
+
+#[test]
+fn o2_keeps_f32_master_weights_so_small_updates_add_up() {
+    let model = Sequential::new().add(Linear::new(4, 1).unwrap());
+    let w = model.parameters()[0].clone();
+    w.set_data(oar::ir::TensorData::from_vec(vec![4, 1], vec![1.0f32; 4]).unwrap())
+        .unwrap();
+    let mut opt = SGD::new(model.named_parameters(), 1e-4);
+    amp::decorate(&model, &mut opt, DType::BF16).unwrap();
+    assert!(model.parameters().iter().all(|p| p.dtype() == DType::BF16));
+    let x = Tensor::from_vec(vec![1.0f32; 4], &[1, 4]).unwrap();
+    // Each step moves w by 1e-4, below bf16's half step at 1 (2^-8): without master weights
+    // w would stay 1 for ever; with them it moves after about 20 steps.
+    for _ in 0..40 {
+        let _amp = amp::auto_cast(AmpLevel::O2, DType::BF16).unwrap();
+        let y = model.forward(&x).unwrap();
+        assert_eq!(y.dtype(), DType::BF16);
+        y.cast(DType::F32).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        opt.step().unwrap();
+        opt.clear_grad();
+    }
+    let v = w.cast(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert!(v.iter().all(|&v| v < 1.0), "{v:?}");
+    let state = opt.state_dict();
+    let master = state
+        .keys()
+        .find(|k| k.ends_with("weight.master_weight"))
+        .expect("master weights saved");
+    let m = state[master].to_f64_vec();
+    assert!(m.iter().all(|v| (v - (1.0 - 40.0 * 1e-4)).abs() < 1e-5), "{m:?}");
+    let mut restored = SGD::new(model.named_parameters(), 1e-4);
+    restored.set_multi_precision(true).unwrap();
+    restored.set_state_dict(&state).unwrap();
+    assert_eq!(restored.state_dict(), state);
+    // decorate checks that the optimizer holds the model's parameters.
+    let other = Sequential::new().add(Linear::new(2, 2).unwrap());
+    let mut wrong = SGD::new(Linear::new(2, 2).unwrap().parameters(), 0.1);
+    assert!(amp::decorate(&other, &mut wrong, DType::F16).is_err());
+}
+
+/// Test accuracy of the digits MLP after a fixed schedule, trained in f32 or under AMP.
+fn train_digits(level: Option<(AmpLevel, DType)>) -> f64 {
+    oar::seed(0);
+    let mut model = Sequential::new()
+        .add(Flatten::new(1, -1))
+        .add(Linear::new(64, 128).unwrap())
+        .add(ReLU)
+        .add(Linear::new(128, 10).unwrap());
+    let mut opt = Adam::new(model.named_parameters(), 5e-3);
+    if let Some((AmpLevel::O2, dtype)) = level {
+        amp::decorate(&model, &mut opt, dtype).unwrap();
+    }
+    let mut scaler = GradScaler::new().enabled(matches!(level, Some((_, DType::F16))));
+    let train = DataLoader::new(Digits::new(Split::Train).unwrap())
+        .batch_size(64)
+        .shuffle(true)
+        .seed(0);
+    for _ in 0..10 {
+        for batch in &train {
+            let (x, y) = batch.unwrap();
+            let loss = {
+                let _amp = level.map(|(l, d)| amp::auto_cast(l, d).unwrap());
+                let logits = model.forward(&x).unwrap();
+                assert_eq!(logits.dtype(), level.map_or(DType::F32, |(_, d)| d));
+                cross_entropy(&logits, &y, Reduction::Mean).unwrap()
+            };
+            assert_eq!(loss.dtype(), DType::F32, "cross_entropy is on the deny list");
+            scaler.scale(&loss).unwrap().backward().unwrap();
+            scaler.step(&mut opt).unwrap();
+            scaler.update();
+            opt.clear_grad();
+        }
+    }
+    model.eval();
+    let _ng = oar::no_grad();
+    let _amp = level.map(|(l, d)| amp::auto_cast(l, d).unwrap());
+    let test = DataLoader::new(Digits::new(Split::Test).unwrap()).batch_size(400);
+    let (mut right, mut total) = (0, 0);
+    for batch in &test {
+        let (x, y) = batch.unwrap();
+        let pred = model
+            .forward(&x)
+            .unwrap()
+            .argmax(-1, false)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap();
+        let want = y.to_vec::<i64>().unwrap();
+        right += pred.iter().zip(&want).filter(|(p, w)| p == w).count();
+        total += want.len();
+    }
+    right as f64 / total as f64
+}
+
+#[test]
+fn amp_training_of_the_digits_mlp_matches_f32_accuracy() {
+    let f32_acc = train_digits(None);
+    assert!(f32_acc > 0.95, "f32 accuracy {f32_acc}");
+    for level in [
+        (AmpLevel::O1, DType::BF16),
+        (AmpLevel::O2, DType::BF16),
+        (AmpLevel::O1, DType::F16),
+    ] {
+        let acc = train_digits(Some(level));
+        eprintln!("{level:?}: {acc} (f32 {f32_acc})");
+        assert!(
+            (acc - f32_acc).abs() <= 0.005 + 1e-9,
+            "{level:?}: accuracy {acc} vs f32 {f32_acc} (within 0.5 points)"
+        );
+    }
+}
