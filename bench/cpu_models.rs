@@ -4,7 +4,8 @@
 //! (`bench/cpu_models_ref.py`) on the same files and inputs, and prints the ratios.
 //!
 //! Usage: `bench_cpu_models DIR [NAME...]`. Prints per model one line:
-//! `name median_ms min_ms compile_ms max_rel_err_vs_ort`.
+//! `name median_ms min_ms compile_ms max_rel_err_vs_ort`. With `OAR_BENCH_PRECISION=bf16` (or
+//! `f16`) the model first goes through the `amp` pass (what `oar compile --precision` does).
 
 use oar::ir::TensorData;
 use oar::ir::npy::read_npy;
@@ -21,7 +22,13 @@ fn max_rel_err(a: &TensorData, b: &TensorData) -> f64 {
 }
 
 fn bench(dir: &Path, name: &str, runs: usize) -> Res<()> {
-    let model = oar::onnx::load(&dir.join(format!("{name}.onnx")))?;
+    let mut model = oar::onnx::load(&dir.join(format!("{name}.onnx")))?;
+    if let Ok(p) = std::env::var("OAR_BENCH_PRECISION")
+        && p != "f32"
+    {
+        use oar::passes::Pass;
+        oar::passes::Amp::parse(&p)?.run(&mut model.graph)?;
+    }
     let mut inputs = BTreeMap::new();
     for (i, (input, _)) in model.graph.input_specs().iter().enumerate() {
         inputs.insert(input.clone(), read_npy(&dir.join(format!("{name}.input_{i}.npy")))?);

@@ -152,13 +152,13 @@ fn recrop(t: &TensorData, crop: &Crop, kd: &[usize], full: bool) -> Result<Tenso
 }
 
 /// Whether [`conv_transpose_into`] computes `conv_transpose(x, w, b?)` with attributes `ct`
-/// for operands of these types: one group, f32 or f64, an `output_padding` below the stride
+/// for operands of these types: one group, f32, f64 or f16/bf16 (computed in f32), an `output_padding` below the stride
 /// (then the transposed convolution is exactly the input gradient of the forward convolution
 /// with the same attributes, on an input of the output's size).
 pub fn conv_transpose_supported(ct: &ConvTranspose, inputs: &[oar_ir::TensorType]) -> bool {
     let dtype_ok = inputs
         .first()
-        .is_some_and(|x| matches!(x.dtype, DType::F32 | DType::F64))
+        .is_some_and(|x| matches!(x.dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16))
         && inputs.iter().all(|t| Some(t.dtype) == inputs.first().map(|x| x.dtype));
     ct.groups == 1
         && (2..=3).contains(&inputs.len())
@@ -302,11 +302,11 @@ fn flip_transpose<T: Copy>(w: &[T], ws: &[usize]) -> Vec<T> {
 }
 
 /// Whether [`conv_weight_grad_into`] computes `conv_weight_grad(x, dy)` for operands of these
-/// types: one group, f32 or f64.
+/// types: one group, f32, f64 or f16/bf16 (computed in f32, rounded once).
 pub fn conv_weight_grad_supported(cw: &ConvWeightGrad, inputs: &[oar_ir::TensorType]) -> bool {
     cw.groups == 1
         && inputs.len() == 2
-        && matches!(inputs[0].dtype, DType::F32 | DType::F64)
+        && matches!(inputs[0].dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
         && inputs[1].dtype == inputs[0].dtype
 }
 

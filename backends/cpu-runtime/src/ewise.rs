@@ -277,7 +277,7 @@ pub fn binary_half(op: Binary, half: Half, a: Side<u16>, b: Side<u16>, out: &mut
 
 /// 16-bit floats widened to f32 (exact).
 #[inline(always)]
-fn widen(half: Half, src: &[u16], dst: &mut [f32]) {
+pub(crate) fn widen(half: Half, src: &[u16], dst: &mut [f32]) {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     match half {
         Half::F16 => {
@@ -340,7 +340,7 @@ mod f16c {
 
 /// f32 rounded to 16-bit floats: to nearest, ties to even; NaN stays NaN (`half`'s rounding).
 #[inline(always)]
-fn narrow(half: Half, src: &[f32], dst: &mut [u16]) {
+pub(crate) fn narrow(half: Half, src: &[f32], dst: &mut [u16]) {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     match half {
         Half::F16 => {

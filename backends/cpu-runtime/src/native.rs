@@ -668,31 +668,40 @@ unsafe fn scatter(
 /// Convert the elements of `x` (`from`) into `out` (`to`): f16/bf16 to f32 exactly, f32 to
 /// f16/bf16 rounded to nearest even (the reference's casts).
 pub(crate) fn half_convert(from: DType, to: DType, x: &[u8], out: &mut [u8]) {
-    use half::{bf16, f16};
+    use crate::ewise::{Half, narrow, widen};
+    let half = |d: DType| if d == DType::F16 { Half::F16 } else { Half::Bf16 };
     let n = out.len() / to.size_bytes();
     match (from, to) {
         (DType::F16 | DType::BF16, _) => {
-            for (i, o) in out.chunks_exact_mut(4).enumerate() {
-                let h = u16::from_le_bytes([x[2 * i], x[2 * i + 1]]);
-                let v = if from == DType::F16 {
-                    f16::from_bits(h).to_f32()
-                } else {
-                    bf16::from_bits(h).to_f32()
-                };
-                o.copy_from_slice(&v.to_le_bytes());
+            match (
+                bytemuck::try_cast_slice::<u8, u16>(&x[..2 * n]),
+                bytemuck::try_cast_slice_mut::<u8, f32>(out),
+            ) {
+                (Ok(src), Ok(dst)) => widen(half(from), src, dst),
+                _ => {
+                    for (i, o) in out.chunks_exact_mut(4).enumerate() {
+                        let h = [u16::from_le_bytes([x[2 * i], x[2 * i + 1]])];
+                        let mut v = [0f32];
+                        widen(half(from), &h, &mut v);
+                        o.copy_from_slice(&v[0].to_le_bytes());
+                    }
+                }
             }
         }
-        _ => {
-            for i in 0..n {
-                let v = f32::from_le_bytes(x[4 * i..4 * i + 4].try_into().unwrap());
-                let h = if to == DType::F16 {
-                    f16::from_f32(v).to_bits()
-                } else {
-                    bf16::from_f32(v).to_bits()
-                };
-                out[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
+        _ => match (
+            bytemuck::try_cast_slice::<u8, f32>(&x[..4 * n]),
+            bytemuck::try_cast_slice_mut::<u8, u16>(out),
+        ) {
+            (Ok(src), Ok(dst)) => narrow(half(to), src, dst),
+            _ => {
+                for i in 0..n {
+                    let v = [f32::from_le_bytes(x[4 * i..4 * i + 4].try_into().unwrap())];
+                    let mut h = [0u16];
+                    narrow(half(to), &v, &mut h);
+                    out[2 * i..2 * i + 2].copy_from_slice(&h[0].to_le_bytes());
+                }
             }
-        }
+        },
     }
 }
 
@@ -780,7 +789,7 @@ struct FloatOperands<'a> {
 }
 
 impl FloatOperands<'_> {
-    /// `kernel` on the operands seen as `dtype` (f32 or f64).
+    /// `kernel` on the operands seen as `dtype` (f32 or f64; f16/bf16 widened to f32).
     fn run(&self, kernel: &impl FloatKernel, dtype: DType, out: &mut [u8]) -> Result<(), String> {
         fn typed<T: FloatElem>(ops: &FloatOperands, kernel: &impl FloatKernel, out: &mut [u8]) -> Result<(), String> {
             let ins = ops
@@ -797,6 +806,30 @@ impl FloatOperands<'_> {
         match dtype {
             DType::F32 => typed::<f32>(self, kernel, out),
             DType::F64 => typed::<f64>(self, kernel, out),
+            DType::F16 | DType::BF16 => {
+                // Operands widened to f32 (exact), the f32 kernel (f32 accumulation), the
+                // result rounded once to the half dtype.
+                let wide: Vec<Vec<f32>> = self
+                    .ins
+                    .iter()
+                    .map(|b| {
+                        let mut w = vec![0f32; b.len() / 2];
+                        fill_chunks(bytemuck::cast_slice_mut(&mut w), 4, self.threads, |first, chunk| {
+                            half_convert(dtype, DType::F32, &b[first * 2..], chunk)
+                        });
+                        w
+                    })
+                    .collect();
+                let ins: Vec<&[u8]> = wide.iter().map(|w| bytemuck::cast_slice(w.as_slice())).collect();
+                let mut wide_out = vec![0f32; out.len() / 2];
+                let ops = FloatOperands { ins: &ins, ..*self };
+                typed::<f32>(&ops, kernel, bytemuck::cast_slice_mut(&mut wide_out))?;
+                let src: &[u8] = bytemuck::cast_slice(&wide_out);
+                fill_chunks(out, 2, self.threads, |first, chunk| {
+                    half_convert(DType::F32, dtype, &src[first * 4..], chunk)
+                });
+                Ok(())
+            }
             other => Err(format!("{}: no native kernel for {other}", self.name)),
         }
     }

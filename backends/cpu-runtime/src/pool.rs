@@ -22,12 +22,12 @@ use oar_ir::ops::MaxPool2d;
 const MAX_WINDOW: usize = 256;
 
 /// Whether the native kernel runs `max_pool2d` with attributes `m` on operands of these types:
-/// one f32 or f64 input of rank 4, a non-empty window of at most [`MAX_WINDOW`] elements, a
+/// one f32, f64 or f16/bf16 (widened to f32) input of rank 4, a non-empty window of at most [`MAX_WINDOW`] elements, a
 /// stride.
 pub fn max_pool2d_supported(m: &MaxPool2d, inputs: &[oar_ir::TensorType]) -> bool {
     let k = m.kernel[0] * m.kernel[1];
     inputs.len() == 1
-        && matches!(inputs[0].dtype, DType::F32 | DType::F64)
+        && matches!(inputs[0].dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
         && inputs[0].shape.rank() == 4
         && k > 0
         && k <= MAX_WINDOW

@@ -52,11 +52,11 @@ pub fn max_pool2d_vjp(
 }
 
 /// Whether the native kernel runs `max_pool2d_grad(x, dy)` with attributes `m` on operands
-/// of these types: f32 or f64 (both alike), windows up to [`MAX_WINDOW`] elements.
+/// of these types: f32, f64 or f16/bf16 (computed in f32; both alike), windows up to [`MAX_WINDOW`] elements.
 pub fn max_pool2d_grad_supported(m: &oar_ir::ops::MaxPool2dGrad, inputs: &[oar_ir::TensorType]) -> bool {
     inputs.len() == 2
         && inputs[0].dtype == inputs[1].dtype
-        && matches!(inputs[0].dtype, DType::F32 | DType::F64)
+        && matches!(inputs[0].dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
         && window_fits(m.kernel, m.stride)
 }
 

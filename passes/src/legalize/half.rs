@@ -6,7 +6,8 @@
 //!
 //! [`widen_half`] rewrites a program:
 //! - every half buffer a loop kernel loads gets an f32 copy, made by a conversion kernel (an
-//!   opaque `cast` the backend runs natively) just before it;
+//!   opaque `cast` the backend runs natively) before its first reader and shared by the later
+//!   ones until a kernel writes the buffer again;
 //! - a half output is written to a new f32 buffer and converted back just after;
 //! - every half instruction becomes an f32 one: constants are rounded to the half dtype first,
 //!   loads read the f32 copy, and arithmetic, casts to half and reduction results (`acc`) are
@@ -138,19 +139,31 @@ pub fn widen_half(program: &mut KernelProgram) -> usize {
     let kernels = std::mem::take(&mut program.kernels);
     let mut out = Vec::with_capacity(kernels.len());
     let mut rewritten = 0;
+    // The f32 copy of each half buffer made so far, shared by every later reader (a max pool
+    // reads its input once per window tap) until a kernel writes the buffer again.
+    let mut copies: std::collections::HashMap<BufferId, BufferId> = std::collections::HashMap::new();
     for mut k in kernels {
         if !touches_half(program, &k) {
+            for o in &k.outputs {
+                copies.remove(o);
+            }
             out.push(k);
             continue;
         }
         rewritten += 1;
-        // Every half buffer the kernel reads gets an f32 copy just before it.
+        // Every half buffer the kernel reads gets an f32 copy before it.
         let mut to_f32 = |ld: &mut oar_ir::kernel::Load, tag: String, out: &mut Vec<Kernel>| {
-            if is_half(program.buffer(ld.buffer).ty.dtype) {
-                let f = f32_buffer(program, ld.buffer, &format!("{tag}_f32"));
-                out.push(convert(format!("{tag}_to_f32"), ld.buffer, f, DType::F32));
-                ld.buffer = f;
+            if !is_half(program.buffer(ld.buffer).ty.dtype) {
+                return;
             }
+            if let Some(&f) = copies.get(&ld.buffer) {
+                ld.buffer = f;
+                return;
+            }
+            let f = f32_buffer(program, ld.buffer, &format!("{tag}_f32"));
+            out.push(convert(format!("{tag}_to_f32"), ld.buffer, f, DType::F32));
+            copies.insert(ld.buffer, f);
+            ld.buffer = f;
         };
         match &mut k.body {
             KernelBody::Loop(l) => {
@@ -177,6 +190,7 @@ pub fn widen_half(program: &mut KernelProgram) -> usize {
             KernelBody::Opaque(_) => unreachable!("touches_half is false for opaque kernels"),
         }
         let o = k.outputs[0];
+        copies.remove(&o);
         let odt = program.buffer(o).ty.dtype;
         if is_half(odt) {
             let f = f32_buffer(program, o, &format!("{}_f32", k.name));

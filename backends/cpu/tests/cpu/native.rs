@@ -637,3 +637,96 @@ fn every_op_sample_lowers_without_the_interpreter() {
     assert!(lowered_cases > 250, "{lowered_cases} cases");
     assert!(left.is_empty(), "interpreted:\n{}", left.join("\n"));
 }
+
+/// The windowed native composites (`max_pool2d`, `max_pool2d_grad`, `conv_transpose`,
+/// `conv_weight_grad`) run natively on f16/bf16 operands too — widened to f32, the f32 kernel,
+/// the result rounded once — instead of decomposing into padded copies and one widened copy
+/// per window tap. Max pooling (and its gradient's routing, which sums at most a few exact
+/// values) gives the reference's bits; the convolutions are within the half dtype's tolerance
+/// of the reference's f64 accumulation.
+#[test]
+fn half_precision_windowed_composites_run_natively() {
+    use oar_ir::ops::{ConvTranspose, ConvWeightGrad, MaxPool2d, MaxPool2dGrad};
+    use oar_ir::{Composite, Graph, Op, TensorType};
+    for dt in [DType::F16, DType::BF16] {
+        let mut g = Graph::new("half_windows");
+        let x = g.add_input("x", TensorType::of(dt, &[1, 3, 9, 9])).unwrap();
+        let (kernel, stride, padding) = ([3, 3], [2, 2], [1, 1, 1, 1]);
+        let pool = MaxPool2d {
+            kernel,
+            stride,
+            padding,
+            ceil_mode: false,
+        };
+        let p = g.add_op1(Op::Composite(Composite::MaxPool2d(pool)), &[x]).unwrap();
+        let grad = MaxPool2dGrad {
+            kernel,
+            stride,
+            padding,
+            ceil_mode: false,
+        };
+        let dx = g
+            .add_op1(Op::Composite(Composite::MaxPool2dGrad(grad)), &[x, p])
+            .unwrap();
+        let w = g.add_input("w", TensorType::of(dt, &[3, 2, 3, 3])).unwrap();
+        let ct = ConvTranspose {
+            stride: vec![2, 2],
+            pad_before: vec![1, 1],
+            pad_after: vec![1, 1],
+            output_padding: vec![0, 0],
+            dilation: vec![1, 1],
+            groups: 1,
+        };
+        let t = g.add_op1(Op::Composite(Composite::ConvTranspose(ct)), &[p, w]).unwrap();
+        let dy = g.add_input("dy", TensorType::of(dt, &[1, 2, 9, 9])).unwrap();
+        let cw = ConvWeightGrad {
+            stride: vec![1, 1],
+            pad_before: vec![1, 1],
+            pad_after: vec![1, 1],
+            dilation: vec![1, 1],
+            groups: 1,
+            kernel: vec![3, 3],
+        };
+        let gw = g
+            .add_op1(Op::Composite(Composite::ConvWeightGrad(cw)), &[x, dy])
+            .unwrap();
+        for (name, v) in [("pool", p), ("pool_grad", dx), ("conv_transpose", t), ("wgrad", gw)] {
+            g.add_output(name, v).unwrap();
+        }
+        let lowered = lower_without_interpreter(&g);
+        let natives = lowered
+            .cpu
+            .steps
+            .iter()
+            .filter(|s| matches!(s, oar_cpu_runtime::Step::Native { .. }))
+            .count();
+        assert_eq!(natives, 4, "{dt}: {:?}", lowered.cpu.steps);
+        let vals = |n: usize, s: f64| (0..n).map(|i| ((i * 37 % 29) as f64 - 14.0) * s).collect::<Vec<f64>>();
+        let feeds = BTreeMap::from([
+            (
+                "x".to_string(),
+                TensorData::from_f64_slice(dt, vec![1, 3, 9, 9], &vals(243, 0.07)).unwrap(),
+            ),
+            (
+                "w".to_string(),
+                TensorData::from_f64_slice(dt, vec![3, 2, 3, 3], &vals(54, 0.05)).unwrap(),
+            ),
+            (
+                "dy".to_string(),
+                TensorData::from_f64_slice(dt, vec![1, 2, 9, 9], &vals(162, 0.03)).unwrap(),
+            ),
+        ]);
+        let (got, want) = cpu_and_reference(&g, &feeds);
+        let (rtol, atol) = if dt == DType::F16 { (2e-3, 1e-4) } else { (1.6e-2, 1e-3) };
+        for ((name, a), (_, b)) in got.iter().zip(&want) {
+            assert_eq!(a.tensor_type(), b.tensor_type(), "{dt} {name}");
+            if name.starts_with("pool") {
+                assert_eq!(a.bytes(), b.bytes(), "{dt} {name}: max pooling is exact");
+                continue;
+            }
+            for (i, (p, q)) in a.to_f64_vec().iter().zip(b.to_f64_vec()).enumerate() {
+                assert!((p - q).abs() <= atol + rtol * q.abs(), "{dt} {name}[{i}]: {p} vs {q}");
+            }
+        }
+    }
+}
