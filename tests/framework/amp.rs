@@ -298,3 +298,46 @@ fn amp_training_of_the_digits_mlp_matches_f32_accuracy() {
         );
     }
 }
+
+/// A whole O1 training step traced with `to_static_train_step` (the loss function opens the
+/// `auto_cast` scope): the graph holds the forward's casts and a backward in the forward's
+/// dtypes, parameters stay f32, and N static steps give what N eager AMP steps give.
+#[test]
+fn a_traced_amp_training_step_matches_eager_amp_steps() {
+    use oar::jit::to_static_train_step;
+    let make = || {
+        oar::seed(5);
+        Sequential::new()
+            .add(Linear::new(8, 16).unwrap())
+            .add(ReLU)
+            .add(Linear::new(16, 3).unwrap())
+    };
+    let (eager, traced) = (make(), make());
+    let mut opt_e = Adam::new(eager.named_parameters(), 1e-2);
+    let mut opt_s = Adam::new(traced.named_parameters(), 1e-2);
+    let specs = [
+        InputSpec::new(&[None, Some(8)], DType::F32, "x"),
+        InputSpec::new(&[None], DType::I64, "y"),
+    ];
+    let loss_of = |model: &Sequential, x: &Tensor, y: &Tensor| {
+        let _amp = amp::auto_cast(AmpLevel::O1, DType::BF16)?;
+        cross_entropy(&model.forward(x)?, y, Reduction::Mean)
+    };
+    let step = to_static_train_step(&traced, &mut opt_s, &specs, |xs| loss_of(&traced, &xs[0], &xs[1])).unwrap();
+    let text = step.graph().to_string();
+    assert!(text.contains("matmul(%0, %2) : bf16[N,16]"), "{text}");
+    for i in 0..4 {
+        let x = oar::randn(&[6, 8], DType::F32).unwrap();
+        let y = Tensor::from_vec((0..6i64).map(|j| (j + i) % 3).collect::<Vec<_>>(), &[6]).unwrap();
+        let loss_e = loss_of(&eager, &x, &y).unwrap();
+        loss_e.backward().unwrap();
+        opt_e.step().unwrap();
+        opt_e.clear_grad();
+        let loss_s = step.call(&[&x, &y]).unwrap().remove(0);
+        assert!(max_rel_err(&loss_e, &loss_s) < 1e-5, "step {i}: {loss_e} vs {loss_s}");
+    }
+    for (a, b) in eager.parameters().iter().zip(traced.parameters()) {
+        assert_eq!(b.dtype(), DType::F32);
+        assert!(max_rel_err(a, &b) < 1e-5, "{}", max_rel_err(a, &b));
+    }
+}

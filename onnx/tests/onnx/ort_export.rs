@@ -515,3 +515,24 @@ fn composites_without_a_writer_export_as_their_decomposition() {
     let inputs = BTreeMap::from([("x".to_string(), tensor(11, &[2, 3, 6, 7], 1.0))]);
     check("decomposed composites", &m, inputs, 1e-5);
 }
+
+/// AMP graphs export with their `Cast` nodes and run in onnxruntime: the MLP and the CNN after
+/// the `amp` pass at f16 (bf16 would need bf16 MatMul/Conv kernels, which onnxruntime's CPU
+/// provider does not have), compared with the reference on the same mixed graph. Tolerance:
+/// 5e-3 relative, a few f16 steps (the results are f16, their products summed in other orders;
+/// measured 3e-5).
+#[test]
+fn amp_graphs_export_their_casts_and_run_in_onnxruntime() {
+    use oar_passes::Pass;
+    for (label, mut m, name, x) in [
+        ("amp mlp", mlp(), "x", tensor(7, &[5, 8], 2.0)),
+        ("amp cnn", cnn(), "image", tensor(8, &[2, 3, 16, 16], 1.0)),
+    ] {
+        oar_passes::Amp::parse("f16").unwrap().run(&mut m.graph).unwrap();
+        let bytes = oar_onnx::to_bytes(&m).unwrap();
+        let proto = <oar_onnx::proto::ModelProto as prost::Message>::decode(bytes.as_slice()).unwrap();
+        let casts = proto.graph.as_ref().unwrap().node.iter().filter(|n| n.op_type.as_deref() == Some("Cast")).count();
+        assert!(casts >= 4, "{label}: {casts} Cast nodes");
+        check(label, &m, BTreeMap::from([(name.into(), x)]), 5e-3);
+    }
+}
