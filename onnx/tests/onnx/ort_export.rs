@@ -531,7 +531,14 @@ fn amp_graphs_export_their_casts_and_run_in_onnxruntime() {
         oar_passes::Amp::parse("f16").unwrap().run(&mut m.graph).unwrap();
         let bytes = oar_onnx::to_bytes(&m).unwrap();
         let proto = <oar_onnx::proto::ModelProto as prost::Message>::decode(bytes.as_slice()).unwrap();
-        let casts = proto.graph.as_ref().unwrap().node.iter().filter(|n| n.op_type.as_deref() == Some("Cast")).count();
+        let casts = proto
+            .graph
+            .as_ref()
+            .unwrap()
+            .node
+            .iter()
+            .filter(|n| n.op_type.as_deref() == Some("Cast"))
+            .count();
         assert!(casts >= 4, "{label}: {casts} Cast nodes");
         check(label, &m, BTreeMap::from([(name.into(), x)]), 5e-3);
     }
