@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: train in eager mode, convert to a static graph and save it, load it back and
 # keep training, compile the saved model to a native executable, run it on the held-out digits
-# (accuracy and latency), then inspect the model with the oar CLI.
+# (accuracy and latency), the same in mixed precision (bf16), then inspect the model with the
+# oar CLI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/demo
@@ -25,13 +26,18 @@ echo "== 4. run the native executable on the $n held-out digits"
 "$out/digits_cnn" --input "image=$out/digits_test.npy" --output-dir "$out/exe_out" --bench 20
 "$bin"/examples/score "$out/exe_out/output.npy" "$out/digits_test_labels.npy"
 echo
-echo "== 5. inspect: oar inspect $out/digits_cnn_tuned.oar"
+echo "== 5. mixed precision: oar compile ... --precision bf16 (the amp pass: convolutions and matmuls in bf16, softmax in f32)"
+"$bin"/oar compile "$out/digits_cnn_tuned.oar" --target cpu --emit exe --bind "N=$n" --precision bf16 -o "$out/digits_cnn_bf16"
+"$out/digits_cnn_bf16" --input "image=$out/digits_test.npy" --output-dir "$out/exe_bf16_out" --bench 20
+"$bin"/examples/score "$out/exe_bf16_out/output.npy" "$out/digits_test_labels.npy"
+echo
+echo "== 6. inspect: oar inspect $out/digits_cnn_tuned.oar"
 "$bin"/oar inspect "$out/digits_cnn_tuned.oar"
 echo
-echo "== 6. run (JIT, cpu backend): oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
+echo "== 7. run (JIT, cpu backend): oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
 "$bin"/oar run "$out/digits_cnn_tuned.oar" --input "image=$out/digits4.npy" --output "$out/out"
 echo
-echo "== 7. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
+echo "== 8. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
 "$bin"/examples/demo "$out"
 "$bin"/oar dot "$out/digits_cnn_tuned.oar" -o "$out/digits_cnn.dot"
 echo "wrote $out/out/output.npy and $out/digits_cnn.dot"

@@ -16,7 +16,7 @@
 //! let mut scaler = GradScaler::new();
 //! let loss = {
 //!     let _amp = amp::auto_cast(AmpLevel::O1, oar::DType::BF16)?;
-//!     oar::nn::functional::cross_entropy(&model.forward(x)?, y)?
+//!     oar::nn::functional::cross_entropy(&model.forward(x)?, y, oar::nn::Reduction::Mean)?
 //! };
 //! scaler.scale(&loss)?.backward()?;
 //! scaler.step(opt)?; // unscales, skips the step on inf/NaN

@@ -1,0 +1,90 @@
+//! Mixed precision on the `cpu` backend: f32 vs bf16 vs f16 in one run, for ResNet-18
+//! inference (batch 1, 224 × 224, the `amp` pass on the traced f32 graph, as `oar compile
+//! --precision` does) and the MLP and LeNet-5 training steps (batch 64, the loss function in
+//! an O1 `auto_cast` scope, traced whole with `to_static_train_step`). `bench/amp.sh` runs it.
+//!
+//! Prints one line per (model, precision): `model precision median_ms arena_bytes`, where
+//! `arena_bytes` is the compiled program's planned memory for temporaries — for a training
+//! step, the activations kept for the backward pass and the gradients.
+
+#[path = "models.rs"]
+mod models;
+#[path = "timing.rs"]
+mod timing;
+use models::{lenet, mlp};
+use oar::amp::{self, AmpLevel};
+use oar::ir::{DType, Graph};
+use oar::jit::{InputSpec, to_static_layer, to_static_train_step};
+use oar::nn::functional::cross_entropy;
+use oar::nn::{Layer, Reduction};
+use oar::optimizer::AdamW;
+use oar::passes::{Amp, Pass};
+use oar::{Result, Tensor};
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+use std::collections::BTreeMap;
+use timing::median_ms;
+
+const PRECISIONS: [(&str, Option<DType>); 3] = [("f32", None), ("bf16", Some(DType::BF16)), ("f16", Some(DType::F16))];
+
+/// The planned bytes of temporaries of `graph` compiled for the cpu backend.
+fn arena_bytes(graph: &Graph) -> Res<usize> {
+    let lowered = oar::cpu::lower::lower(graph, &BTreeMap::new())?;
+    Ok(lowered.cpu.plan.arena_bytes)
+}
+
+fn resnet18(runs: usize) -> Res<()> {
+    oar::seed(0);
+    let mut model = oar::vision::models::resnet18(1000)?;
+    model.eval();
+    let x = oar::randn(&[1, 3, 224, 224], DType::F32)?;
+    let f = to_static_layer(
+        &model,
+        &InputSpec::new(&[Some(1), Some(3), Some(224), Some(224)], DType::F32, "x"),
+    )?;
+    let weights = f.weights();
+    let inputs = BTreeMap::from([("x".to_string(), x.data())]);
+    let backend = oar::backend::get("cpu")?;
+    for (name, dtype) in PRECISIONS {
+        let mut graph = f.graph().clone();
+        if let Some(d) = dtype {
+            Amp::parse(if d == DType::BF16 { "bf16" } else { "f16" })?.run(&mut graph)?;
+        }
+        let exe = backend.compile(&graph, &weights)?;
+        let ms = median_ms(2, runs, || exe.run(&inputs).map(|_| ()))?;
+        println!("resnet18_infer {name} {ms:.4} {}", arena_bytes(&graph)?);
+    }
+    Ok(())
+}
+
+fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize], runs: usize) -> Res<()> {
+    oar::seed(0);
+    let x = oar::randn(x_shape, DType::F32)?;
+    let batch = x_shape[0];
+    let y = Tensor::from_vec((0..batch as i64).map(|i| i % 10).collect::<Vec<i64>>(), &[batch])?;
+    let dims: Vec<Option<usize>> = x_shape.iter().map(|&d| Some(d)).collect();
+    let specs = [
+        InputSpec::new(&dims, DType::F32, "x"),
+        InputSpec::new(&[Some(batch)], DType::I64, "y"),
+    ];
+    for (name, dtype) in PRECISIONS {
+        oar::seed(1);
+        let model = make()?;
+        let mut opt = AdamW::new(model.named_parameters(), 1e-3);
+        let step = to_static_train_step(&model, &mut opt, &specs, |xs| {
+            let _amp = dtype.map(|d| amp::auto_cast(AmpLevel::O1, d)).transpose()?;
+            cross_entropy(&model.forward(&xs[0])?, &xs[1], Reduction::Mean)
+        })?
+        .with_backend("cpu")?;
+        let ms = median_ms(3, runs, || step.call(&[&x, &y]).map(|_| ()))?;
+        println!("{label}_train {name} {ms:.4} {}", arena_bytes(step.graph())?);
+    }
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    resnet18(15)?;
+    train_step("mlp", mlp, &[64, 784], 41)?;
+    train_step("lenet", lenet, &[64, 1, 28, 28], 21)?;
+    Ok(())
+}
