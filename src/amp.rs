@@ -20,7 +20,7 @@
 //! };
 //! scaler.scale(&loss)?.backward()?;
 //! scaler.step(opt)?; // unscales, skips the step on inf/NaN
-//! scaler.update();
+//! scaler.update()?;
 //! opt.clear_grad();
 //! # Ok(()) }
 //! ```
@@ -157,16 +157,40 @@ pub fn decorate(model: &dyn Layer, optimizer: &mut dyn Optimizer, dtype: DType) 
 /// divides the gradients by it, skips the optimizer step when any is inf or NaN and then
 /// [`GradScaler::update`] halves the scale; after `growth_interval` good steps in a row it
 /// doubles.
-#[derive(Clone, Debug)]
+///
+/// It works in traced training steps too (`jit::to_static_train_step`): the scale and the
+/// good-step count become state of the graph (`@amp/scale`, `@amp/good_steps`, written back
+/// after every call, so [`GradScaler::get_scale`] follows), the overflow test is a graph value,
+/// and the optimizer's update is selected away on overflow.
+#[derive(Debug)]
 pub struct GradScaler {
     enabled: bool,
-    scale: f64,
+    /// The scale, an f32 scalar (powers of two times the initial scale, exact).
+    scale: Tensor,
+    /// Good steps in a row, an f32 scalar.
+    good_steps: Tensor,
     growth_factor: f64,
     backoff_factor: f64,
     growth_interval: u64,
-    good_steps: u64,
-    /// Set by `unscale_`/`step` for this iteration: `Some(found_inf)` once unscaled.
-    found_inf: Option<bool>,
+    /// Set by `unscale_`/`step` for this iteration: whether a gradient overflowed (a bool
+    /// scalar; traced inside a static step).
+    found_inf: Option<Tensor>,
+}
+
+/// Graph-state names of a traced scaler.
+const SCALE_KEY: &str = "@amp/scale";
+const GOOD_STEPS_KEY: &str = "@amp/good_steps";
+
+impl Clone for GradScaler {
+    /// An independent scaler with the same state.
+    fn clone(&self) -> GradScaler {
+        GradScaler {
+            scale: Tensor::from_data(self.scale.data()),
+            good_steps: Tensor::from_data(self.good_steps.data()),
+            found_inf: None,
+            ..*self
+        }
+    }
 }
 
 impl Default for GradScaler {
@@ -175,29 +199,41 @@ impl Default for GradScaler {
     }
 }
 
+fn scalar_f32(v: f64) -> Tensor {
+    Tensor::scalar(v as f32)
+}
+
+/// The gradients of `optimizer`'s parameters, if they are traced (a static training step).
+fn traced(optimizer: &dyn Optimizer) -> bool {
+    optimizer
+        .parameters()
+        .iter()
+        .any(|p| p.grad().is_some_and(|g| g.is_traced()))
+}
+
 impl GradScaler {
     /// Initial scale 2^16, ×2 after 2000 good steps, ×0.5 on inf/NaN.
     pub fn new() -> GradScaler {
         GradScaler {
             enabled: true,
-            scale: 65536.0,
+            scale: scalar_f32(65536.0),
+            good_steps: scalar_f32(0.0),
             growth_factor: 2.0,
             backoff_factor: 0.5,
             growth_interval: 2000,
-            good_steps: 0,
             found_inf: None,
         }
     }
 
-    /// The initial scale (finite, > 0).
-    pub fn init_scale(mut self, scale: f64) -> Result<GradScaler> {
-        if !(scale.is_finite() && scale > 0.0) {
+    /// The initial scale (finite, > 0, at most f32's largest value).
+    pub fn init_scale(self, scale: f64) -> Result<GradScaler> {
+        if !(scale.is_finite() && scale > 0.0 && scale <= f64::from(f32::MAX)) {
             return Err(Error::invalid(
                 "GradScaler",
-                format!("init_scale must be finite and > 0, got {scale}"),
+                format!("init_scale must be finite, > 0 and fit f32, got {scale}"),
             ));
         }
-        self.scale = scale;
+        self.scale.set_data(TensorData::scalar(scale as f32))?;
         Ok(self)
     }
 
@@ -225,10 +261,13 @@ impl GradScaler {
         Ok(self)
     }
 
-    /// Good steps in a row before the scale grows (≥ 1).
+    /// Good steps in a row before the scale grows (1 ..= 2^24).
     pub fn growth_interval(mut self, n: u64) -> Result<GradScaler> {
-        if n == 0 {
-            return Err(Error::invalid("GradScaler", "growth_interval must be at least 1"));
+        if n == 0 || n > 1 << 24 {
+            return Err(Error::invalid(
+                "GradScaler",
+                format!("growth_interval must be in 1..=16777216, got {n}"),
+            ));
         }
         self.growth_interval = n;
         Ok(self)
@@ -240,9 +279,16 @@ impl GradScaler {
         self
     }
 
-    /// The current scale.
+    /// The current scale (after a static step, the value that step left).
     pub fn get_scale(&self) -> f64 {
-        if self.enabled { self.scale } else { 1.0 }
+        if !self.enabled {
+            return 1.0;
+        }
+        self.scale.item().unwrap_or(f64::NAN)
+    }
+
+    fn good(&self) -> u64 {
+        self.good_steps.item().map_or(0, |v| v as u64)
     }
 
     /// `loss × scale`, to call `backward` on.
@@ -251,7 +297,14 @@ impl GradScaler {
             return Ok(loss.clone());
         }
         let _off = disable();
-        loss * self.scale
+        if loss.is_traced() {
+            let ctx = crate::jit::current()
+                .ok_or_else(|| Error::invalid("GradScaler", "a traced loss outside of to_static"))?;
+            ctx.register_named(&self.scale, SCALE_KEY);
+            ctx.register_named(&self.good_steps, GOOD_STEPS_KEY);
+            return loss * &self.scale.cast(loss.dtype())?;
+        }
+        loss * self.get_scale()
     }
 
     /// Divide every gradient of `optimizer`'s parameters by the scale (in place) and note
@@ -267,7 +320,23 @@ impl GradScaler {
                 "unscale_ was already called for this step (call update() after step())",
             ));
         }
-        let inv = 1.0 / self.scale;
+        let _off = disable();
+        let _ng = crate::autograd::no_grad();
+        if traced(optimizer) {
+            // In the graph: g / scale, and a sum of g · 0 over every gradient, which is NaN
+            // exactly when some gradient element is inf or NaN.
+            let inv = (&scalar_f32(1.0) / &self.scale)?;
+            let mut poison = scalar_f32(0.0);
+            for p in optimizer.parameters() {
+                let Some(g) = p.grad() else { continue };
+                let zeroed = (&g * 0.0)?.cast(DType::F32)?.sum(&[], false)?;
+                poison = (&poison + &zeroed)?;
+                p.set_grad(Some((&g * &inv.cast(g.dtype())?)?));
+            }
+            self.found_inf = Some(poison.not_equal(&poison)?);
+            return Ok(());
+        }
+        let inv = 1.0 / self.get_scale();
         let mut found = false;
         for p in optimizer.parameters() {
             let Some(g) = p.grad() else { continue };
@@ -282,12 +351,13 @@ impl GradScaler {
             let unscaled = TensorData::from_f64_slice(data.dtype(), data.shape().to_vec(), &v)?;
             p.set_grad(Some(Tensor::from_data(unscaled).to(&g.device())?));
         }
-        self.found_inf = Some(found);
+        self.found_inf = Some(Tensor::scalar(u8::from(found)).cast(DType::Bool)?);
         Ok(())
     }
 
     /// Unscale (unless [`GradScaler::unscale_`] already did) and run `optimizer.step()` unless a
-    /// gradient is inf or NaN. Returns whether the step ran.
+    /// gradient is inf or NaN. Returns whether the step ran (inside a static step: `true`, the
+    /// update being selected in the graph).
     pub fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<bool> {
         if !self.enabled {
             optimizer.step()?;
@@ -296,7 +366,20 @@ impl GradScaler {
         if self.found_inf.is_none() {
             self.unscale_(optimizer)?;
         }
-        if self.found_inf == Some(true) {
+        let Some(found) = self.found_inf.clone() else {
+            return Err(Error::invalid(
+                "GradScaler",
+                "internal: no overflow test after unscale_",
+            ));
+        };
+        if found.is_traced() {
+            optimizer.skip_traced_step_if(Some(found))?;
+            let stepped = optimizer.step();
+            optimizer.skip_traced_step_if(None)?;
+            stepped?;
+            return Ok(true);
+        }
+        if found.item()? != 0.0 {
             return Ok(false);
         }
         optimizer.step()?;
@@ -305,37 +388,54 @@ impl GradScaler {
 
     /// Adjust the scale after a step: ×backoff if this step's gradients overflowed, ×growth
     /// after `growth_interval` good steps in a row.
-    pub fn update(&mut self) {
+    pub fn update(&mut self) -> Result<()> {
         if !self.enabled {
-            return;
+            return Ok(());
         }
-        match self.found_inf.take() {
-            Some(true) => {
-                self.scale *= self.backoff_factor;
-                self.good_steps = 0;
-            }
-            Some(false) => {
-                self.good_steps += 1;
-                if self.good_steps >= self.growth_interval {
-                    let grown = self.scale * self.growth_factor;
-                    if grown.is_finite() {
-                        self.scale = grown;
-                    }
-                    self.good_steps = 0;
+        let Some(found) = self.found_inf.take() else {
+            return Ok(());
+        };
+        let _off = disable();
+        let _ng = crate::autograd::no_grad();
+        if found.is_traced() {
+            let s = &self.scale;
+            let good = (&self.good_steps + 1.0)?;
+            let grow = good.greater_equal(&scalar_f32(self.growth_interval as f64))?;
+            let zero = scalar_f32(0.0);
+            let grown = Tensor::where_(&grow, &(s * self.growth_factor)?, s)?;
+            let scale = Tensor::where_(&found, &(s * self.backoff_factor)?, &grown)?;
+            let good = Tensor::where_(&found, &zero, &Tensor::where_(&grow, &zero, &good)?)?;
+            self.scale.assign(&scale)?;
+            self.good_steps.assign(&good)?;
+            return Ok(());
+        }
+        let (mut scale, mut good) = (self.get_scale(), self.good());
+        if found.item()? != 0.0 {
+            scale *= self.backoff_factor;
+            good = 0;
+        } else {
+            good += 1;
+            if good >= self.growth_interval {
+                let grown = scale * self.growth_factor;
+                if grown <= f64::from(f32::MAX) {
+                    scale = grown;
                 }
+                good = 0;
             }
-            None => {}
         }
+        self.scale.set_data(TensorData::scalar(scale as f32))?;
+        self.good_steps.set_data(TensorData::scalar(good as f32))?;
+        Ok(())
     }
 
     /// Scale, growth counter and factors, to save with a checkpoint.
     pub fn state_dict(&self) -> BTreeMap<String, f64> {
         BTreeMap::from([
-            ("scale".to_string(), self.scale),
+            ("scale".to_string(), self.scale.item().unwrap_or(f64::NAN)),
             ("growth_factor".to_string(), self.growth_factor),
             ("backoff_factor".to_string(), self.backoff_factor),
             ("growth_interval".to_string(), self.growth_interval as f64),
-            ("good_steps".to_string(), self.good_steps as f64),
+            ("good_steps".to_string(), self.good() as f64),
         ])
     }
 
@@ -349,29 +449,29 @@ impl GradScaler {
         };
         let count = |k: &str| -> Result<u64> {
             let v = get(k)?;
-            if v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53) {
+            if v >= 0.0 && v.fract() == 0.0 && v <= 16777216.0 {
                 Ok(v as u64)
             } else {
                 Err(Error::invalid(
                     "GradScaler",
-                    format!("`{k}` must be a whole number >= 0, got {v}"),
+                    format!("`{k}` must be a whole number in 0..=2^24, got {v}"),
                 ))
             }
         };
-        let next = GradScaler {
-            enabled: self.enabled,
-            scale: self.scale,
-            growth_factor: self.growth_factor,
-            backoff_factor: self.backoff_factor,
-            growth_interval: self.growth_interval,
-            good_steps: count("good_steps")?,
-            found_inf: None,
-        }
-        .init_scale(get("scale")?)?
-        .growth_factor(get("growth_factor")?)?
-        .backoff_factor(get("backoff_factor")?)?
-        .growth_interval(count("growth_interval")?)?;
-        *self = next;
+        let next = GradScaler::new()
+            .enabled(self.enabled)
+            .init_scale(get("scale")?)?
+            .growth_factor(get("growth_factor")?)?
+            .backoff_factor(get("backoff_factor")?)?
+            .growth_interval(count("growth_interval")?)?;
+        let good = count("good_steps")?;
+        // Everything checked: write into this scaler's own tensors (a static step may hold them).
+        self.scale.set_data(next.scale.data())?;
+        self.good_steps.set_data(TensorData::scalar(good as f32))?;
+        self.growth_factor = next.growth_factor;
+        self.backoff_factor = next.backoff_factor;
+        self.growth_interval = next.growth_interval;
+        self.found_inf = None;
         Ok(())
     }
 }

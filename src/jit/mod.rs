@@ -159,6 +159,22 @@ pub fn to_static_train_step(
     result
 }
 
+/// Trace a whole custom training step: `step` runs the forward, `backward()` and the update
+/// itself (with a `GradScaler`, gradient accumulation, several losses …) and returns the
+/// outputs. As in [`to_static_train_step`], the model's parameters and the optimizer's state
+/// become graph params whose new values (`@state/...`) are written back after each call.
+pub fn to_static_step(
+    model: &dyn Layer,
+    specs: &[InputSpec],
+    step: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<StaticFunction> {
+    let names = model.state_dict().into_iter().map(|(n, t)| (t.id(), n)).collect();
+    let result = trace("train_step", specs, names, true, step);
+    // Leave no traced gradient behind on the eager parameters, whatever happened.
+    model.clear_gradients();
+    result
+}
+
 impl StaticFunction {
     /// The traced graph.
     pub fn graph(&self) -> &Graph {

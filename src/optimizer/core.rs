@@ -305,6 +305,8 @@ pub(crate) struct Core {
     device_state: Vec<Option<DeviceState>>,
     /// Keep f32 master weights for f16/bf16 parameters (AMP O2, Paddle's `multi_precision`).
     pub(crate) multi_precision: bool,
+    /// A traced bool scalar: where true, a traced step keeps the old values.
+    pub(crate) traced_skip: Option<Tensor>,
 }
 
 /// A parameter's optimizer state on its device: the step count and the slots as tensors
@@ -329,6 +331,7 @@ impl Core {
             state: vec![None; n],
             device_state: vec![None; n],
             multi_precision: false,
+            traced_skip: None,
         }
     }
 
@@ -714,10 +717,15 @@ impl Core {
                 slots: slots.iter().map(|s| s.cast(p.dtype())).collect::<Result<_>>()?,
             };
             let (new_p, new_slots) = update(&args)?;
-            p.assign(&new_p.cast(p.dtype())?)?;
-            step.assign(&next)?;
+            // Where the skip condition holds, every value stays as it was.
+            let keep = |old: &Tensor, new: Tensor| match &self.traced_skip {
+                Some(skip) => Tensor::where_(skip, old, &new),
+                None => Ok(new),
+            };
+            p.assign(&keep(p, new_p.cast(p.dtype())?)?)?;
+            step.assign(&keep(&step, next)?)?;
             for (s, n) in slots.iter().zip(new_slots) {
-                s.assign(&n.cast(s.dtype())?)?;
+                s.assign(&keep(s, n.cast(s.dtype())?)?)?;
             }
         }
         Ok(())
@@ -929,6 +937,13 @@ macro_rules! impl_optimizer {
             }
             fn set_multi_precision(&mut self, on: bool) -> $crate::Result<()> {
                 self.core.set_multi_precision(on)
+            }
+            fn skip_traced_step_if(&mut self, cond: Option<$crate::Tensor>) -> $crate::Result<()> {
+                if cond.as_ref().is_some_and(|c| !c.is_traced()) {
+                    return Err(self.core.invalid("skip_traced_step_if takes a traced condition"));
+                }
+                self.core.traced_skip = cond;
+                Ok(())
             }
         }
 

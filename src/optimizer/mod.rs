@@ -69,6 +69,12 @@ pub trait Optimizer {
     /// The master copies are part of the state dict (`<param>.master_weight`).
     fn set_multi_precision(&mut self, on: bool) -> Result<()>;
 
+    /// Inside a static training step: make the next traced `step` keep every parameter and
+    /// state value where the bool scalar `cond` is true (`GradScaler` skipping an overflowing
+    /// step in the graph); `None` clears it. Not for eager steps.
+    #[doc(hidden)]
+    fn skip_traced_step_if(&mut self, cond: Option<Tensor>) -> Result<()>;
+
     /// Paddle's `minimize`: backpropagate `loss`, then `step`.
     fn minimize(&mut self, loss: &Tensor) -> Result<()> {
         loss.backward()?;

@@ -183,7 +183,7 @@ fn the_scaler_skips_overflowing_steps_and_adapts_its_scale() {
         let loss = (&w * big).unwrap().sum(&[], false).unwrap();
         scaler.scale(&loss).unwrap().backward().unwrap();
         let ran = scaler.step(opt).unwrap();
-        scaler.update();
+        scaler.update().unwrap();
         opt.clear_grad();
         ran
     };
@@ -217,7 +217,7 @@ fn the_scaler_skips_overflowing_steps_and_adapts_its_scale() {
     let err = scaler.unscale_(&clipped).unwrap_err().to_string();
     assert!(err.contains("already"), "{err}");
     assert!(scaler.step(&mut clipped).unwrap());
-    scaler.update();
+    scaler.update().unwrap();
     let after = w.to_vec::<f32>().unwrap();
     let moved = ((after[0] - before[0]).powi(2) + (after[1] - before[1]).powi(2)).sqrt();
     assert!((moved - 0.5).abs() < 1e-6, "clipped to norm 0.5, moved {moved}");
@@ -321,7 +321,7 @@ fn train_digits(make: fn() -> Sequential, level: Option<(AmpLevel, DType)>) -> (
             assert_eq!(loss.dtype(), DType::F32, "cross_entropy is on the deny list");
             scaler.scale(&loss).unwrap().backward().unwrap();
             scaler.step(&mut opt).unwrap();
-            scaler.update();
+            scaler.update().unwrap();
             opt.clear_grad();
         }
     }
@@ -463,4 +463,74 @@ fn half_precision_inference_of_resnet18_and_a_transformer_stays_close_to_f32() {
         eprintln!("transformer {dtype}: output error {err:.2e}");
         assert!(err < tol && err > 0.0, "transformer {dtype}: output error {err}");
     }
+}
+
+/// A whole f16 training step with loss scaling traced into one graph: the scale and the
+/// good-step count are graph state written back after every call, an overflowing step is
+/// selected away in the graph (parameters and Adam's state unchanged, scale halved), and the
+/// static steps track eager ones through good, overflowing and growing steps.
+#[test]
+fn a_traced_training_step_with_the_scaler_skips_overflows_like_eager() {
+    let make = || {
+        let m = Sequential::new()
+            .add(Linear::new(4, 8).unwrap())
+            .add(ReLU)
+            .add(Linear::new(8, 3).unwrap());
+        deterministic(&m, 9);
+        m
+    };
+    let (eager, traced) = (make(), make());
+    let mut opt_e = Adam::new(eager.named_parameters(), 1e-2);
+    let mut opt_s = Adam::new(traced.named_parameters(), 1e-2);
+    let mut scaler_e = GradScaler::new().growth_interval(2).unwrap();
+    let mut scaler_s = GradScaler::new().growth_interval(2).unwrap();
+    let specs = [
+        InputSpec::new(&[Some(5), Some(4)], DType::F32, "x"),
+        InputSpec::new(&[Some(5)], DType::I64, "y"),
+    ];
+    let loss_of = |model: &Sequential, x: &Tensor, y: &Tensor| {
+        let _amp = amp::auto_cast(AmpLevel::O1, DType::F16)?;
+        cross_entropy(&model.forward(x)?, y, Reduction::Mean)
+    };
+    // The step in the graph: what an eager loop does with the scaler.
+    let step = oar::jit::to_static_step(&traced, &specs, |xs| {
+        let loss = loss_of(&traced, &xs[0], &xs[1])?;
+        scaler_s.scale(&loss)?.backward()?;
+        scaler_s.step(&mut opt_s)?;
+        scaler_s.update()?;
+        opt_s.clear_grad();
+        Ok(vec![loss.detach()])
+    })
+    .unwrap();
+    let text = step.graph().to_string();
+    assert!(text.contains("\"@amp/scale\"") && text.contains("f16["), "{text}");
+    let y = Tensor::from_vec(vec![0i64, 1, 2, 0, 1], &[5]).unwrap();
+    // Steps 0 and 2 overflow in f16 (inputs of 1e4 make logits beyond 65504).
+    for (i, big) in [true, false, true, false, false].into_iter().enumerate() {
+        let x = if big {
+            (&noise(&[5, 4], 70) * 1e4).unwrap()
+        } else {
+            noise(&[5, 4], 71 + i as u64)
+        };
+        let before: Vec<Vec<f32>> = traced.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect();
+        let loss = loss_of(&eager, &x, &y).unwrap();
+        scaler_e.scale(&loss).unwrap().backward().unwrap();
+        let ran = scaler_e.step(&mut opt_e).unwrap();
+        scaler_e.update().unwrap();
+        opt_e.clear_grad();
+        assert_eq!(ran, !big, "step {i}");
+        step.call(&[&x, &y]).unwrap();
+        assert_eq!(scaler_s.get_scale(), scaler_e.get_scale(), "step {i}: the scale");
+        let after: Vec<Vec<f32>> = traced.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect();
+        assert_eq!(
+            big,
+            before == after,
+            "step {i}: parameters unchanged exactly when it overflows"
+        );
+        for (a, b) in eager.parameters().iter().zip(traced.parameters()) {
+            assert!(max_rel_err(a, &b) < 1e-4, "step {i}: {}", max_rel_err(a, &b));
+        }
+    }
+    // 65536 → 32768 (overflow) → 16384 (overflow) → two good steps → 32768.
+    assert_eq!(scaler_e.get_scale(), 32768.0);
 }
