@@ -7,7 +7,7 @@
 //!
 //! | class | ops | inputs become |
 //! |---|---|---|
-//! | [`AmpClass::Low`] (allow list) | `matmul conv linear conv2d conv_transpose einsum scaled_dot_product_attention lstm_seq gru_seq` | the low dtype |
+//! | [`AmpClass::Low`] (allow list) | `matmul conv linear conv2d conv_transpose einsum sdpa lstm_seq gru_seq` | the low dtype |
 //! | [`AmpClass::F32`] (deny list) | `exp log rsqrt recip pow reduce_sum reduce_mean reduce_prod softmax log_softmax cross_entropy batch_norm layer_norm group_norm instance_norm cumsum` | f32 |
 //! | [`AmpClass::Promote`] (the rest) | every other op on floats | the widest float operand's dtype (O1) or the low dtype (O2) |
 //!
