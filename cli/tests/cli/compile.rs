@@ -47,9 +47,9 @@ fn assert_close(got: &TensorData, want: &TensorData, what: &str) {
     }
 }
 
-/// Run executable `exe` on [`input`] (written to `dir/x.npy`, whose path it returns) and check
-/// its outputs against the reference's.
-fn run_and_check(exe: &Path, dir: &Path, model: &Model) -> PathBuf {
+/// Run executable `exe` on [`input`] (written to `dir/x.npy`); returns that path and, per
+/// output of `model`, what the executable wrote and what the reference computes.
+fn run_exe(exe: &Path, dir: &Path, model: &Model) -> (PathBuf, Vec<(String, TensorData, TensorData)>) {
     let x = dir.join("x.npy");
     oar::ir::npy::write_npy(&x, &input()).unwrap();
     let out = dir.join("out");
@@ -60,9 +60,21 @@ fn run_and_check(exe: &Path, dir: &Path, model: &Model) -> PathBuf {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let inputs = BTreeMap::from([("x".to_string(), input())]);
     let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
-    for (name, t) in &want {
-        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
-        assert_close(&got, t, name);
+    let outputs = want
+        .into_iter()
+        .map(|(name, t)| {
+            let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
+            (name, got, t)
+        })
+        .collect();
+    (x, outputs)
+}
+
+/// [`run_exe`], checking the outputs against the reference's (relative tolerance 1e-4).
+fn run_and_check(exe: &Path, dir: &Path, model: &Model) -> PathBuf {
+    let (x, outputs) = run_exe(exe, dir, model);
+    for (name, got, want) in &outputs {
+        assert_close(got, want, name);
     }
     x
 }
@@ -355,20 +367,10 @@ fn amp_from_the_command_line() {
         exe.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let x = dir.path().join("x.npy");
-    oar::ir::npy::write_npy(&x, &input()).unwrap();
-    let out = dir.path().join("out");
-    let r = Command::new(&exe)
-        .args([x.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let inputs = BTreeMap::from([("x".to_string(), input())]);
-    let want = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
-    for (name, t) in &want {
-        let got = oar::ir::npy::read_npy(&out.join(format!("{name}.npy"))).unwrap();
-        assert_eq!(got.tensor_type(), t.tensor_type(), "{name}: the signature is kept");
-        let (a, b) = (got.to_f64_vec(), t.to_f64_vec());
+    let (_, outputs) = run_exe(&exe, dir.path(), &model);
+    for (name, got, want) in &outputs {
+        assert_eq!(got.tensor_type(), want.tensor_type(), "{name}: the signature is kept");
+        let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
         let err = a.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
         // bf16 operands: relative error ≤ 2^-8 each, three products summed.
         assert!(err <= 2e-2 && err > 0.0, "{name}: max error {err}");
