@@ -78,6 +78,44 @@ fn compile_ptx_writes_a_module_that_ptxas_assembles() {
     }
 }
 
+/// `--precision bf16|f16` on the PTX target: the matmul's operands and result are half buffers
+/// (16-bit loads and stores, converted to f32 around f32 arithmetic), the softmax stays f32,
+/// and ptxas assembles the module for sm_80 and sm_90.
+#[test]
+fn compile_ptx_in_mixed_precision() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    for (precision, cvt) in [("bf16", "cvt.rn.bf16.f32"), ("f16", "cvt.rn.f16.f32")] {
+        for arch in ["sm_80", "sm_90"] {
+            let out = dir.path().join(format!("net.{precision}.{arch}.ptx"));
+            let o = oar(&[
+                "compile",
+                m.to_str().unwrap(),
+                "--target",
+                "ptx",
+                "--precision",
+                precision,
+                "--arch",
+                arch,
+                "--bind",
+                "N=4",
+                "-o",
+                out.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            let text = std::fs::read_to_string(&out).unwrap();
+            assert!(
+                text.contains("ld.global.b16") || text.contains("ld.global.nc.b16"),
+                "{precision}: half loads"
+            );
+            assert!(text.contains(cvt), "{precision}: rounding to {precision} with {cvt}");
+            if let Some(ptxas) = find_ptxas() {
+                assemble(&ptxas, &out, &text, arch).unwrap_or_else(|e| panic!("{precision} ptxas -arch={arch}: {e}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn compile_ptx_errors_are_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
