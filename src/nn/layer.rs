@@ -3,7 +3,7 @@
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use oar_ir::TensorData;
+use oar_ir::{DType, TensorData};
 use std::collections::BTreeMap;
 
 /// A building block of models. Implement [`Layer::forward`] and list what the layer owns
@@ -136,6 +136,31 @@ pub trait Layer {
         let moved = state.iter().map(|t| t.storage_on(device)).collect::<Result<Vec<_>>>()?;
         for (t, s) in state.iter().zip(moved) {
             t.replace_storage(s);
+        }
+        Ok(())
+    }
+
+    /// Store every float parameter and buffer in `dtype` in place (PyTorch's
+    /// `module.to(torch.bfloat16)` / `.half()`, Paddle's `layer.to(dtype=...)`): the same
+    /// handles, so optimizers built on `parameters()` keep working. Integer and bool tensors
+    /// stay as they are; `dtype` must be a float type. Gradients are dropped. All or nothing.
+    fn to_dtype(&self, dtype: DType) -> Result<()> {
+        if !dtype.is_float() {
+            return Err(Error::invalid("to_dtype", format!("{dtype} is not a float dtype")));
+        }
+        let state: Vec<Tensor> = self
+            .state_dict()
+            .into_values()
+            .filter(|t| t.dtype().is_float())
+            .collect();
+        let _ng = crate::autograd::no_grad();
+        let _amp = crate::amp::disable();
+        let cast = state
+            .iter()
+            .map(|t| t.detach().cast(dtype))
+            .collect::<Result<Vec<_>>>()?;
+        for (t, c) in state.iter().zip(cast) {
+            t.replace_storage(c.storage());
         }
         Ok(())
     }

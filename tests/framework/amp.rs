@@ -534,3 +534,33 @@ fn a_traced_training_step_with_the_scaler_skips_overflows_like_eager() {
     // 65536 → 32768 (overflow) → 16384 (overflow) → two good steps → 32768.
     assert_eq!(scaler_e.get_scale(), 32768.0);
 }
+
+/// An AMP-traced model saved with `jit::save` and loaded back computes what the eager scope
+/// computes (the casts are in the saved graph); `Layer::to_dtype` stores a model in bf16 for
+/// pure low-precision inference, within bf16's tolerance of f32.
+#[test]
+fn amp_models_save_load_and_convert_whole() {
+    let model = mlp();
+    let x = noise(&[3, 8], 90);
+    let spec = InputSpec::new(&[None, Some(8)], DType::F32, "x");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("amp.oar");
+    let eager = {
+        let _amp = amp::auto_cast(AmpLevel::O1, DType::BF16).unwrap();
+        oar::jit::save(&model, &path, &spec).unwrap();
+        model.forward(&x).unwrap()
+    };
+    let loaded = oar::jit::load(&path).unwrap();
+    assert!(loaded.graph().to_string().contains("bf16["), "{}", loaded.graph());
+    let got = loaded.call(&[&x]).unwrap().remove(0);
+    assert!(max_rel_err(&eager, &got) < 1e-6, "{}", max_rel_err(&eager, &got));
+    // The whole model in bf16.
+    let full = model.forward(&x).unwrap();
+    model.to_dtype(DType::BF16).unwrap();
+    assert!(model.parameters().iter().all(|p| p.dtype() == DType::BF16));
+    let low = model.forward(&x.cast(DType::BF16).unwrap()).unwrap();
+    assert_eq!(low.dtype(), DType::BF16);
+    let e = max_rel_err(&full, &low);
+    assert!(e > 0.0 && e < 3e-2, "{e}");
+    assert!(model.to_dtype(DType::I32).is_err());
+}
