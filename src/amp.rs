@@ -203,14 +203,6 @@ fn scalar_f32(v: f64) -> Tensor {
     Tensor::scalar(v as f32)
 }
 
-/// The gradients of `optimizer`'s parameters, if they are traced (a static training step).
-fn traced(optimizer: &dyn Optimizer) -> bool {
-    optimizer
-        .parameters()
-        .iter()
-        .any(|p| p.grad().is_some_and(|g| g.is_traced()))
-}
-
 impl GradScaler {
     /// Initial scale 2^16, ×2 after 2000 good steps, ×0.5 on inf/NaN.
     pub fn new() -> GradScaler {
@@ -322,36 +314,18 @@ impl GradScaler {
         }
         let _off = disable();
         let _ng = crate::autograd::no_grad();
-        if traced(optimizer) {
-            // In the graph: g / scale, and a sum of g · 0 over every gradient, which is NaN
-            // exactly when some gradient element is inf or NaN.
-            let inv = (&scalar_f32(1.0) / &self.scale)?;
-            let mut poison = scalar_f32(0.0);
-            for p in optimizer.parameters() {
-                let Some(g) = p.grad() else { continue };
-                let zeroed = (&g * 0.0)?.cast(DType::F32)?.sum(&[], false)?;
-                poison = (&poison + &zeroed)?;
-                p.set_grad(Some((&g * &inv.cast(g.dtype())?)?));
-            }
-            self.found_inf = Some(poison.not_equal(&poison)?);
-            return Ok(());
-        }
-        let inv = 1.0 / self.get_scale();
-        let mut found = false;
+        // As tensor ops (eager kernels, or graph ops inside a static step): g / scale, and a
+        // sum of g · 0 over every gradient, which is NaN exactly when some gradient element
+        // is inf or NaN.
+        let inv = (&scalar_f32(1.0) / &self.scale)?;
+        let mut poison = scalar_f32(0.0);
         for p in optimizer.parameters() {
             let Some(g) = p.grad() else { continue };
-            let data = g.try_data()?;
-            let mut v = data.to_f64_vec();
-            for x in &mut v {
-                if !x.is_finite() {
-                    found = true;
-                }
-                *x *= inv;
-            }
-            let unscaled = TensorData::from_f64_slice(data.dtype(), data.shape().to_vec(), &v)?;
-            p.set_grad(Some(Tensor::from_data(unscaled).to(&g.device())?));
+            let zeroed = (&g * 0.0)?.cast(DType::F32)?.sum(&[], false)?;
+            poison = (&poison + &zeroed.to(&poison.device())?)?;
+            p.set_grad(Some((&g * &inv.cast(g.dtype())?.to(&g.device())?)?));
         }
-        self.found_inf = Some(Tensor::scalar(u8::from(found)).cast(DType::Bool)?);
+        self.found_inf = Some(poison.not_equal(&poison)?);
         Ok(())
     }
 
