@@ -337,32 +337,6 @@ struct Builder {
     out: Graph,
     /// `(value, dtype)` → the cast of `value` to `dtype` already made.
     casts: HashMap<(ValueId, DType), ValueId>,
-    /// A cast's operand, for every value made by a cast.
-    cast_of: HashMap<ValueId, ValueId>,
-}
-
-impl Builder {
-    /// `v` as `dtype`: `v` itself, a cast made before, the value `v` was cast from when that
-    /// round trip is exact, or a new cast.
-    fn cast(&mut self, v: ValueId, dtype: DType) -> Result<ValueId, IrError> {
-        let from = self.out.value_type(v).dtype;
-        if from == dtype {
-            return Ok(v);
-        }
-        if let Some(&source) = self.cast_of.get(&v)
-            && self.out.value_type(source).dtype == dtype
-            && exact_through(dtype, from)
-        {
-            return Ok(source);
-        }
-        if let Some(&c) = self.casts.get(&(v, dtype)) {
-            return Ok(c);
-        }
-        let c = self.out.add_op1(Op::Cast(oar_ir::ops::Cast { to: dtype }), &[v])?;
-        self.casts.insert((v, dtype), c);
-        self.cast_of.insert(c, v);
-        Ok(c)
-    }
 }
 
 /// True if every `narrow` value survives a trip through `wide` unchanged.
@@ -374,21 +348,55 @@ fn exact_through(narrow: DType, wide: DType) -> bool {
     }
 }
 
-/// An old value in the new graph: a value there, to be cast through `casts` in order when an
-/// op uses it. The old graph's casts become such pending casts, so every cast is made just
-/// before its first user whatever order the old graph had it in (a traced scope creates them
-/// as ops run, the pass as it meets their users): both give one graph.
+/// An old value in the new graph: a value there (never a cast), to be cast through `casts` in
+/// order when an op uses it. The old graph's casts and the ones the table asks for become such
+/// pending casts, made only when an op uses the value — each just before its first user,
+/// whatever order the old graph had them in (a traced scope creates them as ops run, the pass
+/// as it meets their users): both give one graph.
 #[derive(Clone)]
 struct Pending {
     value: ValueId,
     casts: Vec<DType>,
 }
 
+impl Pending {
+    /// The dtype the value has once cast.
+    fn dtype(&self, g: &Graph) -> DType {
+        self.casts.last().copied().unwrap_or(g.value_type(self.value).dtype)
+    }
+
+    fn then(mut self, dtype: DType) -> Pending {
+        self.casts.push(dtype);
+        self
+    }
+}
+
 impl Builder {
+    /// `p` made: its casts with no-op steps and exact round trips (`bf16 → f32 → bf16`) left
+    /// out, each remaining cast shared with every other use of it.
     fn resolve(&mut self, p: &Pending) -> Result<ValueId, IrError> {
-        let mut v = p.value;
+        let mut path = vec![self.out.value_type(p.value).dtype];
         for &d in &p.casts {
-            v = self.cast(v, d)?;
+            let top = path[path.len() - 1];
+            if d == top {
+                continue;
+            }
+            if path.len() >= 2 && path[path.len() - 2] == d && exact_through(d, top) {
+                path.pop();
+            } else {
+                path.push(d);
+            }
+        }
+        let mut v = p.value;
+        for &d in &path[1..] {
+            v = match self.casts.get(&(v, d)) {
+                Some(&c) => c,
+                None => {
+                    let c = self.out.add_op1(Op::Cast(oar_ir::ops::Cast { to: d }), &[v])?;
+                    self.casts.insert((v, d), c);
+                    c
+                }
+            };
         }
         Ok(v)
     }
@@ -433,7 +441,6 @@ fn rebuild(config: &AmpConfig, graph: &Graph) -> Result<Graph, IrError> {
     let mut b = Builder {
         out: Graph::new(graph.name()),
         casts: HashMap::new(),
-        cast_of: HashMap::new(),
     };
     let mut map: HashMap<NodeId, Vec<Pending>> = HashMap::new();
     let plain = |value| Pending {
@@ -457,25 +464,22 @@ fn rebuild(config: &AmpConfig, graph: &Graph) -> Result<Graph, IrError> {
             .collect();
         let values = match &n.op {
             Op::Constant(t) => vec![plain(b.out.add_constant(t.clone()))],
-            Op::Cast(c) => {
-                let mut p = pending[0].clone();
-                p.casts.push(c.to);
-                vec![p]
-            }
+            Op::Cast(c) => vec![pending[0].clone().then(c.to)],
             op => {
-                let mut operands = pending.iter().map(|p| b.resolve(p)).collect::<Result<Vec<_>, _>>()?;
-                let types: Vec<(DType, usize)> = operands
+                let types: Vec<(DType, usize)> = pending
                     .iter()
-                    .map(|v| {
-                        let t = b.out.value_type(*v);
-                        (t.dtype, t.shape.rank())
-                    })
+                    .map(|p| (p.dtype(&b.out), b.out.value_type(p.value).shape.rank()))
                     .collect();
-                for (v, to) in operands.iter_mut().zip(config.plan(op, &types)) {
-                    if let Some(to) = to {
-                        *v = b.cast(*v, to)?;
-                    }
-                }
+                let operands = pending
+                    .into_iter()
+                    .zip(config.plan(op, &types))
+                    .map(|(p, to)| {
+                        b.resolve(&match to {
+                            Some(d) => p.then(d),
+                            None => p,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
                 let regions = n
                     .regions
                     .iter()
@@ -489,17 +493,8 @@ fn rebuild(config: &AmpConfig, graph: &Graph) -> Result<Graph, IrError> {
     }
     for o in graph.outputs() {
         let p = map[&o.value.node][o.value.output as usize].clone();
-        let v = b.resolve(&p)?;
-        let v = b.cast(v, graph.value_type(o.value).dtype)?;
+        let v = b.resolve(&p.then(graph.value_type(o.value).dtype))?;
         b.out.add_output(&o.name, v)?;
     }
-    // Casts an exact round trip bypassed.
-    let mut out = b.out;
-    for id in out.topo_order().into_iter().rev() {
-        let unused = out.users(ValueId::first(id)).is_empty() && !out.outputs().iter().any(|o| o.value.node == id);
-        if matches!(out.node(id).op, Op::Cast(_)) && unused {
-            out.remove_node(id)?;
-        }
-    }
-    Ok(out)
+    Ok(b.out)
 }
