@@ -494,12 +494,33 @@ pub(crate) unsafe fn run(
     let prep = prepare(k, out, program, bufs).map_err(fail)?;
     let Prepared {
         dtype,
+        operands,
         lhs,
         rhs,
         out_shape,
     } = prep;
     let ptr = |b: BufferId| bufs[b.index()];
     let cache = cache.filter(|_| program.buffer(rhs.1).kind.is_weight());
+    if operands == DType::BF16 {
+        let (pa, pb, po) = (ptr(lhs.1) as *const u16, ptr(rhs.1) as *const u16, ptr(out) as *mut f32);
+        // Safety: as below, for bf16 operands and an f32 result.
+        return unsafe {
+            bf16_product(
+                &k.op,
+                crate::bf16::isa(),
+                &lhs.0,
+                pa,
+                &rhs.0,
+                pb,
+                po,
+                &out_shape,
+                threads,
+                cache,
+                epi,
+            )
+        }
+        .map_err(fail);
+    }
     // Safety: `prepare` checked every operand view against its buffer's size, the output
     // shape against the output buffer, the dtypes and the pointers' alignment.
     unsafe {
@@ -519,6 +540,8 @@ pub(crate) unsafe fn run(
 /// Views of both operands and what they read.
 struct Prepared {
     dtype: DType,
+    /// The operands' dtype: `dtype`, or bf16 for a bf16 product accumulated in f32.
+    operands: DType,
     lhs: (View, BufferId),
     rhs: (View, BufferId),
     out_shape: Vec<usize>,
@@ -553,20 +576,23 @@ fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut
     }
     let lhs = operand_view(&k.lhs, p, "lhs")?;
     let rhs = operand_view(&k.rhs, p, "rhs")?;
+    let operands = match (p.buffer(lhs.1).ty.dtype, p.buffer(rhs.1).ty.dtype) {
+        (DType::BF16, DType::BF16) if dtype == DType::F32 => DType::BF16,
+        _ => dtype,
+    };
     for (what, (_, b)) in [("lhs", &lhs), ("rhs", &rhs)] {
         let t = p.buffer(*b).ty.dtype;
-        if t != dtype {
+        if t != operands {
             return Err(format!("{what} {b} is {t}, the output {dtype}"));
         }
         if *b == out {
             return Err(format!("{what} reads the output buffer {out}"));
         }
     }
-    let align = dtype.size_bytes();
-    for (b, n) in [
-        (lhs.1, lhs.0.len()),
-        (rhs.1, rhs.0.len()),
-        (out, checked_len(&out_shape)?),
+    for (b, n, align) in [
+        (lhs.1, lhs.0.len(), operands.size_bytes()),
+        (rhs.1, rhs.0.len(), operands.size_bytes()),
+        (out, checked_len(&out_shape)?, dtype.size_bytes()),
     ] {
         // (An empty buffer may have a dangling pointer; nothing is read through it.)
         if n > 0 && !(bufs[b.index()] as usize).is_multiple_of(align) {
@@ -575,6 +601,7 @@ fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut
     }
     Ok(Prepared {
         dtype,
+        operands,
         lhs,
         rhs,
         out_shape,
@@ -721,6 +748,66 @@ unsafe fn typed<T: Product>(
     }
 }
 
+/// A bf16 × bf16 → f32 contraction: on `isa`, the host's bf16 instructions
+/// ([`crate::bf16`]), or on f32 copies of the operands where there are none (or the
+/// convolution's shape is one the native path leaves alone).
+///
+/// # Safety
+/// As [`typed`], for bf16 operands and an f32 result; `isa` runs on this host.
+#[allow(clippy::too_many_arguments)]
+unsafe fn bf16_product(
+    op: &Contraction,
+    isa: Option<crate::bf16::Isa>,
+    a: &View,
+    pa: *const u16,
+    b: &View,
+    pb: *const u16,
+    out: *mut f32,
+    out_shape: &[usize],
+    threads: usize,
+    cache: Option<&WeightCache>,
+    epi: Option<PlaneEpilogue>,
+) -> Result<bool, String> {
+    // Safety: the caller's contract.
+    unsafe {
+        match (op, isa) {
+            (Contraction::MatMul, Some(isa)) => {
+                let product = |m, n, k, dst, ldc: isize, lhs, rhs, par: Parallelism| {
+                    let threads = match par {
+                        Parallelism::None => 1,
+                        Parallelism::Rayon(t) => t.max(1),
+                    };
+                    crate::bf16::gemm(isa, m, n, k, dst, ldc as usize, lhs, rhs, threads)
+                };
+                return matmul_with(a, pa, b, pb, out, out_shape, threads, product).map(|()| false);
+            }
+            (Contraction::Conv(c), Some(isa))
+                if crate::bf16::conv(isa, a, pa, b, pb, out, out_shape, &ConvSpec::of(c), threads, cache)? =>
+            {
+                return Ok(false);
+            }
+            _ => {}
+        }
+        let (wa, wb) = (crate::bf16::widened(pa, a), crate::bf16::widened(pb, b));
+        let (va, vb) = (crate::conv::dense(&a.shape), crate::conv::dense(&b.shape));
+        match op {
+            Contraction::MatMul => matmul(&va, wa.as_ptr(), &vb, wb.as_ptr(), out, out_shape, threads).map(|()| false),
+            Contraction::Conv(c) => crate::conv::conv_with(
+                &va,
+                wa.as_ptr(),
+                &vb,
+                wb.as_ptr(),
+                out,
+                out_shape,
+                &ConvSpec::of(c),
+                threads,
+                None,
+                epi,
+            ),
+        }
+    }
+}
+
 /// Collapse the axes of a view (`shape`, `strides`) into one `(size, stride)` if their elements are
 /// evenly spaced; unit axes drop out.
 fn collapse(shape: &[usize], strides: &[isize]) -> Option<(usize, isize)> {
@@ -752,6 +839,37 @@ pub(crate) unsafe fn matmul<T: Product>(
     out: *mut T,
     out_shape: &[usize],
     threads: usize,
+) -> Result<(), String> {
+    // Safety: the caller's contract.
+    unsafe {
+        matmul_with(
+            a,
+            pa,
+            b,
+            pb,
+            out,
+            out_shape,
+            threads,
+            |m, n, k, dst, rs, lhs, rhs, par| T::product(m, n, k, dst, rs, lhs, rhs, par),
+        )
+    }
+}
+
+/// [`matmul`] of `I` operands into an `O` result, each product by `product` (as
+/// [`Product::product`]).
+///
+/// # Safety
+/// As [`matmul`]; `product` computes `dst = lhs · rhs` under [`gemm_raw`]'s contract.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matmul_with<I: Copy, O: Copy>(
+    a: &View,
+    pa: *const I,
+    b: &View,
+    pb: *const I,
+    out: *mut O,
+    out_shape: &[usize],
+    threads: usize,
+    product: impl Fn(usize, usize, usize, *mut O, isize, Mat<I>, Mat<I>, Parallelism) + Sync,
 ) -> Result<(), String> {
     let (ra, rb, ro) = (a.shape.len(), b.shape.len(), out_shape.len());
     if ra < 2 || rb < 2 || ro != ra.max(rb) {
@@ -824,8 +942,8 @@ pub(crate) unsafe fn matmul<T: Product>(
                 rs: b_rs,
                 cs: b_cs,
             };
-            // Safety: the same elements the batched products would read and write.
-            unsafe { T::product(rows, n, k, out, n as isize, lhs, rhs, gemm_parallelism(flops, threads)) };
+            // The same elements the batched products would read and write.
+            product(rows, n, k, out, n as isize, lhs, rhs, gemm_parallelism(flops, threads));
             return Ok(());
         }
     }
@@ -838,21 +956,21 @@ pub(crate) unsafe fn matmul<T: Product>(
         }
         off
     };
-    let (pa, pb, out) = (SendPtr(pa as *mut T), SendPtr(pb as *mut T), SendPtr(out));
+    let (pa, pb, out) = (SendPtr(pa as *mut I), SendPtr(pb as *mut I), SendPtr(out));
     let one = |bi: usize, par: Parallelism| {
         let lhs = Mat {
-            ptr: (pa.get() as *const T).wrapping_offset(a.offset + offset(bi, &sa)),
+            ptr: (pa.get() as *const I).wrapping_offset(a.offset + offset(bi, &sa)),
             rs: a_rs,
             cs: a_cs,
         };
         let rhs = Mat {
-            ptr: (pb.get() as *const T).wrapping_offset(b.offset + offset(bi, &sb)),
+            ptr: (pb.get() as *const I).wrapping_offset(b.offset + offset(bi, &sb)),
             rs: b_rs,
             cs: b_cs,
         };
-        // Safety: batch `bi`'s operands are in bounds (views checked); its output block is
-        // `m·n` elements at `bi·m·n`, disjoint from every other batch's.
-        unsafe { T::product(m, n, k, out.get().add(bi * m * n), n as isize, lhs, rhs, par) };
+        // Batch `bi`'s operands are in bounds (views checked); its output block is `m·n`
+        // elements at `bi·m·n`, disjoint from every other batch's.
+        product(m, n, k, out.get().wrapping_add(bi * m * n), n as isize, lhs, rhs, par);
     };
     let per = m.saturating_mul(n).saturating_mul(k);
     // A matrix-vector product (a batch-1 classifier) streams its matrix once: memory-bound,
@@ -948,5 +1066,126 @@ mod tests {
         assert_eq!(split_product(200, 7, 2), Some((true, 112)));
         assert_eq!(split_product(3, 200, 2), Some((false, 104)));
         assert_eq!(split_product(1, 20, 2), None);
+    }
+
+    /// bf16 matmuls (batch broadcast, a transposed right operand, a single row) and
+    /// convolutions give the same f32 results on every path: each native instruction set of
+    /// this host and the widening path of hosts without one (which an AOT binary built on a
+    /// bf16 host takes there). Values are small multiples of 1/4 (exact in bf16), so every
+    /// path's sums are exact and equal.
+    #[test]
+    fn bf16_products_agree_on_every_path() {
+        let bits = |v: &[f64]| {
+            v.iter()
+                .map(|&x| half::bf16::from_f64(x).to_bits())
+                .collect::<Vec<u16>>()
+        };
+        let mut isas = vec![None];
+        isas.extend(crate::bf16::isa().map(Some));
+        if crate::bf16::isa() == Some(crate::bf16::Isa::Amx) {
+            isas.push(Some(crate::bf16::Isa::Avx512));
+        }
+        let view = |offset, shape: &[usize], strides: &[isize]| View {
+            offset,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+        };
+        // (op, lhs view, rhs view, lhs len, rhs len, output shape)
+        let conv = Conv {
+            stride: vec![1, 1],
+            pad_before: vec![1, 1],
+            pad_after: vec![1, 1],
+            dilation: vec![1, 1],
+            groups: 1,
+        };
+        let cases = [
+            // [2, 40, 24] x [24, 50] broadcast: one product of 80 rows.
+            (
+                Contraction::MatMul,
+                view(0, &[2, 40, 24], &[960, 24, 1]),
+                view(0, &[24, 50], &[50, 1]),
+                1920,
+                1200,
+                vec![2, 40, 50],
+            ),
+            // [3, 5, 64] x [3, 64, 33] with the right operand transposed (stored [3, 33, 64]).
+            (
+                Contraction::MatMul,
+                view(0, &[3, 5, 64], &[320, 64, 1]),
+                view(0, &[3, 64, 33], &[2112, 1, 64]),
+                960,
+                6336,
+                vec![3, 5, 33],
+            ),
+            // A single row against a transposed classifier matrix.
+            (
+                Contraction::MatMul,
+                view(0, &[1, 96], &[96, 1]),
+                view(0, &[96, 70], &[1, 96]),
+                96,
+                6720,
+                vec![1, 70],
+            ),
+            (
+                Contraction::Conv(conv),
+                view(0, &[2, 32, 6, 5], &[960, 30, 5, 1]),
+                view(0, &[40, 32, 3, 3], &[288, 9, 3, 1]),
+                1920,
+                11520,
+                vec![2, 40, 6, 5],
+            ),
+        ];
+        for (op, va, vb, na, nb, out_shape) in cases {
+            let (a, b) = (bits(&values(na, 11)), bits(&values(nb, 12)));
+            let results: Vec<Vec<f32>> = isas
+                .iter()
+                .map(|&isa| {
+                    let mut out = vec![f32::NAN; out_shape.iter().product()];
+                    for threads in [1, 2] {
+                        // Safety: the views lie in `a` and `b`; `out` holds the output shape.
+                        unsafe {
+                            bf16_product(
+                                &op,
+                                isa,
+                                &va,
+                                a.as_ptr(),
+                                &vb,
+                                b.as_ptr(),
+                                out.as_mut_ptr(),
+                                &out_shape,
+                                threads,
+                                None,
+                                None,
+                            )
+                        }
+                        .unwrap();
+                    }
+                    out
+                })
+                .collect();
+            for (isa, r) in isas.iter().zip(&results) {
+                assert_eq!(r, &results[0], "{isa:?} vs widening, {op:?} {out_shape:?}");
+            }
+            if let Contraction::MatMul = op {
+                // One element by hand: the last row's first column.
+                let (m, k, n) = (
+                    va.shape[va.shape.len() - 2],
+                    va.shape[va.shape.len() - 1],
+                    vb.shape[vb.shape.len() - 1],
+                );
+                let batches = out_shape[..out_shape.len() - 2].iter().product::<usize>();
+                let bi = batches - 1;
+                let f = |x: u16| f32::from_bits((x as u32) << 16) as f64;
+                let at = |v: &View, bi: usize, i: usize, j: usize| {
+                    let r = v.shape.len();
+                    let boff = if r == 3 { bi as isize * v.strides[0] } else { 0 };
+                    (v.offset + boff + i as isize * v.strides[r - 2] + j as isize * v.strides[r - 1]) as usize
+                };
+                let dot: f64 = (0..k)
+                    .map(|p| f(a[at(&va, bi, m - 1, p)]) * f(b[at(&vb, bi, p, 0)]))
+                    .sum();
+                assert_eq!(results[0][(bi * m + m - 1) * n] as f64, dot);
+            }
+        }
     }
 }

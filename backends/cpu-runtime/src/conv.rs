@@ -832,7 +832,7 @@ pub(crate) fn piece_offsets(g: &Geo, pieces: &[(usize, usize, usize)], ko: usize
 /// The patch matrix of output positions `y0..y1` (flat over the output plane) for `cg` input
 /// planes: row `ci · ks + kf` (kernel position `kf`, row-major over the kernel) holds, for each
 /// position, the input element that tap reads (0 in the padding).
-pub(crate) fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut [T]) {
+pub(crate) fn im2col<T: Copy + Default>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize, cols: &mut [T]) {
     let yc = y1 - y0;
     let (ow, kw, krows) = (g.ow(), g.kw(), g.krows());
     // Output rows and input-row offsets are worked out once per kernel row, not per copy.
@@ -849,11 +849,11 @@ pub(crate) fn im2col<T: Elem>(g: &Geo, x: &[T], cg: usize, y0: usize, y1: usize,
                     let seg = &mut row[at..at + (c1 - c0)];
                     at += c1 - c0;
                     match *off {
-                        None => seg.fill(T::ZERO),
+                        None => seg.fill(T::default()),
                         Some(off) => {
                             let (a, b) = (lo.clamp(c0, c1), hi.clamp(c0, c1));
-                            seg[..a - c0].fill(T::ZERO);
-                            seg[b - c0..].fill(T::ZERO);
+                            seg[..a - c0].fill(T::default());
+                            seg[b - c0..].fill(T::default());
                             let mid = &mut seg[a - c0..b - c0];
                             if a < b {
                                 let first = (off as isize + (a * g.step) as isize + shift) as usize;

@@ -11,6 +11,7 @@
 //! and shared libraries, which then depend on nothing beyond libc).
 
 pub mod attention;
+pub mod bf16;
 pub mod capi;
 mod contraction;
 mod conv;

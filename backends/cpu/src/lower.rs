@@ -12,7 +12,7 @@ use oar_ir::kernel::{
     LoopKernel, MemoryPlan, ScalarOp,
 };
 use oar_ir::ops::ReduceOp;
-use oar_ir::{Graph, Weights};
+use oar_ir::{DType, Graph, Weights};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -98,8 +98,9 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
         return Err(CpuError::Symbolic(symbolic));
     }
     oar_passes::legalize::legalize(&mut program, &crate::natives());
-    // Cranelift computes no f16/bf16: such loop kernels compute in f32 and round (same bits).
-    oar_passes::legalize::widen_half(&mut program);
+    // Cranelift computes no f16/bf16: such loop kernels compute in f32 and round (same bits);
+    // bf16 matmuls and convolutions read their bf16 operands where the host multiplies bf16.
+    oar_passes::legalize::widen_half(&mut program, oar_cpu_runtime::bf16::native());
     let mut consts = Weights::new();
     for (i, b) in program.buffers.iter_mut().enumerate() {
         if let BufferKind::Constant(t) = &b.kind {
@@ -385,7 +386,10 @@ fn contraction_support(c: &ContractionKernel, out: BufferId, buffers: &[Buffer])
     if !oar_cpu_runtime::contraction_supported(c.acc_dtype, &c.op) {
         return Err(format!("contraction in {}", c.acc_dtype));
     }
-    if l != c.acc_dtype || r != c.acc_dtype || o != c.acc_dtype {
+    // bf16 operands accumulated in f32 (left in bf16 by `widen_half` on hosts with native
+    // bf16 products; the runtime widens them itself on others).
+    let bf16_in_f32 = l == DType::BF16 && r == DType::BF16 && c.acc_dtype == DType::F32 && o == DType::F32;
+    if !bf16_in_f32 && (l != c.acc_dtype || r != c.acc_dtype || o != c.acc_dtype) {
         return Err(format!("mixed dtypes: {l} x {r} -> {} -> {o}", c.acc_dtype));
     }
     Ok(())

@@ -134,8 +134,10 @@ fn convert(name: String, from: BufferId, to: BufferId, dtype: DType) -> Kernel {
 }
 
 /// Rewrite every f16/bf16 loop kernel of `program` to compute in f32 (see the module docs).
+/// With `bf16_products`, matmuls and convolutions keep their bf16 operands (for a runtime that
+/// multiplies bf16 itself, accumulating in f32); their results are f32 as the others'.
 /// Returns how many kernels it rewrote.
-pub fn widen_half(program: &mut KernelProgram) -> usize {
+pub fn widen_half(program: &mut KernelProgram, bf16_products: bool) -> usize {
     let kernels = std::mem::take(&mut program.kernels);
     let mut out = Vec::with_capacity(kernels.len());
     let mut rewritten = 0;
@@ -151,6 +153,9 @@ pub fn widen_half(program: &mut KernelProgram) -> usize {
             continue;
         }
         rewritten += 1;
+        let bf16 = |b: BufferId| program.buffer(b).ty.dtype == DType::BF16;
+        let keep_operands = bf16_products
+            && matches!(&k.body, KernelBody::Contraction(c) if bf16(c.lhs.load.buffer) && bf16(c.rhs.load.buffer));
         // Every half buffer the kernel reads gets an f32 copy before it.
         let mut to_f32 = |ld: &mut oar_ir::kernel::Load, tag: String, out: &mut Vec<Kernel>| {
             if !is_half(program.buffer(ld.buffer).ty.dtype) {
@@ -176,9 +181,12 @@ pub fn widen_half(program: &mut KernelProgram) -> usize {
                 l.body = widen_body(&l.body);
             }
             KernelBody::Contraction(c) => {
-                // The contraction runs in f32 (its result rounded where the epilogue reads it).
-                to_f32(&mut c.lhs.load, format!("{}_lhs", k.name), &mut out);
-                to_f32(&mut c.rhs.load, format!("{}_rhs", k.name), &mut out);
+                // The contraction runs in f32 (its result rounded where the epilogue reads it),
+                // on bf16 operands as they are where the runtime multiplies bf16.
+                if !keep_operands {
+                    to_f32(&mut c.lhs.load, format!("{}_lhs", k.name), &mut out);
+                    to_f32(&mut c.rhs.load, format!("{}_rhs", k.name), &mut out);
+                }
                 for (i, ld) in c.loads.iter_mut().enumerate() {
                     to_f32(ld, format!("{}_l{i}", k.name), &mut out);
                 }
