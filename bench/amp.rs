@@ -5,7 +5,9 @@
 //!
 //! Prints one line per (model, precision): `model precision median_ms arena_bytes`, where
 //! `arena_bytes` is the compiled program's planned memory for temporaries — for a training
-//! step, the activations kept for the backward pass and the gradients.
+//! step, the activations kept for the backward pass and the gradients. With
+//! `OAR_BENCH_PEAK=1` it also prints, per training step, the temporaries live at the peak
+//! (largest first); with `OAR_CPU_PROFILE=1`, the time per kernel.
 
 #[path = "models.rs"]
 mod models;
@@ -76,8 +78,58 @@ fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize],
             cross_entropy(&model.forward(&xs[0])?, &xs[1], Reduction::Mean)
         })?
         .with_backend("cpu")?;
+        let _ = oar_cpu_runtime::profile::take();
         let ms = median_ms(3, runs, || step.call(&[&x, &y]).map(|_| ()))?;
         println!("{label}_train {name} {ms:.4} {}", arena_bytes(step.graph())?);
+        if std::env::var("OAR_BENCH_PEAK").is_ok() {
+            let lowered = oar::cpu::lower::lower(step.graph(), &BTreeMap::new())?;
+            let p = &lowered.cpu.program;
+            let plan = &lowered.cpu.plan;
+            let n = p.buffers.len();
+            let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
+            for (ki, k) in p.kernels.iter().enumerate() {
+                for b in k.reads().into_iter().chain(k.outputs.iter().copied()) {
+                    first[b.index()] = first[b.index()].min(ki);
+                    last[b.index()] = last[b.index()].max(ki);
+                }
+            }
+            let mut best = (0, 0);
+            for ki in 0..p.kernels.len() {
+                let live: usize = plan
+                    .sizes
+                    .iter()
+                    .filter(|(b, _)| first[b.index()] <= ki && ki <= last[b.index()])
+                    .map(|(_, s)| s)
+                    .sum();
+                if live > best.1 {
+                    best = (ki, live);
+                }
+            }
+            eprintln!(
+                "peak at kernel {} ({}): {} bytes",
+                best.0, p.kernels[best.0].name, best.1
+            );
+            let mut live: Vec<_> = plan
+                .sizes
+                .iter()
+                .filter(|(b, _)| first[b.index()] <= best.0 && best.0 <= last[b.index()])
+                .collect();
+            live.sort_by_key(|(_, s)| std::cmp::Reverse(**s));
+            for (b, s) in live.iter().take(25) {
+                let buf = p.buffer(**b);
+                eprintln!(
+                    "  {s:>9} {} {} {:?} [{}..{}]",
+                    buf.value,
+                    buf.ty.dtype,
+                    buf.ty.shape.0,
+                    first[b.index()],
+                    last[b.index()]
+                );
+            }
+        }
+        if oar_cpu_runtime::profile::enabled() {
+            eprintln!("== {label} {name}: per kernel\n{}", oar_cpu_runtime::profile::report());
+        }
     }
     Ok(())
 }

@@ -193,6 +193,21 @@ unsafe fn pack_right_blocks(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16], bl
                 unsafe { interleave16(row(p0), row(p1), out) };
                 continue;
             }
+            if p1 < k && b.rs == 1 {
+                // A transposed operand: each pair is two adjacent elements of a column.
+                for c in 0..NB {
+                    let (x, y) = if c < cols {
+                        let at = row(p0).wrapping_offset(c as isize * b.cs);
+                        // Safety: elements (p0, j0 + c) and (p1, j0 + c) are valid.
+                        unsafe { (*at, *at.add(1)) }
+                    } else {
+                        (0, 0)
+                    };
+                    out[2 * c] = x;
+                    out[2 * c + 1] = y;
+                }
+                continue;
+            }
             for (lane, p) in [p0, p1].into_iter().enumerate() {
                 for c in 0..NB {
                     out[2 * c + lane] = if p < k && c < cols {

@@ -98,9 +98,14 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
         return Err(CpuError::Symbolic(symbolic));
     }
     oar_passes::legalize::legalize(&mut program, &crate::natives());
-    // Cranelift computes no f16/bf16: such loop kernels compute in f32 and round (same bits);
-    // bf16 matmuls and convolutions read their bf16 operands where the host multiplies bf16.
-    oar_passes::legalize::widen_half(&mut program, oar_cpu_runtime::bf16::native());
+    // Cranelift computes no f16/bf16: such loop kernels compute in f32 and round (same bits),
+    // reading and writing bf16 buffers directly (f16 ones through f32 copies); bf16 matmuls and
+    // convolutions read their bf16 operands where the host multiplies bf16.
+    let support = oar_passes::legalize::HalfSupport {
+        bf16_memory: true,
+        bf16_products: oar_cpu_runtime::bf16::native(),
+    };
+    oar_passes::legalize::widen_half(&mut program, support);
     let mut consts = Weights::new();
     for (i, b) in program.buffers.iter_mut().enumerate() {
         if let BufferKind::Constant(t) = &b.kind {

@@ -155,6 +155,11 @@ impl<'p> Exec<'p> {
 
     fn write(&mut self, s: &Site, b: BufferId, mut v: Value) -> Res<()> {
         let (dtype, shape) = self.buffer_shape(s, b)?;
+        if v.dtype == DType::F32 && is_half(dtype) {
+            // f32 values stored in a half buffer, rounded (`legalize::widen_half` has rounded
+            // them already, so this is exact there).
+            v = eval_one(s, &Cast { to: dtype }, &[&v])?;
+        }
         v.normalize();
         if v.dtype != dtype || v.shape() != shape.as_slice() {
             return Err(s.err(format!(
@@ -266,7 +271,13 @@ impl<'p> Exec<'p> {
                         let load = loads.get(*l).ok_or_else(|| s.err(format!("no load l{l}")))?;
                         gathered.insert(*l, self.gather(&s, load, dims)?);
                     }
-                    gathered[l].clone()
+                    let v = gathered[l].clone();
+                    if v.dtype != inst.dtype && is_half(v.dtype) && inst.dtype == DType::F32 {
+                        // A half buffer read as f32 values (exactly; `legalize::widen_half`).
+                        eval_one(&s, &Cast { to: DType::F32 }, &[&v])?
+                    } else {
+                        v
+                    }
                 }
                 ScalarOp::Const(c) => constant(inst.dtype, c.0),
                 ScalarOp::Acc(n) => accs
@@ -506,4 +517,8 @@ pub fn run_kernel(
         .into_iter()
         .map(|(_, t)| t)
         .collect())
+}
+
+fn is_half(dt: DType) -> bool {
+    matches!(dt, DType::F16 | DType::BF16)
 }

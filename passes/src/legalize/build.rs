@@ -113,6 +113,10 @@ impl B<'_> {
         let k = self.like(a, c);
         self.and(a, k)
     }
+    pub fn or_c(&mut self, a: usize, c: f64) -> usize {
+        let k = self.like(a, c);
+        self.or(a, k)
+    }
 
     pub fn un(&mut self, op: UnaryOp, a: usize) -> usize {
         let d = self.dt(a);

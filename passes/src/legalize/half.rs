@@ -67,7 +67,16 @@ fn round_to(b: &mut B, x: usize, half: DType) -> usize {
         let signed = b.or(ybits, sign);
         b.bitcast(signed, DType::F32)
     };
-    b.sel(nan, x, rounded)
+    // NaN stays NaN; as bf16 it is quieted (its top mantissa bit set), so that its high half
+    // is the bf16 NaN that rounding gives (a payload in the low half only would otherwise
+    // leave an infinity there).
+    let nan_value = if half == DType::BF16 {
+        let q = b.or_c(bits, 4194304.0);
+        b.bitcast(q, DType::F32)
+    } else {
+        x
+    };
+    b.sel(nan, nan_value, rounded)
 }
 
 /// The body with half instructions in f32 (see the module docs).
@@ -111,6 +120,31 @@ fn touches_half(p: &KernelProgram, k: &Kernel) -> bool {
     }
 }
 
+/// For a loop kernel that only converts a whole f32 buffer to a half one of the same shape, or
+/// back: `(input buffer, output dtype)`.
+fn pure_cast(p: &KernelProgram, k: &Kernel) -> Option<(BufferId, DType)> {
+    let KernelBody::Loop(l) = &k.body else {
+        return None;
+    };
+    let [ld] = l.loads.as_slice() else {
+        return None;
+    };
+    let (from, to) = (p.buffer(ld.buffer), p.buffer(k.outputs[0]));
+    let pair = matches!(
+        (from.ty.dtype, to.ty.dtype),
+        (DType::F32, DType::F16 | DType::BF16) | (DType::F16 | DType::BF16, DType::F32)
+    );
+    let plain = l.reduce.is_empty()
+        && matches!(
+            l.body.as_slice(),
+            [Inst { op: ScalarOp::Load(0), dtype: a }, Inst { op: ScalarOp::Cast(0), dtype: b }]
+                if *a == from.ty.dtype && *b == to.ty.dtype
+        );
+    let whole =
+        ld.map.is_identity() && ld.map.view == l.shape && from.ty.shape.0 == l.shape && to.ty.shape.0 == l.shape;
+    (pair && plain && whole).then_some((ld.buffer, to.ty.dtype))
+}
+
 fn f32_buffer(p: &mut KernelProgram, of: BufferId, what: &str) -> BufferId {
     let b = p.buffer(of).clone();
     p.buffers.push(Buffer {
@@ -133,11 +167,26 @@ fn convert(name: String, from: BufferId, to: BufferId, dtype: DType) -> Kernel {
     }
 }
 
-/// Rewrite every f16/bf16 loop kernel of `program` to compute in f32 (see the module docs).
-/// With `bf16_products`, matmuls and convolutions keep their bf16 operands (for a runtime that
-/// multiplies bf16 itself, accumulating in f32); their results are f32 as the others'.
-/// Returns how many kernels it rewrote.
-pub fn widen_half(program: &mut KernelProgram, bf16_products: bool) -> usize {
+/// What a code generator does with bf16 itself, beyond f32 arithmetic (see [`widen_half`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HalfSupport {
+    /// Its loop kernels load bf16 elements as f32 values and store f32 values that are bf16
+    /// values (rounded by the body) as bf16: loop kernels then read and write bf16 buffers
+    /// directly, with no f32 copies.
+    pub bf16_memory: bool,
+    /// Its runtime multiplies bf16 matmul and convolution operands itself (accumulating in
+    /// f32): they keep their bf16 operands, and their results are f32 as the others'.
+    pub bf16_products: bool,
+}
+
+/// Rewrite every f16/bf16 loop kernel of `program` to compute in f32 (see the module docs),
+/// leaving to the code generator what `support` says it does. Returns how many kernels it
+/// rewrote.
+pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
+    let HalfSupport {
+        bf16_memory,
+        bf16_products,
+    } = support;
     let kernels = std::mem::take(&mut program.kernels);
     let mut out = Vec::with_capacity(kernels.len());
     let mut rewritten = 0;
@@ -153,12 +202,23 @@ pub fn widen_half(program: &mut KernelProgram, bf16_products: bool) -> usize {
             continue;
         }
         rewritten += 1;
+        if let Some((from, dtype)) = pure_cast(program, &k) {
+            // A cast from or to a half dtype over whole buffers: the runtime's conversion, one
+            // pass (not an f32 loop and a conversion of its result).
+            let o = k.outputs[0];
+            copies.remove(&o);
+            out.push(convert(k.name, from, o, dtype));
+            continue;
+        }
         let bf16 = |b: BufferId| program.buffer(b).ty.dtype == DType::BF16;
         let keep_operands = bf16_products
             && matches!(&k.body, KernelBody::Contraction(c) if bf16(c.lhs.load.buffer) && bf16(c.rhs.load.buffer));
-        // Every half buffer the kernel reads gets an f32 copy before it.
+        let is_loop = matches!(&k.body, KernelBody::Loop(_));
+        // Every half buffer the kernel reads gets an f32 copy before it (but bf16 ones where
+        // the code generator loads bf16; a contraction's epilogue is a loop kernel too).
         let mut to_f32 = |ld: &mut oar_ir::kernel::Load, tag: String, out: &mut Vec<Kernel>| {
-            if !is_half(program.buffer(ld.buffer).ty.dtype) {
+            let dt = program.buffer(ld.buffer).ty.dtype;
+            if !is_half(dt) || (bf16_memory && dt == DType::BF16) {
                 return;
             }
             if let Some(&f) = copies.get(&ld.buffer) {
@@ -200,7 +260,7 @@ pub fn widen_half(program: &mut KernelProgram, bf16_products: bool) -> usize {
         let o = k.outputs[0];
         copies.remove(&o);
         let odt = program.buffer(o).ty.dtype;
-        if is_half(odt) {
+        if is_half(odt) && !(is_loop && bf16_memory && odt == DType::BF16) {
             let f = f32_buffer(program, o, &format!("{}_f32", k.name));
             k.outputs[0] = f;
             let back = convert(format!("{}_to_{odt}", k.name), f, o, odt);

@@ -33,7 +33,7 @@ mod half;
 mod math;
 mod rules;
 
-pub use half::widen_half;
+pub use half::{HalfSupport, widen_half};
 
 use build::B;
 use oar_ir::DType;

@@ -606,7 +606,7 @@ impl<'a, 'f> Em<'a, 'f> {
 
     /// Address of access `a` at element offset `off` (+ `extra` elements).
     fn addr(&mut self, a: usize, off: Value) -> Value {
-        let size = self.plan.acc[a].dtype.size_bytes() as i64;
+        let size = self.plan.acc[a].storage.size_bytes() as i64;
         let bytes = if size == 1 {
             off
         } else {
@@ -639,13 +639,41 @@ impl<'a, 'f> Em<'a, 'f> {
         let base = self.addr(l, off);
         let vc = plan.vcoef(l);
         let vector_level = level >= 2 && plan.lanes_at(level) > 1;
+        let bf16 = plan.acc[l].storage == DType::BF16;
         if lanes == 1 || !vector_level || vc == 0 {
-            let v = self.b.ins().load(st, flags, base, 0);
+            let v = if bf16 {
+                self.load_bf16(base, flags)
+            } else {
+                self.b.ins().load(st, flags, base, 0)
+            };
             return Val { lanes: 1, v: vec![v] };
         }
         let vt = ty_of(dt, lanes);
         let mut out = Vec::new();
         for u in 0..unroll as i64 {
+            if bf16 {
+                // f32 lanes from bf16 elements: 16-bit loads widened, shifted into the high
+                // half.
+                let v = if vc == 1 && lanes == 4 {
+                    let p = self.offset_addr(base, u * 4 * 2);
+                    let w = self.b.ins().uload16x4(flags, p, 0);
+                    let w = self.b.ins().ishl_imm_s(w, 16);
+                    self.b.ins().bitcast(vt, super::ops::le(), w)
+                } else {
+                    let mut v = None;
+                    for lane in 0..lanes as i64 {
+                        let p = self.offset_addr(base, (u * lanes as i64 + lane) * vc * 2);
+                        let x = self.load_bf16(p, flags);
+                        v = Some(match v {
+                            None => self.b.ins().splat(vt, x),
+                            Some(acc) => self.b.ins().insertlane(acc, x, lane as u8),
+                        });
+                    }
+                    v.expect("lanes > 0")
+                };
+                out.push(v);
+                continue;
+            }
             if dt == DType::Bool {
                 // Bytes to lane masks.
                 let v = if vc == 1 {
@@ -705,12 +733,38 @@ impl<'a, 'f> Em<'a, 'f> {
         }
     }
 
+    /// One bf16 element at `p` as an f32 value.
+    fn load_bf16(&mut self, p: Value, flags: MemFlagsData) -> Value {
+        let x = self.b.ins().uload16(types::I32, flags, p, 0);
+        let x = self.b.ins().ishl_imm_s(x, 16);
+        self.b.ins().bitcast(types::F32, super::ops::le(), x)
+    }
+
+    /// The f32 value (or lanes) `x`, already a bf16 value, stored as bf16 at `p`: the high
+    /// half of its bits.
+    fn store_bf16(&mut self, x: Value, p: Value, flags: MemFlagsData) {
+        let t = self.b.func.dfg.value_type(x);
+        if t.lane_count() == 1 {
+            let bits = self.b.ins().bitcast(types::I32, super::ops::le(), x);
+            let hi = self.b.ins().ushr_imm_s(bits, 16);
+            self.b.ins().istore16(flags, hi, p, 0);
+            return;
+        }
+        let bits = self.b.ins().bitcast(types::I32X4, super::ops::le(), x);
+        let hi = self.b.ins().ushr_imm_s(bits, 16);
+        // Lanes below 2^16: the unsigned saturating narrowing keeps them.
+        let h = self.b.ins().unarrow(hi, hi);
+        let q = self.b.ins().bitcast(types::I64X2, super::ops::le(), h);
+        let w = self.b.ins().extractlane(q, 0);
+        self.b.ins().store(flags, w, p, 0);
+    }
+
     /// Store the output value at `level`.
     fn store(&mut self, v: &Val, level: usize, lanes: u8, unroll: u8) {
         let plan = self.plan;
         let o = plan.out();
         let dt = plan.acc[o].dtype;
-        let size = dt.size_bytes() as i64;
+        let size = plan.acc[o].storage.size_bytes() as i64;
         let flags = self.mem_flags(o);
         let off = self.offset(o, level);
         let base = self.addr(o, off);
@@ -718,7 +772,9 @@ impl<'a, 'f> Em<'a, 'f> {
             let x = v.v[u.min(v.v.len() - 1)];
             let x = self.widen(x, dt, v.lanes, lanes);
             let p = self.offset_addr(base, u as i64 * lanes as i64 * size);
-            if dt == DType::Bool && lanes > 1 {
+            if plan.acc[o].storage == DType::BF16 {
+                self.store_bf16(x, p, flags);
+            } else if dt == DType::Bool && lanes > 1 {
                 self.store_bool_vector(x, p, flags);
             } else {
                 self.b.ins().store(flags, x, p, 0);

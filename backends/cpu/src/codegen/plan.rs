@@ -19,8 +19,12 @@ const MIN_BLOCK_WORK: u64 = 8192;
 pub(super) struct Access {
     /// The buffer.
     pub buffer: BufferId,
-    /// Its element type.
+    /// The type of the values the body reads or writes through it.
     pub dtype: DType,
+    /// Its element type in memory: `dtype`, or bf16 for an f32 value stored as bf16 (loads
+    /// widen exactly; stores keep the high half of the value's bits, which `widen_half` has
+    /// already rounded to a bf16 value).
+    pub storage: DType,
     /// Constant part of the element offset.
     pub c0: i64,
 }
@@ -139,6 +143,15 @@ fn supported(dt: DType) -> Result<(), String> {
     match dt {
         DType::F16 | DType::BF16 => Err(format!("{dt} arithmetic is not compiled")),
         _ => Ok(()),
+    }
+}
+
+/// The value type of a buffer of `dt` elements: bf16 buffers hold f32 values (see
+/// [`Access::storage`]); f16 ones are not compiled.
+fn value_type(dt: DType) -> Result<DType, String> {
+    match dt {
+        DType::BF16 => Ok(DType::F32),
+        dt => supported(dt).map(|()| dt),
     }
 }
 
@@ -362,7 +375,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     let ob = buffers
         .get(out.index())
         .ok_or_else(|| format!("output {out} is not a buffer of the program"))?;
-    supported(ob.ty.dtype)?;
+    let out_value = value_type(ob.ty.dtype)?;
     let shape = static_dims(&k.shape, "the kernel shape")?;
     let oshape = static_dims(ob.ty.shape.dims(), "the output")?;
     if shape != oshape {
@@ -379,7 +392,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     let (rdims, red) = reduction(k)?;
     let extents: Vec<u64> = shape.iter().chain(&rdims).copied().collect();
     let (acc, coefs) = accesses(k, out, ob.ty.dtype, buffers, &extents, rank)?;
-    let used_body = check_bodies(k, &acc, &coefs, red, ob.ty.dtype, rank)?;
+    let used_body = check_bodies(k, &acc, &coefs, red, out_value, rank)?;
     let numel: u64 = shape.iter().product();
     if numel == 0 {
         return Ok(empty_plan(k, acc, red));
@@ -481,7 +494,7 @@ fn accesses(
         let b = buffers
             .get(ld.buffer.index())
             .ok_or_else(|| format!("load l{li} reads {}, not a buffer of the program", ld.buffer))?;
-        supported(b.ty.dtype)?;
+        let value = value_type(b.ty.dtype)?;
         let bdims = static_dims(b.ty.shape.dims(), "a loaded buffer")?;
         let view = static_dims(&ld.map.view, "a load's view")?;
         if view.iter().product::<u64>() != bdims.iter().product::<u64>() || view.len() != ld.map.axes.len() {
@@ -514,7 +527,8 @@ fn accesses(
         }
         acc.push(Access {
             buffer: ld.buffer,
-            dtype: b.ty.dtype,
+            dtype: value,
+            storage: b.ty.dtype,
             c0,
         });
         coefs.push(coef);
@@ -527,7 +541,8 @@ fn accesses(
     }
     acc.push(Access {
         buffer: out,
-        dtype: out_dt,
+        dtype: value_type(out_dt)?,
+        storage: out_dt,
         c0: 0,
     });
     coefs.push(coef);

@@ -449,6 +449,80 @@ graph @half {
     assert!(rt[7] == 0.0 && rt[7].is_sign_negative());
 }
 
+/// bf16 loop kernels read and write their bf16 buffers directly (16-bit loads widened to f32
+/// lanes, the rounded results' high halves stored), with no f32 copy of any buffer: contiguous
+/// vectors with a scalar tail, a transposed (per-lane) load, a broadcast, a reduction, and
+/// a NaN whose payload lies in the low half only (stored as a NaN, not an infinity). The
+/// reference's bytes, NaNs included (the rounding quiets them as bf16 conversion does).
+#[test]
+fn bf16_loops_read_and_write_bf16_without_copies() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @bf16_mem {
+  %p = input "p" : bf16[5,33]
+  %q = input "q" : bf16[33,5]
+  %x = input "x" : f32[5,33]
+  %r = input "r" : bf16[33]
+  %0 = mul(%p, %p) : bf16[5,33]
+  %1 = add(%0, %r) : bf16[5,33]
+  %2 = permute(%q) {perm = [1, 0]} : bf16[5,33]
+  %3 = sub(%1, %2) : bf16[5,33]
+  %4 = neg(%x) : f32[5,33]
+  %5 = cast(%4) : bf16[5,33]
+  %6 = reduce_sum(%p) {axes = [1], keepdim = false} : bf16[5]
+  output "fused" = %3
+  output "nan" = %5
+  output "sum" = %6
+}
+"#,
+    )
+    .unwrap();
+    let vals = |n: usize, f: &dyn Fn(usize) -> f64| (0..n).map(f).collect::<Vec<f64>>();
+    let bf = |shape: Vec<usize>, v: Vec<f64>| TensorData::from_f64_slice(DType::BF16, shape, &v).unwrap();
+    let mut xbits: Vec<u32> = vals(165, &|i| (i as f64 - 80.0) * 0.37)
+        .iter()
+        .map(|&v| (v as f32).to_bits())
+        .collect();
+    xbits[3] = 0x7F80_0001; // NaN, payload in the low half only
+    xbits[4] = 0xFF80_0100; // negative NaN, likewise
+    xbits[5] = 0x7F7F_FFFF; // f32::MAX: its negation rounds to bf16 -infinity
+    let feeds = BTreeMap::from([
+        (
+            "p".to_string(),
+            bf(vec![5, 33], vals(165, &|i| (i as f64 - 70.0) * 0.113)),
+        ),
+        (
+            "q".to_string(),
+            bf(vec![33, 5], vals(165, &|i| (i as f64 * 0.071).sin())),
+        ),
+        (
+            "x".to_string(),
+            TensorData::from_bytes(
+                DType::F32,
+                vec![5, 33],
+                xbits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+            )
+            .unwrap(),
+        ),
+        ("r".to_string(), bf(vec![33], vals(33, &|i| i as f64 * 0.5 - 3.0))),
+    ]);
+    let lowered = lower_without_interpreter(&g);
+    let f32_copies: Vec<&str> = lowered
+        .cpu
+        .program
+        .buffers
+        .iter()
+        .filter(|b| b.ty.dtype == DType::F32 && b.value.ends_with("_f32"))
+        .map(|b| b.value.as_str())
+        .collect();
+    assert!(f32_copies.is_empty(), "f32 copies of bf16 buffers: {f32_copies:?}");
+    let (got, want) = cpu_and_reference(&g, &feeds);
+    assert_same_bytes(&got, &want, "bf16 loops");
+    let nan = got.iter().find(|(k, _)| k == "nan").unwrap().1.to_f64_vec();
+    assert!(nan[3].is_nan() && nan[4].is_nan(), "{:?}", &nan[..6]);
+    assert_eq!(nan[5], f64::NEG_INFINITY);
+}
+
 /// f16/bf16 matmul and conv (with epilogues) run on the f32 gemm path: operands converted, the
 /// result rounded to the half dtype where the epilogue reads it; within the half dtype's
 /// tolerance of the reference (which accumulates in f64), no interpreter step.
