@@ -347,6 +347,76 @@ fn conv_is_an_implicit_gemm_per_group() {
     );
 }
 
+/// Half-precision convolutions and matmuls (f16 × f16, bf16 × bf16, f32 accumulators) run on
+/// the tensor cores: half tiles in shared memory, two `mma.sync` m16n8k16 per K step by warp 0,
+/// the f32 sums through shared memory to every thread's epilogue; ptxas assembles them for
+/// sm_80 and sm_90. f32 contractions keep the FMA loop.
+#[test]
+fn half_contractions_use_tensor_cores() {
+    for (dt, ht) in [(DType::BF16, "bf16"), (DType::F16, "f16"), (DType::F32, "")] {
+        let c = ContractionKernel {
+            op: Contraction::Conv(Conv {
+                stride: vec![1, 1],
+                pad_before: vec![1, 1],
+                pad_after: vec![1, 1],
+                dilation: vec![1, 1],
+                groups: 1,
+            }),
+            lhs: Operand {
+                shape: dims(&[2, 8, 6, 6]),
+                load: Load {
+                    buffer: BufferId(0),
+                    map: IndexMap::identity(&dims(&[2, 8, 6, 6])),
+                },
+            },
+            rhs: Operand {
+                shape: dims(&[20, 8, 3, 3]),
+                load: Load {
+                    buffer: BufferId(1),
+                    map: IndexMap::identity(&dims(&[20, 8, 3, 3])),
+                },
+            },
+            acc_dtype: dt,
+            shape: dims(&[2, 20, 6, 6]),
+            loads: vec![],
+            epilogue: vec![inst(ScalarOp::Acc(0), dt)],
+        };
+        let p = program(
+            vec![
+                input("x", dt, &[2, 8, 6, 6]),
+                input("w", dt, &[20, 8, 3, 3]),
+                buf(BufferKind::Output, dt, &[2, 20, 6, 6]),
+            ],
+            KernelBody::Contraction(c),
+            2,
+        );
+        for arch in [Arch::Sm80, Arch::Sm90] {
+            let t = generate(&p, arch).text();
+            let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ht}.{ht}.f32");
+            if dt == DType::F32 {
+                assert!(
+                    !t.contains("mma.sync") && t.contains("fma.rn.f32"),
+                    "f32 keeps the FMA loop"
+                );
+                continue;
+            }
+            assert_eq!(t.matches(&mma).count(), 2, "{dt}: {t}");
+            assert!(
+                t.contains("st.shared.b16") && t.contains("tile_c"),
+                "{dt}: half tiles, shared C tile"
+            );
+            if let Some(ptxas) = oar_backend_ptx::ptxas::find_ptxas() {
+                let dir = std::env::temp_dir().join(format!("oar-mma-{}-{dt}-{}", std::process::id(), arch.name()));
+                let assembled = oar_backend_ptx::ptxas::assemble(&ptxas, &dir.with_extension("ptx"), &t, arch.name());
+                for ext in ["ptx", "cubin"] {
+                    let _ = std::fs::remove_file(dir.with_extension(ext));
+                }
+                assembled.unwrap_or_else(|e| panic!("{dt} ptxas -arch={}: {e}", arch.name()));
+            }
+        }
+    }
+}
+
 #[test]
 fn gather_checks_its_indices_and_scatter_runs_on_the_host() {
     let program = |op: Op, inputs: Vec<BufferId>, buffers: Vec<Buffer>, out: u32| KernelProgram {

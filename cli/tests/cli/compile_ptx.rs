@@ -79,8 +79,9 @@ fn compile_ptx_writes_a_module_that_ptxas_assembles() {
 }
 
 /// `--precision bf16|f16` on the PTX target: the matmul's operands and result are half buffers
-/// (16-bit loads and stores, converted to f32 around f32 arithmetic), the softmax stays f32,
-/// and ptxas assembles the module for sm_80 and sm_90.
+/// (16-bit loads and stores, converted to f32 around f32 arithmetic), the matmul runs on the
+/// tensor cores (`mma.sync` m16n8k16 with f32 accumulators), the softmax stays f32, and ptxas
+/// assembles the module for sm_80 and sm_90.
 #[test]
 fn compile_ptx_in_mixed_precision() {
     let dir = tempfile::tempdir().unwrap();
@@ -109,6 +110,12 @@ fn compile_ptx_in_mixed_precision() {
                 "{precision}: half loads"
             );
             assert!(text.contains(cvt), "{precision}: rounding to {precision} with {cvt}");
+            let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{precision}.{precision}.f32");
+            assert_eq!(
+                text.matches(&mma).count(),
+                2,
+                "{precision}: two m16n8k16 tiles per step"
+            );
             if let Some(ptxas) = find_ptxas() {
                 assemble(&ptxas, &out, &text, arch).unwrap_or_else(|e| panic!("{precision} ptxas -arch={arch}: {e}"));
             }

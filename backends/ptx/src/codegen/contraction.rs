@@ -52,16 +52,28 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
         e.err = Some(e.param_ptr(name, params.len()));
     }
     let cls = class_of(acc_dt);
+    // f16 × f16 or bf16 × bf16 (accumulated in f32 registers): tensor cores.
+    let half_in = |b: BufferId| buffers[b.index()].ty.dtype;
+    let tensor = match (half_in(c.lhs.load.buffer), half_in(c.rhs.load.buffer)) {
+        (DType::F16, DType::F16) => Some("f16"),
+        (DType::BF16, DType::BF16) => Some("bf16"),
+        _ => None,
+    }
+    .filter(|_| cls == Class::F32);
     // Shared-memory element type and the multiply-add (integers wrap, like the reference).
-    let (fty, esize, madd) = match cls {
-        Class::F64 => ("f64", 8, "fma.rn.f64"),
-        Class::R64 => ("b64", 8, "mad.lo.s64"),
-        Class::R32 => ("b32", 4, "mad.lo.s32"),
+    let (fty, esize, madd) = match (tensor, cls) {
+        (Some(_), _) => ("b16", 2, ""),
+        (_, Class::F64) => ("f64", 8, "fma.rn.f64"),
+        (_, Class::R64) => ("b64", 8, "mad.lo.s64"),
+        (_, Class::R32) => ("b32", 4, "mad.lo.s32"),
         _ => ("f32", 4, "fma.rn.f32"),
     };
     let tile_bytes = TILE * TILE * esize;
     e.raw(format!("\t.shared .align 8 .b8 tile_a[{tile_bytes}];"));
     e.raw(format!("\t.shared .align 8 .b8 tile_b[{tile_bytes}];"));
+    if tensor.is_some() {
+        e.raw(format!("\t.shared .align 8 .b8 tile_c[{}];", TILE * TILE * 4));
+    }
     let tx = e.special64("%tid.x");
     let ty = e.special64("%tid.y");
     let bx = e.special64("%ctaid.x");
@@ -82,15 +94,38 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
         Class::F32 => "0f00000000",
         _ => "0",
     };
-    e.ins(format!("mov.{fty} {acc}, {zero}"));
+    let mov = if tensor.is_some() { "f32" } else { fty };
+    e.ins(format!("mov.{mov} {acc}, {zero}"));
     let (sa, sb) = (e.reg(Class::R64), e.reg(Class::R64));
     e.ins(format!("mov.u64 {sa}, tile_a"));
     e.ins(format!("mov.u64 {sb}, tile_b"));
-    // This thread's slot in both tiles: [ty][tx].
+    // This thread's slot in both tiles: A at [ty][tx] (row, k); B at [ty][tx] (k, column),
+    // or for tensor cores at [tx][ty] (column-major: a column's consecutive k in one word).
     let (slot_a, slot_b, lin) = (e.reg(Class::R64), e.reg(Class::R64), e.reg(Class::R64));
     e.ins(format!("mad.lo.u64 {lin}, {ty}, {TILE}, {tx}"));
     e.ins(format!("mad.lo.u64 {slot_a}, {lin}, {esize}, {sa}"));
-    e.ins(format!("mad.lo.u64 {slot_b}, {lin}, {esize}, {sb}"));
+    if tensor.is_some() {
+        let t = e.reg(Class::R64);
+        e.ins(format!("mad.lo.u64 {t}, {tx}, {TILE}, {ty}"));
+        e.ins(format!("mad.lo.u64 {slot_b}, {t}, {esize}, {sb}"));
+    } else {
+        e.ins(format!("mad.lo.u64 {slot_b}, {lin}, {esize}, {sb}"));
+    }
+    // Tensor cores: warp 0 holds the tile's 16 × 16 f32 sums as two m16n8 accumulator
+    // fragments (four registers each), zero to start.
+    let frags: Vec<String> = if tensor.is_some() {
+        (0..8)
+            .map(|_| {
+                let f = e.reg(Class::F32);
+                e.ins(format!("mov.f32 {f}, 0f00000000"));
+                f
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let warp0 = e.reg(Class::Pred);
+    e.ins(format!("setp.lt.u64 {warp0}, {lin}, 32"));
     // Row/column parts that do not change along K.
     let prep = match &kind {
         Kind::MatMul(m) => Prep::MatMul(matmul_prep(&mut e, m, &bz)),
@@ -111,26 +146,39 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
         Prep::MatMul(p) => fetch_matmul(&mut e, &lsrc, p, true, &row, &ka, rows, kk, acc_dt)?,
         Prep::Conv(p) => fetch_conv_w(&mut e, &lsrc, &rsrc, p, &row, &ka, rows, kk, acc_dt)?,
     };
-    e.ins(format!("st.shared.{fty} [{slot_a}], {va}"));
+    store_tile(&mut e, tensor, fty, &slot_a, &va);
     let vb = match &prep {
         Prep::MatMul(p) => fetch_matmul(&mut e, &rsrc, p, false, &kb, &col, kk, cols, acc_dt)?,
         Prep::Conv(p) => fetch_conv_x(&mut e, &lsrc, p, &kb, kk, acc_dt)?,
     };
-    e.ins(format!("st.shared.{fty} [{slot_b}], {vb}"));
+    store_tile(&mut e, tensor, fty, &slot_b, &vb);
     e.ins("bar.sync 0");
-    let (pa, pb) = (e.reg(Class::R64), e.reg(Class::R64));
-    e.ins(format!("mad.lo.u64 {pa}, {ty}, {}, {sa}", TILE * esize));
-    e.ins(format!("mad.lo.u64 {pb}, {tx}, {esize}, {sb}"));
-    let (a, b) = (e.reg(cls), e.reg(cls));
-    for i in 0..TILE {
-        e.ins(format!("ld.shared.{fty} {a}, [{pa}+{}]", i * esize));
-        e.ins(format!("ld.shared.{fty} {b}, [{pb}+{}]", i * TILE * esize));
-        e.ins(format!("{madd} {acc}, {a}, {b}, {acc}"));
+    if let Some(ht) = tensor {
+        mma_step(&mut e, ht, &warp0, &lin, &sa, &sb, &frags);
+    } else {
+        let (pa, pb) = (e.reg(Class::R64), e.reg(Class::R64));
+        e.ins(format!("mad.lo.u64 {pa}, {ty}, {}, {sa}", TILE * esize));
+        e.ins(format!("mad.lo.u64 {pb}, {tx}, {esize}, {sb}"));
+        let (a, b) = (e.reg(cls), e.reg(cls));
+        for i in 0..TILE {
+            e.ins(format!("ld.shared.{fty} {a}, [{pa}+{}]", i * esize));
+            e.ins(format!("ld.shared.{fty} {b}, [{pb}+{}]", i * TILE * esize));
+            e.ins(format!("{madd} {acc}, {a}, {b}, {acc}"));
+        }
     }
     e.ins("bar.sync 0");
     e.ins(format!("add.u64 {kt}, {kt}, {TILE}"));
     e.ins(format!("bra {top}"));
     e.put_label(&end);
+    if tensor.is_some() {
+        // Warp 0's fragments to the shared C tile, then every thread takes its (ty, tx).
+        mma_results(&mut e, &warp0, &lin, &frags);
+        e.ins("bar.sync 0");
+        let pc = e.reg(Class::R64);
+        e.ins(format!("mov.u64 {pc}, tile_c"));
+        e.ins(format!("mad.lo.u64 {pc}, {lin}, 4, {pc}"));
+        e.ins(format!("ld.shared.f32 {acc}, [{pc}]"));
+    }
     // Epilogue at this thread's output point, if it has one.
     let skip = e.label("no_output");
     let (pr, pc) = (e.reg(Class::Pred), e.reg(Class::Pred));
@@ -170,6 +218,93 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
         launch,
         error_word,
     })
+}
+
+/// Store a fetched operand value in its shared tile: as is, or for tensor cores its f16/bf16
+/// bits (exact: the value is one of the half dtype).
+fn store_tile(e: &mut Emitter, tensor: Option<&str>, fty: &str, slot: &str, v: &str) {
+    match tensor {
+        Some(ht) => {
+            let h = e.reg(Class::B16);
+            e.ins(format!("cvt.rn.{ht}.f32 {h}, {v}"));
+            e.ins(format!("st.shared.b16 [{slot}], {h}"));
+        }
+        None => e.ins(format!("st.shared.{fty} [{slot}], {v}")),
+    }
+}
+
+/// Warp 0 multiplies the 16 × 16 half tiles on the tensor cores: two
+/// `mma.sync.m16n8k16.row.col` (columns 0–7 and 8–15), accumulating in f32 `frags`. Fragment
+/// layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"): lane `l`, group `g = l / 4`,
+/// `t = l % 4`; A registers hold (row g or g + 8, k 2t + {0,1} or 2t + 8 + {0,1}); B registers
+/// (k 2t + {0,1} or 2t + 8 + {0,1}, column g); C (row g or g + 8, column 2t + {0,1}).
+fn mma_step(e: &mut Emitter, ht: &str, warp0: &str, lin: &str, sa: &str, sb: &str, frags: &[String]) {
+    let skip = e.label("no_mma");
+    e.ins(format!("@!{warp0} bra {skip}"));
+    let (g, t) = (e.reg(Class::R64), e.reg(Class::R64));
+    e.ins(format!("shr.u64 {g}, {lin}, 2"));
+    e.ins(format!("and.b64 {t}, {lin}, 3"));
+    // A: word at byte 2·(row·16 + k) for (row, k) = (g, 2t) + {(0,0), (8,0), (0,8), (8,8)}.
+    // The byte address of (g, 2t) is sa + 2·(16g + 2t) = sa + 32g + 4t.
+    let a: Vec<String> = (0..4).map(|_| e.reg(Class::R32)).collect();
+    let base_a = e.reg(Class::R64);
+    let tmp = e.reg(Class::R64);
+    e.ins(format!("shl.b64 {tmp}, {g}, 5"));
+    e.ins(format!("add.u64 {base_a}, {sa}, {tmp}"));
+    e.ins(format!("shl.b64 {tmp}, {t}, 2"));
+    e.ins(format!("add.u64 {base_a}, {base_a}, {tmp}"));
+    for (i, off) in [0u32, 8 * 32, 16, 8 * 32 + 16].iter().enumerate() {
+        e.ins(format!("ld.shared.b32 {}, [{base_a}+{off}]", a[i]));
+    }
+    // B (column-major tile): word at byte 2·(col·16 + k) for col = g (+ 8), k = 2t (+ 8).
+    let base_b = e.reg(Class::R64);
+    e.ins(format!("shl.b64 {tmp}, {g}, 5"));
+    e.ins(format!("add.u64 {base_b}, {sb}, {tmp}"));
+    e.ins(format!("shl.b64 {tmp}, {t}, 2"));
+    e.ins(format!("add.u64 {base_b}, {base_b}, {tmp}"));
+    for half in 0..2u32 {
+        let b: Vec<String> = (0..2).map(|_| e.reg(Class::R32)).collect();
+        for (i, off) in [0u32, 16].iter().enumerate() {
+            e.ins(format!("ld.shared.b32 {}, [{base_b}+{}]", b[i], off + half * 8 * 32));
+        }
+        let d = &frags[4 * half as usize..4 * half as usize + 4];
+        e.ins(format!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.{ht}.{ht}.f32 {{{}}}, {{{}}}, {{{}}}, {{{}}}",
+            d.join(", "),
+            a.join(", "),
+            b.join(", "),
+            d.join(", ")
+        ));
+    }
+    e.put_label(&skip);
+}
+
+/// Warp 0 writes its accumulator fragments to the shared f32 C tile (row-major 16 × 16).
+fn mma_results(e: &mut Emitter, warp0: &str, lin: &str, frags: &[String]) {
+    let skip = e.label("no_mma_out");
+    e.ins(format!("@!{warp0} bra {skip}"));
+    let (g, t) = (e.reg(Class::R64), e.reg(Class::R64));
+    e.ins(format!("shr.u64 {g}, {lin}, 2"));
+    e.ins(format!("and.b64 {t}, {lin}, 3"));
+    // (g, 2t) at byte 4·(16g + 2t) = 64g + 8t.
+    let p = e.reg(Class::R64);
+    let tmp = e.reg(Class::R64);
+    e.ins(format!("mov.u64 {p}, tile_c"));
+    e.ins(format!("shl.b64 {tmp}, {g}, 6"));
+    e.ins(format!("add.u64 {p}, {p}, {tmp}"));
+    e.ins(format!("shl.b64 {tmp}, {t}, 3"));
+    e.ins(format!("add.u64 {p}, {p}, {tmp}"));
+    for half in 0..2u32 {
+        // c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1), columns + 8·half.
+        for (i, off) in [0u32, 4, 8 * 64, 8 * 64 + 4].iter().enumerate() {
+            e.ins(format!(
+                "st.shared.f32 [{p}+{}], {}",
+                off + half * 32,
+                frags[4 * half as usize + i]
+            ));
+        }
+    }
+    e.put_label(&skip);
 }
 
 /// The contraction's geometry and its grid: one 16×16 block per output tile, batches on z.
