@@ -53,8 +53,12 @@ fn resnet18(runs: usize) -> Res<()> {
             Amp::parse(if d == DType::BF16 { "bf16" } else { "f16" })?.run(&mut graph)?;
         }
         let exe = backend.compile(&graph, &weights)?;
+        let _ = oar_cpu_runtime::profile::take();
         let ms = median_ms(2, runs, || exe.run(&inputs).map(|_| ()))?;
         println!("resnet18_infer {name} {ms:.4} {}", arena_bytes(&graph)?);
+        if oar_cpu_runtime::profile::enabled() {
+            eprintln!("== resnet18 {name}: per kernel\n{}", oar_cpu_runtime::profile::report());
+        }
     }
     Ok(())
 }

@@ -344,8 +344,15 @@ impl<'p> Exec<'p> {
                 self.body(&s, &l.body, &l.loads, &dims, &seen)?
             }
             KernelBody::Contraction(c) => {
-                let lhs = self.gather(&s, &c.lhs.load, &resolve(&s, &c.lhs.shape, &self.binds)?)?;
-                let rhs = self.gather(&s, &c.rhs.load, &resolve(&s, &c.rhs.shape, &self.binds)?)?;
+                let mut lhs = self.gather(&s, &c.lhs.load, &resolve(&s, &c.lhs.shape, &self.binds)?)?;
+                let mut rhs = self.gather(&s, &c.rhs.load, &resolve(&s, &c.rhs.shape, &self.binds)?)?;
+                // Half operands of an f32 accumulator (`legalize::widen_half` keeps bf16 product
+                // operands for runtimes that multiply bf16): the product of their f32 values.
+                for v in [&mut lhs, &mut rhs] {
+                    if is_half(v.dtype) && c.acc_dtype == DType::F32 {
+                        *v = eval_one(&s, &Cast { to: DType::F32 }, &[&*v])?;
+                    }
+                }
                 let mut acc = match &c.op {
                     Contraction::MatMul => eval_one(&s, &MatMul, &[&lhs, &rhs])?,
                     Contraction::Conv(conv) => eval_one(&s, conv, &[&lhs, &rhs])?,

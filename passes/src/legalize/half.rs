@@ -216,9 +216,9 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
         let is_loop = matches!(&k.body, KernelBody::Loop(_));
         // Every half buffer the kernel reads gets an f32 copy before it (but bf16 ones where
         // the code generator loads bf16; a contraction's epilogue is a loop kernel too).
-        let mut to_f32 = |ld: &mut oar_ir::kernel::Load, tag: String, out: &mut Vec<Kernel>| {
+        let mut to_f32 = |ld: &mut oar_ir::kernel::Load, tag: String, loop_load: bool, out: &mut Vec<Kernel>| {
             let dt = program.buffer(ld.buffer).ty.dtype;
-            if !is_half(dt) || (bf16_memory && dt == DType::BF16) {
+            if !is_half(dt) || (loop_load && bf16_memory && dt == DType::BF16) {
                 return;
             }
             if let Some(&f) = copies.get(&ld.buffer) {
@@ -233,7 +233,7 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
         match &mut k.body {
             KernelBody::Loop(l) => {
                 for (i, ld) in l.loads.iter_mut().enumerate() {
-                    to_f32(ld, format!("{}_l{i}", k.name), &mut out);
+                    to_f32(ld, format!("{}_l{i}", k.name), true, &mut out);
                 }
                 for r in &mut l.reduce {
                     r.body = widen_body(&r.body);
@@ -244,11 +244,12 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
                 // The contraction runs in f32 (its result rounded where the epilogue reads it),
                 // on bf16 operands as they are where the runtime multiplies bf16.
                 if !keep_operands {
-                    to_f32(&mut c.lhs.load, format!("{}_lhs", k.name), &mut out);
-                    to_f32(&mut c.rhs.load, format!("{}_rhs", k.name), &mut out);
+                    to_f32(&mut c.lhs.load, format!("{}_lhs", k.name), false, &mut out);
+                    to_f32(&mut c.rhs.load, format!("{}_rhs", k.name), false, &mut out);
                 }
                 for (i, ld) in c.loads.iter_mut().enumerate() {
-                    to_f32(ld, format!("{}_l{i}", k.name), &mut out);
+                    // (The epilogue is a loop kernel.)
+                    to_f32(ld, format!("{}_l{i}", k.name), true, &mut out);
                 }
                 if is_half(c.acc_dtype) {
                     c.acc_dtype = DType::F32;

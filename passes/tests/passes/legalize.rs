@@ -335,3 +335,101 @@ fn pow_follows_the_special_cases_and_stays_close() {
         assert!(ok, "pow({}, {}) = {g}, reference {w}", a[i], b[i]);
     }
 }
+
+/// `widen_half` leaves to the code generator what it says it does: with bf16 memory, loop
+/// kernels read and write bf16 buffers without f32 copies (f16 ones are still copied); bf16
+/// matmul operands keep their dtype only where bf16 products are native, and are copied to f32
+/// otherwise; a whole-buffer cast becomes one conversion; every variant computes what the
+/// reference does.
+#[test]
+fn widen_half_copies_only_what_the_code_generator_cannot_read() {
+    use oar_passes::legalize::{HalfSupport, widen_half};
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @mixed {
+  %a = input "a" : bf16[8,16]
+  %b = input "b" : bf16[16,4]
+  %h = input "h" : f16[8,16]
+  %x = input "x" : f32[8,16]
+  %0 = mul(%a, %a) : bf16[8,16]
+  %1 = matmul(%0, %b) : bf16[8,4]
+  %2 = add(%h, %h) : f16[8,16]
+  %3 = cast(%x) : bf16[8,16]
+  output "m" = %1
+  output "h2" = %2
+  output "c" = %3
+}
+"#,
+    )
+    .unwrap();
+    let program = oar_passes::fuse::lower_to_kernels(&g, &BTreeMap::new()).unwrap();
+    let feeds: BTreeMap<String, TensorData> = [
+        ("a", DType::BF16, [8, 16]),
+        ("b", DType::BF16, [16, 4]),
+        ("h", DType::F16, [8, 16]),
+        ("x", DType::F32, [8, 16]),
+    ]
+    .into_iter()
+    .map(|(n, dt, s)| {
+        let v: Vec<f64> = (0..s[0] * s[1]).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
+        (n.to_string(), TensorData::from_f64_slice(dt, s.to_vec(), &v).unwrap())
+    })
+    .collect();
+    let want = run_kernel_program(&program, &Weights::new(), &feeds).unwrap();
+    let copied = |p: &KernelProgram, of: &str| {
+        p.buffers
+            .iter()
+            .filter(|b| b.ty.dtype == DType::F32 && b.value.starts_with(of) && b.value.ends_with("_f32"))
+            .count()
+    };
+    for (bf16_memory, bf16_products) in [(false, false), (true, false), (true, true)] {
+        let mut p = program.clone();
+        widen_half(
+            &mut p,
+            HalfSupport {
+                bf16_memory,
+                bf16_products,
+            },
+        );
+        let what = format!("memory {bf16_memory}, products {bf16_products}");
+        // (Buffers %0–%3 are the inputs a, b, h, x; copies are named `<buffer>.<kernel>_f32`.)
+        // The f16 input of the add is always copied; the bf16 input of the loop only without
+        // bf16 memory.
+        assert!(copied(&p, "%2.") >= 1, "{what}");
+        assert_eq!(copied(&p, "%0.") >= 1, !bf16_memory, "{what}");
+        // The matmul's bf16 operand `b` keeps bf16 only with native products.
+        assert_eq!(copied(&p, "%1.") >= 1, !bf16_products, "{what}");
+        let contraction = p
+            .kernels
+            .iter()
+            .find_map(|k| match &k.body {
+                KernelBody::Contraction(c) => Some(c),
+                _ => None,
+            })
+            .unwrap();
+        let lhs = p.buffer(contraction.lhs.load.buffer).ty.dtype;
+        assert_eq!(lhs, if bf16_products { DType::BF16 } else { DType::F32 }, "{what}");
+        // The cast is one conversion kernel.
+        let casts = p
+            .kernels
+            .iter()
+            .filter(|k| matches!(&k.body, KernelBody::Opaque(o) if o.inputs[0] == BufferId(3)))
+            .count();
+        assert_eq!(casts, 1, "{what}: the cast of x");
+        let got = run_kernel_program(&p, &Weights::new(), &feeds).unwrap();
+        for ((name, a), (_, b)) in got.iter().zip(&want) {
+            assert_eq!(a.tensor_type(), b.tensor_type(), "{what}: {name}");
+            if name == "m" {
+                // The reference accumulates the widened program's product in f32 too.
+                for (p, q) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+                    assert!(
+                        (p - q).abs() <= 2f64.powi(-7) * q.abs().max(1.0),
+                        "{what}: {name} {p} vs {q}"
+                    );
+                }
+            } else {
+                assert_eq!(a.bytes(), b.bytes(), "{what}: {name}");
+            }
+        }
+    }
+}
