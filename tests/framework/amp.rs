@@ -413,6 +413,28 @@ fn a_traced_amp_training_step_matches_eager_amp_steps() {
     }
 }
 
+/// Of the rows of `a` whose top two logits differ by more than `margin` (relative to the
+/// largest |a|): how many there are, and in how many `b`'s argmax differs.
+fn clear_margin_flips(a: &Tensor, b: &Tensor, margin: f64) -> (usize, usize) {
+    let classes = *a.shape().last().unwrap();
+    let (a, b) = (
+        a.cast(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+        b.cast(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+    );
+    let scale = a.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let argmax = |r: &[f64]| (0..r.len()).max_by(|&i, &j| r[i].total_cmp(&r[j])).unwrap();
+    let (mut clear, mut flipped) = (0, 0);
+    for (p, q) in a.chunks(classes).zip(b.chunks(classes)) {
+        let mut sorted = p.to_vec();
+        sorted.sort_by(|x, y| y.total_cmp(x));
+        if (sorted[0] - sorted[1]) / scale > margin {
+            clear += 1;
+            flipped += usize::from(argmax(p) != argmax(q));
+        }
+    }
+    (clear, flipped)
+}
+
 /// Largest |a − b| over the largest |a|, and how many rows of `a` and `b` share their argmax.
 fn compare_logits(a: &Tensor, b: &Tensor) -> (f64, usize, usize) {
     let classes = *a.shape().last().unwrap();
@@ -432,16 +454,20 @@ fn compare_logits(a: &Tensor, b: &Tensor) -> (f64, usize, usize) {
 }
 
 /// Inference under O1 (eager, compiled one-op kernels) against f32 on fixed inputs: ResNet-18
-/// (fixed random weights, 10 classes, 256 images of 3 × 32 × 32, eval mode) and a 2-layer transformer encoder
-/// (d 64, 4 heads, 8 sequences of 16). Tolerances on the largest logit error relative to the
-/// largest logit: bf16 3e-2, f16 4e-3 (8 and 11 significant bits through 20 layers); the
-/// top-1 class agrees on at least 98% of the images.
+/// (fixed random weights, 10 classes, 1024 images of 3 × 32 × 32, eval mode) and a 2-layer
+/// transformer encoder (d 64, 4 heads, 8 sequences of 16). Tolerances on the largest logit
+/// error relative to the largest logit: bf16 3e-2, f16 4e-3 (8 and 11 significant bits through
+/// 20 layers). Top-1: the class agrees on every image whose f32 top-two margin is larger than
+/// twice the largest logit error (a flip there would be a wrong kernel, not rounding), and on
+/// at least 98% of all images — random weights leave about 1% of images with their top two
+/// logits closer than bf16's rounding (measured 1012–1014 of 1024 agree in bf16, 1022 in f16),
+/// which is why the trained digits models above carry the 99% bound.
 #[test]
 fn half_precision_inference_of_resnet18_and_a_transformer_stays_close_to_f32() {
     let mut resnet = oar::vision::models::resnet18(10).unwrap();
     deterministic(&resnet, 21);
     resnet.eval();
-    let images = noise(&[256, 3, 32, 32], 22);
+    let images = noise(&[1024, 3, 32, 32], 22);
     let mut encoder =
         oar::nn::TransformerEncoder::new(|| oar::nn::TransformerEncoderLayer::new(64, 4, 128), 2).unwrap();
     deterministic(&encoder, 23);
@@ -452,14 +478,19 @@ fn half_precision_inference_of_resnet18_and_a_transformer_stays_close_to_f32() {
     let full_t = encoder.forward(&tokens).unwrap();
     for (dtype, tol) in [(DType::BF16, 3e-2), (DType::F16, 4e-3)] {
         let _amp = amp::auto_cast(AmpLevel::O1, dtype).unwrap();
-        let (err, agree, n) = compare_logits(&full_r, &resnet.forward(&images).unwrap());
+        let low_r = resnet.forward(&images).unwrap();
+        let (err, agree, n) = compare_logits(&full_r, &low_r);
         eprintln!("resnet18 {dtype}: logit error {err:.2e}, top-1 agreement {agree}/{n}");
         assert!(err < tol && err > 0.0, "resnet18 {dtype}: logit error {err}");
-        // Random weights leave some images' top two logits within 1e-3 of each other, so a
-        // few may flip even at f16; the trained digits models are held to 99% (see above).
         assert!(
             agree as f64 >= 0.98 * n as f64,
             "resnet18 {dtype}: top-1 agrees on {agree}/{n}"
+        );
+        let (clear, flipped) = clear_margin_flips(&full_r, &low_r, 2.0 * err);
+        eprintln!("resnet18 {dtype}: {clear} images with a clear margin, {flipped} of them flipped");
+        assert!(
+            clear as f64 >= 0.8 * n as f64 && flipped == 0,
+            "resnet18 {dtype}: {flipped} of {clear} flipped"
         );
         let (err, _, _) = compare_logits(&full_t, &encoder.forward(&tokens).unwrap());
         eprintln!("transformer {dtype}: output error {err:.2e}");
