@@ -809,22 +809,25 @@ impl FloatOperands<'_> {
             DType::F16 | DType::BF16 => {
                 // Operands widened to f32 (exact), the f32 kernel (f32 accumulation), the
                 // result rounded once to the half dtype.
-                let wide: Vec<Vec<f32>> = self
+                // (Per-thread scratch, not fresh allocations: a fresh vector's pages fault in
+                // on every call.)
+                let wide: Vec<crate::scratch::Pooled<f32>> = self
                     .ins
                     .iter()
                     .map(|b| {
-                        let mut w = vec![0f32; b.len() / 2];
+                        let mut w = crate::scratch::Pooled::<f32>::take(b.len() / 2);
                         fill_chunks(bytemuck::cast_slice_mut(&mut w), 4, self.threads, |first, chunk| {
                             half_convert(dtype, DType::F32, &b[first * 2..], chunk)
                         });
                         w
                     })
                     .collect();
-                let ins: Vec<&[u8]> = wide.iter().map(|w| bytemuck::cast_slice(w.as_slice())).collect();
-                let mut wide_out = vec![0f32; out.len() / 2];
+                let ins: Vec<&[u8]> = wide.iter().map(|w| bytemuck::cast_slice(&w[..])).collect();
+                let mut wide_out = crate::scratch::Pooled::<f32>::take(out.len() / 2);
+                wide_out.fill(0.0);
                 let ops = FloatOperands { ins: &ins, ..*self };
-                typed::<f32>(&ops, kernel, bytemuck::cast_slice_mut(&mut wide_out))?;
-                let src: &[u8] = bytemuck::cast_slice(&wide_out);
+                typed::<f32>(&ops, kernel, bytemuck::cast_slice_mut(&mut wide_out[..]))?;
+                let src: &[u8] = bytemuck::cast_slice(&wide_out[..]);
                 fill_chunks(out, 2, self.threads, |first, chunk| {
                     half_convert(DType::F32, dtype, &src[first * 4..], chunk)
                 });
