@@ -286,6 +286,25 @@ pub(crate) unsafe fn gemm(
         }
         return;
     }
+    if m == 1 && n > 1 {
+        // A single row (a batch-1 classifier): the product transposed, `dstᵀ[n×1] = bᵀ · aᵀ`,
+        // so the large operand is the left one, packed by rows (a copy of contiguous runs
+        // for a `[n, k]` weight read transposed) rather than gathered pair by pair.
+        let (bt, at) = (
+            Mat {
+                ptr: b.ptr,
+                rs: b.cs,
+                cs: b.rs,
+            },
+            Mat {
+                ptr: a.ptr,
+                rs: a.cs,
+                cs: a.rs,
+            },
+        );
+        // Safety: the same elements, transposed; `dst` holds n elements 1 apart.
+        return unsafe { gemm(isa, n, 1, k, dst, 1, bt, at, threads) };
+    }
     let (kp, np, len) = right_dims(k, n);
     let mut packed = Pooled::<u16>::take(len);
     let blocks = np / NB;
@@ -1353,6 +1372,8 @@ mod tests {
                 (7, 300, 147),
                 (100, 49, 64),
                 (16, 5, 1000),
+                (1, 70, 96),
+                (1, 1000, 512),
             ] {
                 for transposed_b in [false, true] {
                     let a = values(m * k, 1 + m as u64);
