@@ -375,6 +375,23 @@ pub unsafe fn run(
             match c {
                 Composite::ConvTranspose(ct) => operands.run(ct, out_ty.dtype, out),
                 Composite::ConvWeightGrad(cw) => operands.run(cw, out_ty.dtype, out),
+                Composite::MaxPool2d(m) if matches!(out_ty.dtype, DType::F16 | DType::BF16) => {
+                    // Widened plane by plane inside the kernel (no f32 copy of the whole input).
+                    let half = if out_ty.dtype == DType::F16 {
+                        crate::ewise::Half::F16
+                    } else {
+                        crate::ewise::Half::Bf16
+                    };
+                    match (
+                        bytemuck::try_cast_slice::<u8, u16>(ins[0]),
+                        bytemuck::try_cast_slice_mut::<u8, u16>(out),
+                    ) {
+                        (Ok(x), Ok(y)) => {
+                            crate::pool::max_pool2d_half_into(half, (x, &shapes[0]), (y, &out_shape), m, threads)
+                        }
+                        _ => Err("max_pool2d: unaligned half operands".to_string()),
+                    }
+                }
                 Composite::MaxPool2d(m) => operands.run(m, out_ty.dtype, out),
                 Composite::MaxPool2dGrad(m) => operands.run(m, out_ty.dtype, out),
                 _ => unreachable!("matched above"),

@@ -89,14 +89,15 @@ impl Geometry {
     }
 }
 
-/// `out = max_pool2d(x)` for x `[N, C, H, W]` (shape `xs`) pooled to `out` (shape `ys`, which
-/// gives the output size, so ceil mode needs no flag), [`max_pool2d_supported`] checked first.
-pub(crate) fn max_pool2d_into<T: Lane>(
-    (x, xs): (&[T], &[usize]),
-    (out, ys): (&mut [T], &[usize]),
+/// The geometry of `max_pool2d` on `x[xs]` into `out[ys]`, checked (operand lengths
+/// included); `None` when the output is empty.
+fn checked(
+    xs: &[usize],
+    x_len: usize,
+    ys: &[usize],
+    out_len: usize,
     m: &MaxPool2d,
-    threads: usize,
-) -> Result<(), String> {
+) -> Result<Option<Geometry>, String> {
     if xs.len() != 4 || ys.len() != 4 || xs[..2] != ys[..2] {
         return Err(format!(
             "max_pool2d: x {xs:?} and output {ys:?} need [N, C, H, W] and [N, C, OH, OW]"
@@ -121,21 +122,36 @@ pub(crate) fn max_pool2d_into<T: Lane>(
         left: m.padding[1],
     };
     let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
-    if x.len() != g.planes * s_in || out.len() != g.planes * s_out {
+    if x_len != g.planes * s_in || out_len != g.planes * s_out {
         return Err(format!(
-            "max_pool2d: {} / {} elements for x {xs:?} and output {ys:?}",
-            x.len(),
-            out.len()
+            "max_pool2d: {x_len} / {out_len} elements for x {xs:?} and output {ys:?}"
         ));
     }
-    if s_out == 0 {
-        return Ok(());
-    }
-    // Planes per unit: about 16K output-window elements each.
+    Ok((s_out > 0).then_some(g))
+}
+
+/// Planes per unit (about 16K output-window elements each) and the threads worth using.
+fn split(g: &Geometry, threads: usize) -> (usize, usize) {
+    let (s_out, k) = (g.oh * g.ow, g.kernel[0] * g.kernel[1]);
     let per = (1usize << 14).div_ceil(s_out * k).max(1);
-    let units = g.planes.div_ceil(per);
     let work = g.planes.saturating_mul(s_out).saturating_mul(k);
-    let threads = if work < 1 << 16 { 1 } else { threads };
+    (per, if work < 1 << 16 { 1 } else { threads })
+}
+
+/// `out = max_pool2d(x)` (shapes `[N, C, H, W]` → `[N, C, OH, OW]`), threads over planes.
+pub(crate) fn max_pool2d_into<T: Lane>(
+    (x, xs): (&[T], &[usize]),
+    (out, ys): (&mut [T], &[usize]),
+    m: &MaxPool2d,
+    threads: usize,
+) -> Result<(), String> {
+    let Some(g) = checked(xs, x.len(), ys, out.len(), m)? else {
+        return Ok(());
+    };
+    let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
+    let (per, threads) = split(&g, threads);
+    let k = g.kernel[0] * g.kernel[1];
+    let units = g.planes.div_ceil(per);
     let out_ptr = crate::contraction::SendPtr(out.as_mut_ptr());
     let (rows, block) = (g.rows(), g.block());
     let scratch = || {
@@ -149,6 +165,45 @@ pub(crate) fn max_pool2d_into<T: Lane>(
             // Safety: plane `p` of the output, written by this unit only.
             let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(p * s_out), s_out) };
             any_plane(&g, &x[p * s_in..][..s_in], dst, phases, tmp);
+        }
+    });
+    Ok(())
+}
+
+/// [`max_pool2d_into`] on f16/bf16 elements (their bits): each plane widened to f32 as its
+/// unit takes it, pooled at f32 width, the maxima (half values) narrowed back exactly — no
+/// f32 copy of the whole input or output.
+pub(crate) fn max_pool2d_half_into(
+    half: crate::ewise::Half,
+    (x, xs): (&[u16], &[usize]),
+    (out, ys): (&mut [u16], &[usize]),
+    m: &MaxPool2d,
+    threads: usize,
+) -> Result<(), String> {
+    let Some(g) = checked(xs, x.len(), ys, out.len(), m)? else {
+        return Ok(());
+    };
+    let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
+    let (per, threads) = split(&g, threads);
+    let k = g.kernel[0] * g.kernel[1];
+    let units = g.planes.div_ceil(per);
+    let out_ptr = crate::contraction::SendPtr(out.as_mut_ptr());
+    let (rows, block) = (g.rows(), g.block());
+    let scratch = || {
+        (
+            vec![f32::LOWEST; g.stride[0] * g.stride[1] * rows * g.pitch()],
+            vec![f32::LOWEST; k.div_ceil(2) * ((block - 1) * g.pitch() + g.ow)],
+            vec![0f32; s_in],
+            vec![0f32; s_out],
+        )
+    };
+    par_units(units, threads, scratch, |(phases, tmp, wide, pooled), u| {
+        for p in u * per..((u + 1) * per).min(g.planes) {
+            crate::ewise::widen(half, &x[p * s_in..][..s_in], wide);
+            any_plane(&g, wide, pooled, phases, tmp);
+            // Safety: plane `p` of the output, written by this unit only.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(p * s_out), s_out) };
+            crate::ewise::narrow(half, pooled, dst);
         }
     });
     Ok(())
@@ -343,5 +398,35 @@ mod tests {
         assert!(e.contains("max_pool2d"), "{e}");
         let e = max_pool2d_into((&x[..8], &[1, 1, 4, 4]), (&mut out, &[1, 1, 2, 2]), &m, 1).unwrap_err();
         assert!(e.contains("elements"), "{e}");
+    }
+
+    /// The half kernel gives exactly the f32 kernel's maxima on the widened input, rounded back
+    /// (they are input values, so the rounding is exact): f16 and bf16, padding, strides,
+    /// ceil-mode-like edges, NaNs and infinities, over one and two threads.
+    #[test]
+    fn half_planes_pool_like_the_widened_input() {
+        use crate::ewise::{Half, narrow, widen};
+        let m = pool([3, 3], [2, 2], [1, 1, 1, 1], false);
+        let (xs, ys) = ([2usize, 3, 9, 8], [2usize, 3, 5, 4]);
+        let n: usize = xs.iter().product();
+        let mut vals: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
+        vals[5] = f32::NAN;
+        vals[80] = f32::INFINITY;
+        vals[81] = f32::NEG_INFINITY;
+        for half in [Half::F16, Half::Bf16] {
+            let mut bits = vec![0u16; n];
+            narrow(half, &vals, &mut bits);
+            let mut wide = vec![0f32; n];
+            widen(half, &bits, &mut wide);
+            let mut want_f = vec![0f32; ys.iter().product()];
+            max_pool2d_into((&wide, &xs), (&mut want_f, &ys), &m, 1).unwrap();
+            let mut want = vec![0u16; want_f.len()];
+            narrow(half, &want_f, &mut want);
+            for threads in [1, 2] {
+                let mut got = vec![0u16; want.len()];
+                max_pool2d_half_into(half, (&bits, &xs), (&mut got, &ys), &m, threads).unwrap();
+                assert_eq!(got, want, "{half:?} t{threads}");
+            }
+        }
     }
 }
