@@ -446,6 +446,75 @@ mod amx {
         c
     }
 
+    /// Clear the four result tiles.
+    #[inline(always)]
+    unsafe fn zero() {
+        // Safety: tiles configured by the caller.
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            )
+        };
+    }
+
+    /// One K step: A tiles at `a0`, `a1` (rows `lda` bytes apart), B tiles at `b0`, `b1` (rows
+    /// `ldb` bytes apart), the four products added to the result tiles.
+    #[inline(always)]
+    unsafe fn step(a0: *const u16, a1: *const u16, lda: usize, b0: *const u16, b1: *const u16, ldb: usize) {
+        // Safety: the caller's tiles lie in readable memory.
+        unsafe {
+            asm!(
+                "tileloadd tmm4, [{a0} + {lda}*1]",
+                "tileloadd tmm5, [{a1} + {lda}*1]",
+                "tileloadd tmm6, [{b0} + {ldb}*1]",
+                "tileloadd tmm7, [{b1} + {ldb}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                a0 = in(reg) a0,
+                a1 = in(reg) a1,
+                lda = in(reg) lda,
+                b0 = in(reg) b0,
+                b1 = in(reg) b1,
+                ldb = in(reg) ldb,
+                options(nostack, readonly)
+            )
+        };
+    }
+
+    /// Store the four result tiles at `c` (rows `ldc` bytes apart).
+    #[inline(always)]
+    unsafe fn store(c: [*mut f32; 4], ldc: usize) {
+        // Safety: the caller's 16 × 16 blocks lie in writable memory.
+        unsafe {
+            asm!(
+                "tilestored [{c0} + {ldc}*1], tmm0",
+                "tilestored [{c1} + {ldc}*1], tmm1",
+                "tilestored [{c2} + {ldc}*1], tmm2",
+                "tilestored [{c3} + {ldc}*1], tmm3",
+                c0 = in(reg) c[0],
+                c1 = in(reg) c[1],
+                c2 = in(reg) c[2],
+                c3 = in(reg) c[3],
+                ldc = in(reg) ldc,
+                options(nostack)
+            )
+        };
+    }
+
+    /// Store the result tiles into `t` (four 16 × 16 tiles, one after another).
+    #[inline(always)]
+    unsafe fn store_to(t: &mut [f32; 1024]) {
+        let p = t.as_mut_ptr();
+        // Safety: `t` holds the four tiles.
+        unsafe { store([p, p.add(256), p.add(512), p.add(768)], 64) };
+    }
+
     /// Result blocks `ib` (of 32 rows) × `jb` (of 32 columns).
     ///
     /// # Safety
@@ -481,75 +550,32 @@ mod amx {
         // Safety: tiles configured by `blocks`; every A tile row lies in the left operand's
         // `mp × kp` readable elements, every B tile in its packed block.
         unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem)
-            );
+            zero();
             for s in 0..r.kp / KSTEP {
-                asm!(
-                    "tileloadd tmm4, [{a0} + {lda}*1]",
-                    "tileloadd tmm5, [{a1} + {lda}*1]",
-                    "tileloadd tmm6, [{b0} + {ldb}*1]",
-                    "tileloadd tmm7, [{b1} + {ldb}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    a0 = in(reg) a0.add(s * KSTEP),
-                    a1 = in(reg) a1.add(s * KSTEP),
-                    lda = in(reg) lda,
-                    b0 = in(reg) b0.add(s * KSTEP * NB),
-                    b1 = in(reg) b1.add(s * KSTEP * NB),
-                    ldb = in(reg) 64usize,
-                    options(nostack, readonly)
+                step(
+                    a0.add(s * KSTEP),
+                    a1.add(s * KSTEP),
+                    lda,
+                    b0.add(s * KSTEP * NB),
+                    b1.add(s * KSTEP * NB),
+                    64,
                 );
             }
         }
         let full_rows = i0 + MB <= r.m;
         let full_cols = j0 + 2 * NB <= r.n;
-        let ldc = r.ldc * 4;
         if full_rows && full_cols {
             let c0 = r.dst.wrapping_add(i0 * r.ldc + j0);
-            let c1 = c0.wrapping_add(NB);
             let c2 = c0.wrapping_add(16 * r.ldc);
-            let c3 = c2.wrapping_add(NB);
             // Safety: the whole block lies in `dst`.
-            unsafe {
-                asm!(
-                    "tilestored [{c0} + {ldc}*1], tmm0",
-                    "tilestored [{c1} + {ldc}*1], tmm1",
-                    "tilestored [{c2} + {ldc}*1], tmm2",
-                    "tilestored [{c3} + {ldc}*1], tmm3",
-                    c0 = in(reg) c0,
-                    c1 = in(reg) c1,
-                    c2 = in(reg) c2,
-                    c3 = in(reg) c3,
-                    ldc = in(reg) ldc,
-                    options(nostack)
-                );
-            }
+            unsafe { store([c0, c0.wrapping_add(NB), c2, c2.wrapping_add(NB)], r.ldc * 4) };
             return;
         }
         // An edge block: through a buffer, cut to the result.
         let mut t = [0f32; 4 * 256];
-        let p = t.as_mut_ptr();
         // Safety: `t` holds four 16 × 16 tiles.
         unsafe {
-            asm!(
-                "tilestored [{c0} + {ldc}*1], tmm0",
-                "tilestored [{c1} + {ldc}*1], tmm1",
-                "tilestored [{c2} + {ldc}*1], tmm2",
-                "tilestored [{c3} + {ldc}*1], tmm3",
-                c0 = in(reg) p,
-                c1 = in(reg) p.add(256),
-                c2 = in(reg) p.add(512),
-                c3 = in(reg) p.add(768),
-                ldc = in(reg) 64usize,
-                options(nostack)
-            );
+            store_to(&mut t);
             r.put(&t[..256], NB, 16, NB, i0, j0);
             r.put(&t[256..512], NB, 16, NB, i0, j0 + NB);
             r.put(&t[512..768], NB, 16, NB, i0 + 16, j0);
@@ -591,46 +617,12 @@ mod amx {
             // Safety: every tile lies in the packed weights or the phase planes (their slack
             // covers the last chunk); `t` holds four 16 × 16 tiles.
             unsafe {
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    options(nostack, nomem)
-                );
+                zero();
                 for (s, &off) in boffs.iter().enumerate() {
                     let bs = b0.add(off);
-                    asm!(
-                        "tileloadd tmm4, [{a0} + {lda}*1]",
-                        "tileloadd tmm5, [{a1} + {lda}*1]",
-                        "tileloadd tmm6, [{b0} + {ldb}*1]",
-                        "tileloadd tmm7, [{b1} + {ldb}*1]",
-                        "tdpbf16ps tmm0, tmm4, tmm6",
-                        "tdpbf16ps tmm1, tmm4, tmm7",
-                        "tdpbf16ps tmm2, tmm5, tmm6",
-                        "tdpbf16ps tmm3, tmm5, tmm7",
-                        a0 = in(reg) a0.add(s * KSTEP),
-                        a1 = in(reg) a1.add(s * KSTEP),
-                        lda = in(reg) lda,
-                        b0 = in(reg) bs,
-                        b1 = in(reg) bs.add(2 * NB),
-                        ldb = in(reg) ldb,
-                        options(nostack, readonly)
-                    );
+                    step(a0.add(s * KSTEP), a1.add(s * KSTEP), lda, bs, bs.add(2 * NB), ldb);
                 }
-                let p = t.as_mut_ptr();
-                asm!(
-                    "tilestored [{c0} + {ldc}*1], tmm0",
-                    "tilestored [{c1} + {ldc}*1], tmm1",
-                    "tilestored [{c2} + {ldc}*1], tmm2",
-                    "tilestored [{c3} + {ldc}*1], tmm3",
-                    c0 = in(reg) p,
-                    c1 = in(reg) p.add(256),
-                    c2 = in(reg) p.add(512),
-                    c3 = in(reg) p.add(768),
-                    ldc = in(reg) 64usize,
-                    options(nostack)
-                );
+                store_to(&mut t);
             }
             // Runs of the chunk's positions on one output row, in its valid columns.
             let mut f = f0;
@@ -795,7 +787,7 @@ pub(crate) unsafe fn conv(
     threads: usize,
     cache: Option<&crate::contraction::WeightCache>,
 ) -> Result<bool, String> {
-    use crate::conv::{Crop, Dims, geometry, im2col, pack};
+    use crate::conv::{Crop, Dims, dense_run, geometry, im2col};
     let (xs, ws) = (&x.shape, &w.shape);
     let (geo, d) = geometry(xs, ws, spec)?;
     let Dims { n, c, o, cg, g, og, ys } = d;
@@ -816,22 +808,9 @@ pub(crate) unsafe fn conv(
         return Ok(false);
     }
     // Contiguous operands.
-    let xbuf: Vec<u16>;
-    let xp = if x.is_dense() {
-        px.wrapping_offset(x.offset)
-    } else {
-        // Safety: the view is in bounds.
-        xbuf = unsafe { pack(px, x) };
-        xbuf.as_ptr()
-    };
-    let wbuf: Vec<u16>;
-    let wp = if w.is_dense() {
-        pw.wrapping_offset(w.offset)
-    } else {
-        // Safety: the view is in bounds.
-        wbuf = unsafe { pack(pw, w) };
-        wbuf.as_ptr()
-    };
+    let (mut xbuf, mut wbuf) = (Vec::new(), Vec::new());
+    // Safety: the views are in bounds (the caller's contract).
+    let (xp, wp) = unsafe { (dense_run(px, x, &mut xbuf), dense_run(pw, w, &mut wbuf)) };
     let pointwise = geo.kd.iter().all(|&k| k == 1)
         && spec.stride.iter().all(|&s| s == 1)
         && spec.pad_before.iter().chain(spec.pad_after).all(|&p| p == 0);

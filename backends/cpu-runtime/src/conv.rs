@@ -326,22 +326,9 @@ pub(crate) unsafe fn conv_with<T: Elem>(
         };
     }
     // Contiguous operands.
-    let xbuf: Vec<T>;
-    let xp = if x.is_dense() {
-        px.wrapping_offset(x.offset)
-    } else {
-        // Safety: the view is in bounds.
-        xbuf = unsafe { pack(px, x) };
-        xbuf.as_ptr()
-    };
-    let wbuf: Vec<T>;
-    let wp = if w.is_dense() {
-        pw.wrapping_offset(w.offset)
-    } else {
-        // Safety: the view is in bounds.
-        wbuf = unsafe { pack(pw, w) };
-        wbuf.as_ptr()
-    };
+    let (mut xbuf, mut wbuf) = (Vec::new(), Vec::new());
+    // Safety: the views are in bounds (the caller's contract).
+    let (xp, wp) = unsafe { (dense_run(px, x, &mut xbuf), dense_run(pw, w, &mut wbuf)) };
     let f32s = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
     let winograd = winograd_shape(&geo, &d, spec).filter(|_| f32s);
     // Winograd's 36 GEMMs run well from about 128 tiles (a batch of 56 × 56 planes, or of
@@ -765,6 +752,21 @@ fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
         5 => fixed::<T, 5>(dst, src),
         7 => fixed::<T, 7>(dst, src),
         _ => dst.copy_from_slice(src),
+    }
+}
+
+/// The elements of view `v` of `base` as one dense row-major run: in place where the view is
+/// dense, else packed into `keep` (which must outlive the pointer's use).
+///
+/// # Safety
+/// Every element of the view is in bounds of `base`.
+pub(crate) unsafe fn dense_run<T: Copy>(base: *const T, v: &View, keep: &mut Vec<T>) -> *const T {
+    if v.is_dense() {
+        base.wrapping_offset(v.offset)
+    } else {
+        // Safety: the caller's contract.
+        *keep = unsafe { pack(base, v) };
+        keep.as_ptr()
     }
 }
 

@@ -89,6 +89,17 @@ impl Geometry {
     }
 }
 
+impl Geometry {
+    /// A unit's scratch: the stride phases of one plane and the tree's nodes for one block.
+    fn scratch<T: Lane>(&self) -> (Vec<T>, Vec<T>) {
+        let k = self.kernel[0] * self.kernel[1];
+        (
+            vec![T::LOWEST; self.stride[0] * self.stride[1] * self.rows() * self.pitch()],
+            vec![T::LOWEST; k.div_ceil(2) * ((self.block() - 1) * self.pitch() + self.ow)],
+        )
+    }
+}
+
 /// The geometry of `max_pool2d` on `x[xs]` into `out[ys]`, checked (operand lengths
 /// included); `None` when the output is empty.
 fn checked(
@@ -145,29 +156,14 @@ pub(crate) fn max_pool2d_into<T: Lane>(
     m: &MaxPool2d,
     threads: usize,
 ) -> Result<(), String> {
-    let Some(g) = checked(xs, x.len(), ys, out.len(), m)? else {
-        return Ok(());
-    };
-    let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
-    let (per, threads) = split(&g, threads);
-    let k = g.kernel[0] * g.kernel[1];
-    let units = g.planes.div_ceil(per);
-    let out_ptr = crate::contraction::SendPtr(out.as_mut_ptr());
-    let (rows, block) = (g.rows(), g.block());
-    let scratch = || {
-        (
-            vec![T::LOWEST; g.stride[0] * g.stride[1] * rows * g.pitch()],
-            vec![T::LOWEST; k.div_ceil(2) * ((block - 1) * g.pitch() + g.ow)],
-        )
-    };
-    par_units(units, threads, scratch, |(phases, tmp), u| {
-        for p in u * per..((u + 1) * per).min(g.planes) {
-            // Safety: plane `p` of the output, written by this unit only.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(p * s_out), s_out) };
-            any_plane(&g, &x[p * s_in..][..s_in], dst, phases, tmp);
-        }
-    });
-    Ok(())
+    by_planes(
+        (x, xs),
+        (out, ys),
+        m,
+        threads,
+        |g| g.scratch::<T>(),
+        |g, x, dst, (phases, tmp)| any_plane(g, x, dst, phases, tmp),
+    )
 }
 
 /// [`max_pool2d_into`] on f16/bf16 elements (their bits): each plane widened to f32 as its
@@ -175,37 +171,50 @@ pub(crate) fn max_pool2d_into<T: Lane>(
 /// f32 copy of the whole input or output.
 pub(crate) fn max_pool2d_half_into(
     half: crate::ewise::Half,
-    (x, xs): (&[u16], &[usize]),
-    (out, ys): (&mut [u16], &[usize]),
+    x: (&[u16], &[usize]),
+    out: (&mut [u16], &[usize]),
     m: &MaxPool2d,
     threads: usize,
+) -> Result<(), String> {
+    let scratch = |g: &Geometry| {
+        let (phases, tmp) = g.scratch::<f32>();
+        (phases, tmp, vec![0f32; g.h * g.w], vec![0f32; g.oh * g.ow])
+    };
+    by_planes(x, out, m, threads, scratch, |g, x, dst, (phases, tmp, wide, pooled)| {
+        crate::ewise::widen(half, x, wide);
+        any_plane(g, wide, pooled, phases, tmp);
+        crate::ewise::narrow(half, pooled, dst);
+    })
+}
+
+/// Check the geometry, then `plane(g, x plane, out plane, scratch)` for every plane, threads
+/// over blocks of planes, each with its own `scratch(g)`.
+fn by_planes<E: Copy + Send + Sync, S>(
+    (x, xs): (&[E], &[usize]),
+    (out, ys): (&mut [E], &[usize]),
+    m: &MaxPool2d,
+    threads: usize,
+    scratch: impl Fn(&Geometry) -> S + Sync,
+    plane: impl Fn(&Geometry, &[E], &mut [E], &mut S) + Sync,
 ) -> Result<(), String> {
     let Some(g) = checked(xs, x.len(), ys, out.len(), m)? else {
         return Ok(());
     };
     let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
     let (per, threads) = split(&g, threads);
-    let k = g.kernel[0] * g.kernel[1];
-    let units = g.planes.div_ceil(per);
     let out_ptr = crate::contraction::SendPtr(out.as_mut_ptr());
-    let (rows, block) = (g.rows(), g.block());
-    let scratch = || {
-        (
-            vec![f32::LOWEST; g.stride[0] * g.stride[1] * rows * g.pitch()],
-            vec![f32::LOWEST; k.div_ceil(2) * ((block - 1) * g.pitch() + g.ow)],
-            vec![0f32; s_in],
-            vec![0f32; s_out],
-        )
-    };
-    par_units(units, threads, scratch, |(phases, tmp, wide, pooled), u| {
-        for p in u * per..((u + 1) * per).min(g.planes) {
-            crate::ewise::widen(half, &x[p * s_in..][..s_in], wide);
-            any_plane(&g, wide, pooled, phases, tmp);
-            // Safety: plane `p` of the output, written by this unit only.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(p * s_out), s_out) };
-            crate::ewise::narrow(half, pooled, dst);
-        }
-    });
+    par_units(
+        g.planes.div_ceil(per),
+        threads,
+        || scratch(&g),
+        |s, u| {
+            for p in u * per..((u + 1) * per).min(g.planes) {
+                // Safety: plane `p` of the output, written by this unit only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(p * s_out), s_out) };
+                plane(&g, &x[p * s_in..][..s_in], dst, s);
+            }
+        },
+    );
     Ok(())
 }
 

@@ -296,45 +296,51 @@ fn matmul_is_a_shared_memory_tiled_kernel_with_its_epilogue() {
     );
 }
 
-#[test]
-fn conv_is_an_implicit_gemm_per_group() {
-    // x[1, 4, 5, 5] * w[6, 2, 3, 3], groups 2, pad 1 -> [1, 6, 5, 5]
+/// A one-kernel program: `y = conv(x[xs], w[ws])` on `dt`, 3 × 3-style padding 1, stride 1.
+fn conv_program(dt: DType, xs: [usize; 4], ws: [usize; 4], groups: usize) -> KernelProgram {
+    let ys = [xs[0], ws[0], xs[2] + 3 - ws[2], xs[3] + 3 - ws[3]];
     let c = ContractionKernel {
         op: Contraction::Conv(Conv {
             stride: vec![1, 1],
             pad_before: vec![1, 1],
             pad_after: vec![1, 1],
             dilation: vec![1, 1],
-            groups: 2,
+            groups,
         }),
         lhs: Operand {
-            shape: dims(&[1, 4, 5, 5]),
+            shape: dims(&xs),
             load: Load {
                 buffer: BufferId(0),
-                map: IndexMap::identity(&dims(&[1, 4, 5, 5])),
+                map: IndexMap::identity(&dims(&xs)),
             },
         },
         rhs: Operand {
-            shape: dims(&[6, 2, 3, 3]),
+            shape: dims(&ws),
             load: Load {
                 buffer: BufferId(1),
-                map: IndexMap::identity(&dims(&[6, 2, 3, 3])),
+                map: IndexMap::identity(&dims(&ws)),
             },
         },
-        acc_dtype: DType::F32,
-        shape: dims(&[1, 6, 5, 5]),
+        acc_dtype: dt,
+        shape: dims(&ys),
         loads: vec![],
-        epilogue: vec![inst(ScalarOp::Acc(0), DType::F32)],
+        epilogue: vec![inst(ScalarOp::Acc(0), dt)],
     };
-    let p = program(
+    program(
         vec![
-            input("x", DType::F32, &[1, 4, 5, 5]),
-            input("w", DType::F32, &[6, 2, 3, 3]),
-            buf(BufferKind::Output, DType::F32, &[1, 6, 5, 5]),
+            input("x", dt, &xs),
+            input("w", dt, &ws),
+            buf(BufferKind::Output, dt, &ys),
         ],
         KernelBody::Contraction(c),
         2,
-    );
+    )
+}
+
+#[test]
+fn conv_is_an_implicit_gemm_per_group() {
+    // x[1, 4, 5, 5] * w[6, 2, 3, 3], groups 2, pad 1 -> [1, 6, 5, 5]
+    let p = conv_program(DType::F32, [1, 4, 5, 5], [6, 2, 3, 3], 2);
     let m = generate(&p, Arch::Sm80);
     let t = m.text();
     assert!(t.contains("setp.ge.and.s64"), "padding checks");
@@ -354,42 +360,7 @@ fn conv_is_an_implicit_gemm_per_group() {
 #[test]
 fn half_contractions_use_tensor_cores() {
     for (dt, ht) in [(DType::BF16, "bf16"), (DType::F16, "f16"), (DType::F32, "")] {
-        let c = ContractionKernel {
-            op: Contraction::Conv(Conv {
-                stride: vec![1, 1],
-                pad_before: vec![1, 1],
-                pad_after: vec![1, 1],
-                dilation: vec![1, 1],
-                groups: 1,
-            }),
-            lhs: Operand {
-                shape: dims(&[2, 8, 6, 6]),
-                load: Load {
-                    buffer: BufferId(0),
-                    map: IndexMap::identity(&dims(&[2, 8, 6, 6])),
-                },
-            },
-            rhs: Operand {
-                shape: dims(&[20, 8, 3, 3]),
-                load: Load {
-                    buffer: BufferId(1),
-                    map: IndexMap::identity(&dims(&[20, 8, 3, 3])),
-                },
-            },
-            acc_dtype: dt,
-            shape: dims(&[2, 20, 6, 6]),
-            loads: vec![],
-            epilogue: vec![inst(ScalarOp::Acc(0), dt)],
-        };
-        let p = program(
-            vec![
-                input("x", dt, &[2, 8, 6, 6]),
-                input("w", dt, &[20, 8, 3, 3]),
-                buf(BufferKind::Output, dt, &[2, 20, 6, 6]),
-            ],
-            KernelBody::Contraction(c),
-            2,
-        );
+        let p = conv_program(dt, [2, 8, 6, 6], [20, 8, 3, 3], 1);
         for arch in [Arch::Sm80, Arch::Sm90] {
             let t = generate(&p, arch).text();
             let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ht}.{ht}.f32");
