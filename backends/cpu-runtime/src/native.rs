@@ -392,6 +392,31 @@ pub unsafe fn run(
                         _ => Err("max_pool2d: unaligned half operands".to_string()),
                     }
                 }
+                Composite::MaxPool2dGrad(m) if matches!(out_ty.dtype, DType::F16 | DType::BF16) => {
+                    // Widened block of planes by block inside the kernel.
+                    let half = if out_ty.dtype == DType::F16 {
+                        crate::ewise::Half::F16
+                    } else {
+                        crate::ewise::Half::Bf16
+                    };
+                    match (
+                        bytemuck::try_cast_slice::<u8, u16>(ins[0]),
+                        bytemuck::try_cast_slice::<u8, u16>(ins[1]),
+                        bytemuck::try_cast_slice_mut::<u8, u16>(out),
+                    ) {
+                        (Ok(x), Ok(dy), Ok(dx)) => crate::pool_grad::max_pool2d_vjp_half_into(
+                            half,
+                            (x, &shapes[0]),
+                            (dy, &shapes[1]),
+                            m.kernel,
+                            m.stride,
+                            m.padding,
+                            dx,
+                            threads,
+                        ),
+                        _ => Err("max_pool2d gradient: unaligned half operands".to_string()),
+                    }
+                }
                 Composite::MaxPool2d(m) => operands.run(m, out_ty.dtype, out),
                 Composite::MaxPool2dGrad(m) => operands.run(m, out_ty.dtype, out),
                 _ => unreachable!("matched above"),

@@ -96,6 +96,56 @@ pub(crate) fn max_pool2d_vjp_into<T: Float>(
     Ok(())
 }
 
+/// [`max_pool2d_vjp_into`] on f16/bf16 elements (their bits): blocks of planes widened to f32
+/// as a unit takes them, the f32 kernel on the block (f32 sums), `dx` rounded once — as the
+/// whole-tensor widening did, without f32 copies of whole tensors.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn max_pool2d_vjp_half_into(
+    half: crate::ewise::Half,
+    (x, xs): (&[u16], &[usize]),
+    (dy, ys): (&[u16], &[usize]),
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 4],
+    dx: &mut [u16],
+    threads: usize,
+) -> Result<(), String> {
+    use crate::ewise::{narrow, widen};
+    let Some(g) = Geometry::of(xs, ys, kernel, stride, padding)? else {
+        return Err(format!(
+            "max_pool2d gradient: no native kernel for kernel {kernel:?}, stride {stride:?}"
+        ));
+    };
+    let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
+    if x.len() != g.planes * s_in || dy.len() != g.planes * s_out || dx.len() != x.len() {
+        return Err(format!(
+            "max_pool2d gradient: {} / {} / {} elements for x {xs:?} and cotangent {ys:?}",
+            x.len(),
+            dy.len(),
+            dx.len()
+        ));
+    }
+    // Planes per unit: about 32K input elements.
+    let per = (1usize << 15).div_ceil(s_in.max(1)).clamp(1, g.planes.max(1));
+    let units = g.planes.div_ceil(per);
+    let dx_ptr = crate::contraction::SendPtr(dx.as_mut_ptr());
+    let scratch = || (vec![0f32; per * s_in], vec![0f32; per * s_out], vec![0f32; per * s_in]);
+    crate::par::par_units(units, threads, scratch, |(xw, dyw, dxw), u| {
+        let (p0, p1) = (u * per, ((u + 1) * per).min(g.planes));
+        let n = p1 - p0;
+        let (xw, dyw, dxw) = (&mut xw[..n * s_in], &mut dyw[..n * s_out], &mut dxw[..n * s_in]);
+        widen(half, &x[p0 * s_in..p1 * s_in], xw);
+        widen(half, &dy[p0 * s_out..p1 * s_out], dyw);
+        dxw.fill(0.0);
+        let block = Geometry { planes: n, ..g };
+        run(&block, xw, dyw, dxw, 1);
+        // Safety: planes p0..p1 of `dx`, written by this unit only.
+        let out = unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(p0 * s_in), n * s_in) };
+        narrow(half, dxw, out);
+    });
+    Ok(())
+}
+
 /// `dx` (zeroed) += the gradient, on the kernel for the geometry and dtype.
 fn run<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], threads: usize) {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && g.tiles_2x2() {
@@ -613,5 +663,45 @@ mod tests {
             [1; 4],
         );
         assert_eq!(dx, [0.0, 0.0, 0.0, 10.0]);
+    }
+
+    /// The half gradient is the f32 kernel's on the widened operands, rounded once — f16 and
+    /// bf16, overlapping windows (their sums), padding, one and two threads, and more planes
+    /// than one unit takes.
+    #[test]
+    fn half_gradients_are_the_widened_ones_rounded() {
+        use crate::ewise::{Half, narrow, widen};
+        let (kernel, stride, padding) = ([3, 3], [2, 2], [1, 1, 1, 1]);
+        let (xs, ys) = ([3usize, 200, 9, 8], [3usize, 200, 5, 4]);
+        let (n, m): (usize, usize) = (xs.iter().product(), ys.iter().product());
+        let xv: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
+        let dyv: Vec<f32> = (0..m).map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.31).collect();
+        for half in [Half::F16, Half::Bf16] {
+            let (mut xb, mut dyb) = (vec![0u16; n], vec![0u16; m]);
+            narrow(half, &xv, &mut xb);
+            narrow(half, &dyv, &mut dyb);
+            let (mut xw, mut dyw) = (vec![0f32; n], vec![0f32; m]);
+            widen(half, &xb, &mut xw);
+            widen(half, &dyb, &mut dyw);
+            let mut want_f = vec![0f32; n];
+            max_pool2d_vjp_into((&xw, &xs), (&dyw, &ys), kernel, stride, padding, &mut want_f, 1).unwrap();
+            let mut want = vec![0u16; n];
+            narrow(half, &want_f, &mut want);
+            for threads in [1, 2] {
+                let mut got = vec![0u16; n];
+                max_pool2d_vjp_half_into(
+                    half,
+                    (&xb, &xs),
+                    (&dyb, &ys),
+                    kernel,
+                    stride,
+                    padding,
+                    &mut got,
+                    threads,
+                )
+                .unwrap();
+                assert_eq!(got, want, "{half:?} t{threads}");
+            }
+        }
     }
 }
