@@ -103,13 +103,13 @@ fn amx_permitted() -> bool {
 /// A left operand ready for the kernels: row-major with `ld` elements per row, `mp` rows
 /// (a multiple of [`MB`]) and `kp` columns (a multiple of [`KSTEP`]) readable, zeros past the
 /// operand's own.
-struct Left<'a> {
+struct Left {
     ptr: *const u16,
     ld: usize,
     mp: usize,
     kp: usize,
+    /// The packed copy `ptr` points into, if any.
     _packed: Option<Pooled<u16>>,
-    _life: std::marker::PhantomData<&'a ()>,
 }
 
 /// `a[m×k]` as a [`Left`]: in place when it is row-major with rows a multiple of 32 elements
@@ -117,7 +117,7 @@ struct Left<'a> {
 ///
 /// # Safety
 /// Every element of `a` for these sizes is valid.
-unsafe fn left<'a>(m: usize, k: usize, a: Mat<u16>) -> Left<'a> {
+unsafe fn left(m: usize, k: usize, a: Mat<u16>) -> Left {
     let (mp, kp) = (m.next_multiple_of(MB), k.next_multiple_of(KSTEP));
     if a.cs == 1 && mp == m && kp == k && a.rs >= k as isize {
         return Left {
@@ -126,7 +126,6 @@ unsafe fn left<'a>(m: usize, k: usize, a: Mat<u16>) -> Left<'a> {
             mp,
             kp,
             _packed: None,
-            _life: std::marker::PhantomData,
         };
     }
     let mut p = Pooled::<u16>::take(mp * kp);
@@ -154,7 +153,6 @@ unsafe fn left<'a>(m: usize, k: usize, a: Mat<u16>) -> Left<'a> {
         mp,
         kp,
         _packed: Some(p),
-        _life: std::marker::PhantomData,
     }
 }
 
@@ -182,6 +180,10 @@ pub(crate) unsafe fn pack_right(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16]
 /// As [`pack_right`].
 unsafe fn pack_right_blocks(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16], blocks: std::ops::Range<usize>) {
     let half = k.next_multiple_of(KSTEP) / 2;
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
     for (jb, block) in blocks.zip(dst.chunks_exact_mut(half * 2 * NB)) {
         let j0 = jb * NB;
         let cols = n.saturating_sub(j0).min(NB);
@@ -190,7 +192,7 @@ unsafe fn pack_right_blocks(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16], bl
             let row = |p: usize| b.ptr.wrapping_offset(p as isize * b.rs + j0 as isize * b.cs);
             if cols == NB && p1 < k && b.cs == 1 {
                 // Safety: both rows' 16 columns are valid (the caller's contract).
-                unsafe { interleave16(row(p0), row(p1), out) };
+                unsafe { interleave16(avx512, row(p0), row(p1), out) };
                 continue;
             }
             if p1 < k && b.rs == 1 {
@@ -222,15 +224,15 @@ unsafe fn pack_right_blocks(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16], bl
     }
 }
 
-/// `out[2c] = x[c]`, `out[2c + 1] = y[c]` for 16 columns.
+/// `out[2c] = x[c]`, `out[2c + 1] = y[c]` for 16 columns (with AVX-512F where `avx512`).
 ///
 /// # Safety
-/// `x` and `y` point at 16 valid elements each.
+/// `x` and `y` point at 16 valid elements each; `avx512` only where the host has AVX-512F.
 #[inline(always)]
-unsafe fn interleave16(x: *const u16, y: *const u16, out: &mut [u16]) {
+unsafe fn interleave16(avx512: bool, x: *const u16, y: *const u16, out: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // Safety: AVX-512F was detected; the caller's contract; `out` holds 32 elements.
+    if avx512 {
+        // Safety: the caller's contract; `out` holds 32 elements.
         return unsafe { interleave16_avx512(x, y, out) };
     }
     for c in 0..NB {
@@ -402,6 +404,24 @@ struct Region {
 }
 
 impl Region {
+    /// `f(i0, j0)` for the 32 × 32 result blocks `ib` × `jb` (in block units), in chunks of
+    /// [`NCHUNK`] columns: each chunk's packed right operand stays in cache while every row
+    /// block passes over it.
+    #[inline(always)]
+    fn each_block(ib: std::ops::Range<usize>, jb: std::ops::Range<usize>, mut f: impl FnMut(usize, usize)) {
+        let chunk = NCHUNK / (2 * NB);
+        let mut j = jb.start;
+        while j < jb.end {
+            let je = (j + chunk).min(jb.end);
+            for i in ib.clone() {
+                for jj in j..je {
+                    f(i * MB, jj * 2 * NB);
+                }
+            }
+            j = je;
+        }
+    }
+
     /// Packed block `jb` of 16 columns of the right operand.
     fn right_block(&self, jb: usize) -> *const u16 {
         self.b.wrapping_add(jb * self.kp * NB)
@@ -430,7 +450,7 @@ mod amx {
     //! `tdpbf16ps` on tiles: C (16 × 16 f32) += A (16 × 32 bf16) · B (16 pair rows × 16
     //! columns). Tiles 0–3 hold a 32 × 32 block of the result, 4–5 two A tiles, 6–7 two B
     //! tiles; every tile is 16 rows of 64 bytes.
-    use super::{KSTEP, MB, NB, NCHUNK, Region};
+    use super::{KSTEP, MB, NB, Region};
     use std::arch::asm;
 
     #[repr(C, align(64))]
@@ -520,22 +540,21 @@ mod amx {
     /// # Safety
     /// AMX-BF16 is usable; `r` describes valid operands and result.
     pub(super) unsafe fn blocks(r: &Region, ib: std::ops::Range<usize>, jb: std::ops::Range<usize>) {
+        // Safety: the caller's contract.
+        unsafe { with_tiles(|| Region::each_block(ib, jb, |i0, j0| block(r, i0, j0))) };
+    }
+
+    /// `f()` with the tiles configured (palette 1, every tile 16 rows of 64 bytes), then
+    /// released (the tile state back to its initial one).
+    ///
+    /// # Safety
+    /// AMX-BF16 is usable.
+    unsafe fn with_tiles(f: impl FnOnce()) {
         let cfg = config();
-        // Safety: a valid palette-1 configuration; the tiles are released below.
+        // Safety: a valid palette-1 configuration.
         unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
-        let chunk = NCHUNK / (2 * NB);
-        let mut j = jb.start;
-        while j < jb.end {
-            let je = (j + chunk).min(jb.end);
-            for i in ib.clone() {
-                for jj in j..je {
-                    // Safety: the caller's contract.
-                    unsafe { block(r, i * MB, jj * 2 * NB) };
-                }
-            }
-            j = je;
-        }
-        // Safety: returns the tile state to its initial one.
+        f();
+        // Safety: the tiles were configured above.
         unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 
@@ -602,9 +621,27 @@ mod amx {
         mblocks: usize,
         work: std::ops::Range<usize>,
     ) {
-        let cfg = config();
-        // Safety: a valid palette-1 configuration; the tiles are released below.
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+        // Safety: the caller's contract.
+        unsafe { with_tiles(|| direct_block_units(a, kp, b, ldb, boffs, out, og, dp, mblocks, work)) };
+    }
+
+    /// [`direct_units`] with the tiles configured.
+    ///
+    /// # Safety
+    /// As [`direct_units`], with the tiles configured.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn direct_block_units(
+        a: *const u16,
+        kp: usize,
+        b: *const u16,
+        ldb: usize,
+        boffs: &[usize],
+        out: *mut f32,
+        og: usize,
+        dp: &super::Direct,
+        mblocks: usize,
+        work: std::ops::Range<usize>,
+    ) {
         let lda = kp * 2;
         let (grid, wq, ow, ys) = (dp.grid(), dp.wq, dp.ow, dp.oh * dp.ow);
         let mut t = [0f32; 4 * 256];
@@ -658,8 +695,6 @@ mod amx {
                 f = run_end;
             }
         }
-        // Safety: returns the tile state to its initial one.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 }
 
@@ -691,7 +726,7 @@ mod avx512 {
     //! `vdpbf16ps`: each f32 lane adds a pair of products. An 8 × 32 block of the result in
     //! sixteen registers; per pair row of K, two loads of the packed right operand and eight
     //! broadcast pairs of the left.
-    use super::{MB, NB, NCHUNK, Region};
+    use super::{MB, NB, Region};
     use std::arch::x86_64::*;
 
     const ROWS: usize = 8;
@@ -701,24 +736,12 @@ mod avx512 {
     /// # Safety
     /// AVX512-BF16 is available; `r` describes valid operands and result.
     pub(super) unsafe fn blocks(r: &Region, ib: std::ops::Range<usize>, jb: std::ops::Range<usize>) {
-        let chunk = NCHUNK / (2 * NB);
-        let mut j = jb.start;
-        while j < jb.end {
-            let je = (j + chunk).min(jb.end);
-            for i in ib.clone() {
-                for jj in j..je {
-                    for sub in 0..MB / ROWS {
-                        let i0 = i * MB + sub * ROWS;
-                        if i0 >= r.m {
-                            break;
-                        }
-                        // Safety: the caller's contract.
-                        unsafe { block(r, i0, jj * 2 * NB) };
-                    }
-                }
+        Region::each_block(ib, jb, |i0, j0| {
+            for i in (i0..(i0 + MB).min(r.m)).step_by(ROWS) {
+                // Safety: the caller's contract.
+                unsafe { block(r, i, j0) };
             }
-            j = je;
-        }
+        });
     }
 
     #[target_feature(enable = "avx512f,avx512bf16")]
@@ -787,16 +810,9 @@ pub(crate) unsafe fn conv(
     threads: usize,
     cache: Option<&crate::contraction::WeightCache>,
 ) -> Result<bool, String> {
-    use crate::conv::{Crop, Dims, dense_run, geometry, im2col};
-    let (xs, ws) = (&x.shape, &w.shape);
-    let (geo, d) = geometry(xs, ws, spec)?;
+    use crate::conv::{Crop, Dims, dense_run, geometry_to, im2col};
+    let (geo, d) = geometry_to(&x.shape, &w.shape, out_shape, spec)?;
     let Dims { n, c, o, cg, g, og, ys } = d;
-    if out_shape.len() != xs.len() || out_shape[0] != n || out_shape[1] != o || out_shape[2..] != geo.sout[..] {
-        return Err(format!(
-            "conv output should be {:?}: x {xs:?}, w {ws:?} -> {out_shape:?}",
-            [&[n, o][..], &geo.sout[..]].concat()
-        ));
-    }
     let (ks, s_in) = (geo.ks, geo.s_in);
     let kdim = cg * ks;
     if n * o * ys == 0 {
@@ -811,9 +827,7 @@ pub(crate) unsafe fn conv(
     let (mut xbuf, mut wbuf) = (Vec::new(), Vec::new());
     // Safety: the views are in bounds (the caller's contract).
     let (xp, wp) = unsafe { (dense_run(px, x, &mut xbuf), dense_run(pw, w, &mut wbuf)) };
-    let pointwise = geo.kd.iter().all(|&k| k == 1)
-        && spec.stride.iter().all(|&s| s == 1)
-        && spec.pad_before.iter().chain(spec.pad_after).all(|&p| p == 0);
+    let pointwise = spec.pointwise(&geo);
     // Safety: contiguous operands of the checked shapes; AMX is usable where `isa` says so.
     if isa == Isa::Amx && !pointwise && unsafe { direct_conv(&geo, spec, &d, xp, wp, out, threads, cache) } {
         return Ok(true);
@@ -1175,15 +1189,10 @@ unsafe fn direct_conv(
 /// Every element of the view is in bounds of `base`.
 pub(crate) unsafe fn widened(base: *const u16, v: &crate::contraction::View) -> Pooled<f32> {
     let mut out = Pooled::<f32>::take(v.len());
-    if v.is_dense() {
-        // Safety: the caller's contract (a dense view is one run of elements).
-        let bits = unsafe { std::slice::from_raw_parts(base.wrapping_offset(v.offset), v.len()) };
-        crate::ewise::widen(crate::ewise::Half::Bf16, bits, &mut out);
-    } else {
-        // Safety: the caller's contract.
-        let bits = unsafe { crate::conv::pack(base, v) };
-        crate::ewise::widen(crate::ewise::Half::Bf16, &bits, &mut out);
-    }
+    let mut keep = Vec::new();
+    // Safety: the caller's contract; the run holds the view's elements.
+    let bits = unsafe { std::slice::from_raw_parts(crate::conv::dense_run(base, v, &mut keep), v.len()) };
+    crate::ewise::widen(crate::ewise::Half::Bf16, bits, &mut out);
     out
 }
 

@@ -236,6 +236,32 @@ pub(crate) fn geometry(xs: &[usize], ws: &[usize], spec: &ConvSpec) -> Result<(G
     Ok((geo, Dims { n, c, o, cg, g, og, ys }))
 }
 
+/// [`geometry`], and `out_shape` checked against it.
+pub(crate) fn geometry_to(
+    xs: &[usize],
+    ws: &[usize],
+    out_shape: &[usize],
+    spec: &ConvSpec,
+) -> Result<(Geo, Dims), String> {
+    let (geo, d) = geometry(xs, ws, spec)?;
+    if out_shape.len() != xs.len() || out_shape[0] != d.n || out_shape[1] != d.o || out_shape[2..] != geo.sout[..] {
+        return Err(format!(
+            "conv output should be {:?}: x {xs:?}, w {ws:?} -> {out_shape:?}",
+            [&[d.n, d.o][..], &geo.sout[..]].concat()
+        ));
+    }
+    Ok((geo, d))
+}
+
+impl ConvSpec<'_> {
+    /// A 1 × 1 kernel at stride 1 without padding: the input planes are the patch matrix.
+    pub(crate) fn pointwise(&self, geo: &Geo) -> bool {
+        geo.kd.iter().all(|&k| k == 1)
+            && self.stride.iter().all(|&s| s == 1)
+            && self.pad_before.iter().chain(self.pad_after).all(|&p| p == 0)
+    }
+}
+
 /// `out = conv(x, w)`; `cache` keeps what is derived from constant weights across calls.
 ///
 /// # Safety
@@ -276,16 +302,10 @@ pub(crate) unsafe fn conv_with<T: Elem>(
     epi: Option<PlaneEpilogue>,
 ) -> Result<bool, String> {
     let (xs, ws) = (&x.shape, &w.shape);
-    let (geo, d) = geometry(xs, ws, spec)?;
+    let (geo, d) = geometry_to(xs, ws, out_shape, spec)?;
     let Dims { n, c, o, cg, g, og, ys } = d;
     let sp = geo.sp();
     let sout = &geo.sout;
-    if out_shape.len() != xs.len() || out_shape[0] != n || out_shape[1] != o || out_shape[2..] != sout[..] {
-        return Err(format!(
-            "conv output should be {:?}: x {xs:?}, w {ws:?} -> {out_shape:?}",
-            [&[n, o][..], sout].concat()
-        ));
-    }
     let total = n * o * ys;
     if total == 0 {
         return Ok(false);
@@ -405,9 +425,7 @@ pub(crate) unsafe fn conv_with<T: Elem>(
         });
         return Ok(false);
     }
-    let pointwise = geo.kd.iter().all(|&k| k == 1)
-        && spec.stride.iter().all(|&s| s == 1)
-        && spec.pad_before.iter().chain(spec.pad_after).all(|&p| p == 0);
+    let pointwise = spec.pointwise(&geo);
     let kdim = cg * ks;
     // Fewer output positions than kernel taps (a weight gradient's convolution, whose kernel
     // is the output-sized cotangent): patches position by position, each a run of whole

@@ -240,6 +240,17 @@ pub enum Half {
     Bf16,
 }
 
+impl Half {
+    /// The format of `dt`, `None` for the other dtypes.
+    pub fn of(dt: oar_ir::DType) -> Option<Half> {
+        match dt {
+            oar_ir::DType::F16 => Some(Half::F16),
+            oar_ir::DType::BF16 => Some(Half::Bf16),
+            _ => None,
+        }
+    }
+}
+
 /// Elements widened to f32 at a time by the half-precision kernels (they stay in L1).
 const HALF_CHUNK: usize = 1024;
 

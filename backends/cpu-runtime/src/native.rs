@@ -375,48 +375,6 @@ pub unsafe fn run(
             match c {
                 Composite::ConvTranspose(ct) => operands.run(ct, out_ty.dtype, out),
                 Composite::ConvWeightGrad(cw) => operands.run(cw, out_ty.dtype, out),
-                Composite::MaxPool2d(m) if matches!(out_ty.dtype, DType::F16 | DType::BF16) => {
-                    // Widened plane by plane inside the kernel (no f32 copy of the whole input).
-                    let half = if out_ty.dtype == DType::F16 {
-                        crate::ewise::Half::F16
-                    } else {
-                        crate::ewise::Half::Bf16
-                    };
-                    match (
-                        bytemuck::try_cast_slice::<u8, u16>(ins[0]),
-                        bytemuck::try_cast_slice_mut::<u8, u16>(out),
-                    ) {
-                        (Ok(x), Ok(y)) => {
-                            crate::pool::max_pool2d_half_into(half, (x, &shapes[0]), (y, &out_shape), m, threads)
-                        }
-                        _ => Err("max_pool2d: unaligned half operands".to_string()),
-                    }
-                }
-                Composite::MaxPool2dGrad(m) if matches!(out_ty.dtype, DType::F16 | DType::BF16) => {
-                    // Widened block of planes by block inside the kernel.
-                    let half = if out_ty.dtype == DType::F16 {
-                        crate::ewise::Half::F16
-                    } else {
-                        crate::ewise::Half::Bf16
-                    };
-                    match (
-                        bytemuck::try_cast_slice::<u8, u16>(ins[0]),
-                        bytemuck::try_cast_slice::<u8, u16>(ins[1]),
-                        bytemuck::try_cast_slice_mut::<u8, u16>(out),
-                    ) {
-                        (Ok(x), Ok(dy), Ok(dx)) => crate::pool_grad::max_pool2d_vjp_half_into(
-                            half,
-                            (x, &shapes[0]),
-                            (dy, &shapes[1]),
-                            m.kernel,
-                            m.stride,
-                            m.padding,
-                            dx,
-                            threads,
-                        ),
-                        _ => Err("max_pool2d gradient: unaligned half operands".to_string()),
-                    }
-                }
                 Composite::MaxPool2d(m) => operands.run(m, out_ty.dtype, out),
                 Composite::MaxPool2dGrad(m) => operands.run(m, out_ty.dtype, out),
                 _ => unreachable!("matched above"),
@@ -711,7 +669,7 @@ unsafe fn scatter(
 /// f16/bf16 rounded to nearest even (the reference's casts).
 pub(crate) fn half_convert(from: DType, to: DType, x: &[u8], out: &mut [u8]) {
     use crate::ewise::{Half, narrow, widen};
-    let half = |d: DType| if d == DType::F16 { Half::F16 } else { Half::Bf16 };
+    let half = |d: DType| Half::of(d).unwrap_or(Half::Bf16);
     let n = out.len() / to.size_bytes();
     match (from, to) {
         (DType::F16 | DType::BF16, _) => {
@@ -762,6 +720,19 @@ trait FloatKernel {
         out: (&mut [T], &[usize]),
         threads: usize,
     ) -> Result<(), String>;
+
+    /// The kernel on f16/bf16 operands (their bits), where it widens them itself as it goes;
+    /// `None`: [`FloatOperands::run`] widens whole operands for [`FloatKernel::run`].
+    fn run_half(
+        &self,
+        _half: crate::ewise::Half,
+        _ins: &[&[u16]],
+        _shapes: &[Vec<usize>],
+        _out: (&mut [u16], &[usize]),
+        _threads: usize,
+    ) -> Option<Result<(), String>> {
+        None
+    }
 }
 
 impl FloatKernel for ConvTranspose {
@@ -799,6 +770,24 @@ impl FloatKernel for MaxPool2d {
     ) -> Result<(), String> {
         crate::pool::max_pool2d_into((ins[0], &shapes[0]), out, self, threads)
     }
+
+    fn run_half(
+        &self,
+        half: crate::ewise::Half,
+        ins: &[&[u16]],
+        shapes: &[Vec<usize>],
+        out: (&mut [u16], &[usize]),
+        threads: usize,
+    ) -> Option<Result<(), String>> {
+        // Widened plane by plane inside the kernel.
+        Some(crate::pool::max_pool2d_half_into(
+            half,
+            (ins[0], &shapes[0]),
+            out,
+            self,
+            threads,
+        ))
+    }
 }
 
 impl FloatKernel for MaxPool2dGrad {
@@ -818,6 +807,27 @@ impl FloatKernel for MaxPool2dGrad {
             out.0,
             threads,
         )
+    }
+
+    fn run_half(
+        &self,
+        half: crate::ewise::Half,
+        ins: &[&[u16]],
+        shapes: &[Vec<usize>],
+        out: (&mut [u16], &[usize]),
+        threads: usize,
+    ) -> Option<Result<(), String>> {
+        // Widened block of planes by block inside the kernel.
+        Some(crate::pool_grad::max_pool2d_vjp_half_into(
+            half,
+            (ins[0], &shapes[0]),
+            (ins[1], &shapes[1]),
+            self.kernel,
+            self.stride,
+            self.padding,
+            out.0,
+            threads,
+        ))
     }
 }
 
@@ -849,6 +859,13 @@ impl FloatOperands<'_> {
             DType::F32 => typed::<f32>(self, kernel, out),
             DType::F64 => typed::<f64>(self, kernel, out),
             DType::F16 | DType::BF16 => {
+                let half = crate::ewise::Half::of(dtype).expect("a half dtype");
+                let bits: Result<Vec<&[u16]>, _> = self.ins.iter().map(|b| bytemuck::try_cast_slice(b)).collect();
+                if let (Ok(ins), Ok(out)) = (bits, bytemuck::try_cast_slice_mut::<u8, u16>(&mut *out))
+                    && let Some(done) = kernel.run_half(half, &ins, self.shapes, (out, self.out_shape), self.threads)
+                {
+                    return done;
+                }
                 // Operands widened to f32 (exact), the f32 kernel (f32 accumulation), the
                 // result rounded once to the half dtype.
                 // (Per-thread scratch, not fresh allocations: a fresh vector's pages fault in

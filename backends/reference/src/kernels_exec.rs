@@ -155,7 +155,7 @@ impl<'p> Exec<'p> {
 
     fn write(&mut self, s: &Site, b: BufferId, mut v: Value) -> Res<()> {
         let (dtype, shape) = self.buffer_shape(s, b)?;
-        if v.dtype == DType::F32 && is_half(dtype) {
+        if v.dtype == DType::F32 && dtype.is_half() {
             // f32 values stored in a half buffer, rounded (`legalize::widen_half` has rounded
             // them already, so this is exact there).
             v = eval_one(s, &Cast { to: dtype }, &[&v])?;
@@ -272,7 +272,7 @@ impl<'p> Exec<'p> {
                         gathered.insert(*l, self.gather(&s, load, dims)?);
                     }
                     let v = gathered[l].clone();
-                    if v.dtype != inst.dtype && is_half(v.dtype) && inst.dtype == DType::F32 {
+                    if v.dtype != inst.dtype && v.dtype.is_half() && inst.dtype == DType::F32 {
                         // A half buffer read as f32 values (exactly; `legalize::widen_half`).
                         eval_one(&s, &Cast { to: DType::F32 }, &[&v])?
                     } else {
@@ -349,7 +349,7 @@ impl<'p> Exec<'p> {
                 // Half operands of an f32 accumulator (`legalize::widen_half` keeps bf16 product
                 // operands for runtimes that multiply bf16): the product of their f32 values.
                 for v in [&mut lhs, &mut rhs] {
-                    if is_half(v.dtype) && c.acc_dtype == DType::F32 {
+                    if v.dtype.is_half() && c.acc_dtype == DType::F32 {
                         *v = eval_one(&s, &Cast { to: DType::F32 }, &[&*v])?;
                     }
                 }
@@ -524,8 +524,4 @@ pub fn run_kernel(
         .into_iter()
         .map(|(_, t)| t)
         .collect())
-}
-
-fn is_half(dt: DType) -> bool {
-    matches!(dt, DType::F16 | DType::BF16)
 }

@@ -24,10 +24,6 @@ use oar_ir::kernel::{Buffer, BufferId, BufferKind, Inst, Kernel, KernelBody, Ker
 use oar_ir::ops::Cast;
 use oar_ir::{DType, Float, Op, TensorType};
 
-fn is_half(dt: DType) -> bool {
-    matches!(dt, DType::F16 | DType::BF16)
-}
-
 /// Append instructions rounding the f32 value `x` to the nearest `half` value (still as f32);
 /// returns the result's index.
 fn round_to(b: &mut B, x: usize, half: DType) -> usize {
@@ -82,7 +78,7 @@ fn round_to(b: &mut B, x: usize, half: DType) -> usize {
 /// The body with half instructions in f32 (see the module docs).
 fn widen_body(body: &[Inst]) -> Vec<Inst> {
     super::rewrite_body(body, false, |b, inst, op| {
-        if !is_half(inst.dtype) {
+        if !inst.dtype.is_half() {
             return b.push(op, inst.dtype);
         }
         match op {
@@ -100,21 +96,21 @@ fn widen_body(body: &[Inst]) -> Vec<Inst> {
 /// Whether a loop or contraction kernel touches a half dtype (a buffer it reads or writes, an
 /// instruction, the contraction's accumulator).
 fn touches_half(p: &KernelProgram, k: &Kernel) -> bool {
-    let half_buf = |b: BufferId| is_half(p.buffer(b).ty.dtype);
+    let half_buf = |b: BufferId| p.buffer(b).ty.dtype.is_half();
     match &k.body {
         KernelBody::Loop(l) => {
             let bodies = std::iter::once(&l.body).chain(l.reduce.iter().map(|r| &r.body));
             half_buf(k.outputs[0])
                 || l.loads.iter().any(|ld| half_buf(ld.buffer))
-                || bodies.flatten().any(|i| is_half(i.dtype))
+                || bodies.flatten().any(|i| i.dtype.is_half())
         }
         KernelBody::Contraction(c) => {
             half_buf(k.outputs[0])
                 || half_buf(c.lhs.load.buffer)
                 || half_buf(c.rhs.load.buffer)
-                || is_half(c.acc_dtype)
+                || c.acc_dtype.is_half()
                 || c.loads.iter().any(|ld| half_buf(ld.buffer))
-                || c.epilogue.iter().any(|i| is_half(i.dtype))
+                || c.epilogue.iter().any(|i| i.dtype.is_half())
         }
         KernelBody::Opaque(_) => false,
     }
@@ -218,7 +214,7 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
         // the code generator loads bf16; a contraction's epilogue is a loop kernel too).
         let mut to_f32 = |ld: &mut oar_ir::kernel::Load, tag: String, loop_load: bool, out: &mut Vec<Kernel>| {
             let dt = program.buffer(ld.buffer).ty.dtype;
-            if !is_half(dt) || (loop_load && bf16_memory && dt == DType::BF16) {
+            if !dt.is_half() || (loop_load && bf16_memory && dt == DType::BF16) {
                 return;
             }
             if let Some(&f) = copies.get(&ld.buffer) {
@@ -251,7 +247,7 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
                     // (The epilogue is a loop kernel.)
                     to_f32(ld, format!("{}_l{i}", k.name), true, &mut out);
                 }
-                if is_half(c.acc_dtype) {
+                if c.acc_dtype.is_half() {
                     c.acc_dtype = DType::F32;
                 }
                 c.epilogue = widen_body(&c.epilogue);
@@ -261,7 +257,7 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
         let o = k.outputs[0];
         copies.remove(&o);
         let odt = program.buffer(o).ty.dtype;
-        if is_half(odt) && !(is_loop && bf16_memory && odt == DType::BF16) {
+        if odt.is_half() && !(is_loop && bf16_memory && odt == DType::BF16) {
             let f = f32_buffer(program, o, &format!("{}_f32", k.name));
             k.outputs[0] = f;
             let back = convert(format!("{}_to_{odt}", k.name), f, o, odt);

@@ -111,21 +111,7 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     } else {
         e.ins(format!("mad.lo.u64 {slot_b}, {lin}, {esize}, {sb}"));
     }
-    // Tensor cores: warp 0 holds the tile's 16 × 16 f32 sums as two m16n8 accumulator
-    // fragments (four registers each), zero to start.
-    let frags: Vec<String> = if tensor.is_some() {
-        (0..8)
-            .map(|_| {
-                let f = e.reg(Class::F32);
-                e.ins(format!("mov.f32 {f}, 0f00000000"));
-                f
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let warp0 = e.reg(Class::Pred);
-    e.ins(format!("setp.lt.u64 {warp0}, {lin}, 32"));
+    let mma = tensor.map(|_| Mma::new(&mut e, &lin, &sa, &sb));
     // Row/column parts that do not change along K.
     let prep = match &kind {
         Kind::MatMul(m) => Prep::MatMul(matmul_prep(&mut e, m, &bz)),
@@ -153,8 +139,8 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     };
     store_tile(&mut e, tensor, fty, &slot_b, &vb);
     e.ins("bar.sync 0");
-    if let Some(ht) = tensor {
-        mma_step(&mut e, ht, &warp0, &lin, &sa, &sb, &frags);
+    if let (Some(ht), Some(mma)) = (tensor, &mma) {
+        mma.step(&mut e, ht);
     } else {
         let (pa, pb) = (e.reg(Class::R64), e.reg(Class::R64));
         e.ins(format!("mad.lo.u64 {pa}, {ty}, {}, {sa}", TILE * esize));
@@ -170,9 +156,9 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     e.ins(format!("add.u64 {kt}, {kt}, {TILE}"));
     e.ins(format!("bra {top}"));
     e.put_label(&end);
-    if tensor.is_some() {
+    if let Some(mma) = &mma {
         // Warp 0's fragments to the shared C tile, then every thread takes its (ty, tx).
-        mma_results(&mut e, &warp0, &lin, &frags);
+        mma.results(&mut e);
         e.ins("bar.sync 0");
         let pc = e.reg(Class::R64);
         e.ins(format!("mov.u64 {pc}, tile_c"));
@@ -233,78 +219,94 @@ fn store_tile(e: &mut Emitter, tensor: Option<&str>, fty: &str, slot: &str, v: &
     }
 }
 
-/// Warp 0 multiplies the 16 × 16 half tiles on the tensor cores: two
-/// `mma.sync.m16n8k16.row.col` (columns 0–7 and 8–15), accumulating in f32 `frags`. Fragment
-/// layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"): lane `l`, group `g = l / 4`,
-/// `t = l % 4`; A registers hold (row g or g + 8, k 2t + {0,1} or 2t + 8 + {0,1}); B registers
-/// (k 2t + {0,1} or 2t + 8 + {0,1}, column g); C (row g or g + 8, column 2t + {0,1}).
-fn mma_step(e: &mut Emitter, ht: &str, warp0: &str, lin: &str, sa: &str, sb: &str, frags: &[String]) {
-    let skip = e.label("no_mma");
-    e.ins(format!("@!{warp0} bra {skip}"));
-    let (g, t) = (e.reg(Class::R64), e.reg(Class::R64));
-    e.ins(format!("shr.u64 {g}, {lin}, 2"));
-    e.ins(format!("and.b64 {t}, {lin}, 3"));
-    // A: word at byte 2·(row·16 + k) for (row, k) = (g, 2t) + {(0,0), (8,0), (0,8), (8,8)}.
-    // The byte address of (g, 2t) is sa + 2·(16g + 2t) = sa + 32g + 4t.
-    let a: Vec<String> = (0..4).map(|_| e.reg(Class::R32)).collect();
-    let base_a = e.reg(Class::R64);
-    let tmp = e.reg(Class::R64);
-    e.ins(format!("shl.b64 {tmp}, {g}, 5"));
-    e.ins(format!("add.u64 {base_a}, {sa}, {tmp}"));
-    e.ins(format!("shl.b64 {tmp}, {t}, 2"));
-    e.ins(format!("add.u64 {base_a}, {base_a}, {tmp}"));
-    for (i, off) in [0u32, 8 * 32, 16, 8 * 32 + 16].iter().enumerate() {
-        e.ins(format!("ld.shared.b32 {}, [{base_a}+{off}]", a[i]));
-    }
-    // B (column-major tile): word at byte 2·(col·16 + k) for col = g (+ 8), k = 2t (+ 8).
-    let base_b = e.reg(Class::R64);
-    e.ins(format!("shl.b64 {tmp}, {g}, 5"));
-    e.ins(format!("add.u64 {base_b}, {sb}, {tmp}"));
-    e.ins(format!("shl.b64 {tmp}, {t}, 2"));
-    e.ins(format!("add.u64 {base_b}, {base_b}, {tmp}"));
-    for half in 0..2u32 {
-        let b: Vec<String> = (0..2).map(|_| e.reg(Class::R32)).collect();
-        for (i, off) in [0u32, 16].iter().enumerate() {
-            e.ins(format!("ld.shared.b32 {}, [{base_b}+{}]", b[i], off + half * 8 * 32));
-        }
-        let d = &frags[4 * half as usize..4 * half as usize + 4];
-        e.ins(format!(
-            "mma.sync.aligned.m16n8k16.row.col.f32.{ht}.{ht}.f32 {{{}}}, {{{}}}, {{{}}}, {{{}}}",
-            d.join(", "),
-            a.join(", "),
-            b.join(", "),
-            d.join(", ")
-        ));
-    }
-    e.put_label(&skip);
+/// Warp 0's tensor-core state for one 16 × 16 output tile: two `mma.sync.m16n8k16.row.col`
+/// per K step (columns 0–7 and 8–15), accumulating in f32 fragments. Fragment layouts (PTX ISA,
+/// "Matrix fragments for mma.m16n8k16"): lane `l`, group `g = l / 4`, `t = l % 4`; A registers
+/// hold (row g or g + 8, k 2t + {0,1} or 2t + 8 + {0,1}); B registers (k 2t + {0,1} or
+/// 2t + 8 + {0,1}, column g); C (row g or g + 8, column 2t + {0,1}).
+struct Mma {
+    /// Whether this thread is in warp 0.
+    warp0: String,
+    /// This lane's first A word (row g, k 2t of the row-major A tile), first B word (column g,
+    /// k 2t of the column-major B tile) — both at byte 32g + 4t — and first C element (g, 2t
+    /// of the row-major f32 C tile, byte 64g + 8t).
+    a: String,
+    b: String,
+    c: String,
+    /// The two accumulators, four registers each.
+    frags: Vec<String>,
 }
 
-/// Warp 0 writes its accumulator fragments to the shared f32 C tile (row-major 16 × 16).
-fn mma_results(e: &mut Emitter, warp0: &str, lin: &str, frags: &[String]) {
-    let skip = e.label("no_mma_out");
-    e.ins(format!("@!{warp0} bra {skip}"));
-    let (g, t) = (e.reg(Class::R64), e.reg(Class::R64));
-    e.ins(format!("shr.u64 {g}, {lin}, 2"));
-    e.ins(format!("and.b64 {t}, {lin}, 3"));
-    // (g, 2t) at byte 4·(16g + 2t) = 64g + 8t.
-    let p = e.reg(Class::R64);
-    let tmp = e.reg(Class::R64);
-    e.ins(format!("mov.u64 {p}, tile_c"));
-    e.ins(format!("shl.b64 {tmp}, {g}, 6"));
-    e.ins(format!("add.u64 {p}, {p}, {tmp}"));
-    e.ins(format!("shl.b64 {tmp}, {t}, 3"));
-    e.ins(format!("add.u64 {p}, {p}, {tmp}"));
-    for half in 0..2u32 {
-        // c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1), columns + 8·half.
-        for (i, off) in [0u32, 4, 8 * 64, 8 * 64 + 4].iter().enumerate() {
+impl Mma {
+    /// The lane's addresses (made once, before the K loop) and zeroed accumulators.
+    fn new(e: &mut Emitter, lin: &str, sa: &str, sb: &str) -> Mma {
+        let warp0 = e.reg(Class::Pred);
+        e.ins(format!("setp.lt.u64 {warp0}, {lin}, 32"));
+        let (g, t, off) = (e.reg(Class::R64), e.reg(Class::R64), e.reg(Class::R64));
+        e.ins(format!("shr.u64 {g}, {lin}, 2"));
+        e.ins(format!("and.b64 {t}, {lin}, 3"));
+        e.ins(format!("shl.b64 {g}, {g}, 5"));
+        e.ins(format!("shl.b64 {t}, {t}, 2"));
+        e.ins(format!("add.u64 {off}, {g}, {t}"));
+        let (a, b, c) = (e.reg(Class::R64), e.reg(Class::R64), e.reg(Class::R64));
+        e.ins(format!("add.u64 {a}, {sa}, {off}"));
+        e.ins(format!("add.u64 {b}, {sb}, {off}"));
+        e.ins(format!("mov.u64 {c}, tile_c"));
+        e.ins(format!("mad.lo.u64 {c}, {off}, 2, {c}"));
+        let frags = (0..8)
+            .map(|_| {
+                let f = e.reg(Class::F32);
+                e.ins(format!("mov.f32 {f}, 0f00000000"));
+                f
+            })
+            .collect();
+        Mma { warp0, a, b, c, frags }
+    }
+
+    /// Warp 0 multiplies the shared half tiles (`ht`: f16 or bf16) into the accumulators.
+    fn step(&self, e: &mut Emitter, ht: &str) {
+        let skip = e.label("no_mma");
+        e.ins(format!("@!{} bra {skip}", self.warp0));
+        // A words at (g, 2t) + {(0,0), (8,0), (0,8), (8,8)}: bytes 2·(row·16 + k) apart.
+        let a: Vec<String> = (0..4).map(|_| e.reg(Class::R32)).collect();
+        for (i, off) in [0u32, 8 * 32, 16, 8 * 32 + 16].iter().enumerate() {
+            e.ins(format!("ld.shared.b32 {}, [{}+{off}]", a[i], self.a));
+        }
+        // B words at column g (+ 8 for the second half), k 2t (+ 8).
+        for half in 0..2u32 {
+            let b: Vec<String> = (0..2).map(|_| e.reg(Class::R32)).collect();
+            for (i, off) in [0u32, 16].iter().enumerate() {
+                e.ins(format!("ld.shared.b32 {}, [{}+{}]", b[i], self.b, off + half * 8 * 32));
+            }
+            let d = &self.frags[4 * half as usize..4 * half as usize + 4];
             e.ins(format!(
-                "st.shared.f32 [{p}+{}], {}",
-                off + half * 32,
-                frags[4 * half as usize + i]
+                "mma.sync.aligned.m16n8k16.row.col.f32.{ht}.{ht}.f32 {{{}}}, {{{}}}, {{{}}}, {{{}}}",
+                d.join(", "),
+                a.join(", "),
+                b.join(", "),
+                d.join(", ")
             ));
         }
+        e.put_label(&skip);
     }
-    e.put_label(&skip);
+
+    /// Warp 0 writes its accumulators to the shared f32 C tile (row-major 16 × 16).
+    fn results(&self, e: &mut Emitter) {
+        let skip = e.label("no_mma_out");
+        e.ins(format!("@!{} bra {skip}", self.warp0));
+        for half in 0..2u32 {
+            // c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1), columns + 8·half.
+            for (i, off) in [0u32, 4, 8 * 64, 8 * 64 + 4].iter().enumerate() {
+                e.ins(format!(
+                    "st.shared.f32 [{}+{}], {}",
+                    self.c,
+                    off + half * 32,
+                    self.frags[4 * half as usize + i]
+                ));
+            }
+        }
+        e.put_label(&skip);
+    }
 }
 
 /// The contraction's geometry and its grid: one 16×16 block per output tile, batches on z.
