@@ -241,13 +241,19 @@ impl SymExpr {
 
     /// Substitute known values for symbols (unknown ones stay), simplifying.
     pub fn substitute(&self, bind: &dyn Fn(&str) -> Option<i64>) -> Result<SymExpr, SymError> {
+        self.substitute_exprs(&|s| bind(s).map(SymExpr::constant))
+    }
+
+    /// Substitute expressions for symbols (unknown ones stay), simplifying: a graph's sizes in
+    /// terms of its caller's (`N` ↦ `2*B`).
+    pub fn substitute_exprs(&self, bind: &dyn Fn(&str) -> Option<SymExpr>) -> Result<SymExpr, SymError> {
         let mut out = SymExpr::default();
         for t in &self.terms {
             let mut p = SymExpr::constant(t.coef);
             for f in &t.factors {
                 let v = match f {
-                    Atom::Sym(s) => bind(s).map_or_else(|| SymExpr::sym(s), SymExpr::constant),
-                    Atom::FloorDiv(e, k) => e.substitute(bind)?.floor_div(*k as i64)?,
+                    Atom::Sym(s) => bind(s).unwrap_or_else(|| SymExpr::sym(s)),
+                    Atom::FloorDiv(e, k) => e.substitute_exprs(bind)?.floor_div(*k as i64)?,
                 };
                 p = p.mul(&v)?;
             }
@@ -488,6 +494,18 @@ mod tests {
         assert_eq!(p("(N+1)/2").eval(&b), Some(4));
         assert_eq!(p("N*H").eval(&b), None);
         assert_eq!(p("N*H").substitute(&b).unwrap(), p("7*H"));
+    }
+
+    #[test]
+    fn substitutes_expressions_for_symbols() {
+        let b = |s: &str| match s {
+            "N" => Some(p("2*B")),
+            "C" => Some(p("B+1")),
+            _ => None,
+        };
+        assert_eq!(p("N*C").substitute_exprs(&b).unwrap(), p("2*B*B+2*B"));
+        assert_eq!(p("(N+1)/2").substitute_exprs(&b).unwrap(), p("B"));
+        assert_eq!(p("N*H/4").substitute_exprs(&b).unwrap(), p("(2*B*H)/4"));
     }
 
     #[test]

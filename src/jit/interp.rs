@@ -10,24 +10,70 @@ use std::collections::BTreeMap;
 /// Loops stop with an error after this many iterations instead of hanging.
 const MAX_WHILE_ITERATIONS: u64 = 1_000_000;
 
-/// Symbol sizes from the inputs' shapes, checking them against the graph's input types.
-fn bind_inputs(graph: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, usize>> {
-    let data = inputs
-        .iter()
-        .map(|(k, t)| t.try_data().map(|d| (k.clone(), d)))
-        .collect::<Result<BTreeMap<_, _>>>()?;
-    Ok(oar_ir::backend::check_inputs(graph, &data)?)
+/// The graph's symbolic sizes in terms of the inputs' dims, checking them against the graph's
+/// input types. The dims are static for eager inputs and may be symbolic while an enclosing
+/// `to_static` traces the call (a loaded model inside a traced step).
+fn bind_inputs(graph: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Dim>> {
+    if !inputs.values().any(Tensor::is_traced) {
+        let data = inputs
+            .iter()
+            .map(|(k, t)| t.try_data().map(|d| (k.clone(), d)))
+            .collect::<Result<BTreeMap<_, _>>>()?;
+        let sizes = oar_ir::backend::check_inputs(graph, &data)?;
+        return Ok(sizes.into_iter().map(|(s, n)| (s, Dim::Static(n))).collect());
+    }
+    let mut binds: BTreeMap<String, Dim> = BTreeMap::new();
+    for (name, ty) in graph.input_specs() {
+        let t = inputs
+            .get(&name)
+            .ok_or_else(|| Error::invalid("call", format!("no value for input `{name}` ({ty})")))?;
+        let dims = t.dims();
+        let mismatch = |detail: String| {
+            Error::invalid(
+                "call",
+                format!("input `{name}` is {} where {ty} is expected{detail}", t.tensor_type()),
+            )
+        };
+        if t.dtype() != ty.dtype || dims.len() != ty.rank() {
+            return Err(mismatch(String::new()));
+        }
+        for (axis, (want, got)) in ty.shape.dims().iter().zip(&dims).enumerate() {
+            if let Dim::Sym(s) = want
+                && !binds.contains_key(s)
+            {
+                binds.insert(s.clone(), got.clone());
+                continue;
+            }
+            let want = substitute(want, &binds).map_err(|e| mismatch(format!(" (axis {axis}: {e})")))?;
+            if want != *got {
+                return Err(mismatch(format!(" (axis {axis} is {got}, not {want})")));
+            }
+        }
+    }
+    Ok(binds)
 }
 
-/// The op with symbolic dims in its shape attribute bound to sizes.
-fn bind_op(op: &Op, binds: &BTreeMap<String, usize>) -> Result<Op> {
+/// `d` with the bound symbols replaced by their dims.
+fn substitute(d: &Dim, binds: &BTreeMap<String, Dim>) -> std::result::Result<Dim, String> {
+    match d {
+        Dim::Static(_) => Ok(d.clone()),
+        _ => Dim::from_expr(d.to_expr().substitute_exprs(&|s| binds.get(s).map(Dim::to_expr))?),
+    }
+}
+
+/// The op with symbolic dims in its shape attribute bound to the inputs' dims.
+fn bind_op(op: &Op, binds: &BTreeMap<String, Dim>) -> Result<Op> {
     let mut bound = op.clone();
     if let Some(shape) = bound.shape_attr_mut() {
         for d in shape.iter_mut() {
-            let n = d
-                .eval(&|s| binds.get(s).copied())
-                .ok_or_else(|| Error::invalid(op.name(), format!("size {d} is not bound by the inputs")))?;
-            *d = Dim::Static(n);
+            if let Some(s) = d.to_expr().symbols().into_iter().find(|s| !binds.contains_key(s)) {
+                return Err(Error::invalid(
+                    op.name(),
+                    format!("size {d}: `{s}` is not bound by the inputs"),
+                ));
+            }
+            let b = substitute(d, binds).map_err(|e| Error::invalid(op.name(), format!("size {d}: {e}")))?;
+            *d = b;
         }
     }
     Ok(bound)

@@ -349,6 +349,9 @@ pub fn save(layer: &dyn Layer, path: impl AsRef<Path>, spec: &InputSpec) -> Resu
 pub struct TranslatedLayer {
     graph: Graph,
     params: BTreeMap<String, Tensor>,
+    /// Parameter names in the order the graph first reads them (the saved layer's order),
+    /// then any weight the graph does not read.
+    order: Vec<String>,
     buffers: BTreeSet<String>,
     training: bool,
 }
@@ -388,9 +391,21 @@ impl TranslatedLayer {
                 t.set_stop_gradient(false)?;
             }
         }
+        let mut order: Vec<String> = Vec::new();
+        for id in model.graph.topo_order() {
+            if let Op::Param(Param { name, .. }) = &model.graph.node(id).op
+                && params.contains_key(name)
+                && !order.contains(name)
+            {
+                order.push(name.clone());
+            }
+        }
+        let read: BTreeSet<String> = order.iter().cloned().collect();
+        order.extend(params.keys().filter(|k| !read.contains(*k)).cloned());
         Ok(TranslatedLayer {
             graph: model.graph,
             params,
+            order,
             buffers,
             training: false,
         })
@@ -399,6 +414,11 @@ impl TranslatedLayer {
     /// The graph.
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The weights in parameter order.
+    fn ordered(&self) -> impl Iterator<Item = (&String, &Tensor)> {
+        self.order.iter().filter_map(|k| self.params.get_key_value(k))
     }
 
     /// Call with inputs in the graph's input order; returns the results (state updates are
@@ -447,16 +467,14 @@ impl Layer for TranslatedLayer {
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
-        self.params
-            .iter()
+        self.ordered()
             .filter(|(k, t)| !self.buffers.contains(*k) && t.dtype().is_float())
             .map(|(k, t)| (k.clone(), t.clone()))
             .collect()
     }
 
     fn own_buffers(&self) -> Vec<(String, Tensor)> {
-        self.params
-            .iter()
+        self.ordered()
             .filter(|(k, t)| self.buffers.contains(*k) || !t.dtype().is_float())
             .map(|(k, t)| (k.clone(), t.clone()))
             .collect()

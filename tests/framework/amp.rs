@@ -597,3 +597,77 @@ fn amp_models_save_load_and_convert_whole() {
     assert!(e > 0.0 && e < 3e-2, "{e}");
     assert!(model.to_dtype(DType::I32).is_err());
 }
+
+/// A whole AMP training step with the scaler, traced from eager code in an `auto_cast` scope,
+/// is the same graph as the step traced around the f32 model's graph after the `amp` pass
+/// (saved, loaded back as a layer and fine-tuned): the pass places the casts where the scope
+/// does, so the backward, the scaler's overflow test and the optimizer's update that the tape
+/// records on top of either are the same ops.
+#[test]
+fn a_whole_amp_training_step_with_the_scaler_is_the_pass_on_the_f32_graph() {
+    let make = || {
+        let m = Sequential::new()
+            .add(Linear::new(8, 16).unwrap())
+            .add(ReLU)
+            .add(LayerNorm::new(&[16]).unwrap())
+            .add(Linear::new(16, 3).unwrap());
+        deterministic(&m, 13);
+        m
+    };
+    let specs = [
+        InputSpec::new(&[None, Some(8)], DType::F32, "x"),
+        InputSpec::new(&[None], DType::I64, "y"),
+    ];
+    let traced_step = |model: &dyn Layer, scoped: bool| {
+        let mut opt = Adam::new(model.named_parameters(), 1e-2);
+        let mut scaler = GradScaler::new();
+        oar::jit::to_static_step(model, &specs, |xs| {
+            let loss = {
+                let _amp = if scoped {
+                    Some(amp::auto_cast(AmpLevel::O1, DType::BF16)?)
+                } else {
+                    None
+                };
+                cross_entropy(&model.forward(&xs[0])?, &xs[1], Reduction::Mean)?
+            };
+            scaler.scale(&loss)?.backward()?;
+            scaler.step(&mut opt)?;
+            scaler.update()?;
+            opt.clear_grad();
+            Ok(vec![loss.detach()])
+        })
+        .unwrap()
+    };
+    // Eager code in an auto_cast scope.
+    let model = make();
+    let by_scope = traced_step(&model, true);
+    // The f32 model's graph through the pass, loaded back as a layer, trained without a scope.
+    let f32_model = make();
+    let f32_graph = oar::jit::to_static_layer(&f32_model, &specs[0]).unwrap();
+    let mut mixed = f32_graph.graph().clone();
+    assert!(Amp::default().run(&mut mixed).unwrap());
+    let loaded = oar::jit::TranslatedLayer::new(oar::ir::file::Model {
+        graph: mixed,
+        weights: f32_graph.weights(),
+    })
+    .unwrap();
+    let by_pass = traced_step(&loaded, false);
+    let (a, b) = (by_scope.graph().to_string(), by_pass.graph().to_string());
+    assert!(
+        a.contains("matmul(") && a.contains("bf16[") && a.contains("\"@amp/scale\""),
+        "{a}"
+    );
+    assert_eq!(a, b);
+    // Not vacuous: the same step traced without the scope or the pass is another graph.
+    let plain = traced_step(&make(), false);
+    assert_ne!(plain.graph().to_string(), a);
+    // And both compute the same step.
+    let x = noise(&[4, 8], 21);
+    let y = Tensor::from_vec(vec![0i64, 1, 2, 1], &[4]).unwrap();
+    let la = by_scope.call(&[&x, &y]).unwrap().remove(0);
+    let lb = by_pass.call(&[&x, &y]).unwrap().remove(0);
+    assert_eq!(la.to_vec::<f32>().unwrap(), lb.to_vec::<f32>().unwrap());
+    for (p, q) in model.parameters().iter().zip(loaded.parameters()) {
+        assert_eq!(p.to_vec::<f32>().unwrap(), q.to_vec::<f32>().unwrap());
+    }
+}

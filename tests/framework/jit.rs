@@ -164,6 +164,54 @@ fn save_load_fine_tune_save() {
     assert!(max_rel_diff(&again.forward(&x).unwrap(), &loaded.forward(&x).unwrap()) < 1e-7);
 }
 
+/// A loaded model inside a traced function: its graph's batch size `N` binds to the caller's
+/// symbolic dims (here `2*B`), so the trace serves every batch; its parameters keep the saved
+/// layer's order; a shape that does not fit is a typed error naming the input, not a panic.
+#[test]
+fn a_loaded_layer_traces_inside_to_static() {
+    oar::seed(8);
+    let dir = tempfile::tempdir().unwrap();
+    let model = mlp();
+    let spec = InputSpec::new(&[None, Some(4)], DType::F32, "x");
+    save(&model, dir.path().join("m.oar"), &spec).unwrap();
+    let loaded = load(dir.path().join("m.oar")).unwrap();
+    let names = |l: &dyn Layer| l.named_parameters().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(names(&loaded), names(&model));
+    let outer = InputSpec::with_dims(
+        vec![oar::Dim::sym("B"), oar::Dim::Static(2), oar::Dim::Static(4)],
+        DType::F32,
+        "x",
+    );
+    let f = to_static(
+        |xs| {
+            let b = xs[0].dims()[0].mul(&oar::Dim::Static(2)).unwrap();
+            let flat = xs[0].reshape_dims(&[b, oar::Dim::Static(4)])?;
+            Ok(vec![loaded.forward(&flat)?])
+        },
+        std::slice::from_ref(&outer),
+    )
+    .unwrap();
+    assert_eq!(f.graph().output_types()[0].to_string(), "f32[2*B,3]", "{}", f.graph());
+    let _ng = oar::no_grad();
+    for b in [1usize, 3] {
+        let x = oar::randn(&[b, 2, 4], DType::F32).unwrap();
+        let want = model.forward(&x.reshape(&[2 * b as i64, 4]).unwrap()).unwrap();
+        assert!(
+            max_rel_diff(&f.call(&[&x]).unwrap().remove(0), &want) < 1e-6,
+            "batch {b}"
+        );
+    }
+    let wide = InputSpec::new(&[None, Some(5)], DType::F32, "x");
+    let e = to_static(|xs| Ok(vec![loaded.forward(&xs[0])?]), &[wide])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("input `x`") && e.contains("f32[N,4]") && e.contains("axis 1"),
+        "{e}"
+    );
+}
+
 #[test]
 fn closures_and_errors() {
     let f = to_static(
