@@ -3,9 +3,11 @@
 //! --precision` does) and the MLP and LeNet-5 training steps (batch 64, the loss function in
 //! an O1 `auto_cast` scope, traced whole with `to_static_train_step`). `bench/amp.sh` runs it.
 //!
-//! Prints one line per (model, precision): `model precision median_ms arena_bytes`, where
-//! `arena_bytes` is the compiled program's planned memory for temporaries — for a training
-//! step, the activations kept for the backward pass and the gradients. With
+//! Prints one line per (model, precision): `model precision median_ms arena_bytes
+//! saved_bytes`, where `arena_bytes` is the compiled program's planned memory for temporaries
+//! — for a training step, the activations kept for the backward pass and the gradients — and
+//! `saved_bytes`, for a training step, its activation memory: the temporaries live when the
+//! loss is computed that the backward reads later (0 for inference). With
 //! `OAR_BENCH_PEAK=1` it also prints, per training step, the temporaries live at the peak
 //! (largest first); with `OAR_CPU_PROFILE=1`, the time per kernel.
 
@@ -35,6 +37,39 @@ fn arena_bytes(graph: &Graph) -> Res<usize> {
     Ok(lowered.cpu.plan.arena_bytes)
 }
 
+/// A training step's activation memory: the bytes of the temporaries that are written by the
+/// time the kernel computing the loss (output `output`) runs and read after it — what the
+/// forward pass keeps for the backward.
+fn saved_bytes(graph: &Graph) -> Res<usize> {
+    let lowered = oar::cpu::lower::lower(graph, &BTreeMap::new())?;
+    let (p, plan) = (&lowered.cpu.program, &lowered.cpu.plan);
+    let loss = p
+        .outputs
+        .iter()
+        .find(|(n, _)| n == "output")
+        .map(|(_, b)| *b)
+        .ok_or("the step has no `output`")?;
+    let at = p
+        .kernels
+        .iter()
+        .position(|k| k.outputs.contains(&loss))
+        .ok_or("no kernel computes the loss")?;
+    let n = p.buffers.len();
+    let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
+    for (ki, k) in p.kernels.iter().enumerate() {
+        for b in k.reads().into_iter().chain(k.outputs.iter().copied()) {
+            first[b.index()] = first[b.index()].min(ki);
+            last[b.index()] = last[b.index()].max(ki);
+        }
+    }
+    Ok(plan
+        .sizes
+        .iter()
+        .filter(|(b, _)| first[b.index()] <= at && last[b.index()] > at)
+        .map(|(_, s)| s)
+        .sum())
+}
+
 fn resnet18(runs: usize) -> Res<()> {
     oar::seed(0);
     let mut model = oar::vision::models::resnet18(1000)?;
@@ -55,7 +90,7 @@ fn resnet18(runs: usize) -> Res<()> {
         let exe = backend.compile(&graph, &weights)?;
         let _ = oar_cpu_runtime::profile::take();
         let ms = median_ms(2, runs, || exe.run(&inputs).map(|_| ()))?;
-        println!("resnet18_infer {name} {ms:.4} {}", arena_bytes(&graph)?);
+        println!("resnet18_infer {name} {ms:.4} {} 0", arena_bytes(&graph)?);
         if oar_cpu_runtime::profile::enabled() {
             eprintln!("== resnet18 {name}: per kernel\n{}", oar_cpu_runtime::profile::report());
         }
@@ -84,7 +119,11 @@ fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize],
         .with_backend("cpu")?;
         let _ = oar_cpu_runtime::profile::take();
         let ms = median_ms(3, runs, || step.call(&[&x, &y]).map(|_| ()))?;
-        println!("{label}_train {name} {ms:.4} {}", arena_bytes(step.graph())?);
+        println!(
+            "{label}_train {name} {ms:.4} {} {}",
+            arena_bytes(step.graph())?,
+            saved_bytes(step.graph())?
+        );
         if std::env::var("OAR_BENCH_PEAK").is_ok() {
             let lowered = oar::cpu::lower::lower(step.graph(), &BTreeMap::new())?;
             let p = &lowered.cpu.program;

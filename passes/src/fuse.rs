@@ -480,14 +480,8 @@ fn build_one(
                 _ => Contraction::MatMul,
             };
             let [l, r] = [node.inputs()[0], node.inputs()[1]];
-            let lhs = Operand {
-                shape: g.value_type(l).shape.0.clone(),
-                load: kb.operand(l)?,
-            };
-            let rhs = Operand {
-                shape: g.value_type(r).shape.0.clone(),
-                load: kb.operand(r)?,
-            };
+            let lhs = Operand::new(g.value_type(l).shape.0.clone(), kb.operand(l)?);
+            let rhs = Operand::new(g.value_type(r).shape.0.clone(), kb.operand(r)?);
             KernelBody::Contraction(ContractionKernel {
                 op: contraction,
                 lhs,

@@ -17,7 +17,9 @@
 //! - the right operand in blocks of 16 columns, each block `K/2` rows of 16 column pairs
 //!   `(b[2r][j], b[2r + 1][j])` ("VNNI" order: what a tile row and a `vdpbf16ps` operand hold).
 //!
-//! bf16 values travel as their bits (`u16`).
+//! bf16 values travel as their bits (`u16`). An operand may also be f32 values rounded to
+//! bf16 as they are packed ([`Elem`]): a product then reads an f32 activation or weight with
+//! no bf16 copy of it in memory.
 
 use crate::contraction::{Mat, SendPtr};
 use crate::par::par_units;
@@ -31,6 +33,159 @@ const MB: usize = 32;
 /// Columns of the result computed per pass over a left block (its packed right operand,
 /// 256 columns × K, stays in L2 while the left blocks stream by).
 const NCHUNK: usize = 256;
+
+/// An element a product reads as bf16: bf16 bits as they are, or f32 values rounded to
+/// nearest, ties to even (NaNs quieted), as the cast rounds them.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    /// True for bf16 bits (`u16`), which a packed layout can use in place.
+    const BITS: bool;
+    /// The element as bf16 bits.
+    fn bits(self) -> u16;
+    /// `dst[i] = src[i].bits()`.
+    fn row(src: &[Self], dst: &mut [u16]);
+    /// `dst[i] = src[i · stride].bits()`.
+    ///
+    /// # Safety
+    /// Those elements are valid.
+    #[inline(always)]
+    unsafe fn gather(src: *const Self, stride: isize, dst: &mut [u16]) {
+        for (i, d) in dst.iter_mut().enumerate() {
+            // Safety: the caller's contract.
+            *d = unsafe { *src.offset(i as isize * stride) }.bits();
+        }
+    }
+    /// `out[2c] = at[c · cs].bits()`, `out[2c + 1] = at[c · cs + 1].bits()` for 16 columns `c`
+    /// (the column pairs of a transposed right operand).
+    ///
+    /// # Safety
+    /// Those elements are valid; `out` holds 32.
+    #[inline(always)]
+    unsafe fn pairs16(at: *const Self, cs: isize, out: &mut [u16]) {
+        for c in 0..NB {
+            let p = at.wrapping_offset(c as isize * cs);
+            // Safety: the caller's contract.
+            unsafe {
+                out[2 * c] = (*p).bits();
+                out[2 * c + 1] = (*p.add(1)).bits();
+            }
+        }
+    }
+}
+
+impl Elem for u16 {
+    const BITS: bool = true;
+    #[inline(always)]
+    fn bits(self) -> u16 {
+        self
+    }
+    #[inline(always)]
+    fn row(src: &[u16], dst: &mut [u16]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Elem for f32 {
+    const BITS: bool = false;
+    #[inline(always)]
+    fn bits(self) -> u16 {
+        crate::ewise::bf16_bits(self)
+    }
+    #[inline(always)]
+    fn row(src: &[f32], dst: &mut [u16]) {
+        crate::ewise::narrow(crate::ewise::Half::Bf16, src, dst);
+    }
+    #[inline(always)]
+    unsafe fn gather(src: *const f32, stride: isize, dst: &mut [u16]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(step) = gather_step(stride)
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            // Safety: AVX-512F was detected; the caller's contract.
+            return unsafe { gather_f32_avx512(src, step, dst) };
+        }
+        for (i, d) in dst.iter_mut().enumerate() {
+            // Safety: the caller's contract.
+            *d = unsafe { *src.offset(i as isize * stride) }.bits();
+        }
+    }
+    #[inline(always)]
+    unsafe fn pairs16(at: *const f32, cs: isize, out: &mut [u16]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(step) = gather_step(cs)
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            // Safety: AVX-512F was detected; the caller's contract.
+            return unsafe { pairs16_f32_avx512(at, step, out) };
+        }
+        for c in 0..NB {
+            let p = at.wrapping_offset(c as isize * cs);
+            // Safety: the caller's contract.
+            unsafe {
+                out[2 * c] = (*p).bits();
+                out[2 * c + 1] = (*p.add(1)).bits();
+            }
+        }
+    }
+}
+
+/// The byte step between 16 gathered f32 elements `stride` apart, if 15 of them fit a
+/// gather's i32 offsets.
+#[cfg(target_arch = "x86_64")]
+fn gather_step(stride: isize) -> Option<i32> {
+    let step = i32::try_from(stride.checked_mul(4)?).ok()?;
+    step.checked_mul(15)?;
+    Some(step)
+}
+
+/// [`Elem::gather`] of f32 elements `step` bytes apart, 16 per AVX-512 gather.
+///
+/// # Safety
+/// The host has AVX-512F; the elements are valid.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather_f32_avx512(src: *const f32, step: i32, dst: &mut [u16]) {
+    use std::arch::x86_64::*;
+    let idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(step),
+    );
+    let n = dst.len() / NB * NB;
+    for i in (0..n).step_by(NB) {
+        let at = src.wrapping_byte_offset(i as isize * step as isize);
+        // Safety: elements `i..i + 16` are valid (the caller's contract); 16 u16s of `dst`.
+        unsafe {
+            let v = _mm512_i32gather_epi32::<1>(idx, at.cast());
+            let r = crate::ewise::bf16v::round16(v);
+            _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), _mm512_cvtepi32_epi16(r));
+        }
+    }
+    for (i, d) in dst.iter_mut().enumerate().skip(n) {
+        // Safety: the caller's contract.
+        *d = unsafe { *src.wrapping_byte_offset(i as isize * step as isize) }.bits();
+    }
+}
+
+/// [`Elem::pairs16`] of f32 elements, columns `step` bytes apart: two gathers of eight
+/// adjacent pairs, already in the interleaved order.
+///
+/// # Safety
+/// The host has AVX-512F; the elements are valid; `out` holds 32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pairs16_f32_avx512(at: *const f32, step: i32, out: &mut [u16]) {
+    use std::arch::x86_64::*;
+    assert!(out.len() >= 2 * NB);
+    let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(step));
+    for half in 0..2 {
+        let base = at.wrapping_byte_offset(8 * half as isize * step as isize);
+        // Safety: columns `8·half..8·half + 8`, two f32s each, are valid; 16 u16s of `out`.
+        unsafe {
+            let v = _mm512_i32gather_epi64::<1>(idx, base.cast());
+            let r = crate::ewise::bf16v::round16(v);
+            _mm256_storeu_si256(out.as_mut_ptr().add(16 * half).cast(), _mm512_cvtepi32_epi16(r));
+        }
+    }
+}
 
 /// The bf16 instructions a product runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,11 +272,12 @@ struct Left {
 ///
 /// # Safety
 /// Every element of `a` for these sizes is valid.
-unsafe fn left(m: usize, k: usize, a: Mat<u16>) -> Left {
+unsafe fn left<A: Elem>(m: usize, k: usize, a: Mat<A>) -> Left {
     let (mp, kp) = (m.next_multiple_of(MB), k.next_multiple_of(KSTEP));
-    if a.cs == 1 && mp == m && kp == k && a.rs >= k as isize {
+    if A::BITS && a.cs == 1 && mp == m && kp == k && a.rs >= k as isize {
         return Left {
-            ptr: a.ptr,
+            // (`A` is `u16`: only bf16 bits are used in place.)
+            ptr: a.ptr.cast::<u16>(),
             ld: a.rs as usize,
             mp,
             kp,
@@ -138,12 +294,10 @@ unsafe fn left(m: usize, k: usize, a: Mat<u16>) -> Left {
         let src = a.ptr.wrapping_offset(i as isize * a.rs);
         if a.cs == 1 {
             // Safety: row `i`'s `k` elements are valid (the caller's contract).
-            row[..k].copy_from_slice(unsafe { std::slice::from_raw_parts(src, k) });
+            A::row(unsafe { std::slice::from_raw_parts(src, k) }, &mut row[..k]);
         } else {
-            for (p, d) in row[..k].iter_mut().enumerate() {
-                // Safety: as above.
-                *d = unsafe { *src.offset(p as isize * a.cs) };
-            }
+            // Safety: as above.
+            unsafe { A::gather(src, a.cs, &mut row[..k]) };
         }
         row[k..].fill(0);
     }
@@ -167,7 +321,7 @@ fn right_dims(k: usize, n: usize) -> (usize, usize, usize) {
 ///
 /// # Safety
 /// Every element of `b` for these sizes is valid.
-pub(crate) unsafe fn pack_right(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16]) {
+pub(crate) unsafe fn pack_right<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mut [u16]) {
     let (_, np, len) = right_dims(k, n);
     // Safety: the caller's contract.
     unsafe { pack_right_blocks(k, n, b, &mut dst[..len], 0..np / NB) };
@@ -178,7 +332,7 @@ pub(crate) unsafe fn pack_right(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16]
 ///
 /// # Safety
 /// As [`pack_right`].
-unsafe fn pack_right_blocks(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16], blocks: std::ops::Range<usize>) {
+unsafe fn pack_right_blocks<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mut [u16], blocks: std::ops::Range<usize>) {
     let half = k.next_multiple_of(KSTEP) / 2;
     #[cfg(target_arch = "x86_64")]
     let avx512 = std::arch::is_x86_feature_detected!("avx512f");
@@ -192,16 +346,27 @@ unsafe fn pack_right_blocks(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16], bl
             let row = |p: usize| b.ptr.wrapping_offset(p as isize * b.rs + j0 as isize * b.cs);
             if cols == NB && p1 < k && b.cs == 1 {
                 // Safety: both rows' 16 columns are valid (the caller's contract).
-                unsafe { interleave16(avx512, row(p0), row(p1), out) };
+                unsafe {
+                    if B::BITS {
+                        interleave16(avx512, row(p0).cast(), row(p1).cast(), out);
+                    } else {
+                        interleave16_f32(avx512, row(p0).cast(), row(p1).cast(), out);
+                    }
+                }
                 continue;
             }
             if p1 < k && b.rs == 1 {
                 // A transposed operand: each pair is two adjacent elements of a column.
+                if cols == NB {
+                    // Safety: elements (p0, j0 + c) and (p1, j0 + c) are valid for 16 columns.
+                    unsafe { B::pairs16(row(p0), b.cs, out) };
+                    continue;
+                }
                 for c in 0..NB {
                     let (x, y) = if c < cols {
                         let at = row(p0).wrapping_offset(c as isize * b.cs);
                         // Safety: elements (p0, j0 + c) and (p1, j0 + c) are valid.
-                        unsafe { (*at, *at.add(1)) }
+                        unsafe { ((*at).bits(), (*at.add(1)).bits()) }
                     } else {
                         (0, 0)
                     };
@@ -214,7 +379,7 @@ unsafe fn pack_right_blocks(k: usize, n: usize, b: Mat<u16>, dst: &mut [u16], bl
                 for c in 0..NB {
                     out[2 * c + lane] = if p < k && c < cols {
                         // Safety: element (p, j0 + c) is valid (the caller's contract).
-                        unsafe { *row(p).offset(c as isize * b.cs) }
+                        unsafe { *row(p).offset(c as isize * b.cs) }.bits()
                     } else {
                         0
                     };
@@ -260,6 +425,43 @@ unsafe fn interleave16_avx512(x: *const u16, y: *const u16, out: &mut [u16]) {
     }
 }
 
+/// [`interleave16`] of f32 rows, each element rounded to bf16.
+///
+/// # Safety
+/// As [`interleave16`], with 16 valid f32 elements at `x` and at `y`.
+#[inline(always)]
+unsafe fn interleave16_f32(avx512: bool, x: *const f32, y: *const f32, out: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512 {
+        // Safety: the caller's contract; `out` holds 32 elements.
+        return unsafe { interleave16_f32_avx512(x, y, out) };
+    }
+    for c in 0..NB {
+        // Safety: the caller's contract.
+        unsafe {
+            out[2 * c] = (*x.add(c)).bits();
+            out[2 * c + 1] = (*y.add(c)).bits();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn interleave16_f32_avx512(x: *const f32, y: *const f32, out: &mut [u16]) {
+    use crate::ewise::bf16v::round16;
+    use std::arch::x86_64::*;
+    assert!(out.len() >= 2 * NB);
+    // Safety: 16 f32s at each of `x`, `y`; 64 bytes of `out`.
+    unsafe {
+        let lo = round16(_mm512_loadu_si512(x.cast()));
+        let hi = round16(_mm512_loadu_si512(y.cast()));
+        _mm512_storeu_si512(
+            out.as_mut_ptr().cast(),
+            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)),
+        );
+    }
+}
+
 /// `dst[m×n] (row stride ldc) = a[m×k] · b[k×n]` in f32 from bf16 operands, on `threads`
 /// threads, with `isa`'s instructions.
 ///
@@ -267,15 +469,15 @@ unsafe fn interleave16_avx512(x: *const u16, y: *const u16, out: &mut [u16]) {
 /// Every element the strides address for these sizes is valid; `dst` holds rows `0..m` of
 /// `n` elements `ldc` apart and overlaps neither operand; `isa` runs on this host.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm(
+pub(crate) unsafe fn gemm<A: Elem, B: Elem>(
     isa: Isa,
     m: usize,
     n: usize,
     k: usize,
     dst: *mut f32,
     ldc: usize,
-    a: Mat<u16>,
-    b: Mat<u16>,
+    a: Mat<A>,
+    b: Mat<B>,
     threads: usize,
 ) {
     if m == 0 || n == 0 {
@@ -316,7 +518,7 @@ pub(crate) unsafe fn gemm(
         unsafe { pack_right(k, n, b, &mut packed) };
     } else {
         let (out, per_block) = (SendPtr(packed.as_mut_ptr()), kp * NB);
-        let bp = SendPtr(b.ptr as *mut u16);
+        let bp = SendPtr(b.ptr as *mut B);
         let (rs, cs) = (b.rs, b.cs);
         par_units(
             parts,
@@ -328,7 +530,7 @@ pub(crate) unsafe fn gemm(
                 unsafe {
                     let dst = std::slice::from_raw_parts_mut(out.get().add(b0 * per_block), (b1 - b0) * per_block);
                     let b = Mat {
-                        ptr: bp.get() as *const u16,
+                        ptr: bp.get() as *const B,
                         rs,
                         cs,
                     };

@@ -495,6 +495,7 @@ pub(crate) unsafe fn run(
     let Prepared {
         dtype,
         operands,
+        stored,
         lhs,
         rhs,
         out_shape,
@@ -502,8 +503,13 @@ pub(crate) unsafe fn run(
     let ptr = |b: BufferId| bufs[b.index()];
     let cache = cache.filter(|_| program.buffer(rhs.1).kind.is_weight());
     if operands == DType::BF16 {
-        let (pa, pb, po) = (ptr(lhs.1) as *const u16, ptr(rhs.1) as *const u16, ptr(out) as *mut f32);
-        // Safety: as below, for bf16 operands and an f32 result.
+        let src = |b: BufferId, t: DType| match t {
+            DType::F32 => Bf16Src::F32(ptr(b) as *const f32),
+            _ => Bf16Src::Bits(ptr(b) as *const u16),
+        };
+        let (pa, pb, po) = (src(lhs.1, stored[0]), src(rhs.1, stored[1]), ptr(out) as *mut f32);
+        // Safety: as below, for bf16 operands (stored as bf16 or as f32 to round) and an f32
+        // result.
         return unsafe {
             bf16_product(
                 &k.op,
@@ -542,6 +548,9 @@ struct Prepared {
     dtype: DType,
     /// The operands' dtype: `dtype`, or bf16 for a bf16 product accumulated in f32.
     operands: DType,
+    /// The dtypes the operands are stored in: `operands`, or f32 for an operand rounded to
+    /// bf16 as it is read.
+    stored: [DType; 2],
     lhs: (View, BufferId),
     rhs: (View, BufferId),
     out_shape: Vec<usize>,
@@ -576,13 +585,20 @@ fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut
     }
     let lhs = operand_view(&k.lhs, p, "lhs")?;
     let rhs = operand_view(&k.rhs, p, "rhs")?;
-    let operands = match (p.buffer(lhs.1).ty.dtype, p.buffer(rhs.1).ty.dtype) {
+    let stored = [p.buffer(lhs.1).ty.dtype, p.buffer(rhs.1).ty.dtype];
+    let operands = match (k.lhs.element_dtype(stored[0]), k.rhs.element_dtype(stored[1])) {
         (DType::BF16, DType::BF16) if dtype == DType::F32 => DType::BF16,
         _ => dtype,
     };
-    for (what, (_, b)) in [("lhs", &lhs), ("rhs", &rhs)] {
-        let t = p.buffer(*b).ty.dtype;
-        if t != operands {
+    for (what, (_, b), o, t) in [("lhs", &lhs, &k.lhs, stored[0]), ("rhs", &rhs, &k.rhs, stored[1])] {
+        let rounded = o.round.is_some_and(|r| r != t);
+        if rounded && !(o.round == Some(DType::BF16) && t == DType::F32 && operands == DType::BF16) {
+            return Err(format!(
+                "{what} {b} is {t} rounded to {} as it is read: only f32 operands of a bf16 product round",
+                o.element_dtype(t)
+            ));
+        }
+        if !rounded && t != operands {
             return Err(format!("{what} {b} is {t}, the output {dtype}"));
         }
         if *b == out {
@@ -590,8 +606,8 @@ fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut
         }
     }
     for (b, n, align) in [
-        (lhs.1, lhs.0.len(), operands.size_bytes()),
-        (rhs.1, rhs.0.len(), operands.size_bytes()),
+        (lhs.1, lhs.0.len(), stored[0].size_bytes()),
+        (rhs.1, rhs.0.len(), stored[1].size_bytes()),
         (out, checked_len(&out_shape)?, dtype.size_bytes()),
     ] {
         // (An empty buffer may have a dangling pointer; nothing is read through it.)
@@ -602,6 +618,7 @@ fn prepare(k: &ContractionKernel, out: BufferId, p: &KernelProgram, bufs: &[*mut
     Ok(Prepared {
         dtype,
         operands,
+        stored,
         lhs,
         rhs,
         out_shape,
@@ -748,9 +765,18 @@ unsafe fn typed<T: Product>(
     }
 }
 
+/// Where a bf16 product operand's elements are: bf16 bits, or f32 values rounded to bf16 as
+/// they are read.
+#[derive(Clone, Copy)]
+enum Bf16Src {
+    Bits(*const u16),
+    F32(*const f32),
+}
+
 /// A bf16 × bf16 → f32 contraction: on `isa`, the host's bf16 instructions
 /// ([`crate::bf16`]), or on f32 copies of the operands where there are none (or the
-/// convolution's shape is one the native path leaves alone).
+/// convolution's shape is one the native path leaves alone). A matmul packs f32 operands
+/// straight into its bf16 layout; other paths round them into a bf16 copy first.
 ///
 /// # Safety
 /// As [`typed`], for bf16 operands and an f32 result; `isa` runs on this host.
@@ -759,34 +785,68 @@ unsafe fn bf16_product(
     op: &Contraction,
     isa: Option<crate::bf16::Isa>,
     a: &View,
-    pa: *const u16,
+    sa: Bf16Src,
     b: &View,
-    pb: *const u16,
+    sb: Bf16Src,
     out: *mut f32,
     out_shape: &[usize],
     threads: usize,
     cache: Option<&WeightCache>,
     epi: Option<PlaneEpilogue>,
 ) -> Result<bool, String> {
+    /// The native matmul on operands of element types `A` and `B`.
+    ///
+    /// # Safety
+    /// As `bf16_product`'s.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn native<A: crate::bf16::Elem, B: crate::bf16::Elem>(
+        isa: crate::bf16::Isa,
+        a: &View,
+        pa: *const A,
+        b: &View,
+        pb: *const B,
+        out: *mut f32,
+        out_shape: &[usize],
+        threads: usize,
+    ) -> Result<bool, String> {
+        let product = |m, n, k, dst, ldc: isize, lhs, rhs, par: Parallelism| {
+            let threads = match par {
+                Parallelism::None => 1,
+                Parallelism::Rayon(t) => t.max(1),
+            };
+            // Safety: `matmul_with` hands valid operand and result blocks.
+            unsafe { crate::bf16::gemm(isa, m, n, k, dst, ldc as usize, lhs, rhs, threads) }
+        };
+        // Safety: the caller's contract.
+        unsafe { matmul_with(a, pa, b, pb, out, out_shape, threads, product) }.map(|()| false)
+    }
     // Safety: the caller's contract.
     unsafe {
-        match (op, isa) {
-            (Contraction::MatMul, Some(isa)) => {
-                let product = |m, n, k, dst, ldc: isize, lhs, rhs, par: Parallelism| {
-                    let threads = match par {
-                        Parallelism::None => 1,
-                        Parallelism::Rayon(t) => t.max(1),
-                    };
-                    crate::bf16::gemm(isa, m, n, k, dst, ldc as usize, lhs, rhs, threads)
-                };
-                return matmul_with(a, pa, b, pb, out, out_shape, threads, product).map(|()| false);
-            }
-            (Contraction::Conv(c), Some(isa))
-                if crate::bf16::conv(isa, a, pa, b, pb, out, out_shape, &ConvSpec::of(c), threads, cache)? =>
-            {
-                return Ok(false);
-            }
-            _ => {}
+        if let (Contraction::MatMul, Some(isa)) = (op, isa) {
+            use Bf16Src::{Bits, F32};
+            return match (sa, sb) {
+                (Bits(pa), Bits(pb)) => native(isa, a, pa, b, pb, out, out_shape, threads),
+                (F32(pa), Bits(pb)) => native(isa, a, pa, b, pb, out, out_shape, threads),
+                (Bits(pa), F32(pb)) => native(isa, a, pa, b, pb, out, out_shape, threads),
+                (F32(pa), F32(pb)) => native(isa, a, pa, b, pb, out, out_shape, threads),
+            };
+        }
+        // Every other path reads bf16 bits: f32 operands are rounded into dense copies.
+        let (mut ka, mut kb) = (Vec::new(), Vec::new());
+        let (da, db) = (crate::conv::dense(&a.shape), crate::conv::dense(&b.shape));
+        let (a, pa) = match sa {
+            Bf16Src::Bits(p) => (a, p),
+            Bf16Src::F32(p) => (&da, rounded(p, a, &mut ka)),
+        };
+        let (b, pb) = match sb {
+            Bf16Src::Bits(p) => (b, p),
+            Bf16Src::F32(p) => (&db, rounded(p, b, &mut kb)),
+        };
+        if let Contraction::Conv(c) = op
+            && let Some(isa) = isa
+            && crate::bf16::conv(isa, a, pa, b, pb, out, out_shape, &ConvSpec::of(c), threads, cache)?
+        {
+            return Ok(false);
         }
         let (wa, wb) = (crate::bf16::widened(pa, a), crate::bf16::widened(pb, b));
         let (va, vb) = (crate::conv::dense(&a.shape), crate::conv::dense(&b.shape));
@@ -806,6 +866,19 @@ unsafe fn bf16_product(
             ),
         }
     }
+}
+
+/// The elements of view `v` of f32 `base`, rounded to bf16, as one dense run kept in `keep`.
+///
+/// # Safety
+/// Every element of the view is in bounds of `base`.
+unsafe fn rounded(base: *const f32, v: &View, keep: &mut Vec<u16>) -> *const u16 {
+    let mut run = Vec::new();
+    // Safety: the caller's contract.
+    let src = unsafe { std::slice::from_raw_parts(crate::conv::dense_run(base, v, &mut run), v.len()) };
+    keep.resize(v.len(), 0);
+    crate::ewise::narrow(crate::ewise::Half::Bf16, src, keep);
+    keep.as_ptr()
 }
 
 /// Collapse the axes of a view (`shape`, `strides`) into one `(size, stride)` if their elements are
@@ -861,15 +934,15 @@ pub(crate) unsafe fn matmul<T: Product>(
 /// # Safety
 /// As [`matmul`]; `product` computes `dst = lhs · rhs` under [`gemm_raw`]'s contract.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_with<I: Copy, O: Copy>(
+pub(crate) unsafe fn matmul_with<A: Copy, B: Copy, O: Copy>(
     a: &View,
-    pa: *const I,
+    pa: *const A,
     b: &View,
-    pb: *const I,
+    pb: *const B,
     out: *mut O,
     out_shape: &[usize],
     threads: usize,
-    product: impl Fn(usize, usize, usize, *mut O, isize, Mat<I>, Mat<I>, Parallelism) + Sync,
+    product: impl Fn(usize, usize, usize, *mut O, isize, Mat<A>, Mat<B>, Parallelism) + Sync,
 ) -> Result<(), String> {
     let (ra, rb, ro) = (a.shape.len(), b.shape.len(), out_shape.len());
     if ra < 2 || rb < 2 || ro != ra.max(rb) {
@@ -956,15 +1029,15 @@ pub(crate) unsafe fn matmul_with<I: Copy, O: Copy>(
         }
         off
     };
-    let (pa, pb, out) = (SendPtr(pa as *mut I), SendPtr(pb as *mut I), SendPtr(out));
+    let (pa, pb, out) = (SendPtr(pa as *mut A), SendPtr(pb as *mut B), SendPtr(out));
     let one = |bi: usize, par: Parallelism| {
         let lhs = Mat {
-            ptr: (pa.get() as *const I).wrapping_offset(a.offset + offset(bi, &sa)),
+            ptr: (pa.get() as *const A).wrapping_offset(a.offset + offset(bi, &sa)),
             rs: a_rs,
             cs: a_cs,
         };
         let rhs = Mat {
-            ptr: (pb.get() as *const I).wrapping_offset(b.offset + offset(bi, &sb)),
+            ptr: (pb.get() as *const B).wrapping_offset(b.offset + offset(bi, &sb)),
             rs: b_rs,
             cs: b_cs,
         };
@@ -1117,6 +1190,15 @@ mod tests {
                 6336,
                 vec![3, 5, 33],
             ),
+            // A transposed left operand (a weight gradient's `xᵀ`, stored [37, 20]).
+            (
+                Contraction::MatMul,
+                view(0, &[20, 37], &[1, 20]),
+                view(0, &[37, 18], &[18, 1]),
+                740,
+                666,
+                vec![20, 18],
+            ),
             // A single row against a transposed classifier matrix.
             (
                 Contraction::MatMul,
@@ -1148,9 +1230,9 @@ mod tests {
                                 &op,
                                 isa,
                                 &va,
-                                a.as_ptr(),
+                                Bf16Src::Bits(a.as_ptr()),
                                 &vb,
-                                b.as_ptr(),
+                                Bf16Src::Bits(b.as_ptr()),
                                 out.as_mut_ptr(),
                                 &out_shape,
                                 threads,
@@ -1159,6 +1241,36 @@ mod tests {
                             )
                         }
                         .unwrap();
+                    }
+                    // Operands stored as f32 values a little off the bf16 ones (less than half
+                    // a bf16 step, both ways), rounded as they are read: the same products.
+                    let off = |v: &[u16]| {
+                        v.iter()
+                            .enumerate()
+                            .map(|(i, &x)| {
+                                let f = f32::from_bits((x as u32) << 16);
+                                f * if i % 2 == 0 {
+                                    1.0 + 1.0 / 1024.0
+                                } else {
+                                    1.0 - 1.0 / 1024.0
+                                }
+                            })
+                            .collect::<Vec<f32>>()
+                    };
+                    let (fa, fb) = (off(&a), off(&b));
+                    let srcs = [
+                        (Bf16Src::F32(fa.as_ptr()), Bf16Src::Bits(b.as_ptr())),
+                        (Bf16Src::Bits(a.as_ptr()), Bf16Src::F32(fb.as_ptr())),
+                        (Bf16Src::F32(fa.as_ptr()), Bf16Src::F32(fb.as_ptr())),
+                    ];
+                    for (i, (sa, sb)) in srcs.into_iter().enumerate() {
+                        let mut got = vec![f32::NAN; out.len()];
+                        // Safety: as above.
+                        unsafe {
+                            bf16_product(&op, isa, &va, sa, &vb, sb, got.as_mut_ptr(), &out_shape, 2, None, None)
+                        }
+                        .unwrap();
+                        assert_eq!(got, out, "{isa:?}, f32 operands {i}, {op:?} {out_shape:?}");
                     }
                     out
                 })

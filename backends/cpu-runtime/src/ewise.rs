@@ -363,15 +363,106 @@ pub(crate) fn narrow(half: Half, src: &[f32], dst: &mut [u16]) {
             dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src)
         }
         Half::Bf16 => {
-            for (d, &v) in dst.iter_mut().zip(src) {
-                let x = v.to_bits();
-                *d = if v.is_nan() {
-                    ((x >> 16) | 0x40) as u16
-                } else {
-                    (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16
-                };
+            let n = src.len().min(dst.len());
+            let mut done = 0;
+            #[cfg(target_arch = "x86_64")]
+            if n >= 16 {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // Safety: AVX-512F was detected.
+                    done = unsafe { bf16v::narrow_avx512(&src[..n], &mut dst[..n]) };
+                } else if std::arch::is_x86_feature_detected!("avx2") {
+                    // Safety: AVX2 was detected.
+                    done = unsafe { bf16v::narrow_avx2(&src[..n], &mut dst[..n]) };
+                }
+            }
+            for (d, &v) in dst[done..n].iter_mut().zip(&src[done..n]) {
+                *d = bf16_bits(v);
             }
         }
+    }
+}
+
+/// `v` rounded to bf16 (to nearest, ties to even; a NaN quieted, its sign and high payload
+/// kept), as bits.
+#[inline(always)]
+pub(crate) fn bf16_bits(v: f32) -> u16 {
+    let x = v.to_bits();
+    if v.is_nan() {
+        ((x >> 16) | 0x40) as u16
+    } else {
+        (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16
+    }
+}
+
+/// f32 → bf16 rounding [`bf16_bits`] sixteen or eight lanes at a time.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod bf16v {
+    use std::arch::x86_64::*;
+
+    /// Sixteen f32 bit patterns rounded to bf16, each in the low half of its lane.
+    ///
+    /// # Safety
+    /// The host has AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn round16(x: __m512i) -> __m512i {
+        let hi = _mm512_srli_epi32::<16>(x);
+        let lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb));
+        let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff));
+        let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+        _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)))
+    }
+
+    /// Rounds the first multiple of 16 elements; returns how many.
+    ///
+    /// # Safety
+    /// The host has AVX-512F; `dst` is at least as long as `src`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn narrow_avx512(src: &[f32], dst: &mut [u16]) -> usize {
+        let n = src.len() / 16 * 16;
+        assert!(dst.len() >= n);
+        for i in (0..n).step_by(16) {
+            // Safety: 16 f32s at `src[i..]` and 16 u16s at `dst[i..]` (checked above).
+            unsafe {
+                let x = _mm512_loadu_si512(src.as_ptr().add(i).cast());
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), _mm512_cvtepi32_epi16(round16(x)));
+            }
+        }
+        n
+    }
+
+    /// Eight f32 bit patterns rounded to bf16, each in the low half of its lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn round8(x: __m256i) -> __m256i {
+        let hi = _mm256_srli_epi32::<16>(x);
+        let lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+        let r = _mm256_srli_epi32::<16>(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb));
+        let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff_ffff));
+        let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80_0000));
+        _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan)
+    }
+
+    /// Rounds the first multiple of 16 elements; returns how many.
+    ///
+    /// # Safety
+    /// The host has AVX2; `dst` is at least as long as `src`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn narrow_avx2(src: &[f32], dst: &mut [u16]) -> usize {
+        let n = src.len() / 16 * 16;
+        assert!(dst.len() >= n);
+        for i in (0..n).step_by(16) {
+            // Safety: 16 f32s at `src[i..]` and 16 u16s at `dst[i..]` (checked above).
+            unsafe {
+                let a = round8(_mm256_loadu_si256(src.as_ptr().add(i).cast()));
+                let b = round8(_mm256_loadu_si256(src.as_ptr().add(i + 8).cast()));
+                // packus works within 128-bit halves: [a0-3 b0-3 | a4-7 b4-7] → reorder.
+                let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b));
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), packed);
+            }
+        }
+        n
     }
 }
 
@@ -1588,6 +1679,25 @@ mod tests {
         for ((&v, &g), &b) in src.iter().zip(&got).zip(&bits) {
             let want = half::bf16::from_f32(v).to_bits();
             assert_eq!(g, want, "{b:#010x}");
+        }
+        // Each vector path of this host on its own (`narrow` takes the widest).
+        #[cfg(target_arch = "x86_64")]
+        {
+            type Path = unsafe fn(&[f32], &mut [u16]) -> usize;
+            let mut paths: Vec<(&str, Path)> = Vec::new();
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                paths.push(("avx512", bf16v::narrow_avx512));
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                paths.push(("avx2", bf16v::narrow_avx2));
+            }
+            for (name, path) in paths {
+                let mut v = vec![0u16; src.len()];
+                // Safety: the host has the path's instructions (detected above).
+                let done = unsafe { path(&src, &mut v) };
+                assert_eq!(done, src.len() / 16 * 16, "{name}");
+                assert_eq!(v[..done], got[..done], "{name}");
+            }
         }
         let mut back = vec![0f32; got.len()];
         widen(Half::Bf16, &got, &mut back);

@@ -52,6 +52,7 @@ fn mapped(b: u32, shape: &[usize], view: &[usize], axes: Vec<AffineExpr>) -> Ope
             buffer: BufferId(b),
             map: IndexMap { view: dims(view), axes },
         },
+        round: None,
     }
 }
 
@@ -63,6 +64,7 @@ fn whole(b: u32, shape: &[usize]) -> Operand {
             buffer: BufferId(b),
             map: IndexMap::identity(&dims(shape)),
         },
+        round: None,
     }
 }
 

@@ -106,6 +106,9 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
         bf16_products: oar_cpu_runtime::bf16::native(),
     };
     oar_passes::legalize::widen_half(&mut program, support);
+    if support.bf16_products {
+        oar_passes::legalize::fold_operand_casts(&mut program);
+    }
     let mut consts = Weights::new();
     for (i, b) in program.buffers.iter_mut().enumerate() {
         if let BufferKind::Constant(t) = &b.kind {
@@ -387,12 +390,17 @@ fn sanitize(s: &str) -> String {
 /// so the epilogue can run in place.
 fn contraction_support(c: &ContractionKernel, out: BufferId, buffers: &[Buffer]) -> Result<(), String> {
     let dt = |b: BufferId| buffers[b.index()].ty.dtype;
-    let (l, r, o) = (dt(c.lhs.load.buffer), dt(c.rhs.load.buffer), dt(out));
+    let (l, r, o) = (
+        c.lhs.element_dtype(dt(c.lhs.load.buffer)),
+        c.rhs.element_dtype(dt(c.rhs.load.buffer)),
+        dt(out),
+    );
     if !oar_cpu_runtime::contraction_supported(c.acc_dtype, &c.op) {
         return Err(format!("contraction in {}", c.acc_dtype));
     }
     // bf16 operands accumulated in f32 (left in bf16 by `widen_half` on hosts with native
-    // bf16 products; the runtime widens them itself on others).
+    // bf16 products, or f32 ones rounded as they are read after `fold_operand_casts`; the
+    // runtime widens them itself on others).
     let bf16_in_f32 = l == DType::BF16 && r == DType::BF16 && c.acc_dtype == DType::F32 && o == DType::F32;
     if !bf16_in_f32 && (l != c.acc_dtype || r != c.acc_dtype || o != c.acc_dtype) {
         return Err(format!("mixed dtypes: {l} x {r} -> {} -> {o}", c.acc_dtype));

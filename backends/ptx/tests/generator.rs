@@ -239,6 +239,7 @@ fn matmul_is_a_shared_memory_tiled_kernel_with_its_epilogue() {
                 buffer: BufferId(0),
                 map: IndexMap::identity(&dims(&[m, k])),
             },
+            round: None,
         },
         rhs: Operand {
             shape: dims(&[k, n]),
@@ -246,6 +247,7 @@ fn matmul_is_a_shared_memory_tiled_kernel_with_its_epilogue() {
                 buffer: BufferId(1),
                 map: IndexMap::identity(&dims(&[k, n])),
             },
+            round: None,
         },
         acc_dtype: DType::F32,
         shape: dims(&[m, n]),
@@ -313,6 +315,7 @@ fn conv_program(dt: DType, xs: [usize; 4], ws: [usize; 4], groups: usize) -> Ker
                 buffer: BufferId(0),
                 map: IndexMap::identity(&dims(&xs)),
             },
+            round: None,
         },
         rhs: Operand {
             shape: dims(&ws),
@@ -320,6 +323,7 @@ fn conv_program(dt: DType, xs: [usize; 4], ws: [usize; 4], groups: usize) -> Ker
                 buffer: BufferId(1),
                 map: IndexMap::identity(&dims(&ws)),
             },
+            round: None,
         },
         acc_dtype: dt,
         shape: dims(&ys),

@@ -346,6 +346,15 @@ impl<'p> Exec<'p> {
             KernelBody::Contraction(c) => {
                 let mut lhs = self.gather(&s, &c.lhs.load, &resolve(&s, &c.lhs.shape, &self.binds)?)?;
                 let mut rhs = self.gather(&s, &c.rhs.load, &resolve(&s, &c.rhs.shape, &self.binds)?)?;
+                // Operands rounded as they are read (`legalize::fold_operand_casts`): the cast's
+                // rounding.
+                for (v, o) in [(&mut lhs, &c.lhs), (&mut rhs, &c.rhs)] {
+                    if let Some(d) = o.round.filter(|&d| d != v.dtype) {
+                        *v = eval_one(&s, &Cast { to: d }, &[&*v])?;
+                        // (Values hold wider numbers until normalized to their dtype.)
+                        v.normalize();
+                    }
+                }
                 // Half operands of an f32 accumulator (`legalize::widen_half` keeps bf16 product
                 // operands for runtimes that multiply bf16): the product of their f32 values.
                 for v in [&mut lhs, &mut rhs] {

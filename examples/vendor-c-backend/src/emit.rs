@@ -215,6 +215,9 @@ fn batch(sh: &[i64], rank: usize) -> impl Iterator<Item = String> + '_ {
 /// Open the inner loops of a contraction; returns the C index expression of each operand axis
 /// and the number of loops opened.
 fn contraction_loops(s: &mut String, c: &ContractionKernel, rank: usize) -> R<(Vec<String>, Vec<String>, usize)> {
+    if let Some(d) = c.lhs.round.or(c.rhs.round) {
+        return Err(format!("operands rounded to {d} as they are read"));
+    }
     let (ls, rs) = (static_dims(&c.lhs.shape)?, static_dims(&c.rhs.shape)?);
     match &c.op {
         Contraction::MatMul => {

@@ -300,6 +300,28 @@ pub struct Operand {
     pub shape: Vec<Dim>,
     /// Where its elements come from.
     pub load: Load,
+    /// Elements are rounded to this dtype as they are read (`None`: taken as stored). Lets a
+    /// product multiply bf16 values read straight from an f32 buffer, with no bf16 copy of it
+    /// (`oar_passes::legalize::fold_operand_casts`); the rounding is the cast's, to nearest,
+    /// ties to even.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<DType>,
+}
+
+impl Operand {
+    /// An operand read as stored.
+    pub fn new(shape: Vec<Dim>, load: Load) -> Operand {
+        Operand {
+            shape,
+            load,
+            round: None,
+        }
+    }
+
+    /// The dtype the product multiplies: the rounding's, else the buffer's (`stored`).
+    pub fn element_dtype(&self, stored: DType) -> DType {
+        self.round.unwrap_or(stored)
+    }
 }
 
 /// matmul or conv, then an elementwise epilogue over the output shape.
@@ -399,6 +421,52 @@ impl KernelProgram {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Drop the temporaries no kernel reads or writes any more (after a rewrite removed their
+    /// kernels), renumbering the buffers after them; returns how many went.
+    pub fn drop_unused_temps(&mut self) -> usize {
+        let mut used = vec![false; self.buffers.len()];
+        for k in &self.kernels {
+            for b in k.reads().into_iter().chain(k.outputs.iter().copied()) {
+                used[b.index()] = true;
+            }
+        }
+        for (_, b) in &self.outputs {
+            used[b.index()] = true;
+        }
+        let mut map = Vec::with_capacity(self.buffers.len());
+        let mut next = 0u32;
+        for (b, &u) in self.buffers.iter().zip(&used) {
+            let keep = u || b.kind != BufferKind::Temp;
+            map.push(keep.then_some(BufferId(next)));
+            next += u32::from(keep);
+        }
+        let dropped = self.buffers.len() - next as usize;
+        if dropped == 0 {
+            return 0;
+        }
+        let mut i = 0;
+        self.buffers.retain(|_| {
+            i += 1;
+            map[i - 1].is_some()
+        });
+        // Every id still referenced is kept, so it maps to `Some`.
+        let id = |b: &mut BufferId| *b = map[b.index()].unwrap_or(*b);
+        for k in &mut self.kernels {
+            match &mut k.body {
+                KernelBody::Loop(l) => l.loads.iter_mut().for_each(|ld| id(&mut ld.buffer)),
+                KernelBody::Contraction(c) => {
+                    id(&mut c.lhs.load.buffer);
+                    id(&mut c.rhs.load.buffer);
+                    c.loads.iter_mut().for_each(|ld| id(&mut ld.buffer));
+                }
+                KernelBody::Opaque(o) => o.inputs.iter_mut().for_each(id),
+            }
+            k.outputs.iter_mut().for_each(id);
+        }
+        self.outputs.iter_mut().for_each(|(_, b)| id(b));
+        dropped
     }
 
     /// The symbolic dims left in any buffer's shape, in first-seen order (empty once every

@@ -124,12 +124,14 @@ impl Display for Kernel {
             KernelBody::Contraction(k) => {
                 writeln!(
                     f,
-                    "  {}: {} lhs {} : {} rhs {} : {} -> {outs} : {} acc {}",
+                    "  {}: {} lhs {}{} : {} rhs {}{} : {} -> {outs} : {} acc {}",
                     self.name,
                     k.op,
                     k.lhs.load,
+                    rounding(&k.lhs),
                     dims(&k.lhs.shape),
                     k.rhs.load,
+                    rounding(&k.rhs),
                     dims(&k.rhs.shape),
                     dims(&k.shape),
                     k.acc_dtype
@@ -184,4 +186,9 @@ impl Display for KernelProgram {
         }
         f.write_str("}")
     }
+}
+
+/// ` round <dtype>` for an operand rounded as it is read.
+fn rounding(o: &crate::kernel::Operand) -> String {
+    o.round.map(|d| format!(" round {d}")).unwrap_or_default()
 }

@@ -19,7 +19,8 @@
 //! A buffer line's `; ...` tail is the IR value it held (kept for error messages). Loop
 //! kernels may have `rows [..]` and `<reduce op> over [..]` stages, whose bodies follow
 //! `reduce:` / `reduce accN:` and the stored value `epilogue:`; contractions are
-//! `matmul|conv(..) lhs <load> : [dims] rhs <load> : [dims] -> bN : [dims] [acc <dtype>]`;
+//! `matmul|conv(..) lhs <load> [round <dtype>] : [dims] rhs <load> [round <dtype>] : [dims] -> bN : [dims]
+//! [acc <dtype>]`;
 //! opaque kernels `opaque <op>(bA, ..) {attrs} -> bN`. Opaque kernels with regions
 //! (cond/while) have no text form here.
 
@@ -597,7 +598,8 @@ fn kernel(lines: &[Line], i: usize, p: &KernelProgram) -> R<(Kernel, usize)> {
     contraction(lines, i, name, rest, n, p)
 }
 
-/// `matmul|conv(...) lhs <load> : [dims] rhs <load> : [dims] -> bN : [dims] [acc <dtype>]`.
+/// `matmul|conv(...) lhs <load> [round <dtype>] : [dims] rhs <load> [round <dtype>] : [dims] -> bN :
+/// [dims] [acc <dtype>]`.
 fn contraction(lines: &[Line], i: usize, name: String, rest: &str, n: usize, p: &KernelProgram) -> R<(Kernel, usize)> {
     let l = &lines[i];
     let (op_s, r) = rest
@@ -613,10 +615,22 @@ fn contraction(lines: &[Line], i: usize, name: String, rest: &str, n: usize, p: 
     let operand = |s: &str| -> R<Operand> {
         let (ld, sh) = s
             .rsplit_once(" : ")
-            .ok_or_else(|| l.err("expected '<load> : [dims]'"))?;
+            .ok_or_else(|| l.err("expected '<load> [round <dtype>] : [dims]'"))?;
+        let (ld, round) = match ld.rsplit_once(" round ") {
+            Some((ld, d)) => (
+                ld,
+                Some(
+                    d.trim()
+                        .parse()
+                        .map_err(|_| l.err(format!("unknown dtype '{}'", d.trim())))?,
+                ),
+            ),
+            None => (ld, None),
+        };
         Ok(Operand {
             load: load(l, ld, n)?,
             shape: dims(l, sh)?,
+            round,
         })
     };
     let (lhs, rhs) = (operand(lhs_s)?, operand(rhs_s)?);

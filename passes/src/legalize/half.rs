@@ -18,6 +18,9 @@
 //! in f32, its result rounded to the half dtype where the epilogue reads it (the reference
 //! accumulates in f64 and rounds once, so these agree to the half dtype's tolerance, not bit
 //! for bit). Opaque kernels are left as they are.
+//!
+//! [`fold_operand_casts`] then lets a runtime that multiplies bf16 round a matmul's f32 operand
+//! itself as it reads it (`Operand::round`), in place of a conversion kernel and its bf16 copy.
 
 use super::build::B;
 use oar_ir::kernel::{Buffer, BufferId, BufferKind, Inst, Kernel, KernelBody, KernelProgram, OpaqueKernel, ScalarOp};
@@ -269,4 +272,93 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
     }
     program.kernels = out;
     rewritten
+}
+
+/// Fold the f32 → bf16 conversions feeding bf16 matmuls into the matmuls: an operand read from
+/// a conversion's bf16 result reads its f32 source instead, rounded to bf16 as it is read
+/// ([`oar_ir::kernel::Operand::round`]: the same values), and a conversion left with no reader
+/// is dropped. For runtimes whose bf16 products round f32 operands themselves (where
+/// [`HalfSupport::bf16_products`] holds), after [`widen_half`]: a traced AMP step then keeps no
+/// bf16 copy of its input or of a weight between the forward and the backward, and runs no
+/// conversion kernel for them.
+///
+/// A source is read later than before only where it is a leaf (an input or a weight, live for
+/// the whole run anyway): a temporary f32 source is folded only into matmuls that run before
+/// its last reader, so no f32 buffer lives longer than it did. Returns how many operands were
+/// folded.
+pub fn fold_operand_casts(program: &mut KernelProgram) -> usize {
+    let n = program.kernels.len();
+    // The last kernel reading each buffer (`n` for program outputs).
+    let mut last_read = vec![None; program.buffers.len()];
+    for (ki, k) in program.kernels.iter().enumerate() {
+        for b in k.reads() {
+            last_read[b.index()] = Some(ki);
+        }
+    }
+    for (_, b) in &program.outputs {
+        last_read[b.index()] = Some(n);
+    }
+    // The conversion that wrote each bf16 buffer, if its last writer so far is one:
+    // (its f32 source, the conversion's index).
+    let mut converted: std::collections::HashMap<BufferId, (BufferId, usize)> = Default::default();
+    // The last kernel that wrote each buffer.
+    let mut written: std::collections::HashMap<BufferId, usize> = Default::default();
+    let mut folded = 0;
+    for ki in 0..n {
+        let k = &mut program.kernels[ki];
+        if let KernelBody::Contraction(c) = &mut k.body
+            && matches!(c.op, oar_ir::kernel::Contraction::MatMul)
+            && c.acc_dtype == DType::F32
+        {
+            for o in [&mut c.lhs, &mut c.rhs] {
+                let Some(&(src, at)) = converted.get(&o.load.buffer) else {
+                    continue;
+                };
+                let leaf = !matches!(program.buffers[src.index()].kind, BufferKind::Temp | BufferKind::Output);
+                let unchanged = written.get(&src).is_none_or(|&w| w < at);
+                let within = leaf || last_read[src.index()].is_some_and(|r| r >= ki);
+                if o.round.is_none() && unchanged && within {
+                    o.load.buffer = src;
+                    o.round = Some(DType::BF16);
+                    folded += 1;
+                }
+            }
+        }
+        let k = &program.kernels[ki];
+        for &o in &k.outputs {
+            converted.remove(&o);
+            written.insert(o, ki);
+        }
+        if let (
+            KernelBody::Opaque(OpaqueKernel {
+                op: Op::Cast(Cast { to: DType::BF16 }),
+                inputs,
+                ..
+            }),
+            [out],
+        ) = (&k.body, k.outputs.as_slice())
+            && let [src] = inputs.as_slice()
+            && program.buffers[src.index()].ty.dtype == DType::F32
+        {
+            converted.insert(*out, (*src, ki));
+        }
+    }
+    if folded > 0 {
+        // Conversions whose results nothing reads any more.
+        let mut read = vec![false; program.buffers.len()];
+        for k in &program.kernels {
+            for b in k.reads() {
+                read[b.index()] = true;
+            }
+        }
+        for (_, b) in &program.outputs {
+            read[b.index()] = true;
+        }
+        program.kernels.retain(|k| {
+            let conversion = matches!(&k.body, KernelBody::Opaque(OpaqueKernel { op: Op::Cast(_), .. }));
+            !(conversion && k.outputs.iter().all(|o| !read[o.index()]))
+        });
+        program.drop_unused_temps();
+    }
+    folded
 }

@@ -33,7 +33,7 @@ mod half;
 mod math;
 mod rules;
 
-pub use half::{HalfSupport, widen_half};
+pub use half::{HalfSupport, fold_operand_casts, widen_half};
 
 use build::B;
 use oar_ir::DType;

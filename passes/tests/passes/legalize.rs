@@ -433,3 +433,116 @@ graph @mixed {
         }
     }
 }
+
+/// `fold_operand_casts` (native bf16 products): a matmul reading the bf16 cast of an input or a
+/// weight reads the f32 buffer itself, rounded as it is read, and the cast kernel and its bf16
+/// buffer go; a cast of a temporary folds only into matmuls before that temporary's last reader
+/// (no f32 buffer lives longer); the kernel text round-trips the rounding; the reference gives
+/// the same bits as the unfolded program.
+#[test]
+fn fold_operand_casts_reads_f32_operands_rounded_in_place_of_their_copies() {
+    use oar_passes::legalize::{HalfSupport, fold_operand_casts, widen_half};
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @step {
+  %x = input "x" : f32[8,16]
+  %w = param "w" : f32[16,4]
+  %v = param "v" : f32[4,16]
+  %0 = cast(%x) : bf16[8,16]
+  %1 = cast(%w) : bf16[16,4]
+  %2 = matmul(%0, %1) : bf16[8,4]
+  %3 = cast(%2) : f32[8,4]
+  %4 = exp(%3) : f32[8,4]
+  %5 = cast(%4) : bf16[8,4]
+  %6 = cast(%v) : bf16[4,16]
+  %7 = matmul(%5, %6) : bf16[8,16]
+  %8 = cast(%7) : f32[8,16]
+  %9 = neg(%8) : f32[8,16]
+  %10 = reduce_sum(%4) {axes = [1], keepdim = true} : f32[8,1]
+  %11 = add(%9, %10) : f32[8,16]
+  %12 = permute(%0) {perm = [1, 0]} : bf16[16,8]
+  %13 = matmul(%12, %5) : bf16[16,4]
+  %14 = cast(%13) : f32[16,4]
+  output "y" = %11
+  output "gw" = %14
+}
+"#,
+    )
+    .unwrap();
+    let mut program = oar_passes::fuse::lower_to_kernels(&g, &BTreeMap::new()).unwrap();
+    let support = HalfSupport {
+        bf16_memory: true,
+        bf16_products: true,
+    };
+    widen_half(&mut program, support);
+    let before = program.clone();
+    let folded = fold_operand_casts(&mut program);
+    let text = program.to_string();
+    // x (twice: the product and the transposed one), w and v fold; the cast of the temporary
+    // exp(...) folds into neither matmul if they run after its last reader.
+    assert!(folded >= 3, "{folded}\n{text}");
+    let rounded: Vec<_> = program
+        .kernels
+        .iter()
+        .filter_map(|k| match &k.body {
+            KernelBody::Contraction(c) => Some([&c.lhs, &c.rhs]),
+            _ => None,
+        })
+        .flatten()
+        .filter(|o| o.round == Some(DType::BF16))
+        .map(|o| program.buffer(o.load.buffer).kind.clone())
+        .collect();
+    assert!(rounded.len() >= 3, "{text}");
+    let conversions_of_leaves = program
+        .kernels
+        .iter()
+        .filter(|k| {
+            matches!(&k.body, KernelBody::Opaque(o) if !matches!(program.buffer(o.inputs[0]).kind, BufferKind::Temp))
+        })
+        .count();
+    assert_eq!(conversions_of_leaves, 0, "{text}");
+    assert!(program.buffers.len() < before.buffers.len(), "the bf16 copies are gone");
+    assert!(text.contains(" round bf16 : "), "{text}");
+    // No temporary f32 source is read later than it was.
+    let last_read = |p: &KernelProgram, b: BufferId| p.kernels.iter().rposition(|k| k.reads().contains(&b));
+    for (i, buf) in program.buffers.iter().enumerate() {
+        if buf.kind == BufferKind::Temp && buf.ty.dtype == DType::F32 {
+            let old = before.buffers.iter().position(|o| o.value == buf.value).unwrap();
+            let (now, was) = (
+                last_read(&program, BufferId(i as u32)),
+                last_read(&before, BufferId(old as u32)),
+            );
+            let (kn, kb) = (
+                now.map(|k| &program.kernels[k].name),
+                was.map(|k| &before.kernels[k].name),
+            );
+            assert_eq!(kn, kb, "{} read later than before\n{text}", buf.value);
+        }
+    }
+    // The text form keeps the rounding.
+    let reparsed = oar_ir::text::parse_kernel_program(&text).unwrap();
+    assert_eq!(reparsed, program);
+    // Same bits as the unfolded program (the reference rounds the operand as the cast did).
+    let feeds = BTreeMap::from([(
+        "x".to_string(),
+        TensorData::from_f64_slice(
+            DType::F32,
+            vec![8, 16],
+            &(0..128).map(|i| (i as f64 * 0.731).sin() * 1.7).collect::<Vec<_>>(),
+        )
+        .unwrap(),
+    )]);
+    let weights: Weights = [("w", vec![16, 4]), ("v", vec![4, 16])]
+        .into_iter()
+        .map(|(n, s)| {
+            let len = s[0] * s[1];
+            let v: Vec<f64> = (0..len).map(|i| (i as f64 * 0.377 + 0.1).cos() * 0.9).collect();
+            (n.to_string(), TensorData::from_f64_slice(DType::F32, s, &v).unwrap())
+        })
+        .collect();
+    let want = run_kernel_program(&before, &weights, &feeds).unwrap();
+    let got = run_kernel_program(&program, &weights, &feeds).unwrap();
+    for ((name, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(a.bytes(), b.bytes(), "{name}");
+    }
+}

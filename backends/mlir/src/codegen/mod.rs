@@ -530,6 +530,9 @@ fn emit_contraction(f: &mut Func, c: &ContractionKernel, out: BufferId) -> R<()>
     if acc_d == DType::Bool || ld == DType::Bool || rd == DType::Bool {
         return unsupported("a contraction of bools");
     }
+    if c.lhs.round.is_some() || c.rhs.round.is_some() {
+        return unsupported("contraction operands rounded as they are read");
+    }
     let float = acc_d.is_float();
     let aty = if float { "f64" } else { "i64" };
     let vars = f.open_parallel(&shape);

@@ -33,6 +33,11 @@ pub fn contraction_kernel(name: &str, c: &ContractionKernel, out: BufferId, buff
     if acc_dt == DType::Bool {
         return Err(format!("contraction in {acc_dt}"));
     }
+    if let Some(d) = c.lhs.round.or(c.rhs.round) {
+        return Err(format!(
+            "operands rounded to {d} as they are read (a cpu lowering's form)"
+        ));
+    }
     let out_dt = buffers[out.index()].ty.dtype;
     let shape = static_dims(&c.shape)?;
     let lshape = static_dims(&c.lhs.shape)?;
