@@ -422,7 +422,7 @@ fn clear_margin_flips(a: &Tensor, b: &Tensor, margin: f64) -> (usize, usize) {
         b.cast(DType::F64).unwrap().to_vec::<f64>().unwrap(),
     );
     let scale = a.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let argmax = |r: &[f64]| (0..r.len()).max_by(|&i, &j| r[i].total_cmp(&r[j])).unwrap();
+    let argmax = first_argmax;
     let (mut clear, mut flipped) = (0, 0);
     for (p, q) in a.chunks(classes).zip(b.chunks(classes)) {
         let mut sorted = p.to_vec();
@@ -435,7 +435,14 @@ fn clear_margin_flips(a: &Tensor, b: &Tensor, margin: f64) -> (usize, usize) {
     (clear, flipped)
 }
 
-/// Largest |a − b| over the largest |a|, and how many rows of `a` and `b` share their argmax.
+/// The index of the first largest element, as `torch.argmax` and `numpy.argmax` choose among
+/// ties (bf16 logits tie often: two scores a bf16 step apart in f32 round to one value).
+fn first_argmax(r: &[f64]) -> usize {
+    (1..r.len()).fold(0, |best, i| if r[i].total_cmp(&r[best]).is_gt() { i } else { best })
+}
+
+/// Largest |a − b| over the largest |a|, and how many rows of `a` and `b` share their argmax
+/// ([`first_argmax`]).
 fn compare_logits(a: &Tensor, b: &Tensor) -> (f64, usize, usize) {
     let classes = *a.shape().last().unwrap();
     let (a, b) = (
@@ -444,7 +451,7 @@ fn compare_logits(a: &Tensor, b: &Tensor) -> (f64, usize, usize) {
     );
     let scale = a.iter().fold(0f64, |m, v| m.max(v.abs()));
     let err = a.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs())) / scale;
-    let argmax = |r: &[f64]| (0..r.len()).max_by(|&i, &j| r[i].total_cmp(&r[j])).unwrap();
+    let argmax = first_argmax;
     let agree = a
         .chunks(classes)
         .zip(b.chunks(classes))
@@ -459,9 +466,12 @@ fn compare_logits(a: &Tensor, b: &Tensor) -> (f64, usize, usize) {
 /// error relative to the largest logit: bf16 3e-2, f16 4e-3 (8 and 11 significant bits through
 /// 20 layers). Top-1: the class agrees on every image whose f32 top-two margin is larger than
 /// twice the largest logit error (a flip there would be a wrong kernel, not rounding), and on
-/// at least 98% of all images — random weights leave about 1% of images with their top two
-/// logits closer than bf16's rounding (measured 1012–1014 of 1024 agree in bf16, 1022 in f16),
-/// which is why the trained digits models above carry the 99% bound.
+/// at least 99% of all images (the first largest logit is the class, as `torch.argmax` takes
+/// it; measured 1017 of 1024 in bf16 on the AMX, AVX512-BF16 and widening paths, 1023 in f16;
+/// PyTorch's CPU autocast on the same weights and images: 1016 and 1023,
+/// `tools/amp_resnet_torch.py`). Random weights leave about 1% of the images with their top two
+/// logits closer than bf16's rounding, so this bound has little slack; the trained digits
+/// models above agree on every image.
 #[test]
 fn half_precision_inference_of_resnet18_and_a_transformer_stays_close_to_f32() {
     let mut resnet = oar::vision::models::resnet18(10).unwrap();
@@ -483,7 +493,7 @@ fn half_precision_inference_of_resnet18_and_a_transformer_stays_close_to_f32() {
         eprintln!("resnet18 {dtype}: logit error {err:.2e}, top-1 agreement {agree}/{n}");
         assert!(err < tol && err > 0.0, "resnet18 {dtype}: logit error {err}");
         assert!(
-            agree as f64 >= 0.98 * n as f64,
+            agree as f64 >= 0.99 * n as f64,
             "resnet18 {dtype}: top-1 agrees on {agree}/{n}"
         );
         let (clear, flipped) = clear_margin_flips(&full_r, &low_r, 2.0 * err);
@@ -496,6 +506,32 @@ fn half_precision_inference_of_resnet18_and_a_transformer_stays_close_to_f32() {
         eprintln!("transformer {dtype}: output error {err:.2e}");
         assert!(err < tol && err > 0.0, "transformer {dtype}: output error {err}");
     }
+}
+
+/// Writes the ResNet-18 of the test above (weights, the 1024 images, oar's f32/bf16/f16
+/// logits) as safetensors into `$OAR_AMP_DUMP`, for `tools/amp_resnet_torch.py`, which runs
+/// the same network under PyTorch's autocast and prints both frameworks' top-1 agreement.
+/// Run: `OAR_AMP_DUMP=/tmp/amp cargo test --release -p oar --test framework -- --ignored
+/// amp::dump_resnet18_for_torch`.
+#[test]
+#[ignore = "writes a fixture for tools/amp_resnet_torch.py"]
+fn dump_resnet18_for_torch() {
+    let dir = std::path::PathBuf::from(std::env::var("OAR_AMP_DUMP").expect("set OAR_AMP_DUMP"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut resnet = oar::vision::models::resnet18(10).unwrap();
+    deterministic(&resnet, 21);
+    resnet.eval();
+    let images = noise(&[1024, 3, 32, 32], 22);
+    let _ng = oar::no_grad();
+    let mut out: std::collections::BTreeMap<String, Tensor> = resnet.state_dict().into_iter().collect();
+    out.insert("@images".into(), images.clone());
+    out.insert("@logits/f32".into(), resnet.forward(&images).unwrap());
+    for (name, dtype) in [("bf16", DType::BF16), ("f16", DType::F16)] {
+        let _amp = amp::auto_cast(AmpLevel::O1, dtype).unwrap();
+        let low = resnet.forward(&images).unwrap().cast(DType::F32).unwrap();
+        out.insert(format!("@logits/{name}"), low);
+    }
+    oar::save(&out, dir.join("resnet18_amp.safetensors")).unwrap();
 }
 
 /// A whole f16 training step with loss scaling traced into one graph: the scale and the
