@@ -367,13 +367,14 @@ pub(crate) fn narrow(half: Half, src: &[f32], dst: &mut [u16]) {
             let mut done = 0;
             #[cfg(target_arch = "x86_64")]
             if n >= 16 {
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // Safety: AVX-512F was detected.
-                    done = unsafe { bf16v::narrow_avx512(&src[..n], &mut dst[..n]) };
-                } else if std::arch::is_x86_feature_detected!("avx2") {
-                    // Safety: AVX2 was detected.
-                    done = unsafe { bf16v::narrow_avx2(&src[..n], &mut dst[..n]) };
-                }
+                use crate::simd::Simd;
+                done = match Simd::detect() {
+                    // Safety: `Simd::detect` found AVX-512F.
+                    Simd::Avx512 => unsafe { bf16v::narrow_avx512(&src[..n], &mut dst[..n]) },
+                    // Safety: `Simd::detect` found AVX2.
+                    Simd::Avx2Fma => unsafe { bf16v::narrow_avx2(&src[..n], &mut dst[..n]) },
+                    Simd::Baseline => 0,
+                };
             }
             for (d, &v) in dst[done..n].iter_mut().zip(&src[done..n]) {
                 *d = bf16_bits(v);
