@@ -37,6 +37,19 @@ fn arena_bytes(graph: &Graph) -> Res<usize> {
     Ok(lowered.cpu.plan.arena_bytes)
 }
 
+/// The first and last kernel touching each buffer of `p` (`usize::MAX` and 0 for none).
+fn lifetimes(p: &oar::ir::kernel::KernelProgram) -> (Vec<usize>, Vec<usize>) {
+    let n = p.buffers.len();
+    let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
+    for (ki, k) in p.kernels.iter().enumerate() {
+        for b in k.reads().into_iter().chain(k.outputs.iter().copied()) {
+            first[b.index()] = first[b.index()].min(ki);
+            last[b.index()] = last[b.index()].max(ki);
+        }
+    }
+    (first, last)
+}
+
 /// A training step's activation memory: the bytes of the temporaries that are written by the
 /// time the kernel computing the loss (output `output`) runs and read after it — what the
 /// forward pass keeps for the backward.
@@ -54,14 +67,7 @@ fn saved_bytes(graph: &Graph) -> Res<usize> {
         .iter()
         .position(|k| k.outputs.contains(&loss))
         .ok_or("no kernel computes the loss")?;
-    let n = p.buffers.len();
-    let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
-    for (ki, k) in p.kernels.iter().enumerate() {
-        for b in k.reads().into_iter().chain(k.outputs.iter().copied()) {
-            first[b.index()] = first[b.index()].min(ki);
-            last[b.index()] = last[b.index()].max(ki);
-        }
-    }
+    let (first, last) = lifetimes(p);
     Ok(plan
         .sizes
         .iter()
@@ -128,14 +134,7 @@ fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize],
             let lowered = oar::cpu::lower::lower(step.graph(), &BTreeMap::new())?;
             let p = &lowered.cpu.program;
             let plan = &lowered.cpu.plan;
-            let n = p.buffers.len();
-            let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
-            for (ki, k) in p.kernels.iter().enumerate() {
-                for b in k.reads().into_iter().chain(k.outputs.iter().copied()) {
-                    first[b.index()] = first[b.index()].min(ki);
-                    last[b.index()] = last[b.index()].max(ki);
-                }
-            }
+            let (first, last) = lifetimes(p);
             let mut best = (0, 0);
             for ki in 0..p.kernels.len() {
                 let live: usize = plan

@@ -43,16 +43,21 @@ pub(crate) trait Elem: Copy + Send + Sync + 'static {
     fn bits(self) -> u16;
     /// `dst[i] = src[i].bits()`.
     fn row(src: &[Self], dst: &mut [u16]);
+    /// `out[2c] = x[c].bits()`, `out[2c + 1] = y[c].bits()` for 16 columns (with AVX-512F
+    /// where `avx512`): two rows of a right operand in pair order.
+    ///
+    /// # Safety
+    /// `x` and `y` point at 16 valid elements each; `out` holds 32; `avx512` only where the
+    /// host has AVX-512F.
+    unsafe fn interleave16(avx512: bool, x: *const Self, y: *const Self, out: &mut [u16]);
     /// `dst[i] = src[i · stride].bits()`.
     ///
     /// # Safety
     /// Those elements are valid.
     #[inline(always)]
     unsafe fn gather(src: *const Self, stride: isize, dst: &mut [u16]) {
-        for (i, d) in dst.iter_mut().enumerate() {
-            // Safety: the caller's contract.
-            *d = unsafe { *src.offset(i as isize * stride) }.bits();
-        }
+        // Safety: the caller's contract.
+        unsafe { gather_scalar(src, stride, dst) }
     }
     /// `out[2c] = at[c · cs].bits()`, `out[2c + 1] = at[c · cs + 1].bits()` for 16 columns `c`
     /// (the column pairs of a transposed right operand).
@@ -61,14 +66,8 @@ pub(crate) trait Elem: Copy + Send + Sync + 'static {
     /// Those elements are valid; `out` holds 32.
     #[inline(always)]
     unsafe fn pairs16(at: *const Self, cs: isize, out: &mut [u16]) {
-        for c in 0..NB {
-            let p = at.wrapping_offset(c as isize * cs);
-            // Safety: the caller's contract.
-            unsafe {
-                out[2 * c] = (*p).bits();
-                out[2 * c + 1] = (*p.add(1)).bits();
-            }
-        }
+        // Safety: the caller's contract.
+        unsafe { pairs16_scalar(at, cs, out) }
     }
 }
 
@@ -81,6 +80,16 @@ impl Elem for u16 {
     #[inline(always)]
     fn row(src: &[u16], dst: &mut [u16]) {
         dst.copy_from_slice(src);
+    }
+    #[inline(always)]
+    unsafe fn interleave16(avx512: bool, x: *const u16, y: *const u16, out: &mut [u16]) {
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // Safety: the caller's contract.
+            return unsafe { interleave16_avx512(x, y, out) };
+        }
+        // Safety: the caller's contract.
+        unsafe { interleave16_scalar(x, y, out) }
     }
 }
 
@@ -95,6 +104,16 @@ impl Elem for f32 {
         crate::ewise::narrow(crate::ewise::Half::Bf16, src, dst);
     }
     #[inline(always)]
+    unsafe fn interleave16(avx512: bool, x: *const f32, y: *const f32, out: &mut [u16]) {
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // Safety: the caller's contract.
+            return unsafe { interleave16_f32_avx512(x, y, out) };
+        }
+        // Safety: the caller's contract.
+        unsafe { interleave16_scalar(x, y, out) }
+    }
+    #[inline(always)]
     unsafe fn gather(src: *const f32, stride: isize, dst: &mut [u16]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(step) = gather_step(stride)
@@ -103,10 +122,8 @@ impl Elem for f32 {
             // Safety: AVX-512F was detected; the caller's contract.
             return unsafe { gather_f32_avx512(src, step, dst) };
         }
-        for (i, d) in dst.iter_mut().enumerate() {
-            // Safety: the caller's contract.
-            *d = unsafe { *src.offset(i as isize * stride) }.bits();
-        }
+        // Safety: the caller's contract.
+        unsafe { gather_scalar(src, stride, dst) }
     }
     #[inline(always)]
     unsafe fn pairs16(at: *const f32, cs: isize, out: &mut [u16]) {
@@ -117,14 +134,8 @@ impl Elem for f32 {
             // Safety: AVX-512F was detected; the caller's contract.
             return unsafe { pairs16_f32_avx512(at, step, out) };
         }
-        for c in 0..NB {
-            let p = at.wrapping_offset(c as isize * cs);
-            // Safety: the caller's contract.
-            unsafe {
-                out[2 * c] = (*p).bits();
-                out[2 * c + 1] = (*p.add(1)).bits();
-            }
-        }
+        // Safety: the caller's contract.
+        unsafe { pairs16_scalar(at, cs, out) }
     }
 }
 
@@ -346,13 +357,7 @@ unsafe fn pack_right_blocks<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mut [u
             let row = |p: usize| b.ptr.wrapping_offset(p as isize * b.rs + j0 as isize * b.cs);
             if cols == NB && p1 < k && b.cs == 1 {
                 // Safety: both rows' 16 columns are valid (the caller's contract).
-                unsafe {
-                    if B::BITS {
-                        interleave16(avx512, row(p0).cast(), row(p1).cast(), out);
-                    } else {
-                        interleave16_f32(avx512, row(p0).cast(), row(p1).cast(), out);
-                    }
-                }
+                unsafe { B::interleave16(avx512, row(p0), row(p1), out) };
                 continue;
             }
             if p1 < k && b.rs == 1 {
@@ -389,53 +394,40 @@ unsafe fn pack_right_blocks<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mut [u
     }
 }
 
-/// `out[2c] = x[c]`, `out[2c + 1] = y[c]` for 16 columns (with AVX-512F where `avx512`).
+/// [`Elem::gather`] one element at a time.
 ///
 /// # Safety
-/// `x` and `y` point at 16 valid elements each; `avx512` only where the host has AVX-512F.
+/// As [`Elem::gather`].
 #[inline(always)]
-unsafe fn interleave16(avx512: bool, x: *const u16, y: *const u16, out: &mut [u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // Safety: the caller's contract; `out` holds 32 elements.
-        return unsafe { interleave16_avx512(x, y, out) };
+unsafe fn gather_scalar<E: Elem>(src: *const E, stride: isize, dst: &mut [u16]) {
+    for (i, d) in dst.iter_mut().enumerate() {
+        // Safety: the caller's contract.
+        *d = unsafe { *src.offset(i as isize * stride) }.bits();
     }
+}
+
+/// [`Elem::pairs16`] one element at a time.
+///
+/// # Safety
+/// As [`Elem::pairs16`].
+#[inline(always)]
+unsafe fn pairs16_scalar<E: Elem>(at: *const E, cs: isize, out: &mut [u16]) {
     for c in 0..NB {
+        let p = at.wrapping_offset(c as isize * cs);
         // Safety: the caller's contract.
         unsafe {
-            out[2 * c] = *x.add(c);
-            out[2 * c + 1] = *y.add(c);
+            out[2 * c] = (*p).bits();
+            out[2 * c + 1] = (*p.add(1)).bits();
         }
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn interleave16_avx512(x: *const u16, y: *const u16, out: &mut [u16]) {
-    use std::arch::x86_64::*;
-    assert!(out.len() >= 2 * NB);
-    // Safety: 16 u16s at each of `x`, `y`; 64 bytes of `out`.
-    unsafe {
-        let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(x.cast()));
-        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(y.cast()));
-        _mm512_storeu_si512(
-            out.as_mut_ptr().cast(),
-            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)),
-        );
-    }
-}
-
-/// [`interleave16`] of f32 rows, each element rounded to bf16.
+/// [`Elem::interleave16`] one element at a time.
 ///
 /// # Safety
-/// As [`interleave16`], with 16 valid f32 elements at `x` and at `y`.
+/// As [`Elem::interleave16`].
 #[inline(always)]
-unsafe fn interleave16_f32(avx512: bool, x: *const f32, y: *const f32, out: &mut [u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // Safety: the caller's contract; `out` holds 32 elements.
-        return unsafe { interleave16_f32_avx512(x, y, out) };
-    }
+unsafe fn interleave16_scalar<E: Elem>(x: *const E, y: *const E, out: &mut [u16]) {
     for c in 0..NB {
         // Safety: the caller's contract.
         unsafe {
@@ -445,21 +437,45 @@ unsafe fn interleave16_f32(avx512: bool, x: *const f32, y: *const f32, out: &mut
     }
 }
 
+/// Stores bf16 bits held in the low halves of `lo`'s and `hi`'s lanes as 16 pairs
+/// `(lo[c], hi[c])`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store_pairs16(lo: std::arch::x86_64::__m512i, hi: std::arch::x86_64::__m512i, out: &mut [u16]) {
+    use std::arch::x86_64::*;
+    assert!(out.len() >= 2 * NB);
+    // Safety: 64 bytes of `out` (checked above).
+    unsafe {
+        _mm512_storeu_si512(
+            out.as_mut_ptr().cast(),
+            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)),
+        )
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn interleave16_avx512(x: *const u16, y: *const u16, out: &mut [u16]) {
+    use std::arch::x86_64::*;
+    // Safety: 16 u16s at each of `x`, `y`.
+    let (lo, hi) = unsafe {
+        (
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(x.cast())),
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(y.cast())),
+        )
+    };
+    store_pairs16(lo, hi, out);
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn interleave16_f32_avx512(x: *const f32, y: *const f32, out: &mut [u16]) {
     use crate::ewise::bf16v::round16;
     use std::arch::x86_64::*;
-    assert!(out.len() >= 2 * NB);
-    // Safety: 16 f32s at each of `x`, `y`; 64 bytes of `out`.
-    unsafe {
-        let lo = round16(_mm512_loadu_si512(x.cast()));
-        let hi = round16(_mm512_loadu_si512(y.cast()));
-        _mm512_storeu_si512(
-            out.as_mut_ptr().cast(),
-            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)),
-        );
-    }
+    // Safety: 16 f32s at each of `x`, `y`.
+    let (lo, hi) = unsafe { (_mm512_loadu_si512(x.cast()), _mm512_loadu_si512(y.cast())) };
+    store_pairs16(round16(lo), round16(hi), out);
 }
 
 /// `dst[m×n] (row stride ldc) = a[m×k] · b[k×n]` in f32 from bf16 operands, on `threads`
