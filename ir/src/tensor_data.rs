@@ -206,6 +206,13 @@ pub fn checked_byte_len(dtype: DType, shape: &[usize]) -> Result<usize, TensorDa
 }
 
 impl TensorData {
+    /// The bytes, taken without a copy when no other `TensorData` shares them (else `self`
+    /// back): how a runtime reuses the allocation of an output its caller has let go of.
+    pub fn try_into_bytes(self) -> Result<Vec<u8>, TensorData> {
+        let TensorData { dtype, shape, bytes } = self;
+        Arc::try_unwrap(bytes).map_err(|bytes| TensorData { dtype, shape, bytes })
+    }
+
     /// A tensor from raw little-endian bytes; checks the length.
     pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Result<Self, TensorDataError> {
         let expected = checked_byte_len(dtype, &shape)?;

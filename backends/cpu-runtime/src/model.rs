@@ -39,7 +39,15 @@ pub struct Model {
     derived: Vec<contraction::WeightCache>,
     /// Per step: computed once by [`Model::hoist`], skipped by every run.
     hoisted: Vec<bool>,
+    /// The outputs handed over by recent runs, per output buffer: a run writes an output into
+    /// the allocation of one its caller has since dropped, instead of faulting in fresh pages
+    /// (a training step's new parameters and optimizer moments replace the previous ones on
+    /// every call). At most [`KEPT_OUTPUTS`] per buffer.
+    handed: std::sync::Mutex<BTreeMap<BufferId, Vec<TensorData>>>,
 }
+
+/// Outputs remembered per output buffer for reuse: the caller's current one and one spare.
+const KEPT_OUTPUTS: usize = 2;
 
 // Safety: kernel functions are plain machine code that only touch the buffers passed to them;
 // everything else is owned data.
@@ -124,6 +132,7 @@ impl Model {
         let derived = (0..prog.steps.len()).map(|_| Default::default()).collect();
         let mut model = Model {
             hoisted: vec![false; prog.steps.len()],
+            handed: std::sync::Mutex::new(BTreeMap::new()),
             derived,
             prog,
             funcs,
@@ -576,7 +585,10 @@ impl Launcher for Model {
                 let n = byte_len(b);
                 f.outs
                     .entry(id)
-                    .or_insert_with(|| Vec::with_capacity(n.max(1)))
+                    .or_insert_with(|| {
+                        self.reusable_output(id, n)
+                            .unwrap_or_else(|| Vec::with_capacity(n.max(1)))
+                    })
                     .as_mut_ptr()
             }
             _ => {
@@ -645,11 +657,20 @@ impl Launcher for Model {
             f.outs.get(&id).cloned().unwrap_or_default()
         };
         v.truncate(n);
-        TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), v).map_err(|e| BackendError::Runtime {
+        let t = TensorData::from_bytes(b.ty.dtype, static_shape(&b.ty), v).map_err(|e| BackendError::Runtime {
             op: "output".into(),
             value: b.value.clone(),
             detail: e.to_string(),
-        })
+        })?;
+        if last {
+            let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+            let kept = handed.entry(id).or_default();
+            kept.push(t.clone());
+            if kept.len() > KEPT_OUTPUTS {
+                kept.remove(0);
+            }
+        }
+        Ok(t)
     }
 
     fn finish(&self, f: CpuFrame) {
@@ -658,6 +679,25 @@ impl Launcher for Model {
 }
 
 impl Model {
+    /// The allocation of an output of buffer `id` that an earlier run handed over and its
+    /// caller no longer holds, with room for `n` bytes (its contents are stale: the kernels
+    /// write every byte of an output).
+    fn reusable_output(&self, id: BufferId, n: usize) -> Option<Vec<u8>> {
+        let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = handed.get_mut(&id)?;
+        for i in 0..kept.len() {
+            if kept[i].bytes().len() != n {
+                continue;
+            }
+            match kept.remove(i).try_into_bytes() {
+                Ok(v) => return Some(v),
+                // The caller still holds it: keep it listed.
+                Err(t) => kept.insert(i, t),
+            }
+        }
+        None
+    }
+
     /// Run step `index` (the launcher's `launch`, profiled or not).
     fn launch_step(&self, f: &mut CpuFrame, index: usize) -> Result<Launched, BackendError> {
         let p = &self.prog.program;

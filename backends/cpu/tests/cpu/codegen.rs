@@ -1916,3 +1916,48 @@ graph @hoist {
         }
     }
 }
+
+/// A run writes an output into the allocation of one an earlier run handed over and its caller
+/// has since dropped (no fresh pages per call, as a training step's new weights replace the
+/// old ones); an output the caller still holds is never written again, whatever runs follow.
+#[test]
+fn outputs_reuse_allocations_their_callers_dropped_and_never_ones_they_hold() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @step {
+  %x = input "x" : f32[64,64]
+  %0 = mul(%x, %x) : f32[64,64]
+  output "y" = %0
+}
+"#,
+    )
+    .unwrap();
+    let cpu = oar_backend_cpu::CpuBackend::new();
+    let exe = oar_ir::Backend::compile(&cpu, &g, &Weights::new()).unwrap();
+    let feed = |v: f32| {
+        BTreeMap::from([(
+            "x".to_string(),
+            TensorData::from_vec(vec![64, 64], vec![v; 4096]).unwrap(),
+        )])
+    };
+    let run = |v: f32| exe.run(&feed(v)).unwrap().remove(0).1;
+    // Held outputs keep their values through later runs, each in its own allocation.
+    let held: Vec<TensorData> = (1..=4).map(|i| run(i as f32)).collect();
+    for (i, t) in held.iter().enumerate() {
+        let want = ((i + 1) * (i + 1)) as f32;
+        assert!(t.to_vec::<f32>().unwrap().iter().all(|&v| v == want), "run {i}");
+    }
+    let ptrs: Vec<*const u8> = held.iter().map(|t| t.bytes().as_ptr()).collect();
+    assert!(
+        (1..ptrs.len()).all(|i| !ptrs[..i].contains(&ptrs[i])),
+        "distinct buffers"
+    );
+    // Dropped outputs are written again.
+    drop(held);
+    let again = run(5.0);
+    assert!(again.to_vec::<f32>().unwrap().iter().all(|&v| v == 25.0));
+    assert!(
+        ptrs.contains(&again.bytes().as_ptr()),
+        "reused one of the dropped allocations"
+    );
+}
