@@ -33,8 +33,7 @@ const PRECISIONS: [(&str, Option<DType>); 3] = [("f32", None), ("bf16", Some(DTy
 
 /// The planned bytes of temporaries of `graph` compiled for the cpu backend.
 fn arena_bytes(graph: &Graph) -> Res<usize> {
-    let lowered = oar::cpu::lower::lower(graph, &BTreeMap::new())?;
-    Ok(lowered.cpu.plan.arena_bytes)
+    Ok(oar::cpu::lower::lower(graph, &BTreeMap::new())?.cpu.plan.arena_bytes)
 }
 
 /// The first and last kernel touching each buffer of `p` (`usize::MAX` and 0 for none).
@@ -53,8 +52,7 @@ fn lifetimes(p: &oar::ir::kernel::KernelProgram) -> (Vec<usize>, Vec<usize>) {
 /// A training step's activation memory: the bytes of the temporaries that are written by the
 /// time the kernel computing the loss (output `output`) runs and read after it — what the
 /// forward pass keeps for the backward.
-fn saved_bytes(graph: &Graph) -> Res<usize> {
-    let lowered = oar::cpu::lower::lower(graph, &BTreeMap::new())?;
+fn saved_bytes(lowered: &oar::cpu::lower::Lowered) -> Res<usize> {
     let (p, plan) = (&lowered.cpu.program, &lowered.cpu.plan);
     let loss = p
         .outputs
@@ -125,13 +123,14 @@ fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize],
         .with_backend("cpu")?;
         let _ = oar_cpu_runtime::profile::take();
         let ms = median_ms(3, runs, || step.call(&[&x, &y]).map(|_| ()))?;
+        // Lowered once for both memory figures (and the peak listing).
+        let lowered = oar::cpu::lower::lower(step.graph(), &BTreeMap::new())?;
         println!(
             "{label}_train {name} {ms:.4} {} {}",
-            arena_bytes(step.graph())?,
-            saved_bytes(step.graph())?
+            lowered.cpu.plan.arena_bytes,
+            saved_bytes(&lowered)?
         );
         if std::env::var("OAR_BENCH_PEAK").is_ok() {
-            let lowered = oar::cpu::lower::lower(step.graph(), &BTreeMap::new())?;
             let p = &lowered.cpu.program;
             let plan = &lowered.cpu.plan;
             let (first, last) = lifetimes(p);

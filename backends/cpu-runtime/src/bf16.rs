@@ -50,22 +50,22 @@ pub(crate) trait Elem: Copy + Send + Sync + 'static {
     /// `x` and `y` point at 16 valid elements each; `out` holds 32; `avx512` only where the
     /// host has AVX-512F.
     unsafe fn interleave16(avx512: bool, x: *const Self, y: *const Self, out: &mut [u16]);
-    /// `dst[i] = src[i · stride].bits()`.
+    /// `dst[i] = src[i · stride].bits()` (with AVX-512F gathers where `avx512` allows).
     ///
     /// # Safety
-    /// Those elements are valid.
+    /// Those elements are valid; `avx512` only where the host has AVX-512F.
     #[inline(always)]
-    unsafe fn gather(src: *const Self, stride: isize, dst: &mut [u16]) {
+    unsafe fn gather(_avx512: bool, src: *const Self, stride: isize, dst: &mut [u16]) {
         // Safety: the caller's contract.
         unsafe { gather_scalar(src, stride, dst) }
     }
     /// `out[2c] = at[c · cs].bits()`, `out[2c + 1] = at[c · cs + 1].bits()` for 16 columns `c`
-    /// (the column pairs of a transposed right operand).
+    /// (the column pairs of a transposed right operand; AVX-512F gathers where `avx512` allows).
     ///
     /// # Safety
-    /// Those elements are valid; `out` holds 32.
+    /// Those elements are valid; `out` holds 32; `avx512` only where the host has AVX-512F.
     #[inline(always)]
-    unsafe fn pairs16(at: *const Self, cs: isize, out: &mut [u16]) {
+    unsafe fn pairs16(_avx512: bool, at: *const Self, cs: isize, out: &mut [u16]) {
         // Safety: the caller's contract.
         unsafe { pairs16_scalar(at, cs, out) }
     }
@@ -114,24 +114,24 @@ impl Elem for f32 {
         unsafe { interleave16_scalar(x, y, out) }
     }
     #[inline(always)]
-    unsafe fn gather(src: *const f32, stride: isize, dst: &mut [u16]) {
+    unsafe fn gather(avx512: bool, src: *const f32, stride: isize, dst: &mut [u16]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(step) = gather_step(stride)
-            && std::arch::is_x86_feature_detected!("avx512f")
+            && avx512
         {
-            // Safety: AVX-512F was detected; the caller's contract.
+            // Safety: the caller's contract (AVX-512F where `avx512`).
             return unsafe { gather_f32_avx512(src, step, dst) };
         }
         // Safety: the caller's contract.
         unsafe { gather_scalar(src, stride, dst) }
     }
     #[inline(always)]
-    unsafe fn pairs16(at: *const f32, cs: isize, out: &mut [u16]) {
+    unsafe fn pairs16(avx512: bool, at: *const f32, cs: isize, out: &mut [u16]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(step) = gather_step(cs)
-            && std::arch::is_x86_feature_detected!("avx512f")
+            && avx512
         {
-            // Safety: AVX-512F was detected; the caller's contract.
+            // Safety: the caller's contract (AVX-512F where `avx512`).
             return unsafe { pairs16_f32_avx512(at, step, out) };
         }
         // Safety: the caller's contract.
@@ -295,6 +295,7 @@ unsafe fn left<A: Elem>(m: usize, k: usize, a: Mat<A>) -> Left {
             _packed: None,
         };
     }
+    let avx512 = has_avx512();
     let mut p = Pooled::<u16>::take(mp * kp);
     for i in 0..mp {
         let row = &mut p[i * kp..][..kp];
@@ -308,7 +309,7 @@ unsafe fn left<A: Elem>(m: usize, k: usize, a: Mat<A>) -> Left {
             A::row(unsafe { std::slice::from_raw_parts(src, k) }, &mut row[..k]);
         } else {
             // Safety: as above.
-            unsafe { A::gather(src, a.cs, &mut row[..k]) };
+            unsafe { A::gather(avx512, src, a.cs, &mut row[..k]) };
         }
         row[k..].fill(0);
     }
@@ -345,10 +346,7 @@ pub(crate) unsafe fn pack_right<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mu
 /// As [`pack_right`].
 unsafe fn pack_right_blocks<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mut [u16], blocks: std::ops::Range<usize>) {
     let half = k.next_multiple_of(KSTEP) / 2;
-    #[cfg(target_arch = "x86_64")]
-    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx512 = false;
+    let avx512 = has_avx512();
     for (jb, block) in blocks.zip(dst.chunks_exact_mut(half * 2 * NB)) {
         let j0 = jb * NB;
         let cols = n.saturating_sub(j0).min(NB);
@@ -364,7 +362,7 @@ unsafe fn pack_right_blocks<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mut [u
                 // A transposed operand: each pair is two adjacent elements of a column.
                 if cols == NB {
                     // Safety: elements (p0, j0 + c) and (p1, j0 + c) are valid for 16 columns.
-                    unsafe { B::pairs16(row(p0), b.cs, out) };
+                    unsafe { B::pairs16(avx512, row(p0), b.cs, out) };
                     continue;
                 }
                 for c in 0..NB {
@@ -392,6 +390,14 @@ unsafe fn pack_right_blocks<B: Elem>(k: usize, n: usize, b: Mat<B>, dst: &mut [u
             }
         }
     }
+}
+
+/// Whether the host has AVX-512F (the packing's vector paths).
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// [`Elem::gather`] one element at a time.
