@@ -14,6 +14,7 @@ mod import;
 mod ops;
 mod ops_elementwise;
 mod ops_nn;
+mod ops_quant;
 mod ops_rnn;
 mod ops_shape;
 mod ops_vision;

@@ -15,8 +15,17 @@ use std::collections::HashMap;
 
 /// True if the importer maps this node's op type.
 pub fn is_supported(node: &NodeProto) -> bool {
-    matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx"))
-        && crate::table::converter(node.op_type()).is_some()
+    node_key(node).is_some_and(|k| crate::table::converter(&k).is_some())
+}
+
+/// The import table's key of a node: its op type in the default domain, `com.microsoft.T` for
+/// ONNX Runtime's contrib op `T` (which its quantization tools write), `None` elsewhere.
+pub(crate) fn node_key(node: &NodeProto) -> Option<String> {
+    match node.domain.as_deref() {
+        None | Some("") | Some("ai.onnx") => Some(node.op_type().to_string()),
+        Some("com.microsoft") => Some(format!("com.microsoft.{}", node.op_type())),
+        Some(_) => None,
+    }
 }
 
 /// One node being converted: the graph, the node, its inputs and the opset in effect.
@@ -263,7 +272,7 @@ impl<'a> NodeCx<'a> {
 
     /// Convert the node into oar ops through the import table; one value per ONNX output.
     pub fn convert(mut self) -> R<Vec<ValueId>> {
-        let op_type = self.node.op_type().to_string();
+        let op_type = node_key(self.node).unwrap_or_else(|| self.node.op_type().to_string());
         let convert =
             crate::table::converter(&op_type).ok_or_else(|| self.err(format!("no converter for `{op_type}`")))?;
         let out = convert(&mut self);

@@ -312,8 +312,9 @@ fn spatial_pads(
     }
 }
 
-pub(crate) fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
-    let (x, w) = (cx.input(0)?, cx.input(1)?);
+/// The convolution a `Conv`-like node (`Conv`, `ConvInteger`, `QLinearConv`) describes for
+/// input `x` and weight `w`: strides, dilations, groups and pads (`auto_pad` too).
+pub(crate) fn conv_spec(cx: &NodeCx<'_>, x: ValueId, w: ValueId) -> R<Conv> {
     let wt = cx.ty(w);
     if wt.rank() < 3 {
         return Err(cx.err(format!(
@@ -332,7 +333,26 @@ pub(crate) fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
     }
     let groups = usize::try_from(cx.attr_i("group", 1)).map_err(|_| cx.err("bad group"))?;
     let xs = cx.ty(x).shape.0;
-    let (pb, pa) = spatial_pads(cx, xs.get(2..).unwrap_or(&[]), &kernel, &stride, &dilation)?;
+    let (pad_before, pad_after) = spatial_pads(cx, xs.get(2..).unwrap_or(&[]), &kernel, &stride, &dilation)?;
+    Ok(Conv {
+        stride,
+        pad_before,
+        pad_after,
+        dilation,
+        groups,
+    })
+}
+
+pub(crate) fn conv(cx: &mut NodeCx<'_>) -> R<ValueId> {
+    let (x, w) = (cx.input(0)?, cx.input(1)?);
+    let Conv {
+        stride,
+        pad_before: pb,
+        pad_after: pa,
+        dilation,
+        groups,
+    } = conv_spec(cx, x, w)?;
+    let n = stride.len();
     let b = cx.opt_input(2);
     if n == 2 {
         let op = Composite::Conv2d(Conv2d {

@@ -1,12 +1,12 @@
-//! The ONNX mapping tables. Each family module (`ops_elementwise`, `ops_nn`, `ops_rnn`,
-//! `ops_shape`, `ops_vision`) declares one [`Table`] next to its converters and writers: the
+//! The ONNX mapping tables. Each family module (`ops_elementwise`, `ops_nn`, `ops_quant`,
+//! `ops_rnn`, `ops_shape`, `ops_vision`) declares one [`Table`] next to its converters and writers: the
 //! ONNX op types it imports, and the oar ops it writes as ONNX nodes — so an op's ONNX mapping,
 //! both ways, is in one file. Import dispatch, [`supported_ops`] and the exporter's lookup come
 //! from these tables; a composite without a writer is exported as its decomposition.
 
 use crate::export::{Exporter, Written};
 use crate::ops::{NodeCx, R};
-use crate::{ops_elementwise, ops_nn, ops_rnn, ops_shape, ops_vision};
+use crate::{ops_elementwise, ops_nn, ops_quant, ops_rnn, ops_shape, ops_vision};
 use oar_ir::{Op, TensorType, ValueId};
 
 /// A converter: the node (in its context) to oar values, one per ONNX output.
@@ -28,9 +28,10 @@ pub(crate) fn one(v: R<ValueId>) -> R<Vec<ValueId>> {
     v.map(|v| vec![v])
 }
 
-const TABLES: [&Table; 5] = [
+const TABLES: [&Table; 6] = [
     &ops_elementwise::TABLE,
     &ops_nn::TABLE,
+    &ops_quant::TABLE,
     &ops_rnn::TABLE,
     &ops_shape::TABLE,
     &ops_vision::TABLE,

@@ -8,14 +8,14 @@
 //! | class | ops | inputs become |
 //! |---|---|---|
 //! | [`AmpClass::Low`] (allow list) | `matmul conv linear conv2d conv_transpose einsum sdpa lstm_seq gru_seq` | the low dtype |
-//! | [`AmpClass::F32`] (deny list) | `exp log rsqrt recip pow reduce_sum reduce_mean reduce_prod softmax log_softmax cross_entropy batch_norm layer_norm group_norm instance_norm cumsum` | f32 |
+//! | [`AmpClass::F32`] (deny list) | `exp log rsqrt recip pow reduce_sum reduce_mean reduce_prod softmax log_softmax cross_entropy batch_norm layer_norm group_norm instance_norm cumsum quantize_linear dequantize_linear fake_quant requantize` | f32 |
 //! | [`AmpClass::Promote`] (the rest) | every other op on floats | the widest float operand's dtype (O1) or the low dtype (O2) |
 //!
 //! Not subject to AMP: graph boundaries (inputs, params, constants), `cast` itself, generators
-//! (`iota`, `random`), control flow (its regions are rewritten on their own) and optimizer
-//! updates. An op with an f64 operand is left alone. In the promote rule a rank-0 operand
-//! does not widen the others (as PyTorch's type promotion treats 0-d tensors): it is cast to
-//! their dtype.
+//! (`iota`, `random`), control flow (its regions are rewritten on their own), optimizer
+//! updates and the integer contractions (`matmul_integer`, `conv_integer`). An op with an f64
+//! operand is left alone. In the promote rule a rank-0 operand does not widen the others (as
+//! PyTorch's type promotion treats 0-d tensors): it is cast to their dtype.
 //!
 //! Levels (Paddle 2's `auto_cast(level=...)`): **O1** casts at the allow and deny lists and
 //! lets the rest follow their inputs; **O2** ("pure" low precision, parameters stored in the
@@ -107,8 +107,12 @@ pub fn default_class(op: &Op) -> Option<AmpClass> {
             | C::LayerNorm(_)
             | C::GroupNorm(_)
             | C::InstanceNorm(_)
-            | C::CumSum(_) => F32,
-            C::AdamUpdate(_) | C::ShapeOf => return None,
+            | C::CumSum(_)
+            | C::QuantizeLinear(_)
+            | C::DequantizeLinear(_)
+            | C::FakeQuant(_)
+            | C::Requantize(_) => F32,
+            C::AdamUpdate(_) | C::ShapeOf | C::MatMulInteger | C::ConvInteger(_) => return None,
             C::ConvWeightGrad(_)
             | C::MaxPool2d(_)
             | C::MaxPool2dGrad(_)

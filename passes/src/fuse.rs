@@ -159,6 +159,23 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
             materialized.extend((0..node.outputs().len() as u32).map(|output| ValueId { node: n, output }));
         }
     }
+    // A matmul or convolution read through a cast to an integer dtype (conv_integer's exact
+    // f64 sums cast to i32) keeps its result in a buffer of its own dtype: runtimes compute a
+    // contraction into a buffer of its accumulator's dtype, the cast is a loop of its own.
+    for &n in &order {
+        let node = g.node(n);
+        if !matches!(node.op, Op::MatMul | Op::Conv(_)) {
+            continue;
+        }
+        let v = ValueId::first(n);
+        let to_int = g
+            .users(v)
+            .iter()
+            .any(|&(u, _)| matches!(&g.node(u).op, Op::Cast(c) if !c.to.is_float()));
+        if to_int && g.value_type(v).dtype.is_float() {
+            materialized.insert(v);
+        }
+    }
     // A value with several users whose cone holds an anchor, read by something other than a
     // same-shape elementwise op (a reduction, a broadcast, a contraction), ends up in a buffer
     // anyway: decide it up front so no kernel claims its anchor first.

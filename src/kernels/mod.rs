@@ -516,8 +516,8 @@ pub(crate) fn native_composite_vjp(
     }
 }
 
-/// Composite `op`'s gradients by its definition: its decomposition and the backward of that,
-/// compiled as one cpu program (recomputing the forward inside, fused) and cached per op,
+/// Composite `op`'s gradients by its definition: its own gradient rule where it has one, else
+/// its decomposition and the backward of that, compiled as one cpu program (recomputing the forward inside, fused) and cached per op,
 /// operand types, `wants` and which results have a cotangent.
 pub(crate) fn compiled_composite_vjp(
     op: &Op,
@@ -538,7 +538,14 @@ pub(crate) fn compiled_composite_vjp(
     let outs = cached_run(op, &all, &key, || {
         let (mut gr, mut xs) = graph_with_inputs(&format!("{}_vjp", op.name()), &all)?;
         let gs = xs.split_off(inputs.len());
-        let ys = oar_ir::decompose::decompose(c, &mut gr, &xs)?;
+        // A composite with a gradient rule of its own (fake_quant's straight-through
+        // estimator) stays one node for `append_backward` to apply that rule; the rest are
+        // differentiated through their decompositions.
+        let ys = if oar_ir::ops::OpDef::has_vjp(c) {
+            gr.add_op(op.clone(), &xs)?
+        } else {
+            oar_ir::decompose::decompose(c, &mut gr, &xs)?
+        };
         let with_ct: Vec<(oar_ir::ValueId, oar_ir::ValueId)> = ys
             .iter()
             .zip(cts)

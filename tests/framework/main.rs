@@ -25,6 +25,7 @@ mod nn_transformer;
 mod op_fixtures;
 mod optim_train;
 mod optim_updates;
+mod quant;
 mod save_load;
 mod vision;
 mod vision_ops;

@@ -2,4 +2,5 @@
 
 mod onnx_import_export;
 mod ort_export;
+mod quant_models;
 mod torch_models;

@@ -34,6 +34,22 @@ fn the_table_puts_products_low_and_sensitive_ops_in_f32() {
     assert_eq!(default_class(&max), Some(AmpClass::Promote));
     assert_eq!(default_class(&Op::Binary(BinaryOp::Add)), Some(AmpClass::Promote));
     assert_eq!(default_class(&Op::Cast(oar_ir::ops::Cast { to: DType::F16 })), None);
+    // Quantization divides by small scales: its float operands stay f32 (integers are never cast).
+    let fq = Op::Composite(Composite::FakeQuant(oar_ir::ops::FakeQuant {
+        axis: 0,
+        qmin: -128,
+        qmax: 127,
+    }));
+    assert_eq!(default_class(&fq), Some(AmpClass::F32));
+    assert_eq!(
+        o1().plan(&fq, &[(DType::BF16, 2), (DType::F32, 0)]),
+        vec![Some(DType::F32), None]
+    );
+    let dq = Op::Composite(Composite::DequantizeLinear(oar_ir::ops::DequantizeLinear { axis: 0 }));
+    assert_eq!(
+        o1().plan(&dq, &[(DType::I8, 2), (DType::BF16, 0)]),
+        vec![None, Some(DType::F32)]
+    );
 }
 
 #[test]

@@ -4,12 +4,14 @@
 mod args;
 mod conv;
 pub(crate) mod loss;
+mod quant;
 mod vision;
 
 pub use args::{Pad2d, Pair};
 pub use conv::conv1d;
 pub use loss::{binary_cross_entropy_with_logits, mse_loss, nll_loss};
 pub use oar_ir::ops::Reduction;
+pub use quant::{dequantize_linear, fake_quant, quantize_linear};
 pub use vision::{Interpolation, conv_transpose, group_norm, instance_norm, interpolate, pad};
 
 use crate::error::{Error, Result};

@@ -17,6 +17,8 @@ mod optim;
 mod ordering;
 mod padding;
 mod pooling;
+mod qlinear;
+mod quant;
 mod resize;
 mod rnn;
 mod scan;
@@ -34,6 +36,8 @@ pub use optim::{AdamConstants, AdamUpdate};
 pub use ordering::{ArgSort, Flip, TopK};
 pub use padding::{BorderPad, PadMode};
 pub use pooling::{AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d, MaxPool2dGrad};
+pub use qlinear::{ConvInteger, MatMulInteger, Requantize};
+pub use quant::{DequantizeLinear, FakeQuant, QuantizeLinear, quant_range};
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
 pub use rnn::{GruCell, GruSeq, LstmCell, LstmSeq};
 pub use scan::CumSum;
@@ -124,6 +128,18 @@ op_set! {
         ShapeOf,
         /// One Adam / AdamW update of a parameter and its moments.
         AdamUpdate(AdamUpdate),
+        /// `saturate(round(x / scale) + zero_point)` into i8/u8 (ONNX QuantizeLinear).
+        QuantizeLinear(QuantizeLinear),
+        /// `(x - zero_point) * scale` (ONNX DequantizeLinear).
+        DequantizeLinear(DequantizeLinear),
+        /// Quantize then dequantize, with a straight-through gradient (QAT).
+        FakeQuant(FakeQuant),
+        /// `(a - a_zp) @ (b - b_zp)` of 8-bit operands, in i32 (ONNX MatMulInteger).
+        MatMulInteger,
+        /// Convolution of 8-bit operands less their zero points, in i32 (ONNX ConvInteger).
+        ConvInteger(ConvInteger),
+        /// `saturate(round(f32(acc) * multiplier) + zero_point)`: i32 sums back to 8 bits.
+        Requantize(Requantize),
     }
 }
 
