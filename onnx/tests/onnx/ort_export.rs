@@ -352,9 +352,15 @@ fn try_check(label: &str, m: &Model, inputs: BTreeMap<String, TensorData>, rtol:
     let dir = tempfile::tempdir().unwrap();
     oar_onnx::save(m, &dir.path().join("model.onnx")).unwrap_or_else(|e| panic!("{label}: export: {e}"));
     let got = try_run_ort(dir.path(), &inputs)?;
+    Ok(compare(label, &want, &got, rtol))
+}
+
+/// onnxruntime's outputs `got` against the reference's `want`: floats within `rtol ·
+/// max(|want|, 1e-2)`, integers exactly. Returns the largest relative error.
+fn compare(label: &str, want: &[(String, TensorData)], got: &[TensorData], rtol: f64) -> f64 {
     assert_eq!(got.len(), want.len(), "{label}: number of outputs");
     let mut worst = 0.0f64;
-    for ((name, w), g) in want.iter().zip(&got) {
+    for ((name, w), g) in want.iter().zip(got) {
         assert_eq!(g.shape(), w.shape(), "{label}/{name}: shape");
         assert_eq!(g.dtype(), w.dtype(), "{label}/{name}: dtype");
         let (gv, wv) = (g.to_f64_vec(), w.to_f64_vec());
@@ -376,7 +382,61 @@ fn try_check(label: &str, m: &Model, inputs: BTreeMap<String, TensorData>, rtol:
         }
     }
     eprintln!("{label}: max rel err {worst:.3e}");
-    Ok(worst)
+    worst
+}
+
+/// Run many exported models in one onnxruntime process (`tools/ort_run.py --batch`): for each
+/// `(directory holding model.onnx, inputs)`, its outputs or onnxruntime's error.
+fn run_ort_batch(cases: &[(PathBuf, BTreeMap<String, TensorData>)]) -> Vec<Result<Vec<TensorData>, String>> {
+    let list = tempfile::NamedTempFile::new().unwrap();
+    let mut lines = String::new();
+    for (dir, inputs) in cases {
+        let mut feeds = serde_json::Map::new();
+        for (i, (name, t)) in inputs.iter().enumerate() {
+            let p = dir.join(format!("input_{i}.npy"));
+            write_npy(&p, t).unwrap();
+            feeds.insert(name.clone(), p.display().to_string().into());
+        }
+        let line = serde_json::json!({
+            "model": dir.join("model.onnx").display().to_string(),
+            "out": dir.join("out").display().to_string(),
+            "inputs": feeds,
+        });
+        lines.push_str(&format!("{line}\n"));
+    }
+    std::fs::write(list.path(), lines).unwrap();
+    let out = Command::new("python3")
+        .arg(repo().join("tools/ort_run.py"))
+        .arg("--batch")
+        .arg(list.path())
+        .arg("--check")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `python3` ({e}): the ONNX export check needs python3 with onnxruntime and onnx")
+        });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match out.status.code() {
+        Some(0) => {}
+        Some(2) => panic!("the ONNX export check needs onnxruntime and onnx in python3: {stderr}"),
+        _ => panic!("tools/ort_run.py --batch failed ({}):\n{stderr}", out.status),
+    }
+    cases
+        .iter()
+        .map(|(dir, _)| {
+            let out = dir.join("out");
+            if let Ok(e) = std::fs::read_to_string(out.join("error.txt")) {
+                return Err(e);
+            }
+            let n: usize = std::fs::read_to_string(out.join("outputs.txt"))
+                .map_err(|e| format!("no outputs from onnxruntime: {e}"))?
+                .trim()
+                .parse()
+                .map_err(|e| format!("outputs.txt: {e}"))?;
+            Ok((0..n)
+                .map(|i| read_npy(&out.join(format!("output_{i}.npy"))).unwrap())
+                .collect())
+        })
+        .collect()
 }
 
 #[test]
@@ -424,8 +484,10 @@ fn every_op_sample_exports_to_onnxruntime_and_imports_back() {
     use oar_ir::ops::sample::SampleRng;
     let samples = Op::all_samples();
     let total = samples.len();
-    let mut ran = 0;
-    for s in samples {
+    let root = tempfile::tempdir().unwrap();
+    let mut cases = Vec::new();
+    let mut runs = Vec::new();
+    for (k, s) in samples.iter().enumerate() {
         let mut g = Graph::new("sample");
         let mut rng = SampleRng::for_case(&s.name, 5);
         let mut inputs = BTreeMap::new();
@@ -443,10 +505,23 @@ fn every_op_sample_exports_to_onnxruntime_and_imports_back() {
             graph: g,
             weights: Weights::new(),
         };
+        let dir = root.path().join(format!("case{k}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        oar_onnx::save(&m, &dir.join("model.onnx")).unwrap_or_else(|e| panic!("{}: export: {e}", s.name));
+        runs.push((dir, inputs.clone()));
+        cases.push((m, inputs));
+    }
+    let mut ran = 0;
+    for ((s, (m, inputs)), got) in samples.iter().zip(&cases).zip(run_ort_batch(&runs)) {
+        let want = oar_backend_reference::run_graph(&m.graph, &m.weights, inputs)
+            .unwrap_or_else(|e| panic!("{}: reference: {e}", s.name));
         // A valid model (onnx.checker passed) whose dtype onnxruntime has no kernel for is
         // reported, not failed: the import-back check below still runs.
-        match try_check(&s.name, &m, inputs.clone(), 1e-5) {
-            Ok(_) => ran += 1,
+        match got {
+            Ok(got) => {
+                compare(&s.name, &want, &got, 1e-5);
+                ran += 1;
+            }
             Err(e) if e.contains("NOT_IMPLEMENTED") => eprintln!(
                 "{}: onnxruntime lacks a kernel: {}",
                 s.name,
@@ -454,10 +529,9 @@ fn every_op_sample_exports_to_onnxruntime_and_imports_back() {
             ),
             Err(e) => panic!("{}: {e}", s.name),
         }
-        let back = oar_onnx::from_bytes(&oar_onnx::to_bytes(&m).unwrap())
-            .unwrap_or_else(|e| panic!("{}: import: {e}", s.name));
-        let want = oar_backend_reference::run_graph(&m.graph, &m.weights, &inputs).unwrap();
-        let got = oar_backend_reference::run_graph(&back.graph, &back.weights, &inputs)
+        let back =
+            oar_onnx::from_bytes(&oar_onnx::to_bytes(m).unwrap()).unwrap_or_else(|e| panic!("{}: import: {e}", s.name));
+        let got = oar_backend_reference::run_graph(&back.graph, &back.weights, inputs)
             .unwrap_or_else(|e| panic!("{}: imported graph: {e}", s.name));
         for ((name, w), (_, g)) in want.iter().zip(&got) {
             assert_eq!(g.tensor_type(), w.tensor_type(), "{}/{name}", s.name);
