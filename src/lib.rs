@@ -16,6 +16,7 @@ mod kernels;
 pub mod lowering;
 pub mod nn;
 pub mod optimizer;
+pub mod quantization;
 pub mod serialization;
 pub mod tensor;
 pub mod vision;

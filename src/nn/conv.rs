@@ -7,6 +7,7 @@ use super::functional::{self as F, Pad2d, Pair};
 use super::util::{ctx, param, recast};
 use super::{Layer, init};
 use crate::error::{Error, Result};
+use crate::quantization::{QuantPair, Quantizer};
 use crate::tensor::Tensor;
 use oar_ir::DType;
 
@@ -83,6 +84,7 @@ pub struct Conv2D {
     stride: [usize; 2],
     padding: [usize; 4],
     dilation: [usize; 2],
+    quant: Option<QuantPair>,
 }
 
 impl Conv2D {
@@ -95,6 +97,7 @@ impl Conv2D {
             stride: [1, 1],
             padding: [0; 4],
             dilation: [1, 1],
+            quant: None,
         })
     }
 
@@ -156,20 +159,40 @@ impl Conv2D {
 impl Layer for Conv2D {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let c = &self.core;
-        let y = F::conv2d(
-            x,
-            &c.weight,
-            c.bias.as_ref(),
-            self.stride,
-            self.padding,
-            self.dilation,
-            c.groups,
-        );
+        let conv = |x: &Tensor, w: &Tensor| {
+            F::conv2d(
+                x,
+                w,
+                c.bias.as_ref(),
+                self.stride,
+                self.padding,
+                self.dilation,
+                c.groups,
+            )
+        };
+        let y = match &self.quant {
+            Some(q) => q.apply(x, &c.weight).and_then(|(x, w)| conv(&x, &w)),
+            None => conv(x, &c.weight),
+        };
         ctx(|| self.describe(), y)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
         self.core.params()
+    }
+
+    /// Fake quantization of the input and of the weight per output channel (axis 0).
+    fn quantize_with(&mut self, q: &dyn Quantizer) -> Result<usize> {
+        self.quant = Some(q.pair(0, self.core.out_channels)?);
+        Ok(1)
+    }
+
+    fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+        self.quant.as_ref().map_or_else(Vec::new, QuantPair::sublayers)
+    }
+
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        self.quant.as_mut().map_or_else(Vec::new, QuantPair::sublayers_mut)
     }
 }
 

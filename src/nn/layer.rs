@@ -36,6 +36,18 @@ pub trait Layer {
         Vec::new()
     }
 
+    /// Give this layer's quantizable parts fake quantization made by `q`
+    /// ([`crate::quantization`]: `QAT` / `PTQ`) and pass `q` on to the sublayers; returns how
+    /// many layers took it. `Linear` and `Conv2D` quantize their input and weight; other layers
+    /// pass it on.
+    fn quantize_with(&mut self, q: &dyn crate::quantization::Quantizer) -> Result<usize> {
+        let mut n = 0;
+        for (_, s) in self.sublayers_mut() {
+            n += s.quantize_with(q)?;
+        }
+        Ok(n)
+    }
+
     /// Set this layer's own training flag (layers without one ignore it).
     fn set_training(&mut self, _training: bool) {}
 

@@ -3,6 +3,7 @@
 use super::util::{ctx, param, recast};
 use super::{Layer, functional as F, init};
 use crate::error::Result;
+use crate::quantization::{QuantPair, Quantizer};
 use crate::tensor::Tensor;
 use oar_ir::DType;
 
@@ -14,6 +15,7 @@ pub struct Linear {
     bias: Option<Tensor>,
     in_features: usize,
     out_features: usize,
+    quant: Option<QuantPair>,
 }
 
 impl Linear {
@@ -26,6 +28,7 @@ impl Linear {
             bias: Some(param(&[out_features], DType::F32)?),
             in_features,
             out_features,
+            quant: None,
         })
     }
 
@@ -77,7 +80,27 @@ impl Linear {
 
 impl Layer for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ctx(|| self.describe(), F::linear(x, &self.weight, self.bias.as_ref()))
+        let y = match &self.quant {
+            Some(q) => q
+                .apply(x, &self.weight)
+                .and_then(|(x, w)| F::linear(&x, &w, self.bias.as_ref())),
+            None => F::linear(x, &self.weight, self.bias.as_ref()),
+        };
+        ctx(|| self.describe(), y)
+    }
+
+    /// Fake quantization of the input and of the weight per output column (axis 1).
+    fn quantize_with(&mut self, q: &dyn Quantizer) -> Result<usize> {
+        self.quant = Some(q.pair(1, self.out_features)?);
+        Ok(1)
+    }
+
+    fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+        self.quant.as_ref().map_or_else(Vec::new, QuantPair::sublayers)
+    }
+
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        self.quant.as_mut().map_or_else(Vec::new, QuantPair::sublayers_mut)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {

@@ -7,33 +7,12 @@ use oar::io::DataLoader;
 use oar::io::datasets::{Digits, Split};
 use oar::jit::{InputSpec, to_static};
 use oar::nn::functional::cross_entropy;
-use oar::nn::{Conv2D, Flatten, Layer, LayerNorm, Linear, MaxPool2D, ReLU, Reduction, Sequential, Softmax};
+use oar::nn::{Flatten, Layer, LayerNorm, Linear, ReLU, Reduction, Sequential, Softmax};
 use oar::optimizer::{Adam, ClipGradByGlobalNorm, Optimizer, SGD};
 use oar::passes::{Amp, Pass};
 use oar::{DType, Tensor};
 
-/// Overwrite `model`'s parameters from a generator of its own, so tests running beside this
-/// one (which draw from oar's global generator) cannot change its starting point: matrices and
-/// kernels uniform in ±1/√fan-in, biases zero, other vectors (norm scales) as they are.
-fn deterministic(model: &dyn Layer, seed: u64) {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for (name, p) in model.named_parameters() {
-        let shape = p.shape();
-        let n: usize = shape.iter().product();
-        let values: Vec<f32> = if shape.len() >= 2 {
-            let fan_in = if shape.len() == 2 { shape[0] } else { n / shape[0] };
-            let b = 1.0 / (fan_in as f32).sqrt();
-            (0..n).map(|_| rng.random_range(-b..b)).collect()
-        } else if name.ends_with("bias") {
-            vec![0.0; n]
-        } else {
-            continue;
-        };
-        p.set_data(oar::ir::TensorData::from_vec(shape, values).unwrap())
-            .unwrap();
-    }
-}
+use crate::common::{deterministic, digits_cnn};
 
 /// Standard-normal-ish values from a generator of their own.
 fn noise(shape: &[usize], seed: u64) -> Tensor {
@@ -268,20 +247,6 @@ fn digits_mlp() -> Sequential {
         .add(Flatten::new(1, -1))
         .add(Linear::new(64, 128).unwrap())
         .add(ReLU)
-        .add(Linear::new(128, 10).unwrap())
-}
-
-/// The digits CNN: conv 1→16 3×3, relu, 2×2 max-pool, conv 16→32 3×3, relu, 2×2 max-pool,
-/// linear 128→10.
-fn digits_cnn() -> Sequential {
-    Sequential::new()
-        .add(Conv2D::new(1, 16, 3).unwrap().padding(1))
-        .add(ReLU)
-        .add(MaxPool2D::new(2).stride(2))
-        .add(Conv2D::new(16, 32, 3).unwrap().padding(1))
-        .add(ReLU)
-        .add(MaxPool2D::new(2).stride(2))
-        .add(Flatten::new(1, -1))
         .add(Linear::new(128, 10).unwrap())
 }
 

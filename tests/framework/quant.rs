@@ -195,3 +195,166 @@ fn a_traced_qat_step_matches_eager() {
     // The scale learned something.
     assert_ne!(eager.scale.to_vec::<f32>().unwrap(), vec![0.02, 0.03, 0.05]);
 }
+
+/// Test accuracy of `model` on the 360 test digits.
+fn digits_accuracy(model: &dyn Layer) -> f64 {
+    use oar::io::DataLoader;
+    use oar::io::datasets::{Digits, Split};
+    let _ng = oar::no_grad();
+    let test = DataLoader::new(Digits::new(Split::Test).unwrap()).batch_size(400);
+    let (x, y) = test.into_iter().next().unwrap().unwrap();
+    let pred = model
+        .forward(&x)
+        .unwrap()
+        .argmax(-1, false)
+        .unwrap()
+        .to_vec::<i64>()
+        .unwrap();
+    let want = y.to_vec::<i64>().unwrap();
+    pred.iter().zip(&want).filter(|(p, w)| p == w).count() as f64 / want.len() as f64
+}
+
+/// `epochs` epochs of Adam on the digits training set (batch 64, fixed order).
+fn train_digits(model: &mut dyn Layer, epochs: usize, lr: f64) {
+    use oar::io::DataLoader;
+    use oar::io::datasets::{Digits, Split};
+    use oar::nn::functional::cross_entropy;
+    use oar::optimizer::Adam;
+    model.train();
+    let mut opt = Adam::new(model.named_parameters(), lr);
+    let train = DataLoader::new(Digits::new(Split::Train).unwrap())
+        .batch_size(64)
+        .shuffle(true)
+        .seed(0);
+    for _ in 0..epochs {
+        for batch in &train {
+            let (x, y) = batch.unwrap();
+            let loss = cross_entropy(&model.forward(&x).unwrap(), &y, F::Reduction::Mean).unwrap();
+            loss.backward().unwrap();
+            opt.step().unwrap();
+            opt.clear_grad();
+        }
+    }
+    model.eval();
+}
+
+/// The digits CNN trained in f32, then quantized: PTQ (entropy-calibrated u8 activations on 4
+/// training batches, per-channel i8 weights) keeps the test accuracy within 1 point of f32, and
+/// one epoch of QAT from the f32 weights within 0.5 points. The accuracy is the simulated int8
+/// model's (fake quantization: the values int8 kernels compute, up to the float rounding of
+/// the accumulation).
+#[test]
+fn ptq_and_qat_of_the_digits_cnn_keep_f32_accuracy() {
+    use crate::common::{deterministic, digits_cnn};
+    use oar::io::DataLoader;
+    use oar::io::datasets::{Digits, Split};
+    use oar::quantization::{ActivationObserver, Calibration, PTQ, QAT, QuantConfig};
+    let mut model = digits_cnn();
+    deterministic(&model, 0);
+    train_digits(&mut model, 6, 5e-3);
+    let f32_acc = digits_accuracy(&model);
+    assert!(f32_acc > 0.9, "f32 accuracy {f32_acc}");
+    let trained = model.state_dict();
+
+    let mut ptq_model = digits_cnn();
+    ptq_model
+        .set_state_dict(&trained.iter().map(|(k, t)| (k.clone(), t.data())).collect())
+        .unwrap();
+    ptq_model.eval();
+    let ptq = PTQ::new(ActivationObserver::Histogram(Calibration::Entropy));
+    assert_eq!(
+        ptq.quantize(&mut ptq_model).unwrap(),
+        3,
+        "two convolutions and a linear"
+    );
+    let calib = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(64);
+    {
+        let _ng = oar::no_grad();
+        for batch in (&calib).into_iter().take(4) {
+            ptq_model.forward(&batch.unwrap().0).unwrap();
+        }
+    }
+    // While calibrating the model still computes in float.
+    assert_eq!(digits_accuracy(&ptq_model), f32_acc);
+    ptq.freeze();
+    let ptq_acc = digits_accuracy(&ptq_model);
+    let names: Vec<String> = ptq_model.state_dict().into_keys().collect();
+    assert!(names.contains(&"0.weight_quant.scale".to_string()), "{names:?}");
+    // A fresh model restored from the calibrated state quantizes the same way.
+    let mut restored = digits_cnn();
+    let fresh = PTQ::new(ActivationObserver::MinMax);
+    fresh.quantize(&mut restored).unwrap();
+    fresh.freeze();
+    restored.eval();
+    let calibrated = ptq_model.state_dict();
+    restored
+        .set_state_dict(&calibrated.iter().map(|(k, t)| (k.clone(), t.data())).collect())
+        .unwrap();
+    assert_eq!(digits_accuracy(&restored), ptq_acc);
+    // Traced, the fake quantization is in the graph and the cpu backend computes the same logits.
+    let x = oar::randn(&[5, 1, 8, 8], DType::F32).unwrap();
+    let spec = InputSpec::new(&[None, Some(1), Some(8), Some(8)], DType::F32, "x");
+    let traced = oar::jit::to_static_layer(&ptq_model, &spec).unwrap();
+    assert_eq!(traced.graph().to_string().matches("fake_quant").count(), 6);
+    let (a, b) = {
+        let _ng = oar::no_grad();
+        (ptq_model.forward(&x).unwrap(), traced.call(&[&x]).unwrap().remove(0))
+    };
+    for (p, q) in a.to_vec::<f32>().unwrap().iter().zip(b.to_vec::<f32>().unwrap()) {
+        assert!((p - q).abs() <= 1e-4 * p.abs().max(1.0), "eager {p} vs traced {q}");
+    }
+
+    let mut qat_model = digits_cnn();
+    qat_model
+        .set_state_dict(&trained.iter().map(|(k, t)| (k.clone(), t.data())).collect())
+        .unwrap();
+    let qat = QAT::new(QuantConfig::default());
+    assert_eq!(qat.quantize(&mut qat_model).unwrap(), 3);
+    train_digits(&mut qat_model, 1, 5e-4);
+    let qat_acc = digits_accuracy(&qat_model);
+    eprintln!("digits CNN test accuracy: f32 {f32_acc:.4}, PTQ {ptq_acc:.4}, QAT {qat_acc:.4}");
+    assert!(ptq_acc >= f32_acc - 0.01, "PTQ {ptq_acc} vs f32 {f32_acc}");
+    assert!(qat_acc >= f32_acc - 0.005, "QAT {qat_acc} vs f32 {f32_acc}");
+}
+
+/// Observers learn the parameters a layer's fake quantization uses: after one QAT forward on
+/// `x`, the input's scale and zero point are the affine u8 parameters of `x`'s range, the
+/// weight's the per-column symmetric ones, and the output is the linear layer on the
+/// fake-quantized input and weight.
+#[test]
+fn qat_layers_quantize_their_input_and_weight_by_what_they_observe() {
+    use oar::quantization::{QAT, QuantConfig, QuantSpec};
+    let mut lin = Linear::new(3, 2).unwrap();
+    lin.weight()
+        .set_data(TensorData::from_vec(vec![3, 2], vec![0.5f32, -1.0, 0.25, 0.5, -0.127, 0.3]).unwrap())
+        .unwrap();
+    let qat = QAT::new(QuantConfig::default());
+    assert_eq!(qat.quantize(&mut lin).unwrap(), 1);
+    let x = t(&[-1.0, 0.5, 3.0, 2.0, -0.25, 1.0], &[2, 3]);
+    let y = lin.forward(&x).unwrap();
+    let st = lin.state_dict();
+    let a = QuantSpec::activation().qparams(&[-1.0], &[3.0]).unwrap();
+    assert_eq!(st["input_quant.scale"].to_vec::<f32>().unwrap(), a.scale);
+    assert_eq!(st["input_quant.zero_point"].to_vec::<f32>().unwrap(), a.zero_point);
+    // Columns: max |w| 0.5 and 1.0.
+    assert_eq!(
+        st["weight_quant.scale"].to_vec::<f32>().unwrap(),
+        vec![0.5 / 127.0, 1.0 / 127.0]
+    );
+    let xq = F::fake_quant(
+        &x,
+        &st["input_quant.scale"],
+        Some(&st["input_quant.zero_point"]),
+        0,
+        0,
+        255,
+    )
+    .unwrap();
+    let wq = F::fake_quant(lin.weight(), &st["weight_quant.scale"], None, 1, -127, 127).unwrap();
+    let want = F::linear(&xq, &wq, lin.bias_tensor()).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    // In eval mode the parameters are frozen.
+    lin.eval();
+    lin.forward(&t(&[100.0; 3], &[1, 3])).unwrap();
+    assert_eq!(lin.state_dict()["input_quant.scale"].to_vec::<f32>().unwrap(), a.scale);
+}
