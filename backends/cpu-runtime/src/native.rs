@@ -49,7 +49,8 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
 
 /// Whether the runtime computes composite `c` on operands of these types, for the composites
 /// whose kernels cover some instances only (`conv_transpose`, `conv_weight_grad`,
-/// `max_pool2d`, `max_pool2d_grad`, `sdpa`, `adam_update`); `None` for every other composite. The cpu
+/// `max_pool2d`, `max_pool2d_grad`, `sdpa`, `adam_update`, `matmul_integer`); `None` for every
+/// other composite. The cpu
 /// backend keeps exactly these instances whole, and [`supports`] accepts them.
 pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bool> {
     Some(match c {
@@ -59,6 +60,7 @@ pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bo
         Composite::MaxPool2dGrad(m) => crate::pool_grad::max_pool2d_grad_supported(m, types),
         Composite::ScaledDotProductAttention(a) => crate::attention::supported(a, types),
         Composite::AdamUpdate(_) => crate::optim::adam_supported(types),
+        Composite::MatMulInteger => crate::qgemm::supported(types),
         _ => return None,
     })
 }
@@ -394,6 +396,33 @@ pub unsafe fn run(
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
             crate::attention::run_bytes(a, out_ty.dtype, &ins, &shapes, mask_bool, out, threads)
                 .map_err(|d| err(k, d))?;
+        }
+        Op::Composite(Composite::MatMulInteger) => {
+            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
+            let ins: Vec<&[u8]> = copies
+                .iter_mut()
+                .enumerate()
+                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
+                .collect();
+            let dt = |i: usize| p.buffer(o.inputs[i]).ty.dtype;
+            let (a, b) = (shape_of(0), shape_of(1));
+            let (m, kk, n) = (a[a.len() - 2], a[a.len() - 1], b[1]);
+            let rows = a[..a.len() - 1].iter().product();
+            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let zp = |i: usize| ins.get(i).map(|z| (*z, dt(i)));
+            crate::qgemm::run(
+                ins[0],
+                dt(0),
+                ins[1],
+                dt(1),
+                zp(2),
+                zp(3),
+                (rows, m, kk, n),
+                out,
+                threads,
+            )
+            .map_err(|d| err(k, d))?;
         }
         Op::Composite(Composite::AdamUpdate(a)) => {
             // Safety: the caller passes live buffers of the program's types.

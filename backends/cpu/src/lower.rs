@@ -59,7 +59,9 @@ pub struct Lowered {
 /// materializing the scores, skipping causal attention's masked keys, where its decomposition
 /// computes and masks every score; `adam_update` (a static training step's Adam / AdamW
 /// update of one parameter) is one pass over the parameter, gradient and moments where its
-/// decomposition is a chain of elementwise kernels — where the runtime has them ([`keeps`]).
+/// decomposition is a chain of elementwise kernels; `matmul_integer` multiplies the 8-bit
+/// operands as i16 pairs into exact i32 sums where its decomposition widens both to i32 first
+/// — where the runtime has them ([`keeps`]).
 pub const KEPT_COMPOSITES: &[&str] = &[
     "softmax",
     "log_softmax",
@@ -72,6 +74,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "max_pool2d_grad",
     "sdpa",
     "adam_update",
+    "matmul_integer",
 ];
 
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels

@@ -1961,3 +1961,50 @@ graph @step {
         "reused one of the dropped allocations"
     );
 }
+
+/// `matmul_integer` (a quantized model's integer product, 8-bit operands less their zero
+/// points) runs as one native kernel, exactly: u8 × i8 with per-column weight zero points and
+/// a batched u8 input, i8 × i8 without zero points, extreme values included.
+#[test]
+fn matmul_integer_runs_natively_and_exactly() {
+    let bytes = |dt: DType, shape: &[usize], seed: u64| {
+        let n: usize = shape.iter().product();
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f64> = (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let b = if i == 0 { 255 } else { (s >> 40) as u8 };
+                if dt == DType::I8 { b as i8 as f64 } else { b as f64 }
+            })
+            .collect();
+        TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap()
+    };
+    for (da, db, a_shape, k, n, zps) in [
+        (DType::U8, DType::I8, vec![2, 5, 40], 40, 19, true),
+        (DType::I8, DType::I8, vec![7, 33], 33, 16, false),
+    ] {
+        let mut g = Graph::new("qmm");
+        let a = input(&mut g, "a", da, &a_shape);
+        let mut w = Weights::new();
+        w.insert("b".into(), bytes(db, &[k, n], 2));
+        let mut ins = vec![a, g.add_param("b", TensorType::of(db, &[k, n])).unwrap()];
+        let mut feed = vec![("a", bytes(da, &a_shape, 1))];
+        if zps {
+            ins.push(input(&mut g, "za", da, &[]));
+            ins.push(input(&mut g, "zb", db, &[n]));
+            feed.push(("za", TensorData::from_f64_slice(da, vec![], &[131.0]).unwrap()));
+            feed.push(("zb", bytes(db, &[n], 3)));
+        }
+        let y = g.add_op1(Op::Composite(Composite::MatMulInteger), &ins).unwrap();
+        g.add_output("y", y).unwrap();
+        let compiled = check_with(&g, &w, &feeds(&feed), Tol { rel: 0.0, abs: 0.0 }, true);
+        let steps = &compiled.lowered.cpu.steps;
+        assert!(
+            matches!(steps.as_slice(), [Step::Native { .. }]),
+            "{steps:?}\n{}",
+            compiled.lowered.cpu.program
+        );
+    }
+}
