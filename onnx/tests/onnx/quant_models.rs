@@ -75,3 +75,36 @@ fn onnxruntime_quantized_cnns_match_onnxruntime() {
         within_one_step(&format!("{name} (cpu)"), &c[0].1, &want, step);
     }
 }
+
+/// The `quantize` pass turns the QDQ models' dequantize → conv2d / matmul → quantize chains into
+/// `conv_integer` / `matmul_integer` + `requantize` (no float convolution or matmul is left), and
+/// the rewritten models still match onnxruntime within one output step on the reference and
+/// the cpu backend.
+#[test]
+fn the_quantize_pass_runs_qdq_models_on_integers() {
+    use oar_passes::{Pass, Quantize};
+    let m = manifest();
+    let cpu = oar_backend_cpu::CpuBackend::new();
+    for name in ["cnn_qdq_s8s8", "cnn_qdq_u8s8"] {
+        let mut model = oar_onnx::load(&dir().join(format!("{name}.onnx"))).unwrap();
+        assert!(Quantize.run(&mut model.graph).unwrap(), "{name}: nothing rewritten");
+        oar_ir::verify(&model.graph).unwrap();
+        let text = model.graph.to_string();
+        assert_eq!(text.matches("conv_integer").count(), 2, "{name}:\n{text}");
+        assert_eq!(text.matches("matmul_integer").count(), 1, "{name}");
+        assert_eq!(text.matches("requantize").count(), 3, "{name}");
+        assert!(
+            !text.contains("conv2d") && !text.contains(" matmul("),
+            "{name}:\n{text}"
+        );
+        let x = read_npy(&dir().join(format!("{name}.input_0.npy"))).unwrap();
+        let want = read_npy(&dir().join(format!("{name}.output_0.npy"))).unwrap();
+        let inputs = BTreeMap::from([("x".to_string(), x)]);
+        let step = m["models"][name]["output_step"].as_f64().unwrap();
+        let r = oar_backend_reference::run_graph(&model.graph, &model.weights, &inputs).unwrap();
+        within_one_step(&format!("{name} quantized (reference)"), &r[0].1, &want, step);
+        let exe = cpu.compile(&model.graph, &model.weights).unwrap();
+        let c = exe.run(&inputs).unwrap();
+        within_one_step(&format!("{name} quantized (cpu)"), &c[0].1, &want, step);
+    }
+}

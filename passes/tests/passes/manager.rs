@@ -191,6 +191,8 @@ fn registry_finds_passes_by_name() {
         "specialize-shapes",
         "simplify",
         "fuse",
+        "amp",
+        "quantize",
     ] {
         assert!(names.contains(&expected), "{expected} missing from {names:?}");
     }
