@@ -37,7 +37,7 @@ pub use fold::{DEFAULT_FOLD_LIMIT_BYTES, Fold};
 pub use fuse::Fuse;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
 pub use memory_plan::memory_plan;
-pub use quantize::Quantize;
+pub use quantize::{FakeQuantToQdq, Quantize};
 pub use registry::{list_passes, pass_by_name, pass_from_spec};
 pub use simplify::{Simplify, SimplifyStats};
 pub use specialize_shapes::SpecializeShapes;

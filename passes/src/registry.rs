@@ -1,6 +1,8 @@
 //! Passes by name, for pipelines given as text (`oar opt --passes dce,decompose`).
 
-use crate::{Amp, Canonicalize, Cse, Dce, Decompose, Fold, Fuse, Pass, Quantize, Simplify, SpecializeShapes};
+use crate::{
+    Amp, Canonicalize, Cse, Dce, Decompose, FakeQuantToQdq, Fold, Fuse, Pass, Quantize, Simplify, SpecializeShapes,
+};
 
 /// Every registered pass, as a constructor of its default configuration.
 const PASSES: &[fn() -> Box<dyn Pass>] = &[
@@ -13,6 +15,7 @@ const PASSES: &[fn() -> Box<dyn Pass>] = &[
     || Box::new(Simplify::new()),
     || Box::new(Fuse::default()),
     || Box::new(Amp::default()),
+    || Box::new(FakeQuantToQdq),
     || Box::new(Quantize),
 ];
 

@@ -312,7 +312,32 @@ fn ptq_and_qat_of_the_digits_cnn_keep_f32_accuracy() {
     assert_eq!(qat.quantize(&mut qat_model).unwrap(), 3);
     train_digits(&mut qat_model, 1, 5e-4);
     let qat_acc = digits_accuracy(&qat_model);
-    eprintln!("digits CNN test accuracy: f32 {f32_acc:.4}, PTQ {ptq_acc:.4}, QAT {qat_acc:.4}");
+    // Converted: traced, fake quantization into quantize/dequantize pairs, the products onto
+    // the integers (matmul_integer runs natively on the cpu) — the same predictions but for
+    // values within float rounding of a class boundary.
+    let spec = InputSpec::new(&[None, Some(1), Some(8), Some(8)], DType::F32, "x");
+    let traced = oar::jit::to_static_layer(&qat_model, &spec).unwrap();
+    let mut graph = traced.graph().clone();
+    use oar::passes::Pass;
+    assert!(oar::passes::FakeQuantToQdq.run(&mut graph).unwrap());
+    assert!(oar::passes::Quantize.run(&mut graph).unwrap());
+    let text = graph.to_string();
+    assert!(!text.contains("fake_quant"), "{text}");
+    assert_eq!(text.matches("conv_integer").count(), 2, "{text}");
+    assert_eq!(text.matches("matmul_integer").count(), 1, "{text}");
+    let int8 = oar::jit::TranslatedLayer::new(oar::ir::file::Model {
+        graph,
+        weights: traced.weights(),
+    })
+    .unwrap();
+    let int8_acc = digits_accuracy(&int8);
+    eprintln!(
+        "digits CNN test accuracy: f32 {f32_acc:.4}, PTQ {ptq_acc:.4}, QAT {qat_acc:.4}, QAT on integers {int8_acc:.4}"
+    );
+    assert!(
+        (int8_acc - qat_acc).abs() <= 1.0 / 360.0 + 1e-9,
+        "integer {int8_acc} vs fake {qat_acc}"
+    );
     assert!(ptq_acc >= f32_acc - 0.01, "PTQ {ptq_acc} vs f32 {f32_acc}");
     assert!(qat_acc >= f32_acc - 0.005, "QAT {qat_acc} vs f32 {f32_acc}");
 }

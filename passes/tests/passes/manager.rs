@@ -192,6 +192,7 @@ fn registry_finds_passes_by_name() {
         "simplify",
         "fuse",
         "amp",
+        "fake-quant-to-qdq",
         "quantize",
     ] {
         assert!(names.contains(&expected), "{expected} missing from {names:?}");
