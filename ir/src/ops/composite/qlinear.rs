@@ -9,7 +9,7 @@
 use super::super::contraction::{conv_f64, conv_type, matmul, matmul_type};
 use super::super::rules::{R, arity_range, out_elements};
 use super::super::sample::{Domain, Sample, input_in};
-use super::quant::{broadcast_param, check_params, clamp, param, quant_range};
+use super::quant::{broadcast_param, check_params, clamp, param, plus_zero_point, quant_range};
 use super::{composite_def, one};
 use crate::eval::{Data, EvalCx, Res, Site, Value, round_float};
 use crate::ops::{BinaryOp, Conv, OpDef, UnaryOp, op_struct};
@@ -345,12 +345,8 @@ impl OpDef for Requantize {
             let v = g.cast(x[0], ft)?;
             let m = param(g, x[1], at, self.axis)?;
             let v = g.binary(BinaryOp::Mul, v, m)?;
-            let mut q = g.unary(UnaryOp::Round, v)?;
-            if let Some(&z) = x.get(2) {
-                let z = g.cast(z, ft)?;
-                let z = param(g, z, at, self.axis)?;
-                q = g.binary(BinaryOp::Add, q, z)?;
-            }
+            let q = g.unary(UnaryOp::Round, v)?;
+            let q = plus_zero_point(g, q, x.get(2).copied(), at, self.axis)?;
             let q = clamp(g, q, lo, hi)?;
             g.cast(q, self.dtype)
         };

@@ -122,13 +122,26 @@ pub(super) fn param<E: Emitter>(g: &mut E, p: E::Value, x: &TensorType, axis: us
 fn scaled<E: Emitter>(g: &mut E, x: &[E::Value], types: &[TensorType], axis: usize) -> V<E> {
     let s = param(g, x[1], &types[0], axis)?;
     let r = g.binary(BinaryOp::Div, x[0], s)?;
-    let mut q = g.unary(UnaryOp::Round, r)?;
-    if let Some(&z) = x.get(2) {
-        let z = g.cast(z, types[0].dtype)?;
-        let z = param(g, z, &types[0], axis)?;
-        q = g.binary(BinaryOp::Add, q, z)?;
-    }
-    Ok(q)
+    let q = g.unary(UnaryOp::Round, r)?;
+    plus_zero_point(g, q, x.get(2).copied(), &types[0], axis)
+}
+
+/// `q + zero_point` in q's float dtype (the zero point cast, broadcast along `axis` of `x`),
+/// or `q` without one.
+pub(super) fn plus_zero_point<E: Emitter>(
+    g: &mut E,
+    q: E::Value,
+    z: Option<E::Value>,
+    x: &TensorType,
+    axis: usize,
+) -> V<E> {
+    let Some(z) = z else {
+        return Ok(q);
+    };
+    let dt = g.value_type(q).dtype;
+    let z = g.cast(z, dt)?;
+    let z = param(g, z, x, axis)?;
+    g.binary(BinaryOp::Add, q, z)
 }
 
 pub(super) fn clamp<E: Emitter>(g: &mut E, q: E::Value, lo: i64, hi: i64) -> V<E> {
