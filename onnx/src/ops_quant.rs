@@ -98,10 +98,26 @@ fn unsqueeze_back(cx: &mut NodeCx<'_>, y: ValueId, added: [bool; 2]) -> R<ValueI
     cx.reshape(y, dims)
 }
 
-/// A zero of `like`'s dtype, for a zero point ONNX leaves out before one it gives.
-fn zero_like(cx: &mut NodeCx<'_>, like: ValueId) -> ValueId {
-    let dt = cx.ty(like).dtype;
-    cx.scalar(dt, 0.0)
+/// The operands `[a, b]` followed by their zero points as oar's integer ops take them
+/// (positionally: a left-out `a` zero point before a given `b` one becomes a zero of a's dtype).
+fn with_zero_points(
+    cx: &mut NodeCx<'_>,
+    a: ValueId,
+    b: ValueId,
+    za: Option<ValueId>,
+    zb: Option<ValueId>,
+) -> Vec<ValueId> {
+    let mut ins = vec![a, b];
+    match (za, zb) {
+        (za, Some(zb)) => {
+            let dt = cx.ty(a).dtype;
+            let za = za.unwrap_or_else(|| cx.scalar(dt, 0.0));
+            ins.extend([za, zb]);
+        }
+        (Some(za), None) => ins.push(za),
+        (None, None) => {}
+    }
+    ins
 }
 
 /// `matmul_integer(a, b, a_zp?, b_zp?)` on operands made rank ≥ 2.
@@ -113,15 +129,7 @@ fn integer_product(
     zb: Option<ValueId>,
 ) -> R<(ValueId, [bool; 2])> {
     let (a2, b2, added) = matrices(cx, a, b)?;
-    let mut ins = vec![a2, b2];
-    match (za, zb) {
-        (za, Some(zb)) => {
-            let za = za.unwrap_or_else(|| zero_like(cx, a));
-            ins.extend([za, zb]);
-        }
-        (Some(za), None) => ins.push(za),
-        (None, None) => {}
-    }
+    let ins = with_zero_points(cx, a2, b2, za, zb);
     Ok((cx.op(Op::Composite(Composite::MatMulInteger), &ins)?, added))
 }
 
@@ -135,23 +143,8 @@ pub(crate) fn matmul_integer(cx: &mut NodeCx<'_>) -> R<ValueId> {
 
 /// `conv_integer(x, w, x_zp?, w_zp?)` with the node's convolution attributes.
 fn integer_conv(cx: &mut NodeCx<'_>, x: ValueId, w: ValueId, zx: Option<ValueId>, zw: Option<ValueId>) -> R<ValueId> {
-    let c = conv_spec(cx, x, w)?;
-    let op = Composite::ConvInteger(ConvInteger {
-        stride: c.stride,
-        pad_before: c.pad_before,
-        pad_after: c.pad_after,
-        dilation: c.dilation,
-        groups: c.groups,
-    });
-    let mut ins = vec![x, w];
-    match (zx, zw) {
-        (zx, Some(zw)) => {
-            let zx = zx.unwrap_or_else(|| zero_like(cx, x));
-            ins.extend([zx, zw]);
-        }
-        (Some(zx), None) => ins.push(zx),
-        (None, None) => {}
-    }
+    let op = Composite::ConvInteger(ConvInteger::of(conv_spec(cx, x, w)?));
+    let ins = with_zero_points(cx, x, w, zx, zw);
     cx.op(Op::Composite(op), &ins)
 }
 

@@ -118,16 +118,7 @@ fn matched(g: &Graph, pn: NodeId) -> Option<Match> {
     let (product, bias) = match &p.op {
         Op::MatMul => (Product::MatMul, None),
         Op::Composite(Composite::Linear) => (Product::MatMul, ins.get(2).copied()),
-        Op::Composite(Composite::Conv2d(c)) => (
-            Product::Conv(ConvInteger {
-                stride: c.stride.to_vec(),
-                pad_before: c.padding[..2].to_vec(),
-                pad_after: c.padding[2..].to_vec(),
-                dilation: c.dilation.to_vec(),
-                groups: c.groups,
-            }),
-            ins.get(2).copied(),
-        ),
+        Op::Composite(Composite::Conv2d(c)) => (Product::Conv(ConvInteger::of(c.conv())), ins.get(2).copied()),
         _ => return None,
     };
     if g.value_type(y).dtype != DType::F32 {
@@ -294,11 +285,7 @@ impl Pass for FakeQuantToQdq {
             let run = |g: &mut Graph| -> Result<ValueId, IrError> {
                 let z = match ins.get(2) {
                     Some(&z) => g.cast(z, dtype)?,
-                    None => {
-                        let shape = g.value_type(ins[1]).shape.clone();
-                        let zero = g.add_scalar(dtype, 0.0);
-                        g.broadcast_to(zero, &shape)?
-                    }
+                    None => g.add_scalar(dtype, 0.0),
                 };
                 let q = g.add_op1(
                     Op::Composite(Composite::QuantizeLinear(QuantizeLinear { axis, dtype })),

@@ -260,19 +260,39 @@ fn make_pair(
     })
 }
 
-/// Quantization-aware training (Paddle's `paddle.quantization.QAT`).
-pub struct QAT {
+/// What [`QAT`] and [`PTQ`] share: the config, the switch freezing every quantizer they made,
+/// and whether those quantizers only watch (PTQ calibration).
+struct Plan {
     config: QuantConfig,
     active: Arc<AtomicBool>,
+    calibrating: bool,
 }
+
+impl Plan {
+    fn new(config: QuantConfig, calibrating: bool) -> Plan {
+        Plan {
+            config,
+            active: Arc::new(AtomicBool::new(true)),
+            calibrating,
+        }
+    }
+
+    fn pair(&self, axis: usize, channels: usize) -> Result<QuantPair> {
+        make_pair(&self.config, axis, channels, self.calibrating, &self.active)
+    }
+
+    fn freeze(&self) {
+        self.active.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Quantization-aware training (Paddle's `paddle.quantization.QAT`).
+pub struct QAT(Plan);
 
 impl QAT {
     /// QAT with `config`.
     pub fn new(config: QuantConfig) -> QAT {
-        QAT {
-            config,
-            active: Arc::new(AtomicBool::new(true)),
-        }
+        QAT(Plan::new(config, false))
     }
 
     /// Give every `Linear` and `Conv2D` in `model` fake quantization, in place; returns how
@@ -283,40 +303,31 @@ impl QAT {
 
     /// Stop observing (the parameters stay as they are), in any mode.
     pub fn freeze(&self) {
-        self.active.store(false, Ordering::Relaxed);
+        self.0.freeze();
     }
 }
 
 impl Quantizer for QAT {
     fn pair(&self, axis: usize, channels: usize) -> Result<QuantPair> {
-        make_pair(&self.config, axis, channels, false, &self.active)
+        self.0.pair(axis, channels)
     }
 }
 
 /// Post-training quantization: observe calibration batches, then freeze.
-pub struct PTQ {
-    config: QuantConfig,
-    active: Arc<AtomicBool>,
-}
+pub struct PTQ(Plan);
 
 impl PTQ {
     /// PTQ with affine u8 activations observed by `observer` and symmetric i8 weights.
     pub fn new(observer: ActivationObserver) -> PTQ {
-        PTQ {
-            config: QuantConfig {
-                activation_observer: observer,
-                ..QuantConfig::default()
-            },
-            active: Arc::new(AtomicBool::new(true)),
-        }
+        PTQ::with_config(QuantConfig {
+            activation_observer: observer,
+            ..QuantConfig::default()
+        })
     }
 
     /// PTQ with a whole config.
     pub fn with_config(config: QuantConfig) -> PTQ {
-        PTQ {
-            config,
-            active: Arc::new(AtomicBool::new(true)),
-        }
+        PTQ(Plan::new(config, true))
     }
 
     /// Give every `Linear` and `Conv2D` in `model` observers (the model keeps computing in
@@ -327,12 +338,12 @@ impl PTQ {
 
     /// End calibration: the observed parameters are fixed and fake quantization applies.
     pub fn freeze(&self) {
-        self.active.store(false, Ordering::Relaxed);
+        self.0.freeze();
     }
 }
 
 impl Quantizer for PTQ {
     fn pair(&self, axis: usize, channels: usize) -> Result<QuantPair> {
-        make_pair(&self.config, axis, channels, true, &self.active)
+        self.0.pair(axis, channels)
     }
 }

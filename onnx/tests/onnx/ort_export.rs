@@ -311,48 +311,15 @@ fn embed() -> Model {
     b.done()
 }
 
-/// Run `model.onnx` in onnxruntime via tools/ort_run.py; outputs in graph order.
-/// onnxruntime's outputs, or its error (a kernel it lacks: `NOT_IMPLEMENTED`).
-fn try_run_ort(dir: &Path, inputs: &BTreeMap<String, TensorData>) -> Result<Vec<TensorData>, String> {
-    let mut cmd = Command::new("python3");
-    cmd.arg(repo().join("tools/ort_run.py"))
-        .arg(dir.join("model.onnx"))
-        .arg(dir.join("out"))
-        .arg("--check");
-    for (i, (name, t)) in inputs.iter().enumerate() {
-        let p = dir.join(format!("input_{i}.npy"));
-        write_npy(&p, t).unwrap();
-        cmd.arg(format!("{name}={}", p.display()));
-    }
-    let out = cmd.output().unwrap_or_else(|e| {
-        panic!("cannot run `python3` ({e}): the ONNX export check needs python3 with onnxruntime and onnx (pip install onnxruntime onnx)")
-    });
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    match out.status.code() {
-        Some(0) => {}
-        Some(2) => panic!("the ONNX export check needs onnxruntime and onnx in python3: {stderr}"),
-        _ => return Err(format!("tools/ort_run.py failed ({}):\n{stderr}", out.status)),
-    }
-    let n = String::from_utf8_lossy(&out.stdout).lines().count();
-    Ok((0..n)
-        .map(|i| read_npy(&dir.join("out").join(format!("output_{i}.npy"))).unwrap())
-        .collect())
-}
-
 /// Export `m`, run it in onnxruntime and compare with the reference backend. Returns the
 /// largest relative error.
 fn check(label: &str, m: &Model, inputs: BTreeMap<String, TensorData>, rtol: f64) -> f64 {
-    try_check(label, m, inputs, rtol).unwrap_or_else(|e| panic!("{label}: {e}"))
-}
-
-/// [`check`], or onnxruntime's error when it cannot run the (valid) exported model.
-fn try_check(label: &str, m: &Model, inputs: BTreeMap<String, TensorData>, rtol: f64) -> Result<f64, String> {
     let want = oar_backend_reference::run_graph(&m.graph, &m.weights, &inputs)
         .unwrap_or_else(|e| panic!("{label}: reference: {e}"));
     let dir = tempfile::tempdir().unwrap();
     oar_onnx::save(m, &dir.path().join("model.onnx")).unwrap_or_else(|e| panic!("{label}: export: {e}"));
-    let got = try_run_ort(dir.path(), &inputs)?;
-    Ok(compare(label, &want, &got, rtol))
+    let got = run_ort_batch(&[(dir.path().to_path_buf(), inputs)]).remove(0);
+    compare(label, &want, &got.unwrap_or_else(|e| panic!("{label}: {e}")), rtol)
 }
 
 /// onnxruntime's outputs `got` against the reference's `want`: floats within `rtol ·

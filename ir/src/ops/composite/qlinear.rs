@@ -9,7 +9,7 @@
 use super::super::contraction::{conv_f64, conv_type, matmul, matmul_type};
 use super::super::rules::{R, arity_range, out_elements};
 use super::super::sample::{Domain, Sample, input_in};
-use super::quant::{broadcast_param, check_params, clamp, param, plus_zero_point, quant_range};
+use super::quant::{broadcast_param, check_params, clamp, param, plus_zero_point, quant_range, zero_point_or_zeros};
 use super::{composite_def, one};
 use crate::eval::{Data, EvalCx, Res, Site, Value, round_float};
 use crate::ops::{BinaryOp, Conv, OpDef, UnaryOp, op_struct};
@@ -54,6 +54,24 @@ op_struct! {
 }
 
 impl ConvInteger {
+    /// The integer convolution with `c`'s geometry.
+    pub fn of(c: Conv) -> ConvInteger {
+        let Conv {
+            stride,
+            pad_before,
+            pad_after,
+            dilation,
+            groups,
+        } = c;
+        ConvInteger {
+            stride,
+            pad_before,
+            pad_after,
+            dilation,
+            groups,
+        }
+    }
+
     /// The float convolution the decomposition runs.
     pub fn conv(&self) -> Conv {
         Conv {
@@ -363,10 +381,7 @@ impl OpDef for Requantize {
             return Err(site.err("the multiplier must be a float tensor"));
         }
         let m = broadcast_param(site, ins[1], acc.shape(), self.axis, "multiplier")?;
-        let z = match ins.get(2) {
-            Some(z) => broadcast_param(site, z, acc.shape(), self.axis, "zero point")?,
-            None => ArrayD::zeros(acc.shape()),
-        };
+        let z = zero_point_or_zeros(site, ins, acc.shape(), self.axis)?;
         let mut y = ArrayD::zeros(acc.shape());
         Zip::from(&mut y).and(acc).and(&m).and(&z).for_each(|y, &a, &m, &z| {
             let v = round_float(ft, round_float(ft, a as f64) * m).round_ties_even() + z;

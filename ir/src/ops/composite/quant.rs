@@ -252,10 +252,16 @@ fn quantized(site: &Site, ins: &[&Value], axis: usize) -> Res<ArrayD<f64>> {
         .and(x)
         .and(&s)
         .for_each(|q, &x, &s| *q = round_float(dt, x / s).round_ties_even());
-    if let Some(z) = ins.get(2) {
-        q += &broadcast_param(site, z, x.shape(), axis, "zero point")?;
-    }
+    q += &zero_point_or_zeros(site, ins, x.shape(), axis)?;
     Ok(q)
+}
+
+/// Operand 2, the zero point, broadcast to `shape` along `axis` (zeros without one).
+pub(super) fn zero_point_or_zeros(site: &Site, ins: &[&Value], shape: &[usize], axis: usize) -> Res<ArrayD<f64>> {
+    match ins.get(2) {
+        Some(z) => broadcast_param(site, z, shape, axis, "zero point"),
+        None => Ok(ArrayD::zeros(shape)),
+    }
 }
 
 /// A scale-shaped parameter (float or integer) as f64, broadcast to `shape` along `axis`.
@@ -328,10 +334,7 @@ impl OpDef for DequantizeLinear {
         let x = ins[0].as_i(site, "x")?;
         let dt = ins[1].dtype;
         let s = broadcast_param(site, ins[1], x.shape(), self.axis, "scale")?;
-        let z = match ins.get(2) {
-            Some(z) => broadcast_param(site, z, x.shape(), self.axis, "zero point")?,
-            None => ArrayD::zeros(x.shape()),
-        };
+        let z = zero_point_or_zeros(site, ins, x.shape(), self.axis)?;
         // Each step rounded to the scale's dtype, as the decomposition computes it.
         let mut y = ArrayD::zeros(x.shape());
         Zip::from(&mut y).and(x).and(&z).and(&s).for_each(|y, &x, &z, &s| {
@@ -476,10 +479,7 @@ impl OpDef for FakeQuant {
         let q = quantized(site, ins, self.axis)?;
         let shape = q.shape().to_vec();
         let s = broadcast_param(site, ins[1], &shape, self.axis, "scale")?;
-        let z = match ins.get(2) {
-            Some(z) => broadcast_param(site, z, &shape, self.axis, "zero point")?,
-            None => ArrayD::zeros(shape),
-        };
+        let z = zero_point_or_zeros(site, ins, &shape, self.axis)?;
         let mut y = ArrayD::zeros(q.shape());
         let (lo, hi) = (self.qmin as f64, self.qmax as f64);
         Zip::from(&mut y).and(&q).and(&z).and(&s).for_each(|y, &q, &z, &s| {
