@@ -9,6 +9,7 @@ export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 mkdir -p target
 # Disk use and elapsed time after each step, so a full disk or a slow step shows where.
+step() { echo "   (at ${SECONDS}s: $1)"; }
 disk() { echo "   (at ${SECONDS}s; disk: target $(du -sh target 2>/dev/null | cut -f1), free $(df -h --output=avail . | tail -n 1 | tr -d ' '))"; }
 
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy || true
@@ -23,11 +24,35 @@ python3 -c "import onnx, onnxruntime" 2>/dev/null || pip install -q -r tools/onn
 # ptxas (NVIDIA's PTX assembler, no GPU needed) checks every generated PTX kernel.
 python3 -c 'import nvidia.cuda_nvcc' 2>/dev/null || pip install -q nvidia-cuda-nvcc-cu12
 export OAR_REQUIRE_PTXAS=1
-cargo test --workspace --quiet 2>&1 | tee target/test.log
+# Libraries, binaries and test targets, then the doc tests. Not the examples: clippy above checked
+# them, and the steps below build the ones they run (linking a dozen bench programs costs minutes).
+cargo test --workspace --lib --bins --tests --quiet 2>&1 | tee target/test.log
+step "workspace tests"
+cargo test --workspace --doc --quiet 2>&1 | tee -a target/test.log
+step "doc tests"
 # The runtime's hand-written kernels again through their AVX2 and baseline instances
 # (OAR_CPU_SIMD narrows what the host would pick).
 OAR_CPU_SIMD=avx2 cargo test -p oar-cpu-runtime --lib --quiet 2>&1 | tee -a target/test.log
 OAR_CPU_SIMD=baseline cargo test -p oar-cpu-runtime --lib --quiet 2>&1 | tee -a target/test.log
+disk
+# The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes
+# last because its feature changes what `oar` and `oar-cli` are built with.
+echo "== onnx node tests"
+python3 tools/gen_onnx_node_tests.py target/onnx-node-tests > /dev/null
+step "onnx node tests generated"
+cargo run -q -p oar-onnx --example onnx_conformance -- target/onnx-node-tests --baseline onnx/tests/onnx_baseline.txt
+disk
+echo "== demo"
+# In the dev profile, which the tests above built (a release build of everything would cost
+# minutes of compilation; the demo itself runs in seconds either way).
+OAR_DEMO_PROFILE=dev scripts/demo.sh > target/demo.log 2>&1 || { cat target/demo.log; exit 1; }
+tail -n 3 target/demo.log
+disk
+echo "== fuzz"
+# Every fuzz target, briefly, from its committed corpus (scripts/fuzz.sh; a long run is in
+# docs/RELIABILITY.md). OAR_FUZZ_SECONDS=0 skips it.
+fuzz_secs=${OAR_FUZZ_SECONDS:-10}
+if [ "$fuzz_secs" != 0 ]; then scripts/fuzz.sh "$fuzz_secs"; fi
 disk
 # The workspace's test executables have run; the mlir steps below build their own (each links
 # LLVM/MLIR), so drop these first to bound the peak disk use. Libraries stay.
@@ -40,34 +65,23 @@ MLIR_PKGS="libmlir-19-dev mlir-19-tools llvm-19-dev libclang-19-dev libpolly-19-
 # shellcheck disable=SC2086
 dpkg -s $MLIR_PKGS > /dev/null 2>&1 || { apt-get update -q && apt-get install -y -q $MLIR_PKGS; } > target/apt-mlir.log 2>&1 \
     || { tail -n 20 target/apt-mlir.log; exit 1; }
+step "mlir packages"
 export MLIR_SYS_190_PREFIX=/usr/lib/llvm-19 TABLEGEN_190_PREFIX=/usr/lib/llvm-19
 # The feature gates a few lines outside the backend (a registry entry, `oar compile/run --target
 # mlir`, the kit's and the cli's mlir tests): lint those targets with it, not every target of
 # every crate again (the workspace lint above covered them without it).
 cargo clippy -p oar-backend-mlir --features mlir --all-targets --quiet -- -D warnings
+step "clippy oar-backend-mlir"
 cargo clippy -p oar -p oar-conformance --features mlir --lib --quiet -- -D warnings
 cargo clippy -p oar-conformance --features mlir --test kit --quiet -- -D warnings
 cargo clippy -p oar-cli --features mlir --bins --test cli --quiet -- -D warnings
+step "clippy of the feature's other targets"
 cargo test -p oar-backend-mlir --features mlir --quiet 2>&1 | tee -a target/test.log
+step "oar-backend-mlir tests"
 cargo test -p oar-conformance --features mlir --test kit --quiet mlir 2>&1 | tee -a target/test.log
+step "conformance kit on mlir"
 cargo test -p oar-cli --features mlir --test cli --quiet compile_mlir 2>&1 | tee -a target/test.log
-disk
-echo "== onnx node tests"
-python3 -c "import onnx" 2>/dev/null || pip install -q -r tools/onnx_requirements.txt
-python3 tools/gen_onnx_node_tests.py target/onnx-node-tests > /dev/null
-cargo run -q -p oar-onnx --example onnx_conformance -- target/onnx-node-tests --baseline onnx/tests/onnx_baseline.txt
-disk
-echo "== fuzz"
-# Every fuzz target, briefly, from its committed corpus (scripts/fuzz.sh; a long run is in
-# docs/RELIABILITY.md). OAR_FUZZ_SECONDS=0 skips it.
-fuzz_secs=${OAR_FUZZ_SECONDS:-10}
-if [ "$fuzz_secs" != 0 ]; then scripts/fuzz.sh "$fuzz_secs"; fi
-disk
-echo "== demo"
-# In the dev profile, which the tests above built (a release build of everything would cost
-# minutes of compilation; the demo itself runs in seconds either way).
-OAR_DEMO_PROFILE=dev scripts/demo.sh > target/demo.log 2>&1 || { cat target/demo.log; exit 1; }
-tail -n 3 target/demo.log
+step "cli compile_mlir"
 disk
 # One closing line for CI: totals over every test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f; exit (f > 0) }' target/test.log
