@@ -6,6 +6,7 @@ mod export;
 mod import;
 mod inspect;
 mod opt;
+mod quantize;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -85,6 +86,9 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Run the backend conformance suite (ops, patterns, models) against the reference backend.
     Conformance(conformance::ConformanceArgs),
+    /// Post-training quantization: calibrate a float model on .npy data and write it with its
+    /// matmuls and convolutions on 8-bit integers.
+    Quantize(quantize::QuantizeArgs),
     /// Write an oar model as ONNX (opset 18).
     Export {
         /// A `.oar` model or a `.oir` IR text file.
@@ -183,6 +187,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Import { file, output } => import::import(&file, &output),
         Command::Export { file, output } => export::export(&file, &output),
         Command::Compile(args) => compile::compile(args),
+        Command::Quantize(args) => quantize::quantize(args),
         Command::Conformance(args) => conformance::conformance(args),
         Command::Backends => {
             for b in oar::backend::registry().list() {

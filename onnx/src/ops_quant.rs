@@ -6,7 +6,7 @@
 //! `a_scale · b_scale / y_scale` computed in f32 as ONNX Runtime computes it, and
 //! `DynamicQuantizeLinear` from reductions and `quantize_linear`.
 
-use crate::export::{Exporter, Written, int, written};
+use crate::export::{Exporter, Written, int, ints, written};
 use crate::ops::{NodeCx, R};
 use crate::ops_nn::conv_spec;
 use crate::table::{Table, one};
@@ -314,8 +314,10 @@ pub(crate) const TABLE: Table = Table {
         ("QuantizeLinear", |cx| one(quantize(cx))),
     ],
     exports: &[
+        ("conv_integer", write_conv_integer),
         ("dequantize_linear", write_dequantize),
         ("fake_quant", write_fake_quant),
+        ("matmul_integer", write_matmul_integer),
         ("quantize_linear", write_quantize),
     ],
 };
@@ -370,4 +372,36 @@ fn write_fake_quant(ex: &mut Exporter<'_>, op: &Op, ins: &[String], _: &[TensorT
         attrs(),
     );
     written(ex.emit("DequantizeLinear", vec![q, ins[1].clone(), z], attrs()))
+}
+
+/// `matmul_integer` → `MatMulInteger` (the same operands); a per-row zero point of `a`, which
+/// ONNX allows but onnxruntime rejects, is written as the decomposition.
+fn write_matmul_integer(ex: &mut Exporter<'_>, op: &Op, ins: &[String], types: &[TensorType]) -> Written {
+    if !matches!(op, Op::Composite(Composite::MatMulInteger)) {
+        return Ok(None);
+    }
+    if types.get(2).is_some_and(|z| z.shape.num_elements() != Some(1)) {
+        return Ok(None);
+    }
+    written(ex.emit("MatMulInteger", ins.to_vec(), vec![]))
+}
+
+/// A 2-D `conv_integer` → `ConvInteger` with its strides, pads, dilations and groups; other
+/// ranks, and a per-channel weight zero point (ONNX allows it, onnxruntime rejects it), are
+/// written as the decomposition.
+fn write_conv_integer(ex: &mut Exporter<'_>, op: &Op, ins: &[String], types: &[TensorType]) -> Written {
+    let Op::Composite(Composite::ConvInteger(c)) = op else {
+        return Ok(None);
+    };
+    if c.stride.len() != 2 || types.get(3).is_some_and(|z| z.shape.num_elements() != Some(1)) {
+        return Ok(None);
+    }
+    let pads: Vec<usize> = c.pad_before.iter().chain(&c.pad_after).copied().collect();
+    let attrs = vec![
+        ints("strides", &c.stride),
+        ints("pads", &pads),
+        ints("dilations", &c.dilation),
+        int("group", c.groups as i64),
+    ];
+    written(ex.emit("ConvInteger", ins.to_vec(), attrs))
 }

@@ -1,7 +1,8 @@
 //! Passes by name, for pipelines given as text (`oar opt --passes dce,decompose`).
 
 use crate::{
-    Amp, Canonicalize, Cse, Dce, Decompose, FakeQuantToQdq, Fold, Fuse, Pass, Quantize, Simplify, SpecializeShapes,
+    Amp, Canonicalize, Cse, Dce, Decompose, FakeQuantToQdq, Fold, FoldBatchNorm, Fuse, Pass, Quantize, Simplify,
+    SpecializeShapes,
 };
 
 /// Every registered pass, as a constructor of its default configuration.
@@ -10,6 +11,7 @@ const PASSES: &[fn() -> Box<dyn Pass>] = &[
     || Box::new(Decompose::all()),
     || Box::new(Canonicalize),
     || Box::new(Fold::new()),
+    || Box::new(FoldBatchNorm),
     || Box::new(Cse),
     || Box::new(SpecializeShapes::default()),
     || Box::new(Simplify::new()),

@@ -9,9 +9,11 @@
 
 mod control;
 mod interp;
+mod params;
 mod trace;
 
 pub use control::{__macro, MAX_EAGER_ITERATIONS, cond, while_loop};
+pub use params::fold_parameters;
 
 pub(crate) use trace::current;
 

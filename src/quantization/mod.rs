@@ -15,7 +15,10 @@
 //! model restored from a checkpoint quantizes as it did. A traced call never observes (tracing has
 //! no values): trace after calibrating. The ops are in docs/QUANTIZATION.md.
 
+mod graph;
 mod observer;
+
+pub use graph::{QuantizedLayer, QuantizedModel, StaticQuantConfig, convert, quantize_model};
 
 pub use observer::{
     Calibration, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, Observer, QParams, QuantSpec, Scheme,

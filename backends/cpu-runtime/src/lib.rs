@@ -30,6 +30,7 @@ pub mod pool;
 pub mod pool_grad;
 pub mod profile;
 pub mod program;
+pub mod qconv;
 pub mod qgemm;
 pub mod rnn;
 mod rows;

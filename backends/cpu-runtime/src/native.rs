@@ -49,7 +49,7 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
 
 /// Whether the runtime computes composite `c` on operands of these types, for the composites
 /// whose kernels cover some instances only (`conv_transpose`, `conv_weight_grad`,
-/// `max_pool2d`, `max_pool2d_grad`, `sdpa`, `adam_update`, `matmul_integer`); `None` for every
+/// `max_pool2d`, `max_pool2d_grad`, `sdpa`, `adam_update`, `matmul_integer`, `conv_integer`); `None` for every
 /// other composite. The cpu
 /// backend keeps exactly these instances whole, and [`supports`] accepts them.
 pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bool> {
@@ -61,6 +61,7 @@ pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bo
         Composite::ScaledDotProductAttention(a) => crate::attention::supported(a, types),
         Composite::AdamUpdate(_) => crate::optim::adam_supported(types),
         Composite::MatMulInteger => crate::qgemm::supported(types),
+        Composite::ConvInteger(c) => crate::qconv::supported(c, types),
         _ => return None,
     })
 }
@@ -411,16 +412,63 @@ pub unsafe fn run(
             // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
             let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
             let zp = |i: usize| ins.get(i).map(|z| (*z, dt(i)));
-            crate::qgemm::run(
-                ins[0],
-                dt(0),
-                ins[1],
-                dt(1),
+            // A weight matrix (and its zero points) is packed once and kept for later runs.
+            let fixed = |i: usize| o.inputs.get(i).is_none_or(|&b| p.buffer(b).kind.is_weight());
+            let pack = || {
+                if ins[1].len() != kk * n {
+                    return Err(format!(
+                        "matmul_integer: {} operand bytes for b [{kk}, {n}]",
+                        ins[1].len()
+                    ));
+                }
+                Ok(crate::qgemm::pack_b(ins[1], dt(1), zp(3), kk, n))
+            };
+            let owned;
+            let packed: &[i16] = match cache.filter(|_| fixed(1) && fixed(3)) {
+                Some(c) => {
+                    let mut failed = None;
+                    let packed = crate::qgemm::pack_b_cached(c, || {
+                        pack().unwrap_or_else(|e| {
+                            failed = Some(e);
+                            Vec::new()
+                        })
+                    });
+                    if let Some(e) = failed {
+                        return Err(err(k, e));
+                    }
+                    packed
+                }
+                None => {
+                    owned = pack().map_err(|d| err(k, d))?;
+                    &owned
+                }
+            };
+            crate::qgemm::run_packed(ins[0], dt(0), zp(2), packed, (rows, m, kk, n), out, threads)
+                .map_err(|d| err(k, d))?;
+        }
+        Op::Composite(Composite::ConvInteger(c)) => {
+            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
+            let ins: Vec<&[u8]> = copies
+                .iter_mut()
+                .enumerate()
+                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
+                .collect();
+            let dt = |i: usize| p.buffer(o.inputs[i]).ty.dtype;
+            let (xs, ws) = (shape_of(0), shape_of(1));
+            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let zp = |i: usize| ins.get(i).map(|z| (*z, dt(i)));
+            let fixed = |i: usize| o.inputs.get(i).is_none_or(|&b| p.buffer(b).kind.is_weight());
+            let cache = cache.filter(|_| fixed(1) && fixed(3));
+            crate::qconv::run(
+                c,
+                (ins[0], dt(0), &xs),
+                (ins[1], dt(1), &ws),
                 zp(2),
                 zp(3),
-                (rows, m, kk, n),
                 out,
                 threads,
+                cache,
             )
             .map_err(|d| err(k, d))?;
         }

@@ -51,6 +51,35 @@ fn widen(bytes: &[u8], dtype: DType) -> Vec<i32> {
     }
 }
 
+/// `b` (`k` × `n`, 8-bit of `db`) less its zero points (`zb`: one, or one per column) as the
+/// i16 pairs the microkernel reads: panel p, pair q, column c → `[b[2q][c], b[2q+1][c]]`, each
+/// panel `NR` columns wide (the last one zero-padded).
+pub fn pack_b(b: &[u8], db: DType, zb: Option<(&[u8], DType)>, k: usize, n: usize) -> Vec<i16> {
+    let zb = zb.map_or_else(|| vec![0], |(v, d)| widen(v, d));
+    let kp = k.div_ceil(2);
+    let panels = n.div_ceil(NR);
+    let mut packed = vec![0i16; panels * kp * NR * 2];
+    let int = |v: u8| if db == DType::I8 { v as i8 as i32 } else { v as i32 };
+    for kk in 0..k {
+        for j in 0..n {
+            let v = int(b[kk * n + j]) - zb[if zb.len() == 1 { 0 } else { j }];
+            packed[((j / NR) * kp + kk / 2) * NR * 2 + (j % NR) * 2 + kk % 2] = v as i16;
+        }
+    }
+    packed
+}
+
+/// [`pack_b`]'s result kept in a step's weight cache (as f32 bits: two i16 per slot).
+pub fn pack_b_cached(cache: &crate::contraction::WeightCache, pack: impl FnOnce() -> Vec<i16>) -> &[i16] {
+    let slots = cache.get_or_init(|| {
+        let p = pack();
+        let mut f = vec![0f32; p.len().div_ceil(2)];
+        bytemuck::cast_slice_mut::<f32, i16>(&mut f)[..p.len()].copy_from_slice(&p);
+        f
+    });
+    bytemuck::cast_slice(slots)
+}
+
 /// `c[rows, n] = (a - za) @ (b - zb)` for `a` (`rows` × `k`, row-major, 8-bit of `da`) and `b`
 /// (`k` × `n`, of `db`); `za` per row of the `m`-row matrices `a` stacks (one value: all rows),
 /// `zb` per column (or one). `out` receives `rows · n` i32 values as bytes.
@@ -66,29 +95,36 @@ pub fn run(
     out: &mut [u8],
     threads: usize,
 ) -> Result<(), String> {
-    if a.len() != rows * k || b.len() != k * n || out.len() != rows * n * 4 {
+    if b.len() != k * n {
+        return Err(format!("matmul_integer: {} operand bytes for b [{k}, {n}]", b.len()));
+    }
+    let packed = pack_b(b, db, zb, k, n);
+    run_packed(a, da, za, &packed, (rows, m, k, n), out, threads)
+}
+
+/// [`run`] with `b` packed by [`pack_b`].
+pub fn run_packed(
+    a: &[u8],
+    da: DType,
+    za: Option<(&[u8], DType)>,
+    packed: &[i16],
+    (rows, m, k, n): (usize, usize, usize, usize),
+    out: &mut [u8],
+    threads: usize,
+) -> Result<(), String> {
+    let kp = k.div_ceil(2);
+    let panels = n.div_ceil(NR);
+    if a.len() != rows * k || packed.len() < panels * kp * NR * 2 || out.len() != rows * n * 4 {
         return Err(format!(
             "matmul_integer: {} + {} operand bytes and {} result bytes for [{rows}, {k}] x [{k}, {n}]",
             a.len(),
-            b.len(),
+            packed.len(),
             out.len()
         ));
     }
-    let zero = |z: Option<(&[u8], DType)>| z.map_or_else(|| vec![0], |(v, d)| widen(v, d));
-    let (za, zb) = (zero(za), zero(zb));
-    let kp = k.div_ceil(2);
-    let panels = n.div_ceil(NR);
-    // b less its zero points, as i16 pairs: panel p, pair q, column c → [b[2q][c], b[2q+1][c]].
-    let bw = widen(b, db);
-    let mut packed = vec![0i16; panels * kp * NR * 2];
-    for kk in 0..k {
-        for j in 0..n {
-            let v = bw[kk * n + j] - zb[if zb.len() == 1 { 0 } else { j }];
-            packed[((j / NR) * kp + kk / 2) * NR * 2 + (j % NR) * 2 + kk % 2] = v as i16;
-        }
-    }
+    let za = za.map_or_else(|| vec![0], |(v, d)| widen(v, d));
     let simd = Simd::detect();
-    let aw = widen(a, da);
+    let int = |v: u8| if da == DType::I8 { v as i8 as i32 } else { v as i32 };
     let blocks = rows.div_ceil(MR);
     let out_ptr = out.as_mut_ptr() as usize;
     par_units(
@@ -100,16 +136,17 @@ pub fn run(
             let nr = MR.min(rows - r0);
             // Each row of the block less its zero point, as i16 pairs packed in a u32.
             for i in 0..MR {
+                if i >= nr {
+                    pairs[i * kp..(i + 1) * kp].fill(0);
+                    continue;
+                }
+                let r = r0 + i;
+                let z = za[if za.len() == 1 { 0 } else { r % m.max(1) }];
+                let row = &a[r * k..(r + 1) * k];
                 for q in 0..kp {
-                    pairs[i * kp + q] = if i < nr {
-                        let r = r0 + i;
-                        let z = za[if za.len() == 1 { 0 } else { r % m.max(1) }];
-                        let lo = aw[r * k + 2 * q] - z;
-                        let hi = if 2 * q + 1 < k { aw[r * k + 2 * q + 1] - z } else { 0 };
-                        (lo as i16 as u16 as u32) | ((hi as i16 as u16 as u32) << 16)
-                    } else {
-                        0
-                    };
+                    let lo = int(row[2 * q]) - z;
+                    let hi = if 2 * q + 1 < k { int(row[2 * q + 1]) - z } else { 0 };
+                    pairs[i * kp + q] = (lo as i16 as u16 as u32) | ((hi as i16 as u16 as u32) << 16);
                 }
             }
             let mut tile = [[0i32; NR]; MR];

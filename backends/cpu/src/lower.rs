@@ -60,8 +60,9 @@ pub struct Lowered {
 /// computes and masks every score; `adam_update` (a static training step's Adam / AdamW
 /// update of one parameter) is one pass over the parameter, gradient and moments where its
 /// decomposition is a chain of elementwise kernels; `matmul_integer` multiplies the 8-bit
-/// operands as i16 pairs into exact i32 sums where its decomposition widens both to i32 first
-/// — where the runtime has them ([`keeps`]).
+/// operands as i16 pairs into exact i32 sums where its decomposition widens both to i32 first,
+/// and `conv_integer` gathers patches of the 8-bit input into the same kernel where its
+/// decomposition runs an f64 convolution — where the runtime has them ([`keeps`]).
 pub const KEPT_COMPOSITES: &[&str] = &[
     "softmax",
     "log_softmax",
@@ -75,6 +76,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "sdpa",
     "adam_update",
     "matmul_integer",
+    "conv_integer",
 ];
 
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels

@@ -9,4 +9,5 @@ mod compile_ptx;
 mod conformance;
 mod inspect_run;
 mod opt;
+mod quantize;
 mod regressions;

@@ -448,6 +448,14 @@ fn reexported_torch_models_match_onnxruntime() {
 /// computes (tolerance: `1e-5 · max(|oar|, 1e-2)` relative; integers exactly).
 #[test]
 fn every_op_sample_exports_to_onnxruntime_and_imports_back() {
+    #[cfg(target_arch = "x86_64")]
+    fn vnni() -> bool {
+        std::arch::is_x86_feature_detected!("avx512vnni") || std::arch::is_x86_feature_detected!("avxvnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    fn vnni() -> bool {
+        true
+    }
     use oar_ir::ops::sample::SampleRng;
     let samples = Op::all_samples();
     let total = samples.len();
@@ -485,6 +493,17 @@ fn every_op_sample_exports_to_onnxruntime_and_imports_back() {
         // A valid model (onnx.checker passed) whose dtype onnxruntime has no kernel for is
         // reported, not failed: the import-back check below still runs.
         match got {
+            // onnxruntime's u8 × i8 integer kernels on x86 without VNNI add pairs of products
+            // in 16 bits with saturation (`vpmaddubsw`): the sample's extreme values overflow
+            // them. Its output is then checked only where the host has VNNI (exact).
+            Ok(got) if s.name.starts_with("matmul_integer/u8s8") && !vnni() => {
+                let differs = want[0].1.to_f64_vec() != got[0].to_f64_vec();
+                eprintln!(
+                    "{}: onnxruntime saturates u8 x i8 pair sums on this host (differs: {differs})",
+                    s.name
+                );
+                ran += 1;
+            }
             Ok(got) => {
                 compare(&s.name, &want, &got, 1e-5);
                 ran += 1;

@@ -152,6 +152,45 @@ fn resnet_basic_block_is_two_conv_kernels() {
     assert!(epi.iter().filter(|o| o.starts_with("load")).count() >= 4, "{epi:?}");
 }
 
+/// `fold-batch-norm`: both inference batch norms of a basic block fold into their
+/// convolutions (weight · γ/sqrt(σ²+ε), bias (0 − μ)·k + β), the numbers stay within float
+/// rounding (1e-5 relative), and a convolution whose result has another reader keeps its
+/// batch norm.
+#[test]
+fn batch_norm_folds_into_the_convolution_before_it() {
+    use oar_passes::{FoldBatchNorm, Pass};
+    let mut g = Graph::new("block");
+    let mut w = Weights::new();
+    let x = g.add_input("x", f32t(&[2, 4, 6, 6])).unwrap();
+    let h = conv_bn(&mut g, &mut w, x, "c1", 4);
+    let h = comp(&mut g, Composite::Relu, &[h]);
+    let h = conv_bn(&mut g, &mut w, h, "c2", 4);
+    let s = g.binary(BinaryOp::Add, h, x).unwrap();
+    g.add_output("y", s).unwrap();
+    let inputs = BTreeMap::from([("x".to_string(), data(&[2, 4, 6, 6], 3))]);
+    let want = run_graph(&g, &w, &inputs).unwrap();
+    let mut folded = g.clone();
+    assert!(FoldBatchNorm.run(&mut folded).unwrap());
+    let text = folded.to_string();
+    assert!(!text.contains("batch_norm"), "{text}");
+    assert_eq!(text.matches("conv2d").count(), 2, "{text}");
+    let got = run_graph(&folded, &w, &inputs).unwrap();
+    for (a, b) in want[0].1.to_f64_vec().iter().zip(got[0].1.to_f64_vec()) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+    assert!(!FoldBatchNorm.run(&mut folded).unwrap(), "nothing left to fold");
+
+    // The convolution's result is also an output: folding would change it.
+    let mut g2 = Graph::new("shared");
+    let mut w2 = Weights::new();
+    let x = g2.add_input("x", f32t(&[1, 4, 6, 6])).unwrap();
+    let y = conv_bn(&mut g2, &mut w2, x, "c", 4);
+    let conv = g2.node(y.node).inputs()[0];
+    g2.add_output("y", y).unwrap();
+    g2.add_output("conv", conv).unwrap();
+    assert!(!FoldBatchNorm.run(&mut g2).unwrap());
+}
+
 #[test]
 fn layer_norm_and_softmax_are_one_kernel_each() {
     let mut g = Graph::new("ln");

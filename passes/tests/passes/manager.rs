@@ -187,6 +187,7 @@ fn registry_finds_passes_by_name() {
         "decompose",
         "canonicalize",
         "fold",
+        "fold-batch-norm",
         "cse",
         "specialize-shapes",
         "simplify",

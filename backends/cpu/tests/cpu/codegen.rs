@@ -2008,3 +2008,58 @@ fn matmul_integer_runs_natively_and_exactly() {
         );
     }
 }
+
+/// `conv_integer` (a quantized convolution) runs as one native kernel, exactly against the
+/// reference: u8 × i8 with a per-output-channel weight zero point, stride 2 and padding, and a
+/// depthwise i8 × i8 one without zero points.
+#[test]
+fn conv_integer_runs_natively_and_exactly() {
+    use oar_ir::ops::ConvInteger;
+    let bytes = |dt: DType, shape: &[usize], seed: u64| {
+        let n: usize = shape.iter().product();
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let v: Vec<f64> = (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let b = if i == 0 { 255 } else { (s >> 40) as u8 };
+                if dt == DType::I8 { b as i8 as f64 } else { b as f64 }
+            })
+            .collect();
+        TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap()
+    };
+    for (dx, dw, x_shape, w_shape, stride, groups, zps) in [
+        (DType::U8, DType::I8, [2, 3, 9, 8], [5, 3, 3, 3], 2, 1, true),
+        (DType::I8, DType::I8, [1, 4, 6, 6], [4, 1, 3, 3], 1, 4, false),
+    ] {
+        let mut g = Graph::new("qconv");
+        let x = input(&mut g, "x", dx, &x_shape);
+        let mut w = Weights::new();
+        w.insert("w".into(), bytes(dw, &w_shape, 2));
+        let mut ins = vec![x, g.add_param("w", TensorType::of(dw, &w_shape)).unwrap()];
+        let mut feed = vec![("x", bytes(dx, &x_shape, 1))];
+        if zps {
+            ins.push(input(&mut g, "zx", dx, &[]));
+            ins.push(input(&mut g, "zw", dw, &[w_shape[0]]));
+            feed.push(("zx", TensorData::from_f64_slice(dx, vec![], &[131.0]).unwrap()));
+            feed.push(("zw", bytes(dw, &[w_shape[0]], 3)));
+        }
+        let c = ConvInteger {
+            stride: vec![stride; 2],
+            pad_before: vec![1, 1],
+            pad_after: vec![1, 0],
+            dilation: vec![1, 1],
+            groups,
+        };
+        let y = g.add_op1(Op::Composite(Composite::ConvInteger(c)), &ins).unwrap();
+        g.add_output("y", y).unwrap();
+        let compiled = check_with(&g, &w, &feeds(&feed), Tol { rel: 0.0, abs: 0.0 }, true);
+        let steps = &compiled.lowered.cpu.steps;
+        assert!(
+            matches!(steps.as_slice(), [Step::Native { .. }]),
+            "{steps:?}\n{}",
+            compiled.lowered.cpu.program
+        );
+    }
+}
