@@ -10,8 +10,9 @@ out=target/demo
 # (the dev profile optimizes too: opt-level 1, dependencies 2) instead of compiling everything again.
 profile=${OAR_DEMO_PROFILE:-release}
 bin=target/$([ "$profile" = dev ] && echo debug || echo "$profile")
-cargo build --profile "$profile" --quiet -p oar-cli --bin oar
-cargo build --profile "$profile" --quiet -p oar --example mlp_digits --example to_static --example demo --example score
+# One build at the workspace level (the features the tests build with: no rebuild after them).
+cargo build --profile "$profile" --quiet --workspace --bins --example mlp_digits --example to_static --example demo \
+    --example score
 echo "== 1. train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
 "$bin"/examples/mlp_digits
 echo
