@@ -47,13 +47,22 @@ pub struct FakeQuantize {
     active: Arc<AtomicBool>,
     /// 1 once the parameters come from observations (a buffer: a restored checkpoint keeps it).
     calibrated: Tensor,
+    /// LSQ: the scale is a parameter the first observation initializes and gradients train.
+    learned: bool,
 }
 
 impl FakeQuantize {
     /// Fake quantization by `spec` with `observer`; `channels` is the size of the per-channel
     /// axis (ignored per tensor).
     pub fn new(spec: QuantSpec, observer: Box<dyn Observer>, channels: usize) -> Result<FakeQuantize> {
-        Self::shared(spec, observer, channels, false, Arc::new(AtomicBool::new(true)))
+        Self::shared(spec, observer, channels, false, Arc::new(AtomicBool::new(true)), false)
+    }
+
+    /// LSQ (learned step size, Esser et al. 2020): the scale is a parameter — the first
+    /// observation initializes it, then `fake_quant`'s gradient trains it with the rest of the
+    /// model (the zero point stays as first observed).
+    pub fn learned(spec: QuantSpec, observer: Box<dyn Observer>, channels: usize) -> Result<FakeQuantize> {
+        Self::shared(spec, observer, channels, false, Arc::new(AtomicBool::new(true)), true)
     }
 
     fn shared(
@@ -62,11 +71,15 @@ impl FakeQuantize {
         channels: usize,
         calibrating: bool,
         active: Arc<AtomicBool>,
+        learned: bool,
     ) -> Result<FakeQuantize> {
         let range = spec.range()?;
         let n = if spec.axis.is_some() { vec![channels] } else { vec![] };
         let len = n.iter().product::<usize>();
-        let scale = Tensor::from_data(TensorData::from_vec(n.clone(), vec![1.0f32; len])?);
+        let mut scale = Tensor::from_data(TensorData::from_vec(n.clone(), vec![1.0f32; len])?);
+        if learned {
+            scale = scale.requires_grad_(true)?;
+        }
         let zero_point = Tensor::from_data(TensorData::from_vec(n, vec![0.0f32; len])?);
         Ok(FakeQuantize {
             spec,
@@ -78,6 +91,7 @@ impl FakeQuantize {
             calibrating,
             active,
             calibrated: Tensor::scalar(0.0f32),
+            learned,
         })
     }
 
@@ -97,7 +111,8 @@ impl FakeQuantize {
     }
 
     fn observing(&self) -> bool {
-        self.active.load(Ordering::Relaxed) && (self.training || self.calibrating)
+        let learning = self.learned && self.calibrated.item().is_ok_and(|c| c != 0.0);
+        !learning && self.active.load(Ordering::Relaxed) && (self.training || self.calibrating)
     }
 
     fn observe(&self, x: &Tensor) -> Result<()> {
@@ -132,12 +147,23 @@ impl Layer for FakeQuantize {
         F::fake_quant(x, &self.scale, z, self.spec.axis.unwrap_or(0), qmin, qmax)
     }
 
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        if self.learned {
+            vec![("scale".into(), self.scale.clone())]
+        } else {
+            vec![]
+        }
+    }
+
     fn own_buffers(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("scale".into(), self.scale.clone()),
+        let mut b = vec![
             ("zero_point".into(), self.zero_point.clone()),
             ("calibrated".into(), self.calibrated.clone()),
-        ]
+        ];
+        if !self.learned {
+            b.insert(0, ("scale".into(), self.scale.clone()));
+        }
+        b
     }
 
     fn set_training(&mut self, training: bool) {
@@ -214,6 +240,9 @@ pub struct QuantConfig {
     pub activation_observer: ActivationObserver,
     /// Weights are symmetric per output channel in this dtype (i8).
     pub weight_dtype: oar_ir::DType,
+    /// QAT with learned scales (LSQ): every quantizer's scale is a parameter, initialized by its
+    /// first observation and then trained by gradient (create the optimizer after `quantize`).
+    pub learn_scale: bool,
 }
 
 impl Default for QuantConfig {
@@ -223,6 +252,7 @@ impl Default for QuantConfig {
             activation: QuantSpec::activation(),
             activation_observer: ActivationObserver::MovingAverage(0.01),
             weight_dtype: oar_ir::DType::I8,
+            learn_scale: false,
         }
     }
 }
@@ -252,6 +282,7 @@ fn make_pair(
             1,
             calibrating,
             active.clone(),
+            c.learn_scale && !calibrating,
         )?,
         weight: FakeQuantize::shared(
             weight,
@@ -259,6 +290,7 @@ fn make_pair(
             channels,
             calibrating,
             active.clone(),
+            c.learn_scale && !calibrating,
         )?,
     })
 }

@@ -487,3 +487,50 @@ fn qat_layers_quantize_their_input_and_weight_by_what_they_observe() {
     lin.forward(&t(&[100.0; 3], &[1, 3])).unwrap();
     assert_eq!(lin.state_dict()["input_quant.scale"].to_vec::<f32>().unwrap(), a.scale);
 }
+
+/// LSQ (`learn_scale`): the quantizers' scales are parameters. The first training forward
+/// initializes them from what it observes; an SGD step then moves each by its gradient
+/// (`fake_quant`'s LSQ rule), and later forwards do not observe them back.
+#[test]
+fn lsq_scales_start_from_the_first_observation_then_learn_by_gradient() {
+    use oar::quantization::{QAT, QuantConfig, QuantSpec};
+    let mut lin = Linear::new(3, 2).unwrap();
+    lin.weight()
+        .set_data(TensorData::from_vec(vec![3, 2], vec![0.5f32, -1.0, 0.25, 0.5, -0.127, 0.3]).unwrap())
+        .unwrap();
+    let qat = QAT::new(QuantConfig {
+        learn_scale: true,
+        ..QuantConfig::default()
+    });
+    qat.quantize(&mut lin).unwrap();
+    let param = |name: &str| {
+        lin.named_parameters()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no parameter {name}"))
+            .1
+    };
+    let (sa, sw) = (param("input_quant.scale"), param("weight_quant.scale"));
+    let x = t(&[-1.0, 0.5, 3.0, 2.0, -0.25, 1.0], &[2, 3]);
+    let y = lin.forward(&x).unwrap();
+    let a = QuantSpec::activation().qparams(&[-1.0], &[3.0]).unwrap();
+    assert_eq!(sa.to_vec::<f32>().unwrap(), a.scale);
+    assert_eq!(sw.to_vec::<f32>().unwrap(), vec![0.5 / 127.0, 1.0 / 127.0]);
+    let mut opt = SGD::new(lin.parameters(), 0.01);
+    (&y * &y).unwrap().mean(&[], false).unwrap().backward().unwrap();
+    let (ga, gw) = (
+        sa.grad().unwrap().to_vec::<f32>().unwrap(),
+        sw.grad().unwrap().to_vec::<f32>().unwrap(),
+    );
+    assert!(ga[0] != 0.0 && gw.iter().all(|g| *g != 0.0), "{ga:?} {gw:?}");
+    let (a0, w0) = (sa.to_vec::<f32>().unwrap(), sw.to_vec::<f32>().unwrap());
+    opt.step().unwrap();
+    let (a1, w1) = (sa.to_vec::<f32>().unwrap(), sw.to_vec::<f32>().unwrap());
+    assert!((a1[0] - (a0[0] - 0.01 * ga[0])).abs() <= 1e-7, "{a1:?}");
+    for c in 0..2 {
+        assert!((w1[c] - (w0[c] - 0.01 * gw[c])).abs() <= 1e-7, "{w1:?}");
+    }
+    // Another forward, on a much wider input, keeps the learned scale.
+    lin.forward(&t(&[100.0; 3], &[1, 3])).unwrap();
+    assert_eq!(sa.to_vec::<f32>().unwrap(), a1);
+}
