@@ -11,7 +11,7 @@ threads=${OAR_BENCH_THREADS:-2}
 runs=${1:-20}
 dir=target/models/quant
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
-int8=$(for f in avx2 avx512_vnni avx_vnni amx_int8; do [[ " $flags " == *" $f "* ]] && printf '%s ' "$f"; done | xargs)
+int8=$(for f in avx2 avx512_vnni avx_vnni amx_int8; do if [[ " $flags " == *" $f "* ]]; then printf '%s ' "$f"; fi; done | xargs)
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), int8 features: ${int8:-none}, $(nproc) cpus; threads: $threads"
 cargo build --release --quiet --example bench_quant
 ./target/release/examples/bench_quant "$dir" export

@@ -7,6 +7,7 @@
 //! and one output channel per group) run a direct loop over each channel's taps instead, where
 //! a GEMM would have one column.
 
+use crate::par::par_units;
 use crate::qgemm;
 use oar_ir::ops::ConvInteger;
 use oar_ir::{DType, TensorType};
@@ -107,113 +108,167 @@ pub fn run(
     let zx_byte = zx.map_or(0u8, |(b, _)| b[0]);
     let zw_at = |o: usize| zw.map_or(0, |(b, d)| int(b[if b.len() == 1 { 0 } else { o }], d));
     let (pixels, k) = (g.oh * g.ow, cg * g.kh * g.kw);
-    let mut sums = vec![0u8; pixels * og * 4];
-    let out_i32 = |out: &mut [u8], idx: usize, v: i32| out[idx * 4..idx * 4 + 4].copy_from_slice(&v.to_ne_bytes());
     if cg == 1 && og == 1 {
-        // Depthwise: a direct loop per channel.
-        let zxi = int(zx_byte, dx);
-        for img in 0..g.n {
-            for ch in 0..g.o {
-                let plane = &xb[(img * g.c + ch) * g.h * g.w..][..g.h * g.w];
-                let taps = &wb[ch * g.kh * g.kw..][..g.kh * g.kw];
-                let zwi = zw_at(ch);
-                let wt: Vec<i32> = taps.iter().map(|&v| int(v, dw) - zwi).collect();
-                for oy in 0..g.oh {
-                    for ox in 0..g.ow {
-                        let mut acc = 0i32;
-                        for ky in 0..g.kh {
-                            let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
-                            if iy < 0 || iy >= g.h as isize {
-                                continue;
-                            }
-                            for kx in 0..g.kw {
-                                let ix = (ox * c.stride[1] + kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
-                                if ix < 0 || ix >= g.w as isize {
-                                    continue;
-                                }
-                                let v = int(plane[iy as usize * g.w + ix as usize], dx) - zxi;
-                                acc = acc.wrapping_add(v * wt[ky * g.kw + kx]);
-                            }
-                        }
-                        out_i32(out, ((img * g.o + ch) * g.oh + oy) * g.ow + ox, acc);
-                    }
-                }
-            }
-        }
+        depthwise(c, &g, (xb, dx), (wb, dw), int(zx_byte, dx), &zw_at, out, threads);
         return Ok(());
     }
-    // Every group's weights as a packed [k, og] matrix, one after the other (kept in `cache`
-    // when the weights are constant).
-    let pack_all = || {
-        let mut all = Vec::new();
-        let mut wmat = vec![0u8; k * og];
+    // Every group's weights less their zero points as the multiplier's row pairs ([og, k] each,
+    // the weight's own layout), one group after the other (kept in `cache` when the weights are
+    // constant).
+    let rows_per_group = og.div_ceil(4) * 4 * k.div_ceil(2);
+    let pair_all = || {
+        let mut all = Vec::with_capacity(g.groups * rows_per_group);
         for grp in 0..g.groups {
-            for oc in 0..og {
-                let src = &wb[(grp * og + oc) * k..][..k];
-                for (kk, &v) in src.iter().enumerate() {
-                    wmat[kk * og + oc] = v;
-                }
-            }
-            let zb = zw.map(|(b, d)| {
-                if b.len() == 1 {
-                    (b, d)
-                } else {
-                    (&b[grp * og..(grp + 1) * og], d)
-                }
-            });
-            all.extend(qgemm::pack_b(&wmat, dw, zb, k, og));
+            let za = zw.map(|(b, d)| if b.len() == 1 { (b, d) } else { (&b[grp * og..(grp + 1) * og], d) });
+            all.extend(qgemm::pair_rows(&wb[grp * og * k..(grp + 1) * og * k], dw, za, (og, og, k)));
         }
         all
     };
     let owned;
-    let packed: &[i16] = match cache {
-        Some(c) => qgemm::pack_b_cached(c, pack_all),
+    let pairs: &[u32] = match cache {
+        Some(c) => bytemuck::cast_slice(c.get_or_init(|| bytemuck::cast_vec(pair_all()))),
         None => {
-            owned = pack_all();
+            owned = pair_all();
             &owned
         }
     };
-    let per_group = packed.len() / g.groups;
-    let mut cols = vec![zx_byte; pixels * k];
+    // The input's patches as a [k, pixels] matrix (row (ci, ky, kx): that tap's input for every
+    // output pixel, the padding the input's zero point); a 1×1, stride-1, unpadded convolution
+    // reads the input planes as they are.
+    let direct = g.kh == 1
+        && g.kw == 1
+        && c.stride.iter().all(|&s| s == 1)
+        && c.pad_before.iter().chain(&c.pad_after).all(|&p| p == 0);
+    let mut cols = if direct { Vec::new() } else { vec![zx_byte; k * pixels] };
+    let zxb = zx.map(|(b, d)| (&b[..1], d));
     for img in 0..g.n {
         for grp in 0..g.groups {
-            // im2col: row p = output pixel, column (ci, ky, kx).
-            cols.fill(zx_byte);
-            for ci in 0..cg {
-                let plane = &xb[(img * g.c + grp * cg + ci) * g.h * g.w..][..g.h * g.w];
-                for ky in 0..g.kh {
-                    for kx in 0..g.kw {
-                        let col = (ci * g.kh + ky) * g.kw + kx;
-                        for oy in 0..g.oh {
-                            let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
-                            if iy < 0 || iy >= g.h as isize {
-                                continue;
+            let planes = &xb[(img * g.c + grp * cg) * g.h * g.w..][..cg * g.h * g.w];
+            let b: &[u8] = if direct {
+                planes
+            } else {
+                im2col(c, &g, planes, cg, zx_byte, &mut cols);
+                &cols
+            };
+            let packed = qgemm::pack_b(b, dx, zxb, k, pixels);
+            let dst = &mut out[(img * g.o + grp * og) * pixels * 4..][..og * pixels * 4];
+            qgemm::run_pairs(&pairs[grp * rows_per_group..(grp + 1) * rows_per_group], og, &packed, k, pixels, dst, threads)?;
+        }
+    }
+    Ok(())
+}
+
+/// `cols[(ci, ky, kx), pixel]` = the input under that tap for every output pixel of `planes`
+/// (`cg` input planes), `fill` (the input's zero point) where the tap falls in the padding.
+fn im2col(c: &ConvInteger, g: &Geometry, planes: &[u8], cg: usize, fill: u8, cols: &mut [u8]) {
+    let pixels = g.oh * g.ow;
+    let s1 = c.stride[1] as isize;
+    for ci in 0..cg {
+        let plane = &planes[ci * g.h * g.w..][..g.h * g.w];
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let row = &mut cols[((ci * g.kh + ky) * g.kw + kx) * pixels..][..pixels];
+                let off = (kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
+                let lo = if off >= 0 { 0 } else { ((-off) + s1 - 1) / s1 } as usize;
+                let hi = ((g.w as isize - off + s1 - 1) / s1).clamp(0, g.ow as isize) as usize;
+                for oy in 0..g.oh {
+                    let dst = &mut row[oy * g.ow..(oy + 1) * g.ow];
+                    let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
+                    if iy < 0 || iy >= g.h as isize || lo >= hi {
+                        dst.fill(fill);
+                        continue;
+                    }
+                    dst[..lo].fill(fill);
+                    dst[hi..].fill(fill);
+                    let src = &plane[iy as usize * g.w..][..g.w];
+                    let first = (lo as isize * s1 + off) as usize;
+                    if s1 == 1 {
+                        dst[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
+                    } else {
+                        for (d, &v) in dst[lo..hi].iter_mut().zip(src[first..].iter().step_by(s1 as usize)) {
+                            *d = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Depthwise `conv_integer` (one input and one output channel per group): per channel, each
+/// tap adds `w · (x − x_zp)` over whole output rows (contiguous input for stride 1, which the
+/// compiler vectorizes); channels run in parallel.
+#[allow(clippy::too_many_arguments)]
+fn depthwise(
+    c: &ConvInteger,
+    g: &Geometry,
+    (xb, dx): (&[u8], DType),
+    (wb, dw): (&[u8], DType),
+    zx: i32,
+    zw_at: &(dyn Fn(usize) -> i32 + Sync),
+    out: &mut [u8],
+    threads: usize,
+) {
+    let out_ptr = out.as_mut_ptr() as usize;
+    let (pixels, taps) = (g.oh * g.ow, g.kh * g.kw);
+    // The input as i32 less its zero point, per plane when a channel's unit reads it.
+    par_units(
+        g.n * g.o,
+        threads.max(1),
+        || (vec![0i32; pixels], vec![0i32; g.h * g.w]),
+        |(acc, plane), unit| {
+            let ch = unit % g.o;
+            let src = &xb[unit * g.h * g.w..][..g.h * g.w];
+            for (p, &v) in plane.iter_mut().zip(src) {
+                *p = int(v, dx) - zx;
+            }
+            acc.fill(0);
+            let zwi = zw_at(ch);
+            for ky in 0..g.kh {
+                for kx in 0..g.kw {
+                    let w = int(wb[ch * taps + ky * g.kw + kx], dw) - zwi;
+                    if w == 0 {
+                        continue;
+                    }
+                    // Output columns whose input column is inside the row.
+                    let off = (kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
+                    let s1 = c.stride[1] as isize;
+                    let lo = if off >= 0 { 0 } else { ((-off) + s1 - 1) / s1 } as usize;
+                    let hi = ((g.w as isize - off + s1 - 1) / s1).clamp(0, g.ow as isize) as usize;
+                    if lo >= hi {
+                        continue;
+                    }
+                    for oy in 0..g.oh {
+                        let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
+                        if iy < 0 || iy >= g.h as isize {
+                            continue;
+                        }
+                        let row = &plane[iy as usize * g.w..][..g.w];
+                        let dst = &mut acc[oy * g.ow + lo..oy * g.ow + hi];
+                        let first = (lo as isize * s1 + off) as usize;
+                        if s1 == 1 {
+                            for (a, &v) in dst.iter_mut().zip(&row[first..first + (hi - lo)]) {
+                                *a = a.wrapping_add(v.wrapping_mul(w));
                             }
-                            let row = &plane[iy as usize * g.w..][..g.w];
-                            for ox in 0..g.ow {
-                                let ix = (ox * c.stride[1] + kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
-                                if ix >= 0 && ix < g.w as isize {
-                                    cols[(oy * g.ow + ox) * k + col] = row[ix as usize];
-                                }
+                        } else {
+                            for (a, &v) in dst.iter_mut().zip(row[first..].iter().step_by(s1 as usize)) {
+                                *a = a.wrapping_add(v.wrapping_mul(w));
                             }
                         }
                     }
                 }
             }
-            let za = zx.map(|(b, d)| (&b[..1], d));
-            let panel = &packed[grp * per_group..(grp + 1) * per_group];
-            qgemm::run_packed(&cols, dx, za, panel, (pixels, pixels, k, og), &mut sums, threads)?;
-            // [pixels, og] into the output's channels.
-            for oc in 0..og {
-                let base = (img * g.o + grp * og + oc) * pixels;
-                for p in 0..pixels {
-                    out[(base + p) * 4..(base + p) * 4 + 4]
-                        .copy_from_slice(&sums[(p * og + oc) * 4..(p * og + oc) * 4 + 4]);
-                }
+            // Safety: each unit writes its own plane of the output (`n · o · pixels` i32,
+            // checked by the caller); byte copies need no alignment.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    acc.as_ptr() as *const u8,
+                    (out_ptr as *mut u8).add(unit * pixels * 4),
+                    pixels * 4,
+                );
             }
-        }
-    }
-    Ok(())
+        },
+    );
 }
 
 #[cfg(test)]
@@ -278,12 +333,14 @@ mod tests {
         };
         // (x shape, w shape, stride, pads, dilation, groups)
         type Case = ([usize; 4], [usize; 4], [usize; 2], [usize; 2], [usize; 2], usize);
-        let cases: [Case; 5] = [
+        let cases: [Case; 7] = [
             ([1, 3, 9, 9], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),
             ([2, 4, 8, 7], [6, 2, 3, 3], [2, 2], [1, 0], [1, 1], 2),
             ([1, 6, 7, 7], [6, 1, 3, 3], [1, 1], [1, 1], [1, 1], 6),
             ([1, 5, 10, 10], [3, 5, 1, 1], [1, 1], [0, 0], [1, 1], 1),
             ([1, 2, 9, 9], [2, 2, 3, 3], [1, 1], [2, 2], [2, 2], 1),
+            ([1, 4, 9, 8], [4, 1, 3, 3], [2, 2], [1, 1], [1, 1], 4),
+            ([2, 3, 7, 10], [3, 1, 5, 5], [1, 2], [2, 2], [1, 1], 3),
         ];
         for (dx, dw) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8)] {
             for (xs, ws, stride, pad, dil, groups) in cases {

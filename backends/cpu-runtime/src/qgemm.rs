@@ -59,14 +59,104 @@ pub fn pack_b(b: &[u8], db: DType, zb: Option<(&[u8], DType)>, k: usize, n: usiz
     let kp = k.div_ceil(2);
     let panels = n.div_ceil(NR);
     let mut packed = vec![0i16; panels * kp * NR * 2];
-    let int = |v: u8| if db == DType::I8 { v as i8 as i32 } else { v as i32 };
-    for kk in 0..k {
-        for j in 0..n {
-            let v = int(b[kk * n + j]) - zb[if zb.len() == 1 { 0 } else { j }];
-            packed[((j / NR) * kp + kk / 2) * NR * 2 + (j % NR) * 2 + kk % 2] = v as i16;
-        }
+    match db {
+        DType::I8 => pack_panels(b, |v| v as i8 as i32, &zb, k, n, &mut packed),
+        _ => pack_panels(b, |v| v as i32, &zb, k, n, &mut packed),
     }
     packed
+}
+
+/// [`pack_b`]'s loop, written in the packed order (sequential stores; full panels vectorize).
+fn pack_panels(b: &[u8], int: impl Fn(u8) -> i32 + Copy, zb: &[i32], k: usize, n: usize, packed: &mut [i16]) {
+    let kp = k.div_ceil(2);
+    for (p, panel) in packed.chunks_exact_mut(kp * NR * 2).enumerate() {
+        let c0 = p * NR;
+        let nc = NR.min(n - c0);
+        let z = |c: usize| zb[if zb.len() == 1 { 0 } else { c0 + c }];
+        for (q, dst) in panel.chunks_exact_mut(NR * 2).enumerate() {
+            let r0 = &b[2 * q * n + c0..][..nc];
+            if 2 * q + 1 < k {
+                let r1 = &b[(2 * q + 1) * n + c0..][..nc];
+                if zb.len() == 1 {
+                    let z = zb[0];
+                    for c in 0..nc {
+                        dst[2 * c] = (int(r0[c]) - z) as i16;
+                        dst[2 * c + 1] = (int(r1[c]) - z) as i16;
+                    }
+                } else {
+                    for c in 0..nc {
+                        dst[2 * c] = (int(r0[c]) - z(c)) as i16;
+                        dst[2 * c + 1] = (int(r1[c]) - z(c)) as i16;
+                    }
+                }
+            } else {
+                for c in 0..nc {
+                    dst[2 * c] = (int(r0[c]) - z(c)) as i16;
+                }
+            }
+        }
+    }
+}
+
+/// Rows of `a` (`rows` × `k`, 8-bit of `da`) less their zero points (`za`: one, or one per row
+/// of the `m`-row matrices `a` stacks) as the i16 pairs the microkernel broadcasts, one `u32`
+/// per pair, `rows` rounded up to whole blocks of `MR` (zero rows).
+pub fn pair_rows(a: &[u8], da: DType, za: Option<(&[u8], DType)>, (rows, m, k): (usize, usize, usize)) -> Vec<u32> {
+    let za = za.map_or_else(|| vec![0], |(v, d)| widen(v, d));
+    let kp = k.div_ceil(2);
+    let int = |v: u8| if da == DType::I8 { v as i8 as i32 } else { v as i32 };
+    let mut pairs = vec![0u32; rows.div_ceil(MR) * MR * kp];
+    for r in 0..rows {
+        let z = za[if za.len() == 1 { 0 } else { r % m.max(1) }];
+        let row = &a[r * k..(r + 1) * k];
+        for q in 0..kp {
+            let lo = int(row[2 * q]) - z;
+            let hi = if 2 * q + 1 < k { int(row[2 * q + 1]) - z } else { 0 };
+            pairs[r * kp + q] = (lo as i16 as u16 as u32) | ((hi as i16 as u16 as u32) << 16);
+        }
+    }
+    pairs
+}
+
+/// `c[rows, n]` (i32 as bytes) from `a`'s rows made pairs by [`pair_rows`] and `b` packed by
+/// [`pack_b`]; the panels of `b` are split over threads, each multiplied by every block of
+/// rows while it is in cache.
+pub fn run_pairs(pairs: &[u32], rows: usize, packed: &[i16], k: usize, n: usize, out: &mut [u8], threads: usize) -> Result<(), String> {
+    let kp = k.div_ceil(2);
+    let panels = n.div_ceil(NR);
+    let blocks = rows.div_ceil(MR);
+    if pairs.len() < blocks * MR * kp || packed.len() < panels * kp * NR * 2 || out.len() != rows * n * 4 {
+        return Err(format!(
+            "matmul_integer: {} row pairs, {} packed values and {} result bytes for [{rows}, {k}] x [{k}, {n}]",
+            pairs.len(),
+            packed.len(),
+            out.len()
+        ));
+    }
+    let simd = Simd::detect();
+    let out_ptr = out.as_mut_ptr() as usize;
+    par_units(panels, threads.max(1), || (), |_, p| {
+        let panel = &packed[p * kp * NR * 2..(p + 1) * kp * NR * 2];
+        let c0 = p * NR;
+        let nc = NR.min(n - c0);
+        let mut tile = [[0i32; NR]; MR];
+        for blk in 0..blocks {
+            let r0 = blk * MR;
+            tile_kernel(simd, &pairs[r0 * kp..(r0 + MR) * kp], kp, panel, &mut tile);
+            for (i, row) in tile.iter().enumerate().take(MR.min(rows - r0)) {
+                // Safety: each unit writes its own columns of the output, `rows · n · 4` bytes
+                // long (checked above); byte copies need no alignment.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        row.as_ptr() as *const u8,
+                        (out_ptr as *mut u8).add(((r0 + i) * n + c0) * 4),
+                        nc * 4,
+                    );
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 /// [`pack_b`]'s result kept in a step's weight cache (as f32 bits: two i16 per slot).
