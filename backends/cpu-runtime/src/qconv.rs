@@ -119,8 +119,19 @@ pub fn run(
     let pair_all = || {
         let mut all = Vec::with_capacity(g.groups * rows_per_group);
         for grp in 0..g.groups {
-            let za = zw.map(|(b, d)| if b.len() == 1 { (b, d) } else { (&b[grp * og..(grp + 1) * og], d) });
-            all.extend(qgemm::pair_rows(&wb[grp * og * k..(grp + 1) * og * k], dw, za, (og, og, k)));
+            let za = zw.map(|(b, d)| {
+                if b.len() == 1 {
+                    (b, d)
+                } else {
+                    (&b[grp * og..(grp + 1) * og], d)
+                }
+            });
+            all.extend(qgemm::pair_rows(
+                &wb[grp * og * k..(grp + 1) * og * k],
+                dw,
+                za,
+                (og, og, k),
+            ));
         }
         all
     };
@@ -152,7 +163,15 @@ pub fn run(
             };
             let packed = qgemm::pack_b(b, dx, zxb, k, pixels);
             let dst = &mut out[(img * g.o + grp * og) * pixels * 4..][..og * pixels * 4];
-            qgemm::run_pairs(&pairs[grp * rows_per_group..(grp + 1) * rows_per_group], og, &packed, k, pixels, dst, threads)?;
+            qgemm::run_pairs(
+                &pairs[grp * rows_per_group..(grp + 1) * rows_per_group],
+                og,
+                &packed,
+                k,
+                pixels,
+                dst,
+                threads,
+            )?;
         }
     }
     Ok(())

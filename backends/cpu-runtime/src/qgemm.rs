@@ -121,7 +121,15 @@ pub fn pair_rows(a: &[u8], da: DType, za: Option<(&[u8], DType)>, (rows, m, k): 
 /// `c[rows, n]` (i32 as bytes) from `a`'s rows made pairs by [`pair_rows`] and `b` packed by
 /// [`pack_b`]; the panels of `b` are split over threads, each multiplied by every block of
 /// rows while it is in cache.
-pub fn run_pairs(pairs: &[u32], rows: usize, packed: &[i16], k: usize, n: usize, out: &mut [u8], threads: usize) -> Result<(), String> {
+pub fn run_pairs(
+    pairs: &[u32],
+    rows: usize,
+    packed: &[i16],
+    k: usize,
+    n: usize,
+    out: &mut [u8],
+    threads: usize,
+) -> Result<(), String> {
     let kp = k.div_ceil(2);
     let panels = n.div_ceil(NR);
     let blocks = rows.div_ceil(MR);
@@ -135,27 +143,32 @@ pub fn run_pairs(pairs: &[u32], rows: usize, packed: &[i16], k: usize, n: usize,
     }
     let simd = Simd::detect();
     let out_ptr = out.as_mut_ptr() as usize;
-    par_units(panels, threads.max(1), || (), |_, p| {
-        let panel = &packed[p * kp * NR * 2..(p + 1) * kp * NR * 2];
-        let c0 = p * NR;
-        let nc = NR.min(n - c0);
-        let mut tile = [[0i32; NR]; MR];
-        for blk in 0..blocks {
-            let r0 = blk * MR;
-            tile_kernel(simd, &pairs[r0 * kp..(r0 + MR) * kp], kp, panel, &mut tile);
-            for (i, row) in tile.iter().enumerate().take(MR.min(rows - r0)) {
-                // Safety: each unit writes its own columns of the output, `rows · n · 4` bytes
-                // long (checked above); byte copies need no alignment.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        row.as_ptr() as *const u8,
-                        (out_ptr as *mut u8).add(((r0 + i) * n + c0) * 4),
-                        nc * 4,
-                    );
+    par_units(
+        panels,
+        threads.max(1),
+        || (),
+        |_, p| {
+            let panel = &packed[p * kp * NR * 2..(p + 1) * kp * NR * 2];
+            let c0 = p * NR;
+            let nc = NR.min(n - c0);
+            let mut tile = [[0i32; NR]; MR];
+            for blk in 0..blocks {
+                let r0 = blk * MR;
+                tile_kernel(simd, &pairs[r0 * kp..(r0 + MR) * kp], kp, panel, &mut tile);
+                for (i, row) in tile.iter().enumerate().take(MR.min(rows - r0)) {
+                    // Safety: each unit writes its own columns of the output, `rows · n · 4` bytes
+                    // long (checked above); byte copies need no alignment.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            row.as_ptr() as *const u8,
+                            (out_ptr as *mut u8).add(((r0 + i) * n + c0) * 4),
+                            nc * 4,
+                        );
+                    }
                 }
             }
-        }
-    });
+        },
+    );
     Ok(())
 }
 
