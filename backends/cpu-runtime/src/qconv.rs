@@ -16,17 +16,9 @@ use oar_ir::{DType, TensorType};
 /// `w[O, C/groups, KH, KW]`), 8-bit operands, a scalar input zero point and a scalar or
 /// per-output-channel weight zero point.
 pub fn supported(c: &ConvInteger, types: &[TensorType]) -> bool {
-    let eight = |t: &TensorType| matches!(t.dtype, DType::I8 | DType::U8);
-    let Some(dims) = types
-        .iter()
-        .map(|t| t.shape.0.iter().map(|d| d.as_static()).collect::<Option<Vec<usize>>>())
-        .collect::<Option<Vec<_>>>()
-    else {
+    let Some(dims) = qgemm::integer_operands(types) else {
         return false;
     };
-    if !(2..=4).contains(&types.len()) || !eight(&types[0]) || !eight(&types[1]) {
-        return false;
-    }
     let (x, w) = (&dims[0], &dims[1]);
     let scalar = |z: &Vec<usize>| z.is_empty() || z.as_slice() == [1];
     x.len() == 4
@@ -380,51 +372,31 @@ mod tests {
                 let wi: Vec<i32> = wb.iter().map(|&v| int(v, dw)).collect();
                 let zwi: Vec<i32> = zw.iter().map(|&v| int(v, dw)).collect();
                 let want = naive(&c, &xi, xs, &wi, ws, int(zx[0], dx), &zwi, (oh, ow));
-                let mut out = vec![0u8; want.len() * 4];
-                run(
-                    &c,
-                    (&xb, dx, &xs),
-                    (&wb, dw, &ws),
-                    Some((&zx, dx)),
-                    Some((&zw, dw)),
-                    &mut out,
-                    2,
-                    None,
-                )
-                .unwrap();
-                // Packed once into a cache, then read from it.
-                let cache = crate::contraction::WeightCache::new();
-                for _ in 0..2 {
-                    let mut again = vec![0u8; want.len() * 4];
-                    run(
-                        &c,
-                        (&xb, dx, &xs),
-                        (&wb, dw, &ws),
-                        Some((&zx, dx)),
-                        Some((&zw, dw)),
-                        &mut again,
-                        2,
-                        Some(&cache),
-                    )
-                    .unwrap();
-                    assert_eq!(again, out);
-                }
-                let got: Vec<i32> = out
-                    .chunks_exact(4)
-                    .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                    .collect();
+                let conv = |zps: bool, threads: usize, cache: Option<&crate::contraction::WeightCache>| {
+                    let mut out = vec![0u8; want.len() * 4];
+                    let (zx, zw) = if zps {
+                        (Some((&zx[..], dx)), Some((&zw[..], dw)))
+                    } else {
+                        (None, None)
+                    };
+                    run(&c, (&xb, dx, &xs), (&wb, dw, &ws), zx, zw, &mut out, threads, cache).unwrap();
+                    out.chunks_exact(4)
+                        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+                        .collect::<Vec<i32>>()
+                };
+                let got = conv(true, 2, None);
                 assert_eq!(
                     got, want,
                     "{dx} x {dw}: x {xs:?} w {ws:?} stride {stride:?} groups {groups}"
                 );
+                // Packed once into a cache, then read from it.
+                let cache = crate::contraction::WeightCache::new();
+                for _ in 0..2 {
+                    assert_eq!(conv(true, 2, Some(&cache)), want);
+                }
                 // No zero points.
                 let want = naive(&c, &xi, xs, &wi, ws, 0, &[0], (oh, ow));
-                run(&c, (&xb, dx, &xs), (&wb, dw, &ws), None, None, &mut out, 1, None).unwrap();
-                let got: Vec<i32> = out
-                    .chunks_exact(4)
-                    .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                    .collect();
-                assert_eq!(got, want);
+                assert_eq!(conv(false, 1, None), want);
             }
         }
     }

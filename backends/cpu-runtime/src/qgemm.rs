@@ -20,17 +20,9 @@ const MR: usize = 4;
 /// Whether the runtime computes `matmul_integer` on operands of these types: static shapes,
 /// 8-bit `a[.., M, K]` and `b[K, N]`, scalar (or `[1]`) or per-row / per-column zero points.
 pub fn supported(types: &[TensorType]) -> bool {
-    let eight = |t: &TensorType| matches!(t.dtype, DType::I8 | DType::U8);
-    let Some(dims) = types
-        .iter()
-        .map(|t| t.shape.0.iter().map(|d| d.as_static()).collect::<Option<Vec<usize>>>())
-        .collect::<Option<Vec<_>>>()
-    else {
+    let Some(dims) = integer_operands(types) else {
         return false;
     };
-    if !(2..=4).contains(&types.len()) || !eight(&types[0]) || !eight(&types[1]) {
-        return false;
-    }
     let (a, b) = (&dims[0], &dims[1]);
     if a.len() < 2 || b.len() != 2 || a[a.len() - 1] != b[0] {
         return false;
@@ -41,6 +33,19 @@ pub fn supported(types: &[TensorType]) -> bool {
             .is_none_or(|z| z.is_empty() || z.as_slice() == [1] || z.as_slice() == [len])
     };
     zp_ok(2, m) && zp_ok(3, b[1])
+}
+
+/// The static shapes of an integer product's operands — two 8-bit operands and up to two zero
+/// points — or `None` when they are not that.
+pub(crate) fn integer_operands(types: &[TensorType]) -> Option<Vec<Vec<usize>>> {
+    let eight = |t: &TensorType| matches!(t.dtype, DType::I8 | DType::U8);
+    if !(2..=4).contains(&types.len()) || !eight(&types[0]) || !eight(&types[1]) {
+        return None;
+    }
+    types
+        .iter()
+        .map(|t| t.shape.0.iter().map(|d| d.as_static()).collect::<Option<Vec<usize>>>())
+        .collect()
 }
 
 /// One 8-bit operand's values as i32.

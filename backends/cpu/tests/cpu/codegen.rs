@@ -1962,25 +1962,28 @@ graph @step {
     );
 }
 
+/// Pseudo-random 8-bit values of `dt` (the first byte 255: extremes included).
+fn int8_data(dt: DType, shape: &[usize], seed: u64) -> TensorData {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let b = if i == 0 { 255 } else { (s >> 40) as u8 };
+            if dt == DType::I8 { b as i8 as f64 } else { b as f64 }
+        })
+        .collect();
+    TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap()
+}
+
 /// `matmul_integer` (a quantized model's integer product, 8-bit operands less their zero
 /// points) runs as one native kernel, exactly: u8 × i8 with per-column weight zero points and
 /// a batched u8 input, i8 × i8 without zero points, extreme values included.
 #[test]
 fn matmul_integer_runs_natively_and_exactly() {
-    let bytes = |dt: DType, shape: &[usize], seed: u64| {
-        let n: usize = shape.iter().product();
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let v: Vec<f64> = (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let b = if i == 0 { 255 } else { (s >> 40) as u8 };
-                if dt == DType::I8 { b as i8 as f64 } else { b as f64 }
-            })
-            .collect();
-        TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap()
-    };
+    let bytes = int8_data;
     for (da, db, a_shape, k, n, zps) in [
         (DType::U8, DType::I8, vec![2, 5, 40], 40, 19, true),
         (DType::I8, DType::I8, vec![7, 33], 33, 16, false),
@@ -2015,20 +2018,7 @@ fn matmul_integer_runs_natively_and_exactly() {
 #[test]
 fn conv_integer_runs_natively_and_exactly() {
     use oar_ir::ops::ConvInteger;
-    let bytes = |dt: DType, shape: &[usize], seed: u64| {
-        let n: usize = shape.iter().product();
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let v: Vec<f64> = (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let b = if i == 0 { 255 } else { (s >> 40) as u8 };
-                if dt == DType::I8 { b as i8 as f64 } else { b as f64 }
-            })
-            .collect();
-        TensorData::from_f64_slice(dt, shape.to_vec(), &v).unwrap()
-    };
+    let bytes = int8_data;
     for (dx, dw, x_shape, w_shape, stride, groups, zps) in [
         (DType::U8, DType::I8, [2, 3, 9, 8], [5, 3, 3, 3], 2, 1, true),
         (DType::I8, DType::I8, [1, 4, 6, 6], [4, 1, 3, 3], 1, 4, false),
