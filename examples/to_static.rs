@@ -148,6 +148,17 @@ fn main() -> Result<()> {
         "wrote {} ({n} held-out digits) and their labels",
         dir.join("digits_test.npy").display()
     );
+    // 256 training digits to calibrate post-training quantization on (`oar quantize`).
+    let (x, _) = DataLoader::new(Digits::new(Split::Train)?)
+        .batch_size(256)
+        .iter()
+        .next()
+        .expect("a batch")?;
+    x.save_npy(dir.join("digits_calib.npy"))?;
+    println!(
+        "wrote {} (256 training digits, for calibration)",
+        dir.join("digits_calib.npy").display()
+    );
     if acc < 0.9 {
         return Err(oar::Error::invalid(
             "to_static example",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job: train in eager mode, convert to a static graph and save it, load it back and
 # keep training, compile the saved model to a native executable, run it on the held-out digits
-# (accuracy and latency), the same in mixed precision (bf16), then inspect the model with the
-# oar CLI.
+# (accuracy and latency), the same in mixed precision (bf16) and quantized to int8 (post-training,
+# `oar quantize`), then inspect the model with the oar CLI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/demo
@@ -32,13 +32,20 @@ echo "== 5. mixed precision: oar compile ... --precision bf16 (the amp pass: con
 "$out/digits_cnn_bf16" --input "image=$out/digits_test.npy" --output-dir "$out/exe_bf16_out" --bench 20
 "$bin"/examples/score "$out/exe_bf16_out/output.npy" "$out/digits_test_labels.npy"
 echo
-echo "== 6. inspect: oar inspect $out/digits_cnn_tuned.oar"
+echo "== 6. int8: oar quantize (post-training: calibrated on 256 training digits) → compile → run"
+"$bin"/oar quantize "$out/digits_cnn_tuned.oar" --calibrate "$out/digits_calib.npy" --method kl --per-channel \
+    -o "$out/digits_cnn_int8.oar"
+"$bin"/oar compile "$out/digits_cnn_int8.oar" --target cpu --emit exe --bind "N=$n" -o "$out/digits_cnn_int8"
+"$out/digits_cnn_int8" --input "image=$out/digits_test.npy" --output-dir "$out/exe_int8_out" --bench 20
+"$bin"/examples/score "$out/exe_int8_out/output.npy" "$out/digits_test_labels.npy"
+echo
+echo "== 7. inspect: oar inspect $out/digits_cnn_tuned.oar"
 "$bin"/oar inspect "$out/digits_cnn_tuned.oar"
 echo
-echo "== 7. run (JIT, cpu backend): oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
+echo "== 8. run (JIT, cpu backend): oar run $out/digits_cnn_tuned.oar --input image=$out/digits4.npy --output $out/out"
 "$bin"/oar run "$out/digits_cnn_tuned.oar" --input "image=$out/digits4.npy" --output "$out/out"
 echo
-echo "== 8. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
+echo "== 9. the compiler view: examples/demo.rs (IR text, decompose into primitives, reference backend)"
 "$bin"/examples/demo "$out"
 "$bin"/oar dot "$out/digits_cnn_tuned.oar" -o "$out/digits_cnn.dot"
 echo "wrote $out/out/output.npy and $out/digits_cnn.dot"
