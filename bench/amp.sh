@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${OAR_BENCH_THREADS:-2}
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
-native=$(for f in avx512_bf16 avx512_fp16 amx_bf16; do [[ " $flags " == *" $f "* ]] && printf '%s ' "$f"; done | xargs)
+native=$(for f in avx512_bf16 avx512_fp16 amx_bf16; do if [[ " $flags " == *" $f "* ]]; then printf '%s ' "$f"; fi; done | xargs)
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(grep -m1 -o -w avx512f /proc/cpuinfo || grep -m1 -o -w avx2 /proc/cpuinfo), native half: ${native:-none}, $(nproc) cpus; threads: $threads"
 cargo build --release --quiet --example bench_amp
 out=$(RAYON_NUM_THREADS=$threads ./target/release/examples/bench_amp)
