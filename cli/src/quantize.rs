@@ -165,11 +165,19 @@ pub(crate) fn quantize(args: QuantizeArgs) -> CliResult<()> {
         println!("QDQ ONNX: {}", path.display());
     }
     let bytes = |w: &oar_ir::Weights| w.values().map(|t| t.bytes().len()).sum::<usize>();
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in &q.layers {
+        *kinds.entry(l.op).or_default() += 1;
+    }
     println!(
-        "{}: {} products quantized ({}) from {} calibration batches; weights {} -> {} bytes; wrote {}",
+        "{}: quantized {} product(s) ({}) from {} calibration batches; weights {} -> {} bytes; wrote {}",
         args.file.display(),
         q.layers.len(),
-        q.layers.iter().map(|l| l.op).collect::<Vec<_>>().join(", "),
+        kinds
+            .iter()
+            .map(|(op, n)| format!("{n} {op}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         batches.len(),
         bytes(&model.weights),
         bytes(&q.model.weights),

@@ -84,7 +84,7 @@ fn quantize_calibrates_and_writes_an_integer_model() {
     assert!(o.status.success(), "{}", crate::common::stderr(&o));
     let text = stdout(&o);
     assert!(
-        text.contains("1 products quantized (linear) from 4 calibration batches"),
+        text.contains("quantized 1 product(s) (1 linear) from 4 calibration batches"),
         "{text}"
     );
 
