@@ -192,8 +192,10 @@ pub fn quantize_model(
     }
 
     // The QDQ graph.
-    let mut g = model.graph.clone();
-    let mut weights = model.weights.clone();
+    let Model {
+        graph: mut g,
+        mut weights,
+    } = prepared;
     let mut dq_inputs: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     let mut dq_weights: BTreeMap<ValueId, (ValueId, Vec<f32>)> = BTreeMap::new();
     let mut layers = Vec::new();
@@ -316,8 +318,8 @@ fn quantize_weight(w: &TensorData, axis: Option<usize>, qmax: i32) -> Result<(Te
 pub fn convert(model: &dyn Layer, spec: &InputSpec) -> Result<TranslatedLayer> {
     let traced = crate::jit::to_static_layer(model, spec)?;
     let mut graph = traced.graph().clone();
-    let text = graph.to_string();
-    if !text.contains("fake_quant") {
+    let fake = |n| matches!(graph.node(n).op, Op::Composite(Composite::FakeQuant(_)));
+    if !graph.node_ids().any(fake) {
         return Err(Error::invalid(
             "quantization::convert",
             "the model has no fake quantization: quantize it with QAT or PTQ (and calibrate) first",

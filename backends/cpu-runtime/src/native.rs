@@ -398,7 +398,7 @@ pub unsafe fn run(
             crate::attention::run_bytes(a, out_ty.dtype, &ins, &shapes, mask_bool, out, threads)
                 .map_err(|d| err(k, d))?;
         }
-        Op::Composite(Composite::MatMulInteger) => {
+        Op::Composite(c @ (Composite::MatMulInteger | Composite::ConvInteger(_))) => {
             let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
             let ins: Vec<&[u8]> = copies
                 .iter_mut()
@@ -406,70 +406,41 @@ pub unsafe fn run(
                 .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
                 .collect();
             let dt = |i: usize| p.buffer(o.inputs[i]).ty.dtype;
-            let (a, b) = (shape_of(0), shape_of(1));
-            let (m, kk, n) = (a[a.len() - 2], a[a.len() - 1], b[1]);
-            let rows = a[..a.len() - 1].iter().product();
-            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
-            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
             let zp = |i: usize| ins.get(i).map(|z| (*z, dt(i)));
-            // A weight matrix (and its zero points) is packed once and kept for later runs.
-            let fixed = |i: usize| o.inputs.get(i).is_none_or(|&b| p.buffer(b).kind.is_weight());
-            let pack = || {
-                if ins[1].len() != kk * n {
-                    return Err(format!(
-                        "matmul_integer: {} operand bytes for b [{kk}, {n}]",
-                        ins[1].len()
-                    ));
-                }
-                Ok(crate::qgemm::pack_b(ins[1], dt(1), zp(3), kk, n))
-            };
-            let owned;
-            let packed: &[i16] = match cache.filter(|_| fixed(1) && fixed(3)) {
-                Some(c) => {
-                    let mut failed = None;
-                    let packed = crate::qgemm::pack_b_cached(c, || {
-                        pack().unwrap_or_else(|e| {
-                            failed = Some(e);
-                            Vec::new()
-                        })
-                    });
-                    if let Some(e) = failed {
-                        return Err(err(k, e));
-                    }
-                    packed
-                }
-                None => {
-                    owned = pack().map_err(|d| err(k, d))?;
-                    &owned
-                }
-            };
-            crate::qgemm::run_packed(ins[0], dt(0), zp(2), packed, (rows, m, kk, n), out, threads)
-                .map_err(|d| err(k, d))?;
-        }
-        Op::Composite(Composite::ConvInteger(c)) => {
-            let mut copies: Vec<Vec<u8>> = vec![Vec::new(); o.inputs.len()];
-            let ins: Vec<&[u8]> = copies
-                .iter_mut()
-                .enumerate()
-                .map(|(i, copy)| input(bufs[o.inputs[i].index()], len_of(i), out_ptr, out_len, copy))
-                .collect();
-            let dt = |i: usize| p.buffer(o.inputs[i]).ty.dtype;
-            let (xs, ws) = (shape_of(0), shape_of(1));
-            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
-            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
-            let zp = |i: usize| ins.get(i).map(|z| (*z, dt(i)));
+            // Weights (and their zero points) are prepared once and kept for later runs.
             let fixed = |i: usize| o.inputs.get(i).is_none_or(|&b| p.buffer(b).kind.is_weight());
             let cache = cache.filter(|_| fixed(1) && fixed(3));
-            crate::qconv::run(
-                c,
-                (ins[0], dt(0), &xs),
-                (ins[1], dt(1), &ws),
-                zp(2),
-                zp(3),
-                out,
-                threads,
-                cache,
-            )
+            let (s0, s1) = (shape_of(0), shape_of(1));
+            // Safety: the output buffer is live, `out_len` bytes, not aliased by the inputs.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            match c {
+                Composite::ConvInteger(c) => crate::qconv::run(
+                    c,
+                    (ins[0], dt(0), &s0),
+                    (ins[1], dt(1), &s1),
+                    zp(2),
+                    zp(3),
+                    out,
+                    threads,
+                    cache,
+                ),
+                _ => {
+                    let (m, kk, n) = (s0[s0.len() - 2], s0[s0.len() - 1], s1[1]);
+                    let rows = s0[..s0.len() - 1].iter().product();
+                    crate::qgemm::run_cached(
+                        ins[0],
+                        dt(0),
+                        ins[1],
+                        dt(1),
+                        zp(2),
+                        zp(3),
+                        (rows, m, kk, n),
+                        out,
+                        threads,
+                        cache,
+                    )
+                }
+            }
             .map_err(|d| err(k, d))?;
         }
         Op::Composite(Composite::AdamUpdate(a)) => {

@@ -113,14 +113,39 @@ pub fn pair_rows(a: &[u8], da: DType, za: Option<(&[u8], DType)>, (rows, m, k): 
     let mut pairs = vec![0u32; rows.div_ceil(MR) * MR * kp];
     for r in 0..rows {
         let z = za[if za.len() == 1 { 0 } else { r % m.max(1) }];
-        let row = &a[r * k..(r + 1) * k];
-        for q in 0..kp {
-            let lo = int(row[2 * q]) - z;
-            let hi = if 2 * q + 1 < k { int(row[2 * q + 1]) - z } else { 0 };
-            pairs[r * kp + q] = (lo as i16 as u16 as u32) | ((hi as i16 as u16 as u32) << 16);
-        }
+        pair_row(&a[r * k..(r + 1) * k], int, z, &mut pairs[r * kp..(r + 1) * kp]);
     }
     pairs
+}
+
+/// One row less its zero point `z` as i16 pairs, one `u32` each (`dst`: `row.len() / 2`
+/// rounded up; an odd last element pairs with 0).
+fn pair_row(row: &[u8], int: impl Fn(u8) -> i32, z: i32, dst: &mut [u32]) {
+    let k = row.len();
+    for (q, d) in dst.iter_mut().enumerate() {
+        let lo = int(row[2 * q]) - z;
+        let hi = if 2 * q + 1 < k { int(row[2 * q + 1]) - z } else { 0 };
+        *d = (lo as i16 as u16 as u32) | ((hi as i16 as u16 as u32) << 16);
+    }
+}
+
+/// Rows `r0..r0 + nr` of `tile` into columns `c0..c0 + nc` of the `n`-column i32 matrix at
+/// `out`.
+///
+/// # Safety
+/// `out` holds at least `(r0 + nr) · n` i32 (as bytes, any alignment), and no other thread
+/// writes those rows' columns meanwhile.
+unsafe fn store_tile(
+    out: *mut u8,
+    tile: &[[i32; NR]; MR],
+    (r0, nr): (usize, usize),
+    n: usize,
+    (c0, nc): (usize, usize),
+) {
+    for (i, row) in tile.iter().enumerate().take(nr) {
+        // Safety: in bounds by the caller's contract; byte copies need no alignment.
+        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr() as *const u8, out.add(((r0 + i) * n + c0) * 4), nc * 4) };
+    }
 }
 
 /// `c[rows, n]` (i32 as bytes) from `a`'s rows made pairs by [`pair_rows`] and `b` packed by
@@ -160,17 +185,9 @@ pub fn run_pairs(
             for blk in 0..blocks {
                 let r0 = blk * MR;
                 tile_kernel(simd, &pairs[r0 * kp..(r0 + MR) * kp], kp, panel, &mut tile);
-                for (i, row) in tile.iter().enumerate().take(MR.min(rows - r0)) {
-                    // Safety: each unit writes its own columns of the output, `rows · n · 4` bytes
-                    // long (checked above); byte copies need no alignment.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            row.as_ptr() as *const u8,
-                            (out_ptr as *mut u8).add(((r0 + i) * n + c0) * 4),
-                            nc * 4,
-                        );
-                    }
-                }
+                // Safety: each unit writes its own columns of the output, `rows · n · 4` bytes
+                // long (checked above).
+                unsafe { store_tile(out_ptr as *mut u8, &tile, (r0, MR.min(rows - r0)), n, (c0, nc)) };
             }
         },
     );
@@ -199,15 +216,41 @@ pub fn run(
     db: DType,
     za: Option<(&[u8], DType)>,
     zb: Option<(&[u8], DType)>,
+    dims: (usize, usize, usize, usize),
+    out: &mut [u8],
+    threads: usize,
+) -> Result<(), String> {
+    run_cached(a, da, b, db, za, zb, dims, out, threads, None)
+}
+
+/// [`run`], `b` packed once into `cache` (when given: `b` and `zb` must not change between
+/// calls) and read from it afterwards.
+#[allow(clippy::too_many_arguments)]
+pub fn run_cached(
+    a: &[u8],
+    da: DType,
+    b: &[u8],
+    db: DType,
+    za: Option<(&[u8], DType)>,
+    zb: Option<(&[u8], DType)>,
     (rows, m, k, n): (usize, usize, usize, usize),
     out: &mut [u8],
     threads: usize,
+    cache: Option<&crate::contraction::WeightCache>,
 ) -> Result<(), String> {
     if b.len() != k * n {
         return Err(format!("matmul_integer: {} operand bytes for b [{k}, {n}]", b.len()));
     }
-    let packed = pack_b(b, db, zb, k, n);
-    run_packed(a, da, za, &packed, (rows, m, k, n), out, threads)
+    let pack = || pack_b(b, db, zb, k, n);
+    let owned;
+    let packed = match cache {
+        Some(c) => pack_b_cached(c, pack),
+        None => {
+            owned = pack();
+            &owned
+        }
+    };
+    run_packed(a, da, za, packed, (rows, m, k, n), out, threads)
 }
 
 /// [`run`] with `b` packed by [`pack_b`].
@@ -250,12 +293,7 @@ pub fn run_packed(
                 }
                 let r = r0 + i;
                 let z = za[if za.len() == 1 { 0 } else { r % m.max(1) }];
-                let row = &a[r * k..(r + 1) * k];
-                for q in 0..kp {
-                    let lo = int(row[2 * q]) - z;
-                    let hi = if 2 * q + 1 < k { int(row[2 * q + 1]) - z } else { 0 };
-                    pairs[i * kp + q] = (lo as i16 as u16 as u32) | ((hi as i16 as u16 as u32) << 16);
-                }
+                pair_row(&a[r * k..(r + 1) * k], int, z, &mut pairs[i * kp..(i + 1) * kp]);
             }
             let mut tile = [[0i32; NR]; MR];
             for p in 0..panels {
@@ -263,18 +301,9 @@ pub fn run_packed(
                 tile_kernel(simd, pairs, kp, panel, &mut tile);
                 let c0 = p * NR;
                 let nc = NR.min(n - c0);
-                for (i, row) in tile.iter().enumerate().take(nr) {
-                    // Safety: each block writes its own rows of the output, `rows · n · 4`
-                    // bytes long (checked above); blocks run on one thread each; byte copies
-                    // need no alignment.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            row.as_ptr() as *const u8,
-                            (out_ptr as *mut u8).add(((r0 + i) * n + c0) * 4),
-                            nc * 4,
-                        );
-                    }
-                }
+                // Safety: each block writes its own rows of the output, `rows · n · 4` bytes
+                // long (checked above); blocks run on one thread each.
+                unsafe { store_tile(out_ptr as *mut u8, &tile, (r0, nr), n, (c0, nc)) };
             }
         },
     );

@@ -134,8 +134,8 @@ fn conv_bn(g: &mut Graph, w: &mut Weights, x: ValueId, name: &str, c: usize) -> 
     )
 }
 
-#[test]
-fn resnet_basic_block_is_two_conv_kernels() {
+/// A ResNet basic block on `x: f32[2, 4, 6, 6]`: relu(bn(conv(relu(bn(conv(x))))) + x).
+fn basic_block() -> (Graph, Weights) {
     let mut g = Graph::new("block");
     let mut w = Weights::new();
     let x = g.add_input("x", f32t(&[2, 4, 6, 6])).unwrap();
@@ -145,6 +145,12 @@ fn resnet_basic_block_is_two_conv_kernels() {
     let s = g.binary(BinaryOp::Add, h, x).unwrap();
     let y = comp(&mut g, Composite::Relu, &[s]);
     g.add_output("y", y).unwrap();
+    (g, w)
+}
+
+#[test]
+fn resnet_basic_block_is_two_conv_kernels() {
+    let (g, w) = basic_block();
     let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[2, 4, 6, 6], 3))]));
     assert_eq!(p.kernel_counts(), (0, 2, 0), "{p}");
     // The residual add reads x in the second conv's epilogue.
@@ -159,14 +165,7 @@ fn resnet_basic_block_is_two_conv_kernels() {
 #[test]
 fn batch_norm_folds_into_the_convolution_before_it() {
     use oar_passes::{FoldBatchNorm, Pass};
-    let mut g = Graph::new("block");
-    let mut w = Weights::new();
-    let x = g.add_input("x", f32t(&[2, 4, 6, 6])).unwrap();
-    let h = conv_bn(&mut g, &mut w, x, "c1", 4);
-    let h = comp(&mut g, Composite::Relu, &[h]);
-    let h = conv_bn(&mut g, &mut w, h, "c2", 4);
-    let s = g.binary(BinaryOp::Add, h, x).unwrap();
-    g.add_output("y", s).unwrap();
+    let (g, w) = basic_block();
     let inputs = BTreeMap::from([("x".to_string(), data(&[2, 4, 6, 6], 3))]);
     let want = run_graph(&g, &w, &inputs).unwrap();
     let mut folded = g.clone();
