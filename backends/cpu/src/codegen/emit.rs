@@ -674,6 +674,40 @@ impl<'a, 'f> Em<'a, 'f> {
                 out.push(v);
                 continue;
             }
+            if super::plan::is_narrow(dt) {
+                // 8-bit elements as their values in 32-bit lanes.
+                let v = if vc == 1 {
+                    let p = self.offset_addr(base, u * lanes as i64);
+                    let x = self.b.ins().load(types::I32, flags, p, 0);
+                    let v = self.b.ins().scalar_to_vector(types::I32X4, x);
+                    let mut v = self.b.ins().bitcast(types::I8X16, super::ops::le(), v);
+                    for _ in 0..2 {
+                        v = if dt == DType::U8 {
+                            self.b.ins().uwiden_low(v)
+                        } else {
+                            self.b.ins().swiden_low(v)
+                        };
+                    }
+                    v
+                } else {
+                    let mut v = None;
+                    for lane in 0..lanes as i64 {
+                        let p = self.offset_addr(base, (u * lanes as i64 + lane) * vc);
+                        let x = if dt == DType::U8 {
+                            self.b.ins().uload8(types::I32, flags, p, 0)
+                        } else {
+                            self.b.ins().sload8(types::I32, flags, p, 0)
+                        };
+                        v = Some(match v {
+                            None => self.b.ins().splat(vt, x),
+                            Some(acc) => self.b.ins().insertlane(acc, x, lane as u8),
+                        });
+                    }
+                    v.expect("lanes > 0")
+                };
+                out.push(v);
+                continue;
+            }
             if dt == DType::Bool {
                 // Bytes to lane masks.
                 let v = if vc == 1 {
@@ -774,12 +808,28 @@ impl<'a, 'f> Em<'a, 'f> {
             let p = self.offset_addr(base, u as i64 * lanes as i64 * size);
             if plan.acc[o].storage == DType::BF16 {
                 self.store_bf16(x, p, flags);
+            } else if super::plan::is_narrow(dt) && lanes > 1 {
+                self.store_narrow_vector(x, dt, p, flags);
             } else if dt == DType::Bool && lanes > 1 {
                 self.store_bool_vector(x, p, flags);
             } else {
                 self.b.ins().store(flags, x, p, 0);
             }
         }
+    }
+
+    /// Four i8/u8 values held in 32-bit lanes (in range: see `plan::vectorizable`) stored as
+    /// four bytes at `p`.
+    fn store_narrow_vector(&mut self, x: Value, dt: DType, p: Value, flags: MemFlagsData) {
+        let h = self.b.ins().snarrow(x, x);
+        let b = if dt == DType::U8 {
+            self.b.ins().unarrow(h, h)
+        } else {
+            self.b.ins().snarrow(h, h)
+        };
+        let w = self.b.ins().bitcast(types::I32X4, super::ops::le(), b);
+        let w = self.b.ins().extractlane(w, 0);
+        self.b.ins().store(flags, w, p, 0);
     }
 
     /// `lanes` bool bytes at `p` as a lane mask.

@@ -24,7 +24,8 @@ pub(super) fn scalar_ty(dt: DType) -> Type {
     }
 }
 
-/// The Cranelift type of `dt` at `lanes` lanes (bools: the lane mask type).
+/// The Cranelift type of `dt` at `lanes` lanes (bools: the lane mask type; i8/u8 values in
+/// 4-lane code: their exact values in 32-bit lanes, see `plan::vectorizable`).
 pub(super) fn ty_of(dt: DType, lanes: u8) -> Type {
     if lanes == 1 {
         return scalar_ty(dt);
@@ -37,6 +38,7 @@ pub(super) fn ty_of(dt: DType, lanes: u8) -> Type {
                 types::I64
             }
         }
+        DType::I8 | DType::U8 if lanes == 4 => types::I32,
         d => scalar_ty(d),
     };
     t.by(lanes as u32).expect("a 128-bit vector type")
@@ -88,6 +90,14 @@ impl Em<'_, '_> {
         }
         debug_assert_eq!(from, 1);
         let t = ty_of(dt, to);
+        if super::plan::is_narrow(dt) && t.lane_type() == types::I32 {
+            let w = if dt == DType::U8 {
+                self.b.ins().uextend(types::I32, x)
+            } else {
+                self.b.ins().sextend(types::I32, x)
+            };
+            return self.b.ins().splat(t, w);
+        }
         if dt == DType::Bool {
             // 0/1 byte -> 0/-1 lane mask.
             let lane = t.lane_type();
@@ -519,10 +529,31 @@ impl Em<'_, '_> {
         }
     }
 
-    /// Vector casts (same lane width, or to/from bool masks; see `plan::vectorizable`).
+    /// Vector casts (same lane width, to/from bool masks, or to/from i8/u8 values held in
+    /// 32-bit lanes; see `plan::vectorizable`).
     fn cast_vector(&mut self, x: Value, from: DType, to: DType, tt: Type) -> Value {
         let xt = self.b.func.dfg.value_type(x);
         match (from, to) {
+            // Saturate through i32, as the scalar cast does.
+            (f, DType::I8 | DType::U8) if f.is_float() => {
+                let (lo, hi) = if to == DType::U8 { (0, 255) } else { (-128, 127) };
+                let s = self.b.ins().fcvt_to_sint_sat(tt, x);
+                let lo = self.iconst(tt, lo);
+                let hi = self.iconst(tt, hi);
+                let s = self.b.ins().smax(s, lo);
+                self.b.ins().smin(s, hi)
+            }
+            // Two's complement wrap of 32-bit lanes (i32, or a widened 8-bit value).
+            (DType::I32 | DType::I8 | DType::U8, DType::U8) => {
+                let m = self.iconst(tt, 0xff);
+                self.b.ins().band(x, m)
+            }
+            (DType::I32 | DType::I8 | DType::U8, DType::I8) => {
+                let l = self.b.ins().ishl_imm_s(x, 24);
+                self.b.ins().sshr_imm_s(l, 24)
+            }
+            // A widened 8-bit value is its i32 value already.
+            (DType::I8 | DType::U8, DType::I32) => x,
             (DType::Bool, t) if t.is_float() => {
                 let m = self.bitcast(tt, x);
                 let one = self.fconst(tt, 1.0);

@@ -316,15 +316,41 @@ fn varying_loads(body: &[Inst], uni: &[bool], n: usize) -> Vec<bool> {
     used
 }
 
+/// Whether `dt` is an 8-bit integer: in 4-lane vector code such values are held exactly in
+/// 32-bit lanes (see [`vectorizable`]).
+pub(super) fn is_narrow(dt: DType) -> bool {
+    matches!(dt, DType::I8 | DType::U8)
+}
+
 /// Whether the body's varying instructions can run on vectors of `w`-byte lanes (bools as lane
 /// masks); `uni` marks the loop-invariant ones, which run once as scalars and are splatted.
-fn vectorizable(body: &[Inst], w: usize, uni: &[bool]) -> bool {
+///
+/// With `narrow` (4-byte lanes, no reduction), i8/u8 values ride in 32-bit lanes holding their
+/// exact value: loads widen, stores narrow, and only the operations that are exact on the
+/// widened values — loads, constants, casts, `where`, max/min and comparisons — may touch them
+/// (8-bit arithmetic wraps, which 32-bit lanes would not). This keeps (de)quantization loops
+/// (u8 → f32 → … → u8) vectorized.
+fn vectorizable(body: &[Inst], w: usize, uni: &[bool], narrow: bool) -> bool {
+    let narrow = narrow && w == 4;
+    let width_ok = |dt: DType| dt == DType::Bool || dt.size_bytes() == w || (narrow && is_narrow(dt));
     body.iter().zip(uni).all(|(inst, &u)| {
         if u {
             return true;
         }
         let dt = inst.dtype;
-        if dt != DType::Bool && dt.size_bytes() != w {
+        if !width_ok(dt) {
+            return false;
+        }
+        if is_narrow(dt)
+            && !matches!(
+                inst.op,
+                ScalarOp::Load(_)
+                    | ScalarOp::Const(_)
+                    | ScalarOp::Cast(_)
+                    | ScalarOp::Where(..)
+                    | ScalarOp::Binary(BinaryOp::Max | BinaryOp::Min, ..)
+            )
+        {
             return false;
         }
         match &inst.op {
@@ -332,8 +358,7 @@ fn vectorizable(body: &[Inst], w: usize, uni: &[bool]) -> bool {
             ScalarOp::Cast(a) => {
                 let from = body[*a].dtype;
                 // f64 -> i64 has no vector conversion on x64; narrow/wide changes lane counts.
-                !(from.is_float() && dt == DType::I64)
-                    && (from == DType::Bool || dt == DType::Bool || from.size_bytes() == dt.size_bytes())
+                !(from.is_float() && dt == DType::I64) && width_ok(from)
             }
             // Integer division: no vector instruction on x64, and the zero check is per lane.
             ScalarOp::Binary(BinaryOp::Div | BinaryOp::Pow, a, _) if body[*a].dtype.is_int() => false,
@@ -677,38 +702,42 @@ fn vectorize(
         .map(|(a, b)| *a || *b)
         .collect();
     let lane_dtype = |dt: DType| matches!(dt, DType::F32 | DType::F64 | DType::I32 | DType::I64);
+    // 8-bit values ride in 32-bit lanes in elementwise kernels (see `vectorizable`).
+    let narrow = k.reduce.is_empty();
     let loads_ok = |used: &[bool], w: usize| {
-        used.iter()
-            .zip(acc)
-            .all(|(u, a)| !*u || a.dtype.size_bytes() == w || a.dtype == DType::Bool)
+        used.iter().zip(acc).all(|(u, a)| {
+            !*u || a.dtype.size_bytes() == w || a.dtype == DType::Bool || (narrow && w == 4 && is_narrow(a.dtype))
+        })
     };
     let lanes_of = |w: usize| -> u8 { if w == 4 { 4 } else { 2 } };
-    // Elementwise / across outputs: the output's lane width everywhere (a bool output takes
-    // the width of the values it is computed from; bools are lane masks of that width).
-    let w_out = if out_dt == DType::Bool {
+    // Elementwise / across outputs: the output's lane width everywhere (a bool or 8-bit output
+    // takes the width of the values it is computed from; bools are lane masks of that width).
+    let w_out = if out_dt == DType::Bool || is_narrow(out_dt) {
         k.body
             .iter()
             .chain(k.reduce.iter().flat_map(|r| &r.body))
             .map(|i| i.dtype)
             .chain(acc.iter().zip(&any_used).filter(|(_, u)| **u).map(|(a, _)| a.dtype))
-            .filter(|d| *d != DType::Bool)
+            .filter(|d| *d != DType::Bool && (out_dt == DType::Bool || !is_narrow(*d)))
             .map(|d| d.size_bytes())
             .max()
-            .unwrap_or(4)
+            .unwrap_or(if out_dt == DType::Bool { 4 } else { 1 })
     } else {
         out_dt.size_bytes()
     };
     let outer_ok = matches!(w_out, 4 | 8)
-        && (lane_dtype(out_dt) || out_dt == DType::Bool)
+        && (lane_dtype(out_dt) || out_dt == DType::Bool || (narrow && w_out == 4 && is_narrow(out_dt)))
         && loads_ok(&varying_any, w_out)
-        && vectorizable(&k.body, w_out, &uni_body)
-        && k.reduce.first().is_none_or(|r| vectorizable(&r.body, w_out, &uni_red));
+        && vectorizable(&k.body, w_out, &uni_body, narrow)
+        && k.reduce
+            .first()
+            .is_none_or(|r| vectorizable(&r.body, w_out, &uni_red, false));
     // Along the reduction: the reduction body only (the epilogue runs once per output).
     let (inner_ok, w_red) = match (k.reduce.first(), red) {
         (Some(r), Some(rd)) => {
             let w = rd.dtype.size_bytes();
             (
-                lane_dtype(rd.dtype) && loads_ok(&varying_red, w) && vectorizable(&r.body, w, &uni_red),
+                lane_dtype(rd.dtype) && loads_ok(&varying_red, w) && vectorizable(&r.body, w, &uni_red, false),
                 w,
             )
         }

@@ -1737,6 +1737,81 @@ fn bool_buffers_in_vector_kernels() {
     }
 }
 
+/// 8-bit values in 4-lane vector code (held as their values in 32-bit lanes): a per-row
+/// dequantization, a transposed (gathered) one, ReLU and a quantization back to 8 bits; 8-bit
+/// max / where / comparisons; i32 → 8-bit wrapping and f32 → 8-bit saturating casts (NaN and
+/// infinities included) — exactly the reference's results, for u8 and i8 and row lengths with
+/// and without a scalar tail.
+#[test]
+fn eight_bit_values_in_vector_kernels() {
+    use oar_ir::ops::{DequantizeLinear, QuantizeLinear};
+    for dt in [DType::U8, DType::I8] {
+        for n in [3usize, 9, 33] {
+            let mut g = Graph::new("q8");
+            let x = input(&mut g, "x", dt, &[5, n]);
+            let xt = input(&mut g, "xt", dt, &[n, 5]);
+            let s = input(&mut g, "s", DType::F32, &[5]);
+            let z = input(&mut g, "z", dt, &[5]);
+            let s2 = input(&mut g, "s2", DType::F32, &[]);
+            let z2 = input(&mut g, "z2", dt, &[]);
+            let xt = g.add_op1(Op::Permute(Permute { perm: vec![1, 0] }), &[xt]).unwrap();
+            let dq = |axis| Op::Composite(Composite::DequantizeLinear(DequantizeLinear { axis }));
+            let a = g.add_op1(dq(0), &[x, s, z]).unwrap();
+            let b = g.add_op1(dq(0), &[xt, s2, z2]).unwrap();
+            let sum = g.add_op1(Op::Binary(BinaryOp::Add), &[a, b]).unwrap();
+            let zero = g.add_constant(TensorData::from_vec(vec![], vec![0.0f32]).unwrap());
+            let r = g.add_op1(Op::Binary(BinaryOp::Max), &[sum, zero]).unwrap();
+            let q = Op::Composite(Composite::QuantizeLinear(QuantizeLinear { axis: 0, dtype: dt }));
+            let q = g.add_op1(q, &[r, s2, z2]).unwrap();
+            g.add_output("q", q).unwrap();
+            let gt = g.add_op1(Op::Binary(BinaryOp::Gt), &[x, xt]).unwrap();
+            let m = g.add_op1(Op::Where, &[gt, x, xt]).unwrap();
+            let mx = g.add_op1(Op::Binary(BinaryOp::Min), &[m, xt]).unwrap();
+            g.add_output("m", mx).unwrap();
+            let i = input(&mut g, "i", DType::I32, &[5, n]);
+            let wrapped = g.add_op1(Op::Cast(Cast { to: dt }), &[i]).unwrap();
+            g.add_output("wrapped", wrapped).unwrap();
+            let f = input(&mut g, "f", DType::F32, &[5, n]);
+            let k = input(&mut g, "k", DType::F32, &[]);
+            let f = g.add_op1(Op::Binary(BinaryOp::Mul), &[f, k]).unwrap();
+            let sat = g.add_op1(Op::Cast(Cast { to: dt }), &[f]).unwrap();
+            g.add_output("sat", sat).unwrap();
+            let other = if dt == DType::U8 { DType::I8 } else { DType::U8 };
+            let o = g.add_op1(Op::Cast(Cast { to: other }), &[x]).unwrap();
+            let o = g.add_op1(Op::Cast(Cast { to: DType::F32 }), &[o]).unwrap();
+            let o = g.add_op1(Op::Binary(BinaryOp::Mul), &[o, s2]).unwrap();
+            g.add_output("other", o).unwrap();
+            check(
+                &g,
+                &feeds(&[
+                    ("x", data(dt, &[5, n], 1, false)),
+                    ("xt", data(dt, &[n, 5], 2, false)),
+                    (
+                        "s",
+                        TensorData::from_vec(vec![5], vec![0.02f32, 0.5, 0.013, 1.0, 0.25]).unwrap(),
+                    ),
+                    ("z", data(dt, &[5], 3, false)),
+                    ("s2", TensorData::from_vec(vec![], vec![0.07f32]).unwrap()),
+                    ("z2", TensorData::from_f64_slice(dt, vec![], &[3.0]).unwrap()),
+                    ("i", data(DType::I32, &[5, n], 4, false)),
+                    ("f", data(DType::F32, &[5, n], 5, true)),
+                    ("k", TensorData::from_vec(vec![], vec![70.0f32]).unwrap()),
+                ]),
+                EXACT,
+            );
+            if n == 33 {
+                // Bytes widen into 32-bit lanes and narrow back, in vector code.
+                let text: String = clif_of(&g).into_iter().map(|(_, c)| c).collect();
+                let widen = if dt == DType::U8 { "uwiden_low" } else { "swiden_low" };
+                assert!(
+                    text.contains(widen) && text.contains("snarrow") && text.contains("fcvt_to_sint_sat.i32x4"),
+                    "{text}"
+                );
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------- control flow
 
 /// A `cond` (params and constants in its branches) feeding a `while` (a counter and a halving).
