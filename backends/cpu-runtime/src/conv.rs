@@ -384,7 +384,15 @@ pub(crate) unsafe fn conv_with<T: Elem>(
         // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
         // `total` elements and overlaps neither.
         unsafe {
-            crate::conv_depthwise::conv(xp as *const f32, wp as *const f32, out as *mut f32, &plan, threads, epi)
+            crate::conv_depthwise::conv(
+                xp as *const f32,
+                wp as *const f32,
+                out as *mut f32,
+                &plan,
+                &crate::conv_depthwise::F32,
+                threads,
+                epi,
+            )
         };
         return Ok(epi.is_some());
     }

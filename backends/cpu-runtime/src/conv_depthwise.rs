@@ -118,22 +118,95 @@ struct Scratch {
     acc: Vec<f32>,
 }
 
+/// How a plane's input elements enter the split plane (as f32) and its sums leave it: f32
+/// copies ([`F32`]), or 8-bit integers less their zero point and exact i32 sums ([`Int8`]).
+pub(crate) trait PlaneIo: Sync {
+    /// Input element.
+    type In: Copy + Sync;
+    /// Output element.
+    type Out: Copy + Send;
+    /// `dst[i] = src[i · step]` as f32.
+    fn gather(&self, dst: &mut [f32], src: &[Self::In], step: usize);
+    /// `dst = acc` as output elements (equal lengths).
+    fn store(&self, dst: &mut [Self::Out], acc: &[f32]);
+}
+
+/// f32 in, f32 out.
+pub(crate) struct F32;
+
+impl PlaneIo for F32 {
+    type In = f32;
+    type Out = f32;
+    #[inline(always)]
+    fn gather(&self, dst: &mut [f32], src: &[f32], step: usize) {
+        gather_step(dst, src, step);
+    }
+    #[inline(always)]
+    fn store(&self, dst: &mut [f32], acc: &[f32]) {
+        copy_run(dst, acc);
+    }
+}
+
+/// `conv_integer`'s depthwise case: 8-bit inputs less their zero point in, i32 sums out. The
+/// f32 sums are exact — every product of two values less their zero points is at most 255² in
+/// magnitude, so the sum of [`Int8::MAX_TAPS`] of them stays below 2^24 — and so are the
+/// conversions both ways. The padding (zero in the split plane) is the zero point, as
+/// `conv_integer` pads.
+pub(crate) struct Int8 {
+    /// The input's zero point.
+    pub zero: i32,
+    /// Whether the input is i8 (else u8).
+    pub signed: bool,
+}
+
+impl Int8 {
+    /// Taps per output at most for exact f32 sums (256 · 255² < 2^24).
+    pub const MAX_TAPS: usize = 256;
+}
+
+impl PlaneIo for Int8 {
+    type In = u8;
+    type Out = i32;
+    #[inline(always)]
+    fn gather(&self, dst: &mut [f32], src: &[u8], step: usize) {
+        let z = self.zero;
+        let v = |b: u8| (if self.signed { b as i8 as i32 } else { b as i32 } - z) as f32;
+        if step == 1 {
+            let n = dst.len();
+            for (d, &b) in dst.iter_mut().zip(&src[..n]) {
+                *d = v(b);
+            }
+        } else {
+            for (d, &b) in dst.iter_mut().zip(src.iter().step_by(step)) {
+                *d = v(b);
+            }
+        }
+    }
+    #[inline(always)]
+    fn store(&self, dst: &mut [i32], acc: &[f32]) {
+        for (d, &a) in dst.iter_mut().zip(acc) {
+            *d = a as i32;
+        }
+    }
+}
+
 /// `out[N, O, OH, OW] = conv(x[N, C, H, W], w[O, 1, kh, kw])` with `O/C` output channels per
 /// input channel, as planned, on up to `threads` threads; `epi` is applied to each unit's
 /// planes as soon as they are done.
 ///
 /// # Safety
 /// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither.
-pub(crate) unsafe fn conv(
-    x: *const f32,
+pub(crate) unsafe fn conv<I: PlaneIo>(
+    x: *const I::In,
     w: *const f32,
-    out: *mut f32,
+    out: *mut I::Out,
     p: &Plan,
+    io: &I,
     threads: usize,
     epi: Option<PlaneEpilogue>,
 ) {
     let (ks, s_in, ys) = (p.taps.len(), p.split.h * p.split.w, p.oh * p.ow);
-    let (x, w, out) = (SendPtr(x as *mut f32), SendPtr(w as *mut f32), SendPtr(out));
+    let (x, w, out) = (SendPtr(x as *mut I::In), SendPtr(w as *mut f32), SendPtr(out));
     let macs = p.planes.saturating_mul(ys).saturating_mul(ks);
     let moved = macs.saturating_add((p.planes / p.og.max(1)).saturating_mul(s_in));
     let threads = if moved >= PARALLEL_MIN { threads } else { 1 };
@@ -157,7 +230,7 @@ pub(crate) unsafe fn conv(
                 // in bounds (the caller's contract); units write disjoint planes.
                 let (src, wk, dst) = unsafe {
                     (
-                        std::slice::from_raw_parts((x.get() as *const f32).add((b * p.c + oc / p.og) * s_in), s_in),
+                        std::slice::from_raw_parts((x.get() as *const I::In).add((b * p.c + oc / p.og) * s_in), s_in),
                         std::slice::from_raw_parts((w.get() as *const f32).add(oc * ks), ks),
                         std::slice::from_raw_parts_mut(out.get().add(plane * ys), ys),
                     )
@@ -165,8 +238,8 @@ pub(crate) unsafe fn conv(
                 // Safety: the plan's instruction set (see `Plan::new`).
                 unsafe {
                     match p.simd {
-                        Simd::Avx512 => plane_avx512(p, src, wk, dst, s),
-                        _ => plane_avx2(p, src, wk, dst, s),
+                        Simd::Avx512 => plane_avx512(p, src, wk, dst, s, io),
+                        _ => plane_avx2(p, src, wk, dst, s, io),
                     }
                 }
             }
@@ -183,11 +256,11 @@ pub(crate) unsafe fn conv(
 /// # Safety
 /// Called with `L`'s instruction set.
 #[inline(always)]
-unsafe fn plane<L: Lanes>(p: &Plan, src: &[f32], w: &[f32], dst: &mut [f32], s: &mut Scratch) {
+unsafe fn plane<L: Lanes, I: PlaneIo>(p: &Plan, src: &[I::In], w: &[f32], dst: &mut [I::Out], s: &mut Scratch, io: &I) {
     // The padding of the split plane is zero from the scratch's start on: only the input's
     // elements are written, here.
     for &(to, from, n) in &p.runs {
-        gather_step(&mut s.split[to..to + n], &src[from..], p.split.sw);
+        io.gather(&mut s.split[to..to + n], &src[from..], p.split.sw);
     }
     let (block_rows, pitch, step) = (p.block_rows(), p.split.pitch, U * L::N);
     for r0 in (0..p.oh).step_by(block_rows) {
@@ -206,7 +279,7 @@ unsafe fn plane<L: Lanes>(p: &Plan, src: &[f32], w: &[f32], dst: &mut [f32], s: 
             }
         }
         for (oy, row) in (r0..r1).zip(dst[r0 * p.ow..r1 * p.ow].chunks_exact_mut(p.ow)) {
-            copy_run(row, &s.acc[(oy - r0) * pitch..][..p.ow]);
+            io.store(row, &s.acc[(oy - r0) * pitch..][..p.ow]);
         }
     }
 }
@@ -246,14 +319,14 @@ macro_rules! plane_instance {
         /// The host has the instruction set.
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $feat)]
-        unsafe fn $name(p: &Plan, src: &[f32], w: &[f32], dst: &mut [f32], s: &mut Scratch) {
+        unsafe fn $name<I: PlaneIo>(p: &Plan, src: &[I::In], w: &[f32], dst: &mut [I::Out], s: &mut Scratch, io: &I) {
             // Safety: the caller's contract.
-            unsafe { plane::<$lanes>(p, src, w, dst, s) }
+            unsafe { plane::<$lanes, I>(p, src, w, dst, s, io) }
         }
 
         /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
         #[cfg(not(target_arch = "x86_64"))]
-        unsafe fn $name(_: &Plan, _: &[f32], _: &[f32], _: &mut [f32], _: &mut Scratch) {
+        unsafe fn $name<I: PlaneIo>(_: &Plan, _: &[I::In], _: &[f32], _: &mut [I::Out], _: &mut Scratch, _: &I) {
             unreachable!("no vector instances off x86-64")
         }
     };
@@ -331,7 +404,7 @@ mod tests {
             for threads in [1, 2] {
                 let mut got = vec![f32::NAN; n * o * sout[0] * sout[1]];
                 // Safety: operands of the plan's shapes.
-                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, threads, None) };
+                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, &F32, threads, None) };
                 let case = (n, c, og, h, w, kh, kw, s, pb, pa, d);
                 assert_eq!(got, want, "{case:?}, {threads} threads");
             }

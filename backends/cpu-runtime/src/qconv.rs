@@ -7,6 +7,8 @@
 //! and one output channel per group) run a direct loop over each channel's taps instead, where
 //! a GEMM would have one column.
 
+use crate::conv::ConvSpec;
+use crate::conv_depthwise::Int8;
 use crate::par::par_units;
 use crate::qgemm;
 use oar_ir::ops::ConvInteger;
@@ -100,6 +102,22 @@ pub fn run(
     let zx_byte = zx.map_or(0u8, |(b, _)| b[0]);
     let zw_at = |o: usize| zw.map_or(0, |(b, d)| int(b[if b.len() == 1 { 0 } else { o }], d));
     let (pixels, k) = (g.oh * g.ow, cg * g.kh * g.kw);
+    if cg == 1
+        && depthwise_f32(
+            c,
+            &g,
+            xs,
+            ws,
+            (xb, dx),
+            (wb, dw),
+            int(zx_byte, dx),
+            &zw_at,
+            out,
+            threads,
+        )
+    {
+        return Ok(());
+    }
     if cg == 1 && og == 1 {
         depthwise(c, &g, (xb, dx), (wb, dw), int(zx_byte, dx), &zw_at, out, threads);
         return Ok(());
@@ -204,6 +222,60 @@ fn im2col(c: &ConvInteger, g: &Geometry, planes: &[u8], cg: usize, fill: u8, col
             }
         }
     }
+}
+
+/// Depthwise `conv_integer` (one input channel per group) on the f32 depthwise kernels
+/// ([`crate::conv_depthwise`], AVX2 / AVX-512), whose sums of 8-bit values less their zero
+/// points are exact ([`Int8`]); false where that path does not serve (no vector instruction
+/// set, more than [`Int8::MAX_TAPS`] taps, an output not aligned for i32 stores).
+#[allow(clippy::too_many_arguments)]
+fn depthwise_f32(
+    c: &ConvInteger,
+    g: &Geometry,
+    xs: &[usize],
+    ws: &[usize],
+    (xb, dx): (&[u8], DType),
+    (wb, dw): (&[u8], DType),
+    zx: i32,
+    zw_at: &(dyn Fn(usize) -> i32 + Sync),
+    out: &mut [u8],
+    threads: usize,
+) -> bool {
+    let taps = g.kh * g.kw;
+    if taps > Int8::MAX_TAPS || !(out.as_ptr() as usize).is_multiple_of(4) {
+        return false;
+    }
+    let spec = ConvSpec {
+        stride: &c.stride,
+        pad_before: &c.pad_before,
+        pad_after: &c.pad_after,
+        dilation: &c.dilation,
+        groups: c.groups,
+    };
+    let Some(plan) = crate::conv_depthwise::Plan::new(xs, ws, &spec, &[g.oh, g.ow]) else {
+        return false;
+    };
+    let w: Vec<f32> = (0..g.o * taps)
+        .map(|i| (int(wb[i], dw) - zw_at(i / taps)) as f32)
+        .collect();
+    let io = Int8 {
+        zero: zx,
+        signed: dx == DType::I8,
+    };
+    // Safety: x, w and out hold the plan's elements (checked by the caller), out is aligned
+    // for i32 (above) and overlaps neither.
+    unsafe {
+        crate::conv_depthwise::conv(
+            xb.as_ptr(),
+            w.as_ptr(),
+            out.as_mut_ptr() as *mut i32,
+            &plan,
+            &io,
+            threads,
+            None,
+        )
+    };
+    true
 }
 
 /// Depthwise `conv_integer` (one input and one output channel per group): per channel, each
@@ -344,8 +416,9 @@ mod tests {
         };
         // (x shape, w shape, stride, pads, dilation, groups)
         type Case = ([usize; 4], [usize; 4], [usize; 2], [usize; 2], [usize; 2], usize);
-        let cases: [Case; 7] = [
+        let cases: [Case; 8] = [
             ([1, 3, 9, 9], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+            ([1, 4, 9, 9], [8, 1, 3, 3], [1, 1], [1, 1], [1, 1], 4),
             ([2, 4, 8, 7], [6, 2, 3, 3], [2, 2], [1, 0], [1, 1], 2),
             ([1, 6, 7, 7], [6, 1, 3, 3], [1, 1], [1, 1], [1, 1], 6),
             ([1, 5, 10, 10], [3, 5, 1, 1], [1, 1], [0, 0], [1, 1], 1),
@@ -372,23 +445,31 @@ mod tests {
                 let wi: Vec<i32> = wb.iter().map(|&v| int(v, dw)).collect();
                 let zwi: Vec<i32> = zw.iter().map(|&v| int(v, dw)).collect();
                 let want = naive(&c, &xi, xs, &wi, ws, int(zx[0], dx), &zwi, (oh, ow));
-                let conv = |zps: bool, threads: usize, cache: Option<&crate::contraction::WeightCache>| {
-                    let mut out = vec![0u8; want.len() * 4];
-                    let (zx, zw) = if zps {
-                        (Some((&zx[..], dx)), Some((&zw[..], dw)))
-                    } else {
-                        (None, None)
+                // `skew` bytes into an i32 allocation: 1 misaligns the result (depthwise
+                // convolutions then take the integer loop instead of the f32 kernels).
+                let conv_at =
+                    |skew: usize, zps: bool, threads: usize, cache: Option<&crate::contraction::WeightCache>| {
+                        let mut words = vec![0i32; want.len() + 1];
+                        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+                        let out = &mut bytes[skew..skew + want.len() * 4];
+                        let (zx, zw) = if zps {
+                            (Some((&zx[..], dx)), Some((&zw[..], dw)))
+                        } else {
+                            (None, None)
+                        };
+                        run(&c, (&xb, dx, &xs), (&wb, dw, &ws), zx, zw, out, threads, cache).unwrap();
+                        out.chunks_exact(4)
+                            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+                            .collect::<Vec<i32>>()
                     };
-                    run(&c, (&xb, dx, &xs), (&wb, dw, &ws), zx, zw, &mut out, threads, cache).unwrap();
-                    out.chunks_exact(4)
-                        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                        .collect::<Vec<i32>>()
-                };
-                let got = conv(true, 2, None);
-                assert_eq!(
-                    got, want,
-                    "{dx} x {dw}: x {xs:?} w {ws:?} stride {stride:?} groups {groups}"
-                );
+                let conv = |zps, threads, cache| conv_at(0, zps, threads, cache);
+                for skew in [0, 1] {
+                    assert_eq!(
+                        conv_at(skew, true, 2, None),
+                        want,
+                        "{dx} x {dw}: x {xs:?} w {ws:?} stride {stride:?} groups {groups}, skew {skew}"
+                    );
+                }
                 // Packed once into a cache, then read from it.
                 let cache = crate::contraction::WeightCache::new();
                 for _ in 0..2 {
