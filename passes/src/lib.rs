@@ -38,7 +38,7 @@ pub use fold::{DEFAULT_FOLD_LIMIT_BYTES, Fold};
 pub use fold_batch_norm::FoldBatchNorm;
 pub use fuse::Fuse;
 pub use manager::{IrSink, PassManager, PassRecord, PassReport, count_nodes};
-pub use memory_plan::memory_plan;
+pub use memory_plan::{memory_plan, memory_plan_joined};
 pub use quantize::{FakeQuantToQdq, Quantize};
 pub use registry::{list_passes, pass_by_name, pass_from_spec};
 pub use simplify::{Simplify, SimplifyStats};

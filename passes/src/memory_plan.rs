@@ -43,6 +43,18 @@ struct Slot {
 /// Plan the temporaries of `program` for the symbol values in `bindings` (every symbol in a
 /// temporary's shape must be bound).
 pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) -> Result<MemoryPlan, PassError> {
+    memory_plan_joined(program, bindings, &[])
+}
+
+/// [`memory_plan`] where each pair `(a, b)` of kernel indices (`a < b`) runs as one step: a
+/// backend interleaves them (kernel `b` as an epilogue of `a`, applied to `a`'s results as they
+/// are done). Every buffer either kernel touches is live from `a` through `b`, so no result of
+/// `b` shares storage with what `a` reads or writes.
+pub fn memory_plan_joined(
+    program: &KernelProgram,
+    bindings: &BTreeMap<String, usize>,
+    joined: &[(usize, usize)],
+) -> Result<MemoryPlan, PassError> {
     let mut sizes = BTreeMap::new();
     let mut outputs_bytes = 0u64;
     for (i, b) in program.buffers.iter().enumerate() {
@@ -84,6 +96,20 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
             last.insert(b, k);
         }
     }
+    for &(a, b) in joined {
+        let touched = |k: usize| {
+            let kernel = &program.kernels[k];
+            kernel.reads().into_iter().chain(kernel.outputs.iter().copied())
+        };
+        for buf in touched(a).chain(touched(b)) {
+            if let Some(f) = first.get_mut(&buf) {
+                *f = (*f).min(a);
+            }
+            if let Some(l) = last.get_mut(&buf) {
+                *l = (*l).max(b);
+            }
+        }
+    }
     // In-place pairs: slot of each buffer.
     let mut slot_of: BTreeMap<BufferId, usize> = BTreeMap::new();
     let mut slots: Vec<Slot> = Vec::new();
@@ -98,6 +124,10 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
                         let (bi, bo) = (program.buffer(i), program.buffer(b));
                         sizes.contains_key(&i)
                             && last.get(&i) == Some(&k)
+                            // A joined kernel still reads its operands while this one writes.
+                            && !joined
+                                .iter()
+                                .any(|&(a, b)| b == k && program.kernels[a].reads().contains(&i))
                             && bi.ty == bo.ty
                             && slot_of
                                 .get(&i)
@@ -122,7 +152,7 @@ pub fn memory_plan(program: &KernelProgram, bindings: &BTreeMap<String, usize>) 
                     slot_of.insert(b, slots.len());
                     slots.push(Slot {
                         members: vec![b],
-                        first: k,
+                        first: first[&b],
                         last: last[&b],
                         size,
                     });

@@ -469,6 +469,21 @@ pub(crate) fn prepared(
 /// is complete, or never.
 pub(crate) type PlaneEpilogue<'a> = &'a (dyn Fn(usize, usize) + Sync);
 
+/// An epilogue function over ranges of its outer iterations, `per_plane` of them per output
+/// plane in order, iteration `j` of a plane covering its elements from `j · block` on (the
+/// last one to the plane's end): `(f)(lo, hi)` runs iterations `lo..hi`. A path may apply it
+/// to parts of planes (the columns it has finished in every row of a block), each iteration
+/// exactly once.
+#[derive(Clone, Copy)]
+pub struct IterEpilogue<'a> {
+    /// Runs outer iterations `lo..hi`.
+    pub f: &'a (dyn Fn(usize, usize) + Sync),
+    /// Outer iterations per output plane (nonzero).
+    pub per_plane: usize,
+    /// Elements per iteration.
+    pub block: usize,
+}
+
 /// Compute `k`'s contraction into buffer `out`. `cache` is the step's slot for data derived
 /// from its right operand, used only when that operand is a param or a constant (which no
 /// step writes). A convolution may apply its epilogue `epi` itself, plane by plane; the result

@@ -40,4 +40,4 @@ mod winograd;
 
 pub use contraction::supported as contraction_supported;
 pub use model::Model;
-pub use program::{CpuProgram, KernelFn, LoopCall, RowPiece, Step, decode_blob, encode_blob};
+pub use program::{CpuProgram, KernelFn, LoopCall, NativeEpilogue, RowPiece, Step, decode_blob, encode_blob};

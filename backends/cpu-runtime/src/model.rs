@@ -609,6 +609,10 @@ impl Launcher for Model {
         if self.hoisted.get(index) == Some(&true) {
             return Ok(Launched::Hoisted);
         }
+        if let Some(Step::Fused { .. }) = self.prog.steps.get(index) {
+            // Its results were written by the step it is fused into.
+            return Ok(Launched::Device);
+        }
         if crate::profile::enabled() {
             let start = std::time::Instant::now();
             let launched = self.launch_step(f, index)?;
@@ -698,6 +702,27 @@ impl Model {
         None
     }
 
+    /// An epilogue function `call` as a closure over ranges of its outer iterations, for a
+    /// kernel to apply to the parts of its result it completes while they are in cache;
+    /// status bits gather in `status`.
+    fn epilogue_fn<'a>(
+        &self,
+        call: Option<&LoopCall>,
+        bufs: &[*mut u8],
+        status: &'a AtomicI32,
+    ) -> Option<impl Fn(usize, usize) + Sync + 'a> {
+        let base = bufs.as_ptr() as usize;
+        call.map(|call| {
+            let f = self.funcs[call.func as usize];
+            move |lo: usize, hi: usize| {
+                // Safety: the functions are correct for any sub-range of their extent; the
+                // buffers are live while the step runs.
+                let s = unsafe { f(base as *const *mut u8, lo as i64, hi as i64) };
+                status.fetch_or(s, Ordering::Relaxed);
+            }
+        })
+    }
+
     /// Run step `index` (the launcher's `launch`, profiled or not).
     fn launch_step(&self, f: &mut CpuFrame, index: usize) -> Result<Launched, BackendError> {
         let p = &self.prog.program;
@@ -718,35 +743,45 @@ impl Model {
                 let KernelBody::Contraction(c) = &k.body else {
                     return Err(bad_step(k, "contraction step on a non-contraction kernel"));
                 };
-                // The epilogue plane by plane, for a convolution path to apply to the planes
-                // it completes while they are in cache.
                 let status = AtomicI32::new(0);
-                let (base, per) = (bufs.as_ptr() as usize, *plane_iters as i64);
-                let by_plane = epilogue.as_ref().filter(|_| per > 0).map(|call| {
-                    let (f, status) = (self.funcs[call.func as usize], &status);
-                    move |first: usize, n: usize| {
-                        let (lo, hi) = (first as i64 * per, (first + n) as i64 * per);
-                        // Safety: the functions are correct for any sub-range of their extent;
-                        // the buffers are live while the step runs.
-                        let s = unsafe { f(base as *const *mut u8, lo, hi) };
-                        status.fetch_or(s, Ordering::Relaxed);
-                    }
-                });
+                let iters = self.epilogue_fn(epilogue.as_ref().filter(|_| *plane_iters > 0), bufs, &status);
+                let per = *plane_iters as usize;
+                let by_plane = iters
+                    .as_ref()
+                    .map(|f| move |first: usize, n: usize| f(first * per, (first + n) * per));
                 let epi = by_plane.as_ref().map(|f| f as contraction::PlaneEpilogue);
                 // Safety: every buffer pointer is live and as long as its static type.
                 let applied =
                     unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads, self.derived.get(index), epi)? };
                 match epilogue {
-                    Some(_) if applied => kernel_status(k, status.into_inner())?,
+                    Some(_) if applied => kernel_status(k, status.load(Ordering::Relaxed))?,
                     Some(call) => kernel_status(k, self.call(call, bufs))?,
                     None => {}
                 }
             }
-            Some(Step::Native { kernel }) => {
+            Some(Step::Native { kernel, epilogue }) => {
                 let k = &p.kernels[*kernel as usize];
+                let status = AtomicI32::new(0);
+                let e = epilogue.as_ref().filter(|e| e.plane_iters > 0);
+                let iters = self.epilogue_fn(e.map(|e| &e.call), bufs, &status);
+                let epi = iters.as_ref().zip(e).map(|(f, e)| contraction::IterEpilogue {
+                    f,
+                    per_plane: e.plane_iters as usize,
+                    block: e.block as usize,
+                });
                 // Safety: as above.
-                unsafe { crate::native::run(p, k, bufs, self.threads, self.derived.get(index))? };
+                let applied = unsafe { crate::native::run(p, k, bufs, self.threads, self.derived.get(index), epi)? };
+                if let Some(e) = epilogue {
+                    // The fused kernel reports its own errors (an integer division by zero).
+                    let fused = &p.kernels[e.kernel as usize];
+                    if applied {
+                        kernel_status(fused, status.load(Ordering::Relaxed))?;
+                    } else {
+                        kernel_status(fused, self.call(&e.call, bufs))?;
+                    }
+                }
             }
+            Some(Step::Fused { .. }) => {}
             Some(Step::Control { kernel, regions }) => self.control(f, *kernel as usize, regions)?,
             Some(Step::Fail { kernel, detail }) => {
                 let k = &p.kernels[*kernel as usize];

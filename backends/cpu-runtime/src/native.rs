@@ -127,7 +127,9 @@ fn normalized(k: &Kernel, raw: &[i64], n: usize, op: &str, axis: usize) -> Resul
         .collect()
 }
 
-/// Run `k` (an opaque kernel [`supports`] accepts) on the program's buffers.
+/// Run `k` (an opaque kernel [`supports`] accepts) on the program's buffers. With `epi`, an
+/// integer convolution applies it to the parts of its result it completes, while they are in
+/// cache; the result says whether it did (else the caller runs its epilogue afterwards).
 ///
 /// # Safety
 /// `bufs` holds a live pointer for every buffer of `p`, each as long as its static type.
@@ -137,7 +139,9 @@ pub unsafe fn run(
     bufs: &[*mut u8],
     threads: usize,
     cache: Option<&crate::contraction::WeightCache>,
-) -> Result<(), BackendError> {
+    epi: Option<crate::contraction::IterEpilogue>,
+) -> Result<bool, BackendError> {
+    let mut applied = false;
     let KernelBody::Opaque(o) = &k.body else {
         return Err(err(k, "native step on a non-opaque kernel".into()));
     };
@@ -166,7 +170,7 @@ pub unsafe fn run(
                 }
             }
             if x.is_empty() {
-                return Ok(());
+                return Ok(false);
             }
             // Runs: everything from the last padded axis `q` inward is contiguous in both the
             // input and the output, so each run copies x_shape[q..] at once.
@@ -423,7 +427,9 @@ pub unsafe fn run(
                     out,
                     threads,
                     cache,
-                ),
+                    epi,
+                )
+                .map(|done| applied = done),
                 _ => {
                     let (m, kk, n) = (s0[s0.len() - 2], s0[s0.len() - 1], s1[1]);
                     let rows = s0[..s0.len() - 1].iter().product();
@@ -484,7 +490,7 @@ pub unsafe fn run(
         }
         other => return Err(err(k, format!("no native implementation of `{}`", other.name()))),
     }
-    Ok(())
+    Ok(applied)
 }
 
 /// `f(operands, results)` for a kernel with several results, each operand and result as its

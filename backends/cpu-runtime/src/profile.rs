@@ -47,8 +47,13 @@ pub(crate) fn record(p: &KernelProgram, k: &Kernel, step: &Step, t: Duration) {
             )
         }
         (Step::Contraction { .. }, _) => "contraction".to_string(),
-        (Step::Native { .. }, KernelBody::Opaque(o)) => format!("native: {}", o.op.name()),
+        (Step::Native { epilogue, .. }, KernelBody::Opaque(o)) => format!(
+            "native: {}{}",
+            o.op.name(),
+            if epilogue.is_some() { " + epilogue" } else { "" }
+        ),
         (Step::Native { .. }, _) => "native".to_string(),
+        (Step::Fused { .. }, _) => "fused".to_string(),
         (Step::Control { .. }, _) => "control".to_string(),
         (Step::Fail { .. }, _) => "fail".to_string(),
         (Step::Interpret { .. }, KernelBody::Opaque(o)) => format!("interpreted: {}", o.op.name()),

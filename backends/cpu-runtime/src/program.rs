@@ -44,6 +44,21 @@ pub struct RowPiece {
     pub per_row: u64,
 }
 
+/// The epilogue of a [`Step::Native`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeEpilogue {
+    /// The fused loop kernel (index into `program.kernels`; its step is [`Step::Fused`]).
+    pub kernel: u32,
+    /// Its generated function.
+    pub call: LoopCall,
+    /// Its outer iterations per output plane (image, channel) of a convolution when they run
+    /// plane after plane in order, else 0 (then it runs after the kernel, over its extent).
+    pub plane_iters: u64,
+    /// Elements of a plane per outer iteration (the last of a plane may have fewer).
+    #[serde(default)]
+    pub block: u64,
+}
+
 /// How one kernel of the program runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Step {
@@ -82,10 +97,24 @@ pub enum Step {
         /// The pieces in order: stages, then the epilogue.
         pieces: Vec<RowPiece>,
     },
-    /// A data-movement op (`pad`, `gather`, `concat`) run by the runtime's native copies.
+    /// A composite or data-movement op the runtime computes natively (`pad`, `gather`, the row
+    /// ops, recurrences, integer products, …).
     Native {
         /// Index into `program.kernels`.
         kernel: u32,
+        /// The next kernel, an elementwise loop over this one's result (an integer product's
+        /// requantization, bias and activation), run as this step's epilogue: plane by plane
+        /// as the kernel completes them where its path does, else after it. That kernel's own
+        /// step is [`Step::Fused`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        epilogue: Option<NativeEpilogue>,
+    },
+    /// A kernel run as the epilogue of an earlier [`Step::Native`]: nothing to do here.
+    Fused {
+        /// Index into `program.kernels`.
+        kernel: u32,
+        /// The kernel whose step runs it.
+        into: u32,
     },
     /// `cond` / `while`: each region compiled as its own program ([`CpuProgram::regions`]);
     /// the runtime picks the branch, or loops, on the host and runs the regions' programs.

@@ -7,6 +7,7 @@
 //! and one output channel per group) run a direct loop over each channel's taps instead, where
 //! a GEMM would have one column.
 
+use crate::contraction::{IterEpilogue, PlaneEpilogue};
 use crate::conv::ConvSpec;
 use crate::conv_depthwise::Int8;
 use crate::par::par_units;
@@ -61,7 +62,8 @@ pub fn run(
     out: &mut [u8],
     threads: usize,
     cache: Option<&crate::contraction::WeightCache>,
-) -> Result<(), String> {
+    epi: Option<IterEpilogue>,
+) -> Result<bool, String> {
     let (xb, dx, xs) = x;
     let (wb, dw, ws) = w;
     let out_dim = |i: usize, size: usize, k: usize| -> Option<usize> {
@@ -102,6 +104,9 @@ pub fn run(
     let zx_byte = zx.map_or(0u8, |(b, _)| b[0]);
     let zw_at = |o: usize| zw.map_or(0, |(b, d)| int(b[if b.len() == 1 { 0 } else { o }], d));
     let (pixels, k) = (g.oh * g.ow, cg * g.kh * g.kw);
+    // The epilogue over whole planes, for the depthwise paths.
+    let by_plane = epi.map(|e| move |first: usize, n: usize| (e.f)(first * e.per_plane, (first + n) * e.per_plane));
+    let plane_epi = by_plane.as_ref().map(|f| f as PlaneEpilogue);
     if cg == 1
         && depthwise_f32(
             c,
@@ -114,13 +119,24 @@ pub fn run(
             &zw_at,
             out,
             threads,
+            plane_epi,
         )
     {
-        return Ok(());
+        return Ok(epi.is_some());
     }
     if cg == 1 && og == 1 {
-        depthwise(c, &g, (xb, dx), (wb, dw), int(zx_byte, dx), &zw_at, out, threads);
-        return Ok(());
+        depthwise(
+            c,
+            &g,
+            (xb, dx),
+            (wb, dw),
+            int(zx_byte, dx),
+            &zw_at,
+            out,
+            threads,
+            plane_epi,
+        );
+        return Ok(epi.is_some());
     }
     // Every group's weights less their zero points as the multiplier's row pairs ([og, k] each,
     // the weight's own layout), one group after the other (kept in `cache` when the weights are
@@ -162,6 +178,9 @@ pub fn run(
         && c.pad_before.iter().chain(&c.pad_after).all(|&p| p == 0);
     let mut cols = if direct { Vec::new() } else { vec![zx_byte; k * pixels] };
     let zxb = zx.map(|(b, d)| (&b[..1], d));
+    // With an epilogue, each thread applies it to the chunks of columns it finishes (else the
+    // caller runs it afterwards).
+    let chunks = epi.and_then(|e| epilogue_chunks(e, og, pixels).map(|(cols, per_iter)| (e, cols, per_iter)));
     for img in 0..g.n {
         for grp in 0..g.groups {
             let planes = &xb[(img * g.c + grp * cg) * g.h * g.w..][..cg * g.h * g.w];
@@ -173,6 +192,18 @@ pub fn run(
             };
             let packed = qgemm::pack_b(b, dx, zxb, k, pixels);
             let dst = &mut out[(img * g.o + grp * og) * pixels * 4..][..og * pixels * 4];
+            let first = img * g.o + grp * og;
+            let tail = chunks.map(|(e, cols, per_iter)| {
+                let f = move |c0: usize, nc: usize| {
+                    // The group's planes, columns `c0..c0 + nc` of each (whole iterations: `c0`
+                    // is a multiple of the block, `c0 + nc` too or the plane's end).
+                    for plane in first..first + og {
+                        let base = plane * e.per_plane;
+                        (e.f)(base + c0 / per_iter, base + (c0 + nc).div_ceil(per_iter));
+                    }
+                };
+                (cols, f)
+            });
             qgemm::run_pairs(
                 &pairs[grp * rows_per_group..(grp + 1) * rows_per_group],
                 og,
@@ -181,10 +212,42 @@ pub fn run(
                 pixels,
                 dst,
                 threads,
+                tail.as_ref().map(|(cols, f)| qgemm::ChunkDone { cols: *cols, f }),
             )?;
         }
     }
-    Ok(())
+    Ok(chunks.is_some())
+}
+
+/// Bytes of i32 sums of one chunk of columns (every row) that a thread finishes and hands to
+/// the epilogue while they are in its L2.
+const EPILOGUE_CHUNK_BYTES: usize = 128 << 10;
+
+/// Chunks of output columns (pixels) for an epilogue following a `rows` × `pixels` product:
+/// columns per chunk (whole panels and whole epilogue iterations) and pixels per epilogue
+/// iteration; `None` when the iterations do not cover the planes as said, or the chunks would
+/// be too large to share among threads.
+fn epilogue_chunks(e: IterEpilogue, rows: usize, pixels: usize) -> Option<(usize, usize)> {
+    if e.block == 0 || pixels.div_ceil(e.block) != e.per_plane {
+        return None;
+    }
+    let per_iter = e.block;
+    let unit = lcm(qgemm::PANEL, per_iter);
+    if unit * 4 > pixels {
+        return None;
+    }
+    let cols = (EPILOGUE_CHUNK_BYTES / (rows * 4).max(1)) / unit * unit;
+    Some((cols.max(unit), per_iter))
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
 }
 
 /// `cols[(ci, ky, kx), pixel]` = the input under that tap for every output pixel of `planes`
@@ -240,6 +303,7 @@ fn depthwise_f32(
     zw_at: &(dyn Fn(usize) -> i32 + Sync),
     out: &mut [u8],
     threads: usize,
+    epi: Option<PlaneEpilogue>,
 ) -> bool {
     let taps = g.kh * g.kw;
     if taps > Int8::MAX_TAPS || !(out.as_ptr() as usize).is_multiple_of(4) {
@@ -272,7 +336,7 @@ fn depthwise_f32(
             &plan,
             &io,
             threads,
-            None,
+            epi,
         )
     };
     true
@@ -291,6 +355,7 @@ fn depthwise(
     zw_at: &(dyn Fn(usize) -> i32 + Sync),
     out: &mut [u8],
     threads: usize,
+    epi: Option<PlaneEpilogue>,
 ) {
     let out_ptr = out.as_mut_ptr() as usize;
     let (pixels, taps) = (g.oh * g.ow, g.kh * g.kw);
@@ -350,6 +415,9 @@ fn depthwise(
                     pixels * 4,
                 );
             }
+            if let Some(epi) = epi {
+                epi(unit, 1);
+            }
         },
     );
 }
@@ -405,6 +473,89 @@ mod tests {
         out
     }
 
+    /// An epilogue handed to the convolution runs on every iteration exactly once, and only
+    /// once the sums it reads are final: the general (chunks of columns) and depthwise paths,
+    /// 1 and 3 threads, planes whose last block is short.
+    #[test]
+    fn epilogues_see_finished_sums_once() {
+        use std::sync::Mutex;
+        for (xs, ws, groups) in [
+            ([1usize, 3, 90, 91], [5usize, 3, 3, 3], 1),
+            ([1, 40, 30, 30], [48, 40, 1, 1], 1),
+            ([2, 4, 33, 33], [4, 1, 3, 3], 4),
+        ] {
+            let c = ConvInteger {
+                stride: vec![1, 1],
+                pad_before: vec![ws[2] / 2; 2],
+                pad_after: vec![ws[2] / 2; 2],
+                dilation: vec![1, 1],
+                groups,
+            };
+            let xb: Vec<u8> = (0..xs.iter().product::<usize>())
+                .map(|i| (i * 37 % 251) as u8)
+                .collect();
+            let wb: Vec<u8> = (0..ws.iter().product::<usize>())
+                .map(|i| (i * 11 % 255) as u8)
+                .collect();
+            let pixels = xs[2] * xs[3];
+            let planes = xs[0] * ws[0];
+            let mut want = vec![0i32; planes * pixels];
+            run(
+                &c,
+                (&xb, DType::U8, &xs),
+                (&wb, DType::I8, &ws),
+                None,
+                None,
+                bytemuck::cast_slice_mut(&mut want),
+                1,
+                None,
+                None,
+            )
+            .unwrap();
+            let block = 64;
+            let per_plane = pixels.div_ceil(block);
+            for threads in [1, 3] {
+                let mut got = vec![0i32; planes * pixels];
+                let at = got.as_ptr() as usize;
+                let seen = Mutex::new(vec![false; planes * per_plane]);
+                let f = |lo: usize, hi: usize| {
+                    let mut seen = seen.lock().unwrap();
+                    for it in lo..hi {
+                        assert!(!seen[it], "iteration {it} twice");
+                        seen[it] = true;
+                        let (plane, j) = (it / per_plane, it % per_plane);
+                        let cols = j * block..((j + 1) * block).min(pixels);
+                        for i in cols.map(|col| plane * pixels + col) {
+                            // Safety: in bounds; this element is no longer written.
+                            let v = unsafe { *(at as *const i32).add(i) };
+                            assert_eq!(v, want[i], "element {i} read before it was final");
+                        }
+                    }
+                };
+                let epi = IterEpilogue {
+                    f: &f,
+                    per_plane,
+                    block,
+                };
+                let applied = run(
+                    &c,
+                    (&xb, DType::U8, &xs),
+                    (&wb, DType::I8, &ws),
+                    None,
+                    None,
+                    bytemuck::cast_slice_mut(&mut got),
+                    threads,
+                    None,
+                    Some(epi),
+                )
+                .unwrap();
+                assert!(applied, "{xs:?} {ws:?}");
+                assert!(seen.into_inner().unwrap().iter().all(|&s| s), "every iteration runs");
+                assert_eq!(got, want);
+            }
+        }
+    }
+
     #[test]
     fn matches_the_definition_for_strides_padding_groups_and_depthwise() {
         let mut seed = 0x9e37_79b9u64;
@@ -457,7 +608,7 @@ mod tests {
                         } else {
                             (None, None)
                         };
-                        run(&c, (&xb, dx, &xs), (&wb, dw, &ws), zx, zw, out, threads, cache).unwrap();
+                        run(&c, (&xb, dx, &xs), (&wb, dw, &ws), zx, zw, out, threads, cache, None).unwrap();
                         out.chunks_exact(4)
                             .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
                             .collect::<Vec<i32>>()

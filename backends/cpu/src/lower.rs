@@ -6,7 +6,7 @@ use crate::CpuError;
 use crate::codegen;
 use oar_cpu_runtime::program::Region;
 use oar_cpu_runtime::program::const_name;
-use oar_cpu_runtime::{CpuProgram, LoopCall, RowPiece, Step};
+use oar_cpu_runtime::{CpuProgram, LoopCall, NativeEpilogue, RowPiece, Step};
 use oar_ir::kernel::{
     Buffer, BufferId, BufferKind, Contraction, ContractionKernel, IndexMap, Inst, KernelBody, KernelProgram, Load,
     LoopKernel, MemoryPlan, ScalarOp,
@@ -28,6 +28,8 @@ pub struct FuncSpec {
     /// The buffers of the program it belongs to (a control-flow region's own, for region
     /// functions); what `codegen::define_function` takes.
     pub buffers: Arc<Vec<Buffer>>,
+    /// How its outer index is laid out beyond what the kernel implies.
+    pub hints: codegen::Hints,
 }
 
 /// A lowered program: what the runtime runs, what the code generator emits, and the
@@ -122,13 +124,52 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
             b.kind = BufferKind::Param { name };
         }
     }
-    let mut plan = oar_passes::memory_plan(&program, &BTreeMap::new())?;
+    let joined = native_epilogues(&program);
+    let mut plan = oar_passes::memory_plan_joined(&program, &BTreeMap::new(), &joined)?;
     let mut funcs = Vec::new();
     let mut steps = Vec::new();
     let mut regions = Vec::new();
     for ki in 0..program.kernels.len() {
         let k = program.kernels[ki].clone();
         let kernel = ki as u32;
+        if let Some(&(into, _)) = joined.iter().find(|&&(_, b)| b == ki) {
+            steps.push(Step::Fused {
+                kernel,
+                into: into as u32,
+            });
+            continue;
+        }
+        if let Some(&(_, b)) = joined.iter().find(|&&(a, _)| a == ki) {
+            let e = &program.kernels[b];
+            let KernelBody::Loop(l) = &e.body else {
+                unreachable!("native_epilogues joins loop kernels")
+            };
+            let out = e.outputs[0];
+            let hints = epilogue_hints(l);
+            let (extent, cost, plane_iters, block) = codegen::analyze_planes(l, out, &program.buffers, hints)
+                .ok_or_else(|| CpuError::Codegen {
+                    kernel: e.name.clone(),
+                    detail: "no plane-by-plane plan for a native kernel's epilogue".into(),
+                })?;
+            let func = funcs.len() as u32;
+            funcs.push(FuncSpec {
+                name: format!("oar_k{b}_{}", sanitize(&e.name)),
+                kernel: l.clone(),
+                out,
+                buffers: Arc::default(),
+                hints,
+            });
+            steps.push(Step::Native {
+                kernel,
+                epilogue: Some(NativeEpilogue {
+                    kernel: b as u32,
+                    call: LoopCall { func, extent, cost },
+                    plane_iters,
+                    block,
+                }),
+            });
+            continue;
+        }
         if let KernelBody::Loop(l) = &k.body
             && let Some(detail) = empty_extremum(l)
         {
@@ -159,6 +200,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                                     kernel: piece,
                                     out: written,
                                     buffers: Arc::default(),
+                                    hints: Default::default(),
                                 });
                                 RowPiece {
                                     call: LoopCall { func, extent, cost },
@@ -179,6 +221,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                         kernel: l.clone(),
                         out: k.outputs[0],
                         buffers: Arc::default(),
+                        hints: Default::default(),
                     });
                     Step::Loop {
                         kernel,
@@ -207,6 +250,7 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                                     kernel: l,
                                     out: k.outputs[0],
                                     buffers: Arc::default(),
+                                    hints: Default::default(),
                                 });
                                 Step::Contraction {
                                     kernel,
@@ -219,7 +263,9 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
                     }
                 }
             },
-            KernelBody::Opaque(o) if oar_cpu_runtime::native::supports(o, &program) => Step::Native { kernel },
+            KernelBody::Opaque(o) if oar_cpu_runtime::native::supports(o, &program) => {
+                Step::Native { kernel, epilogue: None }
+            }
             KernelBody::Opaque(o) if !o.regions.is_empty() => {
                 match lower_regions(&o.regions, ki, &mut funcs, &mut consts) {
                     Ok(compiled) => {
@@ -256,6 +302,69 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     };
     set_table_len(&mut cpu, funcs.len() as u32);
     Ok(Lowered { cpu, funcs, consts })
+}
+
+/// The pairs `(a, a + 1)` of a native integer convolution and the elementwise loop kernel
+/// after it that alone reads its i32 sums (their requantization: scale, bias, activation,
+/// rounding and saturation to 8 bits), which run as one step: the loop as the convolution's
+/// epilogue, applied to its output planes while they are in cache ([`Step::Native`]). Not
+/// joined: convolutions of weights only (run once, when the model is made), sums a program
+/// output or a second kernel reads, loops that reduce or read the sums other than
+/// elementwise, or that the code generator does not take; none with
+/// `OAR_CPU_NATIVE_EPILOGUE=0` (for comparisons).
+fn native_epilogues(program: &KernelProgram) -> Vec<(usize, usize)> {
+    if std::env::var("OAR_CPU_NATIVE_EPILOGUE").is_ok_and(|v| v == "0") {
+        return Vec::new();
+    }
+    let mut readers: BTreeMap<BufferId, usize> = BTreeMap::new();
+    for k in &program.kernels {
+        let mut reads = k.reads();
+        reads.sort();
+        reads.dedup();
+        for b in reads {
+            *readers.entry(b).or_default() += 1;
+        }
+    }
+    let mut pairs = Vec::new();
+    for (a, ka) in program.kernels.iter().enumerate() {
+        let Some(kb) = program.kernels.get(a + 1) else { break };
+        let (KernelBody::Opaque(o), KernelBody::Loop(l)) = (&ka.body, &kb.body) else {
+            continue;
+        };
+        let [r] = ka.outputs.as_slice() else { continue };
+        let rb = program.buffer(*r);
+        let joins = matches!(o.op, oar_ir::Op::Composite(oar_ir::Composite::ConvInteger(_)))
+            && oar_cpu_runtime::native::supports(o, program)
+            && rb.kind == BufferKind::Temp
+            && !ka.reads().iter().all(|&b| program.buffer(b).kind.is_weight())
+            && readers.get(r) == Some(&1)
+            && kb.outputs.len() == 1
+            && l.reduce.is_empty()
+            && l.shape == rb.ty.shape.dims()
+            && l.loads.iter().any(|ld| ld.buffer == *r)
+            && l.loads
+                .iter()
+                .filter(|ld| ld.buffer == *r)
+                .all(|ld| ld.map.is_identity() && ld.map.view == rb.ty.shape.0)
+            && codegen::analyze_planes(l, kb.outputs[0], &program.buffers, epilogue_hints(l)).is_some();
+        if joins {
+            pairs.push((a, a + 1));
+        }
+    }
+    pairs
+}
+
+/// Elements of a native convolution's output per call of its epilogue's function at most: a
+/// thread applies it to the columns of a block of planes it has just finished.
+const EPILOGUE_BLOCK: u64 = 64;
+
+/// A native convolution's epilogue runs over its planes (image, channel), each plane's pixels
+/// in blocks of [`EPILOGUE_BLOCK`].
+fn epilogue_hints(l: &LoopKernel) -> codegen::Hints {
+    codegen::Hints {
+        planes: l.shape.len().saturating_sub(2),
+        max_block: EPILOGUE_BLOCK,
+    }
 }
 
 /// Give `buffers` places after the arena's temporaries (scratch live only while one kernel runs).

@@ -215,8 +215,19 @@ fn step_listing(lowered: &Lowered) -> String {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            Step::Native { kernel } => format!(
-                "kernel {kernel} `{}`: native copy in the runtime",
+            Step::Native { kernel, epilogue } => format!(
+                "kernel {kernel} `{}`: native kernel of the runtime{}",
+                p.kernels[*kernel as usize].name,
+                epilogue.as_ref().map_or(String::new(), |e| format!(
+                    ", kernel {} as its epilogue: function {} `{}`{}",
+                    e.kernel,
+                    e.call.func,
+                    lowered.funcs[e.call.func as usize].name,
+                    if e.plane_iters > 0 { " plane by plane" } else { "" }
+                ))
+            ),
+            Step::Fused { kernel, into } => format!(
+                "kernel {kernel} `{}`: run by kernel {into}'s step, as its epilogue",
                 p.kernels[*kernel as usize].name
             ),
             Step::Fail { kernel, detail } => format!(

@@ -91,6 +91,29 @@ pub fn analyze_rows(k: &LoopKernel, out: BufferId, buffers: &[Buffer], rows: u64
     Ok((p.extent, p.cost, per_row))
 }
 
+pub use plan::Hints;
+
+/// How an elementwise kernel over `[planes…, pixels…]` (its first `hints.planes` dims count the
+/// planes) runs as a native kernel's epilogue on parts of planes: `(outer extent, cost per
+/// outer iteration, outer iterations per plane, elements per iteration)` — iteration `j` of a
+/// plane covers its elements `j·block ..` up to the next block or the plane's end — or `None`
+/// when its outer index does not run over whole planes, each flat and in order.
+pub fn analyze_planes(k: &LoopKernel, out: BufferId, buffers: &[Buffer], hints: Hints) -> Option<(u64, u64, u64, u64)> {
+    let p = plan::plan_with(k, out, buffers, hints).ok()?;
+    let shape: Vec<u64> = k
+        .shape
+        .iter()
+        .map(|d| d.as_static().map(|v| v as u64))
+        .collect::<Option<_>>()?;
+    let planes: u64 = shape[..hints.planes.min(shape.len())].iter().product();
+    let pixels: u64 = shape[hints.planes.min(shape.len())..].iter().product();
+    let outer: u64 = p.outer.iter().map(|l| l.n).product();
+    let v = p.vloop.as_ref()?;
+    // Planes as the outer loops, each plane's pixels as one vector loop in blocks.
+    (p.mode == plan::Mode::Elementwise && outer == planes && v.n == pixels && p.block > 0)
+        .then_some((p.extent, p.cost, p.nblocks, p.block))
+}
+
 /// Declare and define `spec` in `module`; returns its id and, if `want_clif`, its CLIF text
 /// (as generated, before Cranelift's optimizations; the function is named after the spec).
 pub fn define_function<M: Module>(
@@ -103,7 +126,7 @@ pub fn define_function<M: Module>(
         kernel: spec.name.clone(),
         detail,
     };
-    let plan = plan::plan(&spec.kernel, spec.out, buffers).map_err(err)?;
+    let plan = plan::plan_with(&spec.kernel, spec.out, buffers, spec.hints).map_err(err)?;
     let ptr = module.target_config().pointer_type();
     if ptr != types::I64 {
         return Err(err(format!("64-bit targets only (pointer type {ptr})")));

@@ -395,8 +395,25 @@ fn body_cost(body: &[Inst]) -> u64 {
 /// Bodies longer than this run one vector per iteration.
 const HEAVY_BODY: usize = 24;
 
+/// How a function's outer index is to be laid out, beyond what the kernel implies (a native
+/// kernel's epilogue, applied to the parts of its result it completes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hints {
+    /// Leading dims that are never merged with the dims after them (0: no such boundary), so
+    /// that the outer index runs over whole planes of the trailing dims in order.
+    pub planes: usize,
+    /// Elements per block of the vector loop at most (0: no limit), rounded down to whole
+    /// vector steps.
+    pub max_block: u64,
+}
+
 /// Plan `k` writing `out`.
 pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<Plan, String> {
+    plan_with(k, out, buffers, Hints::default())
+}
+
+/// [`plan`] with `hints`.
+pub(super) fn plan_with(k: &LoopKernel, out: BufferId, buffers: &[Buffer], hints: Hints) -> Result<Plan, String> {
     let ob = buffers
         .get(out.index())
         .ok_or_else(|| format!("output {out} is not a buffer of the program"))?;
@@ -422,7 +439,7 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
     if numel == 0 {
         return Ok(empty_plan(k, acc, red));
     }
-    let (mut outl, redl) = loop_nests(&extents, &coefs, rank, red);
+    let (mut outl, redl) = loop_nests(&extents, &coefs, rank, red, hints.planes);
     let (mode, lanes, unroll) = vectorize(k, &acc, &outl, &redl, red, &used_body);
     let (outer, vloop, red_loops) = match mode {
         Mode::ReduceInner => (outl, None, redl),
@@ -445,7 +462,15 @@ pub(super) fn plan(k: &LoopKernel, out: BufferId, buffers: &[Buffer]) -> Result<
         Mode::ReduceOuter => red_points * (cost_red + 1) + cost_body,
     };
     let outer_n: u64 = outer.iter().map(|l| l.n).product();
-    let (block, nblocks) = blocks(vloop.as_ref(), outer_n, lanes as u64 * unroll as u64, per_elem);
+    let step = lanes as u64 * unroll as u64;
+    let (mut block, mut nblocks) = blocks(vloop.as_ref(), outer_n, step, per_elem);
+    if let Some(v) = vloop.as_ref()
+        && hints.max_block > 0
+        && block > hints.max_block
+    {
+        block = (hints.max_block / step).max(1) * step;
+        nblocks = v.n.div_ceil(block);
+    }
     let cost = match mode {
         Mode::Elementwise => block * cost_body,
         Mode::ReduceInner => red_points * (cost_red + 1) + cost_body,
@@ -628,7 +653,7 @@ fn empty_plan(k: &LoopKernel, acc: Vec<Access>, red: Option<Red>) -> Plan {
 
 /// The output loops and the reduction loops, unit loops dropped and adjacent loops merged
 /// where every access is contiguous across them (at least one loop each, when present).
-fn loop_nests(extents: &[u64], coefs: &[Vec<i64>], rank: usize, red: Option<Red>) -> (Vec<Lp>, Vec<Lp>) {
+fn loop_nests(extents: &[u64], coefs: &[Vec<i64>], rank: usize, red: Option<Red>, planes: usize) -> (Vec<Lp>, Vec<Lp>) {
     let n_acc = coefs.len();
     let mk = |idx: std::ops::Range<usize>| -> Vec<Lp> {
         idx.map(|l| Lp {
@@ -655,7 +680,13 @@ fn loop_nests(extents: &[u64], coefs: &[Vec<i64>], rank: usize, red: Option<Red>
         n: 1,
         coef: vec![0; n_acc],
     };
-    let mut outl = collapse(mk(0..rank));
+    let mut outl = if (1..rank).contains(&planes) {
+        let mut o = collapse(mk(0..planes));
+        o.extend(collapse(mk(planes..rank)));
+        o
+    } else {
+        collapse(mk(0..rank))
+    };
     if outl.is_empty() {
         outl.push(unit());
     }

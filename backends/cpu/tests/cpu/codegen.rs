@@ -2128,3 +2128,118 @@ fn conv_integer_runs_natively_and_exactly() {
         );
     }
 }
+
+/// An integer convolution's requantization (i32 sums to f32, a per-channel scale and bias,
+/// ReLU, quantization to u8 — what the quantization pass leaves after every layer) runs as the
+/// convolution's epilogue, one step, applied plane by plane: the general (im2col), 1 × 1,
+/// grouped and depthwise paths, with 1 and 5 threads, exactly the reference's bytes. The
+/// epilogue's result (the next convolution's input) never shares storage with what the
+/// convolution reads (its input here dies at the convolution, so an unjoined plan would reuse
+/// it).
+#[test]
+fn integer_convolutions_requantize_in_their_epilogue() {
+    use oar_ir::ops::{ConvInteger, QuantizeLinear};
+    let bytes = int8_data;
+    // (x shape, w shape, stride, pad, groups)
+    for (xs, ws, stride, pad, groups) in [
+        ([1, 3, 9, 8], [5, 3, 3, 3], 1, 1, 1),
+        // Planes large enough for the epilogue to follow chunks of columns.
+        ([1, 3, 90, 90], [5, 3, 3, 3], 1, 1, 1),
+        ([1, 40, 30, 30], [48, 40, 1, 1], 1, 0, 1),
+        ([2, 6, 7, 7], [8, 6, 1, 1], 1, 0, 1),
+        ([1, 4, 6, 6], [6, 2, 3, 3], 2, 1, 2),
+        ([2, 4, 10, 9], [4, 1, 3, 3], 1, 1, 4),
+    ] {
+        let o = ws[0];
+        let mut g = Graph::new("qconv_requant");
+        let x0 = input(&mut g, "x", DType::U8, &xs);
+        let floor = g.add_constant(TensorData::from_f64_slice(DType::U8, vec![], &[3.0]).unwrap());
+        // A temporary input, dead after the convolution.
+        let x = g.add_op1(Op::Binary(BinaryOp::Max), &[x0, floor]).unwrap();
+        let mut w = Weights::new();
+        w.insert("w".into(), bytes(DType::I8, &ws, 2));
+        let wv = g.add_param("w", TensorType::of(DType::I8, &ws)).unwrap();
+        let zx = input(&mut g, "zx", DType::U8, &[]);
+        let zw = input(&mut g, "zw", DType::I8, &[o]);
+        let c = ConvInteger {
+            stride: vec![stride; 2],
+            pad_before: vec![pad; 2],
+            pad_after: vec![pad; 2],
+            dilation: vec![1, 1],
+            groups,
+        };
+        let y = g
+            .add_op1(Op::Composite(Composite::ConvInteger(c)), &[x, wv, zx, zw])
+            .unwrap();
+        let yf = g.add_op1(Op::Cast(Cast { to: DType::F32 }), &[y]).unwrap();
+        let s = input(&mut g, "s", DType::F32, &[1, o, 1, 1]);
+        let b = input(&mut g, "b", DType::F32, &[1, o, 1, 1]);
+        let yf = g.add_op1(Op::Binary(BinaryOp::Mul), &[yf, s]).unwrap();
+        let yf = g.add_op1(Op::Binary(BinaryOp::Add), &[yf, b]).unwrap();
+        let zero = g.add_constant(TensorData::from_vec(vec![], vec![0.0f32]).unwrap());
+        let r = g.add_op1(Op::Binary(BinaryOp::Max), &[yf, zero]).unwrap();
+        let sy = input(&mut g, "sy", DType::F32, &[]);
+        let zy = input(&mut g, "zy", DType::U8, &[]);
+        let q = QuantizeLinear {
+            axis: 1,
+            dtype: DType::U8,
+        };
+        let q = g
+            .add_op1(Op::Composite(Composite::QuantizeLinear(q)), &[r, sy, zy])
+            .unwrap();
+        // The next layer reads the requantized values.
+        w.insert("w2".into(), bytes(DType::I8, &[3, o, 1, 1], 4));
+        let w2 = g.add_param("w2", TensorType::of(DType::I8, &[3, o, 1, 1])).unwrap();
+        let c2 = ConvInteger {
+            stride: vec![1, 1],
+            pad_before: vec![0, 0],
+            pad_after: vec![0, 0],
+            dilation: vec![1, 1],
+            groups: 1,
+        };
+        let y2 = g
+            .add_op1(Op::Composite(Composite::ConvInteger(c2)), &[q, w2, zy])
+            .unwrap();
+        g.add_output("y2", y2).unwrap();
+        let scales: Vec<f32> = (0..o).map(|i| 1e-3 * (1.0 + i as f32)).collect();
+        let biases: Vec<f32> = (0..o).map(|i| i as f32 * 0.37 - 1.0).collect();
+        let feed = feeds(&[
+            ("x", bytes(DType::U8, &xs, 1)),
+            ("zx", TensorData::from_f64_slice(DType::U8, vec![], &[131.0]).unwrap()),
+            ("zw", bytes(DType::I8, &[o], 3)),
+            ("s", TensorData::from_vec(vec![1, o, 1, 1], scales).unwrap()),
+            ("b", TensorData::from_vec(vec![1, o, 1, 1], biases).unwrap()),
+            ("sy", TensorData::from_vec(vec![], vec![0.05f32]).unwrap()),
+            ("zy", TensorData::from_f64_slice(DType::U8, vec![], &[7.0]).unwrap()),
+        ]);
+        let compiled = check_with(&g, &w, &feed, Tol { rel: 0.0, abs: 0.0 }, true);
+        let cpu = &compiled.lowered.cpu;
+        let joined: Vec<(usize, usize)> = cpu
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Step::Native { epilogue: Some(e), .. } => Some((i, e.kernel as usize)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(joined.len(), 1, "{:?}\n{}", cpu.steps, cpu.program);
+        let (a, b) = joined[0];
+        assert!(
+            matches!(cpu.steps[b], Step::Fused { into, .. } if into as usize == a),
+            "{:?}",
+            cpu.steps
+        );
+        let range = |id: oar_ir::kernel::BufferId| cpu.plan.offsets.get(&id).map(|&o| o..o + cpu.plan.sizes[&id]);
+        let out = range(cpu.program.kernels[b].outputs[0]).expect("a temporary result");
+        let ka = &cpu.program.kernels[a];
+        for id in ka.reads().into_iter().chain(ka.outputs.iter().copied()) {
+            if let Some(r) = range(id) {
+                assert!(
+                    out.end <= r.start || r.end <= out.start,
+                    "{id} at {r:?} overlaps {out:?}"
+                );
+            }
+        }
+    }
+}
