@@ -59,8 +59,9 @@ impl FakeQuantize {
     }
 
     /// LSQ (learned step size, Esser et al. 2020): the scale is a parameter — the first
-    /// observation initializes it, then `fake_quant`'s gradient trains it with the rest of the
-    /// model (the zero point stays as first observed).
+    /// observation initializes it, then `fake_quant`'s gradient, scaled by LSQ's `1 / √(N ·
+    /// Q_P)` (`N` the elements sharing a step size, `Q_P` the largest quantized value), trains
+    /// it with the rest of the model (the zero point stays as first observed).
     pub fn learned(spec: QuantSpec, observer: Box<dyn Observer>, channels: usize) -> Result<FakeQuantize> {
         Self::shared(spec, observer, channels, false, Arc::new(AtomicBool::new(true)), true)
     }
@@ -144,7 +145,12 @@ impl Layer for FakeQuantize {
         }
         let (qmin, qmax) = self.range;
         let z = (self.spec.scheme == Scheme::Affine).then_some(&self.zero_point);
-        F::fake_quant(x, &self.scale, z, self.spec.axis.unwrap_or(0), qmin, qmax)
+        let scale = if self.learned {
+            lsq_scale(&self.scale, x.numel(), qmax)?
+        } else {
+            self.scale.clone()
+        };
+        F::fake_quant(x, &scale, z, self.spec.axis.unwrap_or(0), qmin, qmax)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
@@ -173,6 +179,19 @@ impl Layer for FakeQuantize {
     fn is_training(&self) -> bool {
         self.training
     }
+}
+
+/// LSQ's gradient scaling: `s` unchanged in value, its gradient times `g = 1 / √(N · Q_P)`
+/// — `N` the elements that share one step size (of `numel` quantized ones), `Q_P` the largest
+/// quantized value — so that the step size learns at the rate of the weights (Esser et al.
+/// 2020, section 2.2). `s.detach() + (g·s − (g·s).detach())`: the bracket is exactly zero, so
+/// the forward value is `s`'s bits.
+fn lsq_scale(s: &Tensor, numel: usize, qmax: i64) -> Result<Tensor> {
+    let n = (numel / s.numel().max(1)).max(1) as f64;
+    let g = 1.0 / (n * qmax.max(1) as f64).sqrt();
+    let gs = s.scale(g, 0.0)?;
+    let zero = (&gs - &gs.detach())?;
+    &s.detach() + &zero
 }
 
 /// The fake quantization a quantizable layer gets: of its input and of its weight.

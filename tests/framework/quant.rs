@@ -488,6 +488,52 @@ fn qat_layers_quantize_their_input_and_weight_by_what_they_observe() {
     assert_eq!(lin.state_dict()["input_quant.scale"].to_vec::<f32>().unwrap(), a.scale);
 }
 
+/// LSQ's gradient scale: a learned quantizer's forward is plain `fake_quant`'s, bit for bit,
+/// and its scale's gradient is `fake_quant`'s times `1 / √(N · Q_P)` — per tensor (N = all 24
+/// elements, Q_P = 255 for u8) and per channel (N = 6 per channel, Q_P = 127 for i8).
+#[test]
+fn lsq_scales_the_step_size_gradient() {
+    use oar::quantization::{FakeQuantize, MinMaxObserver, QuantSpec, Scheme};
+    let x = (&oar::randn(&[4, 6], DType::F32).unwrap() * 2.0).unwrap();
+    let dy = oar::randn(&[4, 6], DType::F32).unwrap();
+    let per_channel = QuantSpec {
+        dtype: DType::I8,
+        scheme: Scheme::Symmetric,
+        axis: Some(0),
+    };
+    for (spec, channels, n, qmax) in [
+        (QuantSpec::activation(), 1, 24.0f64, 255.0f64),
+        (per_channel, 4, 6.0, 127.0),
+    ] {
+        let mut fq = FakeQuantize::learned(spec, Box::new(MinMaxObserver::new(spec.axis)), channels).unwrap();
+        fq.set_training(true);
+        // The first forward observes and initializes the scale.
+        fq.forward(&x).unwrap();
+        let y = fq.forward(&x).unwrap();
+        (&y * &dy).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        let got = fq.scale().grad().unwrap().to_vec::<f32>().unwrap();
+        // Plain fake_quant with a copy of the scale.
+        let s = Tensor::from_data(fq.scale().try_data().unwrap())
+            .requires_grad_(true)
+            .unwrap();
+        let z = (spec.scheme == Scheme::Affine).then_some(fq.zero_point());
+        let (lo, hi) = spec.range().unwrap();
+        let plain = F::fake_quant(&x, &s, z, spec.axis.unwrap_or(0), lo, hi).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), plain.to_vec::<f32>().unwrap());
+        (&plain * &dy).unwrap().sum(&[], false).unwrap().backward().unwrap();
+        let raw = s.grad().unwrap().to_vec::<f32>().unwrap();
+        let g = 1.0 / (n * qmax).sqrt();
+        assert!(raw.iter().any(|r| *r != 0.0), "{raw:?}");
+        for (a, b) in got.iter().zip(&raw) {
+            let want = (*b as f64 * g) as f32;
+            assert!(
+                (a - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                "{got:?} vs {raw:?} x {g}"
+            );
+        }
+    }
+}
+
 /// LSQ (`learn_scale`): the quantizers' scales are parameters. The first training forward
 /// initializes them from what it observes; an SGD step then moves each by its gradient
 /// (`fake_quant`'s LSQ rule), and later forwards do not observe them back.
