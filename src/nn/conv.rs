@@ -9,7 +9,7 @@ use super::{Layer, init};
 use crate::error::{Error, Result};
 use crate::quantization::{QuantPair, Quantizer};
 use crate::tensor::Tensor;
-use oar_ir::DType;
+use oar_ir::{DType, TensorData};
 
 /// Shared state of the conv layers: parameters, channel counts and groups.
 struct ConvCore {
@@ -147,6 +147,50 @@ impl Conv2D {
         self.core.bias.as_ref()
     }
 
+    fn fold(&mut self, scale: &[f32], shift: &[f32]) -> Result<()> {
+        let c = &mut self.core;
+        let o = c.out_channels;
+        if self.quant.is_some() {
+            return Err(Error::invalid(
+                "Conv2D",
+                "fold batch norms before quantizing: the weight quantizer has observed the unfolded weight",
+            ));
+        }
+        if scale.len() != o || shift.len() != o {
+            return Err(Error::invalid(
+                "Conv2D",
+                format!(
+                    "cannot fold a {}-channel batch norm into {o} output channels",
+                    scale.len()
+                ),
+            ));
+        }
+        if c.weight.dtype() != DType::F32 {
+            return Err(Error::invalid(
+                "Conv2D",
+                format!("folds f32 weights, not {}", c.weight.dtype()),
+            ));
+        }
+        let w = c.weight.try_data()?;
+        let mut wv = w.to_vec::<f32>()?;
+        let per = wv.len() / o.max(1);
+        for (ch, row) in wv.chunks_mut(per.max(1)).enumerate() {
+            row.iter_mut().for_each(|v| *v *= scale[ch]);
+        }
+        c.weight.set_data(TensorData::from_vec(w.shape().to_vec(), wv)?)?;
+        let b: Vec<f32> = match &c.bias {
+            Some(b) => b.try_data()?.to_vec::<f32>()?,
+            None => vec![0.0; o],
+        };
+        let folded: Vec<f32> = (0..o).map(|ch| b[ch] * scale[ch] + shift[ch]).collect();
+        let data = TensorData::from_vec(vec![o], folded)?;
+        match &c.bias {
+            Some(b) => b.set_data(data)?,
+            None => c.bias = Some(Tensor::parameter(data)?),
+        }
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         let c = &self.core;
         format!(
@@ -185,6 +229,12 @@ impl Layer for Conv2D {
     fn quantize_with(&mut self, q: &dyn Quantizer) -> Result<usize> {
         self.quant = Some(q.pair(0, self.core.out_channels)?);
         Ok(1)
+    }
+
+    /// `weight[o] · scale[o]`, `bias[o] · scale[o] + shift[o]` (a bias is added if there was
+    /// none): a following batch norm folded in. f32 weights, before quantization.
+    fn fold_affine(&mut self, scale: &[f32], shift: &[f32]) -> Option<Result<()>> {
+        Some(self.fold(scale, shift))
     }
 
     fn sublayers(&self) -> Vec<(String, &dyn Layer)> {

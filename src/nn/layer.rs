@@ -48,6 +48,20 @@ pub trait Layer {
         Ok(n)
     }
 
+    /// Fold a per-output-channel affine map `y · scale + shift` applied to this layer's output
+    /// into its weight and bias ([`crate::quantization::fold_batch_norms`]); `None` for layers
+    /// that cannot (only `Conv2D` can).
+    fn fold_affine(&mut self, _scale: &[f32], _shift: &[f32]) -> Option<Result<()>> {
+        None
+    }
+
+    /// Become the identity, as a batch norm folded into the layer before it
+    /// ([`crate::quantization::fold_batch_norms`]): no parameters or buffers left. False for
+    /// layers that cannot.
+    fn fold_away(&mut self) -> bool {
+        false
+    }
+
     /// Set this layer's own training flag (layers without one ignore it).
     fn set_training(&mut self, _training: bool) {}
 

@@ -23,6 +23,8 @@ struct BatchNormCore {
     momentum: f64,
     epsilon: f64,
     training: bool,
+    /// Folded into the convolution before it: the identity, with no state.
+    folded: bool,
 }
 
 impl BatchNormCore {
@@ -37,6 +39,7 @@ impl BatchNormCore {
             momentum: 0.9,
             epsilon: 1e-5,
             training: true,
+            folded: false,
         })
     }
 
@@ -123,15 +126,29 @@ macro_rules! batch_norm_layer {
 
         impl Layer for $name {
             fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                if self.0.folded {
+                    return Ok(x.clone());
+                }
                 self.0.forward(stringify!($name), x, &$ranks, $want)
             }
 
             fn own_parameters(&self) -> Vec<(String, Tensor)> {
+                if self.0.folded {
+                    return Vec::new();
+                }
                 vec![("weight".into(), self.0.weight.clone()), ("bias".into(), self.0.bias.clone())]
             }
 
             fn own_buffers(&self) -> Vec<(String, Tensor)> {
+                if self.0.folded {
+                    return Vec::new();
+                }
                 vec![("_mean".into(), self.0.mean.clone()), ("_variance".into(), self.0.variance.clone())]
+            }
+
+            fn fold_away(&mut self) -> bool {
+                self.0.folded = true;
+                true
             }
 
             fn set_training(&mut self, training: bool) {

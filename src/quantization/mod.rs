@@ -15,9 +15,11 @@
 //! model restored from a checkpoint quantizes as it did. A traced call never observes (tracing has
 //! no values): trace after calibrating. The ops are in docs/QUANTIZATION.md.
 
+mod fold;
 mod graph;
 mod observer;
 
+pub use fold::fold_batch_norms;
 pub use graph::{QuantizedLayer, QuantizedModel, StaticQuantConfig, convert, quantize_model};
 
 pub use observer::{

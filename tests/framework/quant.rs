@@ -580,3 +580,80 @@ fn lsq_scales_start_from_the_first_observation_then_learn_by_gradient() {
     lin.forward(&t(&[100.0; 3], &[1, 3])).unwrap();
     assert_eq!(sa.to_vec::<f32>().unwrap(), a1);
 }
+
+/// Batch norms fold into the convolutions before them (`quantization::fold_batch_norms`): a
+/// `Sequential` (conv → batch norm → ReLU, a conv without bias) and the zoo's ResNet-18 (its
+/// 20 conv–batch-norm pairs, the downsample branches included), with batch-norm statistics
+/// that are not the identity. The folded model's eval outputs match the unfolded ones (1e-4 of
+/// the largest), the batch norms' state is gone, and QAT then quantizes the folded
+/// convolutions; folding after QAT is an error that names the reason.
+#[test]
+fn batch_norms_fold_into_convolutions_before_qat() {
+    use oar::nn::{BatchNorm2D, Conv2D, ReLU, Sequential};
+    use oar::quantization::{QAT, QuantConfig, fold_batch_norms};
+    use oar::vision::models::resnet18;
+    // Every 1-d state entry (batch-norm scales, shifts, statistics; biases) made distinct.
+    let perturb = |m: &dyn Layer| {
+        for (i, (name, t)) in m.state_dict().into_iter().enumerate() {
+            if t.dims().len() != 1 {
+                continue;
+            }
+            let n = t.numel();
+            let v: Vec<f32> = (0..n)
+                .map(|j| {
+                    let u = ((i * 31 + j * 17) % 97) as f32 / 97.0;
+                    if name.ends_with("_variance") { 0.5 + u } else { u - 0.5 }
+                })
+                .collect();
+            t.set_data(TensorData::from_vec(vec![n], v).unwrap()).unwrap();
+        }
+    };
+    let close = |a: &Tensor, b: &Tensor| {
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        let big = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(worst <= 1e-4 * big.max(1.0), "worst {worst} of {big}");
+    };
+    let mut seq = Sequential::new()
+        .add(Conv2D::new(3, 4, 3).unwrap().padding(1).bias(false))
+        .add(BatchNorm2D::new(4).unwrap())
+        .add(ReLU::new());
+    perturb(&seq);
+    let x = oar::randn(&[2, 3, 6, 6], DType::F32).unwrap();
+    seq.eval();
+    let before = seq.forward(&x).unwrap();
+    let spec = InputSpec::new(&[None, Some(3), Some(6), Some(6)], DType::F32, "x");
+    assert_eq!(fold_batch_norms(&mut seq, &spec).unwrap(), 1);
+    close(&before, &seq.forward(&x).unwrap());
+    let keys: Vec<String> = seq.state_dict().into_keys().collect();
+    assert_eq!(keys, vec!["0.bias", "0.weight"], "the batch norm's state is gone");
+    assert_eq!(QAT::new(QuantConfig::default()).quantize(&mut seq).unwrap(), 1);
+
+    let mut net = resnet18(10).unwrap();
+    perturb(&net);
+    net.eval();
+    let x = oar::randn(&[1, 3, 32, 32], DType::F32).unwrap();
+    let before = net.forward(&x).unwrap();
+    let spec = InputSpec::new(&[Some(1), Some(3), Some(32), Some(32)], DType::F32, "x");
+    assert_eq!(fold_batch_norms(&mut net, &spec).unwrap(), 20);
+    close(&before, &net.forward(&x).unwrap());
+    assert!(
+        !net.state_dict()
+            .keys()
+            .any(|k| k.contains("bn") || k.ends_with("_mean"))
+    );
+    // Nothing left to fold.
+    assert_eq!(fold_batch_norms(&mut net, &spec).unwrap(), 0);
+
+    let mut late = Sequential::new()
+        .add(Conv2D::new(3, 4, 3).unwrap())
+        .add(BatchNorm2D::new(4).unwrap());
+    QAT::new(QuantConfig::default()).quantize(&mut late).unwrap();
+    let e = fold_batch_norms(
+        &mut late,
+        &InputSpec::new(&[Some(1), Some(3), Some(5), Some(5)], DType::F32, "x"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("before quantizing"), "{e}");
+}
