@@ -107,36 +107,24 @@ pub fn run(
     // The epilogue over whole planes, for the depthwise paths.
     let by_plane = epi.map(|e| move |first: usize, n: usize| (e.f)(first * e.per_plane, (first + n) * e.per_plane));
     let plane_epi = by_plane.as_ref().map(|f| f as PlaneEpilogue);
-    if cg == 1
-        && depthwise_f32(
+    if cg == 1 {
+        let d = Depthwise {
             c,
-            &g,
-            xs,
-            ws,
-            (xb, dx),
-            (wb, dw),
-            int(zx_byte, dx),
-            &zw_at,
-            out,
+            g: &g,
+            x: (xb, dx),
+            w: (wb, dw),
+            zx: int(zx_byte, dx),
+            zw_at: &zw_at,
             threads,
-            plane_epi,
-        )
-    {
-        return Ok(epi.is_some());
-    }
-    if cg == 1 && og == 1 {
-        depthwise(
-            c,
-            &g,
-            (xb, dx),
-            (wb, dw),
-            int(zx_byte, dx),
-            &zw_at,
-            out,
-            threads,
-            plane_epi,
-        );
-        return Ok(epi.is_some());
+            epi: plane_epi,
+        };
+        if d.on_f32_kernels(xs, ws, out) {
+            return Ok(epi.is_some());
+        }
+        if og == 1 {
+            d.integer_loop(out);
+            return Ok(epi.is_some());
+        }
     }
     // Every group's weights less their zero points as the multiplier's row pairs ([og, k] each,
     // the weight's own layout), one group after the other (kept in `cache` when the weights are
@@ -287,139 +275,151 @@ fn im2col(c: &ConvInteger, g: &Geometry, planes: &[u8], cg: usize, fill: u8, col
     }
 }
 
-/// Depthwise `conv_integer` (one input channel per group) on the f32 depthwise kernels
-/// ([`crate::conv_depthwise`], AVX2 / AVX-512), whose sums of 8-bit values less their zero
-/// points are exact ([`Int8`]); false where that path does not serve (no vector instruction
-/// set, more than [`Int8::MAX_TAPS`] taps, an output not aligned for i32 stores).
-#[allow(clippy::too_many_arguments)]
-fn depthwise_f32(
-    c: &ConvInteger,
-    g: &Geometry,
-    xs: &[usize],
-    ws: &[usize],
-    (xb, dx): (&[u8], DType),
-    (wb, dw): (&[u8], DType),
+/// A depthwise `conv_integer` (one input channel per group): its operands, the input's zero
+/// point, the weights' per output channel, and the epilogue to apply to finished planes.
+#[derive(Clone, Copy)]
+struct Depthwise<'a> {
+    c: &'a ConvInteger,
+    g: &'a Geometry,
+    x: (&'a [u8], DType),
+    w: (&'a [u8], DType),
     zx: i32,
-    zw_at: &(dyn Fn(usize) -> i32 + Sync),
-    out: &mut [u8],
+    zw_at: &'a (dyn Fn(usize) -> i32 + Sync),
     threads: usize,
-    epi: Option<PlaneEpilogue>,
-) -> bool {
-    let taps = g.kh * g.kw;
-    if taps > Int8::MAX_TAPS || !(out.as_ptr() as usize).is_multiple_of(4) {
-        return false;
-    }
-    let spec = ConvSpec {
-        stride: &c.stride,
-        pad_before: &c.pad_before,
-        pad_after: &c.pad_after,
-        dilation: &c.dilation,
-        groups: c.groups,
-    };
-    let Some(plan) = crate::conv_depthwise::Plan::new(xs, ws, &spec, &[g.oh, g.ow]) else {
-        return false;
-    };
-    let w: Vec<f32> = (0..g.o * taps)
-        .map(|i| (int(wb[i], dw) - zw_at(i / taps)) as f32)
-        .collect();
-    let io = Int8 {
-        zero: zx,
-        signed: dx == DType::I8,
-    };
-    // Safety: x, w and out hold the plan's elements (checked by the caller), out is aligned
-    // for i32 (above) and overlaps neither.
-    unsafe {
-        crate::conv_depthwise::conv(
-            xb.as_ptr(),
-            w.as_ptr(),
-            out.as_mut_ptr() as *mut i32,
-            &plan,
-            &io,
-            threads,
-            epi,
-        )
-    };
-    true
+    epi: Option<PlaneEpilogue<'a>>,
 }
 
-/// Depthwise `conv_integer` (one input and one output channel per group): per channel, each
-/// tap adds `w · (x − x_zp)` over whole output rows (contiguous input for stride 1, which the
-/// compiler vectorizes); channels run in parallel.
-#[allow(clippy::too_many_arguments)]
-fn depthwise(
-    c: &ConvInteger,
-    g: &Geometry,
-    (xb, dx): (&[u8], DType),
-    (wb, dw): (&[u8], DType),
-    zx: i32,
-    zw_at: &(dyn Fn(usize) -> i32 + Sync),
-    out: &mut [u8],
-    threads: usize,
-    epi: Option<PlaneEpilogue>,
-) {
-    let out_ptr = out.as_mut_ptr() as usize;
-    let (pixels, taps) = (g.oh * g.ow, g.kh * g.kw);
-    // The input as i32 less its zero point, per plane when a channel's unit reads it.
-    par_units(
-        g.n * g.o,
-        threads.max(1),
-        || (vec![0i32; pixels], vec![0i32; g.h * g.w]),
-        |(acc, plane), unit| {
-            let ch = unit % g.o;
-            let src = &xb[unit * g.h * g.w..][..g.h * g.w];
-            for (p, &v) in plane.iter_mut().zip(src) {
-                *p = int(v, dx) - zx;
-            }
-            acc.fill(0);
-            let zwi = zw_at(ch);
-            for ky in 0..g.kh {
-                for kx in 0..g.kw {
-                    let w = int(wb[ch * taps + ky * g.kw + kx], dw) - zwi;
-                    if w == 0 {
-                        continue;
-                    }
-                    // Output columns whose input column is inside the row.
-                    let off = (kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
-                    let s1 = c.stride[1] as isize;
-                    let lo = if off >= 0 { 0 } else { ((-off) + s1 - 1) / s1 } as usize;
-                    let hi = ((g.w as isize - off + s1 - 1) / s1).clamp(0, g.ow as isize) as usize;
-                    if lo >= hi {
-                        continue;
-                    }
-                    for oy in 0..g.oh {
-                        let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
-                        if iy < 0 || iy >= g.h as isize {
+impl Depthwise<'_> {
+    /// On the f32 depthwise kernels ([`crate::conv_depthwise`], AVX2 / AVX-512), whose sums of
+    /// 8-bit values less their zero points are exact ([`Int8`]); false where that path does
+    /// not serve (no vector instruction set, more than [`Int8::MAX_TAPS`] taps, an output not
+    /// aligned for i32 stores).
+    fn on_f32_kernels(self, xs: &[usize], ws: &[usize], out: &mut [u8]) -> bool {
+        let Depthwise {
+            c,
+            g,
+            x: (xb, dx),
+            w: (wb, dw),
+            zx,
+            zw_at,
+            threads,
+            epi,
+        } = self;
+        let taps = g.kh * g.kw;
+        if taps > Int8::MAX_TAPS || !(out.as_ptr() as usize).is_multiple_of(4) {
+            return false;
+        }
+        let spec = ConvSpec {
+            stride: &c.stride,
+            pad_before: &c.pad_before,
+            pad_after: &c.pad_after,
+            dilation: &c.dilation,
+            groups: c.groups,
+        };
+        let Some(plan) = crate::conv_depthwise::Plan::new(xs, ws, &spec, &[g.oh, g.ow]) else {
+            return false;
+        };
+        let w: Vec<f32> = (0..g.o * taps)
+            .map(|i| (int(wb[i], dw) - zw_at(i / taps)) as f32)
+            .collect();
+        let io = Int8 {
+            zero: zx,
+            signed: dx == DType::I8,
+        };
+        // Safety: x, w and out hold the plan's elements (checked by the caller), out is aligned
+        // for i32 (above) and overlaps neither.
+        unsafe {
+            crate::conv_depthwise::conv(
+                xb.as_ptr(),
+                w.as_ptr(),
+                out.as_mut_ptr() as *mut i32,
+                &plan,
+                &io,
+                threads,
+                epi,
+            )
+        };
+        true
+    }
+
+    /// Depthwise `conv_integer` (one input and one output channel per group): per channel, each
+    /// tap adds `w · (x − x_zp)` over whole output rows (contiguous input for stride 1, which the
+    /// compiler vectorizes); channels run in parallel.
+    fn integer_loop(self, out: &mut [u8]) {
+        let Depthwise {
+            c,
+            g,
+            x: (xb, dx),
+            w: (wb, dw),
+            zx,
+            zw_at,
+            threads,
+            epi,
+        } = self;
+        let out_ptr = out.as_mut_ptr() as usize;
+        let (pixels, taps) = (g.oh * g.ow, g.kh * g.kw);
+        // The input as i32 less its zero point, per plane when a channel's unit reads it.
+        par_units(
+            g.n * g.o,
+            threads.max(1),
+            || (vec![0i32; pixels], vec![0i32; g.h * g.w]),
+            |(acc, plane), unit| {
+                let ch = unit % g.o;
+                let src = &xb[unit * g.h * g.w..][..g.h * g.w];
+                for (p, &v) in plane.iter_mut().zip(src) {
+                    *p = int(v, dx) - zx;
+                }
+                acc.fill(0);
+                let zwi = zw_at(ch);
+                for ky in 0..g.kh {
+                    for kx in 0..g.kw {
+                        let w = int(wb[ch * taps + ky * g.kw + kx], dw) - zwi;
+                        if w == 0 {
                             continue;
                         }
-                        let row = &plane[iy as usize * g.w..][..g.w];
-                        let dst = &mut acc[oy * g.ow + lo..oy * g.ow + hi];
-                        let first = (lo as isize * s1 + off) as usize;
-                        if s1 == 1 {
-                            for (a, &v) in dst.iter_mut().zip(&row[first..first + (hi - lo)]) {
-                                *a = a.wrapping_add(v.wrapping_mul(w));
+                        // Output columns whose input column is inside the row.
+                        let off = (kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
+                        let s1 = c.stride[1] as isize;
+                        let lo = if off >= 0 { 0 } else { ((-off) + s1 - 1) / s1 } as usize;
+                        let hi = ((g.w as isize - off + s1 - 1) / s1).clamp(0, g.ow as isize) as usize;
+                        if lo >= hi {
+                            continue;
+                        }
+                        for oy in 0..g.oh {
+                            let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
+                            if iy < 0 || iy >= g.h as isize {
+                                continue;
                             }
-                        } else {
-                            for (a, &v) in dst.iter_mut().zip(row[first..].iter().step_by(s1 as usize)) {
-                                *a = a.wrapping_add(v.wrapping_mul(w));
+                            let row = &plane[iy as usize * g.w..][..g.w];
+                            let dst = &mut acc[oy * g.ow + lo..oy * g.ow + hi];
+                            let first = (lo as isize * s1 + off) as usize;
+                            if s1 == 1 {
+                                for (a, &v) in dst.iter_mut().zip(&row[first..first + (hi - lo)]) {
+                                    *a = a.wrapping_add(v.wrapping_mul(w));
+                                }
+                            } else {
+                                for (a, &v) in dst.iter_mut().zip(row[first..].iter().step_by(s1 as usize)) {
+                                    *a = a.wrapping_add(v.wrapping_mul(w));
+                                }
                             }
                         }
                     }
                 }
-            }
-            // Safety: each unit writes its own plane of the output (`n · o · pixels` i32,
-            // checked by the caller); byte copies need no alignment.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    acc.as_ptr() as *const u8,
-                    (out_ptr as *mut u8).add(unit * pixels * 4),
-                    pixels * 4,
-                );
-            }
-            if let Some(epi) = epi {
-                epi(unit, 1);
-            }
-        },
-    );
+                // Safety: each unit writes its own plane of the output (`n · o · pixels` i32,
+                // checked by the caller); byte copies need no alignment.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        acc.as_ptr() as *const u8,
+                        (out_ptr as *mut u8).add(unit * pixels * 4),
+                        pixels * 4,
+                    );
+                }
+                if let Some(epi) = epi {
+                    epi(unit, 1);
+                }
+            },
+        );
+    }
 }
 
 #[cfg(test)]

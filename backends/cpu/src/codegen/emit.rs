@@ -660,16 +660,10 @@ impl<'a, 'f> Em<'a, 'f> {
                     let w = self.b.ins().ishl_imm_s(w, 16);
                     self.b.ins().bitcast(vt, super::ops::le(), w)
                 } else {
-                    let mut v = None;
-                    for lane in 0..lanes as i64 {
-                        let p = self.offset_addr(base, (u * lanes as i64 + lane) * vc * 2);
-                        let x = self.load_bf16(p, flags);
-                        v = Some(match v {
-                            None => self.b.ins().splat(vt, x),
-                            Some(acc) => self.b.ins().insertlane(acc, x, lane as u8),
-                        });
-                    }
-                    v.expect("lanes > 0")
+                    self.gather_lanes(vt, lanes, |em, lane| {
+                        let p = em.offset_addr(base, (u * lanes as i64 + lane) * vc * 2);
+                        em.load_bf16(p, flags)
+                    })
                 };
                 out.push(v);
                 continue;
@@ -690,20 +684,14 @@ impl<'a, 'f> Em<'a, 'f> {
                     }
                     v
                 } else {
-                    let mut v = None;
-                    for lane in 0..lanes as i64 {
-                        let p = self.offset_addr(base, (u * lanes as i64 + lane) * vc);
-                        let x = if dt == DType::U8 {
-                            self.b.ins().uload8(types::I32, flags, p, 0)
+                    self.gather_lanes(vt, lanes, |em, lane| {
+                        let p = em.offset_addr(base, (u * lanes as i64 + lane) * vc);
+                        if dt == DType::U8 {
+                            em.b.ins().uload8(types::I32, flags, p, 0)
                         } else {
-                            self.b.ins().sload8(types::I32, flags, p, 0)
-                        };
-                        v = Some(match v {
-                            None => self.b.ins().splat(vt, x),
-                            Some(acc) => self.b.ins().insertlane(acc, x, lane as u8),
-                        });
-                    }
-                    v.expect("lanes > 0")
+                            em.b.ins().sload8(types::I32, flags, p, 0)
+                        }
+                    })
                 };
                 out.push(v);
                 continue;
@@ -715,18 +703,12 @@ impl<'a, 'f> Em<'a, 'f> {
                     self.load_bool_vector(p, lanes, flags)
                 } else {
                     let lane_ty = vt.lane_type();
-                    let mut v = None;
-                    for lane in 0..lanes as i64 {
-                        let p = self.offset_addr(base, (u * lanes as i64 + lane) * vc);
-                        let x = self.b.ins().load(types::I8, flags, p, 0);
-                        let w = self.b.ins().uextend(lane_ty, x);
-                        let m = self.b.ins().ineg(w);
-                        v = Some(match v {
-                            None => self.b.ins().splat(vt, m),
-                            Some(acc) => self.b.ins().insertlane(acc, m, lane as u8),
-                        });
-                    }
-                    v.expect("lanes > 0")
+                    self.gather_lanes(vt, lanes, |em, lane| {
+                        let p = em.offset_addr(base, (u * lanes as i64 + lane) * vc);
+                        let x = em.b.ins().load(types::I8, flags, p, 0);
+                        let w = em.b.ins().uextend(lane_ty, x);
+                        em.b.ins().ineg(w)
+                    })
                 };
                 out.push(v);
                 continue;
@@ -744,19 +726,25 @@ impl<'a, 'f> Em<'a, 'f> {
                 let v1 = self.b.ins().load(vt, flags, p1, 0);
                 out.push(self.even_lanes(v0, v1, vt));
             } else {
-                let mut v = None;
-                for lane in 0..lanes as i64 {
-                    let p = self.offset_addr(base, (u * lanes as i64 + lane) * vc * size);
-                    let x = self.b.ins().load(st, flags, p, 0);
-                    v = Some(match v {
-                        None => self.b.ins().splat(vt, x),
-                        Some(acc) => self.b.ins().insertlane(acc, x, lane as u8),
-                    });
-                }
-                out.push(v.expect("lanes > 0"));
+                let v = self.gather_lanes(vt, lanes, |em, lane| {
+                    let p = em.offset_addr(base, (u * lanes as i64 + lane) * vc * size);
+                    em.b.ins().load(st, flags, p, 0)
+                });
+                out.push(v);
             }
         }
         Val { lanes, v: out }
+    }
+
+    /// A `vt` vector whose lane `i` is `lane(self, i)` (a gather of scalar loads).
+    fn gather_lanes(&mut self, vt: Type, lanes: u8, mut lane: impl FnMut(&mut Self, i64) -> Value) -> Value {
+        let first = lane(self, 0);
+        let mut v = self.b.ins().splat(vt, first);
+        for i in 1..lanes {
+            let x = lane(self, i as i64);
+            v = self.b.ins().insertlane(v, x, i);
+        }
+        v
     }
 
     fn offset_addr(&mut self, base: Value, bytes: i64) -> Value {
