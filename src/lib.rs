@@ -14,6 +14,7 @@ pub mod io;
 pub mod jit;
 mod kernels;
 pub mod lowering;
+pub mod metric;
 pub mod nn;
 pub mod optimizer;
 pub mod quantization;

@@ -17,6 +17,7 @@ mod jit_control;
 mod jit_train;
 mod kernels;
 mod macro_ui;
+mod metric;
 mod nn_gradcheck;
 mod nn_layers;
 mod nn_models;
