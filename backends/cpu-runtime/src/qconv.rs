@@ -295,16 +295,7 @@ impl Depthwise<'_> {
     /// not serve (no vector instruction set, more than [`Int8::MAX_TAPS`] taps, an output not
     /// aligned for i32 stores).
     fn on_f32_kernels(self, xs: &[usize], ws: &[usize], out: &mut [u8]) -> bool {
-        let Depthwise {
-            c,
-            g,
-            x: (xb, dx),
-            w: (wb, dw),
-            zx,
-            zw_at,
-            threads,
-            epi,
-        } = self;
+        let (c, g, (wb, dw)) = (self.c, self.g, self.w);
         let taps = g.kh * g.kw;
         if taps > Int8::MAX_TAPS || !(out.as_ptr() as usize).is_multiple_of(4) {
             return false;
@@ -320,23 +311,23 @@ impl Depthwise<'_> {
             return false;
         };
         let w: Vec<f32> = (0..g.o * taps)
-            .map(|i| (int(wb[i], dw) - zw_at(i / taps)) as f32)
+            .map(|i| (int(wb[i], dw) - (self.zw_at)(i / taps)) as f32)
             .collect();
         let io = Int8 {
-            zero: zx,
-            signed: dx == DType::I8,
+            zero: self.zx,
+            signed: self.x.1 == DType::I8,
         };
-        // Safety: x, w and out hold the plan's elements (checked by the caller), out is aligned
-        // for i32 (above) and overlaps neither.
+        // Safety: x, w and out hold the plan's elements (checked by the caller), out is
+        // aligned for i32 (above) and overlaps neither.
         unsafe {
             crate::conv_depthwise::conv(
-                xb.as_ptr(),
+                self.x.0.as_ptr(),
                 w.as_ptr(),
                 out.as_mut_ptr() as *mut i32,
                 &plan,
                 &io,
-                threads,
-                epi,
+                self.threads,
+                self.epi,
             )
         };
         true
