@@ -9,6 +9,7 @@ mod amp;
 mod eager;
 mod eager_device;
 mod gradcheck;
+mod hapi;
 mod io_datasets;
 mod io_loader;
 mod jit;

@@ -1,0 +1,401 @@
+//! The high-level API, as Paddle's `paddle.Model`: wrap a network, `prepare` it with an
+//! optimizer, a loss and metrics, then `fit`, `evaluate`, `predict`, `save` and `load` —
+//! training in a few lines, while the low-level API stays usable inside (`train_batch` is one
+//! step; the network, the optimizer and the loss are ordinary values).
+//!
+//! ```no_run
+//! use oar::io::{DataLoader, datasets::{Digits, Split}};
+//! use oar::metric::Accuracy;
+//! use oar::nn::functional::{cross_entropy, Reduction};
+//! use oar::nn::{Flatten, Layer, Linear, ReLU, Sequential};
+//! use oar::optimizer::Adam;
+//! # fn main() -> oar::Result<()> {
+//! let net = Sequential::new()
+//!     .add(Flatten::new(1, -1))
+//!     .add(Linear::new(64, 32)?)
+//!     .add(ReLU::new())
+//!     .add(Linear::new(32, 10)?);
+//! let opt = Adam::new(net.named_parameters(), 1e-2);
+//! let mut model = oar::Model::new(net);
+//! model.prepare(opt, |y, t| cross_entropy(y, t, Reduction::Mean), vec![Box::new(Accuracy::new())]);
+//! let train = DataLoader::new(Digits::new(Split::Train)?).batch_size(64).shuffle(true).seed(7);
+//! let test = DataLoader::new(Digits::new(Split::Test)?).batch_size(256);
+//! let history = model.fit(&train, Some(&test), 5)?;
+//! println!("{:?}", history.last());
+//! # Ok(()) }
+//! ```
+
+use crate::error::{Error, Result};
+use crate::io::{DataLoader, Dataset};
+use crate::metric::Metric;
+use crate::nn::Layer;
+use crate::optimizer::Optimizer;
+use crate::tensor::Tensor;
+use oar_ir::TensorData;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A loss: `loss(output, label)` → a scalar tensor.
+pub type LossFn = Box<dyn Fn(&Tensor, &Tensor) -> Result<Tensor>>;
+
+/// One epoch's results: the mean loss over its samples and each metric's accumulated values,
+/// by name (`loss`, `acc_top1`, …), for training and (when given) evaluation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EpochLogs {
+    /// The epoch (0-based, counting every epoch this model has trained, loads included).
+    pub epoch: usize,
+    /// Training values.
+    pub train: BTreeMap<String, f64>,
+    /// Evaluation values (empty without evaluation data).
+    pub eval: BTreeMap<String, f64>,
+}
+
+/// A network with what training needs: an optimizer, a loss and metrics.
+pub struct Model {
+    network: Box<dyn Layer>,
+    optimizer: Option<Box<dyn Optimizer>>,
+    loss: Option<LossFn>,
+    metrics: Vec<Box<dyn Metric>>,
+    /// Epochs trained so far.
+    epoch: usize,
+    /// Show a progress bar while fitting (drawn only on a terminal).
+    verbose: bool,
+}
+
+impl Model {
+    /// Wrap `network` (not yet prepared: `evaluate` without a loss and `predict` work).
+    pub fn new(network: impl Layer + 'static) -> Model {
+        Model {
+            network: Box::new(network),
+            optimizer: None,
+            loss: None,
+            metrics: Vec::new(),
+            epoch: 0,
+            verbose: true,
+        }
+    }
+
+    /// Show (the default) or hide `fit`'s progress bar: per epoch the batches done, the running
+    /// loss and metrics, samples per second and the time left. It is drawn on standard error
+    /// only when that is a terminal.
+    pub fn verbose(&mut self, on: bool) -> &mut Model {
+        self.verbose = on;
+        self
+    }
+
+    /// Set the optimizer (built over the network's parameters), the loss and the metrics.
+    pub fn prepare(
+        &mut self,
+        optimizer: impl Optimizer + 'static,
+        loss: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + 'static,
+        metrics: Vec<Box<dyn Metric>>,
+    ) {
+        self.optimizer = Some(Box::new(optimizer));
+        self.loss = Some(Box::new(loss));
+        self.metrics = metrics;
+    }
+
+    /// The network.
+    pub fn network(&self) -> &dyn Layer {
+        self.network.as_ref()
+    }
+
+    /// The network, mutably (train/eval, quantization, …).
+    pub fn network_mut(&mut self) -> &mut dyn Layer {
+        self.network.as_mut()
+    }
+
+    /// The optimizer, once prepared.
+    pub fn optimizer_mut(&mut self) -> Option<&mut (dyn Optimizer + 'static)> {
+        self.optimizer.as_deref_mut()
+    }
+
+    /// Epochs trained so far (restored by [`Model::load`]).
+    pub fn epochs_trained(&self) -> usize {
+        self.epoch
+    }
+
+    fn loss_fn(&self, what: &str) -> Result<&LossFn> {
+        self.loss
+            .as_ref()
+            .ok_or_else(|| Error::invalid(what, "the model has no loss: call prepare first"))
+    }
+
+    /// One training step on a batch: forward, loss, backward, the optimizer's update; the
+    /// metrics are updated. Returns the loss and the metrics' values on this batch.
+    pub fn train_batch(&mut self, x: &Tensor, label: &Tensor) -> Result<(f64, Vec<f64>)> {
+        self.loss_fn("Model::train_batch")?;
+        if self.optimizer.is_none() {
+            return Err(Error::invalid(
+                "Model::train_batch",
+                "the model has no optimizer: call prepare first",
+            ));
+        }
+        self.network.train();
+        let out = self.network.forward(x)?;
+        let loss = (self.loss_fn("Model::train_batch")?)(&out, label)?;
+        let opt = self.optimizer.as_mut().expect("checked above");
+        opt.clear_grad();
+        loss.backward()?;
+        opt.step()?;
+        opt.clear_grad();
+        let values = self.update_metrics(&out.detach(), label)?;
+        Ok((loss.item()?, values))
+    }
+
+    /// One evaluation step on a batch (eval mode, no gradients): the loss (NaN without one)
+    /// and the metrics' values on this batch, the metrics updated.
+    pub fn eval_batch(&mut self, x: &Tensor, label: &Tensor) -> Result<(f64, Vec<f64>)> {
+        self.network.eval();
+        let _ng = crate::no_grad();
+        let out = self.network.forward(x)?;
+        let loss = match &self.loss {
+            Some(f) => f(&out, label)?.item()?,
+            None => f64::NAN,
+        };
+        let values = self.update_metrics(&out, label)?;
+        Ok((loss, values))
+    }
+
+    fn update_metrics(&mut self, out: &Tensor, label: &Tensor) -> Result<Vec<f64>> {
+        let mut values = Vec::new();
+        for m in &mut self.metrics {
+            values.extend(m.update(out, label)?);
+        }
+        Ok(values)
+    }
+
+    /// The metrics' accumulated values by name, then reset.
+    fn take_metrics(&mut self, logs: &mut BTreeMap<String, f64>) {
+        for m in &mut self.metrics {
+            for (name, v) in m.names().into_iter().zip(m.accumulate()) {
+                logs.insert(name, v);
+            }
+            m.reset();
+        }
+    }
+
+    /// Train for `epochs` epochs over `train` (batches of `(input, label)`), evaluating on
+    /// `eval` after each; returns each epoch's logs. The epoch count continues from earlier
+    /// `fit` calls and [`Model::load`].
+    pub fn fit<D: Dataset + 'static>(
+        &mut self,
+        train: &DataLoader<D, (Tensor, Tensor)>,
+        eval: Option<&DataLoader<D, (Tensor, Tensor)>>,
+        epochs: usize,
+    ) -> Result<Vec<EpochLogs>> {
+        self.loss_fn("Model::fit")?;
+        let mut history = Vec::with_capacity(epochs);
+        let last = self.epoch + epochs;
+        for _ in 0..epochs {
+            for m in &mut self.metrics {
+                m.reset();
+            }
+            let batches = train.iter();
+            let bar = self.progress(batches.len(), last);
+            let start = std::time::Instant::now();
+            let (mut total, mut samples) = (0.0, 0usize);
+            for batch in batches {
+                let (x, y) = batch?;
+                let n = x.shape().first().copied().unwrap_or(1);
+                let (loss, _) = self.train_batch(&x, &y)?;
+                total += loss * n as f64;
+                samples += n;
+                bar.inc(1);
+                let mut msg = format!("loss {:.4}", mean(total, samples));
+                for m in &self.metrics {
+                    for (name, v) in m.names().iter().zip(m.accumulate()) {
+                        msg.push_str(&format!(" {name} {v:.4}"));
+                    }
+                }
+                let secs = start.elapsed().as_secs_f64();
+                if secs > 0.0 {
+                    msg.push_str(&format!(" {:.0} samples/s", samples as f64 / secs));
+                }
+                bar.set_message(msg);
+            }
+            bar.finish();
+            let mut logs = EpochLogs {
+                epoch: self.epoch,
+                ..EpochLogs::default()
+            };
+            logs.train.insert("loss".into(), mean(total, samples));
+            self.take_metrics(&mut logs.train);
+            if let Some(eval) = eval {
+                logs.eval = self.evaluate(eval)?;
+            }
+            self.epoch += 1;
+            history.push(logs);
+        }
+        Ok(history)
+    }
+
+    /// A progress bar over `batches` for the epoch being trained (hidden unless verbose).
+    fn progress(&self, batches: usize, last: usize) -> indicatif::ProgressBar {
+        if !self.verbose {
+            return indicatif::ProgressBar::hidden();
+        }
+        let bar = indicatif::ProgressBar::new(batches as u64);
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(format!("{}/{last}", self.epoch + 1));
+        bar
+    }
+
+    /// The loss (mean over samples; NaN without a loss) and the metrics over `data`, by name.
+    pub fn evaluate<D: Dataset + 'static>(
+        &mut self,
+        data: &DataLoader<D, (Tensor, Tensor)>,
+    ) -> Result<BTreeMap<String, f64>> {
+        for m in &mut self.metrics {
+            m.reset();
+        }
+        let (mut total, mut samples) = (0.0, 0usize);
+        for batch in data {
+            let (x, y) = batch?;
+            let n = x.shape().first().copied().unwrap_or(1);
+            let (loss, _) = self.eval_batch(&x, &y)?;
+            total += loss * n as f64;
+            samples += n;
+        }
+        let mut logs = BTreeMap::new();
+        logs.insert("loss".into(), mean(total, samples));
+        self.take_metrics(&mut logs);
+        Ok(logs)
+    }
+
+    /// The network's outputs (eval mode, no gradients) for each batch of inputs.
+    pub fn predict(&mut self, inputs: impl IntoIterator<Item = Result<Tensor>>) -> Result<Vec<Tensor>> {
+        self.network.eval();
+        let _ng = crate::no_grad();
+        inputs.into_iter().map(|x| self.network.forward(&x?)).collect()
+    }
+
+    /// Write a training checkpoint to `path` (safetensors, written to a temporary file and
+    /// renamed, so an earlier checkpoint survives a crash): the network's parameters and
+    /// buffers (`network/<name>`), the optimizer's state (`optimizer/<name>`) and the epochs
+    /// trained (`meta/epoch`).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let mut state: BTreeMap<String, TensorData> = BTreeMap::new();
+        for (k, v) in self.network.state_dict() {
+            state.insert(format!("network/{k}"), v.try_data()?);
+        }
+        if let Some(opt) = &self.optimizer {
+            for (k, v) in opt.state_dict() {
+                state.insert(format!("optimizer/{k}"), v);
+            }
+        }
+        state.insert(
+            "meta/epoch".into(),
+            TensorData::from_vec(vec![], vec![self.epoch as i64])?,
+        );
+        crate::serialization::save(&state, path)
+    }
+
+    /// Restore a checkpoint written by [`Model::save`]: the network's state (every entry must
+    /// match), the optimizer's (when the model has one and the file does) and the epoch count.
+    /// On a mismatch nothing changes and the error names the file.
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let state = crate::serialization::load(path)?;
+        let part = |prefix: &str| -> BTreeMap<String, TensorData> {
+            state
+                .iter()
+                .filter_map(|(k, v)| k.strip_prefix(prefix).map(|k| (k.to_string(), v.clone())))
+                .collect()
+        };
+        let bad = |detail: String| Error::Io {
+            path: path.display().to_string(),
+            detail,
+        };
+        let epoch = state
+            .get("meta/epoch")
+            .ok_or_else(|| bad("not a Model checkpoint: no `meta/epoch`".into()))?
+            .to_f64_vec()
+            .first()
+            .copied()
+            .filter(|e| *e >= 0.0 && e.fract() == 0.0)
+            .ok_or_else(|| bad("`meta/epoch` is not an epoch count".into()))?;
+        let net = part("network/");
+        let opt = part("optimizer/");
+        // set_state_dict changes nothing on a mismatch; the network's old state comes back if
+        // the optimizer's does not fit.
+        let before: BTreeMap<String, TensorData> = self
+            .network
+            .state_dict()
+            .into_iter()
+            .map(|(k, v)| Ok((k, v.try_data()?)))
+            .collect::<Result<_>>()?;
+        self.network
+            .set_state_dict(&net)
+            .map_err(|e| bad(format!("network: {e}")))?;
+        if let Some(o) = self.optimizer.as_mut()
+            && !opt.is_empty()
+            && let Err(e) = o.set_state_dict(&opt)
+        {
+            self.network.set_state_dict(&before)?;
+            return Err(bad(format!("optimizer: {e}")));
+        }
+        self.epoch = epoch as usize;
+        Ok(())
+    }
+
+    /// The network's layers as a table: each sublayer's path, its type-free description (its
+    /// own parameter shapes) and parameter count, then the totals (like `paddle.summary`
+    /// without output shapes).
+    pub fn summary(&self) -> String {
+        let mut rows = Vec::new();
+        walk(self.network.as_ref(), "", &mut rows);
+        let width = rows.iter().map(|(n, _, _)| n.len()).max().unwrap_or(5).max(5);
+        let mut s = format!("{:<width$}  {:>12}  parameters\n", "layer", "count");
+        let (mut total, mut trainable) = (0usize, 0usize);
+        for (name, shapes, count) in &rows {
+            s.push_str(&format!("{name:<width$}  {count:>12}  {shapes}\n"));
+            total += count;
+        }
+        for p in self.network.parameters() {
+            if p.requires_grad() {
+                trainable += p.numel();
+            }
+        }
+        s.push_str(&format!("total parameters: {total}, trainable: {trainable}\n"));
+        s
+    }
+}
+
+/// Each layer with its own parameters: `(path, shapes, count)`, depth first.
+fn walk(l: &dyn Layer, path: &str, rows: &mut Vec<(String, String, usize)>) {
+    let own = l.own_parameters();
+    if !own.is_empty() {
+        let shapes = own
+            .iter()
+            .map(|(n, t)| format!("{n} {:?}", t.shape()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let count = own.iter().map(|(_, t)| t.numel()).sum();
+        rows.push((
+            if path.is_empty() {
+                "(root)".into()
+            } else {
+                path.to_string()
+            },
+            shapes,
+            count,
+        ));
+    }
+    for (name, sub) in l.sublayers() {
+        let p = if path.is_empty() {
+            name
+        } else {
+            format!("{path}.{name}")
+        };
+        walk(sub, &p, rows);
+    }
+}
+
+fn mean(total: f64, n: usize) -> f64 {
+    if n == 0 { f64::NAN } else { total / n as f64 }
+}
