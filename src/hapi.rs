@@ -177,7 +177,9 @@ impl Model {
 
     /// Train for `epochs` epochs over `train` (batches of `(input, label)`), evaluating on
     /// `eval` after each; returns each epoch's logs. The epoch count continues from earlier
-    /// `fit` calls and [`Model::load`].
+    /// `fit` calls and [`Model::load`], and a seeded loader made afresh after a `load` first
+    /// draws the orders of the epochs already trained ([`DataLoader::skip_to_epoch`]), so a
+    /// resumed run sees the batches an uninterrupted one would.
     pub fn fit<D: Dataset + 'static>(
         &mut self,
         train: &DataLoader<D, (Tensor, Tensor)>,
@@ -191,6 +193,8 @@ impl Model {
             for m in &mut self.metrics {
                 m.reset();
             }
+            // A loader made afresh for a resumed run draws the orders it skipped.
+            train.skip_to_epoch(self.epoch);
             let batches = train.iter();
             let bar = self.progress(batches.len(), last);
             let start = std::time::Instant::now();

@@ -12,6 +12,7 @@ use crate::tensor::with_rng;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -32,6 +33,8 @@ pub struct DataLoader<D: Dataset, B> {
     /// The loader's own generator once [`seed`](Self::seed) is called; otherwise shuffling
     /// draws from the global generator (`oar::seed`).
     generator: Option<Mutex<StdRng>>,
+    /// Epochs started (orders drawn) so far.
+    epochs: AtomicUsize,
 }
 
 impl<D: Dataset + 'static> DataLoader<D, <D::Item as Collate>::Batch>
@@ -58,6 +61,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             num_workers: 0,
             prefetch_factor: 2,
             generator: None,
+            epochs: AtomicUsize::new(0),
         }
     }
 
@@ -111,6 +115,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             num_workers: self.num_workers,
             prefetch_factor: self.prefetch_factor,
             generator: self.generator,
+            epochs: self.epochs,
         }
     }
 
@@ -134,8 +139,31 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         self.len() == 0
     }
 
+    /// Epochs started so far (each [`iter`](Self::iter) starts one).
+    pub fn epochs_started(&self) -> usize {
+        self.epochs.load(Ordering::Relaxed)
+    }
+
+    /// Draw (and drop) the orders of the epochs before `epoch` that this loader has not
+    /// started, so that its next epoch is the one a loader that never stopped would give: with
+    /// [`seed`](Self::seed), a resumed training run sees the same batches (`Model::fit` calls
+    /// it with the epochs the model has trained). Loaders drawing from the global generator,
+    /// or not shuffling, only count.
+    pub fn skip_to_epoch(&self, epoch: usize) {
+        while self.epochs_started() < epoch {
+            if self.shuffle
+                && let Some(g) = &self.generator
+            {
+                let mut order: Vec<usize> = (0..self.dataset.len()).collect();
+                order.shuffle(&mut *g.lock().unwrap_or_else(|e| e.into_inner()));
+            }
+            self.epochs.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The sample indices of each batch for one epoch (advances the shuffling generator).
     fn epoch_batches(&self) -> Vec<Vec<usize>> {
+        self.epochs.fetch_add(1, Ordering::Relaxed);
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if self.shuffle {
             match &self.generator {

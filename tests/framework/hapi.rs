@@ -80,14 +80,21 @@ fn fit_evaluate_and_predict_on_the_digits() {
 }
 
 /// A checkpoint written after one epoch, loaded into a fresh model (different initial
-/// weights), continues exactly as the original does: after one more epoch on the same batches
-/// both hold the same parameters, bit for bit (Adam's moments and step count came along). A
-/// truncated checkpoint is an error naming the file, and the model is unchanged.
+/// weights) and fed by a fresh loader with the same seed, continues exactly as the original
+/// does: after one more epoch both hold the same parameters, bit for bit (Adam's moments and
+/// step count came along, and the new loader skipped the first epoch's order). A truncated
+/// checkpoint is an error naming the file, and the model is unchanged.
 #[test]
 fn checkpoints_resume_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ckpt.safetensors");
-    let train = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(64);
+    let loader = || {
+        DataLoader::new(Digits::new(Split::Train).unwrap())
+            .batch_size(64)
+            .shuffle(true)
+            .seed(11)
+    };
+    let train = loader();
     let mut a = prepared(5);
     a.fit(&train, None, 1).unwrap();
     a.save(&path).unwrap();
@@ -96,9 +103,19 @@ fn checkpoints_resume_bit_for_bit() {
     assert_ne!(params(&a), params(&b));
     b.load(&path).unwrap();
     assert_eq!(b.epochs_trained(), 1);
-    let logs = b.fit(&train, None, 1).unwrap();
+    let fresh = loader();
+    let logs = b.fit(&fresh, None, 1).unwrap();
     assert_eq!(logs[0].epoch, 1);
+    assert_eq!(fresh.epochs_started(), 2);
     assert_eq!(params(&a), params(&b));
+    // The order matters: a loader two epochs ahead gives other batches, other parameters.
+    let mut c = prepared(6);
+    c.load(&path).unwrap();
+    let ahead = loader();
+    ahead.iter().count();
+    ahead.iter().count();
+    c.fit(&ahead, None, 1).unwrap();
+    assert_ne!(params(&a), params(&c));
 
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
