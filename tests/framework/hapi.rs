@@ -152,3 +152,126 @@ fn summary_and_unprepared_models() {
     let out = bare.predict([Ok(x)]).unwrap();
     assert_eq!(out[0].shape(), vec![2, 10]);
 }
+
+/// A model of `mlp(seed)` with `opt` built over its parameters.
+fn model_with<O: oar::optimizer::Optimizer + 'static>(seed: u64, opt: impl FnOnce(&Sequential) -> O) -> Model {
+    let net = mlp(seed);
+    let o = opt(&net);
+    let mut model = Model::new(net);
+    model.prepare(
+        o,
+        |y, t| cross_entropy(y, t, Reduction::Mean),
+        vec![Box::new(Accuracy::new())],
+    );
+    model
+}
+
+/// Early stopping: with a learning rate of 0 the evaluation loss never improves after the
+/// first epoch, so patience 1 stops training after the third of ten epochs.
+#[test]
+fn early_stopping_ends_training_when_nothing_improves() {
+    use oar::hapi::callbacks::{EarlyStopping, Mode};
+    use oar::optimizer::SGD;
+    let train = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(128);
+    let test = DataLoader::new(Digits::new(Split::Test).unwrap()).batch_size(128);
+    let mut model = model_with(3, |n| SGD::new(n.named_parameters(), 0.0));
+    let mut stop = EarlyStopping::new("loss", Mode::Min, 1);
+    let history = model.fit_with(&train, Some(&test), 10, &mut [&mut stop]).unwrap();
+    assert_eq!(history.len(), 3);
+    assert_eq!(stop.stopped_epoch, Some(2));
+    assert_eq!(model.epochs_trained(), 3);
+    // A key the logs do not have is an error listing the keys there are.
+    let mut bad = EarlyStopping::new("eval/f1", Mode::Max, 1);
+    let e = model
+        .fit_with(&train, Some(&test), 1, &mut [&mut bad])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("eval/f1") && e.contains("acc_top1"), "{e}");
+}
+
+/// Checkpoints, logs and learning-rate callbacks over three epochs of training:
+/// - `ModelCheckpoint`: `last` holds the third epoch, `best` the epoch with the lowest
+///   evaluation loss (loaded into a fresh model, it evaluates to that loss);
+/// - `MetricsLogger`: the CSV and JSON-lines files hold exactly the history's values;
+/// - `ReduceLrOnPlateau` (on a value that never "improves"): 0.1 → 0.05 → floor 0.03;
+/// - `LrSchedule` (a step decay halving every epoch) steps once per epoch, and a model resumed
+///   from a checkpoint continues the schedule where it was.
+#[test]
+fn checkpoints_logs_and_learning_rate_callbacks() {
+    use oar::hapi::callbacks::{LogFormat, LrSchedule, MetricsLogger, Mode, ModelCheckpoint, ReduceLrOnPlateau};
+    use oar::optimizer::lr::{LRScheduler, StepDecay};
+    use oar::optimizer::SGD;
+    let dir = tempfile::tempdir().unwrap();
+    let train = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(64);
+    let test = DataLoader::new(Digits::new(Split::Test).unwrap()).batch_size(128);
+    let mut model = prepared(4);
+    let mut ckpt = ModelCheckpoint::new(dir.path().join("ckpt")).save_best("eval/loss", Mode::Min);
+    let (csv, jsonl) = (dir.path().join("log.csv"), dir.path().join("log.jsonl"));
+    let mut log_csv = MetricsLogger::new(&csv, LogFormat::Csv);
+    let mut log_json = MetricsLogger::new(&jsonl, LogFormat::JsonLines);
+    let history = model
+        .fit_with(&train, Some(&test), 3, &mut [&mut ckpt, &mut log_csv, &mut log_json])
+        .unwrap();
+    let mut last = prepared(9);
+    last.load(ckpt.last_path()).unwrap();
+    assert_eq!(last.epochs_trained(), 3);
+    let best_loss = history.iter().map(|h| h.eval["loss"]).fold(f64::INFINITY, f64::min);
+    let best_epoch = history.iter().position(|h| h.eval["loss"] == best_loss).unwrap();
+    let mut best = prepared(9);
+    best.load(ckpt.best_path()).unwrap();
+    assert_eq!(best.epochs_trained(), best_epoch + 1);
+    assert!((best.evaluate(&test).unwrap()["loss"] - best_loss).abs() <= 1e-6);
+    // The CSV: a header, then one row per epoch with the history's exact values.
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let header: Vec<&str> = lines[0].split(',').collect();
+    assert_eq!(header[0], "epoch");
+    assert_eq!(lines.len(), 4, "{text}");
+    for (h, line) in history.iter().zip(&lines[1..]) {
+        for (col, v) in header.iter().zip(line.split(',')) {
+            let v: f64 = v.parse().unwrap();
+            let want = match col.split_once('/') {
+                Some(("train", k)) => h.train[k],
+                Some(("eval", k)) => h.eval[k],
+                _ => h.epoch as f64,
+            };
+            assert_eq!(v, want, "{col}");
+        }
+    }
+    let json = std::fs::read_to_string(&jsonl).unwrap();
+    for (h, line) in history.iter().zip(json.lines()) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["epoch"].as_u64(), Some(h.epoch as u64));
+        assert_eq!(v["eval/acc_top1"].as_f64(), Some(h.eval["acc_top1"]));
+        assert_eq!(v["train/loss"].as_f64(), Some(h.train["loss"]));
+    }
+
+    // ReduceLrOnPlateau on the training loss in Max mode: it falls, so it never improves.
+    let mut model = model_with(2, |n| SGD::new(n.named_parameters(), 0.1));
+    let mut plateau = ReduceLrOnPlateau::new("train/loss", Mode::Max, 0.5, 0)
+        .unwrap()
+        .min_lr(0.03);
+    model.fit_with(&train, None, 3, &mut [&mut plateau]).unwrap();
+    assert_eq!(model.optimizer_mut().unwrap().get_lr(), 0.03);
+    assert!(ReduceLrOnPlateau::new("loss", Mode::Min, 1.5, 0).is_err());
+
+    // A schedule stepped per epoch, continued after a load.
+    let sched = StepDecay::new(0.1, 1, 0.5).unwrap();
+    let s2 = sched.clone();
+    let mut model = model_with(2, move |n| SGD::new(n.named_parameters(), s2));
+    model
+        .fit_with(&train, None, 2, &mut [&mut LrSchedule(sched.clone())])
+        .unwrap();
+    assert_eq!(model.optimizer_mut().unwrap().get_lr(), 0.025);
+    let path = dir.path().join("sched.safetensors");
+    model.save(&path).unwrap();
+    let fresh = StepDecay::new(0.1, 1, 0.5).unwrap();
+    let f2 = fresh.clone();
+    let mut resumed = model_with(8, move |n| SGD::new(n.named_parameters(), f2));
+    resumed.load(&path).unwrap();
+    resumed
+        .fit_with(&train, None, 1, &mut [&mut LrSchedule(fresh.clone())])
+        .unwrap();
+    assert_eq!(fresh.last_epoch(), 3);
+    assert_eq!(resumed.optimizer_mut().unwrap().get_lr(), 0.0125);
+}

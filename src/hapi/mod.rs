@@ -25,6 +25,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod callbacks;
+
+pub use callbacks::{Callback, Control};
+
 use crate::error::{Error, Result};
 use crate::io::{DataLoader, Dataset};
 use crate::metric::Metric;
@@ -186,10 +190,29 @@ impl Model {
         eval: Option<&DataLoader<D, (Tensor, Tensor)>>,
         epochs: usize,
     ) -> Result<Vec<EpochLogs>> {
+        self.fit_with(train, eval, epochs, &mut [])
+    }
+
+    /// [`Model::fit`] with `callbacks` ([`callbacks`]: early stopping, checkpoints, learning
+    /// rate schedules, logs), called in order at each hook; training stops after an epoch at
+    /// which any returns [`Control::Stop`].
+    pub fn fit_with<D: Dataset + 'static>(
+        &mut self,
+        train: &DataLoader<D, (Tensor, Tensor)>,
+        eval: Option<&DataLoader<D, (Tensor, Tensor)>>,
+        epochs: usize,
+        callbacks: &mut [&mut dyn Callback],
+    ) -> Result<Vec<EpochLogs>> {
         self.loss_fn("Model::fit")?;
+        for c in callbacks.iter_mut() {
+            c.on_train_begin(self)?;
+        }
         let mut history = Vec::with_capacity(epochs);
         let last = self.epoch + epochs;
         for _ in 0..epochs {
+            for c in callbacks.iter_mut() {
+                c.on_epoch_begin(self, self.epoch)?;
+            }
             for m in &mut self.metrics {
                 m.reset();
             }
@@ -199,12 +222,15 @@ impl Model {
             let bar = self.progress(batches.len(), last);
             let start = std::time::Instant::now();
             let (mut total, mut samples) = (0.0, 0usize);
-            for batch in batches {
+            for (index, batch) in batches.enumerate() {
                 let (x, y) = batch?;
                 let n = x.shape().first().copied().unwrap_or(1);
                 let (loss, _) = self.train_batch(&x, &y)?;
                 total += loss * n as f64;
                 samples += n;
+                for c in callbacks.iter_mut() {
+                    c.on_batch_end(self, index, loss)?;
+                }
                 bar.inc(1);
                 let mut msg = format!("loss {:.4}", mean(total, samples));
                 for m in &self.metrics {
@@ -229,7 +255,17 @@ impl Model {
                 logs.eval = self.evaluate(eval)?;
             }
             self.epoch += 1;
+            let mut stop = false;
+            for c in callbacks.iter_mut() {
+                stop |= c.on_epoch_end(self, &logs)? == Control::Stop;
+            }
             history.push(logs);
+            if stop {
+                break;
+            }
+        }
+        for c in callbacks.iter_mut() {
+            c.on_train_end(self, &history)?;
         }
         Ok(history)
     }
