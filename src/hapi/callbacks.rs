@@ -1,6 +1,6 @@
 //! Callbacks for [`Model::fit_with`]: hooks at the start and end of training, of each epoch
 //! and after each batch, as Paddle's `paddle.callbacks`. [`EarlyStopping`],
-//! [`ModelCheckpoint`], [`LrSchedule`], [`ReduceLrOnPlateau`] and [`MetricsLogger`] are here;
+//! [`ModelCheckpoint`], [`LrSchedule`], [`ReduceLrOnPlateau`], [`MetricsLogger`] and [`PlotCurves`] are here;
 //! implement [`Callback`] for more (the progress bar is `fit`'s own, [`Model::verbose`]).
 
 use super::{EpochLogs, Model};
@@ -400,6 +400,114 @@ impl Callback for MetricsLogger {
                 path: self.path.display().to_string(),
                 detail: e.to_string(),
             })?;
+        Ok(Control::Continue)
+    }
+}
+
+/// Draw each logged quantity's curve over the epochs — training in blue, evaluation in red —
+/// as `<dir>/<name>.svg` (`loss.svg`, `acc_top1.svg`, …), rewritten after every epoch so
+/// that the pictures follow a long run. Non-finite values are left out.
+pub struct PlotCurves {
+    dir: PathBuf,
+    history: Vec<EpochLogs>,
+}
+
+impl PlotCurves {
+    /// Plots in `dir` (created if missing).
+    pub fn new(dir: impl AsRef<Path>) -> PlotCurves {
+        PlotCurves {
+            dir: dir.as_ref().to_path_buf(),
+            history: Vec::new(),
+        }
+    }
+
+    /// The file a quantity's curves go to.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.svg"))
+    }
+
+    fn draw(&self) -> Result<()> {
+        let mut names: Vec<&String> = self
+            .history
+            .iter()
+            .flat_map(|h| h.train.keys().chain(h.eval.keys()))
+            .collect();
+        names.sort();
+        names.dedup();
+        for name in names {
+            let series = |eval: bool| -> Vec<(f64, f64)> {
+                self.history
+                    .iter()
+                    .filter_map(|h| {
+                        let v = if eval { h.eval.get(name) } else { h.train.get(name) }?;
+                        v.is_finite().then_some((h.epoch as f64, *v))
+                    })
+                    .collect()
+            };
+            let (train, eval) = (series(false), series(true));
+            let path = self.path(name);
+            plot(&path, name, &train, &eval).map_err(|e| Error::Io {
+                path: path.display().to_string(),
+                detail: format!("drawing the `{name}` curves: {e}"),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// One SVG: `train` (blue) and `eval` (red) against the epoch.
+fn plot(path: &Path, name: &str, train: &[(f64, f64)], eval: &[(f64, f64)]) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+    let all = || train.iter().chain(eval);
+    let (x0, x1) = all().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (y0, y1) = all().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    if !x0.is_finite() {
+        return Ok(());
+    }
+    // A single epoch or a flat curve still gets a visible range.
+    let (x1, pad) = (x1.max(x0 + 1.0), ((y1 - y0) * 0.05).max(1e-6 * y1.abs().max(1.0)));
+    let root = SVGBackend::new(path, (640, 400)).into_drawing_area();
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(name, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+        .map_err(|x| e(&x))?;
+    chart.configure_mesh().x_desc("epoch").draw().map_err(|x| e(&x))?;
+    for (points, color, label) in [(train, BLUE, "train"), (eval, RED, "eval")] {
+        if points.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color))
+            .map_err(|x| e(&x))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))
+}
+
+impl Callback for PlotCurves {
+    fn on_train_begin(&mut self, _: &mut Model) -> Result<()> {
+        self.history.clear();
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::Io {
+            path: self.dir.display().to_string(),
+            detail: e.to_string(),
+        })
+    }
+
+    fn on_epoch_end(&mut self, _: &mut Model, logs: &EpochLogs) -> Result<Control> {
+        self.history.push(logs.clone());
+        self.draw()?;
         Ok(Control::Continue)
     }
 }

@@ -199,8 +199,8 @@ fn early_stopping_ends_training_when_nothing_improves() {
 #[test]
 fn checkpoints_logs_and_learning_rate_callbacks() {
     use oar::hapi::callbacks::{LogFormat, LrSchedule, MetricsLogger, Mode, ModelCheckpoint, ReduceLrOnPlateau};
-    use oar::optimizer::lr::{LRScheduler, StepDecay};
     use oar::optimizer::SGD;
+    use oar::optimizer::lr::{LRScheduler, StepDecay};
     let dir = tempfile::tempdir().unwrap();
     let train = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(64);
     let test = DataLoader::new(Digits::new(Split::Test).unwrap()).batch_size(128);
@@ -274,4 +274,48 @@ fn checkpoints_logs_and_learning_rate_callbacks() {
         .unwrap();
     assert_eq!(fresh.last_epoch(), 3);
     assert_eq!(resumed.optimizer_mut().unwrap().get_lr(), 0.0125);
+}
+
+/// `PlotCurves` draws each logged quantity against the epoch: after three epochs with
+/// evaluation, `loss.svg` and `acc_top1.svg` are SVG pictures whose training (blue) and
+/// evaluation (red) lines have a point per epoch, and the falling training loss is drawn
+/// falling (SVG y grows downwards).
+#[test]
+fn plot_curves_draws_a_line_per_quantity_and_split() {
+    use oar::hapi::callbacks::PlotCurves;
+    let dir = tempfile::tempdir().unwrap();
+    let train = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(64);
+    let test = DataLoader::new(Digits::new(Split::Test).unwrap()).batch_size(128);
+    let mut model = prepared(4);
+    let mut plots = PlotCurves::new(dir.path().join("plots"));
+    let history = model.fit_with(&train, Some(&test), 3, &mut [&mut plots]).unwrap();
+    assert!(history[2].train["loss"] < history[0].train["loss"]);
+    // The points of the first polyline drawn in `color`.
+    let line = |svg: &str, color: &str| -> Vec<(f64, f64)> {
+        let at = svg
+            .find(&format!("<polyline fill=\"none\" opacity=\"1\" stroke=\"{color}\""))
+            .unwrap_or_else(|| panic!("no {color} line"));
+        let points = &svg[at..];
+        let points = &points[points.find("points=\"").unwrap() + 8..];
+        points[..points.find('"').unwrap()]
+            .split_whitespace()
+            .map(|p| {
+                let (x, y) = p.split_once(',').unwrap();
+                (x.parse().unwrap(), y.parse().unwrap())
+            })
+            .collect()
+    };
+    for name in ["loss", "acc_top1"] {
+        let svg = std::fs::read_to_string(plots.path(name)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains(">\ntrain\n<") && svg.contains(">\neval\n<"),
+            "{name}"
+        );
+        assert_eq!(line(&svg, "#0000FF").len(), 3, "{name}: training line");
+        assert_eq!(line(&svg, "#FF0000").len(), 3, "{name}: evaluation line");
+        if name == "loss" {
+            let t = line(&svg, "#0000FF");
+            assert!(t[2].1 > t[0].1, "a falling loss is drawn lower: {t:?}");
+        }
+    }
 }
