@@ -31,11 +31,12 @@ pub use callbacks::{Callback, Control};
 
 use crate::error::{Error, Result};
 use crate::io::{DataLoader, Dataset};
+use crate::jit::{InputSpec, StaticFunction};
 use crate::metric::Metric;
 use crate::nn::Layer;
 use crate::optimizer::Optimizer;
 use crate::tensor::Tensor;
-use oar_ir::TensorData;
+use oar_ir::{DType, TensorData};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -64,7 +65,14 @@ pub struct Model {
     epoch: usize,
     /// Show a progress bar while fitting (drawn only on a terminal).
     verbose: bool,
+    /// Run training steps as traced, compiled graphs.
+    to_static: bool,
+    /// The compiled training step, by the per-sample shapes and dtypes it was traced for.
+    compiled: BTreeMap<BatchKey, StaticFunction>,
 }
+
+/// The per-sample shapes (all but the batch dim) and dtypes of a batch's input and label.
+type BatchKey = (Vec<usize>, DType, Vec<usize>, DType);
 
 impl Model {
     /// Wrap `network` (not yet prepared: `evaluate` without a loss and `predict` work).
@@ -76,7 +84,21 @@ impl Model {
             metrics: Vec::new(),
             epoch: 0,
             verbose: true,
+            to_static: false,
+            compiled: BTreeMap::new(),
         }
+    }
+
+    /// Run each training step as one compiled graph (`true`) or eagerly (`false`, the
+    /// default): the whole step — forward, loss, backward, the optimizer's update — is traced
+    /// once, with a symbolic batch size ([`crate::jit::to_static_step`]), and runs on the
+    /// compiled backend, its parameters and the optimizer's state written back after every
+    /// call. Batches must keep their per-sample shapes and dtypes (another shape is an error
+    /// saying so). Evaluation and prediction stay eager.
+    pub fn to_static(&mut self, on: bool) -> &mut Model {
+        self.to_static = on;
+        self.compiled.clear();
+        self
     }
 
     /// Show (the default) or hide `fit`'s progress bar: per epoch the batches done, the running
@@ -136,6 +158,11 @@ impl Model {
             ));
         }
         self.network.train();
+        if self.to_static {
+            let (loss, out) = self.compiled_step(x, label)?;
+            let values = self.update_metrics(&out, label)?;
+            return Ok((loss, values));
+        }
         let out = self.network.forward(x)?;
         let loss = (self.loss_fn("Model::train_batch")?)(&out, label)?;
         let opt = self.optimizer.as_mut().expect("checked above");
@@ -145,6 +172,62 @@ impl Model {
         opt.clear_grad();
         let values = self.update_metrics(&out.detach(), label)?;
         Ok((loss.item()?, values))
+    }
+
+    /// One training step through its compiled graph (traced on the first batch): the loss and
+    /// the network's output.
+    fn compiled_step(&mut self, x: &Tensor, label: &Tensor) -> Result<(f64, Tensor)> {
+        let tail = |t: &Tensor| t.shape().get(1..).map(<[usize]>::to_vec).unwrap_or_default();
+        let key = (tail(x), x.dtype(), tail(label), label.dtype());
+        if let Some(other) = self.compiled.keys().next()
+            && *other != key
+        {
+            // A second trace would start from the optimizer's eager state, which the first
+            // step's graph keeps to itself.
+            return Err(Error::invalid(
+                "Model::train_batch",
+                format!(
+                    "the compiled step was traced for inputs [N, {:?}] {} and labels [N, {:?}] {}; a batch of [_, {:?}] {} / [_, {:?}] {} needs eager mode (to_static(false))",
+                    other.0, other.1, other.2, other.3, key.0, key.1, key.2, key.3
+                ),
+            ));
+        }
+        if !self.compiled.contains_key(&key) {
+            // The batch dim symbolic: one trace serves every batch size.
+            let spec = |t: &Tensor, name: &str| {
+                let dims: Vec<Option<usize>> = t
+                    .shape()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| (i > 0).then_some(d))
+                    .collect();
+                InputSpec::new(&dims, t.dtype(), name)
+            };
+            let specs = [spec(x, "x"), spec(label, "label")];
+            let net = self.network.as_ref();
+            let loss = self
+                .loss
+                .as_ref()
+                .ok_or_else(|| Error::invalid("Model::train_batch", "the model has no loss: call prepare first"))?;
+            let opt = self.optimizer.as_mut().expect("checked by train_batch");
+            let step = crate::jit::to_static_step(net, &specs, |xs| {
+                let out = net.forward(&xs[0])?;
+                let l = loss(&out, &xs[1])?;
+                l.backward()?;
+                opt.step()?;
+                opt.clear_grad();
+                Ok(vec![l.detach(), out.detach()])
+            })?;
+            self.compiled.insert(key.clone(), step);
+        }
+        let outs = self.compiled[&key].call(&[x, label])?;
+        match outs.as_slice() {
+            [loss, out] => Ok((loss.item()?, out.clone())),
+            _ => Err(Error::invalid(
+                "Model::train_batch",
+                format!("the compiled step returned {} values, not 2", outs.len()),
+            )),
+        }
     }
 
     /// One evaluation step on a batch (eval mode, no gradients): the loss (NaN without one)

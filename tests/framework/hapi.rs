@@ -319,3 +319,46 @@ fn plot_curves_draws_a_line_per_quantity_and_split() {
         }
     }
 }
+
+/// `to_static(true)`: each training step runs as one compiled graph (forward, loss, backward,
+/// Adam), traced once with a symbolic batch size that also serves the smaller last batch.
+/// From the same initial weights and batches, two epochs end with the eager run's parameters
+/// and losses (1e-4 relative: the compiled kernels may sum in another order), and the accuracy
+/// the metrics report comes from the compiled step's outputs. A batch of another per-sample
+/// shape is an error that says to train it eagerly.
+#[test]
+fn compiled_training_steps_match_eager_ones() {
+    let train = || {
+        DataLoader::new(Digits::new(Split::Train).unwrap())
+            .batch_size(100)
+            .shuffle(true)
+            .seed(2)
+    };
+    let mut eager = prepared(12);
+    let mut compiled = prepared(12);
+    assert_eq!(params(&eager), params(&compiled));
+    compiled.to_static(true);
+    let (he, hc) = (
+        eager.fit(&train(), None, 2).unwrap(),
+        compiled.fit(&train(), None, 2).unwrap(),
+    );
+    for (e, c) in he.iter().zip(&hc) {
+        let (a, b) = (e.train["loss"], c.train["loss"]);
+        assert!((a - b).abs() <= 1e-4 * a.abs(), "loss {a} vs {b}");
+        assert!(
+            (e.train["acc_top1"] - c.train["acc_top1"]).abs() <= 2.0 / 1437.0,
+            "{e:?} {c:?}"
+        );
+    }
+    for (a, b) in params(&eager).iter().zip(&params(&compiled)) {
+        let big = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(worst <= 1e-4 * big.max(1.0), "parameters differ by {worst} (of {big})");
+    }
+    let x = oar::randn(&[4, 64], oar::DType::F32).unwrap();
+    let e = compiled
+        .train_batch(&x, &oar::Tensor::from_vec(vec![1i64, 2, 3, 4], &[4]).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("eager mode"), "{e}");
+}
