@@ -95,10 +95,23 @@ impl Model {
     /// compiled backend, its parameters and the optimizer's state written back after every
     /// call. Batches must keep their per-sample shapes and dtypes (another shape is an error
     /// saying so). Evaluation and prediction stay eager.
-    pub fn to_static(&mut self, on: bool) -> &mut Model {
+    pub fn to_static(&mut self, on: bool) -> Result<&mut Model> {
+        if !on {
+            // Eager steps continue from the state the compiled ones reached.
+            self.sync_optimizer()?;
+            self.compiled.clear();
+        }
         self.to_static = on;
-        self.compiled.clear();
-        self
+        Ok(self)
+    }
+
+    /// Copy the optimizer state a compiled step keeps as its own graph params (step counts,
+    /// moments) into the optimizer.
+    fn sync_optimizer(&mut self) -> Result<()> {
+        if let (Some(step), Some(opt)) = (self.compiled.values().next(), self.optimizer.as_mut()) {
+            step.sync_optimizer(opt.as_mut())?;
+        }
+        Ok(())
     }
 
     /// Show (the default) or hide `fit`'s progress bar: per epoch the batches done, the running
@@ -119,6 +132,7 @@ impl Model {
         self.optimizer = Some(Box::new(optimizer));
         self.loss = Some(Box::new(loss));
         self.metrics = metrics;
+        self.compiled.clear();
     }
 
     /// The network.
@@ -131,8 +145,10 @@ impl Model {
         self.network.as_mut()
     }
 
-    /// The optimizer, once prepared.
+    /// The optimizer, once prepared (its state synchronized with a compiled step's).
     pub fn optimizer_mut(&mut self) -> Option<&mut (dyn Optimizer + 'static)> {
+        // A failed copy leaves the optimizer as it was; the compiled step keeps running.
+        let _ = self.sync_optimizer();
         self.optimizer.as_deref_mut()
     }
 
@@ -220,7 +236,12 @@ impl Model {
             })?;
             self.compiled.insert(key.clone(), step);
         }
-        let outs = self.compiled[&key].call(&[x, label])?;
+        let step = &self.compiled[&key];
+        // The learning rate as the optimizer has it now (a schedule, a plateau's reduction).
+        if let Some(opt) = &self.optimizer {
+            step.set_lr(opt.get_lr())?;
+        }
+        let outs = step.call(&[x, label])?;
         match outs.as_slice() {
             [loss, out] => Ok((loss.item()?, out.clone())),
             _ => Err(Error::invalid(
@@ -407,7 +428,12 @@ impl Model {
             state.insert(format!("network/{k}"), v.try_data()?);
         }
         if let Some(opt) = &self.optimizer {
-            for (k, v) in opt.state_dict() {
+            // A compiled step keeps the optimizer's state as its own graph params.
+            let opt_state = match self.compiled.values().next() {
+                Some(step) => step.optimizer_state(opt.as_ref())?,
+                None => opt.state_dict(),
+            };
+            for (k, v) in opt_state {
                 state.insert(format!("optimizer/{k}"), v);
             }
         }
@@ -463,6 +489,8 @@ impl Model {
             return Err(bad(format!("optimizer: {e}")));
         }
         self.epoch = epoch as usize;
+        // A compiled step traced before kept the old state: trace again from the loaded one.
+        self.compiled.clear();
         Ok(())
     }
 

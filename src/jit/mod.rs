@@ -289,6 +289,13 @@ impl StaticFunction {
     /// Copy the optimizer state the static steps have advanced back into `opt`, so eager
     /// training can continue from here.
     pub fn sync_optimizer(&self, opt: &mut dyn crate::optimizer::Optimizer) -> Result<()> {
+        let state = self.optimizer_state(opt)?;
+        opt.set_state_dict(&state)
+    }
+
+    /// `opt`'s state dict as the static steps have advanced it (what
+    /// [`StaticFunction::sync_optimizer`] copies into `opt`), leaving `opt` as it is.
+    pub fn optimizer_state(&self, opt: &dyn crate::optimizer::Optimizer) -> Result<BTreeMap<String, TensorData>> {
         let mut state: BTreeMap<String, TensorData> = opt
             .state_dict()
             .into_iter()
@@ -309,7 +316,7 @@ impl StaticFunction {
             };
             state.insert(key.to_string(), d);
         }
-        opt.set_state_dict(&state)
+        Ok(state)
     }
 
     /// Save as a `.oar` model (graph + current weights).
