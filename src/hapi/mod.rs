@@ -29,6 +29,7 @@ pub mod callbacks;
 
 pub use callbacks::{Callback, Control};
 
+use crate::amp::{AmpConfig, GradScaler};
 use crate::error::{Error, Result};
 use crate::io::{DataLoader, Dataset};
 use crate::jit::{InputSpec, StaticFunction};
@@ -69,6 +70,10 @@ pub struct Model {
     to_static: bool,
     /// The compiled training step, by the per-sample shapes and dtypes it was traced for.
     compiled: BTreeMap<BatchKey, StaticFunction>,
+    /// Automatic mixed precision for the forward pass and the loss.
+    amp: Option<AmpConfig>,
+    /// Dynamic loss scaling.
+    scaler: Option<GradScaler>,
 }
 
 /// The per-sample shapes (all but the batch dim) and dtypes of a batch's input and label.
@@ -86,7 +91,26 @@ impl Model {
             verbose: true,
             to_static: false,
             compiled: BTreeMap::new(),
+            amp: None,
+            scaler: None,
         }
+    }
+
+    /// Train with automatic mixed precision: each step's forward pass and loss run inside
+    /// [`crate::amp::auto_cast_with`]`(config)` (matmuls and convolutions in f16/bf16, the deny
+    /// list in f32), and with `scaler` the loss is scaled before `backward` and the step is
+    /// skipped on overflow ([`GradScaler`]; f16 wants it, bf16 does not). Compiled steps
+    /// ([`Model::to_static`]) trace the same. Checkpoints carry the scaler's state.
+    pub fn amp(&mut self, config: AmpConfig, scaler: Option<GradScaler>) -> &mut Model {
+        self.amp = Some(config);
+        self.scaler = scaler;
+        self.compiled.clear();
+        self
+    }
+
+    /// The loss scaler, if training uses one.
+    pub fn scaler(&self) -> Option<&GradScaler> {
+        self.scaler.as_ref()
     }
 
     /// Run each training step as one compiled graph (`true`) or eagerly (`false`, the
@@ -179,14 +203,19 @@ impl Model {
             let values = self.update_metrics(&out, label)?;
             return Ok((loss, values));
         }
-        let out = self.network.forward(x)?;
-        let loss = (self.loss_fn("Model::train_batch")?)(&out, label)?;
+        let loss_fn = self.loss.as_ref().expect("checked above");
         let opt = self.optimizer.as_mut().expect("checked above");
         opt.clear_grad();
-        loss.backward()?;
-        opt.step()?;
-        opt.clear_grad();
-        let values = self.update_metrics(&out.detach(), label)?;
+        let (loss, out) = step(
+            self.network.as_ref(),
+            loss_fn,
+            opt.as_mut(),
+            self.amp.as_ref(),
+            self.scaler.as_mut(),
+            x,
+            label,
+        )?;
+        let values = self.update_metrics(&out, label)?;
         Ok((loss.item()?, values))
     }
 
@@ -226,14 +255,12 @@ impl Model {
                 .as_ref()
                 .ok_or_else(|| Error::invalid("Model::train_batch", "the model has no loss: call prepare first"))?;
             let opt = self.optimizer.as_mut().expect("checked by train_batch");
-            let step = crate::jit::to_static_step(net, &specs, |xs| {
-                let out = net.forward(&xs[0])?;
-                let l = loss(&out, &xs[1])?;
-                l.backward()?;
-                opt.step()?;
-                opt.clear_grad();
-                Ok(vec![l.detach(), out.detach()])
+            let (amp, scaler) = (self.amp.as_ref(), self.scaler.as_mut());
+            let traced = crate::jit::to_static_step(net, &specs, |xs| {
+                let (l, out) = step(net, loss, opt.as_mut(), amp, scaler, &xs[0], &xs[1])?;
+                Ok(vec![l, out])
             })?;
+            let step = traced;
             self.compiled.insert(key.clone(), step);
         }
         let step = &self.compiled[&key];
@@ -437,6 +464,11 @@ impl Model {
                 state.insert(format!("optimizer/{k}"), v);
             }
         }
+        if let Some(sc) = &self.scaler {
+            for (k, v) in sc.state_dict() {
+                state.insert(format!("scaler/{k}"), TensorData::scalar(v));
+            }
+        }
         state.insert(
             "meta/epoch".into(),
             TensorData::from_vec(vec![], vec![self.epoch as i64])?,
@@ -470,6 +502,10 @@ impl Model {
             .ok_or_else(|| bad("`meta/epoch` is not an epoch count".into()))?;
         let net = part("network/");
         let opt = part("optimizer/");
+        let scaler: BTreeMap<String, f64> = part("scaler/")
+            .into_iter()
+            .map(|(k, v)| (k, v.to_f64_vec().first().copied().unwrap_or(f64::NAN)))
+            .collect();
         // set_state_dict changes nothing on a mismatch; the network's old state comes back if
         // the optimizer's does not fit.
         let before: BTreeMap<String, TensorData> = self
@@ -478,14 +514,28 @@ impl Model {
             .into_iter()
             .map(|(k, v)| Ok((k, v.try_data()?)))
             .collect::<Result<_>>()?;
-        self.network
-            .set_state_dict(&net)
-            .map_err(|e| bad(format!("network: {e}")))?;
+        // The scaler first (it changes nothing on a bad entry), restored if a later part fails.
+        let scaler_before = self.scaler.as_ref().map(GradScaler::state_dict);
+        if let Some(sc) = self.scaler.as_mut()
+            && !scaler.is_empty()
+        {
+            sc.load_state_dict(&scaler).map_err(|e| bad(format!("scaler: {e}")))?;
+        }
+        let restore_scaler = |m: &mut Model| {
+            if let (Some(sc), Some(s)) = (m.scaler.as_mut(), &scaler_before) {
+                let _ = sc.load_state_dict(s);
+            }
+        };
+        if let Err(e) = self.network.set_state_dict(&net) {
+            restore_scaler(self);
+            return Err(bad(format!("network: {e}")));
+        }
         if let Some(o) = self.optimizer.as_mut()
             && !opt.is_empty()
             && let Err(e) = o.set_state_dict(&opt)
         {
             self.network.set_state_dict(&before)?;
+            restore_scaler(self);
             return Err(bad(format!("optimizer: {e}")));
         }
         self.epoch = epoch as usize;
@@ -515,6 +565,39 @@ impl Model {
         s.push_str(&format!("total parameters: {total}, trainable: {trainable}\n"));
         s
     }
+}
+
+/// One training step, eager or traced: forward and loss (in an AMP scope when given), backward
+/// (of the scaled loss with a scaler), the optimizer's update (skipped by the scaler on
+/// overflow); the loss and the output, detached.
+fn step(
+    net: &dyn Layer,
+    loss: &LossFn,
+    opt: &mut dyn Optimizer,
+    amp: Option<&AmpConfig>,
+    scaler: Option<&mut GradScaler>,
+    x: &Tensor,
+    label: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (out, l) = {
+        let _amp = amp.cloned().map(crate::amp::auto_cast_with);
+        let out = net.forward(x)?;
+        let l = loss(&out, label)?;
+        (out, l)
+    };
+    match scaler {
+        Some(s) => {
+            s.scale(&l)?.backward()?;
+            s.step(opt)?;
+            s.update()?;
+        }
+        None => {
+            l.backward()?;
+            opt.step()?;
+        }
+    }
+    opt.clear_grad();
+    Ok((l.detach(), out.detach()))
 }
 
 /// Each layer with its own parameters: `(path, shapes, count)`, depth first.

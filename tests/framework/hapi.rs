@@ -398,3 +398,52 @@ fn compiled_runs_checkpoint_and_resume() {
     e.fit(&train(), None, 1).unwrap();
     same(&a, &e, 1e-4);
 }
+
+/// Mixed precision in `fit`: O1 f16 with dynamic loss scaling and O1 bf16 without, eager and
+/// compiled, each train the digits MLP to over 90% test accuracy in three epochs; the f16
+/// run's losses are not the f32 run's (the products did run in f16), its scaler's state goes
+/// into the checkpoint and comes back with it.
+#[test]
+fn mixed_precision_training_with_loss_scaling() {
+    use oar::amp::{AmpConfig, AmpLevel, GradScaler};
+    let train = || {
+        DataLoader::new(Digits::new(Split::Train).unwrap())
+            .batch_size(64)
+            .shuffle(true)
+            .seed(5)
+    };
+    let test = DataLoader::new(Digits::new(Split::Test).unwrap()).batch_size(128);
+    let f32_history = prepared(30).fit(&train(), None, 1).unwrap();
+    for (dtype, scaled, compiled) in [
+        (oar::DType::F16, true, false),
+        (oar::DType::BF16, false, false),
+        (oar::DType::F16, true, true),
+    ] {
+        let mut model = prepared(30);
+        let scaler = scaled.then(|| GradScaler::new().growth_interval(20).unwrap());
+        model.amp(AmpConfig::new(AmpLevel::O1, dtype).unwrap(), scaler);
+        model.to_static(compiled).unwrap();
+        let h = model.fit(&train(), Some(&test), 3).unwrap();
+        let case = format!("{dtype} scaled {scaled} compiled {compiled}");
+        assert!(h[2].eval["acc_top1"] > 0.9, "{case}: {:?}", h[2]);
+        assert_ne!(h[0].train["loss"], f32_history[0].train["loss"], "{case}");
+        assert!(
+            (h[0].train["loss"] - f32_history[0].train["loss"]).abs() < 0.05,
+            "{case}"
+        );
+        if scaled {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("amp.safetensors");
+            model.save(&path).unwrap();
+            let scale = model.scaler().unwrap().get_scale();
+            let mut back = prepared(31);
+            back.amp(AmpConfig::new(AmpLevel::O1, dtype).unwrap(), Some(GradScaler::new()));
+            back.load(&path).unwrap();
+            assert_eq!(back.scaler().unwrap().get_scale(), scale, "{case}");
+            assert_eq!(
+                back.scaler().unwrap().state_dict(),
+                model.scaler().unwrap().state_dict()
+            );
+        }
+    }
+}
