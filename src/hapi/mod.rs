@@ -544,24 +544,65 @@ impl Model {
         Ok(())
     }
 
-    /// The network's layers as a table: each sublayer's path, its type-free description (its
-    /// own parameter shapes) and parameter count, then the totals (like `paddle.summary`
-    /// without output shapes).
+    /// The network's layers as a table: each layer with parameters (its path), its parameter
+    /// count and shapes, then the totals.
     pub fn summary(&self) -> String {
-        let mut rows = Vec::new();
-        walk(self.network.as_ref(), "", &mut rows);
-        let width = rows.iter().map(|(n, _, _)| n.len()).max().unwrap_or(5).max(5);
-        let mut s = format!("{:<width$}  {:>12}  parameters\n", "layer", "count");
-        let (mut total, mut trainable) = (0usize, 0usize);
-        for (name, shapes, count) in &rows {
-            s.push_str(&format!("{name:<width$}  {count:>12}  {shapes}\n"));
-            total += count;
-        }
-        for p in self.network.parameters() {
-            if p.requires_grad() {
-                trainable += p.numel();
+        self.table(None)
+    }
+
+    /// [`Model::summary`] with each layer's output shape, as `paddle.summary(net, input_size)`:
+    /// the network is traced on `input` and a layer's output is the result of the first
+    /// operation that reads its first parameter (a symbolic batch shows as `N`).
+    pub fn summary_for(&self, input: &InputSpec) -> Result<String> {
+        let traced = crate::jit::to_static_layer(self.network.as_ref(), input)?;
+        let g = traced.graph();
+        let mut shapes = BTreeMap::new();
+        for n in g.topo_order() {
+            let node = g.node(n);
+            for v in node.inputs() {
+                if let oar_ir::Op::Param(oar_ir::ops::Param { name, .. }) = &g.node(v.node).op
+                    && let Some(out) = node.outputs().first()
+                {
+                    shapes.entry(name.clone()).or_insert_with(|| out.shape.to_string());
+                }
             }
         }
+        Ok(self.table(Some(&shapes)))
+    }
+
+    fn table(&self, outputs: Option<&BTreeMap<String, String>>) -> String {
+        let mut rows = Vec::new();
+        walk(self.network.as_ref(), "", &mut rows);
+        let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(5).max(5);
+        let out_of =
+            |r: &(String, String, usize, String)| outputs.map(|o| o.get(&r.3).cloned().unwrap_or_else(|| "?".into()));
+        let ow = rows
+            .iter()
+            .filter_map(|r| out_of(r).map(|s| s.len()))
+            .max()
+            .unwrap_or(0)
+            .max(6);
+        let mut s = format!("{:<width$}  ", "layer");
+        if outputs.is_some() {
+            s.push_str(&format!("{:<ow$}  ", "output"));
+        }
+        s.push_str(&format!("{:>12}  parameters\n", "count"));
+        let mut total = 0usize;
+        for r in &rows {
+            s.push_str(&format!("{:<width$}  ", r.0));
+            if let Some(o) = out_of(r) {
+                s.push_str(&format!("{o:<ow$}  "));
+            }
+            s.push_str(&format!("{:>12}  {}\n", r.2, r.1));
+            total += r.2;
+        }
+        let trainable: usize = self
+            .network
+            .parameters()
+            .iter()
+            .filter(|p| p.requires_grad())
+            .map(Tensor::numel)
+            .sum();
         s.push_str(&format!("total parameters: {total}, trainable: {trainable}\n"));
         s
     }
@@ -600,25 +641,23 @@ fn step(
     Ok((l.detach(), out.detach()))
 }
 
-/// Each layer with its own parameters: `(path, shapes, count)`, depth first.
-fn walk(l: &dyn Layer, path: &str, rows: &mut Vec<(String, String, usize)>) {
+/// Each layer with its own parameters: `(path, shapes, count, its first parameter's full
+/// name)`, depth first.
+fn walk(l: &dyn Layer, path: &str, rows: &mut Vec<(String, String, usize, String)>) {
     let own = l.own_parameters();
-    if !own.is_empty() {
+    if let Some((first, _)) = own.first() {
         let shapes = own
             .iter()
             .map(|(n, t)| format!("{n} {:?}", t.shape()))
             .collect::<Vec<_>>()
             .join(", ");
         let count = own.iter().map(|(_, t)| t.numel()).sum();
-        rows.push((
-            if path.is_empty() {
-                "(root)".into()
-            } else {
-                path.to_string()
-            },
-            shapes,
-            count,
-        ));
+        let (row, full) = if path.is_empty() {
+            ("(root)".to_string(), first.clone())
+        } else {
+            (path.to_string(), format!("{path}.{first}"))
+        };
+        rows.push((row, shapes, count, full));
     }
     for (name, sub) in l.sublayers() {
         let p = if path.is_empty() {

@@ -138,6 +138,32 @@ fn summary_and_unprepared_models() {
     assert_eq!(rows[2][..3], ["3", "330", "weight"], "{s}");
     assert!(s.contains("weight [64, 32], bias [32]"), "{s}");
     assert_eq!(s.lines().last(), Some("total parameters: 2410, trainable: 2410"), "{s}");
+    // With output shapes, from a trace: a symbolic batch, and ResNet-18's layers at 32 × 32.
+    let spec = oar::jit::InputSpec::new(&[None, Some(1), Some(8), Some(8)], oar::DType::F32, "x");
+    let s = model.summary_for(&spec).unwrap();
+    let rows: Vec<Vec<&str>> = s.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0][..3], ["layer", "output", "count"], "{s}");
+    assert_eq!(rows[1][..3], ["1", "[N,32]", "2080"], "{s}");
+    assert_eq!(rows[2][..3], ["3", "[N,10]", "330"], "{s}");
+    let net = Model::new(oar::vision::models::resnet18(10).unwrap());
+    let spec = oar::jit::InputSpec::new(&[Some(2), Some(3), Some(32), Some(32)], oar::DType::F32, "x");
+    let s = net.summary_for(&spec).unwrap();
+    let line = |name: &str| {
+        s.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(
+        line("conv1").contains("[2,64,16,16]") && line("bn1").contains("[2,64,16,16]"),
+        "{s}"
+    );
+    assert!(
+        line("layer4.1.conv2").contains("[2,512,1,1]") && line("fc").contains("[2,10]"),
+        "{s}"
+    );
+    assert!(line("layer2.0.downsample.0").contains("[2,128,4,4]"), "{s}");
+    assert!(!s.contains('?'), "every layer's output found: {s}");
 
     let mut bare = Model::new(mlp(2));
     let train = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(64);
