@@ -1,3 +1,5 @@
-//! Computer vision: the model zoo (`paddle.vision.models`).
+//! Computer vision: the model zoo (`paddle.vision.models`) and image transforms
+//! (`paddle.vision.transforms`).
 
 pub mod models;
+pub mod transforms;

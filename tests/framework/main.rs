@@ -31,3 +31,4 @@ mod quant;
 mod save_load;
 mod vision;
 mod vision_ops;
+mod vision_transforms;
