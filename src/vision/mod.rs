@@ -1,5 +1,6 @@
-//! Computer vision: the model zoo (`paddle.vision.models`) and image transforms
-//! (`paddle.vision.transforms`).
+//! Computer vision: the model zoo (`paddle.vision.models`), image transforms
+//! (`paddle.vision.transforms`) and reading images (`paddle.vision.image_load`).
 
+pub mod image;
 pub mod models;
 pub mod transforms;

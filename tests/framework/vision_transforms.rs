@@ -172,3 +172,75 @@ fn the_other_transforms_by_hand() {
             && RandomHorizontalFlip::new(1.5).is_err()
     );
 }
+
+fn image_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/images")).join(name)
+}
+
+/// PNG and JPEG files written by Pillow (`tools/gen_image_fixtures.py`) decode to the pixels
+/// Pillow has: PNG exactly (gray, RGB, RGBA), JPEG within 2 levels (decoders round their
+/// inverse transforms differently); then `ToTensor` takes them. Truncated, foreign and
+/// oversized files are errors naming the file (the oversized one before any pixel memory).
+#[test]
+fn images_decode_as_pillow_reads_them() {
+    use oar::vision::image::{decode_image, read_image};
+    let px: Value = serde_json::from_str(&std::fs::read_to_string(image_fixture("pixels.json")).unwrap()).unwrap();
+    let ints = |k: &str| -> Vec<u8> {
+        px[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u8)
+            .collect()
+    };
+    for (file, key, c) in [("rgb.png", "rgb", 3), ("gray.png", "gray", 1), ("rgba.png", "rgba", 4)] {
+        let t = read_image(image_fixture(file)).unwrap();
+        assert_eq!(t.shape(), vec![7, 9, c], "{file}");
+        assert_eq!(t.to_vec::<u8>().unwrap(), ints(key), "{file}");
+    }
+    let jpeg = read_image(image_fixture("rgb.jpg")).unwrap();
+    assert_eq!(jpeg.shape(), vec![7, 9, 3]);
+    let worst = jpeg
+        .to_vec::<u8>()
+        .unwrap()
+        .iter()
+        .zip(ints("jpeg_rgb"))
+        .map(|(a, b)| (*a as i32 - b as i32).abs())
+        .max()
+        .unwrap();
+    assert!(worst <= 2, "JPEG pixels differ from Pillow's by {worst}");
+    assert_eq!(ToTensor.apply(&jpeg).unwrap().shape(), vec![3, 7, 9]);
+
+    let png = std::fs::read(image_fixture("rgb.png")).unwrap();
+    let e = decode_image(&png[..png.len() / 2], "half.png").unwrap_err().to_string();
+    assert!(e.contains("half.png"), "{e}");
+    let e = decode_image(b"plain text, not an image", "notes.txt")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("notes.txt") && e.contains("PNG or JPEG"), "{e}");
+    // A PNG whose header claims 100000 × 100000 pixels (40 GB of RGBA).
+    let mut big = png[..8].to_vec();
+    let mut ihdr = b"IHDR".to_vec();
+    ihdr.extend(100_000u32.to_be_bytes());
+    ihdr.extend(100_000u32.to_be_bytes());
+    ihdr.extend([8, 6, 0, 0, 0]);
+    big.extend(13u32.to_be_bytes());
+    big.extend(&ihdr);
+    big.extend(crc32(&ihdr).to_be_bytes());
+    let e = decode_image(&big, "huge.png").unwrap_err().to_string();
+    assert!(e.contains("huge.png"), "{e}");
+    let e = read_image(image_fixture("missing.png")).unwrap_err().to_string();
+    assert!(e.contains("missing.png"), "{e}");
+}
+
+/// CRC-32 (IEEE), as PNG chunks carry.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+    }
+    !c
+}
