@@ -189,68 +189,60 @@ impl Confusion {
     }
 }
 
-/// Binary precision `tp / (tp + fp)` of probabilities rounded at 0.5 (0 with no positive
-/// prediction).
-#[derive(Default)]
-pub struct Precision(Confusion);
+/// A binary rate `tp / (tp + missed)` over [`Confusion`] counts, as a metric.
+macro_rules! binary_rate {
+    ($(#[$m:meta])* $name:ident, $key:literal, $missed:ident) => {
+        $(#[$m])*
+        #[derive(Default)]
+        pub struct $name(Confusion);
 
-impl Precision {
-    /// An empty accumulator.
-    pub fn new() -> Precision {
-        Precision::default()
-    }
+        impl $name {
+            /// An empty accumulator.
+            pub fn new() -> $name {
+                $name::default()
+            }
+
+            fn rate(c: &Confusion) -> f64 {
+                ratio(c.tp, c.tp + c.$missed)
+            }
+        }
+
+        impl Metric for $name {
+            fn names(&self) -> Vec<String> {
+                vec![$key.into()]
+            }
+
+            fn reset(&mut self) {
+                self.0 = Confusion::default();
+            }
+
+            fn update(&mut self, pred: &Tensor, label: &Tensor) -> Result<Vec<f64>> {
+                let c = Confusion::of(stringify!($name), pred, label)?;
+                self.0.add(c);
+                Ok(vec![$name::rate(&c)])
+            }
+
+            fn accumulate(&self) -> Vec<f64> {
+                vec![$name::rate(&self.0)]
+            }
+        }
+    };
 }
 
-impl Metric for Precision {
-    fn names(&self) -> Vec<String> {
-        vec!["precision".into()]
-    }
-
-    fn reset(&mut self) {
-        self.0 = Confusion::default();
-    }
-
-    fn update(&mut self, pred: &Tensor, label: &Tensor) -> Result<Vec<f64>> {
-        let c = Confusion::of("Precision", pred, label)?;
-        self.0.add(c);
-        Ok(vec![ratio(c.tp, c.tp + c.fp)])
-    }
-
-    fn accumulate(&self) -> Vec<f64> {
-        vec![ratio(self.0.tp, self.0.tp + self.0.fp)]
-    }
-}
-
-/// Binary recall `tp / (tp + fn)` of probabilities rounded at 0.5 (0 with no positive label).
-#[derive(Default)]
-pub struct Recall(Confusion);
-
-impl Recall {
-    /// An empty accumulator.
-    pub fn new() -> Recall {
-        Recall::default()
-    }
-}
-
-impl Metric for Recall {
-    fn names(&self) -> Vec<String> {
-        vec!["recall".into()]
-    }
-
-    fn reset(&mut self) {
-        self.0 = Confusion::default();
-    }
-
-    fn update(&mut self, pred: &Tensor, label: &Tensor) -> Result<Vec<f64>> {
-        let c = Confusion::of("Recall", pred, label)?;
-        self.0.add(c);
-        Ok(vec![ratio(c.tp, c.tp + c.fn_)])
-    }
-
-    fn accumulate(&self) -> Vec<f64> {
-        vec![ratio(self.0.tp, self.0.tp + self.0.fn_)]
-    }
-}
+binary_rate!(
+    /// Binary precision `tp / (tp + fp)` of probabilities rounded at 0.5 (0 with no positive
+    /// prediction).
+    Precision,
+    "precision",
+    fp
+);
+binary_rate!(
+    /// Binary recall `tp / (tp + fn)` of probabilities rounded at 0.5 (0 with no positive
+    /// label).
+    Recall,
+    "recall",
+    fn_
+);
 
 /// ROC AUC, streaming (Paddle's `Auc`): each probability of the positive class counts in bin
 /// `⌊p · num_thresholds⌋`; the curve through the bins' cumulative rates is integrated by

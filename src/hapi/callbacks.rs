@@ -71,6 +71,14 @@ fn monitored(logs: &EpochLogs, key: &str, who: &str) -> Result<f64> {
     })
 }
 
+/// Create `dir` (and its parents) if missing.
+fn create_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io {
+        path: dir.display().to_string(),
+        detail: e.to_string(),
+    })
+}
+
 /// Tracks the best value of a monitored quantity.
 #[derive(Clone, Debug)]
 struct Best {
@@ -80,6 +88,15 @@ struct Best {
 }
 
 impl Best {
+    /// Nothing seen yet, improvements of any size count.
+    fn new(mode: Mode) -> Best {
+        Best {
+            mode,
+            min_delta: 0.0,
+            value: None,
+        }
+    }
+
     /// Record `v`; whether it improved on the best by more than `min_delta`.
     fn improved(&mut self, v: f64) -> bool {
         let better = match (self.value, self.mode) {
@@ -109,11 +126,7 @@ impl EarlyStopping {
     pub fn new(monitor: &str, mode: Mode, patience: usize) -> EarlyStopping {
         EarlyStopping {
             monitor: monitor.to_string(),
-            best: Best {
-                mode,
-                min_delta: 0.0,
-                value: None,
-            },
+            best: Best::new(mode),
             patience,
             wait: 0,
             stopped_epoch: None,
@@ -167,14 +180,7 @@ impl ModelCheckpoint {
 
     /// Also keep the best epoch's by `monitor` in `mode`.
     pub fn save_best(mut self, monitor: &str, mode: Mode) -> ModelCheckpoint {
-        self.best = Some((
-            monitor.to_string(),
-            Best {
-                mode,
-                min_delta: 0.0,
-                value: None,
-            },
-        ));
+        self.best = Some((monitor.to_string(), Best::new(mode)));
         self
     }
 
@@ -191,10 +197,7 @@ impl ModelCheckpoint {
 
 impl Callback for ModelCheckpoint {
     fn on_train_begin(&mut self, _: &mut Model) -> Result<()> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::Io {
-            path: self.dir.display().to_string(),
-            detail: e.to_string(),
-        })
+        create_dir(&self.dir)
     }
 
     fn on_epoch_end(&mut self, model: &mut Model, logs: &EpochLogs) -> Result<Control> {
@@ -202,7 +205,7 @@ impl Callback for ModelCheckpoint {
         if let Some((key, best)) = &mut self.best
             && best.improved(monitored(logs, key, "ModelCheckpoint")?)
         {
-            model.save(self.dir.join("best.safetensors"))?;
+            model.save(self.best_path())?;
         }
         Ok(Control::Continue)
     }
@@ -250,11 +253,7 @@ impl ReduceLrOnPlateau {
         }
         Ok(ReduceLrOnPlateau {
             monitor: monitor.to_string(),
-            best: Best {
-                mode,
-                min_delta: 0.0,
-                value: None,
-            },
+            best: Best::new(mode),
             factor,
             patience,
             cooldown: 0,
@@ -389,17 +388,11 @@ impl Callback for MetricsLogger {
             }
         }
         line.push('\n');
-        let path = self.path.display().to_string();
-        let file = self.file.as_mut().ok_or_else(|| Error::Io {
-            path,
-            detail: "written before training began".into(),
-        })?;
-        file.write_all(line.as_bytes())
-            .and_then(|_| file.flush())
-            .map_err(|e| Error::Io {
-                path: self.path.display().to_string(),
-                detail: e.to_string(),
-            })?;
+        let written = match self.file.as_mut() {
+            Some(file) => file.write_all(line.as_bytes()).and_then(|_| file.flush()),
+            None => Err(std::io::Error::other("written before training began")),
+        };
+        written.map_err(|e| self.io(e))?;
         Ok(Control::Continue)
     }
 }
@@ -499,10 +492,7 @@ fn plot(path: &Path, name: &str, train: &[(f64, f64)], eval: &[(f64, f64)]) -> s
 impl Callback for PlotCurves {
     fn on_train_begin(&mut self, _: &mut Model) -> Result<()> {
         self.history.clear();
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::Io {
-            path: self.dir.display().to_string(),
-            detail: e.to_string(),
-        })
+        create_dir(&self.dir)
     }
 
     fn on_epoch_end(&mut self, _: &mut Model, logs: &EpochLogs) -> Result<Control> {

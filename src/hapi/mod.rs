@@ -68,8 +68,8 @@ pub struct Model {
     verbose: bool,
     /// Run training steps as traced, compiled graphs.
     to_static: bool,
-    /// The compiled training step, by the per-sample shapes and dtypes it was traced for.
-    compiled: BTreeMap<BatchKey, StaticFunction>,
+    /// The compiled training step and the per-sample shapes and dtypes it was traced for.
+    compiled: Option<(BatchKey, StaticFunction)>,
     /// Automatic mixed precision for the forward pass and the loss.
     amp: Option<AmpConfig>,
     /// Dynamic loss scaling.
@@ -90,7 +90,7 @@ impl Model {
             epoch: 0,
             verbose: true,
             to_static: false,
-            compiled: BTreeMap::new(),
+            compiled: None,
             amp: None,
             scaler: None,
         }
@@ -104,7 +104,7 @@ impl Model {
     pub fn amp(&mut self, config: AmpConfig, scaler: Option<GradScaler>) -> &mut Model {
         self.amp = Some(config);
         self.scaler = scaler;
-        self.compiled.clear();
+        self.compiled = None;
         self
     }
 
@@ -123,7 +123,7 @@ impl Model {
         if !on {
             // Eager steps continue from the state the compiled ones reached.
             self.sync_optimizer()?;
-            self.compiled.clear();
+            self.compiled = None;
         }
         self.to_static = on;
         Ok(self)
@@ -132,7 +132,7 @@ impl Model {
     /// Copy the optimizer state a compiled step keeps as its own graph params (step counts,
     /// moments) into the optimizer.
     fn sync_optimizer(&mut self) -> Result<()> {
-        if let (Some(step), Some(opt)) = (self.compiled.values().next(), self.optimizer.as_mut()) {
+        if let (Some((_, step)), Some(opt)) = (&self.compiled, self.optimizer.as_mut()) {
             step.sync_optimizer(opt.as_mut())?;
         }
         Ok(())
@@ -156,7 +156,7 @@ impl Model {
         self.optimizer = Some(Box::new(optimizer));
         self.loss = Some(Box::new(loss));
         self.metrics = metrics;
-        self.compiled.clear();
+        self.compiled = None;
     }
 
     /// The network.
@@ -181,16 +181,10 @@ impl Model {
         self.epoch
     }
 
-    fn loss_fn(&self, what: &str) -> Result<&LossFn> {
-        self.loss
-            .as_ref()
-            .ok_or_else(|| Error::invalid(what, "the model has no loss: call prepare first"))
-    }
-
     /// One training step on a batch: forward, loss, backward, the optimizer's update; the
     /// metrics are updated. Returns the loss and the metrics' values on this batch.
     pub fn train_batch(&mut self, x: &Tensor, label: &Tensor) -> Result<(f64, Vec<f64>)> {
-        self.loss_fn("Model::train_batch")?;
+        need_loss(&self.loss, "Model::train_batch")?;
         if self.optimizer.is_none() {
             return Err(Error::invalid(
                 "Model::train_batch",
@@ -203,12 +197,11 @@ impl Model {
             let values = self.update_metrics(&out, label)?;
             return Ok((loss, values));
         }
-        let loss_fn = self.loss.as_ref().expect("checked above");
         let opt = self.optimizer.as_mut().expect("checked above");
         opt.clear_grad();
         let (loss, out) = step(
             self.network.as_ref(),
-            loss_fn,
+            need_loss(&self.loss, "Model::train_batch")?,
             opt.as_mut(),
             self.amp.as_ref(),
             self.scaler.as_mut(),
@@ -224,7 +217,7 @@ impl Model {
     fn compiled_step(&mut self, x: &Tensor, label: &Tensor) -> Result<(f64, Tensor)> {
         let tail = |t: &Tensor| t.shape().get(1..).map(<[usize]>::to_vec).unwrap_or_default();
         let key = (tail(x), x.dtype(), tail(label), label.dtype());
-        if let Some(other) = self.compiled.keys().next()
+        if let Some((other, _)) = &self.compiled
             && *other != key
         {
             // A second trace would start from the optimizer's eager state, which the first
@@ -237,7 +230,7 @@ impl Model {
                 ),
             ));
         }
-        if !self.compiled.contains_key(&key) {
+        if self.compiled.is_none() {
             // The batch dim symbolic: one trace serves every batch size.
             let spec = |t: &Tensor, name: &str| {
                 let dims: Vec<Option<usize>> = t
@@ -250,20 +243,16 @@ impl Model {
             };
             let specs = [spec(x, "x"), spec(label, "label")];
             let net = self.network.as_ref();
-            let loss = self
-                .loss
-                .as_ref()
-                .ok_or_else(|| Error::invalid("Model::train_batch", "the model has no loss: call prepare first"))?;
+            let loss = need_loss(&self.loss, "Model::train_batch")?;
             let opt = self.optimizer.as_mut().expect("checked by train_batch");
             let (amp, scaler) = (self.amp.as_ref(), self.scaler.as_mut());
             let traced = crate::jit::to_static_step(net, &specs, |xs| {
                 let (l, out) = step(net, loss, opt.as_mut(), amp, scaler, &xs[0], &xs[1])?;
                 Ok(vec![l, out])
             })?;
-            let step = traced;
-            self.compiled.insert(key.clone(), step);
+            self.compiled = Some((key, traced));
         }
-        let step = &self.compiled[&key];
+        let (_, step) = self.compiled.as_ref().expect("traced above");
         // The learning rate as the optimizer has it now (a schedule, a plateau's reduction).
         if let Some(opt) = &self.optimizer {
             step.set_lr(opt.get_lr())?;
@@ -334,7 +323,7 @@ impl Model {
         epochs: usize,
         callbacks: &mut [&mut dyn Callback],
     ) -> Result<Vec<EpochLogs>> {
-        self.loss_fn("Model::fit")?;
+        need_loss(&self.loss, "Model::fit")?;
         for c in callbacks.iter_mut() {
             c.on_train_begin(self)?;
         }
@@ -363,17 +352,10 @@ impl Model {
                     c.on_batch_end(self, index, loss)?;
                 }
                 bar.inc(1);
-                let mut msg = format!("loss {:.4}", mean(total, samples));
-                for m in &self.metrics {
-                    for (name, v) in m.names().iter().zip(m.accumulate()) {
-                        msg.push_str(&format!(" {name} {v:.4}"));
-                    }
+                // The running metrics (an AUC's accumulate walks its bins) only for a bar shown.
+                if !bar.is_hidden() {
+                    bar.set_message(self.progress_message(mean(total, samples), samples, start));
                 }
-                let secs = start.elapsed().as_secs_f64();
-                if secs > 0.0 {
-                    msg.push_str(&format!(" {:.0} samples/s", samples as f64 / secs));
-                }
-                bar.set_message(msg);
             }
             bar.finish();
             let mut logs = EpochLogs {
@@ -399,6 +381,21 @@ impl Model {
             c.on_train_end(self, &history)?;
         }
         Ok(history)
+    }
+
+    /// The progress bar's message: the running loss and metrics, samples per second.
+    fn progress_message(&self, loss: f64, samples: usize, start: std::time::Instant) -> String {
+        let mut msg = format!("loss {loss:.4}");
+        for m in &self.metrics {
+            for (name, v) in m.names().iter().zip(m.accumulate()) {
+                msg.push_str(&format!(" {name} {v:.4}"));
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            msg.push_str(&format!(" {:.0} samples/s", samples as f64 / secs));
+        }
+        msg
     }
 
     /// A progress bar over `batches` for the epoch being trained (hidden unless verbose).
@@ -456,8 +453,8 @@ impl Model {
         }
         if let Some(opt) = &self.optimizer {
             // A compiled step keeps the optimizer's state as its own graph params.
-            let opt_state = match self.compiled.values().next() {
-                Some(step) => step.optimizer_state(opt.as_ref())?,
+            let opt_state = match &self.compiled {
+                Some((_, step)) => step.optimizer_state(opt.as_ref())?,
                 None => opt.state_dict(),
             };
             for (k, v) in opt_state {
@@ -540,7 +537,7 @@ impl Model {
         }
         self.epoch = epoch as usize;
         // A compiled step traced before kept the old state: trace again from the loaded one.
-        self.compiled.clear();
+        self.compiled = None;
         Ok(())
     }
 
@@ -606,6 +603,12 @@ impl Model {
         s.push_str(&format!("total parameters: {total}, trainable: {trainable}\n"));
         s
     }
+}
+
+/// The loss a model was prepared with, or the error `what` reports without one.
+fn need_loss<'a>(loss: &'a Option<LossFn>, what: &str) -> Result<&'a LossFn> {
+    loss.as_ref()
+        .ok_or_else(|| Error::invalid(what, "the model has no loss: call prepare first"))
 }
 
 /// One training step, eager or traced: forward and loss (in an AMP scope when given), backward

@@ -151,19 +151,15 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
     /// or not shuffling, only count.
     pub fn skip_to_epoch(&self, epoch: usize) {
         while self.epochs_started() < epoch {
-            if self.shuffle
-                && let Some(g) = &self.generator
-            {
-                let mut order: Vec<usize> = (0..self.dataset.len()).collect();
-                order.shuffle(&mut *g.lock().unwrap_or_else(|e| e.into_inner()));
+            if self.shuffle && self.generator.is_some() {
+                self.order();
             }
             self.epochs.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// The sample indices of each batch for one epoch (advances the shuffling generator).
-    fn epoch_batches(&self) -> Vec<Vec<usize>> {
-        self.epochs.fetch_add(1, Ordering::Relaxed);
+    /// The sample order of one epoch (advances the shuffling generator).
+    fn order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if self.shuffle {
             match &self.generator {
@@ -171,6 +167,13 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
                 None => with_rng(|r| order.shuffle(r)),
             }
         }
+        order
+    }
+
+    /// The sample indices of each batch for one epoch (advances the shuffling generator).
+    fn epoch_batches(&self) -> Vec<Vec<usize>> {
+        self.epochs.fetch_add(1, Ordering::Relaxed);
+        let order = self.order();
         let mut batches: Vec<Vec<usize>> = order.chunks(self.batch_size).map(<[usize]>::to_vec).collect();
         if self.drop_last && batches.last().is_some_and(|b| b.len() < self.batch_size) {
             batches.pop();

@@ -26,7 +26,8 @@ struct Image {
 }
 
 impl Image {
-    fn of(op: &str, t: &Tensor) -> Result<Image> {
+    /// `t`'s `[C, H, W]`, if it is a float image.
+    fn check(op: &str, t: &Tensor) -> Result<[usize; 3]> {
         let shape = t.shape();
         let [c, h, w] = shape[..] else {
             return Err(Error::invalid(op, format!("an image is [C, H, W], got {shape:?}")));
@@ -37,6 +38,11 @@ impl Image {
                 format!("images are float [C, H, W] (ToTensor makes them), got {}", t.dtype()),
             ));
         }
+        Ok([c, h, w])
+    }
+
+    fn of(op: &str, t: &Tensor) -> Result<Image> {
+        let [c, h, w] = Image::check(op, t)?;
         let v = t
             .detach()
             .try_data()?
@@ -338,11 +344,12 @@ impl RandomHorizontalFlip {
 
 impl Transform for RandomHorizontalFlip {
     fn apply(&self, image: &Tensor) -> Result<Tensor> {
-        let im = Image::of("RandomHorizontalFlip", image)?;
+        Image::check("RandomHorizontalFlip", image)?;
         if !crate::tensor::with_rng(|r| r.random_bool(self.p)) {
             return Ok(image.clone());
         }
-        let mut v = im.v.clone();
+        let im = Image::of("RandomHorizontalFlip", image)?;
+        let mut v = im.v;
         for row in v.chunks_mut(im.w.max(1)) {
             row.reverse();
         }

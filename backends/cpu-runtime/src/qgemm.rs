@@ -231,24 +231,9 @@ pub fn pack_b_cached(cache: &crate::contraction::WeightCache, pack: impl FnOnce(
 
 /// `c[rows, n] = (a - za) @ (b - zb)` for `a` (`rows` × `k`, row-major, 8-bit of `da`) and `b`
 /// (`k` × `n`, of `db`); `za` per row of the `m`-row matrices `a` stacks (one value: all rows),
-/// `zb` per column (or one). `out` receives `rows · n` i32 values as bytes.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    a: &[u8],
-    da: DType,
-    b: &[u8],
-    db: DType,
-    za: Option<(&[u8], DType)>,
-    zb: Option<(&[u8], DType)>,
-    dims: (usize, usize, usize, usize),
-    out: &mut [u8],
-    threads: usize,
-) -> Result<(), String> {
-    run_cached(a, da, b, db, za, zb, dims, out, threads, None)
-}
-
-/// [`run`], `b` packed once into `cache` (when given: `b` and `zb` must not change between
-/// calls) and read from it afterwards.
+/// `zb` per column (or one). `out` receives `rows · n` i32 values as bytes. With `cache`, `b`
+/// is packed once into it (`b` and `zb` must not change between calls) and read from it
+/// afterwards.
 #[allow(clippy::too_many_arguments)]
 pub fn run_cached(
     a: &[u8],
@@ -277,7 +262,7 @@ pub fn run_cached(
     run_packed(a, da, za, packed, (rows, m, k, n), out, threads)
 }
 
-/// [`run`] with `b` packed by [`pack_b`].
+/// [`run_cached`] with `b` packed by [`pack_b`].
 pub fn run_packed(
     a: &[u8],
     da: DType,
@@ -447,7 +432,7 @@ mod tests {
                     (rows, m, k, n),
                 );
                 let mut out = vec![0u8; rows * n * 4];
-                run(
+                run_cached(
                     &a,
                     da,
                     &b,
@@ -457,12 +442,13 @@ mod tests {
                     (rows, m, k, n),
                     &mut out,
                     2,
+                    None,
                 )
                 .unwrap();
                 assert_eq!(ints(&out), want, "{da} x {db} [{rows}, {k}] x [{k}, {n}]");
                 // Scalar zero points and none.
                 let want = naive(&widen(&a, da), &widen(&b, db), &[0], &[0], (rows, m, k, n));
-                run(&a, da, &b, db, None, None, (rows, m, k, n), &mut out, 1).unwrap();
+                run_cached(&a, da, &b, db, None, None, (rows, m, k, n), &mut out, 1, None).unwrap();
                 assert_eq!(ints(&out), want);
             }
         }

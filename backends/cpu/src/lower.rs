@@ -125,32 +125,29 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
         }
     }
     let joined = native_epilogues(&program);
-    let mut plan = oar_passes::memory_plan_joined(&program, &BTreeMap::new(), &joined)?;
+    let pairs: Vec<(usize, usize)> = joined.iter().map(|(&a, j)| (a, j.epilogue)).collect();
+    let mut plan = oar_passes::memory_plan_joined(&program, &BTreeMap::new(), &pairs)?;
     let mut funcs = Vec::new();
     let mut steps = Vec::new();
     let mut regions = Vec::new();
     for ki in 0..program.kernels.len() {
         let k = program.kernels[ki].clone();
         let kernel = ki as u32;
-        if let Some(&(into, _)) = joined.iter().find(|&&(_, b)| b == ki) {
+        if let Some(&(into, _)) = pairs.iter().find(|&&(_, b)| b == ki) {
             steps.push(Step::Fused {
                 kernel,
                 into: into as u32,
             });
             continue;
         }
-        if let Some(&(_, b)) = joined.iter().find(|&&(a, _)| a == ki) {
+        if let Some(j) = joined.get(&ki) {
+            let b = j.epilogue;
             let e = &program.kernels[b];
             let KernelBody::Loop(l) = &e.body else {
                 unreachable!("native_epilogues joins loop kernels")
             };
-            let out = e.outputs[0];
-            let hints = epilogue_hints(l);
-            let (extent, cost, plane_iters, block) = codegen::analyze_planes(l, out, &program.buffers, hints)
-                .ok_or_else(|| CpuError::Codegen {
-                    kernel: e.name.clone(),
-                    detail: "no plane-by-plane plan for a native kernel's epilogue".into(),
-                })?;
+            let (out, hints) = (e.outputs[0], epilogue_hints(l));
+            let (extent, cost, plane_iters, block) = j.plan;
             let func = funcs.len() as u32;
             funcs.push(FuncSpec {
                 name: format!("oar_k{b}_{}", sanitize(&e.name)),
@@ -304,17 +301,18 @@ pub fn lower_program(mut program: KernelProgram) -> Result<Lowered, CpuError> {
     Ok(Lowered { cpu, funcs, consts })
 }
 
-/// The pairs `(a, a + 1)` of a native integer convolution and the elementwise loop kernel
-/// after it that alone reads its i32 sums (their requantization: scale, bias, activation,
+/// By kernel `a`, the pairs `(a, a + 1)` of a native integer convolution and the elementwise
+/// loop kernel after it that alone reads its i32 sums (their requantization: scale, bias, activation,
 /// rounding and saturation to 8 bits), which run as one step: the loop as the convolution's
 /// epilogue, applied to its output planes while they are in cache ([`Step::Native`]). Not
 /// joined: convolutions of weights only (run once, when the model is made), sums a program
 /// output or a second kernel reads, loops that reduce or read the sums other than
 /// elementwise, or that the code generator does not take; none with
 /// `OAR_CPU_NATIVE_EPILOGUE=0` (for comparisons).
-fn native_epilogues(program: &KernelProgram) -> Vec<(usize, usize)> {
+fn native_epilogues(program: &KernelProgram) -> BTreeMap<usize, Joined> {
+    let mut joined = BTreeMap::new();
     if std::env::var("OAR_CPU_NATIVE_EPILOGUE").is_ok_and(|v| v == "0") {
-        return Vec::new();
+        return joined;
     }
     let mut readers: BTreeMap<BufferId, usize> = BTreeMap::new();
     for k in &program.kernels {
@@ -325,7 +323,6 @@ fn native_epilogues(program: &KernelProgram) -> Vec<(usize, usize)> {
             *readers.entry(b).or_default() += 1;
         }
     }
-    let mut pairs = Vec::new();
     for (a, ka) in program.kernels.iter().enumerate() {
         let Some(kb) = program.kernels.get(a + 1) else { break };
         let (KernelBody::Opaque(o), KernelBody::Loop(l)) = (&ka.body, &kb.body) else {
@@ -345,13 +342,22 @@ fn native_epilogues(program: &KernelProgram) -> Vec<(usize, usize)> {
             && l.loads
                 .iter()
                 .filter(|ld| ld.buffer == *r)
-                .all(|ld| ld.map.is_identity() && ld.map.view == rb.ty.shape.0)
-            && codegen::analyze_planes(l, kb.outputs[0], &program.buffers, epilogue_hints(l)).is_some();
-        if joins {
-            pairs.push((a, a + 1));
+                .all(|ld| ld.map.is_identity() && ld.map.view == rb.ty.shape.0);
+        if let Some(plan) = joins
+            .then(|| codegen::analyze_planes(l, kb.outputs[0], &program.buffers, epilogue_hints(l)))
+            .flatten()
+        {
+            joined.insert(a, Joined { epilogue: a + 1, plan });
         }
     }
-    pairs
+    joined
+}
+
+/// A native kernel's epilogue ([`native_epilogues`]): the loop kernel, and its function's
+/// plan `(extent, cost, outer iterations per plane, elements per iteration)`.
+struct Joined {
+    epilogue: usize,
+    plan: (u64, u64, u64, u64),
 }
 
 /// Elements of a native convolution's output per call of its epilogue's function at most: a
