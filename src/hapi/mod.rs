@@ -475,10 +475,22 @@ impl Model {
 
     /// Restore a checkpoint written by [`Model::save`]: the network's state (every entry must
     /// match), the optimizer's (when the model has one and the file does) and the epoch count.
-    /// On a mismatch nothing changes and the error names the file.
+    /// A plain state dict (as [`crate::save_layer`] or `tools/torchvision_to_oar.py` writes:
+    /// no `meta/epoch`, no `network/` prefix) loads the network's weights only, as Paddle's
+    /// `Model.load` of a `.pdparams` file; the optimizer and the epoch count stay. On a
+    /// mismatch nothing changes and the error names the file.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let state = crate::serialization::load(path)?;
+        if !state.contains_key("meta/epoch") && !state.keys().any(|k| k.starts_with("network/")) {
+            self.network.set_state_dict(&state).map_err(|e| Error::Io {
+                path: path.display().to_string(),
+                detail: format!("network: {e}"),
+            })?;
+            // A compiled step traced before kept the old weights.
+            self.compiled = None;
+            return Ok(());
+        }
         let part = |prefix: &str| -> BTreeMap<String, TensorData> {
             state
                 .iter()

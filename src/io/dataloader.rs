@@ -4,11 +4,16 @@
 //! each hands its results over its own bounded channel; the iterator reads the channels in the
 //! same round-robin order. So batches arrive in exactly the order a single thread would produce
 //! them, whatever the worker count, while up to `prefetch_factor` batches per worker load ahead.
+//!
+//! A loader with a [`seed`](DataLoader::seed) also pins what happens inside each sample: every
+//! random draw while a sample loads (random transforms, `oar::rand`) comes from a generator
+//! seeded by the loader's seed, the epoch and the sample index, so augmented batches are the
+//! same for any worker count and a resumed run sees the same ones.
 
 use super::collate::Collate;
 use super::dataset::Dataset;
 use crate::error::{Error, Result};
-use crate::tensor::with_rng;
+use crate::tensor::{with_rng, with_sample_rng};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -33,6 +38,8 @@ pub struct DataLoader<D: Dataset, B> {
     /// The loader's own generator once [`seed`](Self::seed) is called; otherwise shuffling
     /// draws from the global generator (`oar::seed`).
     generator: Option<Mutex<StdRng>>,
+    /// The seed given to [`seed`](Self::seed): per-sample generators derive from it.
+    seed: Option<u64>,
     /// Epochs started (orders drawn) so far.
     epochs: AtomicUsize,
 }
@@ -61,6 +68,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             num_workers: 0,
             prefetch_factor: 2,
             generator: None,
+            seed: None,
             epochs: AtomicUsize::new(0),
         }
     }
@@ -77,9 +85,11 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         self
     }
 
-    /// Give the loader its own generator: the sequence of epoch orders is then fixed by `seed`.
+    /// Give the loader its own generator: the sequence of epoch orders is then fixed by `seed`,
+    /// and so are the random draws made while each sample loads (see the module docs).
     pub fn seed(mut self, seed: u64) -> Self {
         self.generator = Some(Mutex::new(StdRng::seed_from_u64(seed)));
+        self.seed = Some(seed);
         self
     }
 
@@ -115,6 +125,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             num_workers: self.num_workers,
             prefetch_factor: self.prefetch_factor,
             generator: self.generator,
+            seed: self.seed,
             epochs: self.epochs,
         }
     }
@@ -170,15 +181,16 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         order
     }
 
-    /// The sample indices of each batch for one epoch (advances the shuffling generator).
-    fn epoch_batches(&self) -> Vec<Vec<usize>> {
-        self.epochs.fetch_add(1, Ordering::Relaxed);
+    /// The sample indices of each batch for one epoch (advances the shuffling generator), and
+    /// the epoch's number.
+    fn epoch_batches(&self) -> (Vec<Vec<usize>>, usize) {
+        let epoch = self.epochs.fetch_add(1, Ordering::Relaxed);
         let order = self.order();
         let mut batches: Vec<Vec<usize>> = order.chunks(self.batch_size).map(<[usize]>::to_vec).collect();
         if self.drop_last && batches.last().is_some_and(|b| b.len() < self.batch_size) {
             batches.pop();
         }
-        batches
+        (batches, epoch)
     }
 
     /// Start one epoch: an iterator over `Result<batch>`.
@@ -187,6 +199,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             dataset: self.dataset.clone(),
             collate: self.collate.clone(),
             batches: Arc::new(Vec::new()),
+            epoch_seed: None,
             next: 0,
             workers: None,
             pending_error: None,
@@ -195,7 +208,9 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             it.pending_error = Some(Error::invalid("DataLoader", "batch_size must be at least 1"));
             return it;
         }
-        it.batches = Arc::new(self.epoch_batches());
+        let (batches, epoch) = self.epoch_batches();
+        it.batches = Arc::new(batches);
+        it.epoch_seed = self.seed.map(|s| mix(s, epoch as u64));
         let k = self.num_workers.min(it.batches.len());
         if k > 0 {
             it.workers = Some(Workers::spawn(
@@ -204,6 +219,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
                 &it.dataset,
                 &it.collate,
                 &it.batches,
+                it.epoch_seed,
             ));
         }
         it
@@ -218,9 +234,31 @@ impl<D: Dataset + 'static, B: Send + 'static> IntoIterator for &DataLoader<D, B>
     }
 }
 
-/// Fetch the samples of one batch and collate them.
-fn load_batch<D: Dataset, B>(dataset: &D, collate: &CollateFn<D::Item, B>, indices: &[usize]) -> Result<B> {
-    let samples = indices.iter().map(|&i| dataset.get(i)).collect::<Result<Vec<_>>>()?;
+/// SplitMix64's finalizer over `a` and `b`: seeds for an epoch and for a sample in it.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b
+        .wrapping_add(0x9e37_79b9_7f4a_7c15)
+        .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Fetch the samples of one batch and collate them; with an epoch seed, each sample loads
+/// under its own generator (seeded by the epoch seed and the sample index).
+fn load_batch<D: Dataset, B>(
+    dataset: &D,
+    collate: &CollateFn<D::Item, B>,
+    indices: &[usize],
+    epoch_seed: Option<u64>,
+) -> Result<B> {
+    let samples = indices
+        .iter()
+        .map(|&i| match epoch_seed {
+            Some(s) => with_sample_rng(mix(s, i as u64), || dataset.get(i)),
+            None => dataset.get(i),
+        })
+        .collect::<Result<Vec<_>>>()?;
     collate(samples)
 }
 
@@ -237,6 +275,7 @@ impl<B: Send + 'static> Workers<B> {
         dataset: &Arc<D>,
         collate: &Arc<CollateFn<D::Item, B>>,
         batches: &Arc<Vec<Vec<usize>>>,
+        epoch_seed: Option<u64>,
     ) -> Workers<B> {
         let mut receivers = Vec::with_capacity(k);
         let mut handles = Vec::with_capacity(k);
@@ -246,7 +285,7 @@ impl<B: Send + 'static> Workers<B> {
             handles.push(std::thread::spawn(move || {
                 for indices in batches.iter().skip(w).step_by(k) {
                     // A closed channel means the iterator was dropped: stop quietly.
-                    if tx.send(load_batch(&*dataset, &*collate, indices)).is_err() {
+                    if tx.send(load_batch(&*dataset, &*collate, indices, epoch_seed)).is_err() {
                         break;
                     }
                 }
@@ -272,6 +311,8 @@ pub struct DataLoaderIter<D: Dataset, B> {
     dataset: Arc<D>,
     collate: Arc<CollateFn<D::Item, B>>,
     batches: Arc<Vec<Vec<usize>>>,
+    /// Per-sample generators derive from it (a seeded loader only).
+    epoch_seed: Option<u64>,
     next: usize,
     workers: Option<Workers<B>>,
     /// A configuration error, reported by the first `next()`.
@@ -289,7 +330,7 @@ impl<D: Dataset, B> Iterator for DataLoaderIter<D, B> {
         let indices = self.batches.get(j)?;
         self.next += 1;
         let Some(workers) = &self.workers else {
-            return Some(load_batch(&*self.dataset, &*self.collate, indices));
+            return Some(load_batch(&*self.dataset, &*self.collate, indices, self.epoch_seed));
         };
         let k = workers.receivers.len();
         match workers.receivers[j % k].recv() {

@@ -15,10 +15,39 @@ pub fn seed(seed: u64) {
     *RNG.lock().unwrap_or_else(|e| e.into_inner()) = Some(StdRng::seed_from_u64(seed));
 }
 
-/// Draw from the global generator (seeded from the OS until [`seed`] is called).
+thread_local! {
+    /// A generator that stands in for the global one on this thread while a
+    /// [`with_sample_rng`] scope runs (a seeded `DataLoader` loading one sample).
+    static SAMPLE_RNG: std::cell::RefCell<Option<StdRng>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Draw from the global generator (seeded from the OS until [`seed`] is called), or from this
+/// thread's per-sample generator inside [`with_sample_rng`].
 pub(crate) fn with_rng<T>(f: impl FnOnce(&mut StdRng) -> T) -> T {
-    let mut g = RNG.lock().unwrap_or_else(|e| e.into_inner());
-    f(g.get_or_insert_with(StdRng::from_os_rng))
+    SAMPLE_RNG.with(|local| {
+        if let Some(r) = local.borrow_mut().as_mut() {
+            return f(r);
+        }
+        let mut g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        f(g.get_or_insert_with(StdRng::from_os_rng))
+    })
+}
+
+/// Run `f` with every draw on this thread (random transforms, [`rand`], dropout masks) taken
+/// from a generator seeded with `seed` instead of the global one; the global generator is
+/// untouched. A seeded `DataLoader` wraps each sample's loading in it, so augmentations depend
+/// on the seed, the epoch and the sample, not on which worker thread loads it.
+pub(crate) fn with_sample_rng<T>(seed: u64, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<StdRng>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            SAMPLE_RNG.with(|local| *local.borrow_mut() = prev);
+        }
+    }
+    let prev = SAMPLE_RNG.with(|local| local.borrow_mut().replace(StdRng::seed_from_u64(seed)));
+    let _restore = Restore(prev);
+    f()
 }
 
 fn count(op: &str, shape: &[usize], dtype: DType) -> Result<usize> {

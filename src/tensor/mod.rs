@@ -29,7 +29,7 @@ pub fn compiled_eager_ops() -> usize {
 pub fn interpreted_eager_kernels() -> Vec<String> {
     crate::kernels::interpreted()
 }
-pub(crate) use create::with_rng;
+pub(crate) use create::{with_rng, with_sample_rng};
 pub use create::{arange, full, full_dims, linspace, normal, ones, rand, randn, seed, uniform, zeros, zeros_dims};
 pub use intercept::SYMBOLIC_SIZE;
 pub use methods::{

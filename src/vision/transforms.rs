@@ -1,10 +1,11 @@
 //! Image transforms, as `paddle.vision.transforms` and torchvision's tensor transforms: each
 //! maps one image, a `[C, H, W]` float tensor (what [`ToTensor`] makes of an `[H, W, C]` u8
 //! image), to another; [`Compose`] chains them. Random transforms draw from oar's global
-//! generator, so `oar::seed` fixes them (in a `DataLoader` with workers the draws interleave
-//! as the workers run).
+//! generator, so `oar::seed` fixes them; inside a seeded `DataLoader` each sample draws from its
+//! own generator, the same for any worker count.
 //!
-//! Tested against onnxruntime's `Resize` and numpy's `pad` (`tools/gen_transform_fixtures.py`).
+//! Tested against onnxruntime's `Resize` and numpy's `pad` (`tools/gen_transform_fixtures.py`)
+//! and torchvision's color adjustments (`tools/gen_color_fixtures.py`).
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -62,14 +63,23 @@ impl Image {
     }
 
     /// The window `h × w` at (`top`, `left`), inside the image.
-    fn crop(&self, top: usize, left: usize, h: usize, w: usize) -> Result<Tensor> {
+    fn window(&self, top: usize, left: usize, h: usize, w: usize) -> Image {
         let mut v = Vec::with_capacity(self.c * h * w);
         for c in 0..self.c {
             for y in top..top + h {
                 v.extend((left..left + w).map(|x| self.at(c, y, x)));
             }
         }
-        Image::tensor(self.c, h, w, v)
+        Image { c: self.c, h, w, v }
+    }
+
+    /// [`Image::window`] as a tensor.
+    fn crop(&self, top: usize, left: usize, h: usize, w: usize) -> Result<Tensor> {
+        self.window(top, left, h, w).into_tensor()
+    }
+
+    fn into_tensor(self) -> Result<Tensor> {
+        Image::tensor(self.c, self.h, self.w, self.v)
     }
 }
 
@@ -190,24 +200,28 @@ fn taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
         .collect()
 }
 
-impl Transform for Resize {
-    fn apply(&self, image: &Tensor) -> Result<Tensor> {
-        let im = Image::of("Resize", image)?;
-        if im.h == 0 || im.w == 0 {
-            return Err(Error::invalid("Resize", "an empty image"));
-        }
-        let (ty, tx) = (taps(im.h, self.h), taps(im.w, self.w));
-        let mut v = Vec::with_capacity(im.c * self.h * self.w);
-        for c in 0..im.c {
-            for &(y0, y1, wy) in &ty {
-                for &(x0, x1, wx) in &tx {
-                    let top = im.at(c, y0, x0) * (1.0 - wx) + im.at(c, y0, x1) * wx;
-                    let bottom = im.at(c, y1, x0) * (1.0 - wx) + im.at(c, y1, x1) * wx;
-                    v.push(top * (1.0 - wy) + bottom * wy);
-                }
+/// `im` resized bilinearly to `h × w` ([`Resize`]'s arithmetic).
+fn resize(op: &str, im: &Image, h: usize, w: usize) -> Result<Tensor> {
+    if im.h == 0 || im.w == 0 {
+        return Err(Error::invalid(op, "an empty image"));
+    }
+    let (ty, tx) = (taps(im.h, h), taps(im.w, w));
+    let mut v = Vec::with_capacity(im.c * h * w);
+    for c in 0..im.c {
+        for &(y0, y1, wy) in &ty {
+            for &(x0, x1, wx) in &tx {
+                let top = im.at(c, y0, x0) * (1.0 - wx) + im.at(c, y0, x1) * wx;
+                let bottom = im.at(c, y1, x0) * (1.0 - wx) + im.at(c, y1, x1) * wx;
+                v.push(top * (1.0 - wy) + bottom * wy);
             }
         }
-        Image::tensor(im.c, self.h, self.w, v)
+    }
+    Image::tensor(im.c, h, w, v)
+}
+
+impl Transform for Resize {
+    fn apply(&self, image: &Tensor) -> Result<Tensor> {
+        resize("Resize", &Image::of("Resize", image)?, self.h, self.w)
     }
 }
 
@@ -392,5 +406,288 @@ impl Transform for RandomCrop {
         let (top, left) =
             crate::tensor::with_rng(|r| (r.random_range(0..=im.h - self.h), r.random_range(0..=im.w - self.w)));
         im.crop(top, left, self.h, self.w)
+    }
+}
+
+/// A random window of random area and aspect ratio, resized to `h × w` (torchvision's and
+/// Paddle's `RandomResizedCrop`, the ImageNet training crop): up to ten tries draw an area
+/// fraction uniformly from `scale` and an aspect ratio log-uniformly from `ratio`, and take the
+/// first window that fits, at a uniform position; if none fits, the largest central window
+/// whose ratio is within `ratio`. Resizing is [`Resize`]'s bilinear.
+pub struct RandomResizedCrop {
+    h: usize,
+    w: usize,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+}
+
+impl RandomResizedCrop {
+    /// Output `h × w`, with the defaults `scale = (0.08, 1.0)`, `ratio = (3/4, 4/3)`.
+    pub fn new(h: usize, w: usize) -> Result<RandomResizedCrop> {
+        if h == 0 || w == 0 {
+            return Err(Error::invalid("RandomResizedCrop", format!("size {h} × {w} is empty")));
+        }
+        Ok(RandomResizedCrop {
+            h,
+            w,
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+        })
+    }
+
+    /// The range of the window's area as a fraction of the image's (`0 < lo ≤ hi`).
+    pub fn scale(mut self, lo: f64, hi: f64) -> Result<RandomResizedCrop> {
+        if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+            return Err(Error::invalid(
+                "RandomResizedCrop",
+                format!("scale ({lo}, {hi}) must satisfy 0 < lo <= hi"),
+            ));
+        }
+        self.scale = (lo, hi);
+        Ok(self)
+    }
+
+    /// The range of the window's width / height (`0 < lo ≤ hi`).
+    pub fn ratio(mut self, lo: f64, hi: f64) -> Result<RandomResizedCrop> {
+        if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+            return Err(Error::invalid(
+                "RandomResizedCrop",
+                format!("ratio ({lo}, {hi}) must satisfy 0 < lo <= hi"),
+            ));
+        }
+        self.ratio = (lo, hi);
+        Ok(self)
+    }
+
+    /// The window `(top, left, height, width)` for an `ih × iw` image.
+    fn window(&self, ih: usize, iw: usize) -> (usize, usize, usize, usize) {
+        let area = (ih * iw) as f64;
+        let (log_lo, log_hi) = (self.ratio.0.ln(), self.ratio.1.ln());
+        for _ in 0..10 {
+            let (target, aspect) = crate::tensor::with_rng(|r| {
+                (
+                    area * r.random_range(self.scale.0..=self.scale.1),
+                    r.random_range(log_lo..=log_hi).exp(),
+                )
+            });
+            let w = (target * aspect).sqrt().round() as usize;
+            let h = (target / aspect).sqrt().round() as usize;
+            if (1..=iw).contains(&w) && (1..=ih).contains(&h) {
+                let (top, left) = crate::tensor::with_rng(|r| (r.random_range(0..=ih - h), r.random_range(0..=iw - w)));
+                return (top, left, h, w);
+            }
+        }
+        let in_ratio = iw as f64 / ih as f64;
+        let (h, w) = if in_ratio < self.ratio.0 {
+            ((iw as f64 / self.ratio.0).round() as usize, iw)
+        } else if in_ratio > self.ratio.1 {
+            (ih, (ih as f64 * self.ratio.1).round() as usize)
+        } else {
+            (ih, iw)
+        };
+        let (h, w) = (h.clamp(1, ih), w.clamp(1, iw));
+        ((ih - h) / 2, (iw - w) / 2, h, w)
+    }
+}
+
+impl Transform for RandomResizedCrop {
+    fn apply(&self, image: &Tensor) -> Result<Tensor> {
+        let im = Image::of("RandomResizedCrop", image)?;
+        if im.h == 0 || im.w == 0 {
+            return Err(Error::invalid("RandomResizedCrop", "an empty image"));
+        }
+        let (top, left, h, w) = self.window(im.h, im.w);
+        resize("RandomResizedCrop", &im.window(top, left, h, w), self.h, self.w)
+    }
+}
+
+/// ITU-R 601 luma, as torchvision's `rgb_to_grayscale`.
+fn gray(r: f32, g: f32, b: f32) -> f32 {
+    0.2989 * r + 0.587 * g + 0.114 * b
+}
+
+/// `factor · x + (1 − factor) · other`, clamped to `[0, 1]` (torchvision's `_blend`).
+fn blend(x: f32, other: f32, factor: f32) -> f32 {
+    (factor * x + (1.0 - factor) * other).clamp(0.0, 1.0)
+}
+
+/// The color adjustments of [`ColorJitter`], as torchvision's `adjust_*` functions on float
+/// images in `[0, 1]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ColorAdjust {
+    /// Scale every value by the factor (0 gives black).
+    Brightness(f32),
+    /// Blend with the image's mean gray level (0 gives a uniform gray).
+    Contrast(f32),
+    /// Blend with the pixel's gray level (0 gives a gray image); a 1-channel image is left as
+    /// it is.
+    Saturation(f32),
+    /// Rotate the hue by the given fraction of a turn, in `[-0.5, 0.5]`; a 1-channel image is
+    /// left as it is.
+    Hue(f32),
+}
+
+impl ColorAdjust {
+    fn apply_to(self, im: &mut Image) -> Result<()> {
+        let plane = im.h * im.w;
+        // Saturation and hue: true for RGB, false for gray (unchanged, as torchvision).
+        let rgb = |op: &str, im: &Image| match im.c {
+            3 => Ok(true),
+            1 => Ok(false),
+            c => Err(Error::invalid(
+                op,
+                format!("needs a 1- or 3-channel image, got {c} channels"),
+            )),
+        };
+        match self {
+            ColorAdjust::Brightness(f) => im.v.iter_mut().for_each(|x| *x = blend(*x, 0.0, f)),
+            ColorAdjust::Contrast(f) => {
+                let mean = match im.c {
+                    3 => {
+                        let (r, rest) = im.v.split_at(plane);
+                        let (g, b) = rest.split_at(plane);
+                        let sum: f64 = (0..plane).map(|i| gray(r[i], g[i], b[i]) as f64).sum();
+                        (sum / plane.max(1) as f64) as f32
+                    }
+                    1 => (im.v.iter().map(|&x| x as f64).sum::<f64>() / plane.max(1) as f64) as f32,
+                    c => {
+                        return Err(Error::invalid(
+                            "ColorJitter",
+                            format!("contrast needs a 1- or 3-channel image, got {c} channels"),
+                        ));
+                    }
+                };
+                im.v.iter_mut().for_each(|x| *x = blend(*x, mean, f));
+            }
+            ColorAdjust::Saturation(f) => {
+                if !rgb("ColorJitter (saturation)", im)? {
+                    return Ok(());
+                }
+                for i in 0..plane {
+                    let l = gray(im.v[i], im.v[plane + i], im.v[2 * plane + i]);
+                    for c in 0..3 {
+                        let x = &mut im.v[c * plane + i];
+                        *x = blend(*x, l, f);
+                    }
+                }
+            }
+            ColorAdjust::Hue(f) => {
+                if !(-0.5..=0.5).contains(&f) {
+                    return Err(Error::invalid(
+                        "ColorJitter",
+                        format!("hue shift {f} is outside [-0.5, 0.5]"),
+                    ));
+                }
+                if !rgb("ColorJitter (hue)", im)? {
+                    return Ok(());
+                }
+                for i in 0..plane {
+                    let (h, s, v) = rgb_to_hsv(im.v[i], im.v[plane + i], im.v[2 * plane + i]);
+                    let (r, g, b) = hsv_to_rgb((h + f).rem_euclid(1.0), s, v);
+                    (im.v[i], im.v[plane + i], im.v[2 * plane + i]) = (r, g, b);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Transform for ColorAdjust {
+    fn apply(&self, image: &Tensor) -> Result<Tensor> {
+        let mut im = Image::of("ColorJitter", image)?;
+        self.apply_to(&mut im)?;
+        im.into_tensor()
+    }
+}
+
+/// torchvision's `_rgb2hsv`: hue in `[0, 1)`.
+fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
+    let maxc = r.max(g).max(b);
+    let minc = r.min(g).min(b);
+    let cr = maxc - minc;
+    let eqc = cr == 0.0;
+    let s = cr / if eqc { 1.0 } else { maxc };
+    let crd = if eqc { 1.0 } else { cr };
+    let (rc, gc, bc) = ((maxc - r) / crd, (maxc - g) / crd, (maxc - b) / crd);
+    let hr = if maxc == r { bc - gc } else { 0.0 };
+    let hg = if maxc == g && maxc != r { 2.0 + rc - bc } else { 0.0 };
+    let hb = if maxc != g && maxc != r { 4.0 + gc - rc } else { 0.0 };
+    let h = ((hr + hg + hb) / 6.0 + 1.0).rem_euclid(1.0);
+    (h, s, maxc)
+}
+
+/// torchvision's `_hsv2rgb`.
+fn hsv_to_rgb(h: f32, s: f32, v: f32) -> (f32, f32, f32) {
+    let i = (h * 6.0).floor();
+    let f = h * 6.0 - i;
+    let i = (i as i64).rem_euclid(6);
+    let p = (v * (1.0 - s)).clamp(0.0, 1.0);
+    let q = (v * (1.0 - s * f)).clamp(0.0, 1.0);
+    let t = (v * (1.0 - s * (1.0 - f))).clamp(0.0, 1.0);
+    match i {
+        0 => (v, t, p),
+        1 => (q, v, p),
+        2 => (p, v, t),
+        3 => (p, q, v),
+        4 => (t, p, v),
+        _ => (v, p, q),
+    }
+}
+
+/// Random brightness, contrast, saturation and hue changes in a random order (torchvision's
+/// and Paddle's `ColorJitter`): each factor is drawn uniformly from `[max(0, 1 − x), 1 + x]`
+/// for brightness, contrast and saturation `x`, the hue shift from `[−hue, hue]`; a zero
+/// amount leaves that adjustment out.
+pub struct ColorJitter {
+    brightness: f32,
+    contrast: f32,
+    saturation: f32,
+    hue: f32,
+}
+
+impl ColorJitter {
+    /// Amounts for each adjustment (each ≥ 0; `hue` ≤ 0.5).
+    pub fn new(brightness: f32, contrast: f32, saturation: f32, hue: f32) -> Result<ColorJitter> {
+        for (name, x) in [
+            ("brightness", brightness),
+            ("contrast", contrast),
+            ("saturation", saturation),
+        ] {
+            if !(x >= 0.0 && x.is_finite()) {
+                return Err(Error::invalid("ColorJitter", format!("{name} {x} must be >= 0")));
+            }
+        }
+        if !(0.0..=0.5).contains(&hue) {
+            return Err(Error::invalid("ColorJitter", format!("hue {hue} must be in [0, 0.5]")));
+        }
+        Ok(ColorJitter {
+            brightness,
+            contrast,
+            saturation,
+            hue,
+        })
+    }
+}
+
+impl Transform for ColorJitter {
+    fn apply(&self, image: &Tensor) -> Result<Tensor> {
+        use rand::seq::SliceRandom;
+        let mut im = Image::of("ColorJitter", image)?;
+        let mut order = [0usize, 1, 2, 3];
+        let factor = |r: &mut rand::rngs::StdRng, x: f32| r.random_range((1.0 - x).max(0.0)..=1.0 + x);
+        let adjusts = crate::tensor::with_rng(|r| {
+            order.shuffle(r);
+            order.map(|i| match i {
+                0 if self.brightness > 0.0 => Some(ColorAdjust::Brightness(factor(r, self.brightness))),
+                1 if self.contrast > 0.0 => Some(ColorAdjust::Contrast(factor(r, self.contrast))),
+                2 if self.saturation > 0.0 => Some(ColorAdjust::Saturation(factor(r, self.saturation))),
+                3 if self.hue > 0.0 => Some(ColorAdjust::Hue(r.random_range(-self.hue..=self.hue))),
+                _ => None,
+            })
+        });
+        for a in adjusts.into_iter().flatten() {
+            a.apply_to(&mut im)?;
+        }
+        im.into_tensor()
     }
 }

@@ -127,6 +127,32 @@ fn checkpoints_resume_bit_for_bit() {
     assert_eq!(c.epochs_trained(), 0);
 }
 
+/// A plain weights file (`oar::save_layer`, or a converted torchvision state dict) loads the
+/// network's weights only: the optimizer state and the epoch count stay; one that does not fit
+/// the network is an error naming the file and the entry, and nothing changes.
+#[test]
+fn model_load_reads_plain_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weights.safetensors");
+    let mut trained = prepared(5);
+    let train = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(256);
+    trained.fit(&train, None, 1).unwrap();
+    oar::save_layer(trained.network(), &path).unwrap();
+    let mut fresh = prepared(6);
+    assert_ne!(params(&trained), params(&fresh));
+    fresh.load(&path).unwrap();
+    assert_eq!(params(&trained), params(&fresh));
+    assert_eq!(fresh.epochs_trained(), 0);
+
+    let other = Sequential::new().add(Linear::new(64, 10).unwrap());
+    oar::save_layer(&other, &path).unwrap();
+    let mut c = prepared(7);
+    let before = params(&c);
+    let e = c.load(&path).unwrap_err().to_string();
+    assert!(e.contains("weights.safetensors") && e.contains("0.weight"), "{e}");
+    assert_eq!(params(&c), before);
+}
+
 /// The summary lists every layer with parameters and the totals; an unprepared model cannot
 /// fit or train a batch (a typed error saying to call prepare) but can predict.
 #[test]

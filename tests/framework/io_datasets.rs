@@ -1,10 +1,15 @@
-//! Datasets: the shipped UCI digits (counts, range, known rows, fixed split) and the MNIST IDX /
-//! CIFAR-10 binary readers on files written here, including hostile and truncated files.
+//! Datasets: the shipped UCI digits (counts, range, known rows, fixed split), the MNIST /
+//! Fashion-MNIST IDX and CIFAR-10 / CIFAR-100 binary readers, ImageFolder and the text
+//! classification reader on files written here, including hostile and truncated files and
+//! absent data sets.
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use oar::io::Dataset;
-use oar::io::datasets::{Cifar10, Digits, Mnist, Split, read_idx_u8};
+use oar::io::datasets::{
+    Cifar10, Cifar100, Digits, FashionMnist, ImageFolder, Mnist, Split, TextClassification, Vocab, read_idx_u8,
+    tokenize,
+};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -275,4 +280,208 @@ fn cifar10_bad_files_are_errors_naming_the_file() {
     }
     let err = Cifar10::from_dir(dir.path(), Split::Test).err().unwrap().to_string();
     assert!(err.contains("test_batch.bin"), "{err}");
+}
+
+/// CIFAR-100 records carry a coarse and a fine label; samples use the fine one unless asked;
+/// a fine label past 99 is an error naming the record.
+#[test]
+fn cifar100_reads_fine_and_coarse_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = |coarse: u8, fine: u8, seed: usize| {
+        let mut r = vec![coarse];
+        r.extend(record(fine, seed));
+        r
+    };
+    let train = write(dir.path(), "train.bin", &[rec(4, 57, 0), rec(19, 99, 9)].concat());
+    let c = Cifar100::from_dir(dir.path(), Split::Train).unwrap();
+    assert_eq!(c.len(), 2);
+    let (x, y) = c.get(1).unwrap();
+    assert_eq!(y.to_vec::<i64>().unwrap(), vec![99]);
+    // Plane 2, offset 37: (9 + 6 + 37) % 256 = 52.
+    assert_eq!(x.to_vec::<f32>().unwrap()[2 * 1024 + 37], 52.0 / 255.0);
+    let coarse = Cifar100::from_binary(&[&train]).unwrap().coarse_labels(true);
+    assert_eq!(coarse.get(0).unwrap().1.to_vec::<i64>().unwrap(), vec![4]);
+    let bad = write(dir.path(), "bad.bin", &rec(3, 100, 0));
+    let err = Cifar100::from_binary(&[&bad]).err().unwrap().to_string();
+    assert!(
+        err.contains("bad.bin") && err.contains("record 0 has fine label 100"),
+        "{err}"
+    );
+    let err = Cifar100::from_binary(&[&write(dir.path(), "c10.bin", &record(1, 0))])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("3074-byte CIFAR-100 records"), "{err}");
+}
+
+/// Absent data sets say which files to put in which directory and where they come from.
+#[test]
+fn absent_data_sets_say_where_to_put_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let msg = |e: oar::Error| e.to_string();
+    let e = msg(Mnist::from_dir(dir.path(), Split::Train).err().unwrap());
+    assert!(
+        e.contains("MNIST files not found")
+            && e.contains("train-images-idx3-ubyte, train-labels-idx1-ubyte")
+            && e.contains(&dir.path().display().to_string())
+            && e.contains("downloads nothing"),
+        "{e}"
+    );
+    let e = msg(FashionMnist::from_dir(dir.path(), Split::Test).err().unwrap());
+    assert!(
+        e.contains("Fashion-MNIST") && e.contains("t10k-images-idx3-ubyte"),
+        "{e}"
+    );
+    let e = msg(Cifar10::from_dir(dir.path(), Split::Train).err().unwrap());
+    assert!(
+        e.contains("data_batch_1.bin") && e.contains("data_batch_5.bin") && e.contains("cifar"),
+        "{e}"
+    );
+    let e = msg(Cifar100::from_dir(dir.path(), Split::Test).err().unwrap());
+    assert!(e.contains("test.bin"), "{e}");
+}
+
+/// Fashion-MNIST reads MNIST's format and names (gzip here) and has its own class names.
+#[test]
+fn fashion_mnist_reads_idx_files() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "t10k-images-idx3-ubyte.gz",
+        &gzip(&idx(&[3, 2, 3], &mnist_pixels())),
+    );
+    write(dir.path(), "t10k-labels-idx1-ubyte.gz", &gzip(&idx(&[3], &[9, 0, 4])));
+    let f = FashionMnist::from_dir(dir.path(), Split::Test).unwrap();
+    assert_eq!(f.len(), 3);
+    assert_eq!(f.labels(), &[9, 0, 4]);
+    let (x, y) = f.get(1).unwrap();
+    assert_eq!((x.shape(), y.to_vec::<i64>().unwrap()), (vec![1, 2, 3], vec![0]));
+    assert_eq!(x.to_vec::<f32>().unwrap()[5], 90.0 / 255.0);
+    assert_eq!(FashionMnist::CLASSES[9], "Ankle boot");
+}
+
+/// A 2 × 3 RGB PNG whose pixels are all `value`.
+fn png(path: &Path, value: u8) {
+    let img = image::RgbImage::from_pixel(3, 2, image::Rgb([value, value, value]));
+    img.save(path).unwrap();
+}
+
+/// ImageFolder: classes are the sorted subdirectories, samples the images in each (nested ones
+/// included, other files skipped) in path order, decoded to [0, 1] and transformed; an empty
+/// root, a root without images and a broken image are errors naming the path.
+#[test]
+fn image_folder_labels_by_directory() {
+    use oar::vision::transforms::CenterCrop;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for class in ["dog", "cat", "bird/nested"] {
+        std::fs::create_dir_all(root.join(class)).unwrap();
+    }
+    png(&root.join("dog/b.png"), 10);
+    png(&root.join("dog/a.PNG"), 20);
+    png(&root.join("cat/x.png"), 30);
+    png(&root.join("bird/nested/deep.png"), 40);
+    std::fs::write(root.join("cat/notes.txt"), "not an image").unwrap();
+    let f = ImageFolder::new(root).unwrap().transform(CenterCrop::new(2, 2));
+    assert_eq!(f.classes(), ["bird", "cat", "dog"]);
+    assert_eq!(f.len(), 4);
+    let got: Vec<(f32, i64)> = (0..4)
+        .map(|i| {
+            let (x, y) = f.get(i).unwrap();
+            assert_eq!(x.shape(), vec![3, 2, 2]);
+            (x.to_vec::<f32>().unwrap()[0] * 255.0, y.to_vec::<i64>().unwrap()[0])
+        })
+        .collect();
+    let want = [(40.0, 0), (30.0, 1), (20.0, 2), (10.0, 2)];
+    for ((v, l), (wv, wl)) in got.iter().zip(want) {
+        assert!((v - wv).abs() < 1e-3 && *l == wl, "{got:?}");
+    }
+    assert!(f.get(4).is_err());
+    std::fs::write(root.join("cat/broken.png"), b"\x89PNG garbage").unwrap();
+    let f = ImageFolder::new(root).unwrap();
+    let broken = f
+        .samples()
+        .iter()
+        .position(|(p, _)| p.ends_with("cat/broken.png"))
+        .unwrap();
+    let e = f.get(broken).unwrap_err().to_string();
+    assert!(e.contains("broken.png"), "{e}");
+    let empty = tempfile::tempdir().unwrap();
+    let e = ImageFolder::new(empty.path()).err().unwrap().to_string();
+    assert!(e.contains("no class directories"), "{e}");
+    std::fs::create_dir(empty.path().join("a")).unwrap();
+    let e = ImageFolder::new(empty.path()).err().unwrap().to_string();
+    assert!(e.contains("no png/jpg/jpeg images"), "{e}");
+    let e = ImageFolder::new(root.join("missing")).err().unwrap().to_string();
+    assert!(e.contains("missing"), "{e}");
+}
+
+/// The tokenizer splits off punctuation and CJK characters and lower-cases; the vocabulary
+/// orders by frequency (ties alphabetically) after `<pad>` and `<unk>`, honours min_freq and
+/// max_size, round-trips through a file, and rejects a malformed one.
+#[test]
+fn tokenizer_and_vocabulary() {
+    assert_eq!(
+        tokenize("Hello, World!  It's 2026\tok 中文"),
+        ["hello", ",", "world", "!", "it", "'", "s", "2026", "ok", "中", "文"]
+    );
+    let tokens = tokenize("b a b c b a d");
+    let v = Vocab::build(&tokens, 1, None);
+    let order: Vec<&str> = (0..v.len()).map(|i| v.token(i).unwrap()).collect();
+    assert_eq!(order, ["<pad>", "<unk>", "b", "a", "c", "d"]);
+    assert_eq!(v.encode(&tokenize("a z b"), 5), vec![3, 1, 2, 0, 0]);
+    assert_eq!(v.encode(&tokens, 2), vec![2, 3]);
+    assert_eq!(Vocab::build(&tokens, 2, None).len(), 4);
+    assert_eq!(Vocab::build(&tokens, 1, Some(3)).len(), 3);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vocab.txt");
+    v.save(&path).unwrap();
+    assert_eq!(Vocab::load(&path).unwrap(), v);
+    std::fs::write(&path, "<pad>\n<unk>\nx\nx\n").unwrap();
+    let e = Vocab::load(&path).unwrap_err().to_string();
+    assert!(e.contains("vocab.txt") && e.contains("\"x\" appears twice"), "{e}");
+    std::fs::write(&path, "x\n").unwrap();
+    assert!(Vocab::load(&path).is_err());
+}
+
+/// TextClassification: labels become class positions (numeric labels in numeric order), texts
+/// ids padded or truncated to max_len; the test split reuses the training vocabulary and
+/// classes; malformed lines and unknown labels are errors naming the file and line.
+#[test]
+fn text_classification_reads_label_tab_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = write(
+        dir.path(),
+        "train.tsv",
+        b"10\tgood movie , good fun\n2\tbad movie\n\n10\tgood\n",
+    );
+    let t = TextClassification::from_tsv(&train, 4, 1).unwrap();
+    assert_eq!(t.classes(), ["2", "10"]);
+    assert_eq!(t.len(), 3);
+    let v = t.vocab();
+    let (x, y) = t.get(0).unwrap();
+    let want: Vec<i64> = ["good", "movie", ",", "good"].iter().map(|w| v.id(w) as i64).collect();
+    assert_eq!(
+        (x.to_vec::<i64>().unwrap(), y.to_vec::<i64>().unwrap()),
+        (want, vec![1])
+    );
+    assert_eq!(v.token(2), Some("good"));
+    let (x, y) = t.get(1).unwrap();
+    assert_eq!(x.to_vec::<i64>().unwrap()[2..], [0, 0]);
+    assert_eq!(y.to_vec::<i64>().unwrap(), vec![0]);
+    let test = write(dir.path(), "test.tsv", b"2\tunseen words\n");
+    let t2 = TextClassification::from_tsv_with(&test, 4, v.clone(), t.classes().to_vec()).unwrap();
+    assert_eq!(t2.get(0).unwrap().0.to_vec::<i64>().unwrap(), vec![1, 1, 0, 0]);
+    let bad = write(dir.path(), "bad.tsv", b"7\tfine\nno tab here\n");
+    let e = TextClassification::from_tsv(&bad, 4, 1).err().unwrap().to_string();
+    assert!(e.contains("bad.tsv") && e.contains("line 2"), "{e}");
+    let unknown = write(dir.path(), "unknown.tsv", b"7\tfine\n");
+    let e = TextClassification::from_tsv_with(&unknown, 4, v.clone(), t.classes().to_vec())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("line 1") && e.contains("\"7\""), "{e}");
+    let empty = write(dir.path(), "empty.tsv", b"\n");
+    assert!(TextClassification::from_tsv(&empty, 4, 1).is_err());
+    assert!(TextClassification::from_tsv(&train, 0, 1).is_err());
 }

@@ -126,6 +126,58 @@ fn worker_counts_give_identical_batches() {
     assert_eq!(run(20), reference, "more workers than batches");
 }
 
+/// A sample is its index and a random draw (as a random transform would make).
+struct Noisy;
+
+impl Dataset for Noisy {
+    type Item = Tensor;
+    fn len(&self) -> usize {
+        40
+    }
+    fn get(&self, index: usize) -> Result<Tensor> {
+        let draw = oar::rand(&[2], DType::F32)?.to_vec::<f32>()?;
+        Tensor::from_vec(vec![index as f32, draw[0], draw[1]], &[3])
+    }
+}
+
+/// A seeded loader pins the random draws made while a sample loads: the same augmented batches
+/// for 0, 1 and 3 workers, other draws in the next epoch and for another seed, the same epoch
+/// again after `skip_to_epoch` (a resumed run), and the global generator is left alone.
+#[test]
+fn seeded_loaders_pin_per_sample_randomness_across_workers_and_epochs() {
+    let epochs = |k: usize, seed: u64, skip: usize| -> Vec<Vec<f32>> {
+        let loader = DataLoader::new(Noisy)
+            .batch_size(6)
+            .shuffle(true)
+            .seed(seed)
+            .num_workers(k);
+        loader.skip_to_epoch(skip);
+        (0..2)
+            .map(|_| {
+                loader
+                    .iter()
+                    .flat_map(|b| b.unwrap().to_vec::<f32>().unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    oar::seed(1);
+    let before = oar::rand(&[4], DType::F32).unwrap().to_vec::<f32>().unwrap();
+    oar::seed(1);
+    let reference = epochs(0, 7, 0);
+    let after = oar::rand(&[4], DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(before, after, "the global generator was drawn from");
+    assert_eq!(epochs(1, 7, 0), reference);
+    assert_eq!(epochs(3, 7, 0), reference);
+    assert_ne!(reference[0], reference[1], "a new epoch draws anew");
+    // Epoch 1's samples come with the same draws as in the run that never stopped.
+    assert_eq!(epochs(2, 7, 1)[0], reference[1]);
+    assert_ne!(epochs(0, 8, 0)[0], reference[0]);
+    // Within an epoch, samples draw differently.
+    let draws: HashSet<u32> = reference[0].chunks(3).map(|s| s[1].to_bits()).collect();
+    assert_eq!(draws.len(), 40);
+}
+
 /// Records the threads that fetched samples.
 struct Spy {
     threads: Mutex<HashSet<ThreadId>>,

@@ -4,7 +4,8 @@
 
 use oar::Tensor;
 use oar::vision::transforms::{
-    CenterCrop, Compose, Normalize, Pad, PadMode, RandomCrop, RandomHorizontalFlip, Resize, ToTensor, Transform,
+    CenterCrop, ColorAdjust, ColorJitter, Compose, Normalize, Pad, PadMode, RandomCrop, RandomHorizontalFlip,
+    RandomResizedCrop, Resize, ToTensor, Transform,
 };
 use serde_json::Value;
 
@@ -83,6 +84,131 @@ fn padding_matches_numpy_in_every_mode() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("Pad") && e.contains("reflect"), "{e}");
+}
+
+/// Brightness, contrast, saturation and hue adjustments match torchvision's tensor functions
+/// (`tests/fixtures/transforms/color.json`, `tools/gen_color_fixtures.py`) within 1e-5, on an
+/// RGB image with gray and primary pixels and on a gray one.
+#[test]
+fn color_adjustments_match_torchvision() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/transforms/color.json");
+    let f: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = f["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 10);
+    for case in cases {
+        let factor = case["factor"].as_f64().unwrap() as f32;
+        let adjust = match case["adjust"].as_str().unwrap() {
+            "brightness" => ColorAdjust::Brightness(factor),
+            "contrast" => ColorAdjust::Contrast(factor),
+            "saturation" => ColorAdjust::Saturation(factor),
+            "hue" => ColorAdjust::Hue(factor),
+            other => panic!("unknown adjustment {other}"),
+        };
+        let img = tensor(&f[case["image"].as_str().unwrap()]);
+        let out = adjust.apply(&img).unwrap();
+        assert_close(&out, &case["out"], 1e-5, &format!("{adjust:?} on {}", case["image"]));
+    }
+}
+
+/// ColorJitter: each adjustment alone stays within its factor range (brightness 0.5 scales
+/// every value by one factor in [0.5, 1.5]), the draws follow `oar::seed`, gray images pass
+/// saturation and hue unchanged, and bad amounts are errors.
+#[test]
+fn color_jitter_draws_factors_in_range() {
+    let img = Tensor::from_vec((1..=12).map(|i| i as f32 / 20.0).collect(), &[3, 2, 2]).unwrap();
+    let v = img.to_vec::<f32>().unwrap();
+    let jitter = ColorJitter::new(0.5, 0.0, 0.0, 0.0).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let out = jitter.apply(&img).unwrap().to_vec::<f32>().unwrap();
+        let k = out[0] / v[0];
+        assert!((0.5..=1.5).contains(&k), "factor {k}");
+        for (a, b) in out.iter().zip(&v) {
+            assert!((a - (b * k).min(1.0)).abs() < 1e-6, "one factor for every value");
+        }
+        seen.push(k);
+    }
+    assert!(
+        seen.iter().any(|&k| k < 0.9) && seen.iter().any(|&k| k > 1.1),
+        "{seen:?}"
+    );
+    let all = ColorJitter::new(0.4, 0.4, 0.4, 0.1).unwrap();
+    oar::seed(3);
+    let a = all.apply(&img).unwrap().to_vec::<f32>().unwrap();
+    oar::seed(3);
+    assert_eq!(all.apply(&img).unwrap().to_vec::<f32>().unwrap(), a);
+    let gray = Tensor::from_vec(vec![0.2f32, 0.4, 0.6, 0.8], &[1, 2, 2]).unwrap();
+    let same = ColorJitter::new(0.0, 0.0, 0.9, 0.4).unwrap().apply(&gray).unwrap();
+    assert_eq!(same.to_vec::<f32>().unwrap(), gray.to_vec::<f32>().unwrap());
+    assert!(ColorJitter::new(-0.1, 0.0, 0.0, 0.0).is_err() && ColorJitter::new(0.0, 0.0, 0.0, 0.6).is_err());
+    let two = Tensor::from_vec(vec![0.5f32; 8], &[2, 2, 2]).unwrap();
+    let e = ColorJitter::new(0.0, 0.0, 0.5, 0.0)
+        .unwrap()
+        .apply(&two)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ColorJitter") && e.contains("2 channels"), "{e}");
+}
+
+/// RandomResizedCrop: with scale and ratio pinned to 1 it is a plain Resize; otherwise every
+/// output is a bilinear resize of some window of the image (found by search) whose area and
+/// ratio are in range; windows vary; the fallback for an extreme ratio range is the central
+/// window; bad arguments are errors.
+#[test]
+fn random_resized_crop_takes_windows_in_range() {
+    let grid = Tensor::from_vec((0..48).map(|i| i as f32).collect(), &[1, 6, 8]).unwrap();
+    let whole = RandomResizedCrop::new(3, 4)
+        .unwrap()
+        .scale(1.0, 1.0)
+        .unwrap()
+        .ratio(8.0 / 6.0, 8.0 / 6.0)
+        .unwrap();
+    let resized = Resize::new(3, 4)
+        .unwrap()
+        .apply(&grid)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(whole.apply(&grid).unwrap().to_vec::<f32>().unwrap(), resized);
+    oar::seed(11);
+    let rrc = RandomResizedCrop::new(4, 4).unwrap().scale(0.2, 0.8).unwrap();
+    let mut windows = std::collections::BTreeSet::new();
+    for _ in 0..30 {
+        let out = rrc.apply(&grid).unwrap().to_vec::<f32>().unwrap();
+        let found = (1..=6)
+            .flat_map(|h| (1..=8).map(move |w| (h, w)))
+            .flat_map(|(h, w)| (0..=6 - h).flat_map(move |t| (0..=8 - w).map(move |l| (t, l, h, w))))
+            .find(|&(t, l, h, w)| {
+                let rows = grid.slice(1, t as i64, (t + h) as i64, 1).unwrap();
+                let win = rows.slice(2, l as i64, (l + w) as i64, 1).unwrap();
+                let r = Resize::new(4, 4).unwrap().apply(&win).unwrap().to_vec::<f32>().unwrap();
+                r.iter().zip(&out).all(|(a, b)| (a - b).abs() < 1e-5)
+            });
+        let (t, l, h, w) = found.expect("a resized window of the image");
+        let area = (h * w) as f64 / 48.0;
+        let ratio = w as f64 / h as f64;
+        // Rounding a side to whole pixels moves area and ratio a little past the drawn values.
+        assert!(
+            (0.1..=0.95).contains(&area) && (0.5..=2.0).contains(&ratio),
+            "{h} x {w}"
+        );
+        windows.insert((t, l, h, w));
+    }
+    assert!(windows.len() > 5, "{windows:?}");
+    // No window of ratio 20 or more fits a 6 × 8 image (at 8% of its area it would be 8.8
+    // wide, 0.4 high): the central full-width row, top (6 - 1) / 2 = 2.
+    let fallback = RandomResizedCrop::new(1, 8).unwrap().ratio(20.0, 30.0).unwrap();
+    let out = fallback.apply(&grid).unwrap().to_vec::<f32>().unwrap();
+    let central = Resize::new(1, 8)
+        .unwrap()
+        .apply(&grid.slice(1, 2, 3, 1).unwrap())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(out, central);
+    assert!(RandomResizedCrop::new(0, 4).is_err());
+    assert!(RandomResizedCrop::new(4, 4).unwrap().scale(0.9, 0.1).is_err());
+    assert!(RandomResizedCrop::new(4, 4).unwrap().ratio(0.0, 1.0).is_err());
 }
 
 /// ToTensor, Normalize, CenterCrop (its offset rounded half to even) and flips, by hand; a

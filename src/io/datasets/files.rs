@@ -19,6 +19,27 @@ pub(crate) fn io_error(path: &Path, detail: impl Into<String>) -> Error {
     }
 }
 
+/// The error for a data set whose files are not in `dir`: names the directory, the files it
+/// must hold and where they come from (oar downloads nothing at run time).
+pub(crate) fn require_files(dataset: &str, dir: &Path, files: &[String], source: &str) -> Result<()> {
+    let missing: Vec<&str> = files
+        .iter()
+        .filter(|f| !dir.join(f).exists() && !dir.join(format!("{f}.gz")).exists())
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(io_error(
+        dir,
+        format!(
+            "{dataset} files not found: put {} (optionally .gz) in this directory; they come from {source} \
+             (oar downloads nothing)",
+            missing.join(", ")
+        ),
+    ))
+}
+
 /// An open data file: a byte stream plus, for uncompressed files, its exact length.
 pub(crate) struct DataFile {
     reader: Box<dyn Read>,

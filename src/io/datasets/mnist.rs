@@ -1,7 +1,7 @@
 //! MNIST (and Fashion-MNIST) in the IDX format: `magic = [0, 0, 0x08 (u8), ndim]`, then `ndim`
 //! big-endian u32 dimensions, then the bytes. Images are `0x00000803`, labels `0x00000801`.
 
-use super::files::{io_error, open};
+use super::files::{io_error, open, require_files};
 use super::{Split, image_sample};
 use crate::error::Result;
 use crate::io::dataset::{Dataset, out_of_range};
@@ -92,21 +92,29 @@ impl Mnist {
         })
     }
 
-    /// Load a split from a directory with the standard names (`train-images-idx3-ubyte[.gz]`, ...).
+    /// Load a split from a directory with the standard names (`train-images-idx3-ubyte[.gz]`, ...);
+    /// missing files are an error saying which to put there.
     pub fn from_dir(dir: impl AsRef<Path>, split: Split) -> Result<Mnist> {
+        Mnist::from_named_dir(dir.as_ref(), split, "MNIST", "http://yann.lecun.com/exdb/mnist/")
+    }
+
+    /// [`Mnist::from_dir`] for an IDX data set called `dataset`, published at `source`.
+    pub(super) fn from_named_dir(dir: &Path, split: Split, dataset: &str, source: &str) -> Result<Mnist> {
         let prefix = match split {
             Split::Train => "train",
             Split::Test => "t10k",
         };
-        let find = |name: String| -> PathBuf {
-            let plain = dir.as_ref().join(&name);
-            let gz = dir.as_ref().join(format!("{name}.gz"));
+        let names = [
+            format!("{prefix}-images-idx3-ubyte"),
+            format!("{prefix}-labels-idx1-ubyte"),
+        ];
+        require_files(dataset, dir, &names, source)?;
+        let find = |name: &str| -> PathBuf {
+            let plain = dir.join(name);
+            let gz = dir.join(format!("{name}.gz"));
             if !plain.exists() && gz.exists() { gz } else { plain }
         };
-        Mnist::from_idx(
-            find(format!("{prefix}-images-idx3-ubyte")),
-            find(format!("{prefix}-labels-idx1-ubyte")),
-        )
+        Mnist::from_idx(find(&names[0]), find(&names[1]))
     }
 
     /// Image height and width.
@@ -137,5 +145,52 @@ impl Dataset for Mnist {
             255.0,
             label as i64,
         )
+    }
+}
+
+/// Fashion-MNIST (Zalando): the MNIST format and file names, 28×28 gray images of clothing in
+/// ten classes ([`FashionMnist::CLASSES`]).
+pub struct FashionMnist(Mnist);
+
+impl FashionMnist {
+    /// Load a split from a directory with the standard names (`train-images-idx3-ubyte[.gz]`,
+    /// `t10k-labels-idx1-ubyte[.gz]`, ...); missing files are an error saying which to put there.
+    pub fn from_dir(dir: impl AsRef<Path>, split: Split) -> Result<FashionMnist> {
+        Mnist::from_named_dir(
+            dir.as_ref(),
+            split,
+            "Fashion-MNIST",
+            "https://github.com/zalandoresearch/fashion-mnist",
+        )
+        .map(FashionMnist)
+    }
+
+    /// The class names, indexed by label.
+    pub const CLASSES: [&'static str; 10] = [
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ];
+
+    /// The raw labels.
+    pub fn labels(&self) -> &[u8] {
+        self.0.labels()
+    }
+}
+
+impl Dataset for FashionMnist {
+    type Item = (Tensor, Tensor);
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn get(&self, index: usize) -> Result<(Tensor, Tensor)> {
+        self.0.get(index)
     }
 }

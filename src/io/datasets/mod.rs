@@ -1,15 +1,22 @@
-//! Ready-made datasets: the shipped UCI [`Digits`], and readers for [`Mnist`] (IDX files) and
-//! [`Cifar10`] (binary batches). Samples are `(image, label)`: an f32 image `[C, H, W]` scaled to
-//! `[0, 1]` and an i64 scalar label.
+//! Ready-made datasets: the shipped UCI [`Digits`], readers for [`Mnist`] and [`FashionMnist`]
+//! (IDX files), [`Cifar10`] and [`Cifar100`] (binary batches), [`ImageFolder`] (a directory per
+//! class) and [`TextClassification`] (`label<TAB>text` lines, with a [`Vocab`] and
+//! [`tokenize`]). Image samples are `(image, label)`: an f32 image `[C, H, W]` scaled to `[0, 1]`
+//! and an i64 scalar label. Nothing is downloaded: a data set whose files are absent is an error
+//! saying which files to put where.
 
 mod cifar;
 mod digits;
 mod files;
+mod folder;
 mod mnist;
+mod text;
 
-pub use cifar::Cifar10;
+pub use cifar::{Cifar10, Cifar100};
 pub use digits::Digits;
-pub use mnist::{Mnist, read_idx_u8};
+pub use folder::ImageFolder;
+pub use mnist::{FashionMnist, Mnist, read_idx_u8};
+pub use text::{TextClassification, Vocab, tokenize};
 
 use crate::error::Result;
 use crate::tensor::Tensor;
