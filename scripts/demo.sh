@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: train in eager mode, convert to a static graph and save it, load it back and
+# The main job: train with the high-level API (`Model.fit`, with loss and accuracy plots), train in
+# eager mode, convert to a static graph and save it, load it back and
 # keep training, compile the saved model to a native executable, run it on the held-out digits
 # (accuracy and latency), the same in mixed precision (bf16) and quantized to int8 (post-training,
 # `oar quantize`), then inspect the model with the oar CLI.
@@ -11,10 +12,10 @@ out=target/demo
 profile=${OAR_DEMO_PROFILE:-release}
 bin=target/$([ "$profile" = dev ] && echo debug || echo "$profile")
 # One build at the workspace level (the features the tests build with: no rebuild after them).
-cargo build --profile "$profile" --quiet --workspace --bins --example mlp_digits --example to_static --example demo \
+cargo build --profile "$profile" --quiet --workspace --bins --example fit_digits --example to_static --example demo \
     --example score
-echo "== 1. train: examples/mlp_digits.rs (eager: DataLoader, nn, autograd, Adam)"
-"$bin"/examples/mlp_digits
+echo "== 1. train: examples/fit_digits.rs (Model.fit: a CNN in ten lines, with curves drawn as SVG)"
+"$bin"/examples/fit_digits "$out/plots"
 echo
 echo "== 2. convert: examples/to_static.rs (eager CNN → jit::save → jit::load → fine-tune → save)"
 "$bin"/examples/to_static "$out"

@@ -48,7 +48,7 @@ done
 step "cpu runtime kernels as avx2 and baseline"
 # Everything the steps below run, in one build at the workspace level: the same features as the
 # test run, so its libraries are reused (a `-p` build resolves features anew and rebuilds them).
-cargo build --workspace --bins --example onnx_conformance --example mlp_digits --example to_static \
+cargo build --workspace --bins --example onnx_conformance --example fit_digits --example to_static \
     --example demo --example score --quiet
 step "examples"
 disk

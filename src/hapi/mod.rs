@@ -477,12 +477,15 @@ impl Model {
     /// match), the optimizer's (when the model has one and the file does) and the epoch count.
     /// A plain state dict (as [`crate::save_layer`] or `tools/torchvision_to_oar.py` writes:
     /// no `meta/epoch`, no `network/` prefix) loads the network's weights only, as Paddle's
-    /// `Model.load` of a `.pdparams` file; the optimizer and the epoch count stay. On a
-    /// mismatch nothing changes and the error names the file.
+    /// `Model.load` of a `.pdparams` file; the optimizer and the epoch count stay, and float
+    /// values stored in another float dtype (f16 weights for an f32 network) are converted, as
+    /// PyTorch's `load_state_dict` copies them. On a mismatch nothing changes and the error
+    /// names the file.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let state = crate::serialization::load(path)?;
         if !state.contains_key("meta/epoch") && !state.keys().any(|k| k.starts_with("network/")) {
+            let state = float_cast_to(&self.network.state_dict(), state)?;
             self.network.set_state_dict(&state).map_err(|e| Error::Io {
                 path: path.display().to_string(),
                 detail: format!("network: {e}"),
@@ -686,4 +689,25 @@ fn walk(l: &dyn Layer, path: &str, rows: &mut Vec<(String, String, usize, String
 
 fn mean(total: f64, n: usize) -> f64 {
     if n == 0 { f64::NAN } else { total / n as f64 }
+}
+
+/// `state` with each float entry whose dtype differs from the float tensor of the same name in
+/// `own` cast to that tensor's dtype; everything else as it is (`set_state_dict` checks it).
+fn float_cast_to(
+    own: &BTreeMap<String, Tensor>,
+    state: BTreeMap<String, TensorData>,
+) -> Result<BTreeMap<String, TensorData>> {
+    state
+        .into_iter()
+        .map(|(k, v)| {
+            let target = own.get(&k).map(Tensor::dtype);
+            match target {
+                Some(dt) if dt.is_float() && v.dtype().is_float() && v.dtype() != dt => {
+                    let cast = Tensor::from_data(v).cast(dt)?.try_data()?;
+                    Ok((k, cast))
+                }
+                _ => Ok((k, v)),
+            }
+        })
+        .collect()
 }

@@ -499,3 +499,20 @@ fn mixed_precision_training_with_loss_scaling() {
         }
     }
 }
+
+/// `examples/fit_digits.rs` is the ten-line program: between its `user code` markers there are
+/// at most 15 statements (rustfmt spreads a builder chain over several physical lines, so those
+/// are bounded separately, at 25), and they build, prepare, fit and evaluate a model. The demo
+/// (`scripts/demo.sh`, run by CI) runs it and fails below 95% test accuracy.
+#[test]
+fn the_fit_example_is_about_ten_lines() {
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/fit_digits.rs")).unwrap();
+    let (_, rest) = src.split_once("// user code begin").unwrap();
+    let (user, _) = rest.split_once("// user code end").unwrap();
+    let lines: Vec<&str> = user.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let statements = lines.iter().filter(|l| l.ends_with(';')).count();
+    assert!(statements <= 15 && lines.len() <= 25, "{statements} statements, {} lines", lines.len());
+    for needle in ["Model::new", ".prepare(", ".fit_with(", ".evaluate("] {
+        assert!(user.contains(needle), "the user code calls {needle}");
+    }
+}
