@@ -19,8 +19,10 @@ pub mod metric;
 pub mod nn;
 pub mod optimizer;
 pub mod quantization;
+pub mod rec;
 pub mod serialization;
 pub mod tensor;
+pub mod text;
 pub mod vision;
 
 pub use autograd::{is_grad_enabled, no_grad, set_grad_enabled, with_no_grad};

@@ -199,6 +199,72 @@ pub trait Layer {
     }
 }
 
+/// A boxed layer is a layer (`Box<dyn Layer>` from a model registry or a builder that picks
+/// the architecture at run time goes wherever a layer does, e.g. `Model::new`): every method
+/// forwards to the box's content, so its overrides hold.
+impl<L: Layer + ?Sized> Layer for Box<L> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        (**self).own_parameters()
+    }
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).own_buffers()
+    }
+    fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+        (**self).sublayers()
+    }
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        (**self).sublayers_mut()
+    }
+    fn quantize_with(&mut self, q: &dyn crate::quantization::Quantizer) -> Result<usize> {
+        (**self).quantize_with(q)
+    }
+    fn fold_affine(&mut self, scale: &[f32], shift: &[f32]) -> Option<Result<()>> {
+        (**self).fold_affine(scale, shift)
+    }
+    fn fold_away(&mut self) -> bool {
+        (**self).fold_away()
+    }
+    fn set_training(&mut self, training: bool) {
+        (**self).set_training(training)
+    }
+    fn is_training(&self) -> bool {
+        (**self).is_training()
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        (**self).named_parameters()
+    }
+    fn parameters(&self) -> Vec<Tensor> {
+        (**self).parameters()
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).named_buffers()
+    }
+    fn state_dict(&self) -> BTreeMap<String, Tensor> {
+        (**self).state_dict()
+    }
+    fn set_state_dict(&self, state: &BTreeMap<String, TensorData>) -> Result<()> {
+        (**self).set_state_dict(state)
+    }
+    fn train(&mut self) {
+        (**self).train()
+    }
+    fn eval(&mut self) {
+        (**self).eval()
+    }
+    fn to(&self, device: &Device) -> Result<()> {
+        (**self).to(device)
+    }
+    fn to_dtype(&self, dtype: DType) -> Result<()> {
+        (**self).to_dtype(dtype)
+    }
+    fn clear_gradients(&self) {
+        (**self).clear_gradients()
+    }
+}
+
 impl Tensor {
     /// A trainable leaf holding `data` (a layer parameter).
     pub fn parameter(data: TensorData) -> Result<Tensor> {

@@ -17,7 +17,7 @@ mod spatial;
 pub mod transformer;
 mod util;
 
-pub use activation::{GELU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh};
+pub use activation::{GELU, Hardsigmoid, Hardswish, LogSoftmax, ReLU, ReLU6, SiLU, Sigmoid, Softmax, Tanh};
 pub use container::Sequential;
 pub use conv::{Conv1D, Conv2D, ConvTranspose};
 pub use dropout::{Dropout, Flatten};
@@ -32,4 +32,7 @@ pub use norm::{
 pub use pooling::{AdaptiveAvgPool2D, AdaptiveMaxPool2D, AvgPool2D, MaxPool2D};
 pub use rnn::{Direction, GRU, GRUCell, LSTM, LSTMCell};
 pub use spatial::{Pad, Upsample};
-pub use transformer::{Activation, MultiHeadAttention, TransformerEncoder, TransformerEncoderLayer};
+pub use transformer::{
+    Activation, MultiHeadAttention, Transformer, TransformerConfig, TransformerDecoder, TransformerDecoderLayer,
+    TransformerEncoder, TransformerEncoderLayer,
+};

@@ -32,3 +32,4 @@ mod save_load;
 mod vision;
 mod vision_ops;
 mod vision_transforms;
+mod zoo;

@@ -11,3 +11,4 @@ mod inspect_run;
 mod opt;
 mod quantize;
 mod regressions;
+mod zoo;

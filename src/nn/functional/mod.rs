@@ -17,8 +17,8 @@ pub use vision::{Interpolation, conv_transpose, group_norm, instance_norm, inter
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, apply, apply1};
 use oar_ir::ops::{
-    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, Conv2d, CrossEntropy, Dropout, Gelu, LayerNorm,
-    LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, BatchNorm, BinaryOp, Conv2d, CrossEntropy, Dropout, Gelu,
+    LayerNorm, LogSoftmax, MaxPool2d, ScaledDotProductAttention, Softmax,
 };
 use oar_ir::{Composite, Float, Op};
 
@@ -190,6 +190,27 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 /// GELU (exact erf form, or the tanh approximation).
 pub fn gelu(x: &Tensor, approximate: bool) -> Result<Tensor> {
     composite1(Composite::Gelu(Gelu { approximate }), &[x])
+}
+
+/// `min(max(x, 0), 6)` (PyTorch `relu6`, Paddle `relu6`). Built from `max` and `min`, so at
+/// the kinks 0 and 6 the gradient is ½ (the mean of the one-sided slopes; PyTorch gives 0).
+pub fn relu6(x: &Tensor) -> Result<Tensor> {
+    x.binary_scalar(BinaryOp::Max, 0.0)?.binary_scalar(BinaryOp::Min, 6.0)
+}
+
+/// `relu6(x + 3) / 6` (PyTorch `hardsigmoid`; Paddle's default `slope = 1/6, offset = ½`).
+/// Evaluated in PyTorch's order, so values match it bit for bit; at the kinks ±3 the gradient
+/// is 1/12 (the mean of the one-sided slopes; PyTorch gives 0).
+pub fn hardsigmoid(x: &Tensor) -> Result<Tensor> {
+    relu6(&x.binary_scalar(BinaryOp::Add, 3.0)?)?.binary_scalar(BinaryOp::Div, 6.0)
+}
+
+/// `x · relu6(x + 3) / 6` (PyTorch and Paddle `hardswish`). Evaluated in PyTorch's order, so
+/// values match it bit for bit; at the kinks ±3 the gradient is the mean of the one-sided
+/// slopes (−¼ at −3, 5/4 at 3; PyTorch gives −½ and 3/2).
+pub fn hardswish(x: &Tensor) -> Result<Tensor> {
+    x.multiply(&relu6(&x.binary_scalar(BinaryOp::Add, 3.0)?)?)?
+        .binary_scalar(BinaryOp::Div, 6.0)
 }
 
 /// `x · sigmoid(x)`.

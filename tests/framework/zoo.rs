@@ -1,0 +1,120 @@
+//! The model zoo computes what torchvision computes from the same weights: weights converted
+//! from torchvision models (random, with random batch-norm statistics) by
+//! `tools/torchvision_to_oar.py` load through `Model::load` and give torchvision's logits.
+//! Committed fixtures (`tests/fixtures/zoo`) cover small configurations of DenseNet,
+//! ShuffleNetV2, MobileNetV2/V3 and ViT; every zoo model at full size is checked by
+//!
+//! ```text
+//! python3 tools/torchvision_to_oar.py --all /tmp/zoo      # needs torch + torchvision
+//! OAR_ZOO_DIR=/tmp/zoo cargo test --release -p oar --test framework -- --ignored zoo::
+//! ```
+//!
+//! Parameter counts and state-dict names against torchvision are unit tests beside each model.
+
+use oar::Model;
+use oar::nn::Layer;
+use oar::vision::models as vm;
+use std::path::Path;
+
+type Build = fn() -> oar::Result<Box<dyn Layer>>;
+
+fn boxed<L: Layer + 'static>(l: oar::Result<L>) -> oar::Result<Box<dyn Layer>> {
+    Ok(Box::new(l?))
+}
+
+/// Load `<dir>/<name>.safetensors` into the model `build` makes, run it on the input of
+/// `<name>.io.safetensors` and compare with torchvision's logits, within `tol` of the largest.
+fn check(dir: &Path, name: &str, build: Build, tol: f64) {
+    let mut model = Model::new(build().unwrap_or_else(|e| panic!("{name}: {e}")));
+    model
+        .load(dir.join(format!("{name}.safetensors")))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let io = oar::load(dir.join(format!("{name}.io.safetensors"))).unwrap();
+    let x = oar::Tensor::from_data(io["input"].clone());
+    let want = io["logits"].to_f64_vec();
+    let got = model.predict([Ok(x)]).unwrap().remove(0);
+    assert_eq!(got.numel(), want.len(), "{name}: output {:?}", got.shape());
+    let got = got.try_data().unwrap().to_f64_vec();
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let err = got.iter().zip(&want).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("{name}: largest logit {scale:.3}, largest difference {err:.2e}");
+    assert!(
+        err <= tol * scale + 1e-5,
+        "{name}: logits differ by {err} (largest {scale})"
+    );
+}
+
+/// The committed small configurations, within 1e-4 of the largest logit.
+#[test]
+fn committed_torchvision_fixtures_match() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zoo");
+    let cases: [(&str, Build); 5] = [
+        ("densenet_tiny", || {
+            boxed(vm::DenseNet::new(
+                &vm::DenseNetConfig::new(8, &[2, 2], 16).bn_size(2),
+                10,
+            ))
+        }),
+        ("shufflenet_v2_tiny", || {
+            boxed(vm::ShuffleNetV2::new([1, 1, 1], [8, 16, 32, 64, 128], 10))
+        }),
+        ("mobilenet_v3_small_025", || boxed(vm::mobilenet_v3_small(0.25, 10))),
+        ("mobilenet_v2_025", || boxed(vm::mobilenet_v2(0.25, 10))),
+        ("vit_tiny", || {
+            boxed(vm::VisionTransformer::new(&vm::ViTConfig::new(32, 8, 2, 2, 32, 64, 10)))
+        }),
+    ];
+    for (name, build) in cases {
+        check(&dir, name, build, 1e-4);
+    }
+}
+
+/// Every zoo model at full size against torchvision (see the module docs), within 1e-3 of the
+/// largest logit; cases whose files are absent are skipped, at least one must be there.
+#[test]
+#[ignore = "needs OAR_ZOO_DIR from tools/torchvision_to_oar.py --all"]
+fn every_zoo_model_matches_torchvision() {
+    let dir = std::path::PathBuf::from(std::env::var("OAR_ZOO_DIR").expect("set OAR_ZOO_DIR"));
+    let cases: Vec<(&str, Build)> = vec![
+        ("alexnet", || boxed(vm::alexnet(1000))),
+        ("vgg11", || boxed(vm::vgg11(false, 1000))),
+        ("vgg11_bn", || boxed(vm::vgg11(true, 1000))),
+        ("vgg13", || boxed(vm::vgg13(false, 1000))),
+        ("vgg13_bn", || boxed(vm::vgg13(true, 1000))),
+        ("vgg16", || boxed(vm::vgg16(false, 1000))),
+        ("vgg16_bn", || boxed(vm::vgg16(true, 1000))),
+        ("vgg19", || boxed(vm::vgg19(false, 1000))),
+        ("vgg19_bn", || boxed(vm::vgg19(true, 1000))),
+        ("resnet18", || boxed(vm::resnet18(1000))),
+        ("resnet34", || boxed(vm::resnet34(1000))),
+        ("resnet50", || boxed(vm::resnet50(1000))),
+        ("resnet101", || boxed(vm::resnet101(1000))),
+        ("resnet152", || boxed(vm::resnet152(1000))),
+        ("resnext50_32x4d", || boxed(vm::resnext50_32x4d(1000))),
+        ("wide_resnet50_2", || boxed(vm::wide_resnet50_2(1000))),
+        ("mobilenet_v2", || boxed(vm::mobilenet_v2(1.0, 1000))),
+        ("mobilenet_v3_small", || boxed(vm::mobilenet_v3_small(1.0, 1000))),
+        ("mobilenet_v3_large", || boxed(vm::mobilenet_v3_large(1.0, 1000))),
+        ("shufflenet_v2_x0_5", || boxed(vm::shufflenet_v2_x0_5(1000))),
+        ("shufflenet_v2_x1_0", || boxed(vm::shufflenet_v2_x1_0(1000))),
+        ("shufflenet_v2_x1_5", || boxed(vm::shufflenet_v2_x1_5(1000))),
+        ("shufflenet_v2_x2_0", || boxed(vm::shufflenet_v2_x2_0(1000))),
+        ("squeezenet1_0", || boxed(vm::squeezenet1_0(1000))),
+        ("squeezenet1_1", || boxed(vm::squeezenet1_1(1000))),
+        ("densenet121", || boxed(vm::densenet121(1000))),
+        ("googlenet", || boxed(vm::googlenet(1000, false))),
+        ("inception_v3", || boxed(vm::inception_v3(1000, true))),
+        ("vit_b_16", || boxed(vm::vit_b_16(1000))),
+        ("fcn_resnet50", || boxed(vm::fcn_resnet50(21, true))),
+    ];
+    let mut ran = 0;
+    for (name, build) in cases {
+        if dir.join(format!("{name}.safetensors")).exists() {
+            check(&dir, name, build, 1e-3);
+            ran += 1;
+        } else {
+            eprintln!("{name}: no files in {}, skipped", dir.display());
+        }
+    }
+    assert!(ran > 0, "no converted models in {}", dir.display());
+}
