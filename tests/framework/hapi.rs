@@ -511,7 +511,11 @@ fn the_fit_example_is_about_ten_lines() {
     let (user, _) = rest.split_once("// user code end").unwrap();
     let lines: Vec<&str> = user.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     let statements = lines.iter().filter(|l| l.ends_with(';')).count();
-    assert!(statements <= 15 && lines.len() <= 25, "{statements} statements, {} lines", lines.len());
+    assert!(
+        statements <= 15 && lines.len() <= 25,
+        "{statements} statements, {} lines",
+        lines.len()
+    );
     for needle in ["Model::new", ".prepare(", ".fit_with(", ".evaluate("] {
         assert!(user.contains(needle), "the user code calls {needle}");
     }
