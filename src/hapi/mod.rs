@@ -44,6 +44,63 @@ use std::path::Path;
 /// A loss: `loss(output, label)` → a scalar tensor.
 pub type LossFn = Box<dyn Fn(&Tensor, &Tensor) -> Result<Tensor>>;
 
+/// A custom training step ([`Model::custom_step`]): given the model's parts and a batch, do
+/// forward, loss, backward and the update, and return the loss and the network's output.
+pub type StepFn = Box<dyn FnMut(&mut StepContext<'_>, &Tensor, &Tensor) -> Result<(Tensor, Tensor)>>;
+
+/// What a custom training step works with: the network, the loss, the optimizer, the loss
+/// scaler and the AMP configuration the model was given.
+pub struct StepContext<'a> {
+    network: &'a dyn Layer,
+    loss: &'a LossFn,
+    optimizer: &'a mut dyn Optimizer,
+    scaler: Option<&'a mut GradScaler>,
+    amp: Option<&'a AmpConfig>,
+}
+
+impl StepContext<'_> {
+    /// The network (in training mode).
+    pub fn network(&self) -> &dyn Layer {
+        self.network
+    }
+
+    /// The loss given to [`Model::prepare`].
+    pub fn loss(&self, output: &Tensor, label: &Tensor) -> Result<Tensor> {
+        (self.loss)(output, label)
+    }
+
+    /// The optimizer given to [`Model::prepare`].
+    pub fn optimizer(&mut self) -> &mut dyn Optimizer {
+        &mut *self.optimizer
+    }
+
+    /// The loss scaler given to [`Model::amp`], if any.
+    pub fn scaler(&mut self) -> Option<&mut GradScaler> {
+        self.scaler.as_deref_mut()
+    }
+
+    /// An AMP scope for the forward pass and the loss when the model has an AMP configuration
+    /// (hold the guard while they run, drop it before backward); `None` otherwise.
+    pub fn autocast(&self) -> Option<crate::amp::AutoCastGuard> {
+        self.amp.cloned().map(crate::amp::auto_cast_with)
+    }
+
+    /// The step [`Model`] runs without a custom one: forward and loss (in the AMP scope),
+    /// backward (of the scaled loss with a scaler), the update, gradients cleared; the loss
+    /// and the output, detached.
+    pub fn default_step(&mut self, x: &Tensor, label: &Tensor) -> Result<(Tensor, Tensor)> {
+        step(
+            self.network,
+            self.loss,
+            &mut *self.optimizer,
+            self.amp,
+            self.scaler.as_deref_mut(),
+            x,
+            label,
+        )
+    }
+}
+
 /// One epoch's results: the mean loss over its samples and each metric's accumulated values,
 /// by name (`loss`, `acc_top1`, …), for training and (when given) evaluation.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -74,6 +131,8 @@ pub struct Model {
     amp: Option<AmpConfig>,
     /// Dynamic loss scaling.
     scaler: Option<GradScaler>,
+    /// A training step that replaces the standard one.
+    custom_step: Option<StepFn>,
 }
 
 /// The per-sample shapes (all but the batch dim) and dtypes of a batch's input and label.
@@ -93,7 +152,23 @@ impl Model {
             compiled: None,
             amp: None,
             scaler: None,
+            custom_step: None,
         }
+    }
+
+    /// Replace the training step that `train_batch` and `fit` run (forward, loss, backward,
+    /// update) with `step`, which gets the model's parts in a [`StepContext`] and the batch and
+    /// returns the loss and the network's output (metrics are computed from it): gradient
+    /// clipping, extra loss terms, several optimizer calls — the low-level API inside `fit`.
+    /// `StepContext::default_step` is the standard step, to wrap. With `to_static(true)` the
+    /// custom step is traced into the compiled graph like the standard one.
+    pub fn custom_step(
+        &mut self,
+        step: impl FnMut(&mut StepContext<'_>, &Tensor, &Tensor) -> Result<(Tensor, Tensor)> + 'static,
+    ) -> &mut Model {
+        self.custom_step = Some(Box::new(step));
+        self.compiled = None;
+        self
     }
 
     /// Train with automatic mixed precision: each step's forward pass and loss run inside
@@ -199,15 +274,14 @@ impl Model {
         }
         let opt = self.optimizer.as_mut().expect("checked above");
         opt.clear_grad();
-        let (loss, out) = step(
-            self.network.as_ref(),
-            need_loss(&self.loss, "Model::train_batch")?,
-            opt.as_mut(),
-            self.amp.as_ref(),
-            self.scaler.as_mut(),
-            x,
-            label,
-        )?;
+        let mut ctx = StepContext {
+            network: self.network.as_ref(),
+            loss: need_loss(&self.loss, "Model::train_batch")?,
+            optimizer: opt.as_mut(),
+            scaler: self.scaler.as_mut(),
+            amp: self.amp.as_ref(),
+        };
+        let (loss, out) = run_step(self.custom_step.as_mut(), &mut ctx, x, label)?;
         let values = self.update_metrics(&out, label)?;
         Ok((loss.item()?, values))
     }
@@ -243,11 +317,16 @@ impl Model {
             };
             let specs = [spec(x, "x"), spec(label, "label")];
             let net = self.network.as_ref();
-            let loss = need_loss(&self.loss, "Model::train_batch")?;
-            let opt = self.optimizer.as_mut().expect("checked by train_batch");
-            let (amp, scaler) = (self.amp.as_ref(), self.scaler.as_mut());
+            let mut ctx = StepContext {
+                network: net,
+                loss: need_loss(&self.loss, "Model::train_batch")?,
+                optimizer: self.optimizer.as_mut().expect("checked by train_batch").as_mut(),
+                scaler: self.scaler.as_mut(),
+                amp: self.amp.as_ref(),
+            };
+            let custom = self.custom_step.as_mut();
             let traced = crate::jit::to_static_step(net, &specs, |xs| {
-                let (l, out) = step(net, loss, opt.as_mut(), amp, scaler, &xs[0], &xs[1])?;
+                let (l, out) = run_step(custom, &mut ctx, &xs[0], &xs[1])?;
                 Ok(vec![l, out])
             })?;
             self.compiled = Some((key, traced));
@@ -624,6 +703,22 @@ impl Model {
 fn need_loss<'a>(loss: &'a Option<LossFn>, what: &str) -> Result<&'a LossFn> {
     loss.as_ref()
         .ok_or_else(|| Error::invalid(what, "the model has no loss: call prepare first"))
+}
+
+/// The custom step if there is one, else the standard step; the loss and output detached.
+fn run_step(
+    custom: Option<&mut StepFn>,
+    ctx: &mut StepContext<'_>,
+    x: &Tensor,
+    label: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    match custom {
+        Some(f) => {
+            let (l, out) = f(ctx, x, label)?;
+            Ok((l.detach(), out.detach()))
+        }
+        None => ctx.default_step(x, label),
+    }
 }
 
 /// One training step, eager or traced: forward and loss (in an AMP scope when given), backward

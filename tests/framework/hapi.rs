@@ -520,3 +520,69 @@ fn the_fit_example_is_about_ten_lines() {
         assert!(user.contains(needle), "the user code calls {needle}");
     }
 }
+
+/// A custom step replaces the standard one inside `train_batch` / `fit`: with an L2 term on
+/// the first layer's weight it trains exactly as a hand-written loop with that term does (bit
+/// for bit), one that only calls `default_step` trains as no custom step does, and traced
+/// (`to_static(true)`) it stays within 1e-5 of eager.
+#[test]
+fn custom_steps_run_inside_fit() {
+    use oar::hapi::StepContext;
+    use oar::optimizer::Optimizer;
+    fn l2_step(s: &mut StepContext<'_>, x: &oar::Tensor, y: &oar::Tensor) -> oar::Result<(oar::Tensor, oar::Tensor)> {
+        let out = s.network().forward(x)?;
+        let w = s.network().named_parameters()[0].1.clone();
+        let loss = (&s.loss(&out, y)? + &w.multiply(&w)?.sum(&[], false)?.scale(0.01, 0.0)?)?;
+        loss.backward()?;
+        s.optimizer().step()?;
+        s.optimizer().clear_grad();
+        Ok((loss, out))
+    }
+    let data = DataLoader::new(Digits::new(Split::Train).unwrap()).batch_size(128);
+    let batches: Vec<_> = data.iter().take(4).map(|b| b.unwrap()).collect();
+
+    let mut custom = prepared(3);
+    custom.custom_step(l2_step);
+    // The same by hand.
+    let net = mlp(3);
+    let mut opt = Adam::new(net.named_parameters(), 1e-2);
+    for (x, y) in &batches {
+        custom.train_batch(x, y).unwrap();
+        let out = net.forward(x).unwrap();
+        let w = net.named_parameters()[0].1.clone();
+        let loss = (&cross_entropy(&out, y, Reduction::Mean).unwrap()
+            + &w.multiply(&w)
+                .unwrap()
+                .sum(&[], false)
+                .unwrap()
+                .scale(0.01, 0.0)
+                .unwrap())
+            .unwrap();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        opt.clear_grad();
+    }
+    let by_hand: Vec<Vec<f32>> = net.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect();
+    assert_eq!(params(&custom), by_hand);
+
+    let (mut plain, mut wrapped) = (prepared(4), prepared(4));
+    wrapped.custom_step(|s, x, y| s.default_step(x, y));
+    for (x, y) in &batches {
+        plain.train_batch(x, y).unwrap();
+        wrapped.train_batch(x, y).unwrap();
+    }
+    assert_eq!(params(&plain), params(&wrapped));
+    assert_ne!(params(&plain), params(&custom));
+
+    let mut traced = prepared(3);
+    traced.custom_step(l2_step);
+    traced.to_static(true).unwrap();
+    for (x, y) in &batches {
+        traced.train_batch(x, y).unwrap();
+    }
+    for (a, b) in params(&traced).iter().zip(&by_hand) {
+        for (p, q) in a.iter().zip(b) {
+            assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "{p} vs {q}");
+        }
+    }
+}
