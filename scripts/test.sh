@@ -49,8 +49,14 @@ step "cpu runtime kernels as avx2 and baseline"
 # Everything the steps below run, in one build at the workspace level: the same features as the
 # test run, so its libraries are reused (a `-p` build resolves features anew and rebuilds them).
 cargo build --workspace --bins --example onnx_conformance --example fit_digits --example to_static \
-    --example demo --example score --quiet
+    --example demo --example score --example fit_cifar --example fit_text --example fit_ctr --quiet
 step "examples"
+# The high-level API's examples on their synthetic data (each fails below its accuracy or AUC
+# target): ResNet-18 on CIFAR-format files, an LSTM text classifier, Wide&Deep with AUC.
+target/debug/examples/fit_cifar | tail -n 2
+target/debug/examples/fit_text | tail -n 1
+target/debug/examples/fit_ctr | tail -n 1
+step "fit examples"
 disk
 # The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes
 # last because its feature changes what `oar` and `oar-cli` are built with.

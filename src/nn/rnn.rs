@@ -77,6 +77,12 @@ impl CellParams {
         })
     }
 
+    /// The parameters' dtype: what they hold now, so `Layer::to_dtype` (which replaces their
+    /// storage in place) changes what the layer computes in.
+    fn dtype(&self) -> DType {
+        self.weight_ih.dtype()
+    }
+
     fn named(&self, suffix: &str) -> Vec<(String, Tensor)> {
         vec![
             (format!("weight_ih{suffix}"), self.weight_ih.clone()),
@@ -144,7 +150,7 @@ fn check_state(layer: &str, what: &str, t: &Tensor, shape: &[usize], dtype: DTyp
 }
 
 /// The shared machinery of `LSTM` and `GRU`: configuration plus cells in layer-major,
-/// direction-minor order (the order of Paddle's `h0` rows).
+/// direction-minor order (the order of Paddle's `h0` rows). The dtype is the parameters'.
 struct Stack {
     kind: Kind,
     input_size: usize,
@@ -153,7 +159,6 @@ struct Stack {
     direction: Direction,
     dropout: f64,
     time_major: bool,
-    dtype: DType,
     training: bool,
     cells: Vec<CellParams>,
 }
@@ -168,16 +173,20 @@ impl Stack {
             direction: Direction::Forward,
             dropout: 0.0,
             time_major: false,
-            dtype: DType::F32,
             training: true,
             cells: Vec::new(),
         };
-        s.build()?;
+        s.build(DType::F32)?;
         Ok(s)
     }
 
-    /// (Re)create every parameter for the current configuration.
-    fn build(&mut self) -> Result<()> {
+    /// The parameters' dtype (f32 before the first build).
+    fn dtype(&self) -> DType {
+        self.cells.first().map_or(DType::F32, CellParams::dtype)
+    }
+
+    /// (Re)create every parameter for the current configuration, in `dtype`.
+    fn build(&mut self, dtype: DType) -> Result<()> {
         let name = self.kind.name();
         if self.input_size == 0 || self.hidden_size == 0 || self.num_layers == 0 {
             return Err(Error::invalid(
@@ -188,18 +197,15 @@ impl Stack {
                 ),
             ));
         }
-        if !self.dtype.is_float() {
-            return Err(Error::invalid(
-                name,
-                format!("parameters must be float, not {}", self.dtype),
-            ));
+        if !dtype.is_float() {
+            return Err(Error::invalid(name, format!("parameters must be float, not {dtype}")));
         }
         let d = self.direction.count();
         let mut cells = Vec::with_capacity(self.num_layers * d);
         for l in 0..self.num_layers {
             let input = if l == 0 { self.input_size } else { d * self.hidden_size };
             for _ in 0..d {
-                cells.push(CellParams::new(self.kind, input, self.hidden_size, self.dtype)?);
+                cells.push(CellParams::new(self.kind, input, self.hidden_size, dtype)?);
             }
         }
         self.cells = cells;
@@ -230,13 +236,13 @@ impl Stack {
         };
         let shape = x.shape();
         let layout = if self.time_major { "[T, N, C]" } else { "[N, T, C]" };
-        if shape.len() != 3 || shape[2] != self.input_size || x.dtype() != self.dtype {
+        let dtype = self.dtype();
+        if shape.len() != 3 || shape[2] != self.input_size || x.dtype() != dtype {
             return Err(Error::invalid(
                 name,
                 format!(
-                    "input must be {layout} with C = input_size {} and dtype {}, got {}",
+                    "input must be {layout} with C = input_size {} and dtype {dtype}, got {}",
                     self.input_size,
-                    self.dtype,
                     dims(&x)
                 ),
             ));
@@ -260,12 +266,12 @@ impl Stack {
         let (d, hs) = (self.direction.count(), self.hidden_size);
         let state_shape = [self.num_layers * d, n, hs];
         if let Some(h0) = h0 {
-            check_state(name, "h", h0, &state_shape, self.dtype)?;
+            check_state(name, "h", h0, &state_shape, dtype)?;
         }
         if let Some(c0) = c0 {
-            check_state(name, "c", c0, &state_shape, self.dtype)?;
+            check_state(name, "c", c0, &state_shape, dtype)?;
         }
-        let zeros = crate::tensor::zeros_dims(&[x.dims()[0].clone(), oar_ir::Dim::Static(hs)], self.dtype)?;
+        let zeros = crate::tensor::zeros_dims(&[x.dims()[0].clone(), oar_ir::Dim::Static(hs)], dtype)?;
         let (mut h_last, mut c_last) = (Vec::new(), Vec::new());
         let mut layer_in = x;
         for l in 0..self.num_layers {
@@ -346,21 +352,21 @@ macro_rules! stack_builders {
             /// Stack `n` layers (rebuilds the parameters).
             pub fn num_layers(mut self, n: usize) -> Result<Self> {
                 self.core.num_layers = n;
-                self.core.build()?;
+                self.core.build(self.core.dtype())?;
                 Ok(self)
             }
 
             /// Read forward only or both ways (rebuilds the parameters).
             pub fn direction(mut self, d: Direction) -> Result<Self> {
                 self.core.direction = d;
-                self.core.build()?;
+                self.core.build(self.core.dtype())?;
                 Ok(self)
             }
 
-            /// Parameter dtype (default f32; rebuilds the parameters).
+            /// Parameter dtype (default f32; rebuilds the parameters). `Layer::to_dtype` converts
+            /// a built layer's values instead.
             pub fn dtype(mut self, dtype: DType) -> Result<Self> {
-                self.core.dtype = dtype;
-                self.core.build()?;
+                self.core.build(dtype)?;
                 Ok(self)
             }
 
@@ -466,12 +472,12 @@ impl GRU {
 
 stack_builders!(GRU);
 
-/// One cell of either kind: parameters plus the sizes needed to check inputs.
+/// One cell of either kind: parameters plus the sizes needed to check inputs (the dtype is the
+/// parameters').
 struct Cell {
     kind: Kind,
     input_size: usize,
     hidden_size: usize,
-    dtype: DType,
     params: CellParams,
 }
 
@@ -491,7 +497,6 @@ impl Cell {
             kind,
             input_size,
             hidden_size,
-            dtype,
             params: CellParams::new(kind, input_size, hidden_size, dtype)?,
         })
     }
@@ -499,32 +504,29 @@ impl Cell {
     fn step(&self, x: &Tensor, h: Option<&Tensor>, c: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
         let name = cell_name(self.kind);
         let s = x.shape();
-        if s.len() != 2 || s[1] != self.input_size || x.dtype() != self.dtype {
+        let dtype = self.params.dtype();
+        if s.len() != 2 || s[1] != self.input_size || x.dtype() != dtype {
             return Err(Error::invalid(
                 name,
                 format!(
-                    "input must be [N, C] with C = input_size {} and dtype {}, got {}",
+                    "input must be [N, C] with C = input_size {} and dtype {dtype}, got {}",
                     self.input_size,
-                    self.dtype,
                     dims(x)
                 ),
             ));
         }
         let state = [s[0], self.hidden_size];
-        let zeros = crate::tensor::zeros_dims(
-            &[x.dims()[0].clone(), oar_ir::Dim::Static(self.hidden_size)],
-            self.dtype,
-        )?;
+        let zeros = crate::tensor::zeros_dims(&[x.dims()[0].clone(), oar_ir::Dim::Static(self.hidden_size)], dtype)?;
         let h = match h {
             Some(h) => {
-                check_state(name, "h", h, &state, self.dtype)?;
+                check_state(name, "h", h, &state, dtype)?;
                 h.clone()
             }
             None => zeros.clone(),
         };
         let c = match (self.kind, c) {
             (Kind::Lstm, Some(c)) => {
-                check_state(name, "c", c, &state, self.dtype)?;
+                check_state(name, "c", c, &state, dtype)?;
                 Some(c.clone())
             }
             (Kind::Lstm, None) => Some(zeros),

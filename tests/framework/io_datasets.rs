@@ -485,3 +485,27 @@ fn text_classification_reads_label_tab_text() {
     assert!(TextClassification::from_tsv(&empty, 4, 1).is_err());
     assert!(TextClassification::from_tsv(&train, 0, 1).is_err());
 }
+
+/// `Transformed` applies a transform to each image when fetched; a failing transform is an
+/// error naming the sample.
+#[test]
+fn transformed_datasets_apply_the_transform() {
+    use oar::io::datasets::Transformed;
+    use oar::vision::transforms::{CenterCrop, Normalize};
+    let plain = Digits::new(Split::Test).unwrap();
+    let (x, y) = plain.get(3).unwrap();
+    let t = Transformed::new(
+        Digits::new(Split::Test).unwrap(),
+        Normalize::new(&[0.5], &[0.25]).unwrap(),
+    );
+    assert_eq!(t.len(), plain.len());
+    let (tx, ty) = t.get(3).unwrap();
+    let want: Vec<f32> = x.to_vec::<f32>().unwrap().iter().map(|v| (v - 0.5) / 0.25).collect();
+    assert_eq!(
+        (tx.to_vec::<f32>().unwrap(), ty.to_vec::<i64>().unwrap()),
+        (want, y.to_vec::<i64>().unwrap())
+    );
+    let bad = Transformed::new(Digits::new(Split::Test).unwrap(), CenterCrop::new(9, 9));
+    let e = bad.get(5).unwrap_err().to_string();
+    assert!(e.contains("sample 5") && e.contains("CenterCrop"), "{e}");
+}

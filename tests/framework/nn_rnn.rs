@@ -493,3 +493,69 @@ fn gru_in_f32_matches_f64() {
     };
     assert_f32_close(run(&l64, DType::F64), run(&l32, DType::F32));
 }
+
+/// `Layer::to_dtype(F64)` on layers built in f32 (it replaces the parameters' storage in
+/// place): LSTM, GRU and both cells then take f64 inputs and states (and no longer f32 ones)
+/// and give their f32 results, within 1e-5 of the largest value.
+#[test]
+fn to_dtype_f64_layers_take_f64_inputs_and_give_the_f32_results() {
+    let x = t(&pattern(3 * 4 * 5, 51), &[3, 4, 5]);
+    let h0 = t(&pattern(4 * 3 * 6, 52), &[4, 3, 6]);
+    let c0 = t(&pattern(4 * 3 * 6, 53), &[4, 3, 6]);
+    let f32 = |v: &Tensor| v.cast(DType::F32).unwrap();
+    let f64s = |outs: &[Tensor]| -> Vec<f64> { outs.iter().flat_map(|o| vals(&o.cast(DType::F64).unwrap())).collect() };
+    let assert_same = |want: Vec<f64>, got: Vec<f64>, what: &str| {
+        let scale = want.iter().fold(1f64, |m, v| m.max(v.abs()));
+        assert_eq!(want.len(), got.len(), "{what}: lengths");
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * scale, "{what}[{i}]: f64 {a} vs f32 {b}");
+        }
+    };
+
+    let lstm = LSTM::new(5, 6)
+        .unwrap()
+        .num_layers(2)
+        .unwrap()
+        .direction(Direction::Bidirect)
+        .unwrap();
+    let run_lstm = |x: &Tensor, h: &Tensor, c: &Tensor| {
+        let (o, (h, c)) = lstm.forward_with_state(x, Some((h, c))).unwrap();
+        f64s(&[o, h, c])
+    };
+    let want = run_lstm(&f32(&x), &f32(&h0), &f32(&c0));
+    lstm.to_dtype(DType::F64).unwrap();
+    assert_same(want, run_lstm(&x, &h0, &c0), "LSTM");
+    let e = lstm.forward(&f32(&x)).unwrap_err().to_string();
+    assert!(e.contains("dtype f64"), "{e}");
+
+    let gru = GRU::new(5, 6)
+        .unwrap()
+        .num_layers(2)
+        .unwrap()
+        .direction(Direction::Bidirect)
+        .unwrap();
+    let run_gru = |x: &Tensor, h: &Tensor| {
+        let (o, h) = gru.forward_with_state(x, Some(h)).unwrap();
+        f64s(&[o, h])
+    };
+    let want = run_gru(&f32(&x), &f32(&h0));
+    gru.to_dtype(DType::F64).unwrap();
+    assert_same(want, run_gru(&x, &h0), "GRU");
+    assert!(gru.forward(&f32(&x)).is_err());
+
+    let step_x = t(&pattern(3 * 5, 54), &[3, 5]);
+    let (h, c) = (t(&pattern(3 * 6, 55), &[3, 6]), t(&pattern(3 * 6, 56), &[3, 6]));
+    let cell = LSTMCell::new(5, 6).unwrap();
+    let run_cell = |x: &Tensor, h: &Tensor, c: &Tensor| {
+        let (h, c) = cell.step(x, Some((h, c))).unwrap();
+        f64s(&[h, c])
+    };
+    let want = run_cell(&f32(&step_x), &f32(&h), &f32(&c));
+    cell.to_dtype(DType::F64).unwrap();
+    assert_same(want, run_cell(&step_x, &h, &c), "LSTMCell");
+
+    let cell = GRUCell::new(5, 6).unwrap();
+    let want = f64s(&[cell.step(&f32(&step_x), Some(&f32(&h))).unwrap()]);
+    cell.to_dtype(DType::F64).unwrap();
+    assert_same(want, f64s(&[cell.step(&step_x, Some(&h)).unwrap()]), "GRUCell");
+}

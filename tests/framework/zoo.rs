@@ -9,12 +9,20 @@
 //! OAR_ZOO_DIR=/tmp/zoo cargo test --release -p oar --test framework -- --ignored zoo::
 //! ```
 //!
-//! Parameter counts and state-dict names against torchvision are unit tests beside each model.
+//! The text models likewise give PyTorch's and HuggingFace's logits: committed fixtures of a
+//! tiny `BertForSequenceClassification` (plain, and with token types and an attention mask), the
+//! seq2seq Transformer on `torch.nn.Transformer` and bidirectional LSTM / GRU classifiers (mean
+//! and last pooling), written by `python3 tools/torch_text_to_oar.py` (needs torch + transformers).
+//!
+//! Parameter counts and state-dict names against the references are unit tests beside each model.
 
-use oar::Model;
 use oar::nn::Layer;
+use oar::text::models as tm;
 use oar::vision::models as vm;
+use oar::{Model, Tensor};
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::rc::Rc;
 
 type Build = fn() -> oar::Result<Box<dyn Layer>>;
 
@@ -117,4 +125,157 @@ fn every_zoo_model_matches_torchvision() {
         }
     }
     assert!(ran > 0, "no converted models in {}", dir.display());
+}
+
+/// A model owned together with the test, so that `Model::load` (which owns its network) can
+/// fill its parameters and the test can still call its multi-input methods: the wrapper lists
+/// the model's parameters and buffers as its own (the same handles).
+struct Shared<L>(Rc<L>);
+
+impl<L: Layer> Layer for Shared<L> {
+    fn forward(&self, x: &Tensor) -> oar::Result<Tensor> {
+        self.0.forward(x)
+    }
+
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        self.0.named_parameters()
+    }
+
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        self.0.named_buffers()
+    }
+}
+
+/// [`check`] for models whose logits need more than one input: `model` is put in eval mode,
+/// loads `<name>.safetensors` through `Model::load`, and `run` computes its logits from the
+/// tensors of `<name>.io.safetensors`; they must be within `tol` of the largest logit.
+fn check_with<L: Layer + 'static>(
+    dir: &Path,
+    name: &str,
+    mut model: L,
+    run: impl Fn(&L, &BTreeMap<String, Tensor>) -> oar::Result<Tensor>,
+    tol: f64,
+) {
+    model.eval();
+    let model = Rc::new(model);
+    Model::new(Shared(Rc::clone(&model)))
+        .load(dir.join(format!("{name}.safetensors")))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let io: BTreeMap<String, Tensor> = oar::load(dir.join(format!("{name}.io.safetensors")))
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, Tensor::from_data(v)))
+        .collect();
+    let got = {
+        let _ng = oar::no_grad();
+        run(&model, &io).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let want = io["logits"].try_data().unwrap().to_f64_vec();
+    assert_eq!(got.shape(), io["logits"].shape(), "{name}: output shape");
+    let got = got.try_data().unwrap().to_f64_vec();
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let err = got.iter().zip(&want).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("{name}: largest logit {scale:.3}, largest difference {err:.2e}");
+    assert!(
+        err <= tol * scale + 1e-5,
+        "{name}: logits differ by {err} (largest {scale})"
+    );
+}
+
+/// The tiny BERT of `tools/torch_text_to_oar.py`.
+fn bert_tiny() -> tm::BertConfig {
+    tm::BertConfig {
+        vocab_size: 64,
+        hidden_size: 32,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        intermediate_size: 64,
+        max_position_embeddings: 32,
+        num_labels: 3,
+        ..tm::BertConfig::default()
+    }
+}
+
+/// The recurrent classifiers of `tools/torch_text_to_oar.py`: two bidirectional layers.
+fn rnn_tiny(pooling: tm::Pooling) -> tm::RnnClassifierConfig {
+    tm::RnnClassifierConfig {
+        vocab_size: 20,
+        embed_dim: 8,
+        hidden_size: 6,
+        num_layers: 2,
+        bidirectional: true,
+        num_classes: 3,
+        pooling,
+    }
+}
+
+/// The text models against PyTorch / HuggingFace from the same weights
+/// (`tools/torch_text_to_oar.py`): HuggingFace's `BertForSequenceClassification` without and
+/// with token types and an attention mask, `torch.nn.Transformer` inside the seq2seq model (its
+/// padding and causal masks too), and LSTM / GRU classifiers with both poolings, within 1e-4 of
+/// the largest logit.
+#[test]
+fn committed_torch_text_fixtures_match() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zoo");
+    let cases: [(&str, Build); 5] = [
+        ("bert_tiny", || {
+            boxed(tm::BertForSequenceClassification::new(&bert_tiny()))
+        }),
+        ("lstm_classifier_tiny", || {
+            boxed(tm::LstmClassifier::new(&rnn_tiny(tm::Pooling::Mean)))
+        }),
+        ("lstm_classifier_last_tiny", || {
+            boxed(tm::LstmClassifier::new(&rnn_tiny(tm::Pooling::Last)))
+        }),
+        ("gru_classifier_tiny", || {
+            boxed(tm::GruClassifier::new(&rnn_tiny(tm::Pooling::Mean)))
+        }),
+        ("gru_classifier_last_tiny", || {
+            boxed(tm::GruClassifier::new(&rnn_tiny(tm::Pooling::Last)))
+        }),
+    ];
+    for (name, build) in cases {
+        check(&dir, name, build, 1e-4);
+    }
+    check_with(
+        &dir,
+        "bert_tiny_masked",
+        tm::BertForSequenceClassification::new(&bert_tiny()).unwrap(),
+        |m, io| m.forward_with_mask(&io["input"], Some(&io["token_type_ids"]), Some(&io["attention_mask"])),
+        1e-4,
+    );
+    let seq2seq = tm::TransformerSeq2Seq::new(&tm::Seq2SeqConfig {
+        src_vocab_size: 16,
+        tgt_vocab_size: 18,
+        max_length: 10,
+        pad_id: Some(0),
+        transformer: oar::nn::TransformerConfig {
+            d_model: 16,
+            nhead: 2,
+            num_encoder_layers: 2,
+            num_decoder_layers: 2,
+            dim_feedforward: 32,
+            ..Default::default()
+        },
+    })
+    .unwrap();
+    // The file's position encodings (the tool's table) are oar's own.
+    let file = oar::load(dir.join("transformer_seq2seq_tiny.safetensors")).unwrap();
+    let own = seq2seq.state_dict()["position_encoding"]
+        .try_data()
+        .unwrap()
+        .to_f64_vec();
+    let theirs = file["position_encoding"].to_f64_vec();
+    assert_eq!(own.len(), theirs.len());
+    assert!(
+        own.iter().zip(&theirs).all(|(a, b)| (a - b).abs() < 1e-6),
+        "position encodings"
+    );
+    check_with(
+        &dir,
+        "transformer_seq2seq_tiny",
+        seq2seq,
+        |m, io| m.forward_pair(&io["src"], &io["tgt"]),
+        1e-4,
+    );
 }

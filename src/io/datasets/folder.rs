@@ -123,3 +123,36 @@ impl Dataset for ImageFolder {
         Ok((image, Tensor::scalar(*label as i64)))
     }
 }
+
+/// An `(image, label)` dataset whose images go through a transform when fetched (Paddle's
+/// `transform=` argument of its datasets): `Transformed::new(Cifar10::from_dir(..)?, Compose(..))`.
+/// A transform error names the sample.
+pub struct Transformed<D> {
+    inner: D,
+    transform: Box<dyn Transform>,
+}
+
+impl<D: Dataset<Item = (Tensor, Tensor)>> Transformed<D> {
+    /// `dataset` with `transform` applied to each image.
+    pub fn new(dataset: D, transform: impl Transform + 'static) -> Transformed<D> {
+        Transformed {
+            inner: dataset,
+            transform: Box::new(transform),
+        }
+    }
+}
+
+impl<D: Dataset<Item = (Tensor, Tensor)>> Dataset for Transformed<D> {
+    type Item = (Tensor, Tensor);
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn get(&self, index: usize) -> Result<(Tensor, Tensor)> {
+        let (image, label) = self.inner.get(index)?;
+        let image = self
+            .transform
+            .apply(&image)
+            .map_err(|e| crate::error::Error::invalid("Transformed", format!("sample {index}: {e}")))?;
+        Ok((image, label))
+    }
+}

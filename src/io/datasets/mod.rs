@@ -14,7 +14,7 @@ mod text;
 
 pub use cifar::{Cifar10, Cifar100};
 pub use digits::Digits;
-pub use folder::ImageFolder;
+pub use folder::{ImageFolder, Transformed};
 pub use mnist::{FashionMnist, Mnist, read_idx_u8};
 pub use text::{TextClassification, Vocab, tokenize};
 
