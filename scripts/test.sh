@@ -57,6 +57,16 @@ target/debug/examples/fit_cifar | tail -n 2
 target/debug/examples/fit_text | tail -n 1
 target/debug/examples/fit_ctr | tail -n 1
 step "fit examples"
+echo "== distributed (MPI, cargo feature \`distributed\`)"
+# Open MPI for oar::distributed; its tests start themselves under mpirun on 2-4 ranks.
+dpkg -s libopenmpi-dev openmpi-bin > /dev/null 2>&1 \
+    || { apt-get update -q && apt-get install -y -q libopenmpi-dev openmpi-bin; } > target/apt-mpi.log 2>&1 \
+    || { cat target/apt-mpi.log; exit 1; }
+cargo clippy -p oar --features distributed --all-targets --quiet -- -D warnings
+cargo test -p oar --features distributed --test distributed --quiet 2>&1 | tee -a target/test.log
+cargo build -p oar --features distributed --example dp_mlp --quiet
+target/debug/oar launch -n 2 target/debug/examples/dp_mlp
+step "distributed"
 disk
 # The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes
 # last because its feature changes what `oar` and `oar-cli` are built with.

@@ -9,6 +9,7 @@ pub mod amp;
 pub mod autograd;
 pub mod backend;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod hapi;
 pub mod io;

@@ -5,6 +5,7 @@ mod conformance;
 mod export;
 mod import;
 mod inspect;
+mod launch;
 mod opt;
 mod quantize;
 mod run;
@@ -89,6 +90,8 @@ enum Command {
     /// Post-training quantization: calibrate a float model on .npy data and write it with its
     /// matmuls and convolutions on 8-bit integers.
     Quantize(quantize::QuantizeArgs),
+    /// Start a distributed job: PROGRAM on N ranks through mpirun (`oar launch -n 4 ./train`).
+    Launch(launch::LaunchArgs),
     /// Write an oar model as ONNX (opset 18).
     Export {
         /// A `.oar` model or a `.oir` IR text file.
@@ -188,6 +191,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Export { file, output } => export::export(&file, &output),
         Command::Compile(args) => compile::compile(args),
         Command::Quantize(args) => quantize::quantize(args),
+        Command::Launch(args) => launch::launch(args),
         Command::Conformance(args) => conformance::conformance(args),
         Command::Backends => {
             for b in oar::backend::registry().list() {

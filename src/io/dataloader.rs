@@ -42,6 +42,8 @@ pub struct DataLoader<D: Dataset, B> {
     seed: Option<u64>,
     /// Epochs started (orders drawn) so far.
     epochs: AtomicUsize,
+    /// `(rank, world)`: load only this rank's share of each epoch (`shard`).
+    shard: Option<(usize, usize)>,
 }
 
 impl<D: Dataset + 'static> DataLoader<D, <D::Item as Collate>::Batch>
@@ -70,6 +72,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             generator: None,
             seed: None,
             epochs: AtomicUsize::new(0),
+            shard: None,
         }
     }
 
@@ -90,6 +93,17 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
     pub fn seed(mut self, seed: u64) -> Self {
         self.generator = Some(Mutex::new(StdRng::seed_from_u64(seed)));
         self.seed = Some(seed);
+        self
+    }
+
+    /// Load only rank `rank`'s share of each epoch, for data-parallel training over `world`
+    /// ranks (PyTorch's `DistributedSampler`, Paddle's `DistributedBatchSampler`): the epoch's
+    /// order (the same on every rank: give every rank the same [`seed`](Self::seed)) is padded
+    /// by repeating its start to a multiple of `world`, and rank `r` takes positions `r`,
+    /// `r + world`, …. With batch size `B / world` per rank, batch `j` of all ranks together
+    /// is batch `j` of one process at batch size `B`. `rank` must be below `world`.
+    pub fn shard(mut self, rank: usize, world: usize) -> Self {
+        self.shard = Some((rank, world));
         self
     }
 
@@ -127,6 +141,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             generator: self.generator,
             seed: self.seed,
             epochs: self.epochs,
+            shard: self.shard,
         }
     }
 
@@ -137,7 +152,10 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
 
     /// Batches per epoch.
     pub fn len(&self) -> usize {
-        let n = self.dataset.len();
+        let n = match self.shard {
+            Some((_, world)) if world > 0 => self.dataset.len().div_ceil(world),
+            _ => self.dataset.len(),
+        };
         match self.batch_size {
             0 => 0,
             bs if self.drop_last => n / bs,
@@ -169,7 +187,8 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         }
     }
 
-    /// The sample order of one epoch (advances the shuffling generator).
+    /// The sample order of one epoch (advances the shuffling generator), this rank's share of
+    /// it when sharded.
     fn order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if self.shuffle {
@@ -178,7 +197,17 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
                 None => with_rng(|r| order.shuffle(r)),
             }
         }
-        order
+        match self.shard {
+            Some((rank, world)) if world > 0 && !order.is_empty() => {
+                let padded = order.len().div_ceil(world) * world;
+                (0..padded)
+                    .skip(rank)
+                    .step_by(world)
+                    .map(|i| order[i % order.len()])
+                    .collect()
+            }
+            _ => order,
+        }
     }
 
     /// The sample indices of each batch for one epoch (advances the shuffling generator), and
@@ -206,6 +235,15 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         };
         if self.batch_size == 0 {
             it.pending_error = Some(Error::invalid("DataLoader", "batch_size must be at least 1"));
+            return it;
+        }
+        if let Some((rank, world)) = self.shard
+            && rank >= world
+        {
+            it.pending_error = Some(Error::invalid(
+                "DataLoader",
+                format!("shard: rank {rank} is not below the world size {world}"),
+            ));
             return it;
         }
         let (batches, epoch) = self.epoch_batches();

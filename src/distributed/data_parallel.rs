@@ -1,0 +1,127 @@
+//! `DataParallel`: replicas of one layer on every rank of a group, kept equal by starting from
+//! rank 0's state and averaging gradients before each update.
+
+use super::{ProcessGroup, ReduceOp};
+use crate::error::Result;
+use crate::nn::Layer;
+use crate::tensor::{Tensor, concat};
+
+/// Paddle's `paddle.DataParallel` / PyTorch's `DistributedDataParallel`: `new` copies rank 0's
+/// parameters and buffers to every rank; after `backward`, [`sync_gradients`](Self::sync_gradients)
+/// replaces each parameter's gradient by its average over the group (in buckets of about
+/// `bucket_bytes`, one all-reduce each). N ranks each training on batch B/N then step exactly as
+/// one process on batch B does. The wrapper's parameters, state-dict names and `forward` are
+/// the layer's.
+pub struct DataParallel<L> {
+    layer: L,
+    group: ProcessGroup,
+    bucket_bytes: usize,
+}
+
+impl<L: Layer> DataParallel<L> {
+    /// Wrap `layer` for `group`, broadcasting rank 0's state (every rank must call it).
+    pub fn new(layer: L, group: &ProcessGroup) -> Result<DataParallel<L>> {
+        let _ng = crate::no_grad();
+        for (_, t) in layer.state_dict() {
+            let synced = group.broadcast(&t, 0)?;
+            t.set_data(synced.try_data()?)?;
+        }
+        Ok(DataParallel {
+            layer,
+            group: group.clone(),
+            bucket_bytes: 25 << 20,
+        })
+    }
+
+    /// Gradient buckets of about `bytes` (default 25 MiB, PyTorch's): fewer, larger messages
+    /// or more, smaller ones.
+    pub fn bucket_bytes(mut self, bytes: usize) -> DataParallel<L> {
+        self.bucket_bytes = bytes.max(1);
+        self
+    }
+
+    /// Average every parameter's gradient over the group (a parameter without a gradient
+    /// counts as zeros, so ranks that skipped it stay in step). Call after `backward`, before
+    /// the optimizer's `step`.
+    pub fn sync_gradients(&self) -> Result<()> {
+        if self.group.size() == 1 {
+            return Ok(());
+        }
+        let _ng = crate::no_grad();
+        let params = self.layer.parameters();
+        let mut start = 0;
+        while start < params.len() {
+            // One bucket: consecutive parameters of one dtype, up to bucket_bytes.
+            let dtype = params[start].dtype();
+            let (mut end, mut bytes) = (start, 0);
+            while end < params.len() && params[end].dtype() == dtype && (end == start || bytes < self.bucket_bytes) {
+                bytes += params[end].numel() * dtype.size_bytes();
+                end += 1;
+            }
+            let bucket = &params[start..end];
+            let flat: Vec<Tensor> = bucket
+                .iter()
+                .map(|p| match p.grad() {
+                    Some(g) => g.detach().flatten(0, -1),
+                    None => crate::tensor::zeros(&[p.numel()], dtype),
+                })
+                .collect::<Result<_>>()?;
+            let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
+            let avg = self.group.all_reduce(&joined, ReduceOp::Avg)?;
+            let mut offset = 0i64;
+            for p in bucket {
+                let n = p.numel() as i64;
+                let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
+                let g = avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?;
+                p.set_grad(Some(g));
+                offset += n;
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// The group the replicas live in.
+    pub fn group(&self) -> &ProcessGroup {
+        &self.group
+    }
+
+    /// The wrapped layer.
+    pub fn layer(&self) -> &L {
+        &self.layer
+    }
+
+    /// The wrapped layer, mutably.
+    pub fn layer_mut(&mut self) -> &mut L {
+        &mut self.layer
+    }
+
+    /// Unwrap.
+    pub fn into_inner(self) -> L {
+        self.layer
+    }
+}
+
+impl<L: Layer> Layer for DataParallel<L> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.layer.forward(x)
+    }
+    fn own_parameters(&self) -> Vec<(String, Tensor)> {
+        self.layer.own_parameters()
+    }
+    fn own_buffers(&self) -> Vec<(String, Tensor)> {
+        self.layer.own_buffers()
+    }
+    fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+        self.layer.sublayers()
+    }
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        self.layer.sublayers_mut()
+    }
+    fn set_training(&mut self, training: bool) {
+        self.layer.set_training(training)
+    }
+    fn is_training(&self) -> bool {
+        self.layer.is_training()
+    }
+}

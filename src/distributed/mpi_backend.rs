@@ -1,0 +1,179 @@
+//! The MPI transport: one communicator per group, every call serialized by a lock (MPI is
+//! initialized with `MPI_THREAD_SERIALIZED`, so any thread may call, one at a time). MPI is
+//! finalized when the process exits normally (an `atexit` handler), so `mpirun` sees a clean
+//! end however long the groups live.
+
+use super::{Buffer, Comm};
+use crate::error::{Error, Result};
+use mpi::collective::SystemOperation;
+use mpi::topology::{Color, SimpleCommunicator};
+use mpi::traits::*;
+use std::sync::{Arc, Mutex};
+
+/// One MPI communicator.
+struct Mpi {
+    comm: SimpleCommunicator,
+    lock: Arc<Mutex<()>>,
+}
+
+// SAFETY: the communicator is a handle that MPI lets any thread use when calls are serialized
+// (MPI_THREAD_SERIALIZED), which `lock` guarantees: every method takes it first.
+unsafe impl Send for Mpi {}
+// SAFETY: as above; `&Mpi` only reaches MPI through the lock.
+unsafe impl Sync for Mpi {}
+
+extern "C" fn finalize() {
+    // SAFETY: registered once after a successful MPI_Init_thread; MPI_Finalize is the last MPI call.
+    unsafe {
+        mpi::ffi::MPI_Finalize();
+    }
+}
+
+/// Initialize MPI and return the world communicator.
+pub(super) fn world() -> Result<Arc<dyn Comm>> {
+    let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+        .ok_or_else(|| Error::invalid("distributed::init", "MPI was already initialized"))?;
+    if level < mpi::Threading::Serialized {
+        return Err(Error::invalid(
+            "distributed::init",
+            format!("the MPI library offers thread level {level:?}; oar needs Serialized"),
+        ));
+    }
+    let comm = universe.world().duplicate();
+    // MPI_Finalize at exit instead of when `universe` drops: groups may live in statics.
+    std::mem::forget(universe);
+    // SAFETY: `finalize` is a plain extern "C" function with no captured state.
+    if unsafe { libc::atexit(finalize) } != 0 {
+        return Err(Error::invalid(
+            "distributed::init",
+            "cannot register MPI_Finalize at exit",
+        ));
+    }
+    Ok(Arc::new(Mpi {
+        comm,
+        lock: Arc::new(Mutex::new(())),
+    }))
+}
+
+fn op(max: bool) -> SystemOperation {
+    if max {
+        SystemOperation::max()
+    } else {
+        SystemOperation::sum()
+    }
+}
+
+/// Run `$body` with `$v` (and `$w`) bound to the same-typed vectors of two buffers; a dtype
+/// mismatch is an error.
+macro_rules! typed2 {
+    ($a:expr, $b:expr, |$v:ident, $w:ident| $body:expr) => {
+        match ($a, $b) {
+            (Buffer::F32($v), Buffer::F32($w)) => $body,
+            (Buffer::F64($v), Buffer::F64($w)) => $body,
+            (Buffer::I32($v), Buffer::I32($w)) => $body,
+            (Buffer::I64($v), Buffer::I64($w)) => $body,
+            _ => return Err(Error::invalid("collective", "send and receive buffers differ in dtype")),
+        }
+    };
+}
+
+macro_rules! typed {
+    ($a:expr, |$v:ident| $body:expr) => {
+        match $a {
+            Buffer::F32($v) => $body,
+            Buffer::F64($v) => $body,
+            Buffer::I32($v) => $body,
+            Buffer::I64($v) => $body,
+        }
+    };
+}
+
+impl Mpi {
+    fn locked<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> T {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        f(&self.comm)
+    }
+}
+
+impl Comm for Mpi {
+    fn rank(&self) -> usize {
+        self.comm.rank() as usize
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size() as usize
+    }
+
+    fn all_reduce(&self, buf: &mut Buffer, max: bool) -> Result<()> {
+        let send = buf.clone();
+        self.locked(|c| -> Result<()> {
+            typed2!(&send, buf, |s, r| c.all_reduce_into(&s[..], &mut r[..], op(max)));
+            Ok(())
+        })
+    }
+
+    fn broadcast(&self, buf: &mut Buffer, root: usize) -> Result<()> {
+        self.locked(|c| {
+            let root = c.process_at_rank(root as i32);
+            typed!(buf, |v| root.broadcast_into(&mut v[..]));
+        });
+        Ok(())
+    }
+
+    fn all_gather(&self, send: &Buffer, recv: &mut Buffer) -> Result<()> {
+        self.locked(|c| -> Result<()> {
+            typed2!(send, recv, |s, r| c.all_gather_into(&s[..], &mut r[..]));
+            Ok(())
+        })
+    }
+
+    fn reduce_scatter(&self, send: &Buffer, recv: &mut Buffer, max: bool) -> Result<()> {
+        self.locked(|c| -> Result<()> {
+            typed2!(send, recv, |s, r| c.reduce_scatter_block_into(
+                &s[..],
+                &mut r[..],
+                op(max)
+            ));
+            Ok(())
+        })
+    }
+
+    fn send(&self, buf: &Buffer, dst: usize) -> Result<()> {
+        self.locked(|c| {
+            let p = c.process_at_rank(dst as i32);
+            typed!(buf, |v| p.send(&v[..]));
+        });
+        Ok(())
+    }
+
+    fn recv(&self, buf: &mut Buffer, src: usize) -> Result<()> {
+        self.locked(|c| {
+            let p = c.process_at_rank(src as i32);
+            typed!(buf, |v| {
+                p.receive_into(&mut v[..]);
+            });
+        });
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.locked(|c| c.barrier());
+        Ok(())
+    }
+
+    fn split(&self, ranks: &[usize]) -> Result<Option<Arc<dyn Comm>>> {
+        let me = self.rank();
+        let color = if ranks.contains(&me) {
+            Color::with_value(0)
+        } else {
+            Color::undefined()
+        };
+        let sub = self.locked(|c| c.split_by_color(color));
+        Ok(sub.map(|comm| {
+            Arc::new(Mpi {
+                comm,
+                lock: self.lock.clone(),
+            }) as Arc<dyn Comm>
+        }))
+    }
+}
