@@ -194,6 +194,29 @@ pub struct ProcessGroup {
     ranks: Vec<usize>,
 }
 
+/// The deadline of every collective and point-to-point call, in milliseconds (0: the default).
+static TIMEOUT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long a collective may wait for the other ranks before this process gives up with an
+/// error naming the call (default 30 s, or `OAR_DIST_TIMEOUT` in seconds): a rank that died or
+/// hung ends the job instead of hanging it. Applies to every group of this process.
+pub fn set_timeout(timeout: std::time::Duration) {
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+    TIMEOUT_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The deadline [`set_timeout`] set, else `OAR_DIST_TIMEOUT` seconds, else 30 s.
+pub fn timeout() -> std::time::Duration {
+    match TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => std::env::var("OAR_DIST_TIMEOUT")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(std::time::Duration::from_secs(30), std::time::Duration::from_secs_f64),
+        ms => std::time::Duration::from_millis(ms),
+    }
+}
+
 /// The launcher's view of this process, from the environment: `(rank, size)`.
 fn launcher_world() -> Option<(usize, usize)> {
     let var = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok()?.parse::<usize>().ok());

@@ -2,6 +2,11 @@
 //! initialized with `MPI_THREAD_SERIALIZED`, so any thread may call, one at a time). MPI is
 //! finalized when the process exits normally (an `atexit` handler), so `mpirun` sees a clean
 //! end however long the groups live.
+//!
+//! Every call runs under a deadline ([`super::set_timeout`], default 30 s): a watchdog thread
+//! that finds a call past it prints which collective on which rank waited how long and ends
+//! the process at once (`_exit`, as MPI cannot cancel a blocking call), and `mpirun` then ends
+//! the job, so a dead or hung rank never hangs the others silently.
 
 use super::{Buffer, Comm};
 use crate::error::{Error, Result};
@@ -9,6 +14,44 @@ use mpi::collective::SystemOperation;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The call in progress (serialized by the lock): what it is and when it started.
+static IN_FLIGHT: Mutex<Option<(&'static str, Instant)>> = Mutex::new(None);
+
+/// Start the watchdog thread once.
+fn watchdog() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let rank = std::env::var("OMPI_COMM_WORLD_RANK")
+            .or_else(|_| std::env::var("PMI_RANK"))
+            .unwrap_or_else(|_| "?".into());
+        // A thread that cannot start leaves calls without a deadline; nothing else changes.
+        let _ = std::thread::Builder::new()
+            .name("oar-mpi-watchdog".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let timeout = super::timeout();
+                    let late = IN_FLIGHT
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .filter(|(_, since)| since.elapsed() > timeout);
+                    if let Some((what, since)) = late {
+                        eprintln!(
+                            "error: oar::distributed: {what} on rank {rank} waited {:.1} s, past the {:.1} s timeout: \
+                         another rank died or hung (set it with oar::distributed::set_timeout or OAR_DIST_TIMEOUT)",
+                            since.elapsed().as_secs_f64(),
+                            timeout.as_secs_f64()
+                        );
+                        // SAFETY: _exit ends the process without running atexit handlers (MPI_Finalize
+                        // would wait for the blocked call); mpirun then ends the other ranks.
+                        unsafe { libc::_exit(3) };
+                    }
+                }
+            });
+    });
+}
 
 /// One MPI communicator.
 struct Mpi {
@@ -49,6 +92,7 @@ pub(super) fn world() -> Result<Arc<dyn Comm>> {
             "cannot register MPI_Finalize at exit",
         ));
     }
+    watchdog();
     Ok(Arc::new(Mpi {
         comm,
         lock: Arc::new(Mutex::new(())),
@@ -89,9 +133,13 @@ macro_rules! typed {
 }
 
 impl Mpi {
-    fn locked<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> T {
+    /// Run `f` on the communicator under the lock, with `what`'s deadline armed.
+    fn call<T>(&self, what: &'static str, f: impl FnOnce(&SimpleCommunicator) -> T) -> T {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        f(&self.comm)
+        *IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner()) = Some((what, Instant::now()));
+        let out = f(&self.comm);
+        *IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        out
     }
 }
 
@@ -106,14 +154,14 @@ impl Comm for Mpi {
 
     fn all_reduce(&self, buf: &mut Buffer, max: bool) -> Result<()> {
         let send = buf.clone();
-        self.locked(|c| -> Result<()> {
+        self.call("all_reduce", |c| -> Result<()> {
             typed2!(&send, buf, |s, r| c.all_reduce_into(&s[..], &mut r[..], op(max)));
             Ok(())
         })
     }
 
     fn broadcast(&self, buf: &mut Buffer, root: usize) -> Result<()> {
-        self.locked(|c| {
+        self.call("broadcast", |c| {
             let root = c.process_at_rank(root as i32);
             typed!(buf, |v| root.broadcast_into(&mut v[..]));
         });
@@ -121,14 +169,14 @@ impl Comm for Mpi {
     }
 
     fn all_gather(&self, send: &Buffer, recv: &mut Buffer) -> Result<()> {
-        self.locked(|c| -> Result<()> {
+        self.call("all_gather", |c| -> Result<()> {
             typed2!(send, recv, |s, r| c.all_gather_into(&s[..], &mut r[..]));
             Ok(())
         })
     }
 
     fn reduce_scatter(&self, send: &Buffer, recv: &mut Buffer, max: bool) -> Result<()> {
-        self.locked(|c| -> Result<()> {
+        self.call("reduce_scatter", |c| -> Result<()> {
             typed2!(send, recv, |s, r| c.reduce_scatter_block_into(
                 &s[..],
                 &mut r[..],
@@ -139,7 +187,7 @@ impl Comm for Mpi {
     }
 
     fn send(&self, buf: &Buffer, dst: usize) -> Result<()> {
-        self.locked(|c| {
+        self.call("send", |c| {
             let p = c.process_at_rank(dst as i32);
             typed!(buf, |v| p.send(&v[..]));
         });
@@ -147,7 +195,7 @@ impl Comm for Mpi {
     }
 
     fn recv(&self, buf: &mut Buffer, src: usize) -> Result<()> {
-        self.locked(|c| {
+        self.call("recv", |c| {
             let p = c.process_at_rank(src as i32);
             typed!(buf, |v| {
                 p.receive_into(&mut v[..]);
@@ -157,7 +205,7 @@ impl Comm for Mpi {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.locked(|c| c.barrier());
+        self.call("barrier", |c| c.barrier());
         Ok(())
     }
 
@@ -168,7 +216,7 @@ impl Comm for Mpi {
         } else {
             Color::undefined()
         };
-        let sub = self.locked(|c| c.split_by_color(color));
+        let sub = self.call("new_group", |c| c.split_by_color(color));
         Ok(sub.map(|comm| {
             Arc::new(Mpi {
                 comm,

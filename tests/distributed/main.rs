@@ -263,3 +263,66 @@ fn shards_partition_each_epoch() {
     assert_eq!(values(&g.all_reduce(&t, ReduceOp::Avg).unwrap()), vec![1.5, -2.0]);
     assert!(g.send(&t, 1).is_err());
 }
+
+/// Run test `name` on `n` ranks expecting the job to fail: mpirun's status, everything the
+/// ranks printed, and how long the job took.
+fn launch_failing(name: &str, n: usize) -> (bool, String, std::time::Duration) {
+    let exe = std::env::current_exe().unwrap();
+    let start = std::time::Instant::now();
+    let out = Command::new("mpirun")
+        .args(["-n", &n.to_string(), "--oversubscribe"])
+        .arg(&exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mpirun (install openmpi-bin): {e}"));
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text, start.elapsed())
+}
+
+/// A rank that hangs makes the others fail within the timeout (here 2 s) with an error naming
+/// the collective and the rank, instead of hanging the job; a rank that dies ends the job too.
+#[test]
+fn a_hung_or_dead_rank_fails_the_job_promptly() {
+    if !under_mpirun() {
+        let (ok, text, took) = launch_failing("a_hung_or_dead_rank_fails_the_job_promptly", 2);
+        assert!(!ok, "the job should fail:\n{text}");
+        assert!(
+            text.contains("oar::distributed: all_reduce on rank 0 waited") && text.contains("2.0 s timeout"),
+            "{text}"
+        );
+        assert!(took < std::time::Duration::from_secs(20), "took {took:?}:\n{text}");
+        // The dead-rank variant: an environment switch (passed on by -x) makes rank 1 exit.
+        let exe = std::env::current_exe().unwrap();
+        let start = std::time::Instant::now();
+        let out = Command::new("mpirun")
+            .args(["-n", "2", "-x", "OAR_TEST_DIE=1"])
+            .arg(&exe)
+            .args(["--exact", "a_hung_or_dead_rank_fails_the_job_promptly", "--nocapture"])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OAR_TEST_DIE", "1")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(start.elapsed() < std::time::Duration::from_secs(20));
+        return;
+    }
+    oar::distributed::set_timeout(std::time::Duration::from_secs(2));
+    let g = oar::distributed::init().unwrap();
+    g.barrier().unwrap();
+    if g.rank() == 1 {
+        if std::env::var_os("OAR_TEST_DIE").is_some() {
+            std::process::exit(7);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+    let t = Tensor::from_vec(vec![1.0f32], &[1]).unwrap();
+    g.all_reduce(&t, ReduceOp::Sum).unwrap();
+    unreachable!("rank 1 never joins");
+}
