@@ -6,6 +6,57 @@ use crate::error::Result;
 use crate::nn::Layer;
 use crate::tensor::{Tensor, concat};
 
+/// PyTorch's default gradient bucket size.
+pub(crate) const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// Give every rank of `group` rank 0's parameters and buffers.
+pub(crate) fn broadcast_state(layer: &dyn Layer, group: &ProcessGroup) -> Result<()> {
+    let _ng = crate::no_grad();
+    for (_, t) in layer.state_dict() {
+        let synced = group.broadcast(&t, 0)?;
+        t.set_data(synced.try_data()?)?;
+    }
+    Ok(())
+}
+
+/// Replace each of `params`' gradients by its average over `group`, one all-reduce per bucket
+/// of consecutive same-dtype parameters of about `bucket_bytes`; a missing gradient counts as
+/// zeros.
+pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_bytes: usize) -> Result<()> {
+    if group.size() == 1 {
+        return Ok(());
+    }
+    let _ng = crate::no_grad();
+    let mut start = 0;
+    while start < params.len() {
+        let dtype = params[start].dtype();
+        let (mut end, mut bytes) = (start, 0);
+        while end < params.len() && params[end].dtype() == dtype && (end == start || bytes < bucket_bytes) {
+            bytes += params[end].numel() * dtype.size_bytes();
+            end += 1;
+        }
+        let bucket = &params[start..end];
+        let flat: Vec<Tensor> = bucket
+            .iter()
+            .map(|p| match p.grad() {
+                Some(g) => g.detach().flatten(0, -1),
+                None => crate::tensor::zeros(&[p.numel()], dtype),
+            })
+            .collect::<Result<_>>()?;
+        let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
+        let avg = group.all_reduce(&joined, ReduceOp::Avg)?;
+        let mut offset = 0i64;
+        for p in bucket {
+            let n = p.numel() as i64;
+            let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
+            p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
+            offset += n;
+        }
+        start = end;
+    }
+    Ok(())
+}
+
 /// Paddle's `paddle.DataParallel` / PyTorch's `DistributedDataParallel`: `new` copies rank 0's
 /// parameters and buffers to every rank; after `backward`, [`sync_gradients`](Self::sync_gradients)
 /// replaces each parameter's gradient by its average over the group (in buckets of about
@@ -21,15 +72,11 @@ pub struct DataParallel<L> {
 impl<L: Layer> DataParallel<L> {
     /// Wrap `layer` for `group`, broadcasting rank 0's state (every rank must call it).
     pub fn new(layer: L, group: &ProcessGroup) -> Result<DataParallel<L>> {
-        let _ng = crate::no_grad();
-        for (_, t) in layer.state_dict() {
-            let synced = group.broadcast(&t, 0)?;
-            t.set_data(synced.try_data()?)?;
-        }
+        broadcast_state(&layer, group)?;
         Ok(DataParallel {
             layer,
             group: group.clone(),
-            bucket_bytes: 25 << 20,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
         })
     }
 
@@ -42,43 +89,9 @@ impl<L: Layer> DataParallel<L> {
 
     /// Average every parameter's gradient over the group (a parameter without a gradient
     /// counts as zeros, so ranks that skipped it stay in step). Call after `backward`, before
-    /// the optimizer's `step`.
+    /// the optimizer's `step`; for gradient accumulation, call it only on the step that updates.
     pub fn sync_gradients(&self) -> Result<()> {
-        if self.group.size() == 1 {
-            return Ok(());
-        }
-        let _ng = crate::no_grad();
-        let params = self.layer.parameters();
-        let mut start = 0;
-        while start < params.len() {
-            // One bucket: consecutive parameters of one dtype, up to bucket_bytes.
-            let dtype = params[start].dtype();
-            let (mut end, mut bytes) = (start, 0);
-            while end < params.len() && params[end].dtype() == dtype && (end == start || bytes < self.bucket_bytes) {
-                bytes += params[end].numel() * dtype.size_bytes();
-                end += 1;
-            }
-            let bucket = &params[start..end];
-            let flat: Vec<Tensor> = bucket
-                .iter()
-                .map(|p| match p.grad() {
-                    Some(g) => g.detach().flatten(0, -1),
-                    None => crate::tensor::zeros(&[p.numel()], dtype),
-                })
-                .collect::<Result<_>>()?;
-            let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
-            let avg = self.group.all_reduce(&joined, ReduceOp::Avg)?;
-            let mut offset = 0i64;
-            for p in bucket {
-                let n = p.numel() as i64;
-                let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
-                let g = avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?;
-                p.set_grad(Some(g));
-                offset += n;
-            }
-            start = end;
-        }
-        Ok(())
+        average_gradients(&self.layer.parameters(), &self.group, self.bucket_bytes)
     }
 
     /// The group the replicas live in.

@@ -14,7 +14,7 @@
 //! feature `distributed`; a build without it runs single-process programs and refuses to start
 //! under a multi-process launcher with an error that names the feature.
 
-mod data_parallel;
+pub(crate) mod data_parallel;
 #[cfg(feature = "distributed")]
 mod mpi_backend;
 

@@ -56,6 +56,7 @@ pub struct StepContext<'a> {
     optimizer: &'a mut dyn Optimizer,
     scaler: Option<&'a mut GradScaler>,
     amp: Option<&'a AmpConfig>,
+    group: Option<&'a crate::distributed::ProcessGroup>,
 }
 
 impl StepContext<'_> {
@@ -85,19 +86,39 @@ impl StepContext<'_> {
         self.amp.cloned().map(crate::amp::auto_cast_with)
     }
 
+    /// Average the gradients over the data-parallel group ([`Model::data_parallel`]; nothing
+    /// without one): call between backward and the update in a custom step.
+    pub fn sync_gradients(&self) -> Result<()> {
+        average_over(self.network, self.group)
+    }
+
     /// The step [`Model`] runs without a custom one: forward and loss (in the AMP scope),
-    /// backward (of the scaled loss with a scaler), the update, gradients cleared; the loss
-    /// and the output, detached.
+    /// backward (of the scaled loss with a scaler), gradients averaged over the data-parallel
+    /// group if any, the update, gradients cleared; the loss and the output, detached.
     pub fn default_step(&mut self, x: &Tensor, label: &Tensor) -> Result<(Tensor, Tensor)> {
-        step(
-            self.network,
-            self.loss,
-            &mut *self.optimizer,
-            self.amp,
-            self.scaler.as_deref_mut(),
-            x,
-            label,
-        )
+        let (network, group) = (self.network, self.group);
+        let sync = || average_over(network, group);
+        let (out, l) = {
+            let _amp = self.autocast();
+            let out = self.network.forward(x)?;
+            let l = (self.loss)(&out, label)?;
+            (out, l)
+        };
+        match self.scaler.as_deref_mut() {
+            Some(s) => {
+                s.scale(&l)?.backward()?;
+                sync()?;
+                s.step(&mut *self.optimizer)?;
+                s.update()?;
+            }
+            None => {
+                l.backward()?;
+                sync()?;
+                self.optimizer.step()?;
+            }
+        }
+        self.optimizer.clear_grad();
+        Ok((l.detach(), out.detach()))
     }
 }
 
@@ -133,6 +154,8 @@ pub struct Model {
     scaler: Option<GradScaler>,
     /// A training step that replaces the standard one.
     custom_step: Option<StepFn>,
+    /// Data-parallel training: the group whose ranks average gradients and logs.
+    group: Option<crate::distributed::ProcessGroup>,
 }
 
 /// The per-sample shapes (all but the batch dim) and dtypes of a batch's input and label.
@@ -153,7 +176,20 @@ impl Model {
             amp: None,
             scaler: None,
             custom_step: None,
+            group: None,
         }
+    }
+
+    /// Train data-parallel over `group` (Paddle's `fleet.distributed_model` for `Model`): rank
+    /// 0's weights go to every rank now, each training step averages the gradients over the
+    /// group before the update, and `fit` reports each epoch's values averaged over the ranks.
+    /// Give each rank its share of the data (`DataLoader::shard`) with batch size `B / ranks`:
+    /// training then follows one process at batch `B`. Compiled steps (`to_static`) are not
+    /// data-parallel yet: combining both is an error when training starts.
+    pub fn data_parallel(&mut self, group: &crate::distributed::ProcessGroup) -> Result<&mut Model> {
+        crate::distributed::data_parallel::broadcast_state(self.network.as_ref(), group)?;
+        self.group = Some(group.clone());
+        Ok(self)
     }
 
     /// Replace the training step that `train_batch` and `fit` run (forward, loss, backward,
@@ -268,6 +304,12 @@ impl Model {
         }
         self.network.train();
         if self.to_static {
+            if self.group.as_ref().is_some_and(|g| g.size() > 1) {
+                return Err(Error::invalid(
+                    "Model::train_batch",
+                    "data-parallel training runs eager steps: call to_static(false)",
+                ));
+            }
             let (loss, out) = self.compiled_step(x, label)?;
             let values = self.update_metrics(&out, label)?;
             return Ok((loss, values));
@@ -280,6 +322,7 @@ impl Model {
             optimizer: opt.as_mut(),
             scaler: self.scaler.as_mut(),
             amp: self.amp.as_ref(),
+            group: self.group.as_ref(),
         };
         let (loss, out) = run_step(self.custom_step.as_mut(), &mut ctx, x, label)?;
         let values = self.update_metrics(&out, label)?;
@@ -323,6 +366,7 @@ impl Model {
                 optimizer: self.optimizer.as_mut().expect("checked by train_batch").as_mut(),
                 scaler: self.scaler.as_mut(),
                 amp: self.amp.as_ref(),
+                group: None,
             };
             let custom = self.custom_step.as_mut();
             let traced = crate::jit::to_static_step(net, &specs, |xs| {
@@ -445,6 +489,10 @@ impl Model {
             self.take_metrics(&mut logs.train);
             if let Some(eval) = eval {
                 logs.eval = self.evaluate(eval)?;
+            }
+            if let Some(g) = &self.group {
+                average_logs(g, &mut logs.train)?;
+                average_logs(g, &mut logs.eval)?;
             }
             self.epoch += 1;
             let mut stop = false;
@@ -705,6 +753,32 @@ fn need_loss<'a>(loss: &'a Option<LossFn>, what: &str) -> Result<&'a LossFn> {
         .ok_or_else(|| Error::invalid(what, "the model has no loss: call prepare first"))
 }
 
+/// Average `network`'s gradients over `group` (nothing without one).
+fn average_over(network: &dyn Layer, group: Option<&crate::distributed::ProcessGroup>) -> Result<()> {
+    match group {
+        Some(g) => crate::distributed::data_parallel::average_gradients(
+            &network.parameters(),
+            g,
+            crate::distributed::data_parallel::DEFAULT_BUCKET_BYTES,
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Replace every value of `logs` by its mean over the ranks of `g` (every rank has the same keys).
+fn average_logs(g: &crate::distributed::ProcessGroup, logs: &mut BTreeMap<String, f64>) -> Result<()> {
+    if g.size() == 1 || logs.is_empty() {
+        return Ok(());
+    }
+    let values: Vec<f64> = logs.values().copied().collect();
+    let n = values.len();
+    let avg = g.all_reduce(&Tensor::from_vec(values, &[n])?, crate::distributed::ReduceOp::Avg)?;
+    for (v, a) in logs.values_mut().zip(avg.to_vec::<f64>()?) {
+        *v = a;
+    }
+    Ok(())
+}
+
 /// The custom step if there is one, else the standard step; the loss and output detached.
 fn run_step(
     custom: Option<&mut StepFn>,
@@ -719,39 +793,6 @@ fn run_step(
         }
         None => ctx.default_step(x, label),
     }
-}
-
-/// One training step, eager or traced: forward and loss (in an AMP scope when given), backward
-/// (of the scaled loss with a scaler), the optimizer's update (skipped by the scaler on
-/// overflow); the loss and the output, detached.
-fn step(
-    net: &dyn Layer,
-    loss: &LossFn,
-    opt: &mut dyn Optimizer,
-    amp: Option<&AmpConfig>,
-    scaler: Option<&mut GradScaler>,
-    x: &Tensor,
-    label: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let (out, l) = {
-        let _amp = amp.cloned().map(crate::amp::auto_cast_with);
-        let out = net.forward(x)?;
-        let l = loss(&out, label)?;
-        (out, l)
-    };
-    match scaler {
-        Some(s) => {
-            s.scale(&l)?.backward()?;
-            s.step(opt)?;
-            s.update()?;
-        }
-        None => {
-            l.backward()?;
-            opt.step()?;
-        }
-    }
-    opt.clear_grad();
-    Ok((l.detach(), out.detach()))
 }
 
 /// Each layer with its own parameters: `(path, shapes, count, its first parameter's full
