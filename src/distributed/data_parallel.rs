@@ -2,7 +2,7 @@
 //! rank 0's state and averaging gradients before each update.
 
 use super::{ProcessGroup, ReduceOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::nn::Layer;
 use crate::tensor::{Tensor, concat};
 
@@ -36,21 +36,60 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
             end += 1;
         }
         let bucket = &params[start..end];
-        let flat: Vec<Tensor> = bucket
-            .iter()
-            .map(|p| match p.grad() {
-                Some(g) => g.detach().flatten(0, -1),
-                None => crate::tensor::zeros(&[p.numel()], dtype),
-            })
-            .collect::<Result<_>>()?;
-        let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
-        let avg = group.all_reduce(&joined, ReduceOp::Avg)?;
-        let mut offset = 0i64;
-        for p in bucket {
-            let n = p.numel() as i64;
-            let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
-            p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
-            offset += n;
+        if dtype == oar_ir::DType::F32 {
+            // The common case without tensor ops: gradients copied once into a send buffer,
+            // summed by MPI into a receive buffer (both kept from step to step, so their pages
+            // are not faulted in again), scaled into the new gradients.
+            thread_local! {
+                static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+            }
+            let bad = |e: oar_ir::tensor_data::TensorDataError| Error::invalid("sync_gradients", e.to_string());
+            SCRATCH.with(|scratch| -> Result<()> {
+                let (send, recv) = &mut *scratch.borrow_mut();
+                send.clear();
+                for p in bucket {
+                    match p.grad() {
+                        Some(g) => {
+                            let d = g.try_data()?;
+                            match bytemuck::try_cast_slice::<u8, f32>(d.bytes()) {
+                                Ok(v) => send.extend_from_slice(v),
+                                Err(_) => send.extend(d.to_vec::<f32>().map_err(bad)?),
+                            }
+                        }
+                        None => send.resize(send.len() + p.numel(), 0.0),
+                    }
+                }
+                recv.resize(send.len(), 0.0);
+                group.comm.sum_f32(send, recv)?;
+                let scale = 1.0 / group.size() as f32;
+                let mut offset = 0;
+                for p in bucket {
+                    let k = p.numel();
+                    let avg: Vec<f32> = recv[offset..offset + k].iter().map(|x| x * scale).collect();
+                    p.set_grad(Some(Tensor::from_data(
+                        oar_ir::TensorData::from_vec(p.shape(), avg).map_err(bad)?,
+                    )));
+                    offset += k;
+                }
+                Ok(())
+            })?;
+        } else {
+            let flat: Vec<Tensor> = bucket
+                .iter()
+                .map(|p| match p.grad() {
+                    Some(g) => g.detach().flatten(0, -1),
+                    None => crate::tensor::zeros(&[p.numel()], dtype),
+                })
+                .collect::<Result<_>>()?;
+            let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
+            let avg = group.all_reduce(&joined, ReduceOp::Avg)?;
+            let mut offset = 0i64;
+            for p in bucket {
+                let n = p.numel() as i64;
+                let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
+                p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
+                offset += n;
+            }
         }
         start = end;
     }

@@ -80,6 +80,16 @@ impl Buffer {
         })
     }
 
+    /// A zeroed buffer of the same dtype and length.
+    pub(crate) fn empty_like(&self) -> Buffer {
+        match self {
+            Buffer::F32(v) => Buffer::F32(vec![0.0; v.len()]),
+            Buffer::F64(v) => Buffer::F64(vec![0.0; v.len()]),
+            Buffer::I32(v) => Buffer::I32(vec![0; v.len()]),
+            Buffer::I64(v) => Buffer::I64(vec![0; v.len()]),
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         match self {
             Buffer::F32(v) => v.len(),
@@ -131,6 +141,9 @@ pub(crate) trait Comm: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     fn all_reduce(&self, buf: &mut Buffer, max: bool) -> Result<()>;
+    /// The sum of `send` over the group into `recv` (same length): gradient buckets, whose
+    /// buffers the caller keeps from step to step.
+    fn sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()>;
     fn broadcast(&self, buf: &mut Buffer, root: usize) -> Result<()>;
     fn all_gather(&self, send: &Buffer, recv: &mut Buffer) -> Result<()>;
     fn reduce_scatter(&self, send: &Buffer, recv: &mut Buffer, max: bool) -> Result<()>;
@@ -152,6 +165,10 @@ impl Comm for Solo {
         1
     }
     fn all_reduce(&self, _: &mut Buffer, _: bool) -> Result<()> {
+        Ok(())
+    }
+    fn sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        recv.copy_from_slice(send);
         Ok(())
     }
     fn broadcast(&self, _: &mut Buffer, _: usize) -> Result<()> {

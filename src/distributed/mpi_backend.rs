@@ -153,11 +153,19 @@ impl Comm for Mpi {
     }
 
     fn all_reduce(&self, buf: &mut Buffer, max: bool) -> Result<()> {
-        let send = buf.clone();
+        // A fresh (lazily zeroed) receive buffer rather than a copy of the send buffer.
+        let mut recv = buf.empty_like();
         self.call("all_reduce", |c| -> Result<()> {
-            typed2!(&send, buf, |s, r| c.all_reduce_into(&s[..], &mut r[..], op(max)));
+            typed2!(&*buf, &mut recv, |s, r| c.all_reduce_into(&s[..], &mut r[..], op(max)));
             Ok(())
-        })
+        })?;
+        *buf = recv;
+        Ok(())
+    }
+
+    fn sum_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        self.call("all_reduce", |c| c.all_reduce_into(send, recv, SystemOperation::sum()));
+        Ok(())
     }
 
     fn broadcast(&self, buf: &mut Buffer, root: usize) -> Result<()> {
