@@ -16,13 +16,16 @@ fn under_mpirun() -> bool {
     std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
 }
 
-/// Run test `name` of this binary on `n` MPI ranks; panics with their output unless all pass.
+/// Run test `name` of this binary on `n` MPI ranks; panics with their output unless every rank
+/// ran it to the end (each leaves a marker file: their interleaved output is no evidence).
 fn launch(name: &str, n: usize) {
     let exe = std::env::current_exe().unwrap();
+    let marks = tempfile::tempdir().unwrap();
     let out = Command::new("mpirun")
-        .args(["-n", &n.to_string(), "--oversubscribe"])
+        .args(["-n", &n.to_string(), "--oversubscribe", "-x", "OAR_TEST_MARKS"])
         .arg(&exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("OAR_TEST_MARKS", marks.path())
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
@@ -33,8 +36,14 @@ fn launch(name: &str, n: usize) {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{name} on {n} ranks failed:\n{text}");
-    let passed = text.matches("test result: ok. 1 passed").count();
-    assert_eq!(passed, n, "{name}: {passed} of {n} ranks ran the test:\n{text}");
+    let done = std::fs::read_dir(marks.path()).unwrap().count();
+    assert_eq!(done, n, "{name}: {done} of {n} ranks finished the test:\n{text}");
+}
+
+/// Inside a rank: record that this rank finished the test.
+fn finished(g: &ProcessGroup) {
+    let dir = std::env::var_os("OAR_TEST_MARKS").expect("launched by launch()");
+    std::fs::write(std::path::Path::new(&dir).join(format!("rank-{}", g.rank())), b"ok").unwrap();
 }
 
 fn values(t: &Tensor) -> Vec<f64> {
@@ -142,6 +151,7 @@ fn collectives_match_a_reference() {
             .contains(&format!("rank {n}"))
     );
     assert!(g.new_group(&[0, 0]).is_err() && g.new_group(&[n + 5]).is_err());
+    finished(&g);
 }
 
 /// An MLP and its data: 48 samples of 6 features in 3 classes.
@@ -222,6 +232,7 @@ fn data_parallel_equals_one_process() {
             assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{p} vs {q}");
         }
     }
+    finished(&g);
 }
 
 /// Sharding without MPI: the ranks' shares of an epoch are disjoint, cover it (padded by
@@ -382,4 +393,5 @@ fn model_fit_data_parallel_equals_one_process() {
     let (x, y) = loader.iter().next().unwrap().unwrap();
     let e = dp.train_batch(&x, &y).unwrap_err().to_string();
     assert!(e.contains("to_static(false)"), "{e}");
+    finished(&g);
 }
