@@ -81,6 +81,7 @@ impl Buffer {
     }
 
     /// A zeroed buffer of the same dtype and length.
+    #[cfg(feature = "distributed")]
     pub(crate) fn empty_like(&self) -> Buffer {
         match self {
             Buffer::F32(v) => Buffer::F32(vec![0.0; v.len()]),

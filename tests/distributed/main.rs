@@ -16,18 +16,21 @@ fn under_mpirun() -> bool {
     std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
 }
 
-/// Run test `name` of this binary on `n` MPI ranks; panics with their output unless every rank
-/// ran it to the end (each leaves a marker file: their interleaved output is no evidence).
-fn launch(name: &str, n: usize) {
-    let exe = std::env::current_exe().unwrap();
-    let marks = tempfile::tempdir().unwrap();
-    let out = Command::new("mpirun")
-        .args(["-n", &n.to_string(), "--oversubscribe", "-x", "OAR_TEST_MARKS"])
-        .arg(&exe)
+/// Run test `name` of this binary on `n` MPI ranks with the environment variables `env`
+/// (passed on to every rank): whether the job succeeded, what the ranks printed, how long it
+/// took.
+fn mpirun(name: &str, n: usize, env: &[(&str, &std::ffi::OsStr)]) -> (bool, String, std::time::Duration) {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", &n.to_string(), "--oversubscribe"]);
+    for (k, v) in env {
+        cmd.args(["-x", k]).env(k, v);
+    }
+    cmd.arg(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env("OAR_TEST_MARKS", marks.path())
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let start = std::time::Instant::now();
+    let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run mpirun (install openmpi-bin): {e}"));
     let text = format!(
@@ -35,7 +38,15 @@ fn launch(name: &str, n: usize) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{name} on {n} ranks failed:\n{text}");
+    (out.status.success(), text, start.elapsed())
+}
+
+/// Run test `name` on `n` ranks; panics with their output unless every rank ran it to the end
+/// (each leaves a marker file: their interleaved output is no evidence).
+fn launch(name: &str, n: usize) {
+    let marks = tempfile::tempdir().unwrap();
+    let (ok, text, _) = mpirun(name, n, &[("OAR_TEST_MARKS", marks.path().as_os_str())]);
+    assert!(ok, "{name} on {n} ranks failed:\n{text}");
     let done = std::fs::read_dir(marks.path()).unwrap().count();
     assert_eq!(done, n, "{name}: {done} of {n} ranks finished the test:\n{text}");
 }
@@ -275,53 +286,23 @@ fn shards_partition_each_epoch() {
     assert!(g.send(&t, 1).is_err());
 }
 
-/// Run test `name` on `n` ranks expecting the job to fail: mpirun's status, everything the
-/// ranks printed, and how long the job took.
-fn launch_failing(name: &str, n: usize) -> (bool, String, std::time::Duration) {
-    let exe = std::env::current_exe().unwrap();
-    let start = std::time::Instant::now();
-    let out = Command::new("mpirun")
-        .args(["-n", &n.to_string(), "--oversubscribe"])
-        .arg(&exe)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run mpirun (install openmpi-bin): {e}"));
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text, start.elapsed())
-}
-
 /// A rank that hangs makes the others fail within the timeout (here 2 s) with an error naming
 /// the collective and the rank, instead of hanging the job; a rank that dies ends the job too.
 #[test]
 fn a_hung_or_dead_rank_fails_the_job_promptly() {
     if !under_mpirun() {
-        let (ok, text, took) = launch_failing("a_hung_or_dead_rank_fails_the_job_promptly", 2);
+        let name = "a_hung_or_dead_rank_fails_the_job_promptly";
+        let (ok, text, took) = mpirun(name, 2, &[]);
         assert!(!ok, "the job should fail:\n{text}");
         assert!(
             text.contains("oar::distributed: all_reduce on rank 0 waited") && text.contains("2.0 s timeout"),
             "{text}"
         );
         assert!(took < std::time::Duration::from_secs(20), "took {took:?}:\n{text}");
-        // The dead-rank variant: an environment switch (passed on by -x) makes rank 1 exit.
-        let exe = std::env::current_exe().unwrap();
-        let start = std::time::Instant::now();
-        let out = Command::new("mpirun")
-            .args(["-n", "2", "-x", "OAR_TEST_DIE=1"])
-            .arg(&exe)
-            .args(["--exact", "a_hung_or_dead_rank_fails_the_job_promptly", "--nocapture"])
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .env("OAR_TEST_DIE", "1")
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        assert!(start.elapsed() < std::time::Duration::from_secs(20));
+        // The dead-rank variant: rank 1 exits instead of hanging.
+        let (ok, text, took) = mpirun(name, 2, &[("OAR_TEST_DIE", std::ffi::OsStr::new("1"))]);
+        assert!(!ok, "the job should fail:\n{text}");
+        assert!(took < std::time::Duration::from_secs(20), "took {took:?}:\n{text}");
         return;
     }
     oar::distributed::set_timeout(std::time::Duration::from_secs(2));
