@@ -8,7 +8,8 @@
 //! MPI library: [`ProcessGroup::all_reduce`] (sum, average, max), `broadcast`, `all_gather`,
 //! `reduce_scatter`, `send` / `recv` and `barrier`; [`ProcessGroup::new_group`] makes
 //! sub-groups. [`DataParallel`] keeps replicas in step by averaging gradients;
-//! `DataLoader::shard` gives each rank its part of every epoch.
+//! `DataLoader::shard` gives each rank its part of every epoch; [`ShardedOptimizer`] splits
+//! the optimizer state over the ranks (ZeRO stage 1).
 //!
 //! MPI comes from the `mpi` crate over the system's library (Debian's OpenMPI), behind the cargo
 //! feature `distributed`; a build without it runs single-process programs and refuses to start
@@ -17,8 +18,10 @@
 pub(crate) mod data_parallel;
 #[cfg(feature = "distributed")]
 mod mpi_backend;
+mod zero;
 
 pub use data_parallel::DataParallel;
+pub use zero::ShardedOptimizer;
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

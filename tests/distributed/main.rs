@@ -376,3 +376,77 @@ fn model_fit_data_parallel_equals_one_process() {
     assert!(e.contains("to_static(false)"), "{e}");
     finished(&g);
 }
+
+/// ZeRO stage 1: with the Adam state sharded over 2 and 3 ranks (`ShardedOptimizer`), data-
+/// parallel training still equals one process at the full batch (5 steps, 1e-5), and each rank's
+/// optimizer state covers only the parameters it owns, every parameter being owned once.
+#[test]
+fn sharded_optimizer_equals_one_process() {
+    if !under_mpirun() {
+        for n in [2, 3] {
+            launch("sharded_optimizer_equals_one_process", n);
+        }
+        return;
+    }
+    use oar::distributed::ShardedOptimizer;
+    let g = oar::distributed::init().unwrap();
+    let (r, n) = (g.rank(), g.size());
+    let batch = 12;
+    let single = mlp(100);
+    let mut opt = Adam::new(single.named_parameters(), 1e-2);
+    for b in DataLoader::new(data())
+        .batch_size(batch)
+        .shuffle(true)
+        .seed(9)
+        .iter()
+        .take(5)
+    {
+        let b = b.unwrap();
+        cross_entropy(&single.forward(&b[0]).unwrap(), &b[1], Reduction::Mean)
+            .unwrap()
+            .backward()
+            .unwrap();
+        opt.step().unwrap();
+        opt.clear_grad();
+    }
+
+    let dp = DataParallel::new(mlp(100 + r as u64), &g).unwrap();
+    let mut opt = ShardedOptimizer::new(dp.named_parameters(), &g, |mine| Adam::new(mine, 1e-2)).unwrap();
+    let loader = DataLoader::new(data())
+        .batch_size(batch / n)
+        .shuffle(true)
+        .seed(9)
+        .shard(r, n);
+    for b in loader.iter().take(5) {
+        let b = b.unwrap();
+        cross_entropy(&dp.forward(&b[0]).unwrap(), &b[1], Reduction::Mean)
+            .unwrap()
+            .backward()
+            .unwrap();
+        dp.sync_gradients().unwrap();
+        opt.step().unwrap();
+        opt.clear_grad();
+    }
+    for (a, b) in params(&dp).iter().zip(params(&single)) {
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{p} vs {q}");
+        }
+    }
+    let names: Vec<String> = dp.named_parameters().into_iter().map(|(k, _)| k).collect();
+    let owners = opt.owners().to_vec();
+    assert!(
+        (0..n).all(|k| owners.contains(&k)),
+        "every rank owns something: {owners:?}"
+    );
+    let state = opt.state_dict();
+    for (name, &owner) in names.iter().zip(&owners) {
+        let has = state.keys().any(|k| k.starts_with(&format!("{name}.")));
+        assert_eq!(
+            has,
+            owner == r,
+            "rank {r}: state of {name} (owner {owner}): {:?}",
+            state.keys()
+        );
+    }
+    finished(&g);
+}
