@@ -83,14 +83,13 @@ impl Buffer {
         })
     }
 
-    /// A zeroed buffer of the same dtype and length.
     #[cfg(feature = "distributed")]
-    pub(crate) fn empty_like(&self) -> Buffer {
+    fn dtype(&self) -> DType {
         match self {
-            Buffer::F32(v) => Buffer::F32(vec![0.0; v.len()]),
-            Buffer::F64(v) => Buffer::F64(vec![0.0; v.len()]),
-            Buffer::I32(v) => Buffer::I32(vec![0; v.len()]),
-            Buffer::I64(v) => Buffer::I64(vec![0; v.len()]),
+            Buffer::F32(_) => DType::F32,
+            Buffer::F64(_) => DType::F64,
+            Buffer::I32(_) => DType::I32,
+            Buffer::I64(_) => DType::I64,
         }
     }
 

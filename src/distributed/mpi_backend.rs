@@ -154,7 +154,7 @@ impl Comm for Mpi {
 
     fn all_reduce(&self, buf: &mut Buffer, max: bool) -> Result<()> {
         // A fresh (lazily zeroed) receive buffer rather than a copy of the send buffer.
-        let mut recv = buf.empty_like();
+        let mut recv = Buffer::zeros(buf.dtype(), buf.len(), "all_reduce")?;
         self.call("all_reduce", |c| -> Result<()> {
             typed2!(&*buf, &mut recv, |s, r| c.all_reduce_into(&s[..], &mut r[..], op(max)));
             Ok(())

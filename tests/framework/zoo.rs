@@ -43,8 +43,13 @@ fn check(dir: &Path, name: &str, build: Build, tol: f64) {
     let got = model.predict([Ok(x)]).unwrap().remove(0);
     assert_eq!(got.numel(), want.len(), "{name}: output {:?}", got.shape());
     let got = got.try_data().unwrap().to_f64_vec();
+    assert_logits_close(name, &got, &want, tol);
+}
+
+/// `got` within `tol` of the largest of `want` (+ 1e-5), elementwise.
+fn assert_logits_close(name: &str, got: &[f64], want: &[f64], tol: f64) {
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let err = got.iter().zip(&want).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    let err = got.iter().zip(want).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
     eprintln!("{name}: largest logit {scale:.3}, largest difference {err:.2e}");
     assert!(
         err <= tol * scale + 1e-5,
@@ -173,13 +178,7 @@ fn check_with<L: Layer + 'static>(
     let want = io["logits"].try_data().unwrap().to_f64_vec();
     assert_eq!(got.shape(), io["logits"].shape(), "{name}: output shape");
     let got = got.try_data().unwrap().to_f64_vec();
-    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let err = got.iter().zip(&want).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-    eprintln!("{name}: largest logit {scale:.3}, largest difference {err:.2e}");
-    assert!(
-        err <= tol * scale + 1e-5,
-        "{name}: logits differ by {err} (largest {scale})"
-    );
+    assert_logits_close(name, &got, &want, tol);
 }
 
 /// The tiny BERT of `tools/torch_text_to_oar.py`.

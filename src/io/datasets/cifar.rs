@@ -2,7 +2,7 @@
 //! 0..=9; CIFAR-100: a coarse label 0..=19, then a fine label 0..=99) and 3072 pixel bytes
 //! (1024 red, 1024 green, 1024 blue, each a row-major 32×32 plane).
 
-use super::files::{MAX_PAYLOAD, io_error, open, require_files};
+use super::files::{MAX_PAYLOAD, io_error, open, plain_or_gz, require_files};
 use super::{Split, image_sample};
 use crate::error::Result;
 use crate::io::dataset::{Dataset, out_of_range};
@@ -123,14 +123,7 @@ impl Cifar10 {
 fn files_in(dir: &Path, names: &[String]) -> Result<Vec<PathBuf>> {
     let source = "https://www.cs.toronto.edu/~kriz/cifar.html (the binary version)";
     require_files("CIFAR", dir, names, source)?;
-    Ok(names
-        .iter()
-        .map(|n| {
-            let plain = dir.join(n);
-            let gz = dir.join(format!("{n}.gz"));
-            if !plain.exists() && gz.exists() { gz } else { plain }
-        })
-        .collect())
+    Ok(names.iter().map(|n| plain_or_gz(dir, n)).collect())
 }
 
 impl Dataset for Cifar10 {

@@ -19,6 +19,13 @@ pub(crate) fn io_error(path: &Path, detail: impl Into<String>) -> Error {
     }
 }
 
+/// `dir/name`, or `dir/name.gz` when only the compressed file is there.
+pub(crate) fn plain_or_gz(dir: &Path, name: &str) -> std::path::PathBuf {
+    let plain = dir.join(name);
+    let gz = dir.join(format!("{name}.gz"));
+    if !plain.exists() && gz.exists() { gz } else { plain }
+}
+
 /// The error for a data set whose files are not in `dir`: names the directory, the files it
 /// must hold and where they come from (oar downloads nothing at run time).
 pub(crate) fn require_files(dataset: &str, dir: &Path, files: &[String], source: &str) -> Result<()> {

@@ -1,12 +1,12 @@
 //! MNIST (and Fashion-MNIST) in the IDX format: `magic = [0, 0, 0x08 (u8), ndim]`, then `ndim`
 //! big-endian u32 dimensions, then the bytes. Images are `0x00000803`, labels `0x00000801`.
 
-use super::files::{io_error, open, require_files};
+use super::files::{io_error, open, plain_or_gz, require_files};
 use super::{Split, image_sample};
 use crate::error::Result;
 use crate::io::dataset::{Dataset, out_of_range};
 use crate::tensor::Tensor;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Read an IDX file of unsigned bytes (plain or gzip): its dimensions and its data.
 ///
@@ -109,12 +109,7 @@ impl Mnist {
             format!("{prefix}-labels-idx1-ubyte"),
         ];
         require_files(dataset, dir, &names, source)?;
-        let find = |name: &str| -> PathBuf {
-            let plain = dir.join(name);
-            let gz = dir.join(format!("{name}.gz"));
-            if !plain.exists() && gz.exists() { gz } else { plain }
-        };
-        Mnist::from_idx(find(&names[0]), find(&names[1]))
+        Mnist::from_idx(plain_or_gz(dir, &names[0]), plain_or_gz(dir, &names[1]))
     }
 
     /// Image height and width.
