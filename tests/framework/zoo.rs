@@ -14,6 +14,10 @@
 //! seq2seq Transformer on `torch.nn.Transformer` and bidirectional LSTM / GRU classifiers (mean
 //! and last pooling), written by `python3 tools/torch_text_to_oar.py` (needs torch + transformers).
 //!
+//! LeNet and MobileNetV1 follow `paddle.vision.models`: `python3 tools/paddle_to_oar.py` (needs
+//! paddlepaddle) writes committed fixtures of LeNet and MobileNetV1 at scale 0.25 from Paddle, and
+//! with `--all OUT` MobileNetV1 at full size, which the ignored test below also reads.
+//!
 //! Parameter counts and state-dict names against the references are unit tests beside each model.
 
 use oar::nn::Layer;
@@ -82,6 +86,20 @@ fn committed_torchvision_fixtures_match() {
     }
 }
 
+/// LeNet and MobileNetV1 (scale 0.25) with weights and logits from `paddle.vision.models`,
+/// within 1e-4 of the largest logit.
+#[test]
+fn committed_paddle_fixtures_match() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zoo");
+    check(&dir, "paddle_lenet", || boxed(vm::lenet(10)), 1e-4);
+    check(
+        &dir,
+        "paddle_mobilenet_v1_025",
+        || boxed(vm::mobilenet_v1(0.25, 10)),
+        1e-4,
+    );
+}
+
 /// Every zoo model at full size against torchvision (see the module docs), within 1e-3 of the
 /// largest logit; cases whose files are absent are skipped, at least one must be there.
 #[test]
@@ -119,6 +137,8 @@ fn every_zoo_model_matches_torchvision() {
         ("inception_v3", || boxed(vm::inception_v3(1000, true))),
         ("vit_b_16", || boxed(vm::vit_b_16(1000))),
         ("fcn_resnet50", || boxed(vm::fcn_resnet50(21, true))),
+        // From tools/paddle_to_oar.py --all.
+        ("paddle_mobilenet_v1", || boxed(vm::mobilenet_v1(1.0, 1000))),
     ];
     let mut ran = 0;
     for (name, build) in cases {
