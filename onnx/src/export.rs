@@ -466,6 +466,17 @@ impl<'a> Exporter<'a> {
                 ];
                 self.emit("Conv", ins, attrs)
             }
+            // Over a group of one a collective is the identity; ONNX has no collectives for
+            // more ranks (export each rank's graph after the split instead).
+            Op::Collective(c) if c.nranks == 1 => self.emit("Identity", ins, vec![]),
+            Op::Collective(c) => {
+                return Err(OnnxError::Export(format!(
+                    "op `{}` communicates between {} processes (group {}), which ONNX cannot express",
+                    c.kind.name(),
+                    c.nranks,
+                    c.group
+                )));
+            }
             other => {
                 return Err(OnnxError::Export(format!(
                     "op `{}` has no ONNX equivalent here",

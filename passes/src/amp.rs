@@ -69,6 +69,8 @@ pub fn default_class(op: &Op) -> Option<AmpClass> {
         Op::Input(_) | Op::Param(_) | Op::Constant(_) | Op::Cast(_) | Op::Iota(_) | Op::Random(_) => return None,
         Op::Cond | Op::While => return None,
         Op::MatMul | Op::Conv(_) => Low,
+        // Collectives move f32 (sums of half values would lose the low bits anyway).
+        Op::Collective(_) => F32,
         Op::Unary(u) => match u {
             UnaryOp::Exp | UnaryOp::Log | UnaryOp::Rsqrt | UnaryOp::Recip => F32,
             _ => Promote,

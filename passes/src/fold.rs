@@ -50,6 +50,7 @@ impl Fold {
                 | Op::Constant(_)
                 | Op::Iota(_)
                 | Op::Random(_)
+                | Op::Collective(_)
                 | Op::Composite(Composite::Dropout(_))
         ) && n.regions.is_empty()
             && !n.inputs().is_empty();

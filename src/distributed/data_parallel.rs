@@ -27,6 +27,9 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
         return Ok(());
     }
     let _ng = crate::no_grad();
+    if params.iter().any(|p| p.grad().is_some_and(|g| g.is_traced())) {
+        return average_traced(params, group, bucket_bytes);
+    }
     let mut start = 0;
     while start < params.len() {
         let dtype = params[start].dtype();
@@ -90,6 +93,40 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
                 p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
                 offset += n;
             }
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+/// [`average_gradients`] while `to_static` traces a training step: each bucket's gradients
+/// joined, averaged by an `all_reduce_avg` op in the graph, and split back, so the compiled
+/// step communicates by itself.
+fn average_traced(params: &[Tensor], group: &ProcessGroup, bucket_bytes: usize) -> Result<()> {
+    let mut start = 0;
+    while start < params.len() {
+        let dtype = params[start].dtype();
+        let (mut end, mut bytes) = (start, 0);
+        while end < params.len() && params[end].dtype() == dtype && (end == start || bytes < bucket_bytes) {
+            bytes += params[end].numel() * dtype.size_bytes();
+            end += 1;
+        }
+        let bucket = &params[start..end];
+        let flat: Vec<Tensor> = bucket
+            .iter()
+            .map(|p| match p.grad() {
+                Some(g) => g.flatten(0, -1),
+                None => crate::tensor::zeros(&[p.numel()], dtype),
+            })
+            .collect::<Result<_>>()?;
+        let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
+        let avg = super::functional::all_reduce(&joined, ReduceOp::Avg, group)?;
+        let mut offset = 0i64;
+        for p in bucket {
+            let n = p.numel() as i64;
+            let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
+            p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
+            offset += n;
         }
         start = end;
     }

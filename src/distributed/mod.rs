@@ -16,11 +16,17 @@
 //! under a multi-process launcher with an error that names the feature.
 
 pub(crate) mod data_parallel;
+pub mod functional;
 #[cfg(feature = "distributed")]
 mod mpi_backend;
+pub mod tensor_parallel;
 mod zero;
 
 pub use data_parallel::DataParallel;
+pub use tensor_parallel::{
+    ColumnParallelLinear, ParallelMlp, ParallelSelfAttention, ParallelTransformerLayer, RngTracker, RowParallelLinear,
+    VocabParallelEmbedding, parallel_cross_entropy,
+};
 pub use zero::ShardedOptimizer;
 
 use crate::error::{Error, Result};
@@ -212,6 +218,72 @@ pub struct ProcessGroup {
     comm: Arc<dyn Comm>,
     /// This group's members as world ranks, in group-rank order.
     ranks: Vec<usize>,
+    /// The group's number in IR collectives ([`ProcessGroup::id`]).
+    id: usize,
+}
+
+/// The number of the group of `ranks` (world ranks, sorted) in IR collectives: 0 for the
+/// world, else a hash of the members, so that every process — and a graph saved on one rank
+/// and loaded on another — names a group the same way.
+fn group_id(ranks: &[usize], world: usize) -> usize {
+    if ranks.len() == world && ranks.iter().enumerate().all(|(i, &r)| i == r) {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for r in ranks {
+        for b in (*r as u64).to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    // Small enough to read in the IR text, never 0.
+    1 + (h % 0x7fff_ffff) as usize
+}
+
+/// A group's transport as the IR's collectives see it ([`oar_ir::ops::Communicator`]).
+struct IrComm(Arc<dyn Comm>);
+
+impl IrComm {
+    fn buffer(x: &TensorData) -> std::result::Result<Buffer, String> {
+        Buffer::of("collective", &Tensor::from_data(x.clone()))
+            .map(|(b, _)| b)
+            .map_err(|e| e.to_string())
+    }
+
+    fn data(b: Buffer, shape: &[usize]) -> std::result::Result<TensorData, String> {
+        b.tensor(shape.to_vec())
+            .and_then(|t| t.try_data())
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl oar_ir::ops::Communicator for IrComm {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn all_reduce(&self, x: &TensorData, max: bool) -> std::result::Result<TensorData, String> {
+        let mut b = Self::buffer(x)?;
+        self.0.all_reduce(&mut b, max).map_err(|e| e.to_string())?;
+        Self::data(b, x.shape())
+    }
+    fn all_gather(&self, x: &TensorData) -> std::result::Result<Vec<TensorData>, String> {
+        let b = Self::buffer(x)?;
+        let mut recv = Buffer::zeros(x.dtype(), b.len() * self.size(), "all_gather").map_err(|e| e.to_string())?;
+        self.0.all_gather(&b, &mut recv).map_err(|e| e.to_string())?;
+        recv.split(self.size())
+            .into_iter()
+            .map(|p| Self::data(p, x.shape()))
+            .collect()
+    }
+    fn reduce_scatter(&self, x: &TensorData, part: &[usize]) -> std::result::Result<TensorData, String> {
+        let b = Self::buffer(x)?;
+        let mut recv =
+            Buffer::zeros(x.dtype(), b.len() / self.size().max(1), "reduce_scatter").map_err(|e| e.to_string())?;
+        self.0.reduce_scatter(&b, &mut recv, false).map_err(|e| e.to_string())?;
+        Self::data(recv, part)
+    }
 }
 
 /// The deadline of every collective and point-to-point call, in milliseconds (0: the default).
@@ -261,7 +333,7 @@ fn world() -> Result<ProcessGroup> {
         Some((_, size)) => multi_process(size)?,
     };
     let ranks = (0..comm.size()).collect();
-    Ok(ProcessGroup { comm, ranks })
+    Ok(ProcessGroup::registered(comm, ranks))
 }
 
 #[cfg(feature = "distributed")]
@@ -281,6 +353,20 @@ fn multi_process(size: usize) -> Result<Arc<dyn Comm>> {
 }
 
 impl ProcessGroup {
+    /// The group over `comm`, registered for IR collectives under its [`group_id`].
+    fn registered(comm: Arc<dyn Comm>, ranks: Vec<usize>) -> ProcessGroup {
+        let world = launcher_world().map_or(1, |(_, n)| n);
+        let id = group_id(&ranks, world);
+        oar_ir::ops::collective::register(id, Arc::new(IrComm(comm.clone())));
+        ProcessGroup { comm, ranks, id }
+    }
+
+    /// The group's number in IR collectives (Paddle's `ring_id`): 0 for the world, else
+    /// derived from its members, the same in every process.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
     /// This process's rank in the group (0-based).
     pub fn rank(&self) -> usize {
         self.comm.rank()
@@ -313,10 +399,10 @@ impl ProcessGroup {
             }
         }
         local.sort_unstable();
-        Ok(self.comm.split(&local)?.map(|comm| ProcessGroup {
-            comm,
-            ranks: local.iter().map(|&i| self.ranks[i]).collect(),
-        }))
+        Ok(self
+            .comm
+            .split(&local)?
+            .map(|comm| ProcessGroup::registered(comm, local.iter().map(|&i| self.ranks[i]).collect())))
     }
 
     /// The elementwise combination of `t` over the group; every rank gets the result. Shapes

@@ -184,8 +184,8 @@ impl Model {
     /// 0's weights go to every rank now, each training step averages the gradients over the
     /// group before the update, and `fit` reports each epoch's values averaged over the ranks.
     /// Give each rank its share of the data (`DataLoader::shard`) with batch size `B / ranks`:
-    /// training then follows one process at batch `B`. Compiled steps (`to_static`) are not
-    /// data-parallel yet: combining both is an error when training starts.
+    /// training then follows one process at batch `B`. With `to_static(true)` the averaging is
+    /// part of the compiled step (an `all_reduce_avg` per bucket of gradients in its graph).
     pub fn data_parallel(&mut self, group: &crate::distributed::ProcessGroup) -> Result<&mut Model> {
         crate::distributed::data_parallel::broadcast_state(self.network.as_ref(), group)?;
         self.group = Some(group.clone());
@@ -304,12 +304,6 @@ impl Model {
         }
         self.network.train();
         if self.to_static {
-            if self.group.as_ref().is_some_and(|g| g.size() > 1) {
-                return Err(Error::invalid(
-                    "Model::train_batch",
-                    "data-parallel training runs eager steps: call to_static(false)",
-                ));
-            }
             let (loss, out) = self.compiled_step(x, label)?;
             let values = self.update_metrics(&out, label)?;
             return Ok((loss, values));
@@ -366,7 +360,7 @@ impl Model {
                 optimizer: self.optimizer.as_mut().expect("checked by train_batch").as_mut(),
                 scaler: self.scaler.as_mut(),
                 amp: self.amp.as_ref(),
-                group: None,
+                group: self.group.as_ref(),
             };
             let custom = self.custom_step.as_mut();
             let traced = crate::jit::to_static_step(net, &specs, |xs| {

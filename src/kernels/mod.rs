@@ -99,6 +99,15 @@ pub(crate) fn run(op: &Op, inputs: &[TensorData], check: impl FnOnce() -> Result
             check()?;
             return Ok(vec![t.clone()]);
         }
+        // Through the group's registered transport (`oar::distributed`), not compiled.
+        Op::Collective(c) => {
+            check()?;
+            let [x] = inputs else {
+                return Err(crate::Error::invalid(op.name(), "takes one operand"));
+            };
+            let out = oar_ir::ops::collective::run(c, x).map_err(|d| crate::Error::invalid(op.name(), d))?;
+            return Ok(vec![out]);
+        }
         Op::Cond | Op::While | Op::Input(_) | Op::Param(_) => {
             return Err(crate::Error::invalid(
                 op.name(),

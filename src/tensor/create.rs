@@ -50,6 +50,32 @@ pub(crate) fn with_sample_rng<T>(seed: u64, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Run `f` with every draw on this thread taken from `generator` (as [`with_sample_rng`]), and
+/// give back the generator as `f` left it: named generator states that persist across scopes
+/// (`distributed::RngTracker`).
+pub(crate) fn with_generator<T>(generator: StdRng, f: impl FnOnce() -> T) -> (T, StdRng) {
+    /// Puts the previous generator back, also when `f` panics; yields the scope's generator.
+    struct Restore(Option<Option<StdRng>>);
+    impl Restore {
+        fn swap_back(&mut self) -> Option<StdRng> {
+            let prev = self.0.take()?;
+            SAMPLE_RNG.with(|local| std::mem::replace(&mut *local.borrow_mut(), prev))
+        }
+    }
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            self.swap_back();
+        }
+    }
+    let prev = SAMPLE_RNG.with(|local| local.borrow_mut().replace(generator));
+    let mut restore = Restore(Some(prev));
+    let out = f();
+    let after = restore
+        .swap_back()
+        .expect("the scope's generator is in place until it ends");
+    (out, after)
+}
+
 fn count(op: &str, shape: &[usize], dtype: DType) -> Result<usize> {
     super::intercept::check_sizes(op, shape.iter().copied())?;
     checked_byte_len(dtype, shape).map_err(|e| Error::invalid(op, e.to_string()))?;

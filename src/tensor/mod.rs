@@ -30,7 +30,7 @@ pub fn interpreted_eager_kernels() -> Vec<String> {
     crate::kernels::interpreted()
 }
 pub use create::{arange, full, full_dims, linspace, normal, ones, rand, randn, seed, uniform, zeros, zeros_dims};
-pub(crate) use create::{with_rng, with_sample_rng};
+pub(crate) use create::{with_generator, with_rng, with_sample_rng};
 pub use intercept::SYMBOLIC_SIZE;
 pub use methods::{
     abs, add, cast, ceil, concat, cos, divide, erf, exp, floor, log, matmul, max, maximum, mean, min, minimum,

@@ -25,7 +25,7 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
         Op::Concat(_) => !o.inputs.is_empty(),
         Op::Gather(_) => o.inputs.len() == 2 && matches!(dt(1), Some(DType::I32 | DType::I64)),
         Op::Iota(_) | Op::Random(_) => o.inputs.is_empty(),
-        Op::ArgReduce(_) | Op::Sort(_) => o.inputs.len() == 1,
+        Op::ArgReduce(_) | Op::Sort(_) | Op::Collective(_) => o.inputs.len() == 1,
         Op::Scatter(_) => o.inputs.len() == 3 && matches!(dt(1), Some(DType::I32 | DType::I64)),
         // The conversions `legalize::widen_half` puts around f16/bf16 loop kernels.
         Op::Cast(c) => {
@@ -253,6 +253,26 @@ pub unsafe fn run(
                     w += block;
                 }
             }
+        }
+        // A collective hands the operand to its group's transport (`oar_ir::ops::collective`).
+        Op::Collective(c) => {
+            let x = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
+            let x = TensorData::from_bytes(p.buffer(o.inputs[0]).ty.dtype, shape_of(0), x.to_vec())
+                .map_err(|e| err(k, e.to_string()))?;
+            let y = oar_ir::ops::collective::run(c, &x).map_err(|d| err(k, d))?;
+            if y.bytes().len() != out_len {
+                return Err(err(
+                    k,
+                    format!(
+                        "{} gave {} bytes for a {} buffer",
+                        c.kind.name(),
+                        y.bytes().len(),
+                        out_ty
+                    ),
+                ));
+            }
+            // Safety: the output buffer is live and `out_len` bytes; `x` is a copy.
+            unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) }.copy_from_slice(y.bytes());
         }
         // Generators fill their buffer straight from the op's definition (no f64 tensor).
         Op::Iota(iota) => {

@@ -12,6 +12,7 @@
 //! | indexing | `indexing`, `sort` | gather, scatter, sort |
 //! | generators | `generator` | iota, random |
 //! | contractions | `contraction` | matmul, conv |
+//! | communication | `collective` | all_reduce_*, all_gather, reduce_scatter, c_identity, mp_allreduce, c_split, c_concat |
 //! | control flow | `control` | cond, while |
 //! | composites | `composite::*` | linear, conv2d, pooling, norms, activations, losses, attention |
 //!
@@ -19,6 +20,7 @@
 //! never through strings. Axes are normalized (non-negative) when an op is built.
 
 mod binary;
+pub mod collective;
 mod composite;
 mod contraction;
 mod control;
@@ -37,6 +39,7 @@ mod sort;
 mod unary;
 
 pub use binary::BinaryOp;
+pub use collective::{Collective, CollectiveKind, Communicator};
 pub use composite::*;
 pub use contraction::{Conv, MatMul};
 pub use control::{Cond, While};
@@ -78,6 +81,8 @@ pub enum OpFamily {
     Composite,
     /// Cond, While.
     ControlFlow,
+    /// Collectives (communication between processes).
+    Communication,
 }
 
 op_set! {
@@ -129,6 +134,9 @@ op_set! {
         MatMul,
         /// N-d convolution.
         Conv(Conv),
+        // ---- communication ----------------------------------------------------------
+        /// A collective over a process group (all-reduce, gather, scatter, split).
+        Collective(Collective),
         // ---- composites -------------------------------------------------------------
         /// A composite op with a decomposition into primitives.
         Composite(Composite),

@@ -661,3 +661,25 @@ fn imported_lstm_and_gru_become_whole_layer_ops() {
         }
     }
 }
+
+/// A collective over several ranks has no ONNX form: the export error names it and the group
+/// (over one rank it is exported as the identity: `ort_export`'s op samples).
+#[test]
+fn a_collective_over_several_ranks_is_an_export_error() {
+    use oar_ir::ops::{Collective, CollectiveKind};
+    let mut g = Graph::new("tp");
+    let x = g
+        .add_input("x", TensorType::new(DType::F32, vec![Dim::Static(4)]))
+        .unwrap();
+    let y = g
+        .add_op(Op::Collective(Collective::new(CollectiveKind::MpAllReduce, 7, 2)), &[x])
+        .unwrap();
+    g.add_output("y", y[0]).unwrap();
+    let m = Model {
+        graph: g,
+        weights: Weights::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let e = oar_onnx::save(&m, &dir.path().join("m.onnx")).unwrap_err().to_string();
+    assert!(e.contains("mp_allreduce") && e.contains("2 processes (group 7)"), "{e}");
+}
