@@ -64,8 +64,10 @@ dpkg -s libopenmpi-dev openmpi-bin > /dev/null 2>&1 \
     || { cat target/apt-mpi.log; exit 1; }
 cargo clippy -p oar --features distributed --all-targets --quiet -- -D warnings
 cargo test -p oar --features distributed --test distributed --quiet 2>&1 | tee -a target/test.log
-cargo build -p oar --features distributed --example dp_mlp --quiet
+cargo build -p oar --features distributed --example dp_mlp --example hybrid_gpt --quiet
 target/debug/oar launch -n 2 target/debug/examples/dp_mlp
+# Pipeline × tensor parallel on 4 ranks (docs/DISTRIBUTED.md has the 8-rank dp × pp × mp run).
+target/debug/oar launch -n 4 target/debug/examples/hybrid_gpt --mp 2 --pp 2 | tail -n 2
 step "distributed"
 disk
 # The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes

@@ -17,12 +17,16 @@
 
 pub(crate) mod data_parallel;
 pub mod functional;
+mod hybrid;
 #[cfg(feature = "distributed")]
 mod mpi_backend;
+pub mod pipeline;
 pub mod tensor_parallel;
 mod zero;
 
 pub use data_parallel::DataParallel;
+pub use hybrid::{DistributedStrategy, HybridGroups, init_hybrid};
+pub use pipeline::{LayerDesc, PipelineLayer, Schedule};
 pub use tensor_parallel::{
     ColumnParallelLinear, ParallelMlp, ParallelSelfAttention, ParallelTransformerLayer, RngTracker, RowParallelLinear,
     VocabParallelEmbedding, parallel_cross_entropy,
@@ -158,6 +162,9 @@ pub(crate) trait Comm: Send + Sync {
     fn reduce_scatter(&self, send: &Buffer, recv: &mut Buffer, max: bool) -> Result<()>;
     fn send(&self, buf: &Buffer, dst: usize) -> Result<()>;
     fn recv(&self, buf: &mut Buffer, src: usize) -> Result<()>;
+    /// Send `send` to `dst` and receive `recv` from `src` in one call (`MPI_Sendrecv`), so two
+    /// ranks exchanging in opposite directions never wait on each other.
+    fn send_recv(&self, send: &Buffer, dst: usize, recv: &mut Buffer, src: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
     /// The sub-communicator of `ranks` (this process must be one of them).
     fn split(&self, ranks: &[usize]) -> Result<Option<Arc<dyn Comm>>>;
@@ -201,6 +208,12 @@ impl Comm for Solo {
         Err(Error::invalid(
             "recv",
             format!("rank {src} does not exist in a group of one"),
+        ))
+    }
+    fn send_recv(&self, _: &Buffer, dst: usize, _: &mut Buffer, src: usize) -> Result<()> {
+        Err(Error::invalid(
+            "send_recv",
+            format!("ranks {dst} and {src}: a group of one has no other rank"),
         ))
     }
     fn barrier(&self) -> Result<()> {
@@ -473,6 +486,20 @@ impl ProcessGroup {
         let mut b = Buffer::zeros(dtype, n, "recv")?;
         self.comm.recv(&mut b, src)?;
         b.tensor(shape.to_vec())
+    }
+
+    /// Send `t` to rank `dst` and receive a tensor of `shape` and `t`'s dtype from rank `src`
+    /// at once (`MPI_Sendrecv`): the exchange a pipeline stage makes with its neighbours.
+    pub fn send_recv(&self, t: &Tensor, dst: usize, shape: &[usize], src: usize) -> Result<Tensor> {
+        self.check_rank("send_recv", dst)?;
+        self.check_rank("send_recv", src)?;
+        let (b, _) = Buffer::of("send_recv", t)?;
+        let n = crate::ir::tensor_data::checked_byte_len(t.dtype(), shape)
+            .map_err(|e| Error::invalid("send_recv", e.to_string()))?
+            / t.dtype().size_bytes().max(1);
+        let mut r = Buffer::zeros(t.dtype(), n, "send_recv")?;
+        self.comm.send_recv(&b, dst, &mut r, src)?;
+        r.tensor(shape.to_vec())
     }
 
     /// Wait until every rank of the group gets here.

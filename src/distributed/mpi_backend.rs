@@ -212,6 +212,16 @@ impl Comm for Mpi {
         Ok(())
     }
 
+    fn send_recv(&self, send: &Buffer, dst: usize, recv: &mut Buffer, src: usize) -> Result<()> {
+        self.call("send_recv", |c| -> Result<()> {
+            let (to, from) = (c.process_at_rank(dst as i32), c.process_at_rank(src as i32));
+            typed2!(send, recv, |s, r| {
+                mpi::point_to_point::send_receive_into(&s[..], &to, &mut r[..], &from);
+            });
+            Ok(())
+        })
+    }
+
     fn barrier(&self) -> Result<()> {
         self.call("barrier", |c| c.barrier());
         Ok(())

@@ -664,3 +664,184 @@ fn tensor_parallel_equals_one_process() {
     }
     finished(&g);
 }
+
+/// The layers of a 7-layer MLP, for a pipeline or a plain `Sequential`.
+fn deep_mlp_descs() -> Vec<oar::distributed::LayerDesc> {
+    use oar::distributed::LayerDesc;
+    use oar::nn::Tanh;
+    vec![
+        LayerDesc::new(|| Linear::new(6, 16)),
+        LayerDesc::new(|| Ok(ReLU)),
+        LayerDesc::new(|| Linear::new(16, 16)),
+        LayerDesc::new(|| Ok(Tanh)),
+        LayerDesc::new(|| Linear::new(16, 16)),
+        LayerDesc::new(|| Ok(ReLU)),
+        LayerDesc::new(|| Linear::new(16, 3)),
+    ]
+}
+
+fn deep_mlp() -> Sequential {
+    use oar::nn::Tanh;
+    Sequential::new()
+        .add(Linear::new(6, 16).unwrap())
+        .add(ReLU)
+        .add(Linear::new(16, 16).unwrap())
+        .add(Tanh)
+        .add(Linear::new(16, 16).unwrap())
+        .add(ReLU)
+        .add(Linear::new(16, 3).unwrap())
+}
+
+/// Pipeline parallelism on 2 and 4 ranks (a 7-layer MLP cut into stages), with the 1F1B and
+/// GPipe schedules: three Adam steps on a batch of 12 in 4 micro-batches give one process's
+/// losses and parameters (each stage's layers) at the whole batch, within 1e-5; under 1F1B a
+/// stage holds at most `stages − stage` micro-batches' activations, under GPipe all 4.
+#[test]
+fn pipeline_equals_one_process() {
+    if !under_mpirun() {
+        for n in [2, 4] {
+            launch("pipeline_equals_one_process", n);
+        }
+        return;
+    }
+    use oar::distributed::{PipelineLayer, Schedule};
+    let g = oar::distributed::init().unwrap();
+    let (r, n) = (g.rank(), g.size());
+    for schedule in [Schedule::OneFOneB, Schedule::GPipe] {
+        oar::seed(21);
+        let single = deep_mlp();
+        oar::seed(21);
+        let pipe = PipelineLayer::new(deep_mlp_descs(), &g).unwrap().schedule(schedule);
+        assert_eq!(pipe.stage(), r);
+        let mut opt_single = Adam::new(single.named_parameters(), 1e-2);
+        let mut opt_pipe = Adam::new(pipe.named_parameters(), 1e-2);
+        let loss = |h: &Tensor, t: &Tensor| cross_entropy(h, t, Reduction::Mean);
+        for step in 0..3 {
+            oar::seed(300 + step);
+            let x = oar::randn(&[12, 6], DType::F32).unwrap();
+            let t = Tensor::from_vec((0..12).map(|i| ((i + step as usize) % 3) as i64).collect(), &[12]).unwrap();
+            let want = loss(&single.forward(&x).unwrap(), &t).unwrap();
+            want.backward().unwrap();
+            opt_single.step().unwrap();
+            opt_single.clear_grad();
+            let got = pipe.train_batch(&x, &t, 4, loss, &mut opt_pipe).unwrap();
+            let want = want.item().unwrap();
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs(),
+                "{schedule:?} step {step} rank {r}: loss {got} vs {want}"
+            );
+            let bound = if schedule == Schedule::GPipe { 4 } else { (n - r).min(4) };
+            assert_eq!(pipe.max_in_flight(), bound, "{schedule:?} rank {r}");
+        }
+        let whole: std::collections::BTreeMap<String, Tensor> = single.named_parameters().into_iter().collect();
+        let mine = pipe.named_parameters();
+        assert!(!mine.is_empty() || pipe.stage_layers(r).len() == 1);
+        for (name, p) in mine {
+            let q = &whole[&name];
+            for (a, b) in values(&p).iter().zip(values(q)) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (b.abs() + 1e-3),
+                    "{schedule:?} {name}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    finished(&g);
+}
+
+/// Every rank makes every group of one (`new_group` is collective) and keeps its own.
+fn solo(g: &ProcessGroup) -> ProcessGroup {
+    let mut mine = None;
+    for k in 0..g.size() {
+        if let Some(s) = g.new_group(&[k]).unwrap() {
+            mine = Some(s);
+        }
+    }
+    mine.unwrap()
+}
+
+/// `[B, S, W]` hidden states as `[B·S, W]` rows, for the head.
+struct Rows;
+
+impl Layer for Rows {
+    fn forward(&self, h: &Tensor) -> oar::Result<Tensor> {
+        h.reshape(&[-1, WIDTH as i64])
+    }
+}
+
+/// The tiny GPT of `tensor_parallel_equals_one_process` as pipeline layers split over `mp`.
+fn gpt_descs(mp: &ProcessGroup) -> Vec<oar::distributed::LayerDesc> {
+    use oar::distributed::{ColumnParallelLinear, LayerDesc, ParallelTransformerLayer, VocabParallelEmbedding};
+    let (a, b, c) = (mp.clone(), mp.clone(), mp.clone());
+    vec![
+        LayerDesc::new(move || VocabParallelEmbedding::new(VOCAB, WIDTH, &a)),
+        LayerDesc::new(move || ParallelTransformerLayer::new(WIDTH, 4, 32, &b)),
+        LayerDesc::new(|| Ok(Rows)),
+        LayerDesc::new(move || ColumnParallelLinear::new(WIDTH, VOCAB, &c)),
+    ]
+}
+
+/// Hybrid parallelism on 4 ranks: dp 2 × mp 2, mp 2 × pp 2 and dp 2 × pp 2 (`init_hybrid`'s
+/// groups; pipeline stages of tensor-parallel layers, replicated over the data-parallel
+/// group), each 3 SGD steps on a batch of 4 sequences in 2 micro-batches: the loss and every
+/// parameter equal one process's plain model at the whole batch, within 1e-5.
+#[test]
+fn hybrid_parallel_equals_one_process() {
+    if !under_mpirun() {
+        launch("hybrid_parallel_equals_one_process", 4);
+        return;
+    }
+    use oar::distributed::{DistributedStrategy, PipelineLayer, init_hybrid};
+    use oar::optimizer::SGD;
+    let g = oar::distributed::init().unwrap();
+    let me = solo(&g);
+    let ids: Vec<i64> = (0..20).map(|i| ((i * 7 + 3) % VOCAB) as i64).collect();
+    let labels: Vec<i64> = (0..20).map(|i| ((i * 5 + 1) % VOCAB) as i64).collect();
+    let ids = Tensor::from_vec(ids, &[4, 5]).unwrap();
+    let labels = Tensor::from_vec(labels, &[4, 5]).unwrap();
+    for (dp, mp, pp) in [(2, 2, 1), (1, 2, 2), (2, 1, 2)] {
+        let strategy = DistributedStrategy {
+            dp_degree: dp,
+            mp_degree: mp,
+            pp_degree: pp,
+            accumulate_steps: 2,
+            micro_batch_size: 2 / dp,
+        };
+        let hy = init_hybrid(&g, strategy).unwrap();
+        let (d, p, m) = hy.coords();
+        assert_eq!(g.rank(), (d * pp + p) * mp + m);
+        oar::seed(11);
+        let plain = PipelineLayer::new(gpt_descs(&me), &me).unwrap();
+        oar::seed(11);
+        let model = PipelineLayer::new(gpt_descs(&hy.mp), &hy.pp)
+            .unwrap()
+            .data_parallel(&hy.dp)
+            .unwrap();
+        let mut opt_plain = SGD::new(plain.named_parameters(), 0.1);
+        let mut opt = SGD::new(model.named_parameters(), 0.1);
+        let rows = hy.data_slice(4).unwrap();
+        let (lo, hi) = (rows.start as i64, rows.end as i64);
+        let (my_ids, my_labels) = (ids.slice(0, lo, hi, 1).unwrap(), labels.slice(0, lo, hi, 1).unwrap());
+        let mp_group = hy.mp.clone();
+        let loss = move |h: &Tensor, t: &Tensor| {
+            oar::distributed::parallel_cross_entropy(h, &t.reshape(&[-1])?, &mp_group, Reduction::Mean)
+        };
+        let whole = |h: &Tensor, t: &Tensor| cross_entropy(h, &t.reshape(&[-1])?, Reduction::Mean);
+        for step in 0..3 {
+            let want = plain.train_batch(&ids, &labels, 1, whole, &mut opt_plain).unwrap();
+            let got = model
+                .train_batch(&my_ids, &my_labels, strategy.accumulate_steps / dp, &loss, &mut opt)
+                .unwrap();
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs(),
+                "dp {dp} mp {mp} pp {pp}, step {step}, rank {}: loss {got} vs {want}",
+                g.rank()
+            );
+        }
+        let full: std::collections::BTreeMap<String, Tensor> = plain.named_parameters().into_iter().collect();
+        for (name, t) in model.named_parameters() {
+            assert_is_slice(&format!("dp {dp} mp {mp} pp {pp}: {name}"), &t, &full[&name], m, 1e-5);
+        }
+    }
+    finished(&g);
+}

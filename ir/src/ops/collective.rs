@@ -493,7 +493,12 @@ mod tests {
         assert!(e.contains("does not split into 3"), "{e}");
         let ty = TensorType::new(DType::F32, vec![Dim::Static(4), Dim::Static(3)]);
         let split = Collective::new(CollectiveKind::Split, 0, 2).axis(1);
-        assert!(split.infer(std::slice::from_ref(&ty), &[]).unwrap_err().contains("does not split"));
+        assert!(
+            split
+                .infer(std::slice::from_ref(&ty), &[])
+                .unwrap_err()
+                .contains("does not split")
+        );
         let gather = Collective::new(CollectiveKind::AllGather, 0, 2).axis(1);
         assert_eq!(gather.infer(&[ty], &[]).unwrap()[0].to_string(), "f32[4,6]");
     }
