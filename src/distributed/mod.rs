@@ -15,6 +15,7 @@
 //! feature `distributed`; a build without it runs single-process programs and refuses to start
 //! under a multi-process launcher with an error that names the feature.
 
+pub mod checkpoint;
 pub(crate) mod data_parallel;
 pub mod functional;
 mod hybrid;
@@ -24,6 +25,7 @@ pub mod pipeline;
 pub mod tensor_parallel;
 mod zero;
 
+pub use checkpoint::{load_sharded, save_sharded};
 pub use data_parallel::DataParallel;
 pub use hybrid::{DistributedStrategy, HybridGroups, init_hybrid};
 pub use pipeline::{LayerDesc, PipelineLayer, Schedule};

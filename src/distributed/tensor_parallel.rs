@@ -51,10 +51,20 @@ fn part(layer: &str, what: &str, size: usize, group: &ProcessGroup) -> Result<us
 }
 
 /// This rank's slice `r·k .. (r+1)·k` of `full` along `axis`, as a new trainable leaf.
-fn shard(full: &Tensor, axis: i64, k: usize, group: &ProcessGroup) -> Result<Tensor> {
+/// The slice is recorded ([`super::checkpoint::split_of`]) for sharded checkpoints.
+fn shard(full: &Tensor, axis: usize, k: usize, group: &ProcessGroup) -> Result<Tensor> {
     let start = (group.rank() * k) as i64;
-    let data = crate::autograd::with_no_grad(|| full.slice(axis, start, start + k as i64, 1))?.try_data()?;
-    Tensor::parameter(data)
+    let data = crate::autograd::with_no_grad(|| full.slice(axis as i64, start, start + k as i64, 1))?.try_data()?;
+    let t = Tensor::parameter(data)?;
+    super::checkpoint::mark(
+        &t,
+        super::checkpoint::Split {
+            axis,
+            part: group.rank(),
+            parts: group.size(),
+        },
+    );
+    Ok(t)
 }
 
 /// A linear layer whose weight `[in, out]` is split by columns over `group`: rank `r` holds
