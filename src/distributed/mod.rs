@@ -17,6 +17,7 @@
 
 pub mod checkpoint;
 pub(crate) mod data_parallel;
+pub mod fleet;
 pub mod functional;
 mod hybrid;
 #[cfg(feature = "distributed")]
@@ -27,6 +28,7 @@ mod zero;
 
 pub use checkpoint::{load_sharded, save_sharded};
 pub use data_parallel::DataParallel;
+pub use fleet::{DistributedOptimizer, Fleet};
 pub use hybrid::{DistributedStrategy, HybridGroups, init_hybrid};
 pub use pipeline::{LayerDesc, PipelineLayer, Schedule};
 pub use tensor_parallel::{

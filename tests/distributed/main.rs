@@ -915,3 +915,55 @@ fn sharded_checkpoints_reshard() {
     assert!(!dir.join("next").exists() && !dir.join("old").exists());
     finished(&g);
 }
+
+/// Paddle's fleet API on 2 ranks: `fleet::init` with dp 2, `distributed_model` (replicas from
+/// different weights) and `distributed_optimizer` (averaging inside `step`), with gradients
+/// accumulated over two half-batches before each step (no explicit synchronisation): five
+/// Adam steps equal one process at batch 12, within 1e-5.
+#[test]
+fn fleet_api_equals_one_process() {
+    if !under_mpirun() {
+        launch("fleet_api_equals_one_process", 2);
+        return;
+    }
+    use oar::distributed::{DistributedStrategy, fleet};
+    let f = fleet::init(DistributedStrategy {
+        dp_degree: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    let g = f.world().clone();
+    let r = g.rank();
+    let single = mlp(100);
+    let mut opt = Adam::new(single.named_parameters(), 1e-2);
+    let model = f.distributed_model(mlp(100 + r as u64)).unwrap();
+    let mut dopt = f.distributed_optimizer(Adam::new(model.named_parameters(), 1e-2));
+    let loader = DataLoader::new(data()).batch_size(12).shuffle(true).seed(9);
+    for b in loader.iter().take(5) {
+        let b = b.unwrap();
+        cross_entropy(&single.forward(&b[0]).unwrap(), &b[1], Reduction::Mean)
+            .unwrap()
+            .backward()
+            .unwrap();
+        opt.step().unwrap();
+        opt.clear_grad();
+        // This rank's half of the batch, in two accumulated quarters.
+        for q in 0..2 {
+            let lo = (r * 6 + q * 3) as i64;
+            let (x, y) = (
+                b[0].slice(0, lo, lo + 3, 1).unwrap(),
+                b[1].slice(0, lo, lo + 3, 1).unwrap(),
+            );
+            let l = cross_entropy(&model.forward(&x).unwrap(), &y, Reduction::Mean).unwrap();
+            (&l * 0.5).unwrap().backward().unwrap();
+        }
+        dopt.step().unwrap();
+        dopt.clear_grad();
+    }
+    for (a, b) in params(&model).iter().zip(params(&single)) {
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{p} vs {q}");
+        }
+    }
+    finished(&g);
+}
