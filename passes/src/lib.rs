@@ -25,6 +25,7 @@ mod registry;
 mod rewrite;
 pub mod simplify;
 mod specialize_shapes;
+pub mod spmd;
 mod steps;
 
 pub use amp::{Amp, AmpClass, AmpConfig, AmpLevel};
@@ -43,6 +44,7 @@ pub use quantize::{FakeQuantToQdq, Quantize};
 pub use registry::{list_passes, pass_by_name, pass_from_spec};
 pub use simplify::{Simplify, SimplifyStats};
 pub use specialize_shapes::SpecializeShapes;
+pub use spmd::{Partitioned, Sharding, Spmd, SpmdConfig, partition};
 pub use steps::{StepBudget, StepRun};
 
 use oar_ir::Graph;

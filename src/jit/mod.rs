@@ -276,6 +276,45 @@ impl StaticFunction {
         Ok(exe.run(&feeds)?)
     }
 
+    /// This function partitioned over `group` by the sharding annotations (`oar_passes::spmd`):
+    /// the program every rank runs on its shards, with the collectives the pass inserted. Each
+    /// rank calls it with its shard of every split input (slice `rank` along the axis);
+    /// parameters split by the annotations (and their optimizer state) are sliced here and
+    /// owned by the new function (read them with [`StaticFunction::weights`]); replicated ones
+    /// stay shared with this function's. Outputs are whole on every rank.
+    pub fn partition(
+        &self,
+        group: &crate::distributed::ProcessGroup,
+        shardings: &BTreeMap<String, oar_passes::Sharding>,
+    ) -> Result<StaticFunction> {
+        let config = oar_passes::SpmdConfig {
+            group: group.id(),
+            nranks: group.size(),
+            shardings: shardings.clone(),
+        };
+        let p = oar_passes::partition(&self.graph, &config)?;
+        let mut params = BTreeMap::new();
+        for (name, t) in &self.params {
+            let local = match p.inputs.get(name) {
+                Some(oar_passes::Sharding::Split(axis)) => {
+                    let k = (t.shape()[*axis] / group.size()) as i64;
+                    let r = group.rank() as i64;
+                    let slice = crate::autograd::with_no_grad(|| t.slice(*axis as i64, r * k, (r + 1) * k, 1))?;
+                    Tensor::from_data(slice.try_data()?)
+                }
+                _ => t.clone(),
+            };
+            params.insert(name.clone(), local);
+        }
+        Ok(StaticFunction {
+            graph: p.graph,
+            params,
+            backend: self.backend.clone(),
+            train_step: self.train_step,
+            compiled: std::sync::Mutex::new(None),
+        })
+    }
+
     /// Set the learning rate a traced training step uses from now on.
     pub fn set_lr(&self, lr: f64) -> Result<()> {
         let key = format!("{}@lr", crate::optimizer::OPT_PREFIX);
