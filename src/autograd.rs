@@ -293,13 +293,62 @@ impl Tensor {
         }
         let mut cot: HashMap<(u64, usize), Option<Cot>> = HashMap::new();
         cot.insert((root.id, *out), Some(Cot::Shared(seed)));
-        let mut leaves: Vec<(Tensor, Tensor)> = Vec::new();
+        // Each leaf's gradient is complete once the oldest op that reads it is done (ops run
+        // newest first): then its contributions are added into `.grad()` and the gradient
+        // hook, if any, hears of it (data parallelism starts reducing it while backward goes on).
+        let mut last_use: BTreeMap<u64, Vec<Tensor>> = BTreeMap::new();
+        {
+            // `nodes` ascends by id: the first op met reading a leaf is its oldest.
+            let mut seen = std::collections::HashSet::new();
+            for n in nodes.values() {
+                for e in &n.edges {
+                    if let Edge::Leaf(t) = e
+                        && seen.insert(t.id())
+                    {
+                        last_use.entry(n.id).or_default().push(t.clone());
+                    }
+                }
+            }
+        }
+        let mut leaves: HashMap<u64, Vec<Tensor>> = HashMap::new();
+        let finish = |id: u64, leaves: &mut HashMap<u64, Vec<Tensor>>| -> Result<()> {
+            for leaf in last_use.get(&id).into_iter().flatten() {
+                let Some(gs) = leaves.remove(&leaf.id()) else { continue };
+                let mut slot = leaf.grad();
+                for g in gs {
+                    add_into(&mut slot, g)?;
+                }
+                leaf.set_grad(slot);
+                GRAD_HOOK.with(|h| {
+                    if let Some(h) = h.borrow_mut().as_mut() {
+                        h(leaf);
+                    }
+                });
+            }
+            Ok(())
+        };
         for node in nodes.values().rev() {
+            self.backward_node(node, &mut cot, &mut leaves, retain_graph)?;
+            finish(node.id, &mut leaves)?;
+        }
+        Ok(())
+    }
+
+    /// Backpropagate through one recorded op: its cotangents (taken from `cot`) become its
+    /// inputs' (added into `cot`, or collected per leaf in `leaves`).
+    fn backward_node(
+        &self,
+        node: &Arc<GradNode>,
+        cot: &mut HashMap<(u64, usize), Option<Cot>>,
+        leaves: &mut HashMap<u64, Vec<Tensor>>,
+        retain_graph: bool,
+    ) -> Result<()> {
+        {
             let cts: Vec<Option<Tensor>> = (0..node.output_types.len())
                 .map(|i| cot.remove(&(node.id, i)).flatten().map(Cot::into_tensor))
                 .collect();
             if cts.iter().all(Option::is_none) {
-                continue;
+                return Ok(());
             }
             // A slice into an earlier op's result: add its gradient into that result's
             // cotangent in place (the input's type is what the slice was recorded with).
@@ -310,7 +359,7 @@ impl Tensor {
                 if !retain_graph {
                     *node.saved.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 }
-                continue;
+                return Ok(());
             }
             let saved = {
                 let guard = node.saved.lock().unwrap_or_else(|e| e.into_inner());
@@ -354,7 +403,7 @@ impl Tensor {
                 let Some(g) = g else { continue };
                 match edge {
                     Edge::None => {}
-                    Edge::Leaf(t) => leaves.push((t.clone(), g)),
+                    Edge::Leaf(t) => leaves.entry(t.id()).or_default().push(g),
                     Edge::Interior(p, i) => accumulate(cot.entry((p.id, *i)).or_default(), g)?,
                 }
             }
@@ -362,11 +411,30 @@ impl Tensor {
                 *node.saved.lock().unwrap_or_else(|e| e.into_inner()) = None;
             }
         }
-        for (leaf, g) in leaves {
-            let mut slot = leaf.grad();
-            add_into(&mut slot, g)?;
-            leaf.set_grad(slot);
-        }
         Ok(())
     }
+}
+
+/// What [`with_grad_hook`] calls.
+type GradHook = Box<dyn FnMut(&Tensor)>;
+
+thread_local! {
+    /// Called with each leaf whose gradient a running backward has completed (this thread's
+    /// backward passes only).
+    static GRAD_HOOK: std::cell::RefCell<Option<GradHook>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `f` (a backward pass) with `hook` called for each leaf as soon as its gradient is
+/// complete, in the order backward completes them; the previous hook is restored after.
+pub(crate) fn with_grad_hook<T>(hook: impl FnMut(&Tensor) + 'static, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<GradHook>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            GRAD_HOOK.with(|h| *h.borrow_mut() = prev);
+        }
+    }
+    let prev = GRAD_HOOK.with(|h| h.borrow_mut().replace(Box::new(hook)));
+    let _restore = Restore(prev);
+    f()
 }

@@ -143,6 +143,9 @@ pub struct DataParallel<L> {
     layer: L,
     group: ProcessGroup,
     bucket_bytes: usize,
+    /// Buckets the last [`DataParallel::backward`] handed to the communication thread before
+    /// backward finished.
+    overlapped: std::cell::Cell<usize>,
 }
 
 impl<L: Layer> DataParallel<L> {
@@ -153,6 +156,7 @@ impl<L: Layer> DataParallel<L> {
             layer,
             group: group.clone(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            overlapped: std::cell::Cell::new(0),
         })
     }
 
@@ -168,6 +172,163 @@ impl<L: Layer> DataParallel<L> {
     /// the optimizer's `step`; for gradient accumulation, call it only on the step that updates.
     pub fn sync_gradients(&self) -> Result<()> {
         average_gradients(&self.layer.parameters(), &self.group, self.bucket_bytes)
+    }
+
+    /// `loss.backward()` with the gradients averaged over the group while it runs (PyTorch's
+    /// DDP): the parameters are bucketed in reverse order (about `bucket_bytes` each, the last
+    /// layers' gradients are complete first), and each bucket, once backward has completed all
+    /// its gradients and the buckets before it are on their way, is summed by a communication
+    /// thread while backward goes on through the earlier layers. Buckets whose parameters got
+    /// no gradient go after backward, as zeros. The result equals `backward` then
+    /// [`DataParallel::sync_gradients`].
+    ///
+    /// The model's own backward must not communicate (no tensor-parallel layers inside: two
+    /// threads would then wait in collectives in orders the ranks may not share); for f64 or
+    /// traced gradients it is `backward` then `sync_gradients`.
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        let params = self.layer.parameters();
+        self.overlapped.set(0);
+        if self.group.size() == 1 {
+            return loss.backward();
+        }
+        if loss.is_traced() || params.iter().any(|p| p.dtype() != oar_ir::DType::F32) {
+            loss.backward()?;
+            return self.sync_gradients();
+        }
+        // Buckets over the parameters in reverse order.
+        let mut buckets: Vec<Vec<usize>> = Vec::new();
+        let mut bytes = 0;
+        for i in (0..params.len()).rev() {
+            if buckets.is_empty() || bytes >= self.bucket_bytes {
+                buckets.push(Vec::new());
+                bytes = 0;
+            }
+            buckets.last_mut().expect("pushed above").push(i);
+            bytes += params[i].numel() * 4;
+        }
+        let flat = |params: &[Tensor], bucket: &[usize]| -> Result<Vec<f32>> {
+            let mut v = Vec::new();
+            for &i in bucket {
+                match params[i].grad() {
+                    Some(g) => v.extend(
+                        g.try_data()?
+                            .to_vec::<f32>()
+                            .map_err(|e| Error::invalid("backward", e.to_string()))?,
+                    ),
+                    None => v.resize(v.len() + params[i].numel(), 0.0),
+                }
+            }
+            Ok(v)
+        };
+        let nb = buckets.len();
+        let comm = self.group.comm.clone();
+        let (to_comm, from_main) = std::sync::mpsc::channel::<(usize, Vec<f32>)>();
+        let (to_main, from_comm) = std::sync::mpsc::channel::<Result<(usize, Vec<f32>)>>();
+        let worker = std::thread::Builder::new()
+            .name("oar-ddp-allreduce".into())
+            .spawn(move || {
+                for (b, send) in from_main {
+                    let mut recv = vec![0.0f32; send.len()];
+                    let r = comm.sum_f32(&send, &mut recv).map(|()| (b, recv));
+                    if to_main.send(r).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| {
+                Error::invalid(
+                    "DataParallel::backward",
+                    format!("cannot start the communication thread: {e}"),
+                )
+            })?;
+        // Which bucket each parameter is in, and what each still waits for.
+        struct State {
+            params: Vec<Tensor>,
+            buckets: Vec<Vec<usize>>,
+            slot: std::collections::HashMap<u64, usize>,
+            waiting: Vec<usize>,
+            next: usize,
+            error: Option<Error>,
+        }
+        let mut slot = std::collections::HashMap::new();
+        for (b, bucket) in buckets.iter().enumerate() {
+            for &i in bucket {
+                slot.insert(params[i].id(), b);
+            }
+        }
+        let state = std::rc::Rc::new(std::cell::RefCell::new(State {
+            waiting: buckets.iter().map(Vec::len).collect(),
+            params: params.clone(),
+            buckets,
+            slot,
+            next: 0,
+            error: None,
+        }));
+        let hook_state = state.clone();
+        let hook_tx = to_comm.clone();
+        let hook = move |leaf: &Tensor| {
+            let mut st = hook_state.borrow_mut();
+            let Some(&b) = st.slot.get(&leaf.id()) else { return };
+            st.waiting[b] = st.waiting[b].saturating_sub(1);
+            // Buckets go in order, so every rank issues the same sequence of all-reduces.
+            while st.next < st.buckets.len() && st.waiting[st.next] == 0 && st.error.is_none() {
+                let i = st.next;
+                match flat(&st.params, &st.buckets[i]) {
+                    Ok(v) => {
+                        let _ = hook_tx.send((i, v));
+                    }
+                    Err(e) => st.error = Some(e),
+                }
+                st.next += 1;
+            }
+        };
+        let result = crate::autograd::with_grad_hook(hook, || loss.backward());
+        let mut st = state.borrow_mut();
+        self.overlapped.set(st.next);
+        while st.next < nb {
+            let i = st.next;
+            let v = flat(&st.params, &st.buckets[i])?;
+            let _ = to_comm.send((i, v));
+            st.next += 1;
+        }
+        drop(to_comm);
+        let mut sums: Vec<Option<Vec<f32>>> = vec![None; nb];
+        for _ in 0..nb {
+            match from_comm.recv() {
+                Ok(Ok((b, v))) => sums[b] = Some(v),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => break,
+            }
+        }
+        let _ = worker.join();
+        result?;
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        let scale = 1.0 / self.group.size() as f32;
+        let bad = |e: oar_ir::tensor_data::TensorDataError| Error::invalid("DataParallel::backward", e.to_string());
+        for (b, bucket) in st.buckets.iter().enumerate() {
+            let sum = sums[b]
+                .take()
+                .ok_or_else(|| Error::invalid("DataParallel::backward", "the communication thread stopped"))?;
+            let mut offset = 0;
+            for &i in bucket {
+                let p = &st.params[i];
+                let k = p.numel();
+                let avg: Vec<f32> = sum[offset..offset + k].iter().map(|x| x * scale).collect();
+                p.set_grad(Some(Tensor::from_data(
+                    oar_ir::TensorData::from_vec(p.shape(), avg).map_err(bad)?,
+                )));
+                offset += k;
+            }
+        }
+        Ok(())
+    }
+
+    /// How many gradient buckets the last [`DataParallel::backward`] started reducing before
+    /// backward had finished.
+    pub fn overlapped_buckets(&self) -> usize {
+        self.overlapped.get()
     }
 
     /// The group the replicas live in.

@@ -191,7 +191,8 @@ fn params(l: &dyn Layer) -> Vec<Vec<f32>> {
 /// Data parallelism: N ranks, each with batch 12/N of a sharded, shuffled loader and its
 /// replica started from different weights (DataParallel broadcasts rank 0's), train 5 Adam
 /// steps with averaged gradients; their loss (averaged) and parameters equal one process's at
-/// batch 12 on the same data, within 1e-5 relative, on 2, 3 and 4 ranks.
+/// batch 12 on the same data, within 1e-5 relative, on 2, 3 and 4 ranks; with the gradients
+/// averaged after backward and while it runs (buckets handed over before it ends).
 #[test]
 fn data_parallel_equals_one_process() {
     if !under_mpirun() {
@@ -219,31 +220,47 @@ fn data_parallel_equals_one_process() {
         want_losses.push(loss.item().unwrap());
     }
 
-    let dp = DataParallel::new(mlp(100 + r as u64), &g).unwrap().bucket_bytes(256);
-    let mut opt = Adam::new(dp.named_parameters(), 1e-2);
-    let loader = DataLoader::new(data())
-        .batch_size(batch / n)
-        .shuffle(true)
-        .seed(9)
-        .shard(r, n);
-    assert_eq!(loader.len(), 48 / batch);
-    for (step, b) in loader.iter().take(5).enumerate() {
-        let b = b.unwrap();
-        let loss = cross_entropy(&dp.forward(&b[0]).unwrap(), &b[1], Reduction::Mean).unwrap();
-        loss.backward().unwrap();
-        dp.sync_gradients().unwrap();
-        opt.step().unwrap();
-        opt.clear_grad();
-        let global = g.all_reduce(&loss.detach(), ReduceOp::Avg).unwrap().item().unwrap();
-        let want = want_losses[step];
-        assert!(
-            (global - want).abs() <= 1e-5 * want.abs(),
-            "step {step}: loss {global} vs {want}"
-        );
-    }
-    for (a, b) in params(&dp).iter().zip(params(&single)) {
-        for (p, q) in a.iter().zip(&b) {
-            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{p} vs {q}");
+    // Gradients averaged after backward (`sync_gradients`), then while it runs
+    // (`DataParallel::backward`, buckets of 256 bytes: several per step).
+    for overlap in [false, true] {
+        let dp = DataParallel::new(mlp(100 + r as u64), &g).unwrap().bucket_bytes(256);
+        let mut opt = Adam::new(dp.named_parameters(), 1e-2);
+        let loader = DataLoader::new(data())
+            .batch_size(batch / n)
+            .shuffle(true)
+            .seed(9)
+            .shard(r, n);
+        assert_eq!(loader.len(), 48 / batch);
+        for (step, b) in loader.iter().take(5).enumerate() {
+            let b = b.unwrap();
+            let loss = cross_entropy(&dp.forward(&b[0]).unwrap(), &b[1], Reduction::Mean).unwrap();
+            if overlap {
+                dp.backward(&loss).unwrap();
+                assert!(
+                    dp.overlapped_buckets() >= 2,
+                    "{} buckets overlapped",
+                    dp.overlapped_buckets()
+                );
+            } else {
+                loss.backward().unwrap();
+                dp.sync_gradients().unwrap();
+            }
+            opt.step().unwrap();
+            opt.clear_grad();
+            let global = g.all_reduce(&loss.detach(), ReduceOp::Avg).unwrap().item().unwrap();
+            let want = want_losses[step];
+            assert!(
+                (global - want).abs() <= 1e-5 * want.abs(),
+                "overlap {overlap}, step {step}: loss {global} vs {want}"
+            );
+        }
+        for (a, b) in params(&dp).iter().zip(params(&single)) {
+            for (p, q) in a.iter().zip(&b) {
+                assert!(
+                    (p - q).abs() <= 1e-5 * (q.abs() + 1e-3),
+                    "overlap {overlap}: {p} vs {q}"
+                );
+            }
         }
     }
     finished(&g);
