@@ -5,7 +5,8 @@
 //! which wraps it) each process gets the world group with its rank, and without a launcher the
 //! same program runs as a single process (rank 0 of 1), so one code path serves both.
 //! Collectives take and return [`Tensor`]s (f32, f64, i32, i64), computed on the host by the
-//! MPI library: [`ProcessGroup::all_reduce`] (sum, average, max), `broadcast`, `all_gather`,
+//! MPI library (a tensor on a device is staged through host memory and the result returned on
+//! its device; NCCL is not wired in): [`ProcessGroup::all_reduce`] (sum, average, max), `broadcast`, `all_gather`,
 //! `reduce_scatter`, `send` / `recv` and `barrier`; [`ProcessGroup::new_group`] makes
 //! sub-groups. [`DataParallel`] keeps replicas in step by averaging gradients;
 //! `DataLoader::shard` gives each rank its part of every epoch; [`ShardedOptimizer`] splits
@@ -430,7 +431,7 @@ impl ProcessGroup {
         if op == ReduceOp::Avg {
             b.divide(self.size());
         }
-        b.tensor(shape)
+        b.tensor(shape)?.to(&t.device())
     }
 
     /// Rank `root`'s `t` on every rank (the others' `t` gives the shape and dtype).
@@ -438,7 +439,7 @@ impl ProcessGroup {
         self.check_rank("broadcast", root)?;
         let (mut b, shape) = Buffer::of("broadcast", t)?;
         self.comm.broadcast(&mut b, root)?;
-        b.tensor(shape)
+        b.tensor(shape)?.to(&t.device())
     }
 
     /// Every rank's `t`, in rank order (equal shapes).
@@ -448,7 +449,7 @@ impl ProcessGroup {
         self.comm.all_gather(&b, &mut recv)?;
         recv.split(self.size())
             .into_iter()
-            .map(|p| p.tensor(shape.clone()))
+            .map(|p| p.tensor(shape.clone())?.to(&t.device()))
             .collect()
     }
 
@@ -471,7 +472,7 @@ impl ProcessGroup {
         if op == ReduceOp::Avg {
             recv.divide(n);
         }
-        recv.tensor(shape)
+        recv.tensor(shape)?.to(&t.device())
     }
 
     /// Send `t` to rank `dst` (blocking until it can be reused).
@@ -503,7 +504,7 @@ impl ProcessGroup {
             / t.dtype().size_bytes().max(1);
         let mut r = Buffer::zeros(t.dtype(), n, "send_recv")?;
         self.comm.send_recv(&b, dst, &mut r, src)?;
-        r.tensor(shape.to_vec())
+        r.tensor(shape.to_vec())?.to(&t.device())
     }
 
     /// Wait until every rank of the group gets here.

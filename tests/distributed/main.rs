@@ -67,7 +67,7 @@ fn values(t: &Tensor) -> Vec<f64> {
 /// Every collective against values each rank computes alone, on 2, 3 and 4 ranks: all_reduce
 /// (sum, avg, max; f32, f64, i64), broadcast from a non-zero root, all_gather,
 /// reduce_scatter, a send/recv ring, barrier, a sub-group of the even ranks; an f16 tensor and
-/// a bad rank are typed errors.
+/// a bad rank are typed errors; a tensor on a device comes back on it.
 #[test]
 fn collectives_match_a_reference() {
     if !under_mpirun() {
@@ -165,6 +165,17 @@ fn collectives_match_a_reference() {
             .contains(&format!("rank {n}"))
     );
     assert!(g.new_group(&[0, 0]).is_err() && g.new_group(&[n + 5]).is_err());
+
+    // A tensor on a device (here a host-backed one) is staged through host memory and comes
+    // back on its device, by the method and by the IR op alike.
+    let cpu = oar::backend::get("cpu").unwrap();
+    oar::device::register_runtime(std::sync::Arc::new(oar::device::HostRuntime::new("emu", 1, cpu)));
+    let dev = oar::Device::new("emu", 0);
+    let on_dev = mine.to(&dev).unwrap();
+    let s = g.all_reduce(&on_dev, ReduceOp::Sum).unwrap();
+    assert_eq!((s.device(), values(&s)), (dev.clone(), sum.clone()));
+    let s = oar::distributed::functional::all_reduce(&on_dev, ReduceOp::Sum, &g).unwrap();
+    assert_eq!((s.device(), values(&s)), (dev, sum));
     finished(&g);
 }
 
