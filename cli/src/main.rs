@@ -7,6 +7,7 @@ mod import;
 mod inspect;
 mod launch;
 mod opt;
+mod ps;
 mod quantize;
 mod run;
 
@@ -92,6 +93,9 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Start a distributed job: PROGRAM on N ranks through mpirun (`oar launch -n 4 ./train`).
     Launch(launch::LaunchArgs),
+    /// Parameter server: `oar ps server --shard I --of N --port P --table SPEC...`.
+    #[command(subcommand)]
+    Ps(ps::PsCommand),
     /// Write an oar model as ONNX (opset 18).
     Export {
         /// A `.oar` model or a `.oir` IR text file.
@@ -192,6 +196,7 @@ fn run(command: Command) -> CliResult<()> {
         Command::Compile(args) => compile::compile(args),
         Command::Quantize(args) => quantize::quantize(args),
         Command::Launch(args) => launch::launch(args),
+        Command::Ps(cmd) => ps::ps(cmd),
         Command::Conformance(args) => conformance::conformance(args),
         Command::Backends => {
             for b in oar::backend::registry().list() {

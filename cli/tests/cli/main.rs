@@ -9,6 +9,7 @@ mod compile_ptx;
 mod conformance;
 mod inspect_run;
 mod opt;
+mod ps;
 mod quantize;
 mod regressions;
 mod zoo;

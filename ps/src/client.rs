@@ -1,0 +1,276 @@
+//! The trainers' side: one connection per shard, blocking calls (the eager framework is
+//! synchronous) made on a private runtime.
+
+use crate::proto::parameter_server_client::ParameterServerClient;
+use crate::proto::*;
+use crate::server::MAX_MESSAGE_BYTES;
+use crate::{PsError, shard_of_id, shard_of_table};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
+
+/// A client of every shard of a job.
+pub struct PsClient {
+    rt: tokio::runtime::Runtime,
+    shards: Vec<ParameterServerClient<Channel>>,
+    deadline: Duration,
+}
+
+/// Whether a failed call is worth retrying (the shard is restarting, or busy).
+fn transient(s: &tonic::Status) -> bool {
+    matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+}
+
+impl PsClient {
+    /// Connect to the shards at `endpoints` (`http://host:port`, shard `i` at index `i`) and
+    /// check each is the shard of the job it should be. Every later call must finish within
+    /// `deadline`, retries included.
+    pub fn connect(endpoints: &[String], deadline: Duration) -> Result<PsClient, PsError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| PsError::Transport(e.to_string()))?;
+        let mut shards = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            let ep = Endpoint::from_shared(e.clone())
+                .map_err(|err| PsError::Config(format!("bad endpoint `{e}`: {err}")))?
+                .connect_timeout(deadline)
+                .timeout(deadline);
+            // Lazy: a shard that is not up yet is retried by the calls.
+            let channel = {
+                let _g = rt.enter();
+                ep.connect_lazy()
+            };
+            shards.push(
+                ParameterServerClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            );
+        }
+        if shards.is_empty() {
+            return Err(PsError::Config("no shards to connect to".into()));
+        }
+        let client = PsClient { rt, shards, deadline };
+        client.info()?;
+        Ok(client)
+    }
+
+    /// The number of shards.
+    pub fn num_shards(&self) -> u32 {
+        self.shards.len() as u32
+    }
+
+    /// Call `f` on shard `s` until it succeeds, fails for good, or the deadline passes
+    /// (retrying transient failures with doubling backoff).
+    async fn call<T, F, Fut>(
+        mut c: ParameterServerClient<Channel>,
+        s: u32,
+        deadline: Duration,
+        f: F,
+    ) -> Result<T, PsError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let start = Instant::now();
+        let mut wait = Duration::from_millis(20);
+        loop {
+            let left = deadline.saturating_sub(start.elapsed());
+            let attempt = tokio::time::timeout(left, f(c.clone())).await;
+            let status = match attempt {
+                Ok(Ok(r)) => return Ok(r.into_inner()),
+                Ok(Err(st)) => st,
+                Err(_) => tonic::Status::deadline_exceeded(format!("no answer within {deadline:?}")),
+            };
+            if !transient(&status) || start.elapsed() + wait >= deadline {
+                return Err(PsError::Call {
+                    shard: s,
+                    status: format!("{:?}: {}", status.code(), status.message()),
+                });
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+            c = c.clone();
+        }
+    }
+
+    /// Every shard's view of itself and its tables (also checks the job's layout).
+    pub fn info(&self) -> Result<Vec<InfoReply>, PsError> {
+        let n = self.num_shards();
+        let calls = self.shards.iter().enumerate().map(|(s, c)| {
+            Self::call(c.clone(), s as u32, self.deadline, move |mut c| async move {
+                c.info(InfoRequest {
+                    shard: s as u32,
+                    num_shards: n,
+                })
+                .await
+            })
+        });
+        self.rt.block_on(async { futures_join(calls).await })
+    }
+
+    /// The rows of `ids` in sparse table `table` (duplicates fetched once), `dim` values per id
+    /// in order; with `training`, absent rows are created.
+    pub fn pull_sparse(&self, table: &str, ids: &[u64], training: bool) -> Result<(usize, Vec<f32>), PsError> {
+        let n = self.num_shards();
+        // Unique ids per shard, and where each id's row lands.
+        let mut per_shard: Vec<Vec<u64>> = vec![Vec::new(); n as usize];
+        let mut at: HashMap<u64, (u32, usize)> = HashMap::new();
+        for &id in ids {
+            at.entry(id).or_insert_with(|| {
+                let s = shard_of_id(id, n);
+                per_shard[s as usize].push(id);
+                (s, per_shard[s as usize].len() - 1)
+            });
+        }
+        let deadline = self.deadline;
+        let calls = per_shard.iter().enumerate().map(|(s, part)| {
+            let (c, part, table) = (self.shards[s].clone(), part.clone(), table.to_string());
+            async move {
+                if part.is_empty() {
+                    return Ok(PullSparseReply {
+                        dim: 0,
+                        values: Vec::new(),
+                    });
+                }
+                Self::call(c, s as u32, deadline, move |mut c| {
+                    let req = PullSparseRequest {
+                        table: table.clone(),
+                        ids: part.clone(),
+                        training,
+                    };
+                    async move { c.pull_sparse(req).await }
+                })
+                .await
+            }
+        });
+        let replies = self.rt.block_on(futures_join(calls))?;
+        let dim = replies.iter().map(|r| r.dim as usize).max().unwrap_or(0);
+        let mut out = Vec::with_capacity(ids.len() * dim);
+        for id in ids {
+            let (s, k) = at[id];
+            let r = &replies[s as usize];
+            let row = r.values.get(k * dim..(k + 1) * dim).ok_or_else(|| PsError::Call {
+                shard: s,
+                status: format!(
+                    "a reply of {} values for {} ids of {dim}",
+                    r.values.len(),
+                    per_shard[s as usize].len()
+                ),
+            })?;
+            out.extend_from_slice(row);
+        }
+        Ok((dim, out))
+    }
+
+    /// Push gradients `grads` (`dim` per id) for `ids` of sparse table `table`; the gradients
+    /// of a repeated id are summed first, so each row takes one update.
+    pub fn push_sparse(&self, table: &str, ids: &[u64], grads: &[f32], dim: usize) -> Result<(), PsError> {
+        if dim == 0 || grads.len() != ids.len() * dim {
+            return Err(PsError::Config(format!(
+                "{} gradient values for {} ids of {dim}",
+                grads.len(),
+                ids.len()
+            )));
+        }
+        let n = self.num_shards();
+        let mut per_shard: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n as usize];
+        let mut at: HashMap<u64, (u32, usize)> = HashMap::new();
+        for (&id, g) in ids.iter().zip(grads.chunks_exact(dim)) {
+            let (s, k) = *at.entry(id).or_insert_with(|| {
+                let s = shard_of_id(id, n);
+                let part = &mut per_shard[s as usize];
+                part.0.push(id);
+                part.1.resize(part.1.len() + dim, 0.0);
+                (s, part.0.len() - 1)
+            });
+            let row = &mut per_shard[s as usize].1[k * dim..(k + 1) * dim];
+            row.iter_mut().zip(g).for_each(|(r, g)| *r += g);
+        }
+        let deadline = self.deadline;
+        let calls = per_shard.into_iter().enumerate().map(|(s, (part, gs))| {
+            let (c, table) = (self.shards[s].clone(), table.to_string());
+            async move {
+                if part.is_empty() {
+                    return Ok(PushReply {});
+                }
+                Self::call(c, s as u32, deadline, move |mut c| {
+                    let req = PushSparseRequest {
+                        table: table.clone(),
+                        ids: part.clone(),
+                        grads: gs.clone(),
+                    };
+                    async move { c.push_sparse(req).await }
+                })
+                .await
+            }
+        });
+        self.rt.block_on(futures_join(calls)).map(|_| ())
+    }
+
+    /// The values of dense table `table`.
+    pub fn pull_dense(&self, table: &str) -> Result<Vec<f32>, PsError> {
+        let s = shard_of_table(table, self.num_shards());
+        let table = table.to_string();
+        let r = self.rt.block_on(Self::call(
+            self.shards[s as usize].clone(),
+            s,
+            self.deadline,
+            move |mut c| {
+                let req = PullDenseRequest { table: table.clone() };
+                async move { c.pull_dense(req).await }
+            },
+        ))?;
+        Ok(r.values)
+    }
+
+    /// Push a gradient of dense table `table`.
+    pub fn push_dense(&self, table: &str, grads: &[f32]) -> Result<(), PsError> {
+        let s = shard_of_table(table, self.num_shards());
+        let (table, grads) = (table.to_string(), grads.to_vec());
+        self.rt.block_on(Self::call(
+            self.shards[s as usize].clone(),
+            s,
+            self.deadline,
+            move |mut c| {
+                let req = PushDenseRequest {
+                    table: table.clone(),
+                    grads: grads.clone(),
+                };
+                async move { c.push_dense(req).await }
+            },
+        ))?;
+        Ok(())
+    }
+
+    /// Ask every shard to write its snapshot now; their paths.
+    pub fn snapshot(&self) -> Result<Vec<String>, PsError> {
+        let calls = self.shards.iter().enumerate().map(|(s, c)| {
+            Self::call(c.clone(), s as u32, self.deadline, |mut c| async move {
+                c.snapshot(SnapshotRequest {}).await
+            })
+        });
+        Ok(self
+            .rt
+            .block_on(futures_join(calls))?
+            .into_iter()
+            .map(|r| r.path)
+            .collect())
+    }
+}
+
+/// Run the futures concurrently; their results in order, or the first error.
+async fn futures_join<T>(
+    calls: impl Iterator<Item = impl std::future::Future<Output = Result<T, PsError>> + Send + 'static>,
+) -> Result<Vec<T>, PsError>
+where
+    T: Send + 'static,
+{
+    let handles: Vec<_> = calls.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.map_err(|e| PsError::Transport(e.to_string()))??);
+    }
+    Ok(out)
+}

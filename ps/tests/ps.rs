@@ -1,0 +1,213 @@
+//! The parameter server over real gRPC on localhost: shards started in this process (port 0),
+//! a client, and a local table as the reference for every value.
+
+use oar_ps::proto::parameter_server_client::ParameterServerClient;
+use oar_ps::proto::{InfoRequest, PullSparseRequest, PushSparseRequest};
+use oar_ps::{Optimizer, PsClient, RunningServer, ServerConfig, Table, TableConfig, shard_of_id};
+use std::time::{Duration, Instant};
+
+fn tables() -> Vec<TableConfig> {
+    let mut emb = TableConfig::sparse(
+        "emb",
+        4,
+        Optimizer::Adagrad {
+            lr: 0.1,
+            eps: 1e-6,
+            initial: 0.1,
+        },
+    );
+    emb.seed = 3;
+    vec![emb, TableConfig::dense("dense", 5, Optimizer::Sgd { lr: 0.5 })]
+}
+
+fn start(shard: u32, of: u32, dir: Option<&std::path::Path>, port: u16) -> RunningServer {
+    let config = ServerConfig {
+        shard,
+        num_shards: of,
+        tables: tables(),
+        snapshot_dir: dir.map(std::path::Path::to_path_buf),
+        snapshot_every: 0,
+    };
+    RunningServer::start(config, ([127, 0, 0, 1], port).into()).unwrap()
+}
+
+fn endpoints(servers: &[RunningServer]) -> Vec<String> {
+    servers.iter().map(|s| format!("http://{}", s.addr())).collect()
+}
+
+fn close(a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= 1e-6, "{x} vs {y}");
+    }
+}
+
+/// Three shards against one local table: pulls (duplicates included) give the same rows,
+/// pushes (duplicates summed) the same Adagrad updates; the dense table takes SGD steps.
+#[test]
+fn sharded_tables_match_a_local_table() {
+    let servers: Vec<RunningServer> = (0..3).map(|s| start(s, 3, None, 0)).collect();
+    let client = PsClient::connect(&endpoints(&servers), Duration::from_secs(10)).unwrap();
+    let mut local = Table::new(tables()[0].clone());
+    let ids: Vec<u64> = (0..40).map(|i| (i * 7919 % 53) as u64).chain([5, 5, 17]).collect();
+    assert!(
+        (0..3).all(|s| ids.iter().any(|&i| shard_of_id(i, 3) == s)),
+        "every shard is used"
+    );
+    for step in 0..3 {
+        let (dim, got) = client.pull_sparse("emb", &ids, true).unwrap();
+        assert_eq!(dim, 4);
+        close(&got, &local.pull(&ids, true));
+        let grads: Vec<f32> = (0..ids.len() * 4)
+            .map(|k| ((k + step) % 7) as f32 * 0.1 - 0.3)
+            .collect();
+        client.push_sparse("emb", &ids, &grads, 4).unwrap();
+        // The reference sums a repeated id's gradients into one update.
+        let mut summed: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
+        for (id, g) in ids.iter().zip(grads.chunks(4)) {
+            let e = summed.entry(*id).or_insert(vec![0.0; 4]);
+            e.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+        }
+        let (uids, ugrads): (Vec<u64>, Vec<Vec<f32>>) = summed.into_iter().unzip();
+        local.push(&uids, &ugrads.concat());
+    }
+    close(
+        &client.pull_sparse("emb", &ids, false).unwrap().1,
+        &local.pull(&ids, false),
+    );
+    // Not training: an unknown id reads as zeros and creates nothing.
+    assert_eq!(client.pull_sparse("emb", &[999_999], false).unwrap().1, vec![0.0; 4]);
+    let rows: u64 = client.info().unwrap().iter().map(|i| i.tables[1].rows).sum();
+    assert_eq!(rows as usize, local.len());
+    assert_eq!(client.pull_dense("dense").unwrap(), vec![0.0; 5]);
+    client.push_dense("dense", &[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+    assert_eq!(client.pull_dense("dense").unwrap(), vec![-0.5, -1.0, -1.5, -2.0, -2.5]);
+}
+
+/// A shard stopped (final snapshot) and started again on the same directory has every row
+/// back; a server of another layout refuses the directory; snapshots on request work.
+#[test]
+fn a_restarted_shard_resumes_from_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(0, 1, Some(dir.path()), 0);
+    let client = PsClient::connect(&endpoints(std::slice::from_ref(&server)), Duration::from_secs(10)).unwrap();
+    let ids = [1u64, 2, 3];
+    client.pull_sparse("emb", &ids, true).unwrap();
+    client.push_sparse("emb", &ids, &[0.5; 12], 4).unwrap();
+    client.push_dense("dense", &[1.0; 5]).unwrap();
+    let before = client.pull_sparse("emb", &ids, false).unwrap().1;
+    let paths = client.snapshot().unwrap();
+    assert!(paths[0].ends_with("shard-0-of-1.safetensors"), "{paths:?}");
+    drop(client);
+    server.stop().unwrap();
+
+    let server = start(0, 1, Some(dir.path()), 0);
+    let client = PsClient::connect(&endpoints(std::slice::from_ref(&server)), Duration::from_secs(10)).unwrap();
+    assert_eq!(client.pull_sparse("emb", &ids, false).unwrap().1, before);
+    assert_eq!(client.pull_dense("dense").unwrap(), vec![-0.5; 5]);
+    drop(client);
+    server.stop().unwrap();
+
+    let config = ServerConfig {
+        shard: 1,
+        num_shards: 2,
+        tables: tables(),
+        snapshot_dir: Some(dir.path().to_path_buf()),
+        snapshot_every: 0,
+    };
+    let e = RunningServer::start(config, ([127, 0, 0, 1], 0).into())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("another layout") && e.contains("shard-1-of-2"), "{e}");
+}
+
+/// Malformed, misrouted and oversized requests get a status, and the server keeps serving.
+#[test]
+fn bad_requests_get_a_status() {
+    let servers: Vec<RunningServer> = (0..2).map(|s| start(s, 2, None, 0)).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut raw = rt
+        .block_on(ParameterServerClient::connect(format!("http://{}", servers[0].addr())))
+        .unwrap()
+        .max_encoding_message_size(128 << 20);
+    let elsewhere = (0..100u64).find(|&i| shard_of_id(i, 2) == 1).unwrap();
+    let mine = (0..100u64).find(|&i| shard_of_id(i, 2) == 0).unwrap();
+    fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Status {
+        r.map(|_| ()).unwrap_err()
+    }
+    let pull = |ids: Vec<u64>, table: &str| PullSparseRequest {
+        table: table.into(),
+        ids,
+        training: true,
+    };
+    let e = code(rt.block_on(raw.pull_sparse(pull(vec![elsewhere], "emb"))));
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("belongs to shard 1"), "{e}");
+    let e = code(rt.block_on(raw.pull_sparse(pull(vec![mine], "nope"))));
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+    let e = code(rt.block_on(raw.push_sparse(PushSparseRequest {
+        table: "emb".into(),
+        ids: vec![mine],
+        grads: vec![1.0; 3],
+    })));
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = code(rt.block_on(raw.push_sparse(PushSparseRequest {
+        table: "emb".into(),
+        ids: vec![mine],
+        grads: vec![f32::NAN; 4],
+    })));
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = code(rt.block_on(raw.info(InfoRequest {
+        shard: 0,
+        num_shards: 3,
+    })));
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    // More ids than a request may carry; then a message over the size limit.
+    let many: Vec<u64> = std::iter::repeat_n(mine, oar_ps::server::MAX_IDS + 1).collect();
+    let e = code(rt.block_on(raw.pull_sparse(pull(many, "emb"))));
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    let huge: Vec<u64> = std::iter::repeat_n(mine, (oar_ps::server::MAX_MESSAGE_BYTES / 8) + 16).collect();
+    let e = code(rt.block_on(raw.pull_sparse(pull(huge, "emb"))));
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange | tonic::Code::Internal
+        ),
+        "{e}"
+    );
+    // Still serving.
+    assert!(rt.block_on(raw.pull_sparse(pull(vec![mine], "emb"))).is_ok());
+    // A client's view of the job must match.
+    let wrong = vec![
+        format!("http://{}", servers[1].addr()),
+        format!("http://{}", servers[0].addr()),
+    ];
+    let e = PsClient::connect(&wrong, Duration::from_secs(5))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("FailedPrecondition"), "{e}");
+}
+
+/// No server: the call fails within its deadline. A shard that comes back while a call
+/// retries: the call succeeds.
+#[test]
+fn calls_fail_within_their_deadline_and_retry_a_restarting_shard() {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let start_t = Instant::now();
+    let e = PsClient::connect(&[format!("http://127.0.0.1:{port}")], Duration::from_millis(600));
+    assert!(e.is_err());
+    assert!(start_t.elapsed() < Duration::from_secs(5), "{:?}", start_t.elapsed());
+
+    let later = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        start(0, 1, None, port)
+    });
+    let client = PsClient::connect(&[format!("http://127.0.0.1:{port}")], Duration::from_secs(10)).unwrap();
+    assert_eq!(client.pull_dense("dense").unwrap(), vec![0.0; 5]);
+    drop(client);
+    later.join().unwrap().stop().unwrap();
+}
