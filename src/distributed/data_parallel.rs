@@ -19,6 +19,24 @@ pub(crate) fn broadcast_state(layer: &dyn Layer, group: &ProcessGroup) -> Result
     Ok(())
 }
 
+/// `params` cut into runs of consecutive same-dtype parameters of about `bucket_bytes` each
+/// (at least one parameter per run).
+fn buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < params.len() {
+        let dtype = params[start].dtype();
+        let (mut end, mut bytes) = (start, 0);
+        while end < params.len() && params[end].dtype() == dtype && (end == start || bytes < bucket_bytes) {
+            bytes += params[end].numel() * dtype.size_bytes();
+            end += 1;
+        }
+        out.push(start..end);
+        start = end;
+    }
+    out
+}
+
 /// Replace each of `params`' gradients by its average over `group`, one all-reduce per bucket
 /// of consecutive same-dtype parameters of about `bucket_bytes`; a missing gradient counts as
 /// zeros.
@@ -30,15 +48,9 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
     if params.iter().any(|p| p.grad().is_some_and(|g| g.is_traced())) {
         return average_traced(params, group, bucket_bytes);
     }
-    let mut start = 0;
-    while start < params.len() {
-        let dtype = params[start].dtype();
-        let (mut end, mut bytes) = (start, 0);
-        while end < params.len() && params[end].dtype() == dtype && (end == start || bytes < bucket_bytes) {
-            bytes += params[end].numel() * dtype.size_bytes();
-            end += 1;
-        }
-        let bucket = &params[start..end];
+    for range in buckets(params, bucket_bytes) {
+        let dtype = params[range.start].dtype();
+        let bucket = &params[range];
         if dtype == oar_ir::DType::F32 {
             // The common case without tensor ops: gradients copied once into a send buffer,
             // summed by MPI into a receive buffer (both kept from step to step, so their pages
@@ -94,7 +106,6 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
                 offset += n;
             }
         }
-        start = end;
     }
     Ok(())
 }
@@ -103,15 +114,9 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
 /// joined, averaged by an `all_reduce_avg` op in the graph, and split back, so the compiled
 /// step communicates by itself.
 fn average_traced(params: &[Tensor], group: &ProcessGroup, bucket_bytes: usize) -> Result<()> {
-    let mut start = 0;
-    while start < params.len() {
-        let dtype = params[start].dtype();
-        let (mut end, mut bytes) = (start, 0);
-        while end < params.len() && params[end].dtype() == dtype && (end == start || bytes < bucket_bytes) {
-            bytes += params[end].numel() * dtype.size_bytes();
-            end += 1;
-        }
-        let bucket = &params[start..end];
+    for range in buckets(params, bucket_bytes) {
+        let dtype = params[range.start].dtype();
+        let bucket = &params[range];
         let flat: Vec<Tensor> = bucket
             .iter()
             .map(|p| match p.grad() {
@@ -128,7 +133,6 @@ fn average_traced(params: &[Tensor], group: &ProcessGroup, bucket_bytes: usize) 
             p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
             offset += n;
         }
-        start = end;
     }
     Ok(())
 }

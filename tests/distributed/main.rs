@@ -199,6 +199,15 @@ fn params(l: &dyn Layer) -> Vec<Vec<f32>> {
     l.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect()
 }
 
+/// Every parameter of `got` within 1e-5 (relative, 1e-3 floor) of `want`'s.
+fn assert_params_close(what: &str, got: &dyn Layer, want: &dyn Layer) {
+    for (a, b) in params(got).iter().zip(params(want)) {
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{what}: {p} vs {q}");
+        }
+    }
+}
+
 /// Data parallelism: N ranks, each with batch 12/N of a sharded, shuffled loader and its
 /// replica started from different weights (DataParallel broadcasts rank 0's), train 5 Adam
 /// steps with averaged gradients; their loss (averaged) and parameters equal one process's at
@@ -265,14 +274,7 @@ fn data_parallel_equals_one_process() {
                 "overlap {overlap}, step {step}: loss {global} vs {want}"
             );
         }
-        for (a, b) in params(&dp).iter().zip(params(&single)) {
-            for (p, q) in a.iter().zip(&b) {
-                assert!(
-                    (p - q).abs() <= 1e-5 * (q.abs() + 1e-3),
-                    "overlap {overlap}: {p} vs {q}"
-                );
-            }
-        }
+        assert_params_close(&format!("overlap {overlap}"), &dp, &single);
     }
     finished(&g);
 }
@@ -396,11 +398,7 @@ fn model_fit_data_parallel_equals_one_process() {
             a.epoch
         );
     }
-    for (a, b) in params(dp.network()).iter().zip(params(single.network())) {
-        for (p, q) in a.iter().zip(&b) {
-            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{p} vs {q}");
-        }
-    }
+    assert_params_close("eager", dp.network(), single.network());
     // The same with compiled steps: the averaging is an op of the traced step.
     let mut single = prepared(100);
     single.to_static(true).unwrap();
@@ -419,11 +417,7 @@ fn model_fit_data_parallel_equals_one_process() {
             a.epoch
         );
     }
-    for (a, b) in params(dp.network()).iter().zip(params(single.network())) {
-        for (p, q) in a.iter().zip(&b) {
-            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "compiled: {p} vs {q}");
-        }
-    }
+    assert_params_close("compiled", dp.network(), single.network());
     finished(&g);
 }
 
@@ -477,11 +471,7 @@ fn sharded_optimizer_equals_one_process() {
         opt.step().unwrap();
         opt.clear_grad();
     }
-    for (a, b) in params(&dp).iter().zip(params(&single)) {
-        for (p, q) in a.iter().zip(&b) {
-            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{p} vs {q}");
-        }
-    }
+    assert_params_close("sharded optimizer", &dp, &single);
     let names: Vec<String> = dp.named_parameters().into_iter().map(|(k, _)| k).collect();
     let owners = opt.owners().to_vec();
     assert!(
@@ -988,11 +978,7 @@ fn fleet_api_equals_one_process() {
         dopt.step().unwrap();
         dopt.clear_grad();
     }
-    for (a, b) in params(&model).iter().zip(params(&single)) {
-        for (p, q) in a.iter().zip(&b) {
-            assert!((p - q).abs() <= 1e-5 * (q.abs() + 1e-3), "{p} vs {q}");
-        }
-    }
+    assert_params_close("fleet", &model, &single);
     finished(&g);
 }
 
