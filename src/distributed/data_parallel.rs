@@ -19,6 +19,22 @@ pub(crate) fn broadcast_state(layer: &dyn Layer, group: &ProcessGroup) -> Result
     Ok(())
 }
 
+/// Give each of `params`, in order, its slice of the flat `sums` divided by `ranks` as its
+/// gradient.
+fn set_averages<'a>(params: impl Iterator<Item = &'a Tensor>, sums: &[f32], ranks: usize) -> Result<()> {
+    let scale = 1.0 / ranks as f32;
+    let mut offset = 0;
+    for p in params {
+        let k = p.numel();
+        let avg: Vec<f32> = sums[offset..offset + k].iter().map(|x| x * scale).collect();
+        let data = oar_ir::TensorData::from_vec(p.shape(), avg)
+            .map_err(|e| Error::invalid("sync_gradients", e.to_string()))?;
+        p.set_grad(Some(Tensor::from_data(data)));
+        offset += k;
+    }
+    Ok(())
+}
+
 /// `params` cut into runs of consecutive same-dtype parameters of about `bucket_bytes` each
 /// (at least one parameter per run).
 fn buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
@@ -76,17 +92,7 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
                 }
                 recv.resize(send.len(), 0.0);
                 group.comm.sum_f32(send, recv)?;
-                let scale = 1.0 / group.size() as f32;
-                let mut offset = 0;
-                for p in bucket {
-                    let k = p.numel();
-                    let avg: Vec<f32> = recv[offset..offset + k].iter().map(|x| x * scale).collect();
-                    p.set_grad(Some(Tensor::from_data(
-                        oar_ir::TensorData::from_vec(p.shape(), avg).map_err(bad)?,
-                    )));
-                    offset += k;
-                }
-                Ok(())
+                set_averages(bucket.iter(), recv, group.size())
             })?;
         } else {
             let flat: Vec<Tensor> = bucket
@@ -309,22 +315,11 @@ impl<L: Layer> DataParallel<L> {
         if let Some(e) = st.error.take() {
             return Err(e);
         }
-        let scale = 1.0 / self.group.size() as f32;
-        let bad = |e: oar_ir::tensor_data::TensorDataError| Error::invalid("DataParallel::backward", e.to_string());
         for (b, bucket) in st.buckets.iter().enumerate() {
             let sum = sums[b]
                 .take()
                 .ok_or_else(|| Error::invalid("DataParallel::backward", "the communication thread stopped"))?;
-            let mut offset = 0;
-            for &i in bucket {
-                let p = &st.params[i];
-                let k = p.numel();
-                let avg: Vec<f32> = sum[offset..offset + k].iter().map(|x| x * scale).collect();
-                p.set_grad(Some(Tensor::from_data(
-                    oar_ir::TensorData::from_vec(p.shape(), avg).map_err(bad)?,
-                )));
-                offset += k;
-            }
+            set_averages(bucket.iter().map(|&i| &st.params[i]), &sum, self.group.size())?;
         }
         Ok(())
     }
