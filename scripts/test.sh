@@ -69,6 +69,10 @@ target/debug/oar launch -n 2 target/debug/examples/dp_mlp
 # Pipeline × tensor parallel on 4 ranks (docs/DISTRIBUTED.md has the 8-rank dp × pp × mp run).
 target/debug/oar launch -n 4 target/debug/examples/hybrid_gpt --mp 2 --pp 2 | tail -n 2
 step "distributed"
+echo "== parameter server embeddings (cargo feature \`ps\`)"
+cargo clippy -p oar --features ps --all-targets --quiet -- -D warnings
+cargo test -p oar --features ps --test ps --quiet 2>&1 | tee -a target/test.log
+step "parameter server"
 disk
 # The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes
 # last because its feature changes what `oar` and `oar-cli` are built with.

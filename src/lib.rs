@@ -19,6 +19,8 @@ pub mod lowering;
 pub mod metric;
 pub mod nn;
 pub mod optimizer;
+#[cfg(feature = "ps")]
+pub mod ps;
 pub mod quantization;
 pub mod rec;
 pub mod serialization;
