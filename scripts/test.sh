@@ -57,22 +57,19 @@ target/debug/examples/fit_cifar | tail -n 2
 target/debug/examples/fit_text | tail -n 1
 target/debug/examples/fit_ctr | tail -n 1
 step "fit examples"
-echo "== distributed (MPI, cargo feature \`distributed\`)"
-# Open MPI for oar::distributed; its tests start themselves under mpirun on 2-4 ranks.
+echo "== distributed and parameter server (cargo features \`distributed\`, \`ps\`)"
+# Open MPI for oar::distributed; its tests start themselves under mpirun on 2-8 ranks. Both
+# features in every command, so that oar is built once more, not twice.
 dpkg -s libopenmpi-dev openmpi-bin > /dev/null 2>&1 \
     || { apt-get update -q && apt-get install -y -q libopenmpi-dev openmpi-bin; } > target/apt-mpi.log 2>&1 \
     || { cat target/apt-mpi.log; exit 1; }
-cargo clippy -p oar --features distributed --all-targets --quiet -- -D warnings
-cargo test -p oar --features distributed --test distributed --quiet 2>&1 | tee -a target/test.log
-cargo build -p oar --features distributed --example dp_mlp --example hybrid_gpt --quiet
+cargo clippy -p oar --features distributed,ps --all-targets --quiet -- -D warnings
+cargo test -p oar --features distributed,ps --test distributed --test ps --quiet 2>&1 | tee -a target/test.log
+cargo build -p oar --features distributed,ps --example dp_mlp --example hybrid_gpt --quiet
 target/debug/oar launch -n 2 target/debug/examples/dp_mlp
 # Pipeline × tensor parallel on 4 ranks (docs/DISTRIBUTED.md has the 8-rank dp × pp × mp run).
 target/debug/oar launch -n 4 target/debug/examples/hybrid_gpt --mp 2 --pp 2 | tail -n 2
 step "distributed"
-echo "== parameter server embeddings (cargo feature \`ps\`)"
-cargo clippy -p oar --features ps --all-targets --quiet -- -D warnings
-cargo test -p oar --features ps --test ps --quiet 2>&1 | tee -a target/test.log
-step "parameter server"
 disk
 # The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes
 # last because its feature changes what `oar` and `oar-cli` are built with.
