@@ -63,12 +63,7 @@ impl PsClient {
 
     /// Call `f` on shard `s` until it succeeds, fails for good, or the deadline passes
     /// (retrying transient failures with doubling backoff).
-    async fn call<T, F, Fut>(
-        mut c: ParameterServerClient<Channel>,
-        s: u32,
-        deadline: Duration,
-        f: F,
-    ) -> Result<T, PsError>
+    async fn call<T, F, Fut>(c: ParameterServerClient<Channel>, s: u32, deadline: Duration, f: F) -> Result<T, PsError>
     where
         F: Fn(ParameterServerClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -91,7 +86,6 @@ impl PsClient {
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(1));
-            c = c.clone();
         }
     }
 

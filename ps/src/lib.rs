@@ -55,8 +55,5 @@ pub fn shard_of_id(id: u64, num_shards: u32) -> u32 {
 
 /// The shard a dense table lives on: a hash of its name, modulo.
 pub fn shard_of_table(name: &str, num_shards: u32) -> u32 {
-    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    (h % u64::from(num_shards.max(1))) as u32
+    (table::name_hash(name) % u64::from(num_shards.max(1))) as u32
 }

@@ -188,7 +188,8 @@ pub struct Table {
     pub(crate) clock: u64,
 }
 
-fn name_hash(name: &str) -> u64 {
+/// FNV-1a of a table's name.
+pub(crate) fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -74,70 +74,67 @@ pub(crate) fn average_gradients(params: &[Tensor], group: &ProcessGroup, bucket_
             thread_local! {
                 static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
             }
-            let bad = |e: oar_ir::tensor_data::TensorDataError| Error::invalid("sync_gradients", e.to_string());
             SCRATCH.with(|scratch| -> Result<()> {
                 let (send, recv) = &mut *scratch.borrow_mut();
                 send.clear();
-                for p in bucket {
-                    match p.grad() {
-                        Some(g) => {
-                            let d = g.try_data()?;
-                            match bytemuck::try_cast_slice::<u8, f32>(d.bytes()) {
-                                Ok(v) => send.extend_from_slice(v),
-                                Err(_) => send.extend(d.to_vec::<f32>().map_err(bad)?),
-                            }
-                        }
-                        None => send.resize(send.len() + p.numel(), 0.0),
-                    }
-                }
+                append_grads(bucket.iter(), send)?;
                 recv.resize(send.len(), 0.0);
                 group.comm.sum_f32(send, recv)?;
                 set_averages(bucket.iter(), recv, group.size())
             })?;
         } else {
-            let flat: Vec<Tensor> = bucket
-                .iter()
-                .map(|p| match p.grad() {
-                    Some(g) => g.detach().flatten(0, -1),
-                    None => crate::tensor::zeros(&[p.numel()], dtype),
-                })
-                .collect::<Result<_>>()?;
-            let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
-            let avg = group.all_reduce(&joined, ReduceOp::Avg)?;
-            let mut offset = 0i64;
-            for p in bucket {
-                let n = p.numel() as i64;
-                let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
-                p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
-                offset += n;
-            }
+            average_bucket_ops(bucket, group)?;
         }
     }
     Ok(())
 }
 
-/// [`average_gradients`] while `to_static` traces a training step: each bucket's gradients
-/// joined, averaged by an `all_reduce_avg` op in the graph, and split back, so the compiled
-/// step communicates by itself.
+/// [`average_gradients`] while `to_static` traces a training step: each bucket averaged by
+/// tensor ops, so the compiled step communicates by itself.
 fn average_traced(params: &[Tensor], group: &ProcessGroup, bucket_bytes: usize) -> Result<()> {
     for range in buckets(params, bucket_bytes) {
-        let dtype = params[range.start].dtype();
-        let bucket = &params[range];
-        let flat: Vec<Tensor> = bucket
-            .iter()
-            .map(|p| match p.grad() {
-                Some(g) => g.flatten(0, -1),
-                None => crate::tensor::zeros(&[p.numel()], dtype),
-            })
-            .collect::<Result<_>>()?;
-        let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
-        let avg = super::functional::all_reduce(&joined, ReduceOp::Avg, group)?;
-        let mut offset = 0i64;
-        for p in bucket {
-            let n = p.numel() as i64;
-            let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
-            p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
-            offset += n;
+        average_bucket_ops(&params[range], group)?;
+    }
+    Ok(())
+}
+
+/// Average one bucket's gradients with tensor ops: joined, averaged by an `all_reduce_avg` op
+/// (recorded in the graph while tracing, run through MPI eagerly), split back.
+fn average_bucket_ops(bucket: &[Tensor], group: &ProcessGroup) -> Result<()> {
+    let flat: Vec<Tensor> = bucket
+        .iter()
+        .map(|p| match p.grad() {
+            Some(g) => g.flatten(0, -1),
+            None => crate::tensor::zeros(&[p.numel()], p.dtype()),
+        })
+        .collect::<Result<_>>()?;
+    let joined = concat(&flat.iter().collect::<Vec<_>>(), 0)?;
+    let avg = super::functional::all_reduce(&joined, ReduceOp::Avg, group)?;
+    let mut offset = 0i64;
+    for p in bucket {
+        let n = p.numel() as i64;
+        let shape: Vec<i64> = p.shape().iter().map(|&d| d as i64).collect();
+        p.set_grad(Some(avg.slice(0, offset, offset + n, 1)?.reshape(&shape)?));
+        offset += n;
+    }
+    Ok(())
+}
+
+/// Append each of `params`' f32 gradients (zeros for a missing one) to `out`.
+fn append_grads<'a>(params: impl Iterator<Item = &'a Tensor>, out: &mut Vec<f32>) -> Result<()> {
+    for p in params {
+        match p.grad() {
+            Some(g) => {
+                let d = g.try_data()?;
+                match bytemuck::try_cast_slice::<u8, f32>(d.bytes()) {
+                    Ok(v) => out.extend_from_slice(v),
+                    Err(_) => out.extend(
+                        d.to_vec::<f32>()
+                            .map_err(|e| Error::invalid("sync_gradients", e.to_string()))?,
+                    ),
+                }
+            }
+            None => out.resize(out.len() + p.numel(), 0.0),
         }
     }
     Ok(())
@@ -218,16 +215,7 @@ impl<L: Layer> DataParallel<L> {
         }
         let flat = |params: &[Tensor], bucket: &[usize]| -> Result<Vec<f32>> {
             let mut v = Vec::new();
-            for &i in bucket {
-                match params[i].grad() {
-                    Some(g) => v.extend(
-                        g.try_data()?
-                            .to_vec::<f32>()
-                            .map_err(|e| Error::invalid("backward", e.to_string()))?,
-                    ),
-                    None => v.resize(v.len() + params[i].numel(), 0.0),
-                }
-            }
+            append_grads(bucket.iter().map(|&i| &params[i]), &mut v)?;
             Ok(v)
         };
         let nb = buckets.len();

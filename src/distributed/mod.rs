@@ -98,6 +98,14 @@ impl Buffer {
         })
     }
 
+    /// Zeros for a tensor of `shape` (its size checked against overflow).
+    fn zeros_of_shape(dtype: DType, shape: &[usize], op: &str) -> Result<Buffer> {
+        let n = crate::ir::tensor_data::checked_byte_len(dtype, shape)
+            .map_err(|e| Error::invalid(op, e.to_string()))?
+            / dtype.size_bytes().max(1);
+        Buffer::zeros(dtype, n, op)
+    }
+
     #[cfg(feature = "distributed")]
     fn dtype(&self) -> DType {
         match self {
@@ -485,10 +493,7 @@ impl ProcessGroup {
     /// Receive a tensor of `shape` and `dtype` from rank `src`.
     pub fn recv(&self, shape: &[usize], dtype: DType, src: usize) -> Result<Tensor> {
         self.check_rank("recv", src)?;
-        let n = crate::ir::tensor_data::checked_byte_len(dtype, shape)
-            .map_err(|e| Error::invalid("recv", e.to_string()))?
-            / dtype.size_bytes().max(1);
-        let mut b = Buffer::zeros(dtype, n, "recv")?;
+        let mut b = Buffer::zeros_of_shape(dtype, shape, "recv")?;
         self.comm.recv(&mut b, src)?;
         b.tensor(shape.to_vec())
     }
@@ -499,10 +504,7 @@ impl ProcessGroup {
         self.check_rank("send_recv", dst)?;
         self.check_rank("send_recv", src)?;
         let (b, _) = Buffer::of("send_recv", t)?;
-        let n = crate::ir::tensor_data::checked_byte_len(t.dtype(), shape)
-            .map_err(|e| Error::invalid("send_recv", e.to_string()))?
-            / t.dtype().size_bytes().max(1);
-        let mut r = Buffer::zeros(t.dtype(), n, "send_recv")?;
+        let mut r = Buffer::zeros_of_shape(t.dtype(), shape, "send_recv")?;
         self.comm.send_recv(&b, dst, &mut r, src)?;
         r.tensor(shape.to_vec())?.to(&t.device())
     }

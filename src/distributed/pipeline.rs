@@ -341,8 +341,8 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// A received activation (a fresh tensor) as a leaf that takes its gradient.
     fn leaf(t: Tensor) -> Result<Tensor> {
-        let t = Tensor::from_data(t.try_data()?);
         if t.dtype().is_float() {
             t.requires_grad_(true)
         } else {

@@ -25,6 +25,7 @@ use super::functional::{copy_to_parallel, gather_from_parallel, reduce_from_para
 use crate::error::{Error, Result};
 use crate::nn::Layer;
 use crate::nn::functional::{self as F, Reduction};
+use crate::nn::util::ctx;
 use crate::nn::{Embedding, LayerNorm, Linear};
 use crate::tensor::Tensor;
 use oar_ir::DType;
@@ -32,11 +33,6 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-
-/// Prefix an error with the layer's description.
-fn ctx<T>(layer: impl FnOnce() -> String, r: Result<T>) -> Result<T> {
-    r.map_err(|e| Error::invalid(&layer(), e.to_string()))
-}
 
 /// `size / n`, or an error naming the layer when `n` does not divide `size`.
 fn part(layer: &str, what: &str, size: usize, group: &ProcessGroup) -> Result<usize> {

@@ -15,7 +15,7 @@ mod pooling;
 pub mod rnn;
 mod spatial;
 pub mod transformer;
-mod util;
+pub(crate) mod util;
 
 pub use activation::{GELU, Hardsigmoid, Hardswish, LogSoftmax, ReLU, ReLU6, SiLU, Sigmoid, Softmax, Tanh};
 pub use container::Sequential;
