@@ -33,6 +33,9 @@ pub(crate) struct ServerArgs {
     /// Snapshot after every this many pushes (0: on request and at shutdown only).
     #[arg(long, default_value_t = 0)]
     snapshot_every: u64,
+    /// Also snapshot every this many seconds (0: not by time).
+    #[arg(long, default_value_t = 0)]
+    snapshot_secs: u64,
     /// A table: `NAME,sparse,dim=D[,opt=adagrad,lr=0.05,init=uniform,scale=0.01,entry=2,expire=N]`
     /// or `NAME,dense,len=L[,...]`; repeat for more (the same list on every shard).
     #[arg(long = "table", required = true, value_name = "SPEC")]
@@ -58,6 +61,7 @@ fn server(args: ServerArgs) -> CliResult<()> {
         tables,
         snapshot_dir: args.snapshot_dir,
         snapshot_every: args.snapshot_every,
+        snapshot_secs: args.snapshot_secs,
     };
     let shard = Shard::new(config).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;

@@ -158,9 +158,23 @@ impl PsClient {
         Ok((dim, out))
     }
 
-    /// Push gradients `grads` (`dim` per id) for `ids` of sparse table `table`; the gradients
-    /// of a repeated id are summed first, so each row takes one update.
+    /// Push gradients `grads` (`dim` per id) for `ids` of sparse table `table`, applied by the
+    /// table's optimizer at once; the gradients of a repeated id are summed first, so each row
+    /// takes one update.
     pub fn push_sparse(&self, table: &str, ids: &[u64], grads: &[f32], dim: usize) -> Result<(), PsError> {
+        self.push_sparse_as(PushMode::Apply, table, ids, grads, dim)
+    }
+
+    /// [`PsClient::push_sparse`] in `mode`: applied at once, accumulated until the next
+    /// [`PsClient::barrier`], or added as deltas.
+    pub fn push_sparse_as(
+        &self,
+        mode: PushMode,
+        table: &str,
+        ids: &[u64],
+        grads: &[f32],
+        dim: usize,
+    ) -> Result<(), PsError> {
         if dim == 0 || grads.len() != ids.len() * dim {
             return Err(PsError::Config(format!(
                 "{} gradient values for {} ids of {dim}",
@@ -194,6 +208,7 @@ impl PsClient {
                         table: table.clone(),
                         ids: part.clone(),
                         grads: gs.clone(),
+                        mode: mode.into(),
                     };
                     async move { c.push_sparse(req).await }
                 })
@@ -219,8 +234,14 @@ impl PsClient {
         Ok(r.values)
     }
 
-    /// Push a gradient of dense table `table`.
+    /// Push a gradient of dense table `table`, applied by its optimizer at once.
     pub fn push_dense(&self, table: &str, grads: &[f32]) -> Result<(), PsError> {
+        self.push_dense_as(PushMode::Apply, table, grads)
+    }
+
+    /// [`PsClient::push_dense`] in `mode` (`Init`: the table's values, taken only if no push
+    /// has touched it yet).
+    pub fn push_dense_as(&self, mode: PushMode, table: &str, grads: &[f32]) -> Result<(), PsError> {
         let s = shard_of_table(table, self.num_shards());
         let (table, grads) = (table.to_string(), grads.to_vec());
         self.rt.block_on(Self::call(
@@ -231,11 +252,25 @@ impl PsClient {
                 let req = PushDenseRequest {
                     table: table.clone(),
                     grads: grads.clone(),
+                    mode: mode.into(),
                 };
                 async move { c.push_dense(req).await }
             },
         ))?;
         Ok(())
+    }
+
+    /// Wait on every shard until all `trainers` of the job have arrived; the last arrival
+    /// applies the gradients accumulated since the previous barrier. Returns the barriers
+    /// completed so far (the step count of a sync job).
+    pub fn barrier(&self, trainers: u32) -> Result<u64, PsError> {
+        let calls = self.shards.iter().enumerate().map(|(s, c)| {
+            Self::call(c.clone(), s as u32, self.deadline, move |mut c| async move {
+                c.barrier(BarrierRequest { trainers }).await
+            })
+        });
+        let replies = self.rt.block_on(futures_join(calls))?;
+        Ok(replies.iter().map(|r| r.generation).min().unwrap_or(0))
     }
 
     /// Ask every shard to write its snapshot now; their paths.

@@ -23,6 +23,7 @@ pub mod proto {
 }
 
 pub use client::PsClient;
+pub use proto::PushMode;
 pub use server::{RunningServer, ServerConfig, Shard};
 pub use table::{Init, Kind, Optimizer, Table, TableConfig};
 

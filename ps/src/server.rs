@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 /// The most ids one request may carry, and the largest message a server accepts.
@@ -30,11 +31,31 @@ pub struct ServerConfig {
     pub snapshot_dir: Option<PathBuf>,
     /// Snapshot after every this many pushes (0: only on request and at shutdown).
     pub snapshot_every: u64,
+    /// Also snapshot every this many seconds while serving (0: never by time).
+    pub snapshot_secs: u64,
+}
+
+impl ServerConfig {
+    /// Shard `shard` of `num_shards` holding `tables`, without snapshots.
+    pub fn new(shard: u32, num_shards: u32, tables: Vec<TableConfig>) -> ServerConfig {
+        ServerConfig {
+            shard,
+            num_shards,
+            tables,
+            snapshot_dir: None,
+            snapshot_every: 0,
+            snapshot_secs: 0,
+        }
+    }
 }
 
 struct State {
     tables: BTreeMap<String, Table>,
     pushes: u64,
+    /// The sync barrier: trainers of the job, how many wait now, barriers completed.
+    trainers: u32,
+    arrived: u32,
+    generation: u64,
 }
 
 /// A shard's tables and configuration, shared by the gRPC handlers.
@@ -42,6 +63,27 @@ struct State {
 pub struct Shard {
     config: Arc<ServerConfig>,
     state: Arc<Mutex<State>>,
+    /// Announces each completed barrier's generation to the trainers waiting in it.
+    barrier_done: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+/// A trainer waiting in a barrier; dropped before the barrier completes (its call cancelled
+/// or timed out), it leaves, so a retried call is not counted twice.
+struct Arrival {
+    shard: Shard,
+    generation: u64,
+    done: bool,
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut st = self.shard.lock();
+            if st.generation == self.generation && st.arrived > 0 {
+                st.arrived -= 1;
+            }
+        }
+    }
 }
 
 fn snapshot_path(c: &ServerConfig) -> Option<PathBuf> {
@@ -91,8 +133,15 @@ impl Shard {
             }
         }
         let shard = Shard {
-            state: Arc::new(Mutex::new(State { tables, pushes: 0 })),
+            state: Arc::new(Mutex::new(State {
+                tables,
+                pushes: 0,
+                trainers: 0,
+                arrived: 0,
+                generation: 0,
+            })),
             config: Arc::new(config),
+            barrier_done: Arc::new(tokio::sync::watch::channel(0).0),
         };
         if let Some(path) = snapshot_path(&shard.config).filter(|p| p.exists()) {
             shard.restore(&path)?;
@@ -264,6 +313,19 @@ impl Shard {
     }
 }
 
+/// The barrier generation announced at shutdown: it wakes the trainers waiting in a barrier
+/// (they get `Unavailable`) so that shutting down does not wait for their deadlines.
+const SHUTTING_DOWN: u64 = u64::MAX;
+
+/// A push's mode; `INIT` is for dense tables only, unknown values are refused.
+fn mode(m: i32, dense: bool) -> Result<PushMode, Status> {
+    match PushMode::try_from(m) {
+        Ok(PushMode::Init) if !dense => Err(Status::invalid_argument("INIT pushes are for dense tables")),
+        Ok(m) => Ok(m),
+        Err(_) => Err(Status::invalid_argument(format!("unknown push mode {m}"))),
+    }
+}
+
 #[tonic::async_trait]
 impl ParameterServer for Shard {
     async fn info(&self, req: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
@@ -318,7 +380,15 @@ impl ParameterServer for Shard {
                     r.ids.len()
                 )));
             }
-            t.push(&r.ids, &r.grads);
+            match mode(r.mode, false)? {
+                PushMode::Apply => t.push(&r.ids, &r.grads),
+                PushMode::Accumulate => {
+                    t.accumulate(&r.ids, &r.grads);
+                    return Ok(Response::new(PushReply {}));
+                }
+                PushMode::Delta => t.add(&r.ids, &r.grads),
+                PushMode::Init => unreachable!("refused by mode()"),
+            }
             st.pushes += 1;
             st.pushes
         };
@@ -350,12 +420,71 @@ impl ParameterServer for Shard {
                     r.grads.len()
                 )));
             }
-            t.push(&[0], &r.grads);
+            match mode(r.mode, true)? {
+                PushMode::Apply => t.push(&[0], &r.grads),
+                PushMode::Accumulate => {
+                    t.accumulate(&[0], &r.grads);
+                    return Ok(Response::new(PushReply {}));
+                }
+                PushMode::Delta => t.add(&[0], &r.grads),
+                PushMode::Init => {
+                    t.init_dense(&r.grads);
+                    return Ok(Response::new(PushReply {}));
+                }
+            }
             st.pushes += 1;
             st.pushes
         };
         self.after_push(pushes)?;
         Ok(Response::new(PushReply {}))
+    }
+
+    async fn barrier(&self, req: Request<BarrierRequest>) -> Result<Response<BarrierReply>, Status> {
+        let trainers = req.into_inner().trainers;
+        let (mut arrival, mut done) = {
+            let mut st = self.lock();
+            if trainers == 0 || (st.arrived > 0 && st.trainers != trainers) {
+                return Err(Status::failed_precondition(format!(
+                    "a barrier of {trainers} trainers, but {} of {} have arrived",
+                    st.arrived, st.trainers
+                )));
+            }
+            st.trainers = trainers;
+            st.arrived += 1;
+            if st.arrived == trainers {
+                // The last trainer: apply the step's gradients and release everyone.
+                st.arrived = 0;
+                st.generation += 1;
+                let mut applied = 0;
+                for t in st.tables.values_mut() {
+                    applied += u64::from(t.apply_accumulated());
+                }
+                st.pushes += applied;
+                let (generation, pushes) = (st.generation, st.pushes);
+                drop(st);
+                self.barrier_done.send_replace(generation);
+                if applied > 0 {
+                    self.after_push(pushes)?;
+                }
+                return Ok(Response::new(BarrierReply { generation }));
+            }
+            let arrival = Arrival {
+                shard: self.clone(),
+                generation: st.generation,
+                done: false,
+            };
+            (arrival, self.barrier_done.subscribe())
+        };
+        let mine = arrival.generation;
+        let generation = *done
+            .wait_for(|&g| g > mine)
+            .await
+            .map_err(|_| Status::unavailable("the server is shutting down"))?;
+        if generation == SHUTTING_DOWN {
+            return Err(Status::unavailable("the server is shutting down"));
+        }
+        arrival.done = true;
+        Ok(Response::new(BarrierReply { generation }))
     }
 
     async fn snapshot(&self, _: Request<SnapshotRequest>) -> Result<Response<SnapshotReply>, Status> {
@@ -372,15 +501,39 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), PsError> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    // Small requests go out at once (no Nagle delay against the peer's delayed ACKs).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let ticker = (shard.config.snapshot_secs > 0).then(|| {
+        let (shard, every) = (shard.clone(), Duration::from_secs(shard.config.snapshot_secs));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                let s = shard.clone();
+                // Writing a snapshot blocks; keep it off the serving threads.
+                if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.snapshot()).await {
+                    eprintln!("oar ps: shard {}: timed snapshot failed: {e}", shard.config.shard);
+                }
+            }
+        })
+    });
     let svc = ParameterServerServer::new(shard.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    tonic::transport::Server::builder()
+    let waiters = shard.barrier_done.clone();
+    let shutdown = async move {
+        shutdown.await;
+        waiters.send_replace(SHUTTING_DOWN);
+    };
+    let served = tonic::transport::Server::builder()
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
-        .map_err(|e| PsError::Transport(e.to_string()))?;
+        .map_err(|e| PsError::Transport(e.to_string()));
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    served?;
     shard.snapshot()?;
     Ok(())
 }

@@ -186,6 +186,8 @@ pub struct Table {
     pub(crate) pending: HashMap<u64, u32>,
     /// Pushes so far (the expiry clock).
     pub(crate) clock: u64,
+    /// Sync-mode gradients waiting for the step's barrier, summed per id.
+    pub(crate) accumulated: HashMap<u64, Vec<f32>>,
 }
 
 /// FNV-1a of a table's name.
@@ -203,6 +205,7 @@ impl Table {
             rows: HashMap::new(),
             pending: HashMap::new(),
             clock: 0,
+            accumulated: HashMap::new(),
         };
         if let Kind::Dense { .. } = t.config.kind {
             let row = t.new_row(0);
@@ -279,6 +282,56 @@ impl Table {
         }
     }
 
+    /// Sum the gradients `grads` (`dim` per id) into the step's accumulator, applied by
+    /// [`Table::apply_accumulated`] (sync mode).
+    pub fn accumulate(&mut self, ids: &[u64], grads: &[f32]) {
+        let dim = self.config.width();
+        for (&id, g) in ids.iter().zip(grads.chunks_exact(dim)) {
+            let acc = self.accumulated.entry(id).or_insert_with(|| vec![0.0; dim]);
+            acc.iter_mut().zip(g).for_each(|(a, g)| *a += g);
+        }
+    }
+
+    /// Apply the accumulated gradients as one push (ids in order, so every shard and run
+    /// applies them alike); whether there were any.
+    pub fn apply_accumulated(&mut self) -> bool {
+        if self.accumulated.is_empty() {
+            return false;
+        }
+        let mut acc: Vec<(u64, Vec<f32>)> = self.accumulated.drain().collect();
+        acc.sort_unstable_by_key(|(id, _)| *id);
+        let ids: Vec<u64> = acc.iter().map(|(id, _)| *id).collect();
+        let grads: Vec<f32> = acc.into_iter().flat_map(|(_, g)| g).collect();
+        self.push(&ids, &grads);
+        true
+    }
+
+    /// Add `deltas` (`dim` per id) to the rows of `ids`, bypassing the optimizer (GEO mode);
+    /// rows that do not exist take none.
+    pub fn add(&mut self, ids: &[u64], deltas: &[f32]) {
+        let dim = self.config.width();
+        self.clock += 1;
+        for (&id, d) in ids.iter().zip(deltas.chunks_exact(dim)) {
+            if let Some(r) = self.rows.get_mut(&id) {
+                r.w.iter_mut().zip(d).for_each(|(w, d)| *w += d);
+                r.last = self.clock;
+            }
+        }
+    }
+
+    /// Set a dense table's values if no push has touched it yet (the trainers' initial
+    /// parameters: the first trainer's win); whether they were taken.
+    pub fn init_dense(&mut self, values: &[f32]) -> bool {
+        match (self.clock, self.rows.get_mut(&0)) {
+            (0, Some(r)) if r.w.len() == values.len() => {
+                r.w.copy_from_slice(values);
+                self.clock = 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Rows held.
     pub fn len(&self) -> usize {
         self.rows.len()
@@ -293,7 +346,7 @@ impl Table {
     pub fn bytes(&self) -> u64 {
         let width = self.config.width();
         let per_row = 8 + 4 * (width + self.config.optimizer.state_len(width)) + 8;
-        (self.rows.len() * per_row + self.pending.len() * 12) as u64
+        (self.rows.len() * per_row + self.pending.len() * 12 + self.accumulated.len() * (8 + 4 * width)) as u64
     }
 }
 
@@ -317,6 +370,39 @@ mod tests {
         // Not training: an absent row reads as zeros and is not created.
         assert_eq!(a.pull(&[1234], false), vec![0.0; 4]);
         assert_eq!(a.len(), 2);
+    }
+
+    #[test]
+    fn accumulated_gradients_apply_once_deltas_bypass_the_optimizer_and_init_is_first_only() {
+        let adagrad = Optimizer::Adagrad {
+            lr: 0.1,
+            eps: 1e-6,
+            initial: 0.1,
+        };
+        let cfg = TableConfig::sparse("emb", 2, adagrad);
+        let (mut a, mut b) = (Table::new(cfg.clone()), Table::new(cfg));
+        a.pull(&[3, 5], true);
+        b.pull(&[3, 5], true);
+        // Two trainers' gradients summed, then one Adagrad step: not two steps.
+        a.accumulate(&[3, 5], &[1.0, 2.0, 3.0, 4.0]);
+        a.accumulate(&[3], &[0.5, 0.5]);
+        assert_eq!(
+            a.pull(&[3, 5], false),
+            b.pull(&[3, 5], false),
+            "nothing applied before the barrier"
+        );
+        assert!(a.apply_accumulated() && !a.apply_accumulated());
+        b.push(&[3, 5], &[1.5, 2.5, 3.0, 4.0]);
+        assert_eq!(a.pull(&[3, 5], false), b.pull(&[3, 5], false));
+        let before = a.pull(&[5], false);
+        a.add(&[5, 99], &[1.0, -1.0, 7.0, 7.0]);
+        let after = a.pull(&[5], false);
+        assert!((after[0] - before[0] - 1.0).abs() < 1e-6 && (after[1] - before[1] + 1.0).abs() < 1e-6);
+        assert_eq!(a.len(), 2, "a delta for an absent row creates none");
+        let mut d = Table::new(TableConfig::dense("w", 2, Optimizer::Sgd { lr: 1.0 }));
+        assert!(!d.init_dense(&[1.0]), "wrong length");
+        assert!(d.init_dense(&[1.0, 2.0]) && !d.init_dense(&[5.0, 5.0]));
+        assert_eq!(d.pull(&[0], false), vec![1.0, 2.0]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use oar_ps::proto::parameter_server_client::ParameterServerClient;
 use oar_ps::proto::{InfoRequest, PullSparseRequest, PushSparseRequest};
-use oar_ps::{Optimizer, PsClient, RunningServer, ServerConfig, Table, TableConfig, shard_of_id};
+use oar_ps::{Optimizer, PsClient, PushMode, RunningServer, ServerConfig, Table, TableConfig, shard_of_id};
 use std::time::{Duration, Instant};
 
 fn tables() -> Vec<TableConfig> {
@@ -27,6 +27,7 @@ fn start(shard: u32, of: u32, dir: Option<&std::path::Path>, port: u16) -> Runni
         tables: tables(),
         snapshot_dir: dir.map(std::path::Path::to_path_buf),
         snapshot_every: 0,
+        snapshot_secs: 0,
     };
     RunningServer::start(config, ([127, 0, 0, 1], port).into()).unwrap()
 }
@@ -114,6 +115,7 @@ fn a_restarted_shard_resumes_from_its_snapshot() {
         tables: tables(),
         snapshot_dir: Some(dir.path().to_path_buf()),
         snapshot_every: 0,
+        snapshot_secs: 0,
     };
     let e = RunningServer::start(config, ([127, 0, 0, 1], 0).into())
         .err()
@@ -150,14 +152,25 @@ fn bad_requests_get_a_status() {
         table: "emb".into(),
         ids: vec![mine],
         grads: vec![1.0; 3],
+        mode: 0,
     })));
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     let e = code(rt.block_on(raw.push_sparse(PushSparseRequest {
         table: "emb".into(),
         ids: vec![mine],
         grads: vec![f32::NAN; 4],
+        mode: 0,
     })));
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    for mode in [PushMode::Init as i32, 17] {
+        let e = code(rt.block_on(raw.push_sparse(PushSparseRequest {
+            table: "emb".into(),
+            ids: vec![mine],
+            grads: vec![1.0; 4],
+            mode,
+        })));
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "mode {mode}: {e}");
+    }
     let e = code(rt.block_on(raw.info(InfoRequest {
         shard: 0,
         num_shards: 3,
@@ -210,4 +223,86 @@ fn calls_fail_within_their_deadline_and_retry_a_restarting_shard() {
     assert_eq!(client.pull_dense("dense").unwrap(), vec![0.0; 5]);
     drop(client);
     later.join().unwrap().stop().unwrap();
+}
+
+/// Sync mode: two trainers accumulate their gradients on 2 shards and meet at a barrier; the
+/// last to arrive applies the sum as one Adagrad step (as one trainer pushing the sum would),
+/// nothing is applied before, and the dense table's first INIT wins. A barrier whose other
+/// trainer never comes fails within the deadline and withdraws, so the shard is not left
+/// counting it; callers that disagree on the trainer count are refused.
+#[test]
+fn sync_pushes_wait_for_the_barrier_and_apply_once() {
+    let servers: Vec<RunningServer> = (0..2).map(|s| start(s, 2, None, 0)).collect();
+    let eps = endpoints(&servers);
+    let a = PsClient::connect(&eps, Duration::from_secs(10)).unwrap();
+    let b = PsClient::connect(&eps, Duration::from_secs(10)).unwrap();
+    let ids: Vec<u64> = (0..12).collect();
+    let (_, start_rows) = a.pull_sparse("emb", &ids, true).unwrap();
+    let ga: Vec<f32> = (0..48).map(|i| (i as f32 * 0.37).sin()).collect();
+    let gb: Vec<f32> = (0..48).map(|i| (i as f32 * 0.11).cos()).collect();
+    a.push_dense_as(PushMode::Init, "dense", &[1.0, 2.0, 3.0, 4.0, 5.0])
+        .unwrap();
+    b.push_dense_as(PushMode::Init, "dense", &[9.0; 5]).unwrap();
+    a.push_sparse_as(PushMode::Accumulate, "emb", &ids, &ga, 4).unwrap();
+    a.push_dense_as(PushMode::Accumulate, "dense", &[1.0; 5]).unwrap();
+    let waiting = std::thread::spawn(move || a.barrier(2).unwrap());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        b.pull_sparse("emb", &ids, false).unwrap().1,
+        start_rows,
+        "applied before the barrier"
+    );
+    b.push_sparse_as(PushMode::Accumulate, "emb", &ids, &gb, 4).unwrap();
+    b.push_dense_as(PushMode::Accumulate, "dense", &[1.0; 5]).unwrap();
+    assert_eq!(b.barrier(2).unwrap(), 1);
+    assert_eq!(waiting.join().unwrap(), 1);
+    let mut local = Table::new(tables()[0].clone());
+    local.pull(&ids, true);
+    let sum: Vec<f32> = ga.iter().zip(&gb).map(|(x, y)| x + y).collect();
+    local.push(&ids, &sum);
+    close(&b.pull_sparse("emb", &ids, false).unwrap().1, &local.pull(&ids, false));
+    close(&b.pull_dense("dense").unwrap(), &[0.0, 1.0, 2.0, 3.0, 4.0]);
+    // A lone trainer of two: the deadline, then the shard no longer counts it.
+    let lone = PsClient::connect(&eps, Duration::from_millis(500)).unwrap();
+    let t0 = Instant::now();
+    assert!(lone.barrier(2).is_err());
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(b.barrier(1).unwrap(), 2, "the withdrawn arrival is not counted");
+    // Disagreeing trainer counts.
+    let c = PsClient::connect(&eps, Duration::from_secs(3)).unwrap();
+    let waiting = std::thread::spawn(move || c.barrier(3));
+    std::thread::sleep(Duration::from_millis(100));
+    let e = b.barrier(2).unwrap_err().to_string();
+    assert!(e.contains("FailedPrecondition") && e.contains("3"), "{e}");
+    // The shards shut down at once, not after the waiting trainer's deadline; the trainer
+    // then fails within its own.
+    let t0 = Instant::now();
+    drop(servers);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(waiting.join().unwrap().is_err());
+}
+
+/// `snapshot_secs`: a shard writes its snapshot by the clock while serving.
+#[test]
+fn snapshots_are_also_written_by_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(0, 1, tables());
+    config.snapshot_dir = Some(dir.path().to_path_buf());
+    config.snapshot_secs = 1;
+    let server = RunningServer::start(config, ([127, 0, 0, 1], 0).into()).unwrap();
+    let client = PsClient::connect(&endpoints(std::slice::from_ref(&server)), Duration::from_secs(10)).unwrap();
+    client.push_dense("dense", &[1.0; 5]).unwrap();
+    let path = dir.path().join("shard-0-of-1.safetensors");
+    let t0 = Instant::now();
+    while !path.exists() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(path.exists(), "no snapshot after {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "written before its interval"
+    );
+    drop(client);
+    server.stop().unwrap();
 }

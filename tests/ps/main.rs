@@ -1,12 +1,16 @@
-//! `oar::ps::SparseEmbedding` (feature `ps`) against a local `Embedding` trained the same way:
-//! a parameter-server shard in this process (gRPC on localhost), a model whose embedding lives
-//! on it and whose head trains locally.
+//! `oar::ps` (feature `ps`) against training in one process: parameter-server shards in this
+//! process (gRPC on localhost), models whose embeddings (and, through `PsTrainer`, dense
+//! parameters) live on them, trainers on threads.
 
 use oar::Tensor;
+use oar::metric::{Auc, Metric};
+use oar::nn::functional::binary_cross_entropy_with_logits;
 use oar::nn::functional::{Reduction, cross_entropy};
 use oar::nn::{Embedding, Layer, Linear};
 use oar::optimizer::{Optimizer, SGD};
-use oar::ps::{PsClient, RunningServer, ServerConfig, ServerOptimizer, SparseEmbedding, TableConfig};
+use oar::ps::{
+    Mode, PsClient, PsTrainer, RunningServer, ServerConfig, ServerOptimizer, SparseEmbedding, Strategy, TableConfig,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +26,7 @@ fn server(shards: u32) -> Vec<RunningServer> {
                 tables: vec![TableConfig::sparse("emb", DIM, oar_ps_sgd(0.5))],
                 snapshot_dir: None,
                 snapshot_every: 0,
+                snapshot_secs: 0,
             };
             RunningServer::start(config, ([127, 0, 0, 1], 0).into()).unwrap()
         })
@@ -33,8 +38,19 @@ fn oar_ps_sgd(lr: f32) -> ServerOptimizer {
 }
 
 fn head() -> Linear {
-    oar::seed(7);
-    Linear::new(DIM, 3).unwrap()
+    fixed_linear(DIM, 3)
+}
+
+/// A `Linear` whose initial values do not depend on the global generator, which the tests
+/// running beside this one draw from too.
+fn fixed_linear(inputs: usize, outputs: usize) -> Linear {
+    let l = Linear::new(inputs, outputs).unwrap();
+    for (k, p) in l.parameters().iter().enumerate() {
+        let v: Vec<f32> = (0..p.numel()).map(|i| 0.3 * ((i * 7 + k * 3) as f32).sin()).collect();
+        p.set_data(oar::ir::TensorData::from_vec(p.shape(), v).unwrap())
+            .unwrap();
+    }
+    l
 }
 
 /// Mean of the rows of each sequence, then the head: `[B, S]` ids to `[B, 3]` logits.
@@ -103,4 +119,244 @@ fn a_server_side_embedding_trains_as_a_local_one() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("integers"), "{e}");
+}
+
+fn start_servers(shards: u32, tables: &[TableConfig]) -> (Vec<RunningServer>, Vec<String>) {
+    let servers: Vec<RunningServer> = (0..shards)
+        .map(|s| {
+            RunningServer::start(
+                ServerConfig::new(s, shards, tables.to_vec()),
+                ([127, 0, 0, 1], 0).into(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let endpoints = servers.iter().map(|s| format!("http://{}", s.addr())).collect();
+    (servers, endpoints)
+}
+
+/// The batch of 8 sequences of 5 ids and 3-class labels at `step`.
+fn batch(step: usize) -> (Vec<i64>, Vec<i64>) {
+    let ids = (0..40).map(|i| ((i * 7 + step * 3 + i / 5) % VOCAB) as i64).collect();
+    let y = (0..8).map(|i| ((i + step) % 3) as i64).collect();
+    (ids, y)
+}
+
+/// Sync mode: two trainers on threads, each with half of every batch, their embedding on 2
+/// shards and their head in a dense table (both SGD on the servers), end where one process
+/// training on the whole batches ends: the same rows and head after 4 steps (1e-5).
+#[test]
+fn sync_trainers_train_as_one_process() {
+    let tables = [
+        TableConfig::sparse("emb", DIM, oar_ps_sgd(0.5)),
+        TableConfig::dense("head", DIM * 3 + 3, oar_ps_sgd(0.5)),
+    ];
+    let (servers, endpoints) = start_servers(2, &tables);
+    let all: Vec<u64> = (0..VOCAB as u64).collect();
+    let probe = PsClient::connect(&endpoints, Duration::from_secs(10)).unwrap();
+    let (_, start) = probe.pull_sparse("emb", &all, true).unwrap();
+
+    // One process, whole batches.
+    let local = Embedding::new(VOCAB, DIM).unwrap();
+    local
+        .weight()
+        .set_data(oar::ir::TensorData::from_vec(vec![VOCAB, DIM], start).unwrap())
+        .unwrap();
+    let head_l = head();
+    let mut params = local.named_parameters();
+    params.extend(
+        head_l
+            .named_parameters()
+            .into_iter()
+            .map(|(k, t)| (format!("head.{k}"), t)),
+    );
+    let mut opt = SGD::new(params, 0.5);
+    for step in 0..4 {
+        let (ids, y) = batch(step);
+        let ids = Tensor::from_vec(ids, &[8, 5]).unwrap();
+        let loss = cross_entropy(
+            &logits(&local, &head_l, &ids),
+            &Tensor::from_vec(y, &[8]).unwrap(),
+            Reduction::Mean,
+        )
+        .unwrap();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        opt.clear_grad();
+    }
+
+    // Two trainers, half a batch each.
+    let trainers: Vec<_> = (0..2u32)
+        .map(|t| {
+            let endpoints = endpoints.clone();
+            std::thread::spawn(move || {
+                let client = Arc::new(PsClient::connect(&endpoints, Duration::from_secs(20)).unwrap());
+                let trainer = PsTrainer::new(client, Strategy::new(Mode::Sync, t, 2).unwrap()).unwrap();
+                let emb = trainer.sparse_embedding("emb", DIM).unwrap();
+                let head = head();
+                trainer.bind_dense("head", head.parameters()).unwrap();
+                for step in 0..4 {
+                    let (ids, y) = batch(step);
+                    let half = t as usize * 4;
+                    let ids = Tensor::from_vec(ids[half * 5..(half + 4) * 5].to_vec(), &[4, 5]).unwrap();
+                    let y = Tensor::from_vec(y[half..half + 4].to_vec(), &[4]).unwrap();
+                    cross_entropy(&logits(&emb, &head, &ids), &y, Reduction::Mean)
+                        .unwrap()
+                        .backward()
+                        .unwrap();
+                    trainer.step(&[&emb]).unwrap();
+                }
+                head.parameters()
+                    .iter()
+                    .flat_map(|p| p.to_vec::<f32>().unwrap())
+                    .collect::<Vec<f32>>()
+            })
+        })
+        .collect();
+    let heads: Vec<Vec<f32>> = trainers.into_iter().map(|t| t.join().unwrap()).collect();
+    let want: Vec<f32> = head_l
+        .parameters()
+        .iter()
+        .flat_map(|p| p.to_vec::<f32>().unwrap())
+        .collect();
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5, "{what}: {x} vs {y}");
+        }
+    };
+    for h in &heads {
+        close(h, &want, "head");
+    }
+    let (_, rows) = probe.pull_sparse("emb", &all, false).unwrap();
+    close(&rows, &local.weight().to_vec::<f32>().unwrap(), "rows");
+    drop(servers);
+}
+
+/// Click data with a planted teacher: `FIELDS` categorical fields of `IDS` ids (small ids
+/// frequent), the click drawn from a logistic model of a per-id effect.
+const FIELDS: usize = 4;
+const IDS: u64 = 200;
+
+struct Clicks {
+    ids: Vec<i64>,
+    y: Vec<f32>,
+}
+
+fn clicks(n: usize, seed: u64) -> Clicks {
+    let mut s = seed;
+    let mut uniform = move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let effect = |f: usize, id: u64| {
+        let h = oar::ir::ops::random_stream::mix64(((f as u64) << 32) ^ id ^ 0x5eed);
+        1.5 * ((h >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 2.0
+    };
+    let (mut ids, mut y) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let mut logit = -0.7;
+        for f in 0..FIELDS {
+            let id = ((IDS as f64).powf(uniform()) - 1.0) as u64;
+            logit += effect(f, id);
+            ids.push((f as u64 * IDS + id) as i64);
+        }
+        y.push(f32::from(uniform() < 1.0 / (1.0 + (-logit).exp())));
+    }
+    Clicks { ids, y }
+}
+
+/// Train a logistic model of the fields' embeddings (dim 4) with `trainers` trainers in
+/// `mode`, each on its share of the batches; the held-out AUC.
+fn train_ctr(mode: Mode, trainers: u32, train: &Arc<Clicks>, test: &Clicks) -> f64 {
+    let adagrad = ServerOptimizer::Adagrad {
+        lr: 0.2,
+        eps: 1e-6,
+        initial: 0.1,
+    };
+    let tables = [
+        TableConfig::sparse("emb", 4, adagrad),
+        TableConfig::dense("head", FIELDS * 4 + 1, adagrad),
+    ];
+    let (servers, endpoints) = start_servers(2, &tables);
+    let batch = 64;
+    let rows = train.y.len();
+    let run = |t: u32| {
+        let (endpoints, train) = (endpoints.clone(), train.clone());
+        std::thread::spawn(move || {
+            let client = Arc::new(PsClient::connect(&endpoints, Duration::from_secs(20)).unwrap());
+            let trainer = PsTrainer::new(client, Strategy::new(mode, t, trainers).unwrap()).unwrap();
+            let emb = trainer.sparse_embedding("emb", 4).unwrap();
+            let head = fixed_linear(FIELDS * 4, 1);
+            trainer.bind_dense("head", head.parameters()).unwrap();
+            let slice = |b: usize| {
+                let (lo, hi) = (b * batch, ((b + 1) * batch).min(rows));
+                (
+                    Tensor::from_vec(train.ids[lo * FIELDS..hi * FIELDS].to_vec(), &[hi - lo, FIELDS]).unwrap(),
+                    Tensor::from_vec(train.y[lo..hi].to_vec(), &[hi - lo, 1]).unwrap(),
+                )
+            };
+            let mine: Vec<usize> = (0..rows.div_ceil(batch))
+                .filter(|b| b % trainers as usize == t as usize)
+                .collect();
+            for _epoch in 0..3 {
+                for (k, &b) in mine.iter().enumerate() {
+                    let (ids, y) = slice(b);
+                    let x = emb.forward(&ids).unwrap().flatten(1, -1).unwrap();
+                    binary_cross_entropy_with_logits(&head.forward(&x).unwrap(), &y, Reduction::Mean)
+                        .unwrap()
+                        .backward()
+                        .unwrap();
+                    trainer.step(&[&emb]).unwrap();
+                    // The next batch's rows are pulled while this trainer waits or computes.
+                    if mode != Mode::Sync
+                        && let Some(&next) = mine.get(k + 1)
+                    {
+                        emb.prefetch(&slice(next).0).unwrap();
+                    }
+                }
+            }
+            trainer.flush(&[&emb]).unwrap();
+            (emb, head, trainer)
+        })
+    };
+    let handles: Vec<_> = (0..trainers).map(run).collect();
+    let mut done: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    // Evaluate with trainer 0's layers, its dense parameters brought up to date.
+    let (mut emb, head, trainer) = done.remove(0);
+    let values = trainer.client().pull_dense("head").unwrap();
+    let w = Tensor::from_vec(values[..FIELDS * 4].to_vec(), &[FIELDS * 4, 1]).unwrap();
+    let b = Tensor::from_vec(values[FIELDS * 4..].to_vec(), &[1]).unwrap();
+    let _ = head;
+    emb.set_training(false);
+    let n = test.y.len();
+    let p = oar::with_no_grad(|| {
+        let x = emb
+            .forward(&Tensor::from_vec(test.ids.clone(), &[n, FIELDS]).unwrap())
+            .unwrap()
+            .flatten(1, -1)
+            .unwrap();
+        oar::nn::functional::sigmoid(&(&x.matmul(&w).unwrap() + &b).unwrap()).unwrap()
+    });
+    let mut auc = Auc::new();
+    auc.update(&p, &Tensor::from_vec(test.y.clone(), &[n, 1]).unwrap())
+        .unwrap();
+    drop(done);
+    drop(servers);
+    auc.accumulate()[0]
+}
+
+/// Async and GEO trainers (2 of them) reach the held-out AUC of one process (a lone sync
+/// trainer, which trains as one process does) within 0.005.
+#[test]
+fn async_and_geo_trainers_reach_the_auc_of_one_process() {
+    let train = Arc::new(clicks(20000, 1));
+    let test = clicks(3000, 2);
+    let one = train_ctr(Mode::Sync, 1, &train, &test);
+    let asynchronous = train_ctr(Mode::Async, 2, &train, &test);
+    let geo = train_ctr(Mode::Geo { k: 4, lr: 2.0 }, 2, &train, &test);
+    eprintln!("AUC: one process {one:.4}, async {asynchronous:.4}, geo {geo:.4}");
+    assert!(one > 0.7, "one process reaches only {one}");
+    assert!((asynchronous - one).abs() <= 0.005, "async {asynchronous} vs {one}");
+    assert!((geo - one).abs() <= 0.005, "geo {geo} vs {one}");
 }
