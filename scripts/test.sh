@@ -65,11 +65,19 @@ dpkg -s libopenmpi-dev openmpi-bin > /dev/null 2>&1 \
     || { cat target/apt-mpi.log; exit 1; }
 cargo clippy -p oar --features distributed,ps --all-targets --quiet -- -D warnings
 cargo test -p oar --features distributed,ps --test distributed --test ps --quiet 2>&1 | tee -a target/test.log
-cargo build -p oar --features distributed,ps --example dp_mlp --example hybrid_gpt --quiet
+cargo build -p oar --features distributed,ps --example dp_mlp --example hybrid_gpt --example ps_ctr --quiet
 target/debug/oar launch -n 2 target/debug/examples/dp_mlp
 # Pipeline × tensor parallel on 4 ranks (docs/DISTRIBUTED.md has the 8-rank dp × pp × mp run).
 target/debug/oar launch -n 4 target/debug/examples/hybrid_gpt --mp 2 --pp 2 | tail -n 2
 step "distributed"
+# The recommendation example on 2 shard and 2 trainer processes, its data written by the
+# command (docs/PARAMETER_SERVER.md has the 10^6-row runs).
+target/debug/oar ps gen-data --out target/ps-ctr --rows 100000 --test-rows 20000 --files 2
+target/debug/oar ps launch --servers 2 --trainers 2 --mode sync \
+    --table wide,sparse,dim=1,opt=adagrad,lr=0.2 --table emb,sparse,dim=8,opt=adagrad,lr=0.2 \
+    --table dense,dense,opt=adam,lr=0.001 \
+    -- target/debug/examples/ps_ctr --data target/ps-ctr --batch 256 --min-auc-gap 0.15 2>&1 | grep -E "AUC|launch:"
+step "parameter server example"
 disk
 # The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes
 # last because its feature changes what `oar` and `oar-cli` are built with.

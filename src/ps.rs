@@ -24,11 +24,12 @@ use crate::tensor::Tensor;
 use oar_ir::{DType, TensorData};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-pub use oar_ps::{Optimizer as ServerOptimizer, PsClient, PushMode, RunningServer, ServerConfig, TableConfig};
+pub use oar_ps::{Mode, Optimizer as ServerOptimizer, PsClient, PushMode, RunningServer, ServerConfig, TableConfig};
 
 fn ps_err(e: oar_ps::PsError) -> Error {
     Error::invalid("parameter server", e.to_string())
@@ -36,23 +37,6 @@ fn ps_err(e: oar_ps::PsError) -> Error {
 
 fn data_err(e: impl std::fmt::Display) -> Error {
     Error::invalid("parameter server", e.to_string())
-}
-
-/// How trainers and servers keep in step (see the [module docs](self)).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Mode {
-    /// Gradients summed on the servers and applied once per step, behind a barrier.
-    Sync,
-    /// Gradients applied as they arrive, sent in the background.
-    Async,
-    /// Local SGD with learning rate `lr`; every `k` steps the local change is pushed and the
-    /// servers' values pulled.
-    Geo {
-        /// Steps between exchanges.
-        k: u64,
-        /// The local SGD learning rate.
-        lr: f32,
-    },
 }
 
 /// A trainer's mode and place in the job.
@@ -75,14 +59,7 @@ impl Strategy {
                 format!("trainer {trainer} of {trainers}: the index must be below the count"),
             ));
         }
-        if let Mode::Geo { k, lr } = mode
-            && (k == 0 || !lr.is_finite() || lr <= 0.0)
-        {
-            return Err(Error::invalid(
-                "ps::Strategy",
-                format!("GEO needs k ≥ 1 and a positive learning rate, got k = {k}, lr = {lr}"),
-            ));
-        }
+        mode.check().map_err(ps_err)?;
         Ok(Strategy {
             mode,
             trainer,
@@ -90,33 +67,32 @@ impl Strategy {
         })
     }
 
+    /// Trainer `trainer` of `trainers` in the mode written `sync`, `async` or `geo:K:LR`.
+    pub fn from_mode(mode: &str, trainer: u32, trainers: u32) -> Result<Strategy> {
+        Strategy::new(mode.parse().map_err(ps_err)?, trainer, trainers)
+    }
+
     /// The job's trainer from the environment `oar ps launch` sets: `OAR_PS_MODE` (`sync`,
     /// `async` or `geo:K:LR`; default sync), `OAR_PS_TRAINER_ID`, `OAR_PS_TRAINERS`
     /// (default: trainer 0 of 1).
     pub fn from_env() -> Result<Strategy> {
-        let var = |k: &str| std::env::var(k).ok();
         let num = |k: &str, default: u32| -> Result<u32> {
-            var(k).map_or(Ok(default), |v| {
+            std::env::var(k).map_or(Ok(default), |v| {
                 v.parse()
                     .map_err(|_| Error::invalid("ps::Strategy", format!("{k}={v} is not a number")))
             })
         };
-        let mode = match var("OAR_PS_MODE").as_deref() {
-            None | Some("sync") => Mode::Sync,
-            Some("async") => Mode::Async,
-            Some(s) => parse_geo(s).ok_or_else(|| {
-                Error::invalid("ps::Strategy", format!("OAR_PS_MODE={s}: want sync, async or geo:K:LR"))
-            })?,
-        };
-        Strategy::new(mode, num("OAR_PS_TRAINER_ID", 0)?, num("OAR_PS_TRAINERS", 1)?)
+        let mode = std::env::var("OAR_PS_MODE").unwrap_or_else(|_| "sync".into());
+        Strategy::from_mode(&mode, num("OAR_PS_TRAINER_ID", 0)?, num("OAR_PS_TRAINERS", 1)?)
     }
 }
 
-fn parse_geo(s: &str) -> Option<Mode> {
-    let mut it = s.strip_prefix("geo:")?.split(':');
-    let k = it.next()?.parse().ok()?;
-    let lr = it.next()?.parse().ok()?;
-    it.next().is_none().then_some(Mode::Geo { k, lr })
+/// The endpoints `oar ps launch` gives its trainers (`OAR_PS_ENDPOINTS`, comma-separated), if
+/// this process is one.
+pub fn endpoints_from_env() -> Option<Vec<String>> {
+    std::env::var("OAR_PS_ENDPOINTS")
+        .ok()
+        .map(|v| v.split(',').filter(|e| !e.is_empty()).map(str::to_string).collect())
 }
 
 /// A push sent by the background thread (async mode).
@@ -299,6 +275,19 @@ impl PsTrainer {
         })
     }
 
+    /// This process's place in the job `oar ps launch` started: the shards of
+    /// `OAR_PS_ENDPOINTS` and [`Strategy::from_env`]; every call's deadline is `deadline`.
+    pub fn from_env(deadline: std::time::Duration) -> Result<PsTrainer> {
+        let endpoints = endpoints_from_env().ok_or_else(|| {
+            Error::invalid(
+                "PsTrainer::from_env",
+                "OAR_PS_ENDPOINTS is not set (run under `oar ps launch`)",
+            )
+        })?;
+        let client = PsClient::connect(&endpoints, deadline).map_err(ps_err)?;
+        PsTrainer::new(Arc::new(client), Strategy::from_env()?)
+    }
+
     /// The strategy.
     pub fn strategy(&self) -> Strategy {
         self.link.strategy
@@ -454,17 +443,32 @@ type Prefetch = (
 );
 
 /// An embedding table on a parameter server: `forward` maps integer ids `[*]` to rows
-/// `[*, dim]` (see the [module docs](self)).
+/// `[*, dim]` (see the [module docs](self)). Clones share everything (the rows pulled since
+/// the last step, the training flag): give one to a model, e.g.
+/// [`WideDeep::with_tables`](crate::rec::models::WideDeep::with_tables), and pass another to
+/// [`PsTrainer::step`].
+#[derive(Clone)]
 pub struct SparseEmbedding {
     link: Arc<Link>,
     table: String,
     dim: usize,
-    training: Cell<bool>,
+    state: Arc<EmbeddingState>,
+}
+
+#[derive(Default)]
+struct EmbeddingState {
+    /// Eval mode: unknown ids read as zeros and create nothing.
+    eval: AtomicBool,
     /// The pulled rows of each forward since the last push: the ids and their leaf.
-    pulled: RefCell<Vec<(Vec<u64>, Tensor)>>,
+    pulled: Mutex<Vec<(Vec<u64>, Tensor)>>,
     /// GEO: the local copy of the rows used since the last exchange, and their values then.
-    local: RefCell<HashMap<u64, LocalRow>>,
-    prefetched: RefCell<Option<Prefetch>>,
+    local: Mutex<HashMap<u64, LocalRow>>,
+    prefetched: Mutex<Option<Prefetch>>,
+}
+
+/// A lock that a panicked holder did not poison for good.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Unique ids in order of first appearance, and each id's row among them.
@@ -511,10 +515,7 @@ impl SparseEmbedding {
             link,
             table: table.to_string(),
             dim,
-            training: Cell::new(true),
-            pulled: RefCell::new(Vec::new()),
-            local: RefCell::new(HashMap::new()),
-            prefetched: RefCell::new(None),
+            state: Arc::default(),
         })
     }
 
@@ -528,14 +529,18 @@ impl SparseEmbedding {
     /// that it reads the updated rows.
     pub fn prefetch(&self, ids: &Tensor) -> Result<()> {
         let (unique, _) = unique_ids("SparseEmbedding::prefetch", ids)?;
-        let (client, table, training) = (self.link.client.clone(), self.table.clone(), self.training.get());
+        let (client, table, training) = (
+            self.link.client.clone(),
+            self.table.clone(),
+            !self.state.eval.load(Ordering::Relaxed),
+        );
         let ask = unique.clone();
         let handle = std::thread::Builder::new()
             .name("oar-ps-prefetch".into())
             .spawn(move || client.pull_sparse(&table, &ask, training))
             .map_err(data_err)?;
         // A prefetch nobody used is joined (and dropped) here.
-        if let Some((_, old)) = self.prefetched.borrow_mut().replace((unique, handle)) {
+        if let Some((_, old)) = lock(&self.state.prefetched).replace((unique, handle)) {
             let _ = old.join();
         }
         Ok(())
@@ -543,7 +548,7 @@ impl SparseEmbedding {
 
     /// The rows of `unique`, from a matching prefetch or pulled now.
     fn fetch(&self, unique: &[u64], training: bool) -> Result<Vec<f32>> {
-        let pre = self.prefetched.borrow_mut().take();
+        let pre = lock(&self.state.prefetched).take();
         let (dim, values) = match pre {
             Some((ids, h)) if ids == unique => h
                 .join()
@@ -572,12 +577,12 @@ impl SparseEmbedding {
     /// a gradient send none) as the strategy says (GEO: apply them to the local copy); then
     /// forget them. [`PsTrainer::step`] calls it.
     pub fn push_gradients(&self) -> Result<()> {
-        let pulled = std::mem::take(&mut *self.pulled.borrow_mut());
+        let pulled = std::mem::take(&mut *lock(&self.state.pulled));
         for (ids, rows) in pulled {
             let Some(g) = rows.grad() else { continue };
             let g = g.try_data()?.to_vec::<f32>().map_err(data_err)?;
             if let Mode::Geo { lr, .. } = self.link.strategy.mode {
-                let mut local = self.local.borrow_mut();
+                let mut local = lock(&self.state.local);
                 for (id, g) in ids.iter().zip(g.chunks_exact(self.dim)) {
                     if let Some((w, _)) = local.get_mut(id) {
                         w.iter_mut().zip(g).for_each(|(w, g)| *w -= lr * g);
@@ -593,7 +598,7 @@ impl SparseEmbedding {
     /// GEO: push the change of every local row since it was pulled (÷ trainers) and drop the
     /// local copy, so the next forward pulls the servers' values.
     fn geo_exchange(&self) -> Result<()> {
-        let local = std::mem::take(&mut *self.local.borrow_mut());
+        let local = std::mem::take(&mut *lock(&self.state.local));
         let t = self.link.strategy.trainers as f32;
         let (mut ids, mut deltas) = (Vec::new(), Vec::new());
         for (id, (w, base)) in local {
@@ -615,15 +620,15 @@ impl SparseEmbedding {
 impl Layer for SparseEmbedding {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let (unique, index) = unique_ids("SparseEmbedding", ids)?;
-        let training = self.training.get();
+        let training = !self.state.eval.load(Ordering::Relaxed);
         let values = if let (Mode::Geo { .. }, true) = (self.link.strategy.mode, training) {
             // The local copy first; rows not in it are pulled and join it.
-            let mut local = self.local.borrow_mut();
+            let mut local = lock(&self.state.local);
             let missing: Vec<u64> = unique.iter().copied().filter(|id| !local.contains_key(id)).collect();
             if !missing.is_empty() {
                 drop(local);
                 let got = self.fetch(&missing, true)?;
-                local = self.local.borrow_mut();
+                local = lock(&self.state.local);
                 for (id, row) in missing.iter().zip(got.chunks_exact(self.dim)) {
                     local.insert(*id, (row.to_vec(), row.to_vec()));
                 }
@@ -642,17 +647,17 @@ impl Layer for SparseEmbedding {
         let index = Tensor::from_vec(index, &ids.shape())?;
         let out = crate::nn::functional::embedding(&index, &rows)?;
         if rows.requires_grad() {
-            self.pulled.borrow_mut().push((unique, rows));
+            lock(&self.state.pulled).push((unique, rows));
         }
         Ok(out)
     }
 
     fn set_training(&mut self, training: bool) {
-        self.training.set(training);
+        self.state.eval.store(!training, Ordering::Relaxed);
     }
 
     fn is_training(&self) -> bool {
-        self.training.get()
+        !self.state.eval.load(Ordering::Relaxed)
     }
 }
 
@@ -661,13 +666,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn strategies_are_checked_and_read_from_the_environment_format() {
+    fn strategies_are_checked() {
         assert!(Strategy::new(Mode::Sync, 2, 2).is_err());
         assert!(Strategy::new(Mode::Geo { k: 0, lr: 0.1 }, 0, 1).is_err());
         assert!(Strategy::new(Mode::Geo { k: 3, lr: -1.0 }, 0, 1).is_err());
-        assert_eq!(parse_geo("geo:4:0.5"), Some(Mode::Geo { k: 4, lr: 0.5 }));
-        assert_eq!(parse_geo("geo:4"), None);
-        assert_eq!(parse_geo("geo:4:0.5:1"), None);
-        assert_eq!(parse_geo("sync"), None);
+        let s = Strategy::from_mode("geo:4:0.5", 1, 2).unwrap();
+        assert_eq!((s.mode, s.trainer), (Mode::Geo { k: 4, lr: 0.5 }, 1));
+        let e = Strategy::from_mode("geo:4", 0, 1).unwrap_err().to_string();
+        assert!(e.contains("geo:K:LR"), "{e}");
     }
 }

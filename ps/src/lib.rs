@@ -58,3 +58,53 @@ pub fn shard_of_id(id: u64, num_shards: u32) -> u32 {
 pub fn shard_of_table(name: &str, num_shards: u32) -> u32 {
     (table::name_hash(name) % u64::from(num_shards.max(1))) as u32
 }
+
+/// How trainers and servers keep in step (`oar::ps` documents each).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mode {
+    /// Gradients summed on the servers and applied once per step, behind a barrier.
+    Sync,
+    /// Gradients applied as they arrive, sent in the background.
+    Async,
+    /// Local SGD with learning rate `lr`; every `k` steps the local change is pushed and the
+    /// servers' values pulled.
+    Geo {
+        /// Steps between exchanges.
+        k: u64,
+        /// The local SGD learning rate.
+        lr: f32,
+    },
+}
+
+impl Mode {
+    /// GEO needs `k ≥ 1` and a positive learning rate.
+    pub fn check(self) -> Result<Mode, PsError> {
+        match self {
+            Mode::Geo { k, lr } if k == 0 || !lr.is_finite() || lr <= 0.0 => Err(PsError::Config(format!(
+                "GEO needs k >= 1 and a positive learning rate, got k = {k}, lr = {lr}"
+            ))),
+            m => Ok(m),
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = PsError;
+
+    /// `sync`, `async` or `geo:K:LR`.
+    fn from_str(s: &str) -> Result<Mode, PsError> {
+        let geo = || -> Option<Mode> {
+            let mut it = s.strip_prefix("geo:")?.split(':');
+            let k = it.next()?.parse().ok()?;
+            let lr = it.next()?.parse().ok()?;
+            it.next().is_none().then_some(Mode::Geo { k, lr })
+        };
+        match s {
+            "sync" => Ok(Mode::Sync),
+            "async" => Ok(Mode::Async),
+            _ => geo()
+                .ok_or_else(|| PsError::Config(format!("mode `{s}`: want sync, async or geo:K:LR")))?
+                .check(),
+        }
+    }
+}

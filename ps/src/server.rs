@@ -108,7 +108,8 @@ impl Shard {
         }
         let mut tables = BTreeMap::new();
         for t in &config.tables {
-            if t.width() == 0 || tables.insert(t.name.clone(), Table::new(t.clone())).is_some() {
+            let sized = t.width() > 0 || matches!(t.kind, Kind::Dense { .. });
+            if !sized || tables.insert(t.name.clone(), Table::new(t.clone())).is_some() {
                 return Err(PsError::Config(format!(
                     "table `{}` is defined twice or has no values",
                     t.name
@@ -240,6 +241,10 @@ impl Shard {
             };
             let w = floats(format!("{name}/w"))?;
             let s = floats(format!("{name}/state"))?;
+            if let (Kind::Dense { len: 0 }, [_]) = (t.config.kind, ids.as_slice()) {
+                // A dense table sized by its first INIT: the snapshot knows the size.
+                t.config.kind = Kind::Dense { len: w.len() };
+            }
             let width = t.config.width();
             let slen = t.config.optimizer.state_len(width);
             if w.len() != ids.len() * width || s.len() != ids.len() * slen || last.len() != ids.len() {
@@ -412,15 +417,18 @@ impl ParameterServer for Shard {
         let pushes = {
             let mut st = self.lock();
             let t = Shard::table(&mut st, &r.table, false)?;
-            if r.grads.len() != t.config.width() || r.grads.iter().any(|g| !g.is_finite()) {
+            let m = mode(r.mode, true)?;
+            // INIT may size a table defined without a length.
+            let sizing = m == PushMode::Init && t.config.width() == 0;
+            if (!sizing && r.grads.len() != t.config.width()) || r.grads.iter().any(|g| !g.is_finite()) {
                 return Err(Status::invalid_argument(format!(
-                    "dense table `{}` has {} values, the gradient {} (all finite)",
+                    "dense table `{}` has {} values, the push {} (all finite)",
                     r.table,
                     t.config.width(),
                     r.grads.len()
                 )));
             }
-            match mode(r.mode, true)? {
+            match m {
                 PushMode::Apply => t.push(&[0], &r.grads),
                 PushMode::Accumulate => {
                     t.accumulate(&[0], &r.grads);

@@ -103,7 +103,7 @@ pub enum Init {
 pub enum Kind {
     /// One vector of `len` values.
     Dense {
-        /// Its length.
+        /// Its length; 0: set by the first `INIT` push (the trainers' parameters).
         len: usize,
     },
     /// Rows of `dim` values keyed by 64-bit ids.
@@ -207,7 +207,7 @@ impl Table {
             clock: 0,
             accumulated: HashMap::new(),
         };
-        if let Kind::Dense { .. } = t.config.kind {
+        if let Kind::Dense { len: 1.. } = t.config.kind {
             let row = t.new_row(0);
             t.rows.insert(0, row);
         }
@@ -322,6 +322,12 @@ impl Table {
     /// Set a dense table's values if no push has touched it yet (the trainers' initial
     /// parameters: the first trainer's win); whether they were taken.
     pub fn init_dense(&mut self, values: &[f32]) -> bool {
+        if let (0, Kind::Dense { len: 0 }, false) = (self.clock, self.config.kind, values.is_empty()) {
+            // Sized by its first values.
+            self.config.kind = Kind::Dense { len: values.len() };
+            let row = self.new_row(0);
+            self.rows.insert(0, row);
+        }
         match (self.clock, self.rows.get_mut(&0)) {
             (0, Some(r)) if r.w.len() == values.len() => {
                 r.w.copy_from_slice(values);
@@ -403,6 +409,12 @@ mod tests {
         assert!(!d.init_dense(&[1.0]), "wrong length");
         assert!(d.init_dense(&[1.0, 2.0]) && !d.init_dense(&[5.0, 5.0]));
         assert_eq!(d.pull(&[0], false), vec![1.0, 2.0]);
+        // A dense table without a length takes the first INIT's.
+        let mut auto = Table::new(TableConfig::from_spec("w,dense,opt=sgd,lr=1").unwrap());
+        assert_eq!((auto.len(), auto.config().width()), (0, 0));
+        assert!(auto.init_dense(&[3.0, 4.0, 5.0]) && !auto.init_dense(&[1.0]));
+        auto.push(&[0], &[1.0, 1.0, 1.0]);
+        assert_eq!(auto.pull(&[0], false), vec![2.0, 3.0, 4.0]);
     }
 
     #[test]
@@ -448,8 +460,8 @@ mod tests {
 }
 
 impl TableConfig {
-    /// A table from its command-line spec: `NAME,sparse,dim=D` or `NAME,dense,len=L`, then
-    /// optional `opt=sgd|adagrad|adam`, `lr=`, `init=zeros|uniform|normal`, `scale=` (the
+    /// A table from its command-line spec: `NAME,sparse,dim=D` or `NAME,dense[,len=L]`
+    /// (without `len`: sized by the first INIT push), then optional `opt=sgd|adagrad|adam`, `lr=`, `init=zeros|uniform|normal`, `scale=` (the
     /// uniform bound or the normal's deviation), `seed=`, `entry=` (the entry filter's count),
     /// `expire=` (pushes without access). E.g. `emb,sparse,dim=16,opt=adagrad,lr=0.05,entry=2`.
     pub fn from_spec(spec: &str) -> Result<TableConfig, crate::PsError> {
@@ -484,6 +496,7 @@ impl TableConfig {
         };
         let kind = match kind {
             "sparse" => Kind::Sparse { dim: size("dim")? },
+            "dense" if !kv.contains_key("len") => Kind::Dense { len: 0 },
             "dense" => Kind::Dense { len: size("len")? },
             other => return Err(bad(format!("kind `{other}` is neither sparse nor dense"))),
         };

@@ -21,7 +21,7 @@ mod stream;
 mod teacher;
 mod zipf;
 
-pub use generate::{GeneratedInfo, generate, part_file_name};
+pub use generate::{GeneratedInfo, generate, generate_rows, part_file_name};
 pub use stream::{CtrBatch, CtrStream, MAX_LINE_BYTES};
 pub use teacher::Teacher;
 pub use zipf::Zipf;

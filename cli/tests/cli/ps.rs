@@ -82,3 +82,114 @@ fn bad_table_specs_are_clean_errors() {
     ]);
     assert_clean_error(&o, "shard 2 of 2");
 }
+
+/// `oar ps launch`: the shards come up, each trainer is told its place, the shards stop with a
+/// final snapshot when the trainers finish; a failing trainer stops the job with an error.
+#[test]
+fn launch_starts_shards_then_trainers_and_stops_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    let script = format!(
+        "echo \"$OAR_PS_TRAINER_ID $OAR_PS_TRAINERS $OAR_PS_MODE $OAR_PS_ENDPOINTS\" > {}/t$OAR_PS_TRAINER_ID",
+        dir.path().display()
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args([
+            "ps",
+            "launch",
+            "--servers",
+            "2",
+            "--trainers",
+            "3",
+            "--mode",
+            "geo:4:0.1",
+        ])
+        .arg("--snapshot-dir")
+        .arg(&snaps)
+        .args(["--table", "w,dense,len=2", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    for t in 0..3 {
+        let line = std::fs::read_to_string(dir.path().join(format!("t{t}"))).unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&f[..3], &[t.to_string().as_str(), "3", "geo:4:0.1"], "{line}");
+        let endpoints: Vec<&str> = f[3].split(',').collect();
+        assert_eq!(endpoints.len(), 2);
+        assert!(endpoints.iter().all(|e| e.starts_with("http://127.0.0.1:")), "{line}");
+    }
+    for s in 0..2 {
+        assert!(snaps.join(format!("shard-{s}-of-2.safetensors")).exists(), "{err}");
+    }
+
+    let t0 = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args([
+            "ps",
+            "launch",
+            "--servers",
+            "1",
+            "--trainers",
+            "2",
+            "--table",
+            "w,dense,len=2",
+        ])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "if [ $OAR_PS_TRAINER_ID = 1 ]; then exit 3; fi; sleep 60",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("trainer 1 failed") && err.contains("the job was stopped"),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "the other trainer was not stopped"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let o = oar(&["ps", "launch", "--mode", "geo:0:1", "--table", "w,dense", "--", "true"]);
+    assert_clean_error(&o, "GEO needs k >= 1");
+    let o = oar(&["ps", "launch", "--table", "w,dense", "--", "/nonexistent/trainer"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot start trainer 0"));
+}
+
+/// `oar ps gen-data`: training and held-out files of the same teacher, and its AUC.
+#[test]
+fn gen_data_writes_train_and_test_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let o = oar(&[
+        "ps",
+        "gen-data",
+        "--out",
+        out,
+        "--rows",
+        "3000",
+        "--test-rows",
+        "1000",
+        "--files",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("3000 training rows (3 files)") && said.contains("teacher's AUC"),
+        "{said}"
+    );
+    let lines = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap().lines().count();
+    let train: usize = (0..3)
+        .map(|k| lines(dir.path().join(format!("train/part-0000{k}.txt"))))
+        .sum();
+    assert_eq!((train, lines(dir.path().join("test/part-00000.txt"))), (3000, 1000));
+    // Each line: a label, 13 integer columns, 26 categorical ones.
+    let first = std::fs::read_to_string(dir.path().join("test/part-00000.txt")).unwrap();
+    assert_eq!(first.lines().next().unwrap().split('\t').count(), 40);
+}

@@ -54,7 +54,20 @@ pub fn part_file_name(k: usize) -> String {
 /// `files` is, and files are written in parallel. Part files of an earlier run numbered
 /// `files` or more are removed so that reading `dir` sees only this run.
 pub fn generate(config: &CriteoLikeConfig, dir: impl AsRef<Path>, rows: u64, files: usize) -> Result<GeneratedInfo> {
+    generate_rows(config, dir, 0..rows, files)
+}
+
+/// [`generate`] of the rows `range` of the same stream: a held-out set of the same teacher is
+/// the rows after the training set's, e.g. `generate_rows(c, "test", n..n + m, 1)` after
+/// `generate(c, "train", n, k)`.
+pub fn generate_rows(
+    config: &CriteoLikeConfig,
+    dir: impl AsRef<Path>,
+    range: std::ops::Range<u64>,
+    files: usize,
+) -> Result<GeneratedInfo> {
     let dir = dir.as_ref();
+    let (first, rows) = (range.start, range.end.saturating_sub(range.start));
     if files == 0 {
         return Err(Error::invalid("generate", "want at least one file"));
     }
@@ -63,7 +76,7 @@ pub fn generate(config: &CriteoLikeConfig, dir: impl AsRef<Path>, rows: u64, fil
     std::fs::create_dir_all(dir).map_err(|e| io_error(dir, format!("cannot create directory: {e}")))?;
     remove_stale_parts(dir, files)?;
     let paths: Vec<PathBuf> = (0..files).map(|k| dir.join(part_file_name(k))).collect();
-    let bounds = |k: usize| (rows as u128 * k as u128 / files as u128) as u64;
+    let bounds = |k: usize| first + (rows as u128 * k as u128 / files as u128) as u64;
     let stats = paths
         .par_iter()
         .enumerate()
@@ -297,6 +310,14 @@ mod tests {
         assert_ne!(std::fs::read(&ib.files[0]).unwrap(), one);
         // The run with one file removed the earlier run's part-00001..3.
         assert_eq!(CtrStream::open(&[b.path()], 64).unwrap().files().len(), 1);
+        // A held-out set is the rows after: rows 0..1000 then 1000..3000 are the 3000 rows.
+        let (c, d) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        generate_rows(&small(), c.path(), 0..1000, 1).unwrap();
+        let held = generate_rows(&small(), d.path(), 1000..3000, 2).unwrap();
+        assert_eq!(held.rows, 2000);
+        let mut joined = std::fs::read(c.path().join(part_file_name(0))).unwrap();
+        joined.extend(held.files.iter().flat_map(|p| std::fs::read(p).unwrap()));
+        assert_eq!(joined, one);
     }
 
     #[test]

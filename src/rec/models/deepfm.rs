@@ -33,6 +33,27 @@ pub struct DeepFM {
 impl DeepFM {
     /// A randomly initialized model (f32); `dense_embedding` is Xavier-uniform like the table.
     pub fn new(config: &CtrConfig) -> Result<DeepFM> {
+        DeepFM::build(
+            config,
+            FieldEmbedding::new(&config.field_dims, 1)?,
+            FieldEmbedding::new(&config.field_dims, config.embed_dim)?,
+        )
+    }
+
+    /// A model whose tables live elsewhere, e.g. on a parameter server
+    /// (`oar::ps::SparseEmbedding`): `linear` maps ids `[N, F]` to their first-order weights
+    /// `[N, F, 1]`, `embedding` to their embeddings `[N, F, K]`. Ids are then global feature
+    /// ids, not checked against `field_dims` (whose length still gives `F`); the model's own
+    /// parameters are the dense ones.
+    pub fn with_tables(config: &CtrConfig, linear: Box<dyn Layer>, embedding: Box<dyn Layer>) -> Result<DeepFM> {
+        DeepFM::build(
+            config,
+            FieldEmbedding::External(linear),
+            FieldEmbedding::External(embedding),
+        )
+    }
+
+    fn build(config: &CtrConfig, linear: FieldEmbedding, embedding: FieldEmbedding) -> Result<DeepFM> {
         config.validate("DeepFM")?;
         let (d, k) = (config.dense_dim, config.embed_dim);
         let dense_embedding = (d > 0)
@@ -44,8 +65,8 @@ impl DeepFM {
             .transpose()?;
         Ok(DeepFM {
             config: config.clone(),
-            linear: FirstOrder::new(config)?,
-            embedding: FieldEmbedding::new(&config.field_dims, k)?,
+            linear: FirstOrder::with_table(config, linear)?,
+            embedding,
             dense_embedding,
             deep: mlp((config.num_fields() + d) * k, &config.hidden_sizes, config.dropout)?,
         })
@@ -57,7 +78,7 @@ impl DeepFM {
     }
 
     fn param_dtype(&self) -> oar_ir::DType {
-        self.embedding.weight().dtype()
+        self.embedding.dtype()
     }
 
     fn logit(&self, x: &Inputs) -> Result<Tensor> {
@@ -80,6 +101,7 @@ impl DeepFM {
             "DeepFM",
             &self.config,
             self.param_dtype(),
+            self.embedding.checks_vocabulary(),
             dense,
             sparse,
         )?)
@@ -94,7 +116,13 @@ impl DeepFM {
 impl Layer for DeepFM {
     /// The click probability `[N, 1]` of the packed input `[N, D + F]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::sigmoid(&self.logit(&Inputs::packed("DeepFM", &self.config, self.param_dtype(), x)?)?)
+        F::sigmoid(&self.logit(&Inputs::packed(
+            "DeepFM",
+            &self.config,
+            self.param_dtype(),
+            self.embedding.checks_vocabulary(),
+            x,
+        )?)?)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
@@ -113,7 +141,11 @@ impl Layer for DeepFM {
     }
 
     fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
-        vec![("deep".into(), &mut self.deep as &mut dyn Layer)]
+        vec![
+            ("linear".into(), &mut self.linear as &mut dyn Layer),
+            ("embedding".into(), &mut self.embedding),
+            ("deep".into(), &mut self.deep),
+        ]
     }
 }
 

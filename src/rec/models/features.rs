@@ -83,7 +83,15 @@ fn check_ids(model: &str, ids: &[f64], field_dims: &[usize]) -> Result<()> {
 
 impl Inputs {
     /// Check `dense [N, D]` and `sparse [N, F]` against `c` and the parameter dtype `dtype`.
-    pub(super) fn parts(model: &str, c: &CtrConfig, dtype: DType, dense: &Tensor, sparse: &Tensor) -> Result<Inputs> {
+    /// With `vocab`, ids are checked against `field_dims` (a local table).
+    pub(super) fn parts(
+        model: &str,
+        c: &CtrConfig,
+        dtype: DType,
+        vocab: bool,
+        dense: &Tensor,
+        sparse: &Tensor,
+    ) -> Result<Inputs> {
         let (ds, ss) = (dense.shape(), sparse.shape());
         let sd = sparse.dtype();
         let ok = ds.len() == 2
@@ -106,7 +114,7 @@ impl Inputs {
                 ),
             ));
         }
-        if !sparse.is_traced() {
+        if vocab && !sparse.is_traced() {
             check_ids(model, &sparse.try_data()?.to_f64_vec(), &c.field_dims)?;
         }
         Ok(Inputs {
@@ -116,7 +124,7 @@ impl Inputs {
     }
 
     /// Split the packed `x [N, D + F]` (dense features, then ids as whole numbers).
-    pub(super) fn packed(model: &str, c: &CtrConfig, dtype: DType, x: &Tensor) -> Result<Inputs> {
+    pub(super) fn packed(model: &str, c: &CtrConfig, dtype: DType, vocab: bool, x: &Tensor) -> Result<Inputs> {
         let (d, f) = (c.dense_dim, c.num_fields());
         let s = x.shape();
         if s.len() != 2 || s[1] != d + f || x.dtype() != dtype {
@@ -129,7 +137,7 @@ impl Inputs {
             ));
         }
         let ids = x.slice(1, d as i64, (d + f) as i64, 1)?;
-        if !ids.is_traced() {
+        if vocab && !ids.is_traced() {
             check_ids(model, &ids.try_data()?.to_f64_vec(), &c.field_dims)?;
         }
         Ok(Inputs {
@@ -139,10 +147,12 @@ impl Inputs {
     }
 }
 
-/// One embedding table for every field: field `f`'s id `i` is row `offsets[f] + i`.
-pub(super) struct FieldEmbedding {
-    table: Embedding,
-    offsets: Tensor,
+/// The field embeddings: one table for every field, either here (field `f`'s id `i` is row
+/// `offsets[f] + i`) or elsewhere — a layer such as `oar::ps::SparseEmbedding` that maps the
+/// ids, global feature ids then, as they are.
+pub(super) enum FieldEmbedding {
+    Local { table: Embedding, offsets: Tensor },
+    External(Box<dyn Layer>),
 }
 
 impl FieldEmbedding {
@@ -155,26 +165,54 @@ impl FieldEmbedding {
                 Some(start)
             })
             .collect();
-        Ok(FieldEmbedding {
+        Ok(FieldEmbedding::Local {
             table: Embedding::new(field_dims.iter().sum(), dim)?,
             offsets: Tensor::from_vec(offsets, &[field_dims.len()])?,
         })
     }
 
-    /// The table `[Σ field_dims, dim]`.
-    pub(super) fn weight(&self) -> &Tensor {
-        self.table.weight()
+    /// The parameters' dtype (an external table's rows are f32).
+    pub(super) fn dtype(&self) -> DType {
+        match self {
+            FieldEmbedding::Local { table, .. } => table.weight().dtype(),
+            FieldEmbedding::External(_) => DType::F32,
+        }
+    }
+
+    /// Whether ids are checked against `field_dims` (local tables) or global (external).
+    pub(super) fn checks_vocabulary(&self) -> bool {
+        matches!(self, FieldEmbedding::Local { .. })
     }
 }
 
 impl Layer for FieldEmbedding {
     /// Rows `[N, F, dim]` of checked i64 ids `[N, F]`.
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.table.forward(&(ids + &self.offsets)?)
+        match self {
+            FieldEmbedding::Local { table, offsets } => table.forward(&(ids + offsets)?),
+            FieldEmbedding::External(layer) => layer.forward(ids),
+        }
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
-        self.table.own_parameters()
+        match self {
+            FieldEmbedding::Local { table, .. } => table.own_parameters(),
+            FieldEmbedding::External(_) => Vec::new(),
+        }
+    }
+
+    fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+        match self {
+            FieldEmbedding::Local { .. } => Vec::new(),
+            FieldEmbedding::External(layer) => vec![("table".into(), layer.as_ref())],
+        }
+    }
+
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        match self {
+            FieldEmbedding::Local { .. } => Vec::new(),
+            FieldEmbedding::External(layer) => vec![("table".into(), layer.as_mut())],
+        }
     }
 }
 
@@ -188,10 +226,11 @@ pub(super) struct FirstOrder {
 }
 
 impl FirstOrder {
-    pub(super) fn new(c: &CtrConfig) -> Result<FirstOrder> {
+    /// With `sparse` as the weights of the ids (rows of width 1).
+    pub(super) fn with_table(c: &CtrConfig, sparse: FieldEmbedding) -> Result<FirstOrder> {
         Ok(FirstOrder {
             config: c.clone(),
-            sparse: FieldEmbedding::new(&c.field_dims, 1)?,
+            sparse,
             dense: (c.dense_dim > 0)
                 .then(|| Ok::<_, Error>(Linear::new(c.dense_dim, 1)?.bias(false)))
                 .transpose()?,
@@ -212,7 +251,13 @@ impl FirstOrder {
 impl Layer for FirstOrder {
     /// The first-order logit `[N, 1]` of a packed input (see the module docs).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.logit(&Inputs::packed("FirstOrder", &self.config, self.bias.dtype(), x)?)
+        self.logit(&Inputs::packed(
+            "FirstOrder",
+            &self.config,
+            self.bias.dtype(),
+            self.sparse.checks_vocabulary(),
+            x,
+        )?)
     }
 
     fn own_parameters(&self) -> Vec<(String, Tensor)> {
@@ -222,6 +267,14 @@ impl Layer for FirstOrder {
     fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
         let mut v: Vec<(String, &dyn Layer)> = vec![("sparse".into(), &self.sparse)];
         if let Some(d) = &self.dense {
+            v.push(("dense".into(), d));
+        }
+        v
+    }
+
+    fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
+        let mut v: Vec<(String, &mut dyn Layer)> = vec![("sparse".into(), &mut self.sparse)];
+        if let Some(d) = &mut self.dense {
             v.push(("dense".into(), d));
         }
         v

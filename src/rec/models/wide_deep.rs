@@ -22,12 +22,33 @@ pub struct WideDeep {
 impl WideDeep {
     /// A randomly initialized model (f32).
     pub fn new(config: &CtrConfig) -> Result<WideDeep> {
+        WideDeep::build(
+            config,
+            FieldEmbedding::new(&config.field_dims, 1)?,
+            FieldEmbedding::new(&config.field_dims, config.embed_dim)?,
+        )
+    }
+
+    /// A model whose tables live elsewhere, e.g. on a parameter server
+    /// (`oar::ps::SparseEmbedding`): `wide` maps ids `[N, F]` to their weights `[N, F, 1]`,
+    /// `embedding` to their embeddings `[N, F, K]`. Ids are then global feature ids, not
+    /// checked against `field_dims` (whose length still gives `F`); the model's own
+    /// parameters are the dense ones.
+    pub fn with_tables(config: &CtrConfig, wide: Box<dyn Layer>, embedding: Box<dyn Layer>) -> Result<WideDeep> {
+        WideDeep::build(
+            config,
+            FieldEmbedding::External(wide),
+            FieldEmbedding::External(embedding),
+        )
+    }
+
+    fn build(config: &CtrConfig, wide: FieldEmbedding, embedding: FieldEmbedding) -> Result<WideDeep> {
         config.validate("WideDeep")?;
         let deep_in = config.num_fields() * config.embed_dim + config.dense_dim;
         Ok(WideDeep {
             config: config.clone(),
-            wide: FirstOrder::new(config)?,
-            embedding: FieldEmbedding::new(&config.field_dims, config.embed_dim)?,
+            wide: FirstOrder::with_table(config, wide)?,
+            embedding,
             deep: mlp(deep_in, &config.hidden_sizes, config.dropout)?,
         })
     }
@@ -47,7 +68,7 @@ impl WideDeep {
     }
 
     fn param_dtype(&self) -> oar_ir::DType {
-        self.embedding.weight().dtype()
+        self.embedding.dtype()
     }
 
     /// The logit `wide + deep` `[N, 1]` of dense features `[N, D]` and sparse ids `[N, F]` (for
@@ -57,6 +78,7 @@ impl WideDeep {
             "WideDeep",
             &self.config,
             self.param_dtype(),
+            self.embedding.checks_vocabulary(),
             dense,
             sparse,
         )?)
@@ -72,7 +94,13 @@ impl WideDeep {
 impl Layer for WideDeep {
     /// The click probability `[N, 1]` of the packed input `[N, D + F]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::sigmoid(&self.logit(&Inputs::packed("WideDeep", &self.config, self.param_dtype(), x)?)?)
+        F::sigmoid(&self.logit(&Inputs::packed(
+            "WideDeep",
+            &self.config,
+            self.param_dtype(),
+            self.embedding.checks_vocabulary(),
+            x,
+        )?)?)
     }
 
     fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
@@ -84,7 +112,11 @@ impl Layer for WideDeep {
     }
 
     fn sublayers_mut(&mut self) -> Vec<(String, &mut dyn Layer)> {
-        vec![("deep".into(), &mut self.deep as &mut dyn Layer)]
+        vec![
+            ("wide".into(), &mut self.wide as &mut dyn Layer),
+            ("embedding".into(), &mut self.embedding),
+            ("deep".into(), &mut self.deep),
+        ]
     }
 }
 
@@ -221,5 +253,60 @@ mod tests {
         assert_eq!(run(&m), run(&m));
         let e = m.forward(&Tensor::from_vec(vec![0.5f32, -1.0, 3.0, 1.0], &[1, 4]).unwrap());
         assert!(e.unwrap_err().to_string().contains("WideDeep"));
+    }
+
+    /// Tables given from outside (as a parameter server's): ids are global (field `f`'s id `i`
+    /// is `offset_f + i` here), the model's own parameters are the dense ones, and with the
+    /// same values it computes what the model with its own tables does; eval mode reaches the
+    /// tables.
+    #[test]
+    fn external_tables_compute_as_own_ones() {
+        let c = config(2);
+        let own = WideDeep::new(&c).unwrap();
+        let named: std::collections::BTreeMap<String, Tensor> = own.named_parameters().into_iter().collect();
+        let table = |name: &str, dim: usize| {
+            let e = crate::nn::Embedding::new(5, dim).unwrap();
+            e.weight().set_data(named[name].data()).unwrap();
+            e
+        };
+        /// A table that tracks its training flag.
+        struct Probe(crate::nn::Embedding, std::rc::Rc<std::cell::Cell<bool>>);
+        impl Layer for Probe {
+            fn forward(&self, x: &Tensor) -> crate::Result<Tensor> {
+                self.0.forward(x)
+            }
+            fn sublayers(&self) -> Vec<(String, &dyn Layer)> {
+                vec![("0".into(), &self.0)]
+            }
+            fn set_training(&mut self, training: bool) {
+                self.1.set(training);
+            }
+        }
+        let flag = std::rc::Rc::new(std::cell::Cell::new(true));
+        let wide = table("wide.sparse.weight", 1);
+        let deep = Probe(table("embedding.weight", 2), flag.clone());
+        let mut ext = WideDeep::with_tables(&c, Box::new(wide), Box::new(deep)).unwrap();
+        // A local layer given as a table keeps its parameters, under `.table`.
+        let ext_params = ext.named_parameters();
+        assert_eq!(count(&ext), count(&own));
+        for (k, t) in &ext_params {
+            t.set_data(named[k.replace(".table.0", "").replace(".table", "").as_str()].data())
+                .unwrap();
+        }
+        let dense = Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 1.0], &[2, 2]).unwrap();
+        let local = Tensor::from_vec(vec![2i64, 1, 0, 0], &[2, 2]).unwrap();
+        let global = Tensor::from_vec(vec![2i64, 4, 0, 3], &[2, 2]).unwrap();
+        let a = own.logits(&dense, &local).unwrap().to_vec::<f32>().unwrap();
+        let b = ext.logits(&dense, &global).unwrap().to_vec::<f32>().unwrap();
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
+        }
+        // Global ids are not checked against field_dims.
+        assert!(
+            ext.logits(&dense, &Tensor::from_vec(vec![4i64, 4, 4, 4], &[2, 2]).unwrap())
+                .is_ok()
+        );
+        ext.eval();
+        assert!(!flag.get(), "eval reaches the tables");
     }
 }
