@@ -208,6 +208,17 @@ fn main() -> Result<()> {
         }
     }
     trainer.flush(&[&wide, &emb])?;
+    let secs = start.elapsed().as_secs_f64();
+    let traffic = trainer.client().traffic();
+    let total_steps = (steps * args.epochs).max(1) as u64;
+    // One line per trainer for bench/ps.sh.
+    println!(
+        "ps_ctr trainer={me} samples={} secs={secs:.3} samples_per_s={:.0} bytes_per_step={} calls_per_step={:.1}",
+        steps * args.epochs * args.batch,
+        (steps * args.epochs * args.batch) as f64 / secs,
+        (traffic.sent + traffic.received) / total_steps,
+        traffic.calls as f64 / total_steps as f64,
+    );
     // Every trainer's last pushes are in before trainer 0 evaluates.
     trainer
         .client()
@@ -244,6 +255,7 @@ fn main() -> Result<()> {
         args.model,
         start.elapsed().as_secs_f64()
     );
+    println!("ps_ctr auc={auc:.4} teacher_auc={teacher:.4} rows={materialised}");
     if let Some(gap) = args.min_auc_gap
         && auc < teacher - gap
     {

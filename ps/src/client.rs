@@ -6,6 +6,7 @@ use crate::proto::*;
 use crate::server::MAX_MESSAGE_BYTES;
 use crate::{PsError, shard_of_id, shard_of_table};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
@@ -14,6 +15,35 @@ pub struct PsClient {
     rt: tokio::runtime::Runtime,
     shards: Vec<ParameterServerClient<Channel>>,
     deadline: Duration,
+    traffic: Traffic,
+}
+
+/// What a client has sent and received: calls, and payload bytes (8 per id, 4 per value; gRPC
+/// framing and table names not counted).
+#[derive(Default, Debug)]
+struct Traffic {
+    calls: AtomicU64,
+    sent: AtomicU64,
+    received: AtomicU64,
+}
+
+/// A [`Traffic`] reading.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficCount {
+    /// Calls made (one per shard called).
+    pub calls: u64,
+    /// Payload bytes sent.
+    pub sent: u64,
+    /// Payload bytes received.
+    pub received: u64,
+}
+
+impl Traffic {
+    fn add(&self, calls: usize, sent: usize, received: usize) {
+        self.calls.fetch_add(calls as u64, Ordering::Relaxed);
+        self.sent.fetch_add(sent as u64, Ordering::Relaxed);
+        self.received.fetch_add(received as u64, Ordering::Relaxed);
+    }
 }
 
 /// Whether a failed call is worth retrying (the shard is restarting, or busy).
@@ -51,7 +81,12 @@ impl PsClient {
         if shards.is_empty() {
             return Err(PsError::Config("no shards to connect to".into()));
         }
-        let client = PsClient { rt, shards, deadline };
+        let client = PsClient {
+            rt,
+            shards,
+            deadline,
+            traffic: Traffic::default(),
+        };
         client.info()?;
         Ok(client)
     }
@@ -59,6 +94,16 @@ impl PsClient {
     /// The number of shards.
     pub fn num_shards(&self) -> u32 {
         self.shards.len() as u32
+    }
+
+    /// Calls and payload bytes so far.
+    pub fn traffic(&self) -> TrafficCount {
+        let t = &self.traffic;
+        TrafficCount {
+            calls: t.calls.load(Ordering::Relaxed),
+            sent: t.sent.load(Ordering::Relaxed),
+            received: t.received.load(Ordering::Relaxed),
+        }
     }
 
     /// Call `f` on shard `s` until it succeeds, fails for good, or the deadline passes
@@ -140,6 +185,11 @@ impl PsClient {
             }
         });
         let replies = self.rt.block_on(futures_join(calls))?;
+        self.traffic.add(
+            per_shard.iter().filter(|p| !p.is_empty()).count(),
+            8 * at.len(),
+            4 * replies.iter().map(|r| r.values.len()).sum::<usize>(),
+        );
         let dim = replies.iter().map(|r| r.dim as usize).max().unwrap_or(0);
         let mut out = Vec::with_capacity(ids.len() * dim);
         for id in ids {
@@ -196,6 +246,11 @@ impl PsClient {
             let row = &mut per_shard[s as usize].1[k * dim..(k + 1) * dim];
             row.iter_mut().zip(g).for_each(|(r, g)| *r += g);
         }
+        self.traffic.add(
+            per_shard.iter().filter(|p| !p.0.is_empty()).count(),
+            per_shard.iter().map(|p| 8 * p.0.len() + 4 * p.1.len()).sum(),
+            0,
+        );
         let deadline = self.deadline;
         let calls = per_shard.into_iter().enumerate().map(|(s, (part, gs))| {
             let (c, table) = (self.shards[s].clone(), table.to_string());
@@ -222,6 +277,7 @@ impl PsClient {
     pub fn pull_dense(&self, table: &str) -> Result<Vec<f32>, PsError> {
         let s = shard_of_table(table, self.num_shards());
         let table = table.to_string();
+        self.traffic.add(1, 0, 0);
         let r = self.rt.block_on(Self::call(
             self.shards[s as usize].clone(),
             s,
@@ -231,6 +287,7 @@ impl PsClient {
                 async move { c.pull_dense(req).await }
             },
         ))?;
+        self.traffic.add(0, 0, 4 * r.values.len());
         Ok(r.values)
     }
 
@@ -243,6 +300,7 @@ impl PsClient {
     /// has touched it yet).
     pub fn push_dense_as(&self, mode: PushMode, table: &str, grads: &[f32]) -> Result<(), PsError> {
         let s = shard_of_table(table, self.num_shards());
+        self.traffic.add(1, 4 * grads.len(), 0);
         let (table, grads) = (table.to_string(), grads.to_vec());
         self.rt.block_on(Self::call(
             self.shards[s as usize].clone(),

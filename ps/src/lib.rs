@@ -22,7 +22,7 @@ pub mod proto {
     tonic::include_proto!("oar.ps");
 }
 
-pub use client::PsClient;
+pub use client::{PsClient, TrafficCount};
 pub use proto::PushMode;
 pub use server::{RunningServer, ServerConfig, Shard};
 pub use table::{Init, Kind, Optimizer, Table, TableConfig};

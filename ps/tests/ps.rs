@@ -56,8 +56,14 @@ fn sharded_tables_match_a_local_table() {
         "every shard is used"
     );
     for step in 0..3 {
+        let before = client.traffic();
         let (dim, got) = client.pull_sparse("emb", &ids, true).unwrap();
         assert_eq!(dim, 4);
+        // Each unique id goes out once (8 bytes) and its row comes back once (4 × 4 bytes).
+        let unique = ids.iter().collect::<std::collections::BTreeSet<_>>().len() as u64;
+        let t = client.traffic();
+        assert_eq!((t.calls - before.calls, t.sent - before.sent), (3, 8 * unique));
+        assert_eq!(t.received - before.received, 16 * unique);
         close(&got, &local.pull(&ids, true));
         let grads: Vec<f32> = (0..ids.len() * 4)
             .map(|k| ((k + step) % 7) as f32 * 0.1 - 0.3)
