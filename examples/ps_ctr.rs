@@ -22,15 +22,18 @@
 //! (512), `--embed K` (8, the `emb` table's dim), `--eval-rows N` (all), `--min-auc-gap G`
 //! (fail if the AUC is more than G below the teacher's).
 
+use oar::ir::DType;
 use oar::metric::{Auc, Metric};
 use oar::nn::Layer;
 use oar::nn::functional::{Reduction, binary_cross_entropy_with_logits, sigmoid};
-use oar::ps::{PsClient, PsTrainer, RunningServer, ServerConfig, SparseEmbedding, Strategy, TableConfig};
-use oar::rec::data::{CRITEO_DENSE, CRITEO_FIELDS, CtrStream};
+use oar::ps::{
+    DensePart, HeterLink, PsClient, PsTrainer, RunningServer, ServerConfig, Strategy, TableConfig, serve_heter,
+};
+use oar::rec::data::{CRITEO_DENSE, CRITEO_FIELDS, CtrBatch, CtrStream};
 use oar::rec::models::{CtrConfig, DeepFM, WideDeep};
 use oar::{Error, Result, Tensor};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The tables the example needs (the same specs `oar ps launch --table` takes).
@@ -42,6 +45,7 @@ fn table_specs(embed: usize) -> Vec<String> {
     ]
 }
 
+#[derive(Clone)]
 struct Args {
     data: PathBuf,
     model: String,
@@ -50,6 +54,7 @@ struct Args {
     embed: usize,
     eval_rows: usize,
     min_auc_gap: Option<f64>,
+    heter_device: String,
 }
 
 fn parse_args() -> Result<Args> {
@@ -76,6 +81,7 @@ fn parse_args() -> Result<Args> {
         embed: num("--embed", 8)?,
         eval_rows: num("--eval-rows", usize::MAX)?,
         min_auc_gap: get("--min-auc-gap").and_then(|v| v.parse().ok()),
+        heter_device: get("--heter-device").unwrap_or_else(|| "emu".into()),
     })
 }
 
@@ -91,8 +97,9 @@ fn meta_number(dir: &Path, key: &str) -> Result<f64> {
         .ok_or_else(|| Error::invalid("ps_ctr", format!("{} has no number `{key}`", path.display())))
 }
 
-/// Wide&Deep or DeepFM over the servers' tables.
-fn model(args: &Args, wide: &SparseEmbedding, emb: &SparseEmbedding) -> Result<Box<dyn CtrModel>> {
+/// Wide&Deep or DeepFM over the tables `wide` and `emb` (the servers', or the rows a heter
+/// trainer was sent).
+fn model(args: &Args, wide: Box<dyn Layer>, emb: Box<dyn Layer>) -> Result<Box<dyn CtrModel>> {
     let config = CtrConfig {
         field_dims: vec![1; CRITEO_FIELDS],
         dense_dim: CRITEO_DENSE,
@@ -100,7 +107,7 @@ fn model(args: &Args, wide: &SparseEmbedding, emb: &SparseEmbedding) -> Result<B
         hidden_sizes: vec![256, 128],
         dropout: 0.0,
     };
-    let (w, e) = (Box::new(wide.clone()), Box::new(emb.clone()));
+    let (w, e) = (wide, emb);
     Ok(match args.model.as_str() {
         "wide_deep" => Box::new(WideDeep::with_tables(&config, w, e)?),
         "deepfm" => Box::new(DeepFM::with_tables(&config, w, e)?),
@@ -125,9 +132,103 @@ impl CtrModel for DeepFM {
     }
 }
 
+/// A table a heter trainer is fed: `forward` gives the rows the CPU trainer sent.
+#[derive(Clone, Default)]
+struct Fed(Arc<Mutex<Option<Tensor>>>);
+
+impl Layer for Fed {
+    fn forward(&self, _ids: &Tensor) -> Result<Tensor> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| Error::invalid("ps_ctr", "no rows were sent"))
+    }
+}
+
+/// The dense part on a heter trainer: inputs `[wide rows, emb rows, dense, label]`.
+struct HeterPart {
+    net: Box<dyn CtrModel>,
+    wide: Fed,
+    emb: Fed,
+}
+
+impl DensePart for HeterPart {
+    fn forward(&mut self, x: &[Tensor], _train: bool) -> Result<(Tensor, Vec<Tensor>)> {
+        if x.len() != 4 {
+            return Err(Error::invalid(
+                "ps_ctr",
+                format!("the heter part takes 4 inputs, got {}", x.len()),
+            ));
+        }
+        *self.wide.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(x[0].clone());
+        *self.emb.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(x[1].clone());
+        // The tables ignore the ids: any of the right shape.
+        let ids = oar::tensor::zeros(&[x[2].shape()[0], CRITEO_FIELDS], DType::I64)?.to(&x[2].device())?;
+        let logits = self.net.logits(&x[2], &ids)?;
+        let loss = binary_cross_entropy_with_logits(&logits, &x[3], Reduction::Mean)?;
+        Ok((loss, vec![sigmoid(&logits)?]))
+    }
+
+    fn parameters(&self) -> Vec<Tensor> {
+        self.net.parameters()
+    }
+}
+
+/// A heter trainer (`oar ps launch --heter-trainers H`): serve the dense part on its device
+/// until the job stops it.
+fn run_heter(args: &Args, deadline: Duration) -> Result<()> {
+    let err = |e: oar::ps::PsError| Error::invalid("ps_ctr", e.to_string());
+    let endpoints = oar::ps::endpoints_from_env().unwrap_or_default();
+    let client = Arc::new(PsClient::connect(&endpoints, deadline).map_err(err)?);
+    let strategy = Strategy::from_env()?;
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let (id, heters): (u32, u32) = (
+        var("OAR_PS_HETER_ID").parse().unwrap_or(0),
+        var("OAR_PS_HETER_TRAINERS").parse().unwrap_or(1),
+    );
+    let port: u16 = var("OAR_PS_HETER_PORT")
+        .parse()
+        .map_err(|_| Error::invalid("ps_ctr", "OAR_PS_HETER_PORT is not set"))?;
+    // "emu": another device — host memory, every kernel compiled by the cpu (Cranelift)
+    // backend — standing in for an accelerator; "gpu" where there is one.
+    let device = if args.heter_device == "emu" {
+        let cpu = oar::backend::get("cpu")?;
+        oar::device::register_runtime(Arc::new(oar::device::HostRuntime::new("emu", 1, cpu)));
+        oar::Device::new("emu", 0)
+    } else {
+        oar::Device::new(&args.heter_device, 0)
+    };
+    // Sync: the trainers this heter trainer serves send one request each per step.
+    let merge = match strategy.mode {
+        oar::ps::Mode::Sync => (strategy.trainers / heters).max(1) as usize,
+        _ => 1,
+    };
+    let (config_args, dev) = (args.clone(), device.clone());
+    let heter = serve_heter(
+        move || {
+            oar::seed(1);
+            let (wide, emb) = (Fed::default(), Fed::default());
+            let net = model(&config_args, Box::new(wide.clone()), Box::new(emb.clone()))?;
+            net.to(&dev)?;
+            Ok(HeterPart { net, wide, emb })
+        },
+        client,
+        "dense",
+        device.clone(),
+        merge,
+        ([127, 0, 0, 1], port).into(),
+    )?;
+    eprintln!("heter trainer {id} of {heters}: the dense part on {device}, {merge} request(s) per update, port {port}");
+    heter.wait_for_signal().map_err(err)
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     let deadline = Duration::from_secs(120);
+    if std::env::var("OAR_PS_ROLE").as_deref() == Ok("heter") {
+        return run_heter(&args, deadline);
+    }
     // Under `oar ps launch`: this process's place in the job. Alone: two shards here.
     let mut own_servers: Vec<RunningServer> = Vec::new();
     let trainer = if oar::ps::endpoints_from_env().is_some() {
@@ -151,9 +252,41 @@ fn main() -> Result<()> {
     let (me, trainers) = (strategy.trainer as usize, strategy.trainers as usize);
     let wide = trainer.sparse_embedding("wide", 1)?;
     let emb = trainer.sparse_embedding("emb", args.embed)?;
-    oar::seed(1);
-    let mut net = model(&args, &wide, &emb)?;
-    trainer.bind_dense("dense", net.parameters())?;
+    // The dense part: here, or on a heter trainer.
+    let heter = HeterLink::from_env(deadline)?;
+    let mut net = None;
+    if heter.is_none() {
+        oar::seed(1);
+        let m = model(&args, Box::new(wide.clone()), Box::new(emb.clone()))?;
+        trainer.bind_dense("dense", m.parameters())?;
+        net = Some(m);
+    }
+    // One step's loss (training) or probabilities (evaluation) of a batch.
+    let run = |b: &CtrBatch, train: bool| -> Result<(f64, Option<Tensor>)> {
+        match (&net, &heter) {
+            (Some(net), _) => {
+                let logits = net.logits(&b.dense, &b.ids)?;
+                if !train {
+                    return Ok((0.0, Some(sigmoid(&logits)?)));
+                }
+                let loss = binary_cross_entropy_with_logits(&logits, &b.label, Reduction::Mean)?;
+                loss.backward()?;
+                Ok((loss.item()?, None))
+            }
+            (None, Some(link)) => {
+                let (w, e) = (wide.forward(&b.ids)?, emb.forward(&b.ids)?);
+                let inputs = [
+                    ("wide", &w, true),
+                    ("emb", &e, true),
+                    ("dense", &b.dense, false),
+                    ("label", &b.label, false),
+                ];
+                let r = link.step(&inputs, train)?;
+                Ok((f64::from(r.loss), r.outputs.into_iter().next()))
+            }
+            (None, None) => unreachable!("the dense part is somewhere"),
+        }
+    };
 
     let train_dir = args.data.join("train");
     let rows = meta_number(&train_dir, "rows")? as usize;
@@ -187,11 +320,9 @@ fn main() -> Result<()> {
     for epoch in 0..args.epochs {
         let (mut loss_sum, mut seen) = (0.0, 0usize);
         for step in 0..steps {
-            let logits = net.logits(&batch.dense, &batch.ids)?;
-            let loss = binary_cross_entropy_with_logits(&logits, &batch.label, Reduction::Mean)?;
-            loss.backward()?;
+            let (loss, _) = run(&batch, true)?;
             trainer.step(&[&wide, &emb])?;
-            loss_sum += loss.item()?;
+            loss_sum += loss;
             seen += batch.rows();
             // Read the next batch and start pulling its rows while the loop goes on.
             batch = next()?;
@@ -227,13 +358,18 @@ fn main() -> Result<()> {
     if me != 0 {
         return Ok(());
     }
-    net.eval();
+    // Eval mode for the tables (clones share it): unknown ids read as zeros, create nothing.
+    // The dense part has no dropout or batch norm.
+    wide.clone().eval();
+    emb.clone().eval();
     let test_dir = args.data.join("test");
     let mut auc = Auc::new();
     let mut evaluated = 0;
     for b in CtrStream::open(&[&test_dir], 4096)? {
         let b = b?;
-        let p = oar::with_no_grad(|| sigmoid(&net.logits(&b.dense, &b.ids)?))?;
+        let p = oar::with_no_grad(|| run(&b, false))?
+            .1
+            .ok_or_else(|| Error::invalid("ps_ctr", "no probabilities"))?;
         auc.update(&p, &b.label)?;
         evaluated += b.rows();
         if evaluated >= args.eval_rows {

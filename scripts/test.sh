@@ -72,11 +72,18 @@ target/debug/oar launch -n 4 target/debug/examples/hybrid_gpt --mp 2 --pp 2 | ta
 step "distributed"
 # The recommendation example on 2 shard and 2 trainer processes, its data written by the
 # command (docs/PARAMETER_SERVER.md has the 10^6-row runs).
+# The same job with the dense part on a heterogeneous trainer (another device: host memory,
+# kernels compiled by the cpu backend) must give the same AUC: the split is exact.
 target/debug/oar ps gen-data --out target/ps-ctr --rows 100000 --test-rows 20000 --files 2
-target/debug/oar ps launch --servers 2 --trainers 2 --mode sync \
-    --table wide,sparse,dim=1,opt=adagrad,lr=0.2 --table emb,sparse,dim=8,opt=adagrad,lr=0.2 \
-    --table dense,dense,opt=adam,lr=0.001 \
-    -- target/debug/examples/ps_ctr --data target/ps-ctr --batch 256 --min-auc-gap 0.15 2>&1 | grep -E "AUC|launch:"
+ps_tables=(--table wide,sparse,dim=1,opt=adagrad,lr=0.2 --table emb,sparse,dim=8,opt=adagrad,lr=0.2
+    --table dense,dense,opt=adam,lr=0.001)
+ps_ctr=(target/debug/examples/ps_ctr --data target/ps-ctr --batch 256 --min-auc-gap 0.15)
+cpu_auc=$(target/debug/oar ps launch --servers 2 --trainers 2 --mode sync "${ps_tables[@]}" -- "${ps_ctr[@]}" 2>&1 \
+    | tee target/ps-ctr.log | grep '^ps_ctr auc=' | cut -d' ' -f2)
+heter_auc=$(target/debug/oar ps launch --servers 2 --trainers 2 --heter-trainers 1 --mode sync "${ps_tables[@]}" \
+    -- "${ps_ctr[@]}" 2>&1 | tee target/ps-ctr-heter.log | grep '^ps_ctr auc=' | cut -d' ' -f2)
+echo "ps_ctr, 2 sync trainers: $cpu_auc; with a heter trainer: $heter_auc"
+[ -n "$cpu_auc" ] && [ "$cpu_auc" = "$heter_auc" ] || { cat target/ps-ctr.log target/ps-ctr-heter.log; exit 1; }
 step "parameter server example"
 disk
 # The steps from here to the mlir phase reuse what the workspace run built; the mlir phase comes

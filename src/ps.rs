@@ -29,7 +29,12 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-pub use oar_ps::{Mode, Optimizer as ServerOptimizer, PsClient, PushMode, RunningServer, ServerConfig, TableConfig};
+mod heter;
+pub use heter::{DensePart, HeterLink, HeterStep, serve_heter};
+pub use oar_ps::{
+    Mode, Optimizer as ServerOptimizer, PsClient, PsError, PushMode, RunningHeter, RunningServer, ServerConfig,
+    TableConfig,
+};
 
 fn ps_err(e: oar_ps::PsError) -> Error {
     Error::invalid("parameter server", e.to_string())

@@ -3,10 +3,11 @@
 //! - `oar ps server --shard I --of N --port P [--snapshot-dir D] --table SPEC...`: one shard.
 //!   It serves until interrupted (Ctrl-C or SIGTERM), then writes its final snapshot; started
 //!   again on the same snapshot directory it resumes.
-//! - `oar ps launch --servers S --trainers T --table SPEC... -- COMMAND...`: a job on this
-//!   machine — S shards on free local ports, then T copies of COMMAND told their place by
-//!   environment variables (`oar::ps::PsTrainer::from_env`); when every trainer has finished
-//!   the shards are stopped (final snapshots). A trainer that fails stops the job.
+//! - `oar ps launch --servers S --trainers T [--heter-trainers H] --table SPEC... -- COMMAND...`:
+//!   a job on this machine — S shards on free local ports, H heter trainers, then T trainers
+//!   (copies of COMMAND told their place by environment variables: `oar::ps::PsTrainer::from_env`,
+//!   `oar::ps::HeterLink::from_env`); when every trainer has finished the shards are stopped
+//!   (final snapshots) and the heter trainers killed. Any process that fails stops the job.
 //! - `oar ps gen-data --out DIR --rows N`: synthetic Criteo-like click data
 //!   (`oar::rec::data`): `DIR/train` and a held-out `DIR/test` of the same teacher.
 
@@ -45,6 +46,11 @@ pub(crate) struct LaunchArgs {
     /// A table (as for `oar ps server`); repeat for more.
     #[arg(long = "table", required = true, value_name = "SPEC")]
     tables: Vec<String>,
+    /// Heterogeneous trainers: processes of the same command started first with
+    /// `OAR_PS_ROLE=heter` (and `OAR_PS_HETER_ID`, `OAR_PS_HETER_PORT` to serve on); trainer
+    /// `i` is told the endpoints (`OAR_PS_HETER_ENDPOINTS`) and uses heter trainer `i mod H`.
+    #[arg(long, default_value_t = 0)]
+    heter_trainers: u32,
     /// The trainer command and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -149,28 +155,84 @@ extern "C" fn interrupted(_: libc::c_int) {
     INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-fn launch(args: LaunchArgs) -> CliResult<()> {
-    use std::os::unix::process::CommandExt;
-    use std::process::Command;
-    use std::time::{Duration, Instant};
-    if args.servers == 0 || args.trainers == 0 {
-        return Err("oar ps launch: --servers and --trainers must be at least 1".into());
-    }
-    for t in &args.tables {
-        TableConfig::from_spec(t).map_err(|e| e.to_string())?;
-    }
-    args.mode.parse::<oar_ps::Mode>().map_err(|e| format!("--mode: {e}"))?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the oar executable: {e}"))?;
-    // Free ports: bind, note, release (a shard that then cannot bind fails the launch).
-    let ports: Vec<u16> = (0..args.servers)
+/// Free local ports: bound, noted, released (a process that then cannot bind fails the launch).
+fn free_ports(n: u32) -> CliResult<Vec<u16>> {
+    (0..n)
         .map(|_| {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
                 .map_err(|e| format!("no free port: {e}"))
         })
-        .collect::<Result<_, _>>()?;
-    let mut shards = Vec::new();
+        .collect()
+}
+
+/// The processes of a job: (what, child, whether it leads its own process group).
+struct Job(Vec<(String, std::process::Child, bool)>);
+
+impl Job {
+    /// Stop every process: SIGKILL to trainers' groups, `shard_signal` to shards.
+    fn stop(&mut self, shard_signal: i32) {
+        for (_, c, group) in self.0.iter_mut() {
+            stop(c, if *group { libc::SIGKILL } else { shard_signal }, *group);
+        }
+    }
+
+    /// Wait until `port` accepts connections, while process `i` runs (60 s at most).
+    fn wait_listening(&mut self, i: usize, port: u16) -> CliResult<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.0[i].1.try_wait() {
+                let what = self.0[i].0.clone();
+                self.stop(libc::SIGTERM);
+                return Err(format!("{what} exited before serving: {status}"));
+            }
+            if std::time::Instant::now() > deadline {
+                let what = self.0[i].0.clone();
+                self.stop(libc::SIGKILL);
+                return Err(format!("{what} did not listen on port {port} within 60 s"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+fn launch(args: LaunchArgs) -> CliResult<()> {
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+    if args.servers == 0 || args.trainers == 0 {
+        return Err("oar ps launch: --servers and --trainers must be at least 1".into());
+    }
+    for t in &args.tables {
+        TableConfig::from_spec(t).map_err(|e| e.to_string())?;
+    }
+    let mode = args.mode.parse::<oar_ps::Mode>().map_err(|e| format!("--mode: {e}"))?;
+    let h = args.heter_trainers;
+    if h > args.trainers || (h > 0 && mode == oar_ps::Mode::Sync && !args.trainers.is_multiple_of(h)) {
+        return Err(format!(
+            "--heter-trainers {h}: each heter trainer serves trainers i with i mod {h} equal to its index, \
+             so there must be at most as many as trainers ({}){}",
+            args.trainers,
+            if mode == oar_ps::Mode::Sync {
+                ", and in sync mode a divisor of their count"
+            } else {
+                ""
+            }
+        ));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the oar executable: {e}"))?;
+    // Trainers lead their own process groups (stopped whole); Ctrl-C or SIGTERM to this
+    // command stops the job.
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, interrupted as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, interrupted as *const () as libc::sighandler_t);
+    }
+    let mut job = Job(Vec::new());
+    let ports = free_ports(args.servers)?;
     for (i, port) in ports.iter().enumerate() {
         let mut cmd = Command::new(&exe);
         cmd.args(["ps", "server", "--host", "127.0.0.1"])
@@ -183,91 +245,103 @@ fn launch(args: LaunchArgs) -> CliResult<()> {
         for t in &args.tables {
             cmd.args(["--table", t]);
         }
-        shards.push(cmd.spawn().map_err(|e| format!("cannot start shard {i}: {e}"))?);
+        match cmd.spawn() {
+            Ok(c) => job.0.push((format!("shard {i}"), c, false)),
+            Err(e) => {
+                job.stop(libc::SIGTERM);
+                return Err(format!("cannot start shard {i}: {e}"));
+            }
+        }
     }
-    let stop_all = |shards: &mut Vec<std::process::Child>, signal| {
-        for s in shards.iter_mut() {
-            stop(s, signal, false);
-        }
-    };
-    // Wait until every shard accepts connections.
-    let deadline = Instant::now() + Duration::from_secs(60);
     for (i, port) in ports.iter().enumerate() {
-        loop {
-            if std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok() {
-                break;
-            }
-            if let Ok(Some(status)) = shards[i].try_wait() {
-                stop_all(&mut shards, libc::SIGTERM);
-                return Err(format!("shard {i} exited before serving: {status}"));
-            }
-            if Instant::now() > deadline {
-                stop_all(&mut shards, libc::SIGKILL);
-                return Err(format!("shard {i} did not listen on port {port} within 60 s"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        job.wait_listening(i, *port)?;
     }
     let endpoints: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-    // Trainers lead their own process groups (stopped whole); Ctrl-C or SIGTERM to this
-    // command stops the job.
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, interrupted as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, interrupted as *const () as libc::sighandler_t);
-    }
-    let mut trainers = Vec::new();
-    for t in 0..args.trainers {
-        let spawned = Command::new(&args.command[0])
-            .process_group(0)
+    let trainer = |env: &[(&str, String)]| {
+        let mut cmd = Command::new(&args.command[0]);
+        cmd.process_group(0)
             .args(&args.command[1..])
             .env("OAR_PS_ENDPOINTS", endpoints.join(","))
-            .env("OAR_PS_TRAINER_ID", t.to_string())
             .env("OAR_PS_TRAINERS", args.trainers.to_string())
-            .env("OAR_PS_MODE", &args.mode)
-            .spawn();
-        match spawned {
-            Ok(c) => trainers.push(c),
+            .env("OAR_PS_MODE", &args.mode);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.spawn()
+    };
+    // Heter trainers first: the trainers need their endpoints.
+    let heter_ports = free_ports(h)?;
+    for (k, port) in heter_ports.iter().enumerate() {
+        let env = [
+            ("OAR_PS_ROLE", "heter".to_string()),
+            ("OAR_PS_HETER_ID", k.to_string()),
+            ("OAR_PS_HETER_TRAINERS", h.to_string()),
+            ("OAR_PS_HETER_PORT", port.to_string()),
+        ];
+        match trainer(&env) {
+            Ok(c) => job.0.push((format!("heter trainer {k}"), c, true)),
             Err(e) => {
-                for c in trainers.iter_mut() {
-                    stop(c, libc::SIGKILL, true);
-                }
-                stop_all(&mut shards, libc::SIGTERM);
+                job.stop(libc::SIGTERM);
+                return Err(format!("cannot start heter trainer {k} (`{}`): {e}", args.command[0]));
+            }
+        }
+        let at = job.0.len() - 1;
+        job.wait_listening(at, *port)?;
+    }
+    let heter_endpoints: Vec<String> = heter_ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let first_trainer = job.0.len();
+    for t in 0..args.trainers {
+        let mut env = vec![("OAR_PS_TRAINER_ID", t.to_string())];
+        if h > 0 {
+            env.push(("OAR_PS_HETER_ENDPOINTS", heter_endpoints.join(",")));
+        }
+        match trainer(&env) {
+            Ok(c) => job.0.push((format!("trainer {t}"), c, true)),
+            Err(e) => {
+                job.stop(libc::SIGTERM);
                 return Err(format!("cannot start trainer {t} (`{}`): {e}", args.command[0]));
             }
         }
     }
-    // Wait for the trainers; the first failure stops the rest.
+    // Wait for the trainers; the first failure (of any process) stops the rest.
     let mut failed = None;
-    let mut running: Vec<(usize, std::process::Child)> = trainers.into_iter().enumerate().collect();
-    while !running.is_empty() && failed.is_none() {
+    while failed.is_none() {
         if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
             failed = Some("interrupted".to_string());
             break;
         }
-        let mut still = Vec::new();
-        for (t, mut c) in running {
+        let mut running = 0;
+        for (i, (what, c, _)) in job.0.iter_mut().enumerate() {
             match c.try_wait() {
-                Ok(Some(status)) if !status.success() => failed = Some(format!("trainer {t} failed: {status}")),
+                Ok(Some(status)) if !status.success() || i < first_trainer => {
+                    failed.get_or_insert(format!("{what} exited: {status}"));
+                }
                 Ok(Some(_)) => {}
-                Ok(None) => still.push((t, c)),
-                Err(e) => failed = Some(format!("trainer {t}: {e}")),
+                Ok(None) => running += usize::from(i >= first_trainer),
+                Err(e) => {
+                    failed.get_or_insert(format!("{what}: {e}"));
+                }
             }
         }
-        running = still;
-        std::thread::sleep(Duration::from_millis(20));
+        if running == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    for (_, c) in running.iter_mut() {
-        stop(c, libc::SIGKILL, true);
-    }
-    // SIGTERM: the shards write their final snapshots.
-    stop_all(&mut shards, libc::SIGTERM);
+    // SIGTERM: the shards write their final snapshots; trainers' groups are killed.
+    job.stop(libc::SIGTERM);
     match failed {
         Some(f) => Err(format!("oar ps launch: {f}; the job was stopped")),
         None => {
             eprintln!(
-                "oar ps launch: {} trainers finished; {} shards stopped",
-                args.trainers, args.servers
+                "oar ps launch: {} trainers finished; {} shards{} stopped",
+                args.trainers,
+                args.servers,
+                if h > 0 {
+                    format!(" and {h} heter trainers")
+                } else {
+                    String::new()
+                }
             );
             Ok(())
         }

@@ -9,10 +9,13 @@
 //!   tables on the shard their name hashes to; snapshots written atomically every N pushes,
 //!   on request and at shutdown, resumed at start; a snapshot directory of another layout
 //!   refused; malformed, misrouted or oversized requests answered with a status.
+//! - [`heter`]: heterogeneous trainers — a heter trainer serves a model's dense part to CPU
+//!   trainers, which send activations and get their gradients back.
 //! - [`client`]: pulls and pushes of a batch's unique ids, grouped per shard and sent
 //!   concurrently, every call under a deadline, retried with backoff while a shard restarts.
 
 pub mod client;
+pub mod heter;
 pub mod server;
 pub mod table;
 
@@ -23,6 +26,7 @@ pub mod proto {
 }
 
 pub use client::{PsClient, TrafficCount};
+pub use heter::{HeterClient, HeterWorker, RunningHeter};
 pub use proto::PushMode;
 pub use server::{RunningServer, ServerConfig, Shard};
 pub use table::{Init, Kind, Optimizer, Table, TableConfig};
@@ -39,6 +43,9 @@ pub enum PsError {
     /// Connecting, listening, or a call that failed at the transport.
     #[error("parameter server transport: {0}")]
     Transport(String),
+    /// A heter trainer refused a step, or did not answer within the deadline.
+    #[error("heter trainer: {0}")]
+    Heter(String),
     /// A call the server refused or that ran past its deadline.
     #[error("parameter server shard {shard}: {status}")]
     Call {

@@ -312,3 +312,58 @@ fn snapshots_are_also_written_by_time() {
     drop(client);
     server.stop().unwrap();
 }
+
+/// A heter trainer checks requests before its worker sees them, passes the worker's errors
+/// back as statuses and goes on serving; a client of no heter trainer fails within its
+/// deadline.
+#[test]
+fn heter_requests_are_checked() {
+    use oar_ps::proto::{HeterReply, NamedTensor};
+    struct Doubler;
+    impl oar_ps::HeterWorker for Doubler {
+        fn step(&self, inputs: Vec<NamedTensor>, _train: bool) -> Result<HeterReply, String> {
+            if inputs[0].name == "bad" {
+                return Err("the dense part refused `bad`".into());
+            }
+            let mut out = inputs[0].clone();
+            out.values.iter_mut().for_each(|v| *v *= 2.0);
+            Ok(HeterReply {
+                loss: out.values.iter().sum(),
+                grads: vec![],
+                outputs: vec![out],
+            })
+        }
+    }
+    let heter = oar_ps::RunningHeter::start(std::sync::Arc::new(Doubler), ([127, 0, 0, 1], 0).into()).unwrap();
+    let client = oar_ps::HeterClient::connect(&format!("http://{}", heter.addr()), Duration::from_secs(10)).unwrap();
+    let t = |name: &str, shape: Vec<u64>, values: Vec<f32>| NamedTensor {
+        name: name.into(),
+        shape,
+        values,
+        needs_grad: false,
+    };
+    let r = client.step(vec![t("x", vec![2], vec![1.0, 2.5])], true).unwrap();
+    assert_eq!((r.loss, r.outputs[0].values.clone()), (7.0, vec![2.0, 5.0]));
+    for (inputs, says) in [
+        (vec![t("x", vec![3], vec![1.0, 2.0])], "does not hold"),
+        (vec![t("x", vec![1], vec![f32::NAN])], "not finite"),
+        (vec![], "needs inputs"),
+        (vec![t("bad", vec![1], vec![1.0])], "refused `bad`"),
+    ] {
+        let e = client.step(inputs, true).unwrap_err().to_string();
+        assert!(e.contains("InvalidArgument") && e.contains(says), "{e}");
+    }
+    assert!(
+        client.step(vec![t("x", vec![1], vec![1.0])], false).is_ok(),
+        "still serving"
+    );
+    drop(client);
+    heter.stop().unwrap();
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let t0 = Instant::now();
+    let none = oar_ps::HeterClient::connect(&format!("http://127.0.0.1:{port}"), Duration::from_millis(500)).unwrap();
+    assert!(none.step(vec![t("x", vec![1], vec![1.0])], true).is_err());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}

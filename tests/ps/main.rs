@@ -9,7 +9,8 @@ use oar::nn::functional::{Reduction, cross_entropy};
 use oar::nn::{Embedding, Layer, Linear};
 use oar::optimizer::{Optimizer, SGD};
 use oar::ps::{
-    Mode, PsClient, PsTrainer, RunningServer, ServerConfig, ServerOptimizer, SparseEmbedding, Strategy, TableConfig,
+    DensePart, HeterLink, Mode, PsClient, PsTrainer, RunningServer, ServerConfig, ServerOptimizer, SparseEmbedding,
+    Strategy, TableConfig, serve_heter,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,21 +143,9 @@ fn batch(step: usize) -> (Vec<i64>, Vec<i64>) {
     (ids, y)
 }
 
-/// Sync mode: two trainers on threads, each with half of every batch, their embedding on 2
-/// shards and their head in a dense table (both SGD on the servers), end where one process
-/// training on the whole batches ends: the same rows and head after 4 steps (1e-5).
-#[test]
-fn sync_trainers_train_as_one_process() {
-    let tables = [
-        TableConfig::sparse("emb", DIM, oar_ps_sgd(0.5)),
-        TableConfig::dense("head", DIM * 3 + 3, oar_ps_sgd(0.5)),
-    ];
-    let (servers, endpoints) = start_servers(2, &tables);
-    let all: Vec<u64> = (0..VOCAB as u64).collect();
-    let probe = PsClient::connect(&endpoints, Duration::from_secs(10)).unwrap();
-    let (_, start) = probe.pull_sparse("emb", &all, true).unwrap();
-
-    // One process, whole batches.
+/// The reference: one process training a local `Embedding` started from `start` and the head
+/// on the whole batches (SGD 0.5, 4 steps).
+fn one_process(start: Vec<f32>) -> (Embedding, Linear) {
     let local = Embedding::new(VOCAB, DIM).unwrap();
     local
         .weight()
@@ -184,6 +173,140 @@ fn sync_trainers_train_as_one_process() {
         opt.step().unwrap();
         opt.clear_grad();
     }
+    (local, head_l)
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= 1e-5, "{what}: {x} vs {y}");
+    }
+}
+
+/// The head on a heter trainer: mean rows `[4, DIM]` and labels in, cross-entropy out.
+struct Head {
+    layer: Linear,
+    device: oar::Device,
+}
+
+impl DensePart for Head {
+    fn forward(&mut self, inputs: &[Tensor], _train: bool) -> oar::Result<(Tensor, Vec<Tensor>)> {
+        assert!(
+            inputs.iter().all(|x| x.device() == self.device),
+            "inputs on the heter device"
+        );
+        let logits = self.layer.forward(&inputs[0])?;
+        let loss = cross_entropy(&logits, &inputs[1].cast(oar::ir::DType::I64)?, Reduction::Mean)?;
+        Ok((loss, vec![logits]))
+    }
+
+    fn parameters(&self) -> Vec<Tensor> {
+        self.layer.parameters()
+    }
+}
+
+/// Heterogeneous trainers: two CPU trainers (threads, sync mode) look the ids up on the
+/// servers and send the mean rows to one heter trainer, which runs the head on another device
+/// — `emu`, host memory with every kernel compiled by the cpu (Cranelift) backend — with its
+/// parameters in a dense table sized by its first INIT. After 4 steps every row and the head
+/// equal one process (1e-5), and evaluation through the heter trainer gives its logits.
+#[test]
+fn a_heter_split_trains_as_one_process() {
+    let cpu = oar::backend::get("cpu").unwrap();
+    let runtime = Arc::new(oar::device::HostRuntime::new("emu", 1, cpu));
+    oar::device::register_runtime(runtime.clone());
+    let emu = oar::Device::new("emu", 0);
+    let tables = [
+        TableConfig::sparse("emb", DIM, oar_ps_sgd(0.5)),
+        TableConfig::from_spec("head,dense,opt=sgd,lr=0.5").unwrap(),
+    ];
+    let (servers, endpoints) = start_servers(2, &tables);
+    let all: Vec<u64> = (0..VOCAB as u64).collect();
+    let probe = Arc::new(PsClient::connect(&endpoints, Duration::from_secs(10)).unwrap());
+    let (_, start) = probe.pull_sparse("emb", &all, true).unwrap();
+    let (local, head_l) = one_process(start);
+
+    let layer = head();
+    layer.to(&emu).unwrap();
+    let part = Head {
+        layer,
+        device: emu.clone(),
+    };
+    let heter = serve_heter(
+        move || Ok(part),
+        probe.clone(),
+        "head",
+        emu,
+        2,
+        ([127, 0, 0, 1], 0).into(),
+    )
+    .unwrap();
+    let at = format!("http://{}", heter.addr());
+    let trainers: Vec<_> = (0..2u32)
+        .map(|t| {
+            let (endpoints, at) = (endpoints.clone(), at.clone());
+            std::thread::spawn(move || {
+                let client = Arc::new(PsClient::connect(&endpoints, Duration::from_secs(20)).unwrap());
+                let trainer = PsTrainer::new(client, Strategy::new(Mode::Sync, t, 2).unwrap()).unwrap();
+                let emb = trainer.sparse_embedding("emb", DIM).unwrap();
+                let link = HeterLink::connect(&at, Duration::from_secs(20)).unwrap();
+                for step in 0..4 {
+                    let (ids, y) = batch(step);
+                    let half = t as usize * 4;
+                    let ids = Tensor::from_vec(ids[half * 5..(half + 4) * 5].to_vec(), &[4, 5]).unwrap();
+                    let y: Vec<f32> = y[half..half + 4].iter().map(|&c| c as f32).collect();
+                    let x = emb.forward(&ids).unwrap().mean(&[1], false).unwrap();
+                    let y = Tensor::from_vec(y, &[4]).unwrap();
+                    link.step(&[("x", &x, true), ("y", &y, false)], true).unwrap();
+                    trainer.step(&[&emb]).unwrap();
+                }
+                // Evaluation: the head's logits come back; nothing is learnt.
+                let ids = Tensor::from_vec(vec![1i64, 2, 3, 4, 5], &[1, 5]).unwrap();
+                let x = oar::with_no_grad(|| emb.forward(&ids).unwrap().mean(&[1], false).unwrap());
+                let out = link.step(
+                    &[
+                        ("x", &x, true),
+                        ("y", &Tensor::from_vec(vec![0f32], &[1]).unwrap(), false),
+                    ],
+                    false,
+                );
+                (x, out.unwrap().outputs.remove(0))
+            })
+        })
+        .collect();
+    let evals: Vec<(Tensor, Tensor)> = trainers.into_iter().map(|t| t.join().unwrap()).collect();
+    let (_, rows) = probe.pull_sparse("emb", &all, false).unwrap();
+    assert_close(&rows, &local.weight().to_vec::<f32>().unwrap(), "rows");
+    let want: Vec<f32> = head_l
+        .parameters()
+        .iter()
+        .flat_map(|p| p.to_vec::<f32>().unwrap())
+        .collect();
+    assert_close(&probe.pull_dense("head").unwrap(), &want, "head");
+    for (x, logits) in &evals {
+        let expect = head_l.forward(x).unwrap().to_vec::<f32>().unwrap();
+        assert_close(&logits.to_vec::<f32>().unwrap(), &expect, "eval logits");
+    }
+    assert!(runtime.compiles() > 0, "the head ran on the emu device");
+    heter.stop().unwrap();
+    drop(servers);
+}
+
+/// Sync mode: two trainers on threads, each with half of every batch, their embedding on 2
+/// shards and their head in a dense table (both SGD on the servers), end where one process
+/// training on the whole batches ends: the same rows and head after 4 steps (1e-5).
+#[test]
+fn sync_trainers_train_as_one_process() {
+    let tables = [
+        TableConfig::sparse("emb", DIM, oar_ps_sgd(0.5)),
+        TableConfig::dense("head", DIM * 3 + 3, oar_ps_sgd(0.5)),
+    ];
+    let (servers, endpoints) = start_servers(2, &tables);
+    let all: Vec<u64> = (0..VOCAB as u64).collect();
+    let probe = PsClient::connect(&endpoints, Duration::from_secs(10)).unwrap();
+    let (_, start) = probe.pull_sparse("emb", &all, true).unwrap();
+
+    let (local, head_l) = one_process(start);
 
     // Two trainers, half a batch each.
     let trainers: Vec<_> = (0..2u32)

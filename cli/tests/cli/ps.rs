@@ -146,7 +146,7 @@ fn launch_starts_shards_then_trainers_and_stops_them() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        err.contains("trainer 1 failed") && err.contains("the job was stopped"),
+        err.contains("trainer 1 exited: exit status: 3") && err.contains("the job was stopped"),
         "{err}"
     );
     assert!(
@@ -157,6 +157,32 @@ fn launch_starts_shards_then_trainers_and_stops_them() {
 
     let o = oar(&["ps", "launch", "--mode", "geo:0:1", "--table", "w,dense", "--", "true"]);
     assert_clean_error(&o, "GEO needs k >= 1");
+    let o = oar(&[
+        "ps",
+        "launch",
+        "--trainers",
+        "2",
+        "--heter-trainers",
+        "3",
+        "--table",
+        "w,dense",
+        "--",
+        "true",
+    ]);
+    assert_clean_error(&o, "--heter-trainers 3");
+    let o = oar(&[
+        "ps",
+        "launch",
+        "--trainers",
+        "3",
+        "--heter-trainers",
+        "2",
+        "--table",
+        "w,dense",
+        "--",
+        "true",
+    ]);
+    assert_clean_error(&o, "a divisor");
     let o = oar(&["ps", "launch", "--table", "w,dense", "--", "/nonexistent/trainer"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot start trainer 0"));
 }
