@@ -622,10 +622,11 @@ impl SparseEmbedding {
     }
 }
 
-impl Layer for SparseEmbedding {
-    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let (unique, index) = unique_ids("SparseEmbedding", ids)?;
-        let training = !self.state.eval.load(Ordering::Relaxed);
+impl SparseEmbedding {
+    /// The unique ids of `ids`, each id's position among them, and their rows (GEO: from the
+    /// local copy, pulling the rows it lacks).
+    fn rows_of(&self, op: &str, ids: &Tensor, training: bool) -> Result<(Vec<u64>, Vec<i64>, Vec<f32>)> {
+        let (unique, index) = unique_ids(op, ids)?;
         let values = if let (Mode::Geo { .. }, true) = (self.link.strategy.mode, training) {
             // The local copy first; rows not in it are pulled and join it.
             let mut local = lock(&self.state.local);
@@ -642,6 +643,74 @@ impl Layer for SparseEmbedding {
         } else {
             self.fetch(&unique, training)?
         };
+        Ok((unique, index, values))
+    }
+
+    /// For a compiled step (`jit::to_static_step`), whose graph cannot pull: the rows of the
+    /// batch's unique ids as a block of `capacity` rows (zeros after the last; `capacity` at
+    /// least the number of unique ids, e.g. `ids.numel()`, so that every batch has the same
+    /// shape) and the index of each id's row, shaped as `ids`. The step looks the index up in
+    /// the rows (`nn::functional::embedding`), marks the rows input as needing its gradient
+    /// and returns that gradient, which [`SparseEmbedding::set_lookup_gradient`] takes; then
+    /// [`PsTrainer::step`] (or `push_gradients`) sends it as for an eager forward.
+    pub fn lookup(&self, ids: &Tensor, capacity: usize) -> Result<Lookup> {
+        let training = !self.state.eval.load(Ordering::Relaxed);
+        let (unique, index, mut values) = self.rows_of("SparseEmbedding::lookup", ids, training)?;
+        if unique.len() > capacity {
+            return Err(Error::invalid(
+                "SparseEmbedding::lookup",
+                format!("{} unique ids do not fit a block of {capacity} rows", unique.len()),
+            ));
+        }
+        values.resize(capacity * self.dim, 0.0);
+        Ok(Lookup {
+            rows: Tensor::from_data(TensorData::from_vec(vec![capacity, self.dim], values).map_err(data_err)?),
+            index: Tensor::from_vec(index, &ids.shape())?,
+            ids: unique,
+        })
+    }
+
+    /// The gradient `[capacity, dim]` a compiled step computed for `lookup`'s rows, to be sent
+    /// by the next push (rows past the unique ids are ignored).
+    pub fn set_lookup_gradient(&self, lookup: &Lookup, grad: &Tensor) -> Result<()> {
+        let (n, dim) = (lookup.ids.len(), self.dim);
+        if grad.shape() != lookup.rows.shape() {
+            return Err(Error::invalid(
+                "SparseEmbedding::set_lookup_gradient",
+                format!(
+                    "a gradient of shape {:?} for rows of {:?}",
+                    grad.shape(),
+                    lookup.rows.shape()
+                ),
+            ));
+        }
+        let g: Vec<f32> = grad
+            .to(&crate::Device::CPU)?
+            .try_data()?
+            .to_vec::<f32>()
+            .map_err(data_err)?;
+        let leaf = Tensor::from_data(TensorData::from_vec(vec![n, dim], vec![0.0; n * dim]).map_err(data_err)?);
+        leaf.set_grad(Some(Tensor::from_data(
+            TensorData::from_vec(vec![n, dim], g[..n * dim].to_vec()).map_err(data_err)?,
+        )));
+        lock(&self.state.pulled).push((lookup.ids.clone(), leaf));
+        Ok(())
+    }
+}
+
+/// A batch's rows for a compiled step ([`SparseEmbedding::lookup`]).
+pub struct Lookup {
+    /// `[capacity, dim]`: the unique ids' rows, then zeros.
+    pub rows: Tensor,
+    /// i64, shaped as the ids: each id's row in `rows`.
+    pub index: Tensor,
+    ids: Vec<u64>,
+}
+
+impl Layer for SparseEmbedding {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let training = !self.state.eval.load(Ordering::Relaxed);
+        let (unique, index, values) = self.rows_of("SparseEmbedding", ids, training)?;
         let data = TensorData::from_vec(vec![unique.len(), self.dim], values).map_err(data_err)?;
         let rows = Tensor::from_data(data);
         let rows = if training && crate::is_grad_enabled() {

@@ -483,3 +483,74 @@ fn async_and_geo_trainers_reach_the_auc_of_one_process() {
     assert!((asynchronous - one).abs() <= 0.005, "async {asynchronous} vs {one}");
     assert!((geo - one).abs() <= 0.005, "geo {geo} vs {one}");
 }
+
+/// A compiled training step (`jit::to_static_step`: the lookup, the head, backward and the
+/// head's SGD update in one graph, run by the cpu backend) trains as the eager step: the rows
+/// come in through `SparseEmbedding::lookup` as a fixed-size block, their gradient comes out
+/// and is pushed. Four steps of the same data: losses, rows and head agree (1e-5).
+#[test]
+fn a_compiled_step_trains_as_the_eager_one() {
+    use oar::jit::{InputSpec, to_static_step};
+    use oar::nn::functional::embedding;
+    let tables = [TableConfig::sparse("emb", DIM, oar_ps_sgd(0.5))];
+    let ((eager_servers, eager_at), (compiled_servers, compiled_at)) =
+        (start_servers(1, &tables), start_servers(2, &tables));
+    let connect = |at: &[String]| Arc::new(PsClient::connect(at, Duration::from_secs(10)).unwrap());
+    let (eager_ps, compiled_ps) = (connect(&eager_at), connect(&compiled_at));
+    let sparse_e = SparseEmbedding::new(eager_ps.clone(), "emb", DIM).unwrap();
+    let sparse_c = SparseEmbedding::new(compiled_ps.clone(), "emb", DIM).unwrap();
+    let (head_e, head_c) = (head(), head());
+    let mut opt_e = SGD::new(head_e.named_parameters(), 0.5);
+    let mut opt_c = SGD::new(head_c.named_parameters(), 0.5);
+    const CAP: usize = 30;
+    let specs = [
+        InputSpec::new(&[Some(CAP), Some(DIM)], oar::ir::DType::F32, "rows"),
+        InputSpec::new(&[Some(6), Some(5)], oar::ir::DType::I64, "index"),
+        InputSpec::new(&[Some(6)], oar::ir::DType::I64, "y"),
+    ];
+    let step = to_static_step(&head_c, &specs, |xs| {
+        let rows = xs[0].clone().requires_grad_(true)?;
+        let e = embedding(&xs[1], &rows)?.mean(&[1], false)?;
+        let loss = cross_entropy(&head_c.forward(&e)?, &xs[2], Reduction::Mean)?;
+        loss.backward()?;
+        opt_c.step()?;
+        opt_c.clear_grad();
+        let g = rows
+            .grad()
+            .ok_or_else(|| oar::Error::invalid("test", "no row gradient"))?;
+        Ok(vec![loss.detach(), g])
+    })
+    .unwrap();
+    for s in 0..4 {
+        let ids: Vec<i64> = (0..30).map(|i| ((i * 7 + s * 3) % VOCAB) as i64).collect();
+        let ids = Tensor::from_vec(ids, &[6, 5]).unwrap();
+        let y = Tensor::from_vec((0..6).map(|i| ((i + s) % 3) as i64).collect(), &[6]).unwrap();
+        let want = cross_entropy(&logits(&sparse_e, &head_e, &ids), &y, Reduction::Mean).unwrap();
+        want.backward().unwrap();
+        sparse_e.push_gradients().unwrap();
+        opt_e.step().unwrap();
+        opt_e.clear_grad();
+
+        let lookup = sparse_c.lookup(&ids, CAP).unwrap();
+        let out = step.call(&[&lookup.rows, &lookup.index, &y]).unwrap();
+        sparse_c.set_lookup_gradient(&lookup, &out[1]).unwrap();
+        sparse_c.push_gradients().unwrap();
+        let (a, b) = (out[0].item().unwrap(), want.item().unwrap());
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "step {s}: loss {a} vs {b}");
+    }
+    let all: Vec<u64> = (0..VOCAB as u64).collect();
+    assert_close(
+        &compiled_ps.pull_sparse("emb", &all, false).unwrap().1,
+        &eager_ps.pull_sparse("emb", &all, false).unwrap().1,
+        "rows",
+    );
+    for (a, b) in head_c.parameters().iter().zip(head_e.parameters()) {
+        assert_close(&a.to_vec::<f32>().unwrap(), &b.to_vec::<f32>().unwrap(), "head");
+    }
+    assert!(
+        sparse_c
+            .lookup(&Tensor::from_vec((0..40i64).collect(), &[40]).unwrap(), CAP)
+            .is_err()
+    );
+    drop((eager_servers, compiled_servers));
+}
