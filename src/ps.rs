@@ -457,6 +457,8 @@ pub struct SparseEmbedding {
     link: Arc<Link>,
     table: String,
     dim: usize,
+    /// Where `forward` puts the rows (a device trainer's device).
+    device: crate::Device,
     state: Arc<EmbeddingState>,
 }
 
@@ -520,6 +522,7 @@ impl SparseEmbedding {
             link,
             table: table.to_string(),
             dim,
+            device: crate::Device::CPU,
             state: Arc::default(),
         })
     }
@@ -527,6 +530,13 @@ impl SparseEmbedding {
     /// The table's name.
     pub fn table(&self) -> &str {
         &self.table
+    }
+
+    /// This layer with `forward` putting the rows, the lookup and its output on `device` (a
+    /// trainer whose model runs on an accelerator); the gradients are brought back to be sent.
+    pub fn on(mut self, device: &crate::Device) -> SparseEmbedding {
+        self.device = device.clone();
+        self
     }
 
     /// Start pulling the rows of `ids` (the next batch) on another thread; the `forward` of
@@ -712,13 +722,13 @@ impl Layer for SparseEmbedding {
         let training = !self.state.eval.load(Ordering::Relaxed);
         let (unique, index, values) = self.rows_of("SparseEmbedding", ids, training)?;
         let data = TensorData::from_vec(vec![unique.len(), self.dim], values).map_err(data_err)?;
-        let rows = Tensor::from_data(data);
+        let rows = Tensor::from_data(data).to(&self.device)?;
         let rows = if training && crate::is_grad_enabled() {
             rows.requires_grad_(true)?
         } else {
             rows
         };
-        let index = Tensor::from_vec(index, &ids.shape())?;
+        let index = Tensor::from_vec(index, &ids.shape())?.to(&self.device)?;
         let out = crate::nn::functional::embedding(&index, &rows)?;
         if rows.requires_grad() {
             lock(&self.state.pulled).push((unique, rows));

@@ -294,9 +294,14 @@ fn a_heter_split_trains_as_one_process() {
 
 /// Sync mode: two trainers on threads, each with half of every batch, their embedding on 2
 /// shards and their head in a dense table (both SGD on the servers), end where one process
-/// training on the whole batches ends: the same rows and head after 4 steps (1e-5).
+/// training on the whole batches ends: the same rows and head after 4 steps (1e-5). Trainer 0
+/// runs on the CPU, trainer 1 wholly on a device (`dev`: host memory, kernels compiled by the
+/// cpu backend): kinds of trainers mix in one job.
 #[test]
 fn sync_trainers_train_as_one_process() {
+    let cpu = oar::backend::get("cpu").unwrap();
+    let runtime = Arc::new(oar::device::HostRuntime::new("dev", 1, cpu));
+    oar::device::register_runtime(runtime.clone());
     let tables = [
         TableConfig::sparse("emb", DIM, oar_ps_sgd(0.5)),
         TableConfig::dense("head", DIM * 3 + 3, oar_ps_sgd(0.5)),
@@ -315,28 +320,39 @@ fn sync_trainers_train_as_one_process() {
             std::thread::spawn(move || {
                 let client = Arc::new(PsClient::connect(&endpoints, Duration::from_secs(20)).unwrap());
                 let trainer = PsTrainer::new(client, Strategy::new(Mode::Sync, t, 2).unwrap()).unwrap();
-                let emb = trainer.sparse_embedding("emb", DIM).unwrap();
+                let device = if t == 0 {
+                    oar::Device::CPU
+                } else {
+                    oar::Device::new("dev", 0)
+                };
+                let emb = trainer.sparse_embedding("emb", DIM).unwrap().on(&device);
                 let head = head();
+                head.to(&device).unwrap();
                 trainer.bind_dense("head", head.parameters()).unwrap();
                 for step in 0..4 {
                     let (ids, y) = batch(step);
                     let half = t as usize * 4;
                     let ids = Tensor::from_vec(ids[half * 5..(half + 4) * 5].to_vec(), &[4, 5]).unwrap();
-                    let y = Tensor::from_vec(y[half..half + 4].to_vec(), &[4]).unwrap();
+                    let y = Tensor::from_vec(y[half..half + 4].to_vec(), &[4])
+                        .unwrap()
+                        .to(&device)
+                        .unwrap();
                     cross_entropy(&logits(&emb, &head, &ids), &y, Reduction::Mean)
                         .unwrap()
                         .backward()
                         .unwrap();
                     trainer.step(&[&emb]).unwrap();
                 }
+                assert!(head.parameters().iter().all(|p| p.device() == device));
                 head.parameters()
                     .iter()
-                    .flat_map(|p| p.to_vec::<f32>().unwrap())
+                    .flat_map(|p| p.to(&oar::Device::CPU).unwrap().to_vec::<f32>().unwrap())
                     .collect::<Vec<f32>>()
             })
         })
         .collect();
     let heads: Vec<Vec<f32>> = trainers.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(runtime.compiles() > 0, "trainer 1 ran on the device");
     let want: Vec<f32> = head_l
         .parameters()
         .iter()

@@ -219,3 +219,39 @@ fn gen_data_writes_train_and_test_files() {
     let first = std::fs::read_to_string(dir.path().join("test/part-00000.txt")).unwrap();
     assert_eq!(first.lines().next().unwrap().split('\t').count(), 40);
 }
+
+/// A shard killed outright (SIGKILL: no final snapshot) and started again on its snapshot
+/// directory has everything up to its last snapshot (`--snapshot-every 2`: after the second
+/// push) and nothing after; a trainer's client rides out the restart.
+#[test]
+fn a_killed_shard_loses_nothing_before_its_last_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let start = || {
+        Command::new(env!("CARGO_BIN_EXE_oar"))
+            .args(["ps", "server", "--shard", "0", "--of", "1", "--host", "127.0.0.1"])
+            .args(["--port", &port.to_string(), "--snapshot-every", "2", "--snapshot-dir"])
+            .arg(dir.path())
+            .args(["--table", "emb,sparse,dim=2,opt=sgd,lr=1.0"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut server = start();
+    let client = PsClient::connect(&[format!("http://127.0.0.1:{port}")], Duration::from_secs(20)).unwrap();
+    let (_, w0) = client.pull_sparse("emb", &[7], true).unwrap();
+    client.push_sparse("emb", &[7], &[1.0, 1.0], 2).unwrap();
+    client.push_sparse("emb", &[7], &[1.0, 1.0], 2).unwrap(); // snapshot here
+    client.push_sparse("emb", &[7], &[1.0, 1.0], 2).unwrap(); // lost with the process
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let mut server = start();
+    // The same client: its calls retry until the shard is back.
+    let (_, w) = client.pull_sparse("emb", &[7], false).unwrap();
+    for j in 0..2 {
+        assert!((w[j] - (w0[j] - 2.0)).abs() < 1e-6, "{w:?} vs {w0:?} less two steps");
+    }
+    drop(client);
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
