@@ -262,6 +262,36 @@ fn scatter(params: &[Tensor], values: &[f32]) -> Result<()> {
     Ok(())
 }
 
+/// Bind `params` to dense table `table`: push them as `INIT` (the first trainer's are
+/// taken), wait at a barrier of `trainers` if given, then set them to the table's values,
+/// which are returned.
+fn bind(op: &str, ps: &PsClient, table: &str, params: &[Tensor], trainers: Option<u32>) -> Result<Vec<f32>> {
+    if let Some(p) = params.iter().find(|p| p.dtype() != DType::F32) {
+        return Err(Error::invalid(
+            op,
+            format!("parameters must be f32, got {}", p.tensor_type()),
+        ));
+    }
+    ps.push_dense_as(PushMode::Init, table, &flatten(params, false)?)
+        .map_err(ps_err)?;
+    if let Some(t) = trainers {
+        ps.barrier(t).map_err(ps_err)?;
+    }
+    let values = ps.pull_dense(table).map_err(ps_err)?;
+    let total: usize = params.iter().map(Tensor::numel).sum();
+    if values.len() != total {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "dense table `{table}` holds {} values, the parameters {total}",
+                values.len()
+            ),
+        ));
+    }
+    scatter(params, &values)?;
+    Ok(values)
+}
+
 impl PsTrainer {
     /// A trainer of the servers `client` talks to, keeping in step as `strategy` says.
     pub fn new(client: Arc<PsClient>, strategy: Strategy) -> Result<PsTrainer> {
@@ -320,28 +350,14 @@ impl PsTrainer {
     /// the others and starts from the table's values. In sync and async mode the servers'
     /// optimizer trains them (no local optimizer); in GEO mode local SGD does.
     pub fn bind_dense(&self, table: &str, params: Vec<Tensor>) -> Result<()> {
-        if let Some(p) = params.iter().find(|p| p.dtype() != DType::F32) {
-            return Err(Error::invalid(
-                "PsTrainer::bind_dense",
-                format!("parameters must be f32, got {}", p.tensor_type()),
-            ));
-        }
-        let c = &self.link.client;
-        c.push_dense_as(PushMode::Init, table, &flatten(&params, false)?)
-            .map_err(ps_err)?;
-        c.barrier(self.link.strategy.trainers).map_err(ps_err)?;
-        let values = c.pull_dense(table).map_err(ps_err)?;
-        let total: usize = params.iter().map(Tensor::numel).sum();
-        if values.len() != total {
-            return Err(Error::invalid(
-                "PsTrainer::bind_dense",
-                format!(
-                    "dense table `{table}` holds {} values, the parameters {total}",
-                    values.len()
-                ),
-            ));
-        }
-        scatter(&params, &values)?;
+        let link = &self.link;
+        let values = bind(
+            "PsTrainer::bind_dense",
+            &link.client,
+            table,
+            &params,
+            Some(link.strategy.trainers),
+        )?;
         self.dense.borrow_mut().push(DenseBinding {
             table: table.to_string(),
             params,
@@ -395,16 +411,7 @@ impl PsTrainer {
                     scatter(&b.params, &w)?;
                 }
                 if step.is_multiple_of(k) {
-                    for e in embeddings {
-                        e.geo_exchange()?;
-                    }
-                    for b in dense.iter_mut() {
-                        let w = flatten(&b.params, false)?;
-                        let delta: Vec<f32> = w.iter().zip(&b.base).map(|(w, b)| (w - b) / t as f32).collect();
-                        c.push_dense_as(PushMode::Delta, &b.table, &delta).map_err(ps_err)?;
-                        b.base = c.pull_dense(&b.table).map_err(ps_err)?;
-                        scatter(&b.params, &b.base)?;
-                    }
+                    self.geo_exchange(embeddings, &mut dense)?;
                 }
             }
         }
@@ -421,18 +428,25 @@ impl PsTrainer {
             s.flush()?;
         }
         if let Mode::Geo { .. } = self.link.strategy.mode {
-            let c = &self.link.client;
-            for e in embeddings {
-                e.geo_exchange()?;
-            }
-            for b in self.dense.borrow_mut().iter_mut() {
-                let w = flatten(&b.params, false)?;
-                let t = self.link.strategy.trainers as f32;
-                let delta: Vec<f32> = w.iter().zip(&b.base).map(|(w, b)| (w - b) / t).collect();
-                c.push_dense_as(PushMode::Delta, &b.table, &delta).map_err(ps_err)?;
-                b.base = c.pull_dense(&b.table).map_err(ps_err)?;
-                scatter(&b.params, &b.base)?;
-            }
+            self.geo_exchange(embeddings, &mut self.dense.borrow_mut())?;
+        }
+        Ok(())
+    }
+
+    /// GEO: push the local change (÷ trainers) of `embeddings`' rows and of the dense
+    /// parameters since the last exchange, and take the servers' values.
+    fn geo_exchange(&self, embeddings: &[&SparseEmbedding], dense: &mut [DenseBinding]) -> Result<()> {
+        let c = &self.link.client;
+        let t = self.link.strategy.trainers as f32;
+        for e in embeddings {
+            e.geo_exchange()?;
+        }
+        for b in dense.iter_mut() {
+            let w = flatten(&b.params, false)?;
+            let delta: Vec<f32> = w.iter().zip(&b.base).map(|(w, b)| (w - b) / t).collect();
+            c.push_dense_as(PushMode::Delta, &b.table, &delta).map_err(ps_err)?;
+            b.base = c.pull_dense(&b.table).map_err(ps_err)?;
+            scatter(&b.params, &b.base)?;
         }
         Ok(())
     }

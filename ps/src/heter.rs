@@ -7,7 +7,7 @@ use crate::PsError;
 use crate::proto::heter_trainer_client::HeterTrainerClient;
 use crate::proto::heter_trainer_server::{HeterTrainer, HeterTrainerServer};
 use crate::proto::{HeterReply, HeterRequest, NamedTensor};
-use crate::server::MAX_MESSAGE_BYTES;
+use crate::server::{MAX_MESSAGE_BYTES, Serving};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,53 +68,30 @@ impl HeterTrainer for Service {
 }
 
 /// A heter trainer served on a thread of its own; `stop` (or drop) shuts it down.
-pub struct RunningHeter {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Result<(), PsError>>>,
-}
+pub struct RunningHeter(Serving);
 
 impl RunningHeter {
     /// Serve `worker` on `addr` (port 0: any free port).
     pub fn start(worker: Arc<dyn HeterWorker>, addr: SocketAddr) -> Result<RunningHeter, PsError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|e| PsError::Transport(e.to_string()))?;
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind(addr))
-            .map_err(|e| PsError::Transport(format!("cannot listen on {addr}: {e}")))?;
-        let addr = listener.local_addr().map_err(|e| PsError::Transport(e.to_string()))?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let svc = HeterTrainerServer::new(Service(Arc::new(std::sync::Mutex::new(worker))))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let thread = std::thread::Builder::new()
-            .name(format!("oar-heter-{addr}"))
-            .spawn(move || {
-                rt.block_on(async move {
-                    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                    tonic::transport::Server::builder()
-                        .add_service(svc)
-                        .serve_with_incoming_shutdown(incoming, async {
-                            let _ = rx.await;
-                        })
-                        .await
-                        .map_err(|e| PsError::Transport(e.to_string()))
+        Serving::start("heter", addr, move |listener, rx| async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
                 })
-            })
-            .map_err(|e| PsError::Transport(e.to_string()))?;
-        Ok(RunningHeter {
-            addr,
-            stop: Some(tx),
-            thread: Some(thread),
+                .await
+                .map_err(|e| PsError::Transport(e.to_string()))
         })
+        .map(RunningHeter)
     }
 
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.0.addr()
     }
 
     /// Serve until this process gets SIGTERM or SIGINT (a heter trainer under `oar ps
@@ -138,25 +115,7 @@ impl RunningHeter {
 
     /// Shut down and wait.
     pub fn stop(mut self) -> Result<(), PsError> {
-        self.shutdown()
-    }
-
-    fn shutdown(&mut self) -> Result<(), PsError> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        match self.thread.take() {
-            Some(t) => t
-                .join()
-                .map_err(|_| PsError::Transport("the heter thread panicked".into()))?,
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for RunningHeter {
-    fn drop(&mut self) {
-        let _ = self.shutdown();
+        self.0.shutdown()
     }
 }
 

@@ -546,18 +546,22 @@ pub async fn serve(
     Ok(())
 }
 
-/// A shard served on a thread of its own (tests, embedding a server in a program): `stop`
-/// shuts it down, writes its final snapshot and waits.
-pub struct RunningServer {
+/// A gRPC service served on a thread of its own: `stop` (or drop) shuts it down and waits.
+pub(crate) struct Serving {
     addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), PsError>>>,
+    what: &'static str,
 }
 
-impl RunningServer {
-    /// Serve `config`'s shard on `addr` (port 0: any free port).
-    pub fn start(config: ServerConfig, addr: SocketAddr) -> Result<RunningServer, PsError> {
-        let shard = Shard::new(config)?;
+impl Serving {
+    /// Bind `addr` (port 0: any free port), then run `serve(listener, shutdown)` on a new
+    /// thread's runtime until stopped.
+    pub(crate) fn start<F, Fut>(what: &'static str, addr: SocketAddr, serve: F) -> Result<Serving, PsError>
+    where
+        F: FnOnce(tokio::net::TcpListener, tokio::sync::oneshot::Receiver<()>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), PsError>>,
+    {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -569,45 +573,63 @@ impl RunningServer {
         let addr = listener.local_addr().map_err(|e| PsError::Transport(e.to_string()))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name(format!("oar-ps-{addr}"))
-            .spawn(move || {
-                rt.block_on(serve(shard, listener, async {
-                    let _ = rx.await;
-                }))
-            })
+            .name(format!("oar-{what}-{addr}"))
+            .spawn(move || rt.block_on(serve(listener, rx)))
             .map_err(|e| PsError::Transport(e.to_string()))?;
-        Ok(RunningServer {
+        Ok(Serving {
             addr,
             stop: Some(tx),
             thread: Some(thread),
+            what,
         })
     }
 
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// Shut down (final snapshot written) and wait.
-    pub fn stop(mut self) -> Result<(), PsError> {
-        self.shutdown()
-    }
-
-    fn shutdown(&mut self) -> Result<(), PsError> {
+    pub(crate) fn shutdown(&mut self) -> Result<(), PsError> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
         match self.thread.take() {
             Some(t) => t
                 .join()
-                .map_err(|_| PsError::Transport("the server thread panicked".into()))?,
+                .map_err(|_| PsError::Transport(format!("the {} thread panicked", self.what)))?,
             None => Ok(()),
         }
     }
 }
 
-impl Drop for RunningServer {
+impl Drop for Serving {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+/// A shard served on a thread of its own (tests, embedding a server in a program): `stop`
+/// shuts it down, writes its final snapshot and waits.
+pub struct RunningServer(Serving);
+
+impl RunningServer {
+    /// Serve `config`'s shard on `addr` (port 0: any free port).
+    pub fn start(config: ServerConfig, addr: SocketAddr) -> Result<RunningServer, PsError> {
+        let shard = Shard::new(config)?;
+        Serving::start("ps", addr, move |listener, rx| {
+            serve(shard, listener, async {
+                let _ = rx.await;
+            })
+        })
+        .map(RunningServer)
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.0.addr()
+    }
+
+    /// Shut down (final snapshot written) and wait.
+    pub fn stop(mut self) -> Result<(), PsError> {
+        self.0.shutdown()
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! With one heter trainer (or an SGD dense table) a sync job is one process split in two.
 
-use super::{PsClient, data_err, flatten, ps_err, scatter};
+use super::{PsClient, bind, data_err, flatten, ps_err, scatter};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -158,21 +158,7 @@ pub fn serve_heter<P: DensePart + 'static>(
         .name("oar-heter-dense".into())
         .spawn(move || {
             let bound = make().and_then(|part| {
-                let params = part.parameters();
-                ps.push_dense_as(PushMode::Init, &table, &flatten(&params, false)?)
-                    .map_err(ps_err)?;
-                let values = ps.pull_dense(&table).map_err(ps_err)?;
-                let total: usize = params.iter().map(Tensor::numel).sum();
-                if values.len() != total {
-                    return Err(Error::invalid(
-                        "serve_heter",
-                        format!(
-                            "dense table `{table}` holds {} values, the parameters {total}",
-                            values.len()
-                        ),
-                    ));
-                }
-                scatter(&params, &values)?;
+                bind("serve_heter", &ps, &table, &part.parameters(), None)?;
                 Ok(Dense {
                     part,
                     ps,
