@@ -12,7 +12,9 @@
 #   bench/ps.sh [ROWS]        training rows (default 400000; or the environment variable ROWS)
 #   RUNS=5 bench/ps.sh        runs per configuration (default 3)
 #   PS_TRAINERS="1 2" PS_SERVERS=1 PS_MODES=async bench/ps.sh    a subset
-#   HETER=1 bench/ps.sh       heterogeneous split vs CPU-only (not available yet: see HOOK below)
+#   HETER=0 bench/ps.sh       without the heterogeneous split (by default: `sync+heter`, the
+#                             sync job with its dense part on one heter trainer, for 1 and 2
+#                             trainers on 2 shards, beside the CPU-only rows)
 #
 # The data goes to target/bench-ps (made once; kept while its train/meta.json has ROWS rows),
 # each run's output to target/bench-ps/logs/.
@@ -68,11 +70,16 @@ mkdir -p "$logs"
 # "samples_per_s bytes_per_step calls_per_step auc teacher_auc rows".
 result=
 run_job() {
-    local mode=$1 trainers=$2 servers=$3 log=$4 rc=0
-    "$oar" ps launch --servers "$servers" --trainers "$trainers" --mode "$mode" \
+    local mode=$1 trainers=$2 servers=$3 log=$4 rc=0 heter=()
+    # sync+heter: the dense part on a heter trainer (the same CPU, another process: what the
+    # split costs; --heter-device emu or gpu puts it on a device).
+    if [ "$mode" = sync+heter ]; then
+        mode=sync heter=(--heter-trainers 1)
+    fi
+    "$oar" ps launch --servers "$servers" --trainers "$trainers" --mode "$mode" "${heter[@]}" \
         --table wide,sparse,dim=1,opt=adagrad,lr=0.2 --table emb,sparse,dim=8,opt=adagrad,lr=0.2 \
         --table dense,dense,opt=adam,lr=0.001 \
-        -- "$ps_ctr" --data "$data" --batch "$batch" >"$log" 2>&1 &
+        -- "$ps_ctr" --data "$data" --batch "$batch" --heter-device cpu >"$log" 2>&1 &
     job=$!
     wait "$job" || rc=$?
     job=
@@ -117,21 +124,29 @@ medians() {
 
 start=$SECONDS
 table=$(mktemp)
+configs=()
 for mode in $modes; do
     for trainers in $trainer_counts; do
         for servers in $server_counts; do
-            results=
-            for run in $(seq 1 "$runs"); do
-                log=$logs/$mode-t$trainers-s$servers-run$run.log
-                run_job "$mode" "$trainers" "$servers" "$log"
-                line=$result
-                echo "run $run: $mode, $trainers trainers, $servers servers:" \
-                    "samples/s, bytes/step, calls/step, auc, teacher auc, rows = $line ($((SECONDS - start)) s so far)"
-                results+="$line"$'\n'
-            done
-            echo "$mode $trainers $servers $(printf '%s' "$results" | medians)" >>"$table"
+            configs+=("$mode $trainers $servers")
         done
     done
+done
+if [ "${HETER:-1}" = 1 ]; then
+    configs+=("sync+heter 1 2" "sync+heter 2 2")
+fi
+for config in "${configs[@]}"; do
+    read -r mode trainers servers <<<"$config"
+    results=
+    for run in $(seq 1 "$runs"); do
+        log=$logs/$mode-t$trainers-s$servers-run$run.log
+        run_job "$mode" "$trainers" "$servers" "$log"
+        line=$result
+        echo "run $run: $mode, $trainers trainers, $servers servers:" \
+            "samples/s, bytes/step, calls/step, auc, teacher auc, rows = $line ($((SECONDS - start)) s so far)"
+        results+="$line"$'\n'
+    done
+    echo "$mode $trainers $servers $(printf '%s' "$results" | medians)" >>"$table"
 done
 
 echo
@@ -142,14 +157,3 @@ echo "| mode | trainers | servers | samples/s (total) | bytes/step per trainer |
 echo "|---|---|---|---|---|---|---|---|---|"
 awk '{ printf "| %s | %s | %s | %.0f | %.0f | %.1f | %.4f | %.4f | %.0f |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }' "$table"
 
-# HOOK: heterogeneous split vs CPU-only at the same trainer count (issue 22). Not measured
-# here yet. To add: for each T, the job above (CPU-only) beside the same job with the dense
-# part on heter trainers, e.g.
-#   "$oar" ps launch --servers 2 --trainers "$T" --heter-trainers 1 --mode sync <the tables> \
-#       -- "$ps_ctr" --data "$data" --batch "$batch"
-# (ps_ctr serves the dense part when started with OAR_PS_ROLE=heter; --heter-device picks its
-# device), then print the same columns for both.
-if [ "${HETER:-0}" = 1 ]; then
-    echo
-    echo "heterogeneous split vs CPU-only: not available yet in bench/ps.sh (see the HOOK comment at its end)"
-fi

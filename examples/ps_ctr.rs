@@ -324,10 +324,13 @@ fn main() -> Result<()> {
             trainer.step(&[&wide, &emb])?;
             loss_sum += loss;
             seen += batch.rows();
-            // Read the next batch and start pulling its rows while the loop goes on.
-            batch = next()?;
-            wide.prefetch(&batch.ids)?;
-            emb.prefetch(&batch.ids)?;
+            // Read the next batch and start pulling its rows while the loop goes on (not
+            // after the last step: a pull in training creates the rows it asks for).
+            if epoch + 1 < args.epochs || step + 1 < steps {
+                batch = next()?;
+                wide.prefetch(&batch.ids)?;
+                emb.prefetch(&batch.ids)?;
+            }
             if (step + 1) % 200 == 0 || step + 1 == steps {
                 eprintln!(
                     "trainer {me} epoch {epoch} step {}: loss {:.4}, {:.0} samples/s",
@@ -340,7 +343,15 @@ fn main() -> Result<()> {
     }
     trainer.flush(&[&wide, &emb])?;
     let secs = start.elapsed().as_secs_f64();
-    let traffic = trainer.client().traffic();
+    // The servers' traffic and, with a heter trainer, the activations and gradients to and
+    // from it.
+    let mut traffic = trainer.client().traffic();
+    if let Some(link) = &heter {
+        let h = link.traffic();
+        traffic.calls += h.calls;
+        traffic.sent += h.sent;
+        traffic.received += h.received;
+    }
     let total_steps = (steps * args.epochs).max(1) as u64;
     // One line per trainer for bench/ps.sh.
     println!(

@@ -202,6 +202,8 @@ pub struct HeterStep {
 /// A CPU trainer's link to its heter trainer.
 pub struct HeterLink {
     client: HeterClient,
+    /// Steps, and payload bytes sent and received (4 per value).
+    traffic: Mutex<oar_ps::TrafficCount>,
 }
 
 impl HeterLink {
@@ -209,6 +211,7 @@ impl HeterLink {
     pub fn connect(endpoint: &str, deadline: Duration) -> Result<HeterLink> {
         Ok(HeterLink {
             client: HeterClient::connect(endpoint, deadline).map_err(ps_err)?,
+            traffic: Mutex::new(oar_ps::TrafficCount::default()),
         })
     }
 
@@ -226,6 +229,11 @@ impl HeterLink {
         HeterLink::connect(endpoints[me % endpoints.len()], deadline).map(Some)
     }
 
+    /// Steps sent and their payload bytes (4 per value, both ways).
+    pub fn traffic(&self) -> oar_ps::TrafficCount {
+        *self.traffic.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Send `inputs` (name, value, whether its gradient should come back) for one step of
     /// the dense part. In training, backward then runs from the inputs that asked, with the
     /// gradients that came back, so the tensors they were computed from (a
@@ -239,7 +247,20 @@ impl HeterLink {
                 Ok(m)
             })
             .collect::<Result<Vec<_>>>()?;
+        let sent: usize = msgs.iter().map(|m| 4 * m.values.len()).sum();
         let reply = self.client.step(msgs, train).map_err(ps_err)?;
+        {
+            let mut t = self.traffic.lock().unwrap_or_else(|p| p.into_inner());
+            let back: usize = reply
+                .grads
+                .iter()
+                .chain(&reply.outputs)
+                .map(|m| 4 * m.values.len())
+                .sum();
+            t.calls += 1;
+            t.sent += sent as u64;
+            t.received += back as u64;
+        }
         if train {
             let asked: Vec<&Tensor> = inputs.iter().filter(|(_, _, g)| *g).map(|(_, t, _)| *t).collect();
             if reply.grads.len() != asked.len() {
