@@ -295,6 +295,7 @@ fn bind(op: &str, ps: &PsClient, table: &str, params: &[Tensor], trainers: Optio
 impl PsTrainer {
     /// A trainer of the servers `client` talks to, keeping in step as `strategy` says.
     pub fn new(client: Arc<PsClient>, strategy: Strategy) -> Result<PsTrainer> {
+        client.set_trainer(strategy.trainer);
         let sender = match strategy.mode {
             Mode::Async => Some(Sender::start(client.clone())?),
             _ => None,

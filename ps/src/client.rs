@@ -16,6 +16,8 @@ pub struct PsClient {
     shards: Vec<ParameterServerClient<Channel>>,
     deadline: Duration,
     traffic: Traffic,
+    /// The trainer this client pushes for (sync sums are taken in trainer order).
+    trainer: std::sync::atomic::AtomicU32,
 }
 
 /// What a client has sent and received: calls, and payload bytes (8 per id, 4 per value; gRPC
@@ -86,6 +88,7 @@ impl PsClient {
             shards,
             deadline,
             traffic: Traffic::default(),
+            trainer: Default::default(),
         };
         client.info()?;
         Ok(client)
@@ -94,6 +97,13 @@ impl PsClient {
     /// The number of shards.
     pub fn num_shards(&self) -> u32 {
         self.shards.len() as u32
+    }
+
+    /// Push as trainer `trainer` (0 until set): in sync mode the servers sum a step's
+    /// gradients in trainer order, so a step's update is the same whatever order the pushes
+    /// arrive in.
+    pub fn set_trainer(&self, trainer: u32) {
+        self.trainer.store(trainer, Ordering::Relaxed);
     }
 
     /// Calls and payload bytes so far.
@@ -251,7 +261,7 @@ impl PsClient {
             per_shard.iter().map(|p| 8 * p.0.len() + 4 * p.1.len()).sum(),
             0,
         );
-        let deadline = self.deadline;
+        let (deadline, trainer) = (self.deadline, self.trainer.load(Ordering::Relaxed));
         let calls = per_shard.into_iter().enumerate().map(|(s, (part, gs))| {
             let (c, table) = (self.shards[s].clone(), table.to_string());
             async move {
@@ -264,6 +274,7 @@ impl PsClient {
                         ids: part.clone(),
                         grads: gs.clone(),
                         mode: mode.into(),
+                        trainer,
                     };
                     async move { c.push_sparse(req).await }
                 })
@@ -301,6 +312,7 @@ impl PsClient {
     pub fn push_dense_as(&self, mode: PushMode, table: &str, grads: &[f32]) -> Result<(), PsError> {
         let s = shard_of_table(table, self.num_shards());
         self.traffic.add(1, 4 * grads.len(), 0);
+        let trainer = self.trainer.load(Ordering::Relaxed);
         let (table, grads) = (table.to_string(), grads.to_vec());
         self.rt.block_on(Self::call(
             self.shards[s as usize].clone(),
@@ -311,6 +323,7 @@ impl PsClient {
                     table: table.clone(),
                     grads: grads.clone(),
                     mode: mode.into(),
+                    trainer,
                 };
                 async move { c.push_dense(req).await }
             },

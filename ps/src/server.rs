@@ -388,7 +388,7 @@ impl ParameterServer for Shard {
             match mode(r.mode, false)? {
                 PushMode::Apply => t.push(&r.ids, &r.grads),
                 PushMode::Accumulate => {
-                    t.accumulate(&r.ids, &r.grads);
+                    t.accumulate(r.trainer, &r.ids, &r.grads);
                     return Ok(Response::new(PushReply {}));
                 }
                 PushMode::Delta => t.add(&r.ids, &r.grads),
@@ -431,7 +431,7 @@ impl ParameterServer for Shard {
             match m {
                 PushMode::Apply => t.push(&[0], &r.grads),
                 PushMode::Accumulate => {
-                    t.accumulate(&[0], &r.grads);
+                    t.accumulate(r.trainer, &[0], &r.grads);
                     return Ok(Response::new(PushReply {}));
                 }
                 PushMode::Delta => t.add(&[0], &r.grads),

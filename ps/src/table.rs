@@ -186,8 +186,10 @@ pub struct Table {
     pub(crate) pending: HashMap<u64, u32>,
     /// Pushes so far (the expiry clock).
     pub(crate) clock: u64,
-    /// Sync-mode gradients waiting for the step's barrier, summed per id.
-    pub(crate) accumulated: HashMap<u64, Vec<f32>>,
+    /// Sync-mode gradients waiting for the step's barrier, per id and pushing trainer (summed
+    /// in trainer order at the barrier, so a step's update does not depend on which trainer's
+    /// push arrived first).
+    pub(crate) accumulated: HashMap<u64, std::collections::BTreeMap<u32, Vec<f32>>>,
 }
 
 /// FNV-1a of a table's name.
@@ -282,12 +284,17 @@ impl Table {
         }
     }
 
-    /// Sum the gradients `grads` (`dim` per id) into the step's accumulator, applied by
-    /// [`Table::apply_accumulated`] (sync mode).
-    pub fn accumulate(&mut self, ids: &[u64], grads: &[f32]) {
+    /// Add trainer `trainer`'s gradients `grads` (`dim` per id) to the step's accumulator,
+    /// applied by [`Table::apply_accumulated`] (sync mode).
+    pub fn accumulate(&mut self, trainer: u32, ids: &[u64], grads: &[f32]) {
         let dim = self.config.width();
         for (&id, g) in ids.iter().zip(grads.chunks_exact(dim)) {
-            let acc = self.accumulated.entry(id).or_insert_with(|| vec![0.0; dim]);
+            let acc = self
+                .accumulated
+                .entry(id)
+                .or_default()
+                .entry(trainer)
+                .or_insert_with(|| vec![0.0; dim]);
             acc.iter_mut().zip(g).for_each(|(a, g)| *a += g);
         }
     }
@@ -298,10 +305,18 @@ impl Table {
         if self.accumulated.is_empty() {
             return false;
         }
-        let mut acc: Vec<(u64, Vec<f32>)> = self.accumulated.drain().collect();
+        let dim = self.config.width();
+        let mut acc: Vec<_> = self.accumulated.drain().collect();
         acc.sort_unstable_by_key(|(id, _)| *id);
         let ids: Vec<u64> = acc.iter().map(|(id, _)| *id).collect();
-        let grads: Vec<f32> = acc.into_iter().flat_map(|(_, g)| g).collect();
+        let mut grads = Vec::with_capacity(ids.len() * dim);
+        for (_, per_trainer) in acc {
+            let mut sum = vec![0.0f32; dim];
+            for g in per_trainer.values() {
+                sum.iter_mut().zip(g).for_each(|(s, g)| *s += g);
+            }
+            grads.extend(sum);
+        }
         self.push(&ids, &grads);
         true
     }
@@ -352,7 +367,13 @@ impl Table {
     pub fn bytes(&self) -> u64 {
         let width = self.config.width();
         let per_row = 8 + 4 * (width + self.config.optimizer.state_len(width)) + 8;
-        (self.rows.len() * per_row + self.pending.len() * 12 + self.accumulated.len() * (8 + 4 * width)) as u64
+        (self.rows.len() * per_row
+            + self.pending.len() * 12
+            + self
+                .accumulated
+                .values()
+                .map(|t| 8 + t.len() * (4 + 4 * width))
+                .sum::<usize>()) as u64
     }
 }
 
@@ -390,8 +411,8 @@ mod tests {
         a.pull(&[3, 5], true);
         b.pull(&[3, 5], true);
         // Two trainers' gradients summed, then one Adagrad step: not two steps.
-        a.accumulate(&[3, 5], &[1.0, 2.0, 3.0, 4.0]);
-        a.accumulate(&[3], &[0.5, 0.5]);
+        a.accumulate(0, &[3, 5], &[1.0, 2.0, 3.0, 4.0]);
+        a.accumulate(1, &[3], &[0.5, 0.5]);
         assert_eq!(
             a.pull(&[3, 5], false),
             b.pull(&[3, 5], false),
@@ -400,6 +421,21 @@ mod tests {
         assert!(a.apply_accumulated() && !a.apply_accumulated());
         b.push(&[3, 5], &[1.5, 2.5, 3.0, 4.0]);
         assert_eq!(a.pull(&[3, 5], false), b.pull(&[3, 5], false));
+        // The sum is taken in trainer order, whatever order the pushes arrived in: in f32,
+        // 1e8 + 1 − 1e8 is 0 but 1e8 − 1e8 + 1 is 1.
+        let cfg = TableConfig::sparse("s", 1, Optimizer::Sgd { lr: 1.0 });
+        let pushes = [(0u32, 1e8f32), (1, -1e8), (2, 1.0)];
+        let mut results = Vec::new();
+        for order in [[0, 1, 2], [2, 0, 1], [1, 2, 0]] {
+            let mut t = Table::new(cfg.clone());
+            t.pull(&[9], true);
+            for k in order {
+                t.accumulate(pushes[k].0, &[9], &[pushes[k].1]);
+            }
+            t.apply_accumulated();
+            results.push(t.pull(&[9], false)[0].to_bits());
+        }
+        assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
         let before = a.pull(&[5], false);
         a.add(&[5, 99], &[1.0, -1.0, 7.0, 7.0]);
         let after = a.pull(&[5], false);

@@ -159,6 +159,7 @@ fn bad_requests_get_a_status() {
         ids: vec![mine],
         grads: vec![1.0; 3],
         mode: 0,
+        trainer: 0,
     })));
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     let e = code(rt.block_on(raw.push_sparse(PushSparseRequest {
@@ -166,6 +167,7 @@ fn bad_requests_get_a_status() {
         ids: vec![mine],
         grads: vec![f32::NAN; 4],
         mode: 0,
+        trainer: 0,
     })));
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     for mode in [PushMode::Init as i32, 17] {
@@ -174,6 +176,7 @@ fn bad_requests_get_a_status() {
             ids: vec![mine],
             grads: vec![1.0; 4],
             mode,
+            trainer: 0,
         })));
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "mode {mode}: {e}");
     }
@@ -242,6 +245,7 @@ fn sync_pushes_wait_for_the_barrier_and_apply_once() {
     let eps = endpoints(&servers);
     let a = PsClient::connect(&eps, Duration::from_secs(10)).unwrap();
     let b = PsClient::connect(&eps, Duration::from_secs(10)).unwrap();
+    b.set_trainer(1);
     let ids: Vec<u64> = (0..12).collect();
     let (_, start_rows) = a.pull_sparse("emb", &ids, true).unwrap();
     let ga: Vec<f32> = (0..48).map(|i| (i as f32 * 0.37).sin()).collect();
