@@ -36,11 +36,8 @@ pub use oar_ps::{
     TableConfig,
 };
 
-fn ps_err(e: oar_ps::PsError) -> Error {
-    Error::invalid("parameter server", e.to_string())
-}
-
-fn data_err(e: impl std::fmt::Display) -> Error {
+/// A parameter-server, transport or data error as oar's.
+fn ps_err(e: impl std::fmt::Display) -> Error {
     Error::invalid("parameter server", e.to_string())
 }
 
@@ -147,7 +144,7 @@ impl Sender {
                     }
                 }
             })
-            .map_err(data_err)?;
+            .map_err(ps_err)?;
         Ok(Sender {
             queue: Some(tx),
             failed,
@@ -160,7 +157,7 @@ impl Sender {
         self.queue
             .as_ref()
             .and_then(|q| q.send(job).ok())
-            .ok_or_else(|| data_err("the push thread has stopped"))
+            .ok_or_else(|| ps_err("the push thread has stopped"))
     }
 
     fn check(&self) -> Result<()> {
@@ -174,7 +171,7 @@ impl Sender {
     fn flush(&self) -> Result<()> {
         let (tx, rx) = sync_channel(1);
         self.send(Job::Flush(tx))?;
-        rx.recv().map_err(|_| data_err("the push thread has stopped"))?;
+        rx.recv().map_err(|_| ps_err("the push thread has stopped"))?;
         self.check()
     }
 }
@@ -238,11 +235,11 @@ fn flatten(params: &[Tensor], grads: bool) -> Result<Vec<f32>> {
     for p in params {
         let v = if grads {
             match p.grad() {
-                Some(g) => g.try_data()?.to_vec::<f32>().map_err(data_err)?,
+                Some(g) => g.try_data()?.to_vec::<f32>().map_err(ps_err)?,
                 None => vec![0.0; p.numel()],
             }
         } else {
-            p.try_data()?.to_vec::<f32>().map_err(data_err)?
+            p.try_data()?.to_vec::<f32>().map_err(ps_err)?
         };
         out.extend(v);
     }
@@ -255,8 +252,8 @@ fn scatter(params: &[Tensor], values: &[f32]) -> Result<()> {
         let n = p.numel();
         let part = values
             .get(at..at + n)
-            .ok_or_else(|| data_err(format!("a dense table of {} values is too short", values.len())))?;
-        p.set_data(TensorData::from_vec(p.shape(), part.to_vec()).map_err(data_err)?)?;
+            .ok_or_else(|| ps_err(format!("a dense table of {} values is too short", values.len())))?;
+        p.set_data(TensorData::from_vec(p.shape(), part.to_vec()).map_err(ps_err)?)?;
         at += n;
     }
     Ok(())
@@ -501,7 +498,7 @@ fn unique_ids(op: &str, ids: &Tensor) -> Result<(Vec<u64>, Vec<i64>)> {
             format!("ids must be integers, got {}", ids.tensor_type()),
         ));
     }
-    let all: Vec<i64> = ids.cast(DType::I64)?.try_data()?.to_vec::<i64>().map_err(data_err)?;
+    let all: Vec<i64> = ids.cast(DType::I64)?.try_data()?.to_vec::<i64>().map_err(ps_err)?;
     let mut slot: HashMap<i64, i64> = HashMap::new();
     let mut unique = Vec::new();
     let index = all
@@ -568,7 +565,7 @@ impl SparseEmbedding {
         let handle = std::thread::Builder::new()
             .name("oar-ps-prefetch".into())
             .spawn(move || client.pull_sparse(&table, &ask, training))
-            .map_err(data_err)?;
+            .map_err(ps_err)?;
         // A prefetch nobody used is joined (and dropped) here.
         if let Some((_, old)) = lock(&self.state.prefetched).replace((unique, handle)) {
             let _ = old.join();
@@ -582,7 +579,7 @@ impl SparseEmbedding {
         let (dim, values) = match pre {
             Some((ids, h)) if ids == unique => h
                 .join()
-                .map_err(|_| data_err("the prefetch thread panicked"))?
+                .map_err(|_| ps_err("the prefetch thread panicked"))?
                 .map_err(ps_err)?,
             other => {
                 if let Some((_, h)) = other {
@@ -610,7 +607,7 @@ impl SparseEmbedding {
         let pulled = std::mem::take(&mut *lock(&self.state.pulled));
         for (ids, rows) in pulled {
             let Some(g) = rows.grad() else { continue };
-            let g = g.try_data()?.to_vec::<f32>().map_err(data_err)?;
+            let g = g.try_data()?.to_vec::<f32>().map_err(ps_err)?;
             if let Mode::Geo { lr, .. } = self.link.strategy.mode {
                 let mut local = lock(&self.state.local);
                 for (id, g) in ids.iter().zip(g.chunks_exact(self.dim)) {
@@ -689,7 +686,7 @@ impl SparseEmbedding {
         }
         values.resize(capacity * self.dim, 0.0);
         Ok(Lookup {
-            rows: Tensor::from_data(TensorData::from_vec(vec![capacity, self.dim], values).map_err(data_err)?),
+            rows: Tensor::from_data(TensorData::from_vec(vec![capacity, self.dim], values).map_err(ps_err)?),
             index: Tensor::from_vec(index, &ids.shape())?,
             ids: unique,
         })
@@ -713,10 +710,10 @@ impl SparseEmbedding {
             .to(&crate::Device::CPU)?
             .try_data()?
             .to_vec::<f32>()
-            .map_err(data_err)?;
-        let leaf = Tensor::from_data(TensorData::from_vec(vec![n, dim], vec![0.0; n * dim]).map_err(data_err)?);
+            .map_err(ps_err)?;
+        let leaf = Tensor::from_data(TensorData::from_vec(vec![n, dim], vec![0.0; n * dim]).map_err(ps_err)?);
         leaf.set_grad(Some(Tensor::from_data(
-            TensorData::from_vec(vec![n, dim], g[..n * dim].to_vec()).map_err(data_err)?,
+            TensorData::from_vec(vec![n, dim], g[..n * dim].to_vec()).map_err(ps_err)?,
         )));
         lock(&self.state.pulled).push((lookup.ids.clone(), leaf));
         Ok(())
@@ -736,7 +733,7 @@ impl Layer for SparseEmbedding {
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let training = !self.state.eval.load(Ordering::Relaxed);
         let (unique, index, values) = self.rows_of("SparseEmbedding", ids, training)?;
-        let data = TensorData::from_vec(vec![unique.len(), self.dim], values).map_err(data_err)?;
+        let data = TensorData::from_vec(vec![unique.len(), self.dim], values).map_err(ps_err)?;
         let rows = Tensor::from_data(data).to(&self.device)?;
         let rows = if training && crate::is_grad_enabled() {
             rows.requires_grad_(true)?

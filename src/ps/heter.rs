@@ -14,7 +14,7 @@
 //!
 //! With one heter trainer (or an SGD dense table) a sync job is one process split in two.
 
-use super::{PsClient, bind, data_err, flatten, ps_err, scatter};
+use super::{PsClient, bind, flatten, ps_err, scatter};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -63,7 +63,7 @@ fn named(name: &str, t: &Tensor) -> Result<NamedTensor> {
             .cast(oar_ir::DType::F32)?
             .try_data()?
             .to_vec::<f32>()
-            .map_err(data_err)?,
+            .map_err(ps_err)?,
         needs_grad: false,
     })
 }
@@ -71,7 +71,7 @@ fn named(name: &str, t: &Tensor) -> Result<NamedTensor> {
 fn tensor(t: NamedTensor) -> Result<Tensor> {
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
     Ok(Tensor::from_data(
-        TensorData::from_vec(shape, t.values).map_err(data_err)?,
+        TensorData::from_vec(shape, t.values).map_err(ps_err)?,
     ))
 }
 
@@ -183,7 +183,7 @@ pub fn serve_heter<P: DensePart + 'static>(
                 let _ = reply.send(dense.run(inputs, train).map_err(|e| e.to_string()));
             }
         })
-        .map_err(data_err)?;
+        .map_err(ps_err)?;
     started
         .recv()
         .map_err(|_| Error::invalid("serve_heter", "the dense part's thread stopped"))??;
