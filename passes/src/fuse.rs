@@ -106,9 +106,12 @@ pub fn lower_to_kernels_keeping_where(
     pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
         .add(Canonicalize)
         .add(Fold::new())
-        .add(Cse)
-        .add(Simplify::new())
-        .add(Dce);
+        .add(Cse);
+    // Spelled-out composites the caller keeps whole become that composite again.
+    if keep.contains(&"gelu") {
+        pm.add(crate::Recompose);
+    }
+    pm.add(Simplify::new()).add(Dce);
     pm.run(&mut g)?;
     fuse_keeping_where(&g, keep, keep_if)
 }

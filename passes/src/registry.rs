@@ -1,8 +1,8 @@
 //! Passes by name, for pipelines given as text (`oar opt --passes dce,decompose`).
 
 use crate::{
-    Amp, Canonicalize, Cse, Dce, Decompose, FakeQuantToQdq, Fold, FoldBatchNorm, Fuse, Pass, Quantize, Simplify,
-    SpecializeShapes,
+    Amp, Canonicalize, Cse, Dce, Decompose, FakeQuantToQdq, Fold, FoldBatchNorm, Fuse, Pass, Quantize, Recompose,
+    Simplify, SpecializeShapes,
 };
 
 /// Every registered pass, as a constructor of its default configuration.
@@ -12,6 +12,7 @@ const PASSES: &[fn() -> Box<dyn Pass>] = &[
     || Box::new(Canonicalize),
     || Box::new(Fold::new()),
     || Box::new(FoldBatchNorm),
+    || Box::new(Recompose),
     || Box::new(Cse),
     || Box::new(SpecializeShapes::default()),
     || Box::new(Simplify::new()),

@@ -49,7 +49,7 @@ pub fn supports(o: &OpaqueKernel, p: &KernelProgram) -> bool {
 
 /// Whether the runtime computes composite `c` on operands of these types, for the composites
 /// whose kernels cover some instances only (`conv_transpose`, `conv_weight_grad`,
-/// `max_pool2d`, `max_pool2d_grad`, `sdpa`, `adam_update`, `matmul_integer`, `conv_integer`); `None` for every
+/// `max_pool2d`, `max_pool2d_grad`, `sdpa`, `adam_update`, `matmul_integer`, `conv_integer`, `gelu`); `None` for every
 /// other composite. The cpu
 /// backend keeps exactly these instances whole, and [`supports`] accepts them.
 pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bool> {
@@ -62,6 +62,7 @@ pub fn whole_supported(c: &Composite, types: &[oar_ir::TensorType]) -> Option<bo
         Composite::AdamUpdate(_) => crate::optim::adam_supported(types),
         Composite::MatMulInteger => crate::qgemm::supported(types),
         Composite::ConvInteger(c) => crate::qconv::supported(c, types),
+        Composite::Gelu(_) => types.len() == 1 && types[0].dtype == DType::F32,
         _ => return None,
     })
 }
@@ -490,6 +491,22 @@ pub unsafe fn run(
                 })
             }
             .map_err(|d| err(k, d))?;
+        }
+        Op::Composite(Composite::Gelu(gelu)) => {
+            let x = input(bufs[o.inputs[0].index()], len_of(0), out_ptr, out_len, &mut copy);
+            // Safety: the output buffer is live, `out_len` bytes, and not aliased by `x`.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, out_len) };
+            let x = elems::<f32>(x, "gelu operand").map_err(|d| err(k, d))?;
+            let out = elems_mut::<f32>(out, "gelu result").map_err(|d| err(k, d))?;
+            if x.len() != out.len() {
+                return Err(err(k, format!("gelu of {} elements into {}", x.len(), out.len())));
+            }
+            let op = if gelu.approximate {
+                crate::ewise::Unary::GeluTanh
+            } else {
+                crate::ewise::Unary::Gelu
+            };
+            crate::ewise::unary(op, x, out, threads);
         }
         Op::Composite(c) if crate::rows::of(c).is_some() => {
             let (op, g) = crate::rows::geometry(c, &shape_of(0)).map_err(|d| err(k, d))?;

@@ -64,7 +64,10 @@ pub struct Lowered {
 /// decomposition is a chain of elementwise kernels; `matmul_integer` multiplies the 8-bit
 /// operands as i16 pairs into exact i32 sums where its decomposition widens both to i32 first,
 /// and `conv_integer` gathers patches of the 8-bit input into the same kernel where its
-/// decomposition runs an f64 convolution — where the runtime has them ([`keeps`]).
+/// decomposition runs an f64 convolution; `gelu` (f32) is one pass at the host's vector width
+/// with its own `erfc` formula (`ewise`), where its decomposition's `erf` expands to two
+/// polynomials on Cranelift's 4-lane vectors — also when the graph spells it out (PyTorch's
+/// ONNX export: `oar_passes::Recompose`) — where the runtime has them ([`keeps`]).
 pub const KEPT_COMPOSITES: &[&str] = &[
     "softmax",
     "log_softmax",
@@ -79,6 +82,7 @@ pub const KEPT_COMPOSITES: &[&str] = &[
     "adam_update",
     "matmul_integer",
     "conv_integer",
+    "gelu",
 ];
 
 /// Which instances of [`KEPT_COMPOSITES`] stay whole: those the runtime's native kernels

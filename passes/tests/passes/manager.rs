@@ -188,6 +188,7 @@ fn registry_finds_passes_by_name() {
         "canonicalize",
         "fold",
         "fold-batch-norm",
+        "recompose",
         "cse",
         "specialize-shapes",
         "simplify",
