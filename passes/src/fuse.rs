@@ -108,8 +108,8 @@ pub fn lower_to_kernels_keeping_where(
         .add(Fold::new())
         .add(Cse);
     // Spelled-out composites the caller keeps whole become that composite again.
-    if keep.contains(&"gelu") {
-        pm.add(crate::Recompose);
+    if let Some(r) = crate::Recompose::only(keep) {
+        pm.add(r);
     }
     pm.add(Simplify::new()).add(Dce);
     pm.run(&mut g)?;

@@ -12,19 +12,43 @@
 //! |---|---|
 //! | `0.5 · x · (1 + erf(x / √2))` | `gelu` |
 //! | `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))` | `gelu {approximate}` |
+//! | `softmax((q · a) (permute(k) · b) · c [+ mask]) v` (softmax on the last axis; `a`, `b`, `c` optional constants, `c` also a divisor) | `sdpa {scale = a·b·c}` (with `mask`) |
 //!
-//! Only float values whose intermediate results have no other reader (and are no graph
-//! output) are rewritten, and the result must have `x`'s type. The composite equals the chain
-//! up to float rounding (its definition is the same formula). The cpu backend runs this pass
-//! when it keeps `gelu` whole.
+//! The attention pattern is what PyTorch exports for `scaled_dot_product_attention` and
+//! `nn.MultiheadAttention` (`q` and `kᵀ` each scaled by `√scale`), and what hand-written
+//! attention spells (`q kᵀ / √d`). Only float values whose intermediate results have no other
+//! reader (and are no graph output) are rewritten, and the result keeps its type. Each
+//! composite equals the chain up to float rounding (its definition is the same formula). The
+//! cpu backend runs this pass for the composites it keeps whole ([`Recompose::only`]).
 
 use crate::{Pass, PassError};
-use oar_ir::ops::{BinaryOp, Gelu, UnaryOp};
-use oar_ir::{Composite, Graph, NodeId, Op, ValueId};
+use oar_ir::ops::{BinaryOp, Gelu, ScaledDotProductAttention, UnaryOp};
+use oar_ir::{Composite, Float, Graph, NodeId, Op, ValueId};
 
-/// The recomposition pass (see the module docs).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Recompose;
+/// The recomposition pass (see the module docs): every composite it knows, or only some.
+#[derive(Clone, Debug)]
+pub struct Recompose {
+    gelu: bool,
+    sdpa: bool,
+}
+
+impl Default for Recompose {
+    fn default() -> Recompose {
+        Recompose { gelu: true, sdpa: true }
+    }
+}
+
+impl Recompose {
+    /// Produce only the composites named in `names` (`gelu`, `sdpa`; others are ignored);
+    /// `None` when that leaves none.
+    pub fn only(names: &[&str]) -> Option<Recompose> {
+        let r = Recompose {
+            gelu: names.contains(&"gelu"),
+            sdpa: names.contains(&"sdpa"),
+        };
+        (r.gelu || r.sdpa).then_some(r)
+    }
+}
 
 impl Pass for Recompose {
     fn name(&self) -> &'static str {
@@ -32,30 +56,120 @@ impl Pass for Recompose {
     }
 
     fn description(&self) -> &'static str {
-        "primitive-op spellings of gelu (erf and tanh forms) rewritten to the composite"
+        "primitive-op spellings of gelu (erf and tanh forms) and of attention rewritten to gelu and sdpa"
     }
 
     fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
-        let mut changed = false;
+        let (mut changed, mut added) = (false, false);
+        let err = |e| PassError::ir("recompose", e);
         for n in graph.topo_order() {
             if graph.get(n).is_none() {
                 continue;
             }
-            if let Some((x, out, approximate)) = gelu(graph, n) {
-                let y = graph
-                    .add_op1(Op::Composite(Composite::Gelu(Gelu { approximate })), &[x])
-                    .map_err(|e| PassError::ir(self.name(), e))?;
-                graph
-                    .replace_all_uses(out, y)
-                    .map_err(|e| PassError::ir(self.name(), e))?;
-                changed = true;
+            let (op, ins, out) = if let Some((x, out, approximate)) = self.gelu.then(|| gelu(graph, n)).flatten() {
+                (Composite::Gelu(Gelu { approximate }), vec![x], out)
+            } else if let Some(a) = self.sdpa.then(|| attention(graph, n)).flatten() {
+                let op = ScaledDotProductAttention {
+                    causal: false,
+                    scale: Some(Float(a.scale)),
+                };
+                (Composite::ScaledDotProductAttention(op), a.inputs, a.out)
+            } else {
+                continue;
+            };
+            // The matchers checked operand types; a composite whose type differs is not used.
+            let y = graph.add_op1(Op::Composite(op), &ins).map_err(err)?;
+            added = true;
+            if graph.value_type(y) != graph.value_type(out) {
+                continue;
             }
+            graph.replace_all_uses(out, y).map_err(err)?;
+            changed = true;
         }
-        if changed {
+        if added {
             graph.remove_dead_nodes();
         }
         Ok(changed)
     }
+}
+
+/// An attention pattern: sdpa's operands, its scale, and the value it replaces.
+struct Attention {
+    inputs: Vec<ValueId>,
+    scale: f64,
+    out: ValueId,
+}
+
+/// `v` less a constant factor: `(x, factor)` for `x · c`, `c · x` or `x / c`, else `(v, 1)`.
+fn unscaled(g: &Graph, v: ValueId) -> (ValueId, f64) {
+    match binary(g, v) {
+        Some((BinaryOp::Mul, x, c)) if let Some(s) = constant(g, c) => (x, s),
+        Some((BinaryOp::Mul, c, x)) if let Some(s) = constant(g, c) => (x, s),
+        Some((BinaryOp::Div, x, c)) if let Some(s) = constant(g, c).filter(|s| *s != 0.0) => (x, 1.0 / s),
+        _ => (v, 1.0),
+    }
+}
+
+/// Whether `v` is a matmul, possibly times a constant.
+fn is_product(g: &Graph, v: ValueId) -> bool {
+    let (p, _) = unscaled(g, v);
+    matches!(g.get(p.node).map(|n| &n.op), Some(Op::MatMul))
+}
+
+/// `n` as the softmax of an attention: `softmax(scaled q kᵀ [+ mask]) v`.
+fn attention(g: &Graph, n: NodeId) -> Option<Attention> {
+    let node = g.node(n);
+    let Op::Composite(Composite::Softmax(sm)) = &node.op else {
+        return None;
+    };
+    let &[s] = node.inputs() else { return None };
+    let rank = g.value_type(s).rank();
+    if rank < 2 || sm.axis != rank - 1 || !g.value_type(s).dtype.is_float() {
+        return None;
+    }
+    // The probabilities' one reader: matmul(p, v).
+    let out = sole_reader(g, ValueId::first(n))?;
+    let (Op::MatMul, &[p, v]) = (&g.node(out.node).op, g.node(out.node).inputs()) else {
+        return None;
+    };
+    if p != ValueId::first(n) {
+        return None;
+    }
+    // An additive mask, then the scaled product.
+    let (scores, mask) = match binary(g, s) {
+        Some((BinaryOp::Add, a, b)) if sole_reader(g, a) == Some(s) && is_product(g, a) => (a, Some(b)),
+        Some((BinaryOp::Add, a, b)) if sole_reader(g, b) == Some(s) && is_product(g, b) => (b, Some(a)),
+        _ => (s, None),
+    };
+    let (prod, c) = unscaled(g, scores);
+    if prod != scores && sole_reader(g, prod) != Some(scores) {
+        return None;
+    }
+    let (Op::MatMul, &[qa, kb]) = (&g.node(prod.node).op, g.node(prod.node).inputs()) else {
+        return None;
+    };
+    let (q, a) = unscaled(g, qa);
+    let (kt, b) = unscaled(g, kb);
+    let Op::Permute(perm) = &g.node(kt.node).op else {
+        return None;
+    };
+    let k = g.node(kt.node).inputs()[0];
+    let mut swap: Vec<usize> = (0..rank).collect();
+    swap.swap(rank - 2, rank - 1);
+    // q, k and v of one rank and dtype with the same leading dims (the native kernel's case).
+    let (tq, tk, tv) = (g.value_type(q), g.value_type(k), g.value_type(v));
+    let lead = |t: &oar_ir::TensorType| t.shape.0[..rank - 2].to_vec();
+    let fits = perm.perm == swap
+        && [tq, tk, tv].iter().all(|t| t.rank() == rank && t.dtype == tq.dtype)
+        && lead(tq) == lead(tk)
+        && lead(tq) == lead(tv)
+        && mask.is_none_or(|m| g.value_type(m).dtype == tq.dtype);
+    let scale = a * b * c;
+    (fits && scale.is_finite()).then(|| Attention {
+        inputs: [q, k, v].into_iter().chain(mask).collect(),
+        scale,
+        out,
+    })
 }
 
 /// The uniform value of a constant (scalar or splat) `v`.
@@ -218,7 +332,7 @@ mod tests {
         let feeds = BTreeMap::from([("x".to_string(), x)]);
         let run = |g: &Graph| oar_backend_reference::run_graph(g, &Weights::new(), &feeds).unwrap();
         let before = run(&g);
-        Recompose.run(&mut g).unwrap();
+        Recompose::default().run(&mut g).unwrap();
         let after = run(&g);
         for (a, b) in before[0].1.to_f64_vec().iter().zip(after[0].1.to_f64_vec()) {
             assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{a} vs {b}");
@@ -301,6 +415,139 @@ mod tests {
             }));
             assert_eq!(gelus(&g), vec![true], "cube form {cube}");
         }
+    }
+
+    /// Attention over q, k, v `[2, 5, 4]` (and a float mask `[5, 5]`) built by `build`; the pass's
+    /// result, checked against the graph before on fixed inputs (1e-6).
+    fn attention_graph(build: impl Fn(&mut Graph, [ValueId; 4]) -> ValueId) -> Graph {
+        let mut g = Graph::new("attention");
+        let t = TensorType::of(DType::F32, &[2, 5, 4]);
+        let ins = ["q", "k", "v"].map(|n| g.add_input(n, t.clone()).unwrap());
+        let mask = g.add_input("mask", TensorType::of(DType::F32, &[5, 5])).unwrap();
+        let y = build(&mut g, [ins[0], ins[1], ins[2], mask]);
+        g.add_output("y", y).unwrap();
+        let data = |n: usize, seed: f64| {
+            let v: Vec<f64> = (0..n).map(|i| ((i as f64 + seed) * 0.731).sin() * 2.0).collect();
+            v
+        };
+        let mut feeds = BTreeMap::new();
+        for (i, name) in ["q", "k", "v"].iter().enumerate() {
+            let t = TensorData::from_f64_slice(DType::F32, vec![2, 5, 4], &data(40, i as f64 * 7.0)).unwrap();
+            feeds.insert(name.to_string(), t);
+        }
+        let m: Vec<f64> = (0..25).map(|i| if i % 5 > i / 5 { -1e4 } else { 0.0 }).collect();
+        feeds.insert(
+            "mask".into(),
+            TensorData::from_f64_slice(DType::F32, vec![5, 5], &m).unwrap(),
+        );
+        let run = |g: &Graph| oar_backend_reference::run_graph(g, &Weights::new(), &feeds).unwrap();
+        let before = run(&g);
+        Recompose::default().run(&mut g).unwrap();
+        let after = run(&g);
+        for (a, b) in before[0].1.to_f64_vec().iter().zip(after[0].1.to_f64_vec()) {
+            assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{a} vs {b}");
+        }
+        g
+    }
+
+    fn transposed(g: &mut Graph, k: ValueId) -> ValueId {
+        g.add_op1(Op::Permute(oar_ir::ops::Permute { perm: vec![0, 2, 1] }), &[k])
+            .unwrap()
+    }
+
+    fn softmax(g: &mut Graph, x: ValueId) -> ValueId {
+        g.add_op1(
+            Op::Composite(Composite::Softmax(oar_ir::ops::Softmax { axis: 2 })),
+            &[x],
+        )
+        .unwrap()
+    }
+
+    /// The sdpa nodes of `g`: (scale, operands).
+    fn sdpas(g: &Graph) -> Vec<(f64, usize)> {
+        g.topo_order()
+            .into_iter()
+            .filter_map(|n| match &g.node(n).op {
+                Op::Composite(Composite::ScaledDotProductAttention(a)) => {
+                    Some((a.scale.unwrap().0, g.node(n).inputs().len()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn attention_forms_become_sdpa() {
+        // PyTorch's export: q and kᵀ each scaled by √scale.
+        let g = attention_graph(|g, [q, k, v, _]| {
+            let s = scalar(g, 0.5f32.sqrt().into());
+            let qs = g.binary(BinaryOp::Mul, q, s).unwrap();
+            let kt = transposed(g, k);
+            let s = scalar(g, 0.5f32.sqrt().into());
+            let ks = g.binary(BinaryOp::Mul, kt, s).unwrap();
+            let sc = g.add_op1(Op::MatMul, &[qs, ks]).unwrap();
+            let p = softmax(g, sc);
+            g.add_op1(Op::MatMul, &[p, v]).unwrap()
+        });
+        let found = sdpas(&g);
+        assert_eq!(found.len(), 1);
+        assert!((found[0].0 - 0.5).abs() < 1e-6 && found[0].1 == 3, "{found:?}");
+        // Hand-written: q kᵀ / √d + mask.
+        let g = attention_graph(|g, [q, k, v, mask]| {
+            let kt = transposed(g, k);
+            let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+            let d = scalar(g, 2.0);
+            let sc = g.binary(BinaryOp::Div, sc, d).unwrap();
+            let sc = g.binary(BinaryOp::Add, sc, mask).unwrap();
+            let p = softmax(g, sc);
+            g.add_op1(Op::MatMul, &[p, v]).unwrap()
+        });
+        assert_eq!(sdpas(&g), vec![(0.5, 4)]);
+        // No scale at all.
+        let g = attention_graph(|g, [q, k, v, _]| {
+            let kt = transposed(g, k);
+            let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+            let p = softmax(g, sc);
+            g.add_op1(Op::MatMul, &[p, v]).unwrap()
+        });
+        assert_eq!(sdpas(&g), vec![(1.0, 3)]);
+    }
+
+    #[test]
+    fn attention_near_misses_stay() {
+        // Probabilities read twice (returned beside the result); k not transposed (q qᵀ is not
+        // a permute of k); softmax over another axis.
+        let g = attention_graph(|g, [q, k, v, _]| {
+            let kt = transposed(g, k);
+            let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+            let p = softmax(g, sc);
+            let y = g.add_op1(Op::MatMul, &[p, v]).unwrap();
+            g.add_output("p", p).unwrap();
+            y
+        });
+        assert!(sdpas(&g).is_empty());
+        let g = attention_graph(|g, [q, _, v, _]| {
+            let s = scalar(g, 2.0);
+            let qt = transposed(g, q);
+            let qt = g.binary(BinaryOp::Mul, qt, s).unwrap();
+            let qt = g.binary(BinaryOp::Add, qt, s).unwrap();
+            let sc = g.add_op1(Op::MatMul, &[q, qt]).unwrap();
+            let p = softmax(g, sc);
+            g.add_op1(Op::MatMul, &[p, v]).unwrap()
+        });
+        assert!(sdpas(&g).is_empty());
+        let g = attention_graph(|g, [q, k, v, _]| {
+            let kt = transposed(g, k);
+            let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+            let p = g
+                .add_op1(
+                    Op::Composite(Composite::Softmax(oar_ir::ops::Softmax { axis: 1 })),
+                    &[sc],
+                )
+                .unwrap();
+            g.add_op1(Op::MatMul, &[p, v]).unwrap()
+        });
+        assert!(sdpas(&g).is_empty());
     }
 
     #[test]

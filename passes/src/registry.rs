@@ -12,7 +12,7 @@ const PASSES: &[fn() -> Box<dyn Pass>] = &[
     || Box::new(Canonicalize),
     || Box::new(Fold::new()),
     || Box::new(FoldBatchNorm),
-    || Box::new(Recompose),
+    || Box::new(Recompose::default()),
     || Box::new(Cse),
     || Box::new(SpecializeShapes::default()),
     || Box::new(Simplify::new()),
