@@ -114,6 +114,8 @@ def main():
             module(*tin)
 
     engines = [("oar", oar.run), ("ort", lambda: sess.run(None, feeds)), ("torch", run_torch)]
+    if os.environ.get("OAR_BENCH_NO_TORCH"):
+        engines = engines[:2] + [("torch", lambda: None)]
     for _, f in engines:  # warm-up
         for _ in range(3):
             f()
@@ -128,6 +130,9 @@ def main():
         for e, f in orders[r % len(orders)]:
             time.sleep(0.02)
             per[e].append(block_ms(f, block))
+    if os.environ.get("OAR_BENCH_VERBOSE"):
+        for e in per:
+            print(e, " ".join(f"{x:.2f}" for x in per[e]), file=sys.stderr)
     ratio = lambda a: [x / o for x, o in zip(per[a], per["oar"])]
     med = {e: statistics.median(v) for e, v in per.items()}
     print(f"{name} {med['oar']:.4f} {med['ort']:.4f} {med['torch']:.4f} {statistics.median(ratio('ort')):.4f} "
