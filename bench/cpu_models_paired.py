@@ -12,6 +12,8 @@ Usage: cpu_models_paired.py DIR NAME LIB [ROUNDS [BLOCK]]: DIR holds NAME.onnx, 
 and NAME.output_0.npy (tools/export_torch_models.py); LIB is the compiled library. Threads:
 OAR_BENCH_THREADS (default 2) for all three. Prints one line:
 `name oar_ms ort_ms torch_ms ort/oar torch/oar max_rel_err_vs_ort per-round-ort/oar...`.
+OAR_BENCH_VERBOSE=1 also prints every round's block medians per engine (stderr);
+OAR_BENCH_NO_TORCH=1 leaves PyTorch out (its column then reads 0).
 """
 import ctypes
 import itertools
