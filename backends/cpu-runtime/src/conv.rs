@@ -327,7 +327,7 @@ pub(crate) unsafe fn conv_with<T: Elem>(
             packed = unsafe { pack(pw, w) };
             &packed
         };
-        let small = crop.kernel(full, &geo.kd);
+        let small = crop.kernel(full, &geo.kd, T::ZERO, threads);
         let view = dense(&[&ws[..2], &crop.kd[..]].concat());
         // Safety: the cropped kernel is dense and of its view's shape; the rest is the caller's.
         return unsafe {
@@ -726,26 +726,71 @@ impl Crop {
     }
 
     /// `w` (`[A, B, *kd]`, dense) restricted to the cropped window: `[A, B, *self.kd]`.
-    pub(crate) fn kernel<T: Copy>(&self, w: &[T], kd: &[usize]) -> Vec<T> {
-        let (ks, offs) = (kd.iter().product::<usize>(), self.offsets(kd));
-        w.chunks_exact(ks.max(1))
-            .flat_map(|win| offs.iter().map(move |&o| win[o]))
-            .collect()
+    ///
+    /// A deep layer's 512 × 512 × 3 × 3 kernel is 9.4 MB, read from memory (a training step's
+    /// optimizer has just written it): the windows are copied in blocks split across
+    /// `threads`, into a vector of the final size (collecting from an iterator of unknown
+    /// length grew it by doubling).
+    pub(crate) fn kernel<T: Copy + Send + Sync>(&self, w: &[T], kd: &[usize], zero: T, threads: usize) -> Vec<T> {
+        let (ks, offs) = (kd.iter().product::<usize>().max(1), self.offsets(kd));
+        let (windows, k) = (w.len() / ks, offs.len());
+        let mut out = vec![zero; windows * k];
+        let dst = crate::contraction::SendPtr(out.as_mut_ptr());
+        by_windows(windows, ks, threads, |a, b| {
+            // Safety: windows a..b of `out`, written by this block only.
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a * k), (b - a) * k) };
+            let src = w[a * ks..b * ks].chunks_exact(ks);
+            if let [o] = offs[..] {
+                // One tap (a 3 × 3 kernel on 1 × 1 planes): a strided gather.
+                for (d, win) in dst.iter_mut().zip(src) {
+                    *d = win[o];
+                }
+            } else {
+                for (d, win) in dst.chunks_exact_mut(k.max(1)).zip(src) {
+                    for (x, &o) in d.iter_mut().zip(&offs) {
+                        *x = win[o];
+                    }
+                }
+            }
+        });
+        out
     }
 
-    /// The full `[A, B, *kd]` gradient from the cropped one: zero outside the window.
-    pub(crate) fn uncrop<T: Copy>(&self, small: &[T], kd: &[usize], zero: T, out: &mut [T]) {
-        let (ks, offs) = (kd.iter().product::<usize>(), self.offsets(kd));
-        out.fill(zero);
-        for (win, part) in out
-            .chunks_exact_mut(ks.max(1))
-            .zip(small.chunks_exact(offs.len().max(1)))
-        {
-            for (&o, &v) in offs.iter().zip(part) {
-                win[o] = v;
+    /// The full `[A, B, *kd]` gradient from the cropped one: zero outside the window, each
+    /// window written once (zeros, then its cropped taps, while it is in cache), blocks of
+    /// windows split across `threads`.
+    pub(crate) fn uncrop<T: Copy + Send + Sync>(
+        &self,
+        small: &[T],
+        kd: &[usize],
+        zero: T,
+        out: &mut [T],
+        threads: usize,
+    ) {
+        let (ks, offs) = (kd.iter().product::<usize>().max(1), self.offsets(kd));
+        let k = offs.len().max(1);
+        let windows = (out.len() / ks).min(small.len() / k);
+        let dst = crate::contraction::SendPtr(out.as_mut_ptr());
+        by_windows(windows, ks, threads, |a, b| {
+            // Safety: windows a..b of `out`, written by this block only.
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a * ks), (b - a) * ks) };
+            for (win, part) in dst.chunks_exact_mut(ks).zip(small[a * k..b * k].chunks_exact(k)) {
+                win.fill(zero);
+                for (&o, &v) in offs.iter().zip(part) {
+                    win[o] = v;
+                }
             }
-        }
+        });
     }
+}
+
+/// `f(a, b)` for blocks of windows `a..b` (about 64K elements of `ks` each), over `threads`
+/// when there are at least four blocks.
+fn by_windows(windows: usize, ks: usize, threads: usize, f: impl Fn(usize, usize) + Sync) {
+    let per = ((1usize << 16) / ks.max(1)).max(1);
+    let blocks = windows.div_ceil(per);
+    let threads = if blocks < 4 { 1 } else { threads };
+    crate::par::par_units(blocks, threads, || (), |_, u| f(u * per, ((u + 1) * per).min(windows)));
 }
 
 /// A dense view of `shape`.
@@ -1021,6 +1066,40 @@ mod tests {
             let want = reference((&x, xs), (&w, ws), [st; 2], [pb; 2], 1, [geo.sout[0], geo.sout[1]]);
             let got = run(&xs, &x, &ws, &w, &out_shape, &spec);
             assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    /// A cropped kernel and its uncrop, split across threads in blocks of windows (here 256 ×
+    /// 128 windows: five blocks), against the windows read one by one: one tap (a 3 × 3
+    /// kernel on 1 × 1 planes) and a 1 × 3 crop.
+    #[test]
+    fn crop_copies_split_across_threads() {
+        for (xs, stride, want) in [([1, 128, 1, 1], 1, vec![1, 1]), ([1, 128, 1, 6], 2, vec![1, 3])] {
+            let ws = [256, 128, 3, 3];
+            let (st, pad) = ([stride; 2], [1; 2]);
+            let spec = ConvSpec {
+                stride: &st,
+                pad_before: &pad,
+                pad_after: &pad,
+                dilation: &[1, 1],
+                groups: 1,
+            };
+            let (geo, _) = geometry(&xs, &ws, &spec).unwrap();
+            let crop = Crop::of(&geo, &spec).unwrap();
+            assert_eq!(crop.kd, want);
+            let w: Vec<f32> = (0..256 * 128 * 9).map(|j| j as f32).collect();
+            let offs = crop.offsets(&[3, 3]);
+            let naive: Vec<f32> = w.chunks_exact(9).flat_map(|win| offs.iter().map(|&o| win[o])).collect();
+            for threads in [1, 2, 3] {
+                let small = crop.kernel(&w, &[3, 3], 0.0, threads);
+                assert_eq!(small, naive, "threads {threads}");
+                let mut full = vec![-1.0; w.len()];
+                crop.uncrop(&small, &[3, 3], 0.0, &mut full, threads);
+                for (j, (&f, &v)) in full.iter().zip(&w).enumerate() {
+                    let kept = offs.contains(&(j % 9));
+                    assert_eq!(f, if kept { v } else { 0.0 }, "threads {threads}, element {j}");
+                }
+            }
         }
     }
 

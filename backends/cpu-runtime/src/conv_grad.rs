@@ -138,10 +138,10 @@ fn recrop(t: &TensorData, crop: &Crop, kd: &[usize], full: bool) -> Result<Tenso
         let lead = &t.shape()[..2];
         let (shape, data) = if full {
             let mut out = vec![T::ZERO; lead.iter().product::<usize>() * kd.iter().product::<usize>()];
-            crop.uncrop(v, kd, T::ZERO, &mut out);
+            crop.uncrop(v, kd, T::ZERO, &mut out, 1);
             ([lead, kd].concat(), out)
         } else {
-            ([lead, &crop.kd[..]].concat(), crop.kernel(v, kd))
+            ([lead, &crop.kd[..]].concat(), crop.kernel(v, kd, T::ZERO, 1))
         };
         TensorData::from_vec(shape, data).map_err(|e| e.to_string())
     }
@@ -195,7 +195,7 @@ pub(crate) fn conv_transpose_into<T: Elem + bytemuck::Pod>(
             pad_after: crop.pad_after.clone(),
             ..ct.clone()
         };
-        let small_w = crop.kernel(w, &geo.kd);
+        let small_w = crop.kernel(w, &geo.kd, T::ZERO, threads);
         let small_shape = [&w_shape[..2], &crop.kd[..]].concat();
         return conv_transpose_into(
             &small,
@@ -341,7 +341,7 @@ pub(crate) fn conv_weight_grad_into<T: Elem + bytemuck::Pod>(
         let small_shape = [&out_shape[..2], &crop.kd[..]].concat();
         let mut part = vec![T::ZERO; small_shape.iter().product()];
         conv_weight_grad_into(&small, (x, x_shape), (dy, dy_shape), (&mut part, &small_shape), threads)?;
-        crop.uncrop(&part, &geo.kd, T::ZERO, out);
+        crop.uncrop(&part, &geo.kd, T::ZERO, out, threads);
         return Ok(());
     }
     let direct = direct_shape(&geo, d, x_shape, out_shape, &conv);
