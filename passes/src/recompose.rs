@@ -326,11 +326,16 @@ mod tests {
 
     /// Runs the pass and checks the graph's values on a fixed input against the graph before,
     /// with the reference evaluator.
-    fn recomposed(mut g: Graph) -> Graph {
+    fn recomposed(g: Graph) -> Graph {
         let xs: Vec<f64> = (0..32).map(|i| (i as f64 - 16.0) * 0.37).collect();
         let x = TensorData::from_f64_slice(DType::F32, vec![4, 8], &xs).unwrap();
-        let feeds = BTreeMap::from([("x".to_string(), x)]);
-        let run = |g: &Graph| oar_backend_reference::run_graph(g, &Weights::new(), &feeds).unwrap();
+        checked_run(g, &BTreeMap::from([("x".to_string(), x)]))
+    }
+
+    /// Runs the pass on `g` and checks its first output on `feeds` against the graph before
+    /// (the reference evaluator, 1e-6).
+    fn checked_run(mut g: Graph, feeds: &BTreeMap<String, TensorData>) -> Graph {
+        let run = |g: &Graph| oar_backend_reference::run_graph(g, &Weights::new(), feeds).unwrap();
         let before = run(&g);
         Recompose::default().run(&mut g).unwrap();
         let after = run(&g);
@@ -342,7 +347,12 @@ mod tests {
 
     /// PyTorch's export: `mul(mul(x, add(erf(div(x, √2)), 1)), 0.5)`.
     fn torch_erf(g: &mut Graph, x: ValueId) -> ValueId {
-        let c = scalar(g, std::f64::consts::SQRT_2);
+        erf_form(g, x, std::f64::consts::SQRT_2)
+    }
+
+    /// `mul(mul(x, add(erf(div(x, c)), 1)), 0.5)`.
+    fn erf_form(g: &mut Graph, x: ValueId, divisor: f64) -> ValueId {
+        let c = scalar(g, divisor);
         let d = g.binary(BinaryOp::Div, x, c).unwrap();
         let e = g.unary(UnaryOp::Erf, d).unwrap();
         let one = scalar(g, 1.0);
@@ -440,14 +450,7 @@ mod tests {
             "mask".into(),
             TensorData::from_f64_slice(DType::F32, vec![5, 5], &m).unwrap(),
         );
-        let run = |g: &Graph| oar_backend_reference::run_graph(g, &Weights::new(), &feeds).unwrap();
-        let before = run(&g);
-        Recompose::default().run(&mut g).unwrap();
-        let after = run(&g);
-        for (a, b) in before[0].1.to_f64_vec().iter().zip(after[0].1.to_f64_vec()) {
-            assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{a} vs {b}");
-        }
-        g
+        checked_run(g, &feeds)
     }
 
     fn transposed(g: &mut Graph, k: ValueId) -> ValueId {
@@ -553,16 +556,7 @@ mod tests {
     #[test]
     fn near_misses_stay() {
         // A wrong constant, an intermediate another op reads, an intermediate that is an output.
-        let wrong = graph(|g, x| {
-            let c = scalar(g, 1.5);
-            let d = g.binary(BinaryOp::Div, x, c).unwrap();
-            let e = g.unary(UnaryOp::Erf, d).unwrap();
-            let one = scalar(g, 1.0);
-            let a = g.binary(BinaryOp::Add, e, one).unwrap();
-            let m = g.binary(BinaryOp::Mul, x, a).unwrap();
-            let h = scalar(g, 0.5);
-            g.binary(BinaryOp::Mul, m, h).unwrap()
-        });
+        let wrong = graph(|g, x| erf_form(g, x, 1.5));
         assert!(gelus(&recomposed(wrong)).is_empty());
         let shared = graph(|g, x| {
             let y = torch_erf(g, x);

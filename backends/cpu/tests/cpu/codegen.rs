@@ -990,6 +990,20 @@ fn softmax_layer_norm_and_gelu_are_compiled() {
     }
 }
 
+/// The ops of a compiled program's opaque (native) kernels, in order.
+fn native_ops(c: &Compiled) -> Vec<String> {
+    c.lowered
+        .cpu
+        .program
+        .kernels
+        .iter()
+        .filter_map(|k| match &k.body {
+            oar_ir::kernel::KernelBody::Opaque(o) => Some(o.op.name().to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// PyTorch's ONNX export spells GELU out (`mul(mul(x, add(erf(div(x, √2)), 1)), 0.5)`, or
 /// the tanh form): the cpu backend recomposes it and runs the runtime's gelu after the
 /// matmul + bias. Compared with the reference's `gelu` (f64) on the same matmul: the
@@ -1056,17 +1070,7 @@ fn spelled_out_gelu_runs_the_native_kernel() {
                 assert!(close(*a, *b, tol), "approximate {approximate}: y[{i}] {a:e} vs {b:e}");
             }
         }
-        let natives: Vec<String> = compiled
-            .lowered
-            .cpu
-            .program
-            .kernels
-            .iter()
-            .filter_map(|k| match &k.body {
-                oar_ir::kernel::KernelBody::Opaque(o) => Some(o.op.name().to_string()),
-                _ => None,
-            })
-            .collect();
+        let natives = native_ops(&compiled);
         assert_eq!(
             natives,
             ["gelu"],
@@ -1120,17 +1124,7 @@ fn spelled_out_attention_runs_the_native_kernel() {
             ),
         ]);
         let compiled = check_with(&g, &Weights::new(), &inputs, Tol { rel: 1e-5, abs: 1e-5 }, true);
-        let natives: Vec<String> = compiled
-            .lowered
-            .cpu
-            .program
-            .kernels
-            .iter()
-            .filter_map(|k| match &k.body {
-                oar_ir::kernel::KernelBody::Opaque(o) => Some(o.op.name().to_string()),
-                _ => None,
-            })
-            .collect();
+        let natives = native_ops(&compiled);
         assert_eq!(natives, ["sdpa"], "masked {masked}:\n{}", compiled.lowered.cpu.program);
     }
 }
