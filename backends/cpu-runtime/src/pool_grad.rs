@@ -9,6 +9,7 @@
 //! (PyTorch instead gives a tied window's gradient to its first maximum).
 
 use crate::par::par_units;
+use crate::simd::Simd;
 use oar_ir::{DType, TensorData};
 
 /// Windows up to this many elements (16 × 16) run natively.
@@ -288,7 +289,6 @@ fn rows_2x2_body(x0: &[f32], x1: &[f32], gy: &[f32], d0: &mut [f32], d1: &mut [f
 fn pick_rows_2x2() -> Rows2x2 {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::simd::Simd;
         #[target_feature(enable = "avx512f,avx2,fma")]
         unsafe fn avx512(x0: &[f32], x1: &[f32], gy: &[f32], d0: &mut [f32], d1: &mut [f32]) {
             rows_2x2_body(x0, x1, gy, d0, d1)
@@ -332,6 +332,8 @@ fn typed<T: Float>(xv: &[T], dyv: &[T], dx: &mut [T], g: &Geometry, threads: usi
     let work = planes.saturating_mul(s_out).saturating_mul(k);
     let threads = if work < 1 << 15 { 1 } else { threads };
     let dx_ptr = crate::contraction::SendPtr(dx.as_mut_ptr());
+    let scanned =
+        std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && g.kernel == [3, 3] && g.stride == [2, 2];
     par_units(
         units,
         threads,
@@ -342,7 +344,17 @@ fn typed<T: Float>(xv: &[T], dyv: &[T], dx: &mut [T], g: &Geometry, threads: usi
                 let gp = &dyv[p * s_out..][..s_out];
                 // Safety: plane `p` of dx, written by this unit only.
                 let dp = unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(p * s_in), s_in) };
-                plane(g, xp, gp, dp, tree);
+                if scanned {
+                    plane_3x3s2(
+                        g,
+                        bytemuck::cast_slice(xp),
+                        bytemuck::cast_slice(gp),
+                        bytemuck::cast_slice_mut(dp),
+                        tree,
+                    );
+                } else {
+                    plane(g, xp, gp, dp, tree);
+                }
             }
         },
     );
@@ -350,85 +362,198 @@ fn typed<T: Float>(xv: &[T], dyv: &[T], dx: &mut [T], g: &Geometry, threads: usi
 
 /// One plane: every window replays the max tree and adds its shares of the cotangent.
 fn plane<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], tree: &mut Tree) {
+    for i in 0..g.oh {
+        for j in 0..g.ow {
+            window(g, x, dy, dx, tree, i, j);
+        }
+    }
+}
+
+/// Window `(i, j)` of a plane: its max tree replayed, its shares of the cotangent added.
+#[inline(always)]
+fn window<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], tree: &mut Tree, i: usize, j: usize) {
     let [kh, kw] = g.kernel;
     // The window's first input row/column, when the window lies inside the input.
     let inside =
         |o: usize, s: usize, pad: usize, k: usize, n: usize| (o * s).checked_sub(pad).filter(|&first| first + k <= n);
+    let gij: f64 = dy[i * g.ow + j].into();
+    // Inside the input with one strict maximum (the common case): it takes it all.
+    if let (Some(r0), Some(c0)) = (
+        inside(i, g.stride[0], g.top, kh, g.h),
+        inside(j, g.stride[1], g.left, kw, g.w),
+    ) {
+        let base = r0 * g.w + c0;
+        // Branch-free (window values are data; branches on them mispredict): the
+        // maximum, then how many elements equal it and where the last one is.
+        let (mut best, mut nan) = (f64::NEG_INFINITY, false);
+        for di in 0..kh {
+            for &v in &x[base + di * g.w..][..kw] {
+                let v: f64 = v.into();
+                nan |= v.is_nan();
+                best = if v > best { v } else { best };
+            }
+        }
+        let (mut count, mut at) = (0usize, base);
+        for di in 0..kh {
+            let row = base + di * g.w;
+            for (dj, &v) in x[row..][..kw].iter().enumerate() {
+                let hit = v.into() == best;
+                count += hit as usize;
+                at = if hit { row + dj } else { at };
+            }
+        }
+        let unique = count == 1;
+        if unique && !nan {
+            dx[at] = T::from_f64(dx[at].into() + gij);
+            return;
+        }
+        if kh == 2 && kw == 2 && !nan {
+            // A tie in a 2 × 2 window: its tree inline — (a, b) and (c, d), then the two maxima; ties
+            // split in halves at each node, as `Tree::shares` does (a ReLU before the
+            // pool makes all-zero windows common).
+            let at = [base, base + 1, base + g.w, base + g.w + 1];
+            let v: [f64; 4] = at.map(|a| x[a].into());
+            let split = |p: f64, q: f64| {
+                if p > q {
+                    (1.0, 0.0)
+                } else if p < q {
+                    (0.0, 1.0)
+                } else {
+                    (0.5, 0.5)
+                }
+            };
+            let (s1, s2) = split(v[0].max(v[1]), v[2].max(v[3]));
+            let (sa, sb) = split(v[0], v[1]);
+            let (sc, sd) = split(v[2], v[3]);
+            for (a, share) in at.into_iter().zip([s1 * sa, s1 * sb, s2 * sc, s2 * sd]) {
+                if share != 0.0 {
+                    dx[a] = T::from_f64(dx[a].into() + gij * share);
+                }
+            }
+            return;
+        }
+    }
+    // Leaves in slice order; `None`: the padding.
+    for di in 0..kh {
+        for dj in 0..kw {
+            let r = (i * g.stride[0] + di).checked_sub(g.top).filter(|&r| r < g.h);
+            let c = (j * g.stride[1] + dj).checked_sub(g.left).filter(|&c| c < g.w);
+            let at = r.zip(c).map(|(r, c)| r * g.w + c);
+            tree.leaf[di * kw + dj] = at;
+            tree.vals[di * kw + dj] = at.map_or(f64::NEG_INFINITY, |a| x[a].into());
+        }
+    }
+    tree.shares();
+    for (leaf, &share) in tree.leaf.iter().zip(&tree.share) {
+        if let Some(a) = leaf
+            && share != 0.0
+        {
+            dx[*a] = T::from_f64(dx[*a].into() + gij * share);
+        }
+    }
+}
+
+/// Windows per [`scan`] call.
+const SCAN: usize = 64;
+
+/// The shares of a 3 × 3 window whose nine elements are equal ([`Tree::shares`]).
+const UNIFORM_3X3: [f64; 9] = [0.0625, 0.0625, 0.0625, 0.0625, 0.0625, 0.0625, 0.0625, 0.0625, 0.5];
+
+/// Windows `0..n` of one output row, 3 × 3 with stride 2 (the pool after most CNNs' stems),
+/// window `k` reading columns `2k..2k + 3` of the input rows `r0`, `r1`, `r2`: the tap (0..9,
+/// row-major) of each window's maximum — the last of equal ones, or 9 when all nine are equal
+/// and none is NaN — and whether it is the only one with no NaN in the window (what
+/// [`window`]'s first test decides, compared in f32: exact in either width).
+#[inline(always)]
+fn scan_body<const V: bool>(r0: &[f32], r1: &[f32], r2: &[f32], tap: &mut [u8], ok: &mut [bool]) {
+    let n = tap.len().min(ok.len());
+    let (r0, r1, r2) = (&r0[..2 * n + 1], &r1[..2 * n + 1], &r2[..2 * n + 1]);
+    for k in 0..n {
+        let c = 2 * k;
+        let v = [
+            r0[c],
+            r0[c + 1],
+            r0[c + 2],
+            r1[c],
+            r1[c + 1],
+            r1[c + 2],
+            r2[c],
+            r2[c + 1],
+            r2[c + 2],
+        ];
+        let (mut best, mut nan) = (f32::NEG_INFINITY, false);
+        for &x in &v {
+            nan |= x.is_nan();
+            best = if x > best { x } else { best };
+        }
+        let (mut count, mut at) = (0u32, 0u8);
+        for (t, &x) in v.iter().enumerate() {
+            let hit = x == best;
+            count += hit as u32;
+            at = if hit { t as u8 } else { at };
+        }
+        // 9: every element equal (an all-zero window after a ReLU).
+        tap[k] = if count == 9 && !nan { 9 } else { at };
+        ok[k] = count == 1 && !nan;
+    }
+}
+
+crate::simd::instances!(scan_body, scan, scan_avx2, scan_avx512,
+    (r0: &[f32], r1: &[f32], r2: &[f32], tap: &mut [u8], ok: &mut [bool]) -> ());
+
+/// [`plane`] for f32 3 × 3 windows with stride 2: the windows inside the input are scanned
+/// [`SCAN`] at a time at the host's vector width, and those with one maximum and no NaN add
+/// their cotangent there; the rest (ties, NaNs, windows over the padding) replay their tree
+/// in [`window`]. Windows run in the same order either way, so every sum is added in the
+/// same order — the result is [`plane`]'s, bit for bit.
+fn plane_3x3s2(g: &Geometry, x: &[f32], dy: &[f32], dx: &mut [f32], tree: &mut Tree) {
+    let (mut tap, mut ok) = ([0u8; SCAN], [false; SCAN]);
+    // Windows j with 2j - left in 0..=w - 3 lie inside the input's columns.
+    let j_lo = g.left.div_ceil(2);
+    let j_hi = if g.w + g.left >= 3 {
+        ((g.w + g.left - 3) / 2 + 1).min(g.ow)
+    } else {
+        0
+    };
     for i in 0..g.oh {
-        let r0 = inside(i, g.stride[0], g.top, kh, g.h);
-        for j in 0..g.ow {
-            let gij: f64 = dy[i * g.ow + j].into();
-            // Inside the input with one strict maximum (the common case): it takes it all.
-            if let (Some(r0), Some(c0)) = (r0, inside(j, g.stride[1], g.left, kw, g.w)) {
-                let base = r0 * g.w + c0;
-                // Branch-free (window values are data; branches on them mispredict): the
-                // maximum, then how many elements equal it and where the last one is.
-                let (mut best, mut nan) = (f64::NEG_INFINITY, false);
-                for di in 0..kh {
-                    for &v in &x[base + di * g.w..][..kw] {
-                        let v: f64 = v.into();
-                        nan |= v.is_nan();
-                        best = if v > best { v } else { best };
+        let r0 = (2 * i).checked_sub(g.top).filter(|&r| r + 3 <= g.h);
+        let Some(r0) = r0.filter(|_| j_lo < j_hi) else {
+            for j in 0..g.ow {
+                window(g, x, dy, dx, tree, i, j);
+            }
+            continue;
+        };
+        for j in 0..j_lo {
+            window(g, x, dy, dx, tree, i, j);
+        }
+        let mut j0 = j_lo;
+        while j0 < j_hi {
+            let n = SCAN.min(j_hi - j0);
+            let c0 = 2 * j0 - g.left;
+            let row = |di: usize| &x[(r0 + di) * g.w + c0..(r0 + di + 1) * g.w];
+            scan(row(0), row(1), row(2), &mut tap[..n], &mut ok[..n]);
+            for k in 0..n {
+                if ok[k] {
+                    let t = tap[k] as usize;
+                    let at = (r0 + t / 3) * g.w + c0 + 2 * k + t % 3;
+                    dx[at] += dy[i * g.ow + j0 + k];
+                } else if tap[k] == 9 {
+                    // All nine equal: the tree's ties halve at every node — the last leaf (the
+                    // odd one out at the root) takes 1/2, the other eight 1/16 each; added in
+                    // f64 and rounded once, as `window` does.
+                    let gij = f64::from(dy[i * g.ow + j0 + k]);
+                    for (t, share) in UNIFORM_3X3.iter().enumerate() {
+                        let at = (r0 + t / 3) * g.w + c0 + 2 * k + t % 3;
+                        dx[at] = (f64::from(dx[at]) + gij * share) as f32;
                     }
-                }
-                let (mut count, mut at) = (0usize, base);
-                for di in 0..kh {
-                    let row = base + di * g.w;
-                    for (dj, &v) in x[row..][..kw].iter().enumerate() {
-                        let hit = v.into() == best;
-                        count += hit as usize;
-                        at = if hit { row + dj } else { at };
-                    }
-                }
-                let unique = count == 1;
-                if unique && !nan {
-                    dx[at] = T::from_f64(dx[at].into() + gij);
-                    continue;
-                }
-                if kh == 2 && kw == 2 && !nan {
-                    // A tie in a 2 × 2 window: its tree inline — (a, b) and (c, d), then the two maxima; ties
-                    // split in halves at each node, as `Tree::shares` does (a ReLU before the
-                    // pool makes all-zero windows common).
-                    let at = [base, base + 1, base + g.w, base + g.w + 1];
-                    let v: [f64; 4] = at.map(|a| x[a].into());
-                    let split = |p: f64, q: f64| {
-                        if p > q {
-                            (1.0, 0.0)
-                        } else if p < q {
-                            (0.0, 1.0)
-                        } else {
-                            (0.5, 0.5)
-                        }
-                    };
-                    let (s1, s2) = split(v[0].max(v[1]), v[2].max(v[3]));
-                    let (sa, sb) = split(v[0], v[1]);
-                    let (sc, sd) = split(v[2], v[3]);
-                    for (a, share) in at.into_iter().zip([s1 * sa, s1 * sb, s2 * sc, s2 * sd]) {
-                        if share != 0.0 {
-                            dx[a] = T::from_f64(dx[a].into() + gij * share);
-                        }
-                    }
-                    continue;
+                } else {
+                    window(g, x, dy, dx, tree, i, j0 + k);
                 }
             }
-            // Leaves in slice order; `None`: the padding.
-            for di in 0..kh {
-                for dj in 0..kw {
-                    let r = (i * g.stride[0] + di).checked_sub(g.top).filter(|&r| r < g.h);
-                    let c = (j * g.stride[1] + dj).checked_sub(g.left).filter(|&c| c < g.w);
-                    let at = r.zip(c).map(|(r, c)| r * g.w + c);
-                    tree.leaf[di * kw + dj] = at;
-                    tree.vals[di * kw + dj] = at.map_or(f64::NEG_INFINITY, |a| x[a].into());
-                }
-            }
-            tree.shares();
-            for (leaf, &share) in tree.leaf.iter().zip(&tree.share) {
-                if let Some(a) = leaf
-                    && share != 0.0
-                {
-                    dx[*a] = T::from_f64(dx[*a].into() + gij * share);
-                }
-            }
+            j0 += n;
+        }
+        for j in j_hi..g.ow {
+            window(g, x, dy, dx, tree, i, j);
         }
     }
 }
@@ -645,6 +770,81 @@ mod tests {
                 .unwrap();
                 let bits: &[u32] = bytemuck::cast_slice(&into);
                 assert_eq!(bits, b, "{n}×{c}×{h}×{w}, {threads} threads, into");
+            }
+        }
+    }
+
+    /// The f32 3 × 3 / stride 2 path equals the general replay bit for bit: many ties, NaNs,
+    /// -0, infinities and subnormal cotangents; no padding and padding 1; rows of more than one
+    /// scan; planes too small for any inside window; one and two threads.
+    #[test]
+    fn f32_3x3_stride_2_windows_match_the_general_path_bitwise() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for (n, c, h, w) in [
+            (2, 3, 32, 32),
+            (1, 2, 11, 9),
+            (1, 1, 5, 161),
+            (3, 4, 7, 8),
+            (1, 2, 2, 2),
+        ] {
+            for pad in [0usize, 1] {
+                let (oh, ow) = (
+                    (h + 2 * pad).saturating_sub(3) / 2 + 1,
+                    (w + 2 * pad).saturating_sub(3) / 2 + 1,
+                );
+                if h + 2 * pad < 3 || w + 2 * pad < 3 {
+                    continue;
+                }
+                // Every other plane mostly zeros (all-zero windows: the uniform ties).
+                let x: Vec<f32> = (0..n * c * h * w)
+                    .map(|e| match next() % if (e / (h * w)) % 2 == 1 { 120 } else { 12 } {
+                        0..=3 => 0.0,
+                        4 => f32::NAN,
+                        5 => -0.0,
+                        6 => f32::NEG_INFINITY,
+                        7..=11 => next() as u8 as f32 * 0.5,
+                        _ => 0.0,
+                    })
+                    .collect();
+                let dy: Vec<f32> = (0..n * c * oh * ow)
+                    .map(|_| match next() % 6 {
+                        0 => -0.0,
+                        1 => f32::from_bits(3),
+                        2 => -f32::from_bits(5),
+                        v => (v as f32 - 3.7) * 1.3,
+                    })
+                    .collect();
+                let shape = [n, c, h, w];
+                let g = Geometry::of(&shape, &[n, c, oh, ow], [3, 3], [2, 2], [pad; 4])
+                    .unwrap()
+                    .unwrap();
+                let mut general = vec![0f32; x.len()];
+                let (s_in, s_out) = (h * w, oh * ow);
+                for p in 0..n * c {
+                    let (xp, gp) = (&x[p * s_in..][..s_in], &dy[p * s_out..][..s_out]);
+                    plane(&g, xp, gp, &mut general[p * s_in..][..s_in], &mut Tree::new(9));
+                }
+                for threads in [1, 2] {
+                    let mut got = vec![f32::NAN; x.len()];
+                    max_pool2d_vjp_into(
+                        (&x, &shape),
+                        (&dy, &[n, c, oh, ow]),
+                        [3, 3],
+                        [2, 2],
+                        [pad; 4],
+                        &mut got,
+                        threads,
+                    )
+                    .unwrap();
+                    let (a, b): (&[u32], &[u32]) = (bytemuck::cast_slice(&got), bytemuck::cast_slice(&general));
+                    assert_eq!(a, b, "{shape:?} pad {pad}, {threads} threads");
+                }
             }
         }
     }
