@@ -739,17 +739,9 @@ impl Crop {
         by_windows(windows, ks, threads, |a, b| {
             // Safety: windows a..b of `out`, written by this block only.
             let dst = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a * k), (b - a) * k) };
-            let src = w[a * ks..b * ks].chunks_exact(ks);
-            if let [o] = offs[..] {
-                // One tap (a 3 × 3 kernel on 1 × 1 planes): a strided gather.
-                for (d, win) in dst.iter_mut().zip(src) {
-                    *d = win[o];
-                }
-            } else {
-                for (d, win) in dst.chunks_exact_mut(k.max(1)).zip(src) {
-                    for (x, &o) in d.iter_mut().zip(&offs) {
-                        *x = win[o];
-                    }
+            for (d, win) in dst.chunks_exact_mut(k.max(1)).zip(w[a * ks..b * ks].chunks_exact(ks)) {
+                for (x, &o) in d.iter_mut().zip(&offs) {
+                    *x = win[o];
                 }
             }
         });

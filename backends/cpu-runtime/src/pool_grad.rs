@@ -149,16 +149,14 @@ pub(crate) fn max_pool2d_vjp_half_into(
 
 /// `dx` (zeroed) += the gradient, on the kernel for the geometry and dtype.
 fn run<T: Float>(g: &Geometry, x: &[T], dy: &[T], dx: &mut [T], threads: usize) {
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && g.tiles_2x2() {
-        tiled_2x2(
-            bytemuck::cast_slice(x),
-            bytemuck::cast_slice(dy),
-            bytemuck::cast_slice_mut(dx),
-            g,
-            threads,
-        );
+    let f32s = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+    let (xf, dyf, dxf) = (bytemuck::cast_slice, bytemuck::cast_slice, bytemuck::cast_slice_mut);
+    if f32s && g.tiles_2x2() {
+        tiled_2x2(xf(x), dyf(dy), dxf(dx), g, threads);
+    } else if f32s && g.kernel == [3, 3] && g.stride == [2, 2] {
+        typed(xf(x), dyf(dy), dxf(dx), g, threads, plane_3x3s2);
     } else {
-        typed(x, dy, dx, g, threads);
+        typed(x, dy, dx, g, threads, plane::<T>);
     }
 }
 
@@ -321,8 +319,16 @@ pub(crate) trait Float: bytemuck::Pod + oar_ir::Element + Into<f64> + 'static {}
 impl Float for f32 {}
 impl Float for f64 {}
 
-/// Any window up to [`MAX_WINDOW`], f32 or f64: each window's tree replayed.
-fn typed<T: Float>(xv: &[T], dyv: &[T], dx: &mut [T], g: &Geometry, threads: usize) {
+/// Any window up to [`MAX_WINDOW`], f32 or f64: `plane` ([`plane`], or [`plane_3x3s2`] for f32) on
+/// every plane, blocks of planes split across threads.
+fn typed<T: Float>(
+    xv: &[T],
+    dyv: &[T],
+    dx: &mut [T],
+    g: &Geometry,
+    threads: usize,
+    plane: fn(&Geometry, &[T], &[T], &mut [T], &mut Tree),
+) {
     let planes = g.planes;
     let (s_in, s_out) = (g.h * g.w, g.oh * g.ow);
     let k = g.kernel[0] * g.kernel[1];
@@ -332,8 +338,6 @@ fn typed<T: Float>(xv: &[T], dyv: &[T], dx: &mut [T], g: &Geometry, threads: usi
     let work = planes.saturating_mul(s_out).saturating_mul(k);
     let threads = if work < 1 << 15 { 1 } else { threads };
     let dx_ptr = crate::contraction::SendPtr(dx.as_mut_ptr());
-    let scanned =
-        std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && g.kernel == [3, 3] && g.stride == [2, 2];
     par_units(
         units,
         threads,
@@ -344,17 +348,7 @@ fn typed<T: Float>(xv: &[T], dyv: &[T], dx: &mut [T], g: &Geometry, threads: usi
                 let gp = &dyv[p * s_out..][..s_out];
                 // Safety: plane `p` of dx, written by this unit only.
                 let dp = unsafe { std::slice::from_raw_parts_mut(dx_ptr.get().add(p * s_in), s_in) };
-                if scanned {
-                    plane_3x3s2(
-                        g,
-                        bytemuck::cast_slice(xp),
-                        bytemuck::cast_slice(gp),
-                        bytemuck::cast_slice_mut(dp),
-                        tree,
-                    );
-                } else {
-                    plane(g, xp, gp, dp, tree);
-                }
+                plane(g, xp, gp, dp, tree);
             }
         },
     );
@@ -746,7 +740,7 @@ mod tests {
                 .unwrap();
             assert!(g.tiles_2x2());
             let mut general = vec![0f32; x.len()];
-            typed::<f32>(&x, &dy, &mut general, &g, 2);
+            typed::<f32>(&x, &dy, &mut general, &g, 2, plane::<f32>);
             let xt = TensorData::from_vec(vec![n, c, h, w], x.clone()).unwrap();
             let dyt = TensorData::from_vec(vec![n, c, oh, ow], dy.clone()).unwrap();
             for threads in [1, 2] {
