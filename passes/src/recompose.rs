@@ -163,7 +163,8 @@ fn attention(g: &Graph, n: NodeId) -> Option<Attention> {
         && [tq, tk, tv].iter().all(|t| t.rank() == rank && t.dtype == tq.dtype)
         && lead(tq) == lead(tk)
         && lead(tq) == lead(tv)
-        && mask.is_none_or(|m| g.value_type(m).dtype == tq.dtype);
+        // A mask broadcasts into the scores, never widens them (sdpa's rule).
+        && mask.is_none_or(|m| g.value_type(m).dtype == tq.dtype && g.value_type(s) == g.value_type(scores));
     let scale = a * b * c;
     (fits && scale.is_finite()).then(|| Attention {
         inputs: [q, k, v].into_iter().chain(mask).collect(),
@@ -514,6 +515,25 @@ mod tests {
             g.add_op1(Op::MatMul, &[p, v]).unwrap()
         });
         assert_eq!(sdpas(&g), vec![(1.0, 3)]);
+    }
+
+    /// A mask that widens the scores (`[2, 1, 5] + [2, 3, 5]`) is no sdpa mask: the pattern
+    /// stays, and the pass does not fail on it.
+    #[test]
+    fn a_widening_mask_stays() {
+        let mut g = Graph::new("widening");
+        let q = g.add_input("q", TensorType::of(DType::F32, &[2, 1, 4])).unwrap();
+        let k = g.add_input("k", TensorType::of(DType::F32, &[2, 5, 4])).unwrap();
+        let v = g.add_input("v", TensorType::of(DType::F32, &[2, 5, 4])).unwrap();
+        let mask = g.add_input("mask", TensorType::of(DType::F32, &[2, 3, 5])).unwrap();
+        let kt = transposed(&mut g, k);
+        let sc = g.add_op1(Op::MatMul, &[q, kt]).unwrap();
+        let sc = g.binary(BinaryOp::Add, sc, mask).unwrap();
+        let p = softmax(&mut g, sc);
+        let y = g.add_op1(Op::MatMul, &[p, v]).unwrap();
+        g.add_output("y", y).unwrap();
+        assert!(!Recompose::default().run(&mut g).unwrap());
+        assert!(sdpas(&g).is_empty());
     }
 
     #[test]
