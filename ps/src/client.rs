@@ -48,9 +48,14 @@ impl Traffic {
     }
 }
 
-/// Whether a failed call is worth retrying (the shard is restarting, or busy).
+/// Whether a failed call is worth retrying (the shard is restarting, or busy). A shard killed
+/// while the client's pooled connection to it is open fails the next call on that connection
+/// as `Cancelled` (seen in CI: a pull right after a restart), not `Unavailable`.
 fn transient(s: &tonic::Status) -> bool {
-    matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
 }
 
 impl PsClient {
