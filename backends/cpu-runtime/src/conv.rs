@@ -1,15 +1,18 @@
 //! N-d convolution `x[N, C, *S] ⋆ w[O, C/groups, *K] -> out[N, O, *Y]` (cross-correlation, as
 //! `Op::Conv`) for the contraction runtime.
 //!
-//! Six paths, all on contiguous operands (a strided operand is copied first):
+//! Seven paths, all on contiguous operands (a strided operand is copied first):
 //! - **Winograd** ([`crate::winograd`]) for f32 3 × 3 stride-1 convolutions with at least 128
 //!   output tiles (a batch of large planes);
 //! - **tiled** ([`crate::conv_tiled`]) for other f32 2-d convolutions with several input
 //!   channels per group and rows of 6 or more outputs on AVX2 and AVX-512 hosts:
 //!   register-tiled direct convolution on packed weights;
-//! - **depthwise** ([`crate::conv_depthwise`]) for f32 2-d convolutions whose output channels
-//!   each read one input channel (MobileNet's) on AVX2 and AVX-512 hosts: register-blocked
-//!   accumulators over each plane's stride phases;
+//! - **blocked depthwise** ([`crate::conv_depthwise_blocked`]) for f32 2-d depthwise
+//!   convolutions (one input and one output channel per group: MobileNet's) on AVX2 and
+//!   AVX-512 hosts: the channels across the vector lanes, bands of rows transposed in and out;
+//! - **depthwise** ([`crate::conv_depthwise`]) for the other f32 2-d convolutions whose output
+//!   channels each read one input channel (a channel multiplier) on AVX2 and AVX-512 hosts:
+//!   register-blocked accumulators over each plane's stride phases;
 //! - **direct** ([`crate::conv_direct`]) for the other convolutions with one input channel per
 //!   group (other dtypes and ranks, hosts without AVX2), one plane at a time;
 //! - **1×1** (unit kernel, stride 1, no padding): one gemm per (batch, group, column tile) on
@@ -379,6 +382,21 @@ pub(crate) unsafe fn conv_with<T: Elem>(
         // `total` elements and overlaps neither.
         unsafe { crate::winograd::conv(xp as *const f32, wp as *const f32, out as *mut f32, &s, threads, cache) };
         return Ok(false);
+    }
+    if f32s && let Some(plan) = crate::conv_depthwise_blocked::Plan::new(xs, ws, spec, sout) {
+        // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds
+        // `total` elements and overlaps neither.
+        unsafe {
+            crate::conv_depthwise_blocked::conv(
+                xp as *const f32,
+                wp as *const f32,
+                out as *mut f32,
+                &plan,
+                threads,
+                epi,
+            )
+        };
+        return Ok(epi.is_some());
     }
     if f32s && let Some(plan) = crate::conv_depthwise::Plan::new(xs, ws, spec, sout) {
         // Safety: contiguous f32 operands (T is f32) of the checked shapes; `out` holds

@@ -16,10 +16,12 @@ pub mod capi;
 mod contraction;
 mod conv;
 mod conv_depthwise;
+mod conv_depthwise_blocked;
 mod conv_direct;
 pub mod conv_grad;
 mod conv_tiled;
 mod conv_wgrad;
+mod epilogue;
 pub mod ewise;
 pub mod exe;
 mod model;
@@ -39,5 +41,18 @@ mod simd;
 mod winograd;
 
 pub use contraction::supported as contraction_supported;
+
+/// Whether the runtime applies contraction kernel `k`'s epilogue with its own vector code (a
+/// convolution's bias / residual / clamp chain) instead of the generated function, on this
+/// host.
+pub fn native_epilogue(k: &oar_ir::kernel::Kernel, p: &oar_ir::kernel::KernelProgram) -> bool {
+    match &k.body {
+        oar_ir::kernel::KernelBody::Contraction(c) => k
+            .outputs
+            .first()
+            .is_some_and(|&out| epilogue::ConvEpilogue::of(c, out, p).is_some()),
+        _ => false,
+    }
+}
 pub use model::Model;
 pub use program::{CpuProgram, KernelFn, LoopCall, NativeEpilogue, RowPiece, Step, decode_blob, encode_blob};

@@ -743,6 +743,35 @@ impl Model {
                 let KernelBody::Contraction(c) = &k.body else {
                     return Err(bad_step(k, "contraction step on a non-contraction kernel"));
                 };
+                if epilogue.is_some()
+                    && let Some(native) = crate::epilogue::ConvEpilogue::of(c, k.outputs[0], p)
+                {
+                    // The chain at full vector width: on the planes the kernel completes, or
+                    // after it on every plane.
+                    let (base, n) = (bufs.as_ptr() as usize, bufs.len());
+                    let apply = |first: usize, count: usize| {
+                        // Safety: the step's live buffers, the contraction's planes done.
+                        unsafe { native.apply(std::slice::from_raw_parts(base as *const *mut u8, n), first, count) }
+                    };
+                    // Safety: every buffer pointer is live and as long as its static type.
+                    let applied = unsafe {
+                        contraction::run(
+                            c,
+                            k.outputs[0],
+                            p,
+                            bufs,
+                            self.threads,
+                            self.derived.get(index),
+                            Some(&apply),
+                        )?
+                    };
+                    if !applied {
+                        let planes = native.planes();
+                        let per = (planes / (4 * self.threads).max(1)).max(1);
+                        par_units(planes.div_ceil(per), self.threads, || (), |_, u| apply(u * per, per));
+                    }
+                    return Ok(Launched::Device);
+                }
                 let status = AtomicI32::new(0);
                 let iters = self.epilogue_fn(epilogue.as_ref().filter(|_| *plane_iters > 0), bufs, &status);
                 let per = *plane_iters as usize;

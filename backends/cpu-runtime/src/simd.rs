@@ -131,9 +131,21 @@ pub(crate) trait Lanes: Copy {
     unsafe fn load(p: *const f32) -> Self;
     unsafe fn splat(p: *const f32) -> Self;
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    /// `a > b ? a : b` lane by lane (`b` where either is NaN: `maxps`).
+    unsafe fn max(a: Self, b: Self) -> Self;
+    /// `a < b ? a : b` lane by lane (`b` where either is NaN: `minps`).
+    unsafe fn min(a: Self, b: Self) -> Self;
     unsafe fn store(p: *mut f32, v: Self);
     /// Hint that the 64 bytes at `p` are read soon.
     unsafe fn prefetch(p: *const f32);
+    /// The first `n` lanes (`n <= N`) from `p`, the others zero; only those `n` are read.
+    unsafe fn load_first(p: *const f32, n: usize) -> Self;
+    /// Store the first `n` lanes (`n <= N`) of `v` at `p`; only those `n` are written.
+    unsafe fn store_first(p: *mut f32, n: usize, v: Self);
+    /// Transpose the `N × N` matrix whose rows are `rows` (`rows.len() == N`): lane `j` of
+    /// row `i` becomes lane `i` of row `j`.
+    unsafe fn transpose(rows: &mut [Self]);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -148,7 +160,7 @@ pub(crate) mod x86 {
 
     /// `Lanes` for one vector type from its intrinsics.
     macro_rules! lanes {
-        ($t:ident, $n:literal, $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident) => {
+        ($t:ident, $n:literal, $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident, $add:ident, $max:ident, $min:ident) => {
             // Safety (every method): called only from functions compiled with the type's
             // instruction set (AVX-512F resp. AVX2 + FMA) on pointers valid for the lanes read
             // or written.
@@ -171,6 +183,18 @@ pub(crate) mod x86 {
                     unsafe { $t($fma(a.0, b.0, c.0)) }
                 }
                 #[inline(always)]
+                unsafe fn add(a: Self, b: Self) -> Self {
+                    unsafe { $t($add(a.0, b.0)) }
+                }
+                #[inline(always)]
+                unsafe fn max(a: Self, b: Self) -> Self {
+                    unsafe { $t($max(a.0, b.0)) }
+                }
+                #[inline(always)]
+                unsafe fn min(a: Self, b: Self) -> Self {
+                    unsafe { $t($min(a.0, b.0)) }
+                }
+                #[inline(always)]
                 unsafe fn store(p: *mut f32, v: Self) {
                     unsafe { $store(p, v.0) }
                 }
@@ -178,8 +202,133 @@ pub(crate) mod x86 {
                 unsafe fn prefetch(p: *const f32) {
                     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
                 }
+                #[inline(always)]
+                unsafe fn load_first(p: *const f32, n: usize) -> Self {
+                    unsafe { $t(<$t>::masked_load(p, n)) }
+                }
+                #[inline(always)]
+                unsafe fn store_first(p: *mut f32, n: usize, v: Self) {
+                    unsafe { <$t>::masked_store(p, n, v.0) }
+                }
+                #[inline(always)]
+                unsafe fn transpose(rows: &mut [Self]) {
+                    assert_eq!(rows.len(), $n);
+                    let mut r: [_; $n] = std::array::from_fn(|i| rows[i].0);
+                    unsafe { <$t>::transpose_in_place(&mut r) };
+                    for (row, v) in rows.iter_mut().zip(r) {
+                        *row = $t(v);
+                    }
+                }
             }
         };
+    }
+
+    // Safety (every function below): called only from functions compiled with AVX-512F
+    // resp. AVX2, on pointers valid for the first `n` lanes.
+    impl Zmm {
+        #[inline(always)]
+        unsafe fn masked_load(p: *const f32, n: usize) -> __m512 {
+            unsafe { _mm512_maskz_loadu_ps(Self::mask(n), p) }
+        }
+        #[inline(always)]
+        unsafe fn masked_store(p: *mut f32, n: usize, v: __m512) {
+            unsafe { _mm512_mask_storeu_ps(p, Self::mask(n), v) }
+        }
+        #[inline(always)]
+        fn mask(n: usize) -> __mmask16 {
+            if n >= 16 { !0 } else { ((1u32 << n) - 1) as __mmask16 }
+        }
+        /// Rows `2i, 2i + 1` interleaved by element, then by pairs: `u[4g + j]` holds, in
+        /// 128-bit lane `k`, column `4k + j` of rows `4g..4g + 4`; two rounds of 128-bit lane
+        /// shuffles then gather each column's four lanes.
+        #[inline(always)]
+        unsafe fn transpose_in_place(r: &mut [__m512; 16]) {
+            unsafe {
+                let mut t = [_mm512_setzero_ps(); 16];
+                for i in 0..8 {
+                    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+                }
+                let (lo, hi) = (
+                    |a: __m512, b: __m512| {
+                        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+                    },
+                    |a: __m512, b: __m512| {
+                        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+                    },
+                );
+                let mut u = [_mm512_setzero_ps(); 16];
+                for g in 0..4 {
+                    let b = 4 * g;
+                    u[b] = lo(t[b], t[b + 2]);
+                    u[b + 1] = hi(t[b], t[b + 2]);
+                    u[b + 2] = lo(t[b + 1], t[b + 3]);
+                    u[b + 3] = hi(t[b + 1], t[b + 3]);
+                }
+                for j in 0..4 {
+                    let v = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+                    let w = _mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
+                    let v2 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+                    let w2 = _mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
+                    r[j] = _mm512_shuffle_f32x4::<0x88>(v, v2);
+                    r[8 + j] = _mm512_shuffle_f32x4::<0xdd>(v, v2);
+                    r[4 + j] = _mm512_shuffle_f32x4::<0x88>(w, w2);
+                    r[12 + j] = _mm512_shuffle_f32x4::<0xdd>(w, w2);
+                }
+            }
+        }
+    }
+
+    impl Ymm {
+        #[inline(always)]
+        unsafe fn masked_load(p: *const f32, n: usize) -> __m256 {
+            unsafe { _mm256_maskload_ps(p, Self::mask(n)) }
+        }
+        #[inline(always)]
+        unsafe fn masked_store(p: *mut f32, n: usize, v: __m256) {
+            unsafe { _mm256_maskstore_ps(p, Self::mask(n), v) }
+        }
+        /// Lanes below `n` set.
+        #[inline(always)]
+        unsafe fn mask(n: usize) -> __m256i {
+            unsafe {
+                _mm256_cmpgt_epi32(
+                    _mm256_set1_epi32(n.min(8) as i32),
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                )
+            }
+        }
+        /// As [`Zmm::transpose_in_place`], the last round a 128-bit lane exchange.
+        #[inline(always)]
+        unsafe fn transpose_in_place(r: &mut [__m256; 8]) {
+            unsafe {
+                let mut t = [_mm256_setzero_ps(); 8];
+                for i in 0..4 {
+                    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+                }
+                let (lo, hi) = (
+                    |a: __m256, b: __m256| {
+                        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)))
+                    },
+                    |a: __m256, b: __m256| {
+                        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)))
+                    },
+                );
+                let mut u = [_mm256_setzero_ps(); 8];
+                for g in 0..2 {
+                    let b = 4 * g;
+                    u[b] = lo(t[b], t[b + 2]);
+                    u[b + 1] = hi(t[b], t[b + 2]);
+                    u[b + 2] = lo(t[b + 1], t[b + 3]);
+                    u[b + 3] = hi(t[b + 1], t[b + 3]);
+                }
+                for j in 0..4 {
+                    r[j] = _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]);
+                    r[4 + j] = _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]);
+                }
+            }
+        }
     }
 
     lanes!(
@@ -189,7 +338,10 @@ pub(crate) mod x86 {
         _mm512_loadu_ps,
         _mm512_set1_ps,
         _mm512_fmadd_ps,
-        _mm512_storeu_ps
+        _mm512_storeu_ps,
+        _mm512_add_ps,
+        _mm512_max_ps,
+        _mm512_min_ps
     );
     lanes!(
         Ymm,
@@ -198,7 +350,10 @@ pub(crate) mod x86 {
         _mm256_loadu_ps,
         _mm256_set1_ps,
         _mm256_fmadd_ps,
-        _mm256_storeu_ps
+        _mm256_storeu_ps,
+        _mm256_add_ps,
+        _mm256_max_ps,
+        _mm256_min_ps
     );
 }
 

@@ -1703,6 +1703,96 @@ fn conv_epilogues_run_plane_by_plane() {
     }
 }
 
+/// The convolution epilogue chains the runtime applies at full vector width
+/// (`oar_cpu_runtime`'s `epilogue`): bias; bias then `relu6` (max then min) or min then max;
+/// a residual, then `relu`; bias and residual; and chains it leaves to the generated code (the
+/// residual before the bias, a clamp by NaN, a `max` between the sums and a tensor) — on a
+/// depthwise layer (the epilogue by planes) and a dense one (after the product), odd plane
+/// sizes (vector tails). The sums are exact (small integers), the residuals hold NaN, ±∞,
+/// ±0 and huge values: every value must equal the reference's (NaN for NaN).
+#[test]
+fn conv_epilogue_chains_match_the_reference_exactly() {
+    let scalar = |g: &mut Graph, v: f32| g.add_constant(TensorData::from_vec(vec![], vec![v]).unwrap());
+    let ints = |shape: &[usize], seed: u64, first: Option<f32>| {
+        let n: usize = shape.iter().product();
+        let mut v: Vec<f32> = (0..n).map(|i| ((i as u64 * 7 + seed * 3) % 9) as f32 - 4.0).collect();
+        if let Some(f) = first {
+            v[0] = f;
+        }
+        TensorData::from_vec(shape.to_vec(), v).unwrap()
+    };
+    // (x, w, groups)
+    let layers: [([usize; 4], [usize; 4], usize); 2] =
+        [([2, 5, 9, 7], [5, 1, 3, 3], 5), ([1, 4, 6, 5], [6, 4, 3, 3], 1)];
+    for (xs, ws, groups) in layers {
+        for chain in 0..7 {
+            let mut g = Graph::new("conv_chain");
+            let x = input(&mut g, "x", DType::F32, &xs);
+            let k = input(&mut g, "k", DType::F32, &ws);
+            let b = input(&mut g, "b", DType::F32, &[ws[0], 1, 1]);
+            let os = [xs[0], ws[0], xs[2], xs[3]];
+            let r = input(&mut g, "r", DType::F32, &os);
+            let conv = oar_ir::ops::Conv {
+                stride: vec![1, 1],
+                pad_before: vec![1, 1],
+                pad_after: vec![1, 1],
+                dilation: vec![1, 1],
+                groups,
+            };
+            let y = g.add_op1(Op::Conv(conv), &[x, k]).unwrap();
+            let bin = |g: &mut Graph, op: BinaryOp, a: ValueId, b: ValueId| g.add_op1(Op::Binary(op), &[a, b]).unwrap();
+            let (zero, six, nan) = (scalar(&mut g, 0.0), scalar(&mut g, 6.0), scalar(&mut g, f32::NAN));
+            let y = match chain {
+                0 => bin(&mut g, BinaryOp::Add, y, b),
+                1 => {
+                    let y = bin(&mut g, BinaryOp::Add, b, y);
+                    let y = bin(&mut g, BinaryOp::Max, y, zero);
+                    bin(&mut g, BinaryOp::Min, six, y)
+                }
+                2 => {
+                    let y = bin(&mut g, BinaryOp::Add, y, r);
+                    let y = bin(&mut g, BinaryOp::Min, y, six);
+                    bin(&mut g, BinaryOp::Max, y, zero)
+                }
+                3 => {
+                    let y = bin(&mut g, BinaryOp::Add, y, b);
+                    let y = bin(&mut g, BinaryOp::Add, r, y);
+                    bin(&mut g, BinaryOp::Max, y, zero)
+                }
+                4 => {
+                    let y = bin(&mut g, BinaryOp::Add, y, r);
+                    bin(&mut g, BinaryOp::Add, y, b)
+                }
+                5 => {
+                    let y = bin(&mut g, BinaryOp::Add, y, b);
+                    bin(&mut g, BinaryOp::Max, y, nan)
+                }
+                _ => {
+                    let y = bin(&mut g, BinaryOp::Max, y, r);
+                    bin(&mut g, BinaryOp::Add, y, b)
+                }
+            };
+            g.add_output("y", y).unwrap();
+            let feeds = feeds(&[
+                ("x", ints(&xs, 1, None)),
+                ("k", ints(&ws, 2, None)),
+                ("b", ints(&[ws[0], 1, 1], 5, Some(-0.0))),
+                ("r", data(DType::F32, &os, 7 + chain, true)),
+            ]);
+            let c = check_with(&g, &Weights::new(), &feeds, EXACT, true);
+            let p = &c.lowered.cpu.program;
+            let native = p.kernels.iter().any(|k| oar_cpu_runtime::native_epilogue(k, p));
+            #[cfg(target_arch = "x86_64")]
+            let vectors = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && !matches!(std::env::var("OAR_CPU_SIMD").as_deref(), Ok("baseline"));
+            #[cfg(not(target_arch = "x86_64"))]
+            let vectors = false;
+            assert_eq!(native, chain < 4 && vectors, "chain {chain}: {p}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------- random programs
 
 /// Random f32 programs mixing broadcasts, transposes, unary/binary ops, comparisons with

@@ -1,0 +1,580 @@
+//! Depthwise 2-d convolution in f32 with the channels across the vector lanes — each output
+//! channel reads one input channel, as MobileNet's 3 × 3 layers — on AVX2 and AVX-512 hosts.
+//!
+//! [`crate::conv_depthwise`] puts an output row's positions across the lanes: a stride-2 layer
+//! must first split every plane into its stride phases, and a 7 × 7 or 14 × 14 plane leaves
+//! most of each vector's lanes to the padding or to per-plane bookkeeping. Here the lanes
+//! hold `L` channels of one position (the blocked layout NCHW`L`c, within the kernel):
+//!
+//! - **Bands.** A unit of work is one image's block of `L` channels, computed in bands of
+//!   output rows. The input rows a band reads are transposed into scratch (`[row][column][L]`,
+//!   zero-padded: the padding columns are never written, the padding rows are zeroed), by
+//!   `L × L` register transposes of `L` consecutive positions of `L` planes — the flat
+//!   positions run across rows, so a 7-wide plane fills whole vectors too.
+//! - **Microkernel.** Output position `(oy, ox)` sums, over the taps, the scratch vector at
+//!   `(oy · sh + ky · dh, ox · sw + kx · dw)` times the tap's `L` weights: one load and one
+//!   multiply-add per tap and vector at any stride, `B` positions of a row at a time, the
+//!   3 × 3 kernel's weights held in registers.
+//! - The band's sums are transposed back into the `L` output planes, and the convolution's
+//!   epilogue runs on the block's planes once they are complete.
+
+use crate::contraction::{PlaneEpilogue, SendPtr};
+use crate::conv::ConvSpec;
+use crate::par::par_units;
+use crate::simd::{Lanes, Simd};
+
+/// Scratch bytes per band (its transposed input rows and its sums), at most (unless one
+/// output row needs more).
+const BAND_BYTES: usize = 128 << 10;
+/// Multiply-adds plus input elements from which a convolution is split across threads (as
+/// [`crate::conv_depthwise`]).
+const PARALLEL_MIN: usize = 1 << 17;
+
+/// The geometry of one blocked depthwise convolution.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    sh: usize,
+    sw: usize,
+    pt: usize,
+    /// Per kernel tap (row-major): where its window starts relative to the output position's
+    /// first scratch row and column, in floats.
+    taps: Vec<usize>,
+    /// Kernel rows' extent in input rows, `(kh - 1) · dh + 1`.
+    kext: usize,
+    /// Scratch row width in positions (every input column and every column a window reads).
+    wp: usize,
+    /// Output rows per band.
+    band: usize,
+    /// For a 3 × 3 kernel undilated along the row: its rows' distance in scratch (floats)
+    /// and the column stride.
+    kernel3: Option<(usize, usize)>,
+    /// Per input position of a band's first rows (`q = row · w + col`): its scratch offset
+    /// relative to that row's, in floats.
+    place: Vec<usize>,
+    simd: Simd,
+}
+
+impl Plan {
+    /// The plan for `conv(x[xs], w[ws])` with `spec` and output spatial shape `sout`, where this
+    /// path serves: a 2-d convolution with one input channel per group and one output channel
+    /// per input channel, on a host with AVX2 or AVX-512, whose scratch rows are not far
+    /// beyond the input's.
+    pub(crate) fn new(xs: &[usize], ws: &[usize], spec: &ConvSpec, sout: &[usize]) -> Option<Plan> {
+        let simd = Simd::detect();
+        if simd == Simd::Baseline || xs.len() != 4 || ws.len() != 4 || sout.len() != 2 || ws[1] != 1 {
+            return None;
+        }
+        if crate::conv_tiled::forced_off() {
+            return None;
+        }
+        let (n, c) = (xs[0], xs[1]);
+        if spec.groups != c || ws[0] != c {
+            return None;
+        }
+        let (h, w, kh, kw, oh, ow) = (xs[2], xs[3], ws[2], ws[3], sout[0], sout[1]);
+        let (sh, sw, dh, dw) = (spec.stride[0], spec.stride[1], spec.dilation[0], spec.dilation[1]);
+        if [n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw].contains(&0) {
+            return None;
+        }
+        let (pt, pl) = (spec.pad_before[0], spec.pad_before[1]);
+        let lanes = simd.lanes();
+        let reach = (ow - 1).checked_mul(sw)?.checked_add((kw - 1).checked_mul(dw)?)? + 1;
+        let wp = reach.max(pl.checked_add(w)?);
+        let kext = (kh - 1).checked_mul(dh)? + 1;
+        // Huge padding, strides or dilations: rows far wider than the input's.
+        if wp > w.saturating_mul(4).saturating_add(1 << 12) || kext > h.saturating_mul(4).saturating_add(1 << 12) {
+            return None;
+        }
+        let in_rows = |band: usize| (band - 1) * sh + kext;
+        let bytes = |band: usize| (in_rows(band) * wp + band * ow) * lanes * 4;
+        let mut band = 1;
+        while band < oh && bytes(band + 1) <= BAND_BYTES {
+            band += 1;
+        }
+        let taps = (0..kh)
+            .flat_map(|ky| (0..kw).map(move |kx| (ky * dh * wp + kx * dw) * lanes))
+            .collect();
+        let place = (0..in_rows(band).min(h) * w)
+            .map(|q| ((q / w) * wp + pl + q % w) * lanes)
+            .collect();
+        Some(Plan {
+            n,
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            sh,
+            sw,
+            pt,
+            taps,
+            kext,
+            wp,
+            band,
+            kernel3: (kh == 3 && kw == 3 && dw == 1).then_some((dh * wp * lanes, sw)),
+            place,
+            simd,
+        })
+    }
+
+    /// Scratch rows of a band of `rows` output rows.
+    fn in_rows(&self, rows: usize) -> usize {
+        (rows - 1) * self.sh + self.kext
+    }
+}
+
+/// Per-thread scratch: a band's transposed input rows, its sums, a block's packed weights.
+struct Scratch {
+    input: Vec<f32>,
+    sums: Vec<f32>,
+    weights: Vec<f32>,
+}
+
+/// `out[N, C, OH, OW] = conv(x[N, C, H, W], w[C, 1, kh, kw])` as planned, on up to `threads`
+/// threads; `epi` is applied to each block's planes as soon as they are done.
+///
+/// # Safety
+/// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither.
+pub(crate) unsafe fn conv(
+    x: *const f32,
+    w: *const f32,
+    out: *mut f32,
+    p: &Plan,
+    threads: usize,
+    epi: Option<PlaneEpilogue>,
+) {
+    let lanes = p.simd.lanes();
+    let blocks = p.c.div_ceil(lanes);
+    let macs = (p.n * p.c).saturating_mul(p.oh * p.ow).saturating_mul(p.taps.len());
+    let moved = macs.saturating_add((p.n * p.c).saturating_mul(p.h * p.w));
+    let threads = if moved >= PARALLEL_MIN { threads } else { 1 };
+    let (x, w, out) = (SendPtr(x as *mut f32), SendPtr(w as *mut f32), SendPtr(out));
+    par_units(
+        p.n * blocks,
+        threads,
+        || Scratch {
+            input: vec![0.0; p.in_rows(p.band) * p.wp * lanes],
+            sums: vec![0.0; p.band * p.ow * lanes],
+            weights: vec![0.0; p.taps.len() * lanes],
+        },
+        |s, unit| {
+            let (b, c0) = (unit / blocks, unit % blocks * lanes);
+            let cb = lanes.min(p.c - c0);
+            // Safety: the caller's contract; units write disjoint planes.
+            unsafe {
+                match p.simd {
+                    Simd::Avx512 => block_avx512(p, x.get(), w.get(), out.get(), b, c0, cb, s),
+                    _ => block_avx2(p, x.get(), w.get(), out.get(), b, c0, cb, s),
+                }
+            }
+            if let Some(epi) = epi {
+                epi(b * p.c + c0, cb);
+            }
+        },
+    );
+}
+
+/// Channels `c0..c0 + cb` of image `b`, band by band.
+///
+/// # Safety
+/// Called with `L`'s instruction set (`L::N` the plan's lanes); the pointers as [`conv`]'s.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<L: Lanes, const B: usize>(
+    p: &Plan,
+    x: *const f32,
+    w: *const f32,
+    out: *mut f32,
+    b: usize,
+    c0: usize,
+    cb: usize,
+    s: &mut Scratch,
+) {
+    let ks = p.taps.len();
+    let (plane_in, plane_out) = (p.h * p.w, p.oh * p.ow);
+    // Safety (the whole body): every offset below is within the caller's buffers (image `b`,
+    // channels `c0..c0 + cb`) or the scratch sized by the plan.
+    unsafe {
+        // The block's weights, tap-major: `weights[t · L + i]` is channel `c0 + i`'s tap `t`.
+        s.weights.fill(0.0);
+        for i in 0..cb {
+            for t in 0..ks {
+                s.weights[t * L::N + i] = *w.add((c0 + i) * ks + t);
+            }
+        }
+        let xin = x.add((b * p.c + c0) * plane_in);
+        let xout = out.add((b * p.c + c0) * plane_out);
+        let row_floats = p.wp * L::N;
+        let mut rows = [L::zero(); 16];
+        let rows = &mut rows[..L::N];
+        for oy0 in (0..p.oh).step_by(p.band) {
+            let oy1 = (oy0 + p.band).min(p.oh);
+            let in_rows = p.in_rows(oy1 - oy0);
+            let iy0 = (oy0 * p.sh) as isize - p.pt as isize;
+            // Rows above and below the input are padding.
+            for r in 0..in_rows {
+                let iy = iy0 + r as isize;
+                if iy < 0 || iy >= p.h as isize {
+                    s.input[r * row_floats..(r + 1) * row_floats].fill(0.0);
+                }
+            }
+            // The input rows the band reads, transposed into their scratch rows.
+            let first = iy0.max(0) as usize;
+            let last = ((iy0 + in_rows as isize).max(0) as usize).min(p.h);
+            if first < last {
+                let base = s.input.as_mut_ptr().add((first as isize - iy0) as usize * row_floats);
+                let (q0, q1) = (first * p.w, last * p.w);
+                for q in (q0..q1).step_by(L::N) {
+                    let n = L::N.min(q1 - q);
+                    for (i, r) in rows.iter_mut().enumerate() {
+                        *r = if i < cb {
+                            L::load_first(xin.add(i * plane_in + q), n)
+                        } else {
+                            L::zero()
+                        };
+                    }
+                    L::transpose(rows);
+                    let (at, end) = (p.place[q - q0], p.place[q - q0 + n - 1]);
+                    if n == L::N && end == at + (n - 1) * L::N {
+                        // Within one row: consecutive places.
+                        for (j, &r) in rows.iter().enumerate() {
+                            L::store(base.add(at + j * L::N), r);
+                        }
+                    } else {
+                        for (j, &r) in rows.iter().enumerate() {
+                            if j < n {
+                                L::store(base.add(p.place[q - q0 + j]), r);
+                            }
+                        }
+                    }
+                }
+            }
+            // The band's sums, position-major.
+            for r in 0..oy1 - oy0 {
+                let (src, sums) = (
+                    s.input.as_ptr().add(r * p.sh * row_floats),
+                    s.sums.as_mut_ptr().add(r * p.ow * L::N),
+                );
+                match p.kernel3 {
+                    Some((rows_apart, 1)) => row3::<L, B, 1>(src, rows_apart, s.weights.as_ptr(), sums, p.ow),
+                    Some((rows_apart, 2)) => row3::<L, B, 2>(src, rows_apart, s.weights.as_ptr(), sums, p.ow),
+                    _ => row::<L, B>(src, &p.taps, s.weights.as_ptr(), sums, p.ow, p.sw * L::N),
+                }
+            }
+            // Back to the output planes.
+            let len = (oy1 - oy0) * p.ow;
+            for q in (0..len).step_by(L::N) {
+                let n = L::N.min(len - q);
+                for (j, r) in rows.iter_mut().enumerate() {
+                    *r = if j < n {
+                        L::load(s.sums.as_ptr().add((q + j) * L::N))
+                    } else {
+                        L::zero()
+                    };
+                }
+                L::transpose(rows);
+                for (i, &r) in rows.iter().enumerate() {
+                    if i < cb {
+                        L::store_first(xout.add(i * plane_out + oy0 * p.ow + q), n, r);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`row`] for a 3 × 3 kernel undilated along the row and column stride `S`: kernel rows
+/// `rows_apart` floats apart in scratch, every other offset a constant.
+///
+/// # Safety
+/// As [`row`].
+#[inline(always)]
+unsafe fn row3<L: Lanes, const B: usize, const S: usize>(
+    src: *const f32,
+    rows_apart: usize,
+    w: *const f32,
+    sums: *mut f32,
+    ow: usize,
+) {
+    // Safety: the caller's contract.
+    unsafe {
+        let held: [L; 9] = std::array::from_fn(|t| L::load(w.add(t * L::N)));
+        let mut ox = 0;
+        while ox + B <= ow {
+            let mut a = [L::zero(); B];
+            let at = src.add(ox * S * L::N);
+            for ky in 0..3 {
+                let kr = at.add(ky * rows_apart);
+                for kx in 0..3 {
+                    let (s, wt) = (kr.add(kx * L::N), held[ky * 3 + kx]);
+                    for (u, a) in a.iter_mut().enumerate() {
+                        *a = L::fma(L::load(s.add(u * S * L::N)), wt, *a);
+                    }
+                }
+            }
+            for (u, &a) in a.iter().enumerate() {
+                L::store(sums.add((ox + u) * L::N), a);
+            }
+            ox += B;
+        }
+        for ox in ox..ow {
+            let mut a = L::zero();
+            let at = src.add(ox * S * L::N);
+            for ky in 0..3 {
+                for kx in 0..3 {
+                    a = L::fma(L::load(at.add(ky * rows_apart + kx * L::N)), held[ky * 3 + kx], a);
+                }
+            }
+            L::store(sums.add(ox * L::N), a);
+        }
+    }
+}
+
+/// One output row: `sums[ox] = Σ_t weights[t] · src[ox · step + taps[t]]` (vectors of `L`
+/// channels) for `ox < ow`, `B` positions at a time; a 3 × 3 kernel's weights stay in
+/// registers.
+///
+/// # Safety
+/// Called with `L`'s instruction set; every read and write in bounds.
+#[inline(always)]
+unsafe fn row<L: Lanes, const B: usize>(
+    src: *const f32,
+    taps: &[usize],
+    w: *const f32,
+    sums: *mut f32,
+    ow: usize,
+    step: usize,
+) {
+    // Safety: the caller's contract.
+    unsafe {
+        if let Ok(t9) = <&[usize; 9]>::try_from(taps) {
+            let held: [L; 9] = std::array::from_fn(|t| L::load(w.add(t * L::N)));
+            positions::<L, B, 9>(src, t9, |t| held[t], sums, ow, step);
+        } else {
+            positions::<L, B, 0>(src, taps, |t| L::load(w.add(t * L::N)), sums, ow, step);
+        }
+    }
+}
+
+/// [`row`] with `K` taps (`K = 0`: `taps.len()`), the weights from `weight`.
+///
+/// # Safety
+/// As [`row`].
+#[inline(always)]
+unsafe fn positions<L: Lanes, const B: usize, const K: usize>(
+    src: *const f32,
+    taps: &[usize],
+    weight: impl Fn(usize) -> L,
+    sums: *mut f32,
+    ow: usize,
+    step: usize,
+) {
+    let k = if K > 0 { K } else { taps.len() };
+    // Safety: the caller's contract.
+    unsafe {
+        let mut ox = 0;
+        while ox + B <= ow {
+            let mut a = [L::zero(); B];
+            let at = src.add(ox * step);
+            for t in 0..k {
+                let (s, wt) = (at.add(*taps.get_unchecked(t)), weight(t));
+                for (u, a) in a.iter_mut().enumerate() {
+                    *a = L::fma(L::load(s.add(u * step)), wt, *a);
+                }
+            }
+            for (u, &a) in a.iter().enumerate() {
+                L::store(sums.add((ox + u) * L::N), a);
+            }
+            ox += B;
+        }
+        for ox in ox..ow {
+            let mut a = L::zero();
+            let at = src.add(ox * step);
+            for t in 0..k {
+                a = L::fma(L::load(at.add(*taps.get_unchecked(t))), weight(t), a);
+            }
+            L::store(sums.add(ox * L::N), a);
+        }
+    }
+}
+
+/// [`block`] for one instruction set.
+macro_rules! block_instance {
+    ($name:ident, $feat:literal, $lanes:ty, $b:literal) => {
+        /// # Safety
+        /// The host has the instruction set; the rest as [`block`].
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            p: &Plan,
+            x: *const f32,
+            w: *const f32,
+            out: *mut f32,
+            b: usize,
+            c0: usize,
+            cb: usize,
+            s: &mut Scratch,
+        ) {
+            // Safety: the caller's contract.
+            unsafe { block::<$lanes, $b>(p, x, w, out, b, c0, cb, s) }
+        }
+
+        /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
+        #[cfg(not(target_arch = "x86_64"))]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            _: &Plan,
+            _: *const f32,
+            _: *const f32,
+            _: *mut f32,
+            _: usize,
+            _: usize,
+            _: usize,
+            _: &mut Scratch,
+        ) {
+            unreachable!("no vector instances off x86-64")
+        }
+    };
+}
+
+block_instance!(block_avx512, "avx512f,avx2,fma", crate::simd::x86::Zmm, 8);
+block_instance!(block_avx2, "avx2,fma", crate::simd::x86::Ymm, 4);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::testing::reference;
+
+    /// 3 × 3, 5 × 5, 7 × 7 and 1 × 3 kernels; strides 1 to 3, asymmetric padding, dilation;
+    /// channel counts below, at and past a block of lanes (3, 8, 16, 20, 40); 1 × 1 to
+    /// 112 × 112 planes (several bands), batches, 1 and 2 threads: against the definition
+    /// (small integers, so f32 is exact). CI runs this on the AVX-512 and the AVX2 instances
+    /// (`OAR_CPU_SIMD`).
+    #[test]
+    fn blocked_depthwise_convolutions_match_the_definition() {
+        // (n, c, h, w, kh, kw, stride, pad before, pad after, dilation)
+        type Case = (usize, usize, usize, usize, usize, usize, usize, usize, usize, usize);
+        let cases: [Case; 14] = [
+            (1, 3, 7, 7, 3, 3, 1, 1, 1, 1),
+            (2, 20, 14, 14, 3, 3, 2, 1, 1, 1),
+            (1, 16, 30, 33, 3, 3, 1, 1, 1, 1),
+            (1, 8, 30, 33, 3, 3, 2, 0, 1, 1),
+            (1, 3, 19, 17, 5, 5, 1, 2, 2, 1),
+            (1, 17, 19, 17, 5, 5, 2, 2, 2, 1),
+            (1, 2, 16, 16, 7, 7, 3, 3, 2, 1),
+            (1, 9, 13, 15, 3, 3, 1, 2, 2, 2),
+            (1, 2, 1, 1, 3, 3, 1, 1, 1, 1),
+            (2, 3, 9, 40, 1, 3, 1, 0, 1, 1),
+            (1, 40, 56, 56, 3, 3, 1, 1, 1, 1),
+            (1, 16, 112, 112, 3, 3, 2, 0, 1, 1),
+            (1, 32, 112, 112, 3, 3, 1, 1, 1, 1),
+            (3, 24, 5, 3, 3, 3, 1, 4, 4, 1),
+        ];
+        if Simd::detect() == Simd::Baseline {
+            return;
+        }
+        for (n, c, h, w, kh, kw, s, pb, pa, d) in cases {
+            let xs = [n, c, h, w];
+            let ws = [c, 1, kh, kw];
+            let x: Vec<f64> = (0..n * c * h * w).map(|i| ((i * 7 + 3) % 11) as f64 - 5.0).collect();
+            let wt: Vec<f64> = (0..c * kh * kw).map(|i| ((i * 5 + 1) % 7) as f64 - 3.0).collect();
+            let spec = ConvSpec {
+                stride: &[s, s],
+                pad_before: &[pb, pb],
+                pad_after: &[pa, pa],
+                dilation: &[d, d],
+                groups: c,
+            };
+            let out = |i: usize, k: usize| (i + pb + pa - d * (k - 1) - 1) / s + 1;
+            let sout = [out(h, kh), out(w, kw)];
+            let want: Vec<f32> = reference(&x, xs, &wt, ws, &spec, sout)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            let plan = Plan::new(&xs, &ws, &spec, &sout).expect("a blocked depthwise plan");
+            let (x, wt): (Vec<f32>, Vec<f32>) = (
+                x.iter().map(|&v| v as f32).collect(),
+                wt.iter().map(|&v| v as f32).collect(),
+            );
+            for threads in [1, 2] {
+                let mut got = vec![f32::NAN; n * c * sout[0] * sout[1]];
+                let done = std::sync::Mutex::new(vec![0usize; n * c]);
+                let epi = |start: usize, count: usize| {
+                    for p in start..start + count {
+                        done.lock().unwrap()[p] += 1;
+                    }
+                };
+                // Safety: operands of the plan's shapes.
+                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, threads, Some(&epi)) };
+                let case = (n, c, h, w, kh, kw, s, pb, pa, d);
+                assert_eq!(got, want, "{case:?}, {threads} threads");
+                assert!(
+                    done.lock().unwrap().iter().all(|&k| k == 1),
+                    "{case:?}: every plane's epilogue once"
+                );
+            }
+        }
+    }
+
+    /// Every lane of every row moves to its transposed place, for both vector types, and the
+    /// partial loads and stores touch only their first lanes.
+    #[test]
+    fn transposes_and_partial_moves() {
+        fn check<L: Lanes>() {
+            let n = L::N;
+            let m: Vec<f32> = (0..n * n).map(|i| i as f32).collect();
+            // Safety: the caller checked the instruction set; every pointer covers its lanes.
+            unsafe {
+                let mut rows: Vec<L> = (0..n).map(|i| L::load(m.as_ptr().add(i * n))).collect();
+                L::transpose(&mut rows);
+                let mut got = vec![0.0f32; n * n];
+                for (i, &r) in rows.iter().enumerate() {
+                    L::store(got.as_mut_ptr().add(i * n), r);
+                }
+                for i in 0..n {
+                    for j in 0..n {
+                        assert_eq!(got[j * n + i], m[i * n + j], "{n} lanes: ({i}, {j})");
+                    }
+                }
+                for k in 0..=n {
+                    let v = L::load_first(m.as_ptr().add(1), k);
+                    let mut dst = vec![-1.0f32; n];
+                    L::store_first(dst.as_mut_ptr(), k, v);
+                    let want: Vec<f32> = (0..n).map(|j| if j < k { (j + 1) as f32 } else { -1.0 }).collect();
+                    assert_eq!(dst, want, "{n} lanes, first {k}");
+                    let mut all = vec![0.0f32; n];
+                    L::store(all.as_mut_ptr(), v);
+                    assert!(all[k..].iter().all(|&z| z == 0.0), "{n} lanes: lanes past {k} zero");
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2() {
+                check::<crate::simd::x86::Ymm>()
+            }
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn avx512() {
+                check::<crate::simd::x86::Zmm>()
+            }
+            match Simd::detect() {
+                // Safety: the host has the instruction sets.
+                Simd::Avx512 => unsafe {
+                    avx512();
+                    avx2()
+                },
+                // Safety: as above.
+                Simd::Avx2Fma => unsafe { avx2() },
+                Simd::Baseline => {}
+            }
+        }
+    }
+}
