@@ -955,6 +955,69 @@ pub(crate) fn im2col<T: Copy + Default>(g: &Geo, x: &[T], cg: usize, y0: usize, 
 pub(crate) mod testing {
     use super::ConvSpec;
 
+    /// A depthwise convolution's operands (small integers, so f32 sums are exact) and its
+    /// value by the definition.
+    pub(crate) struct Depthwise {
+        pub xs: [usize; 4],
+        pub ws: [usize; 4],
+        pub sout: [usize; 2],
+        stride: [usize; 2],
+        pad_before: [usize; 2],
+        pad_after: [usize; 2],
+        dilation: [usize; 2],
+        pub x: Vec<f32>,
+        pub w: Vec<f32>,
+        pub want: Vec<f32>,
+    }
+
+    impl Depthwise {
+        /// `n` images of `c` channels of `h × w`, `og` output channels per input channel,
+        /// a square `kh × kw` kernel with stride `s`, padding `pb` before and `pa` after,
+        /// dilation `d` (on both axes).
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn new(
+            [n, c, og, h, w]: [usize; 5],
+            [kh, kw]: [usize; 2],
+            s: usize,
+            pb: usize,
+            pa: usize,
+            d: usize,
+        ) -> Depthwise {
+            let o = c * og;
+            let (xs, ws) = ([n, c, h, w], [o, 1, kh, kw]);
+            let x: Vec<f64> = (0..n * c * h * w).map(|i| ((i * 7 + 3) % 11) as f64 - 5.0).collect();
+            let wt: Vec<f64> = (0..o * kh * kw).map(|i| ((i * 5 + 1) % 7) as f64 - 3.0).collect();
+            let out = |i: usize, k: usize| (i + pb + pa - d * (k - 1) - 1) / s + 1;
+            let mut case = Depthwise {
+                xs,
+                ws,
+                sout: [out(h, kh), out(w, kw)],
+                stride: [s, s],
+                pad_before: [pb, pb],
+                pad_after: [pa, pa],
+                dilation: [d, d],
+                x: x.iter().map(|&v| v as f32).collect(),
+                w: wt.iter().map(|&v| v as f32).collect(),
+                want: Vec::new(),
+            };
+            case.want = reference(&x, xs, &wt, ws, &case.spec(), case.sout)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            case
+        }
+
+        pub(crate) fn spec(&self) -> ConvSpec<'_> {
+            ConvSpec {
+                stride: &self.stride,
+                pad_before: &self.pad_before,
+                pad_after: &self.pad_after,
+                dilation: &self.dilation,
+                groups: self.xs[1],
+            }
+        }
+    }
+
     /// The 2-d convolution by its definition in f64, with groups and dilation.
     pub(crate) fn reference(
         x: &[f64],

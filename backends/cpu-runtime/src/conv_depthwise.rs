@@ -338,7 +338,7 @@ plane_instance!(plane_avx2, "avx2,fma", crate::simd::x86::Ymm);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conv::testing::reference;
+    use crate::conv::testing::Depthwise;
 
     /// 3 × 3, 5 × 5, 7 × 7 and 1 × 3 kernels; strides 1 to 3, asymmetric padding, dilation,
     /// two output channels per input channel, 1 × 1 to 30 × 33 planes, batches, 1 and 2
@@ -378,35 +378,14 @@ mod tests {
             return;
         }
         for (n, c, og, h, w, kh, kw, s, pb, pa, d) in cases {
-            let o = c * og;
-            let xs = [n, c, h, w];
-            let ws = [o, 1, kh, kw];
-            let x: Vec<f64> = (0..n * c * h * w).map(|i| ((i * 7 + 3) % 11) as f64 - 5.0).collect();
-            let wt: Vec<f64> = (0..o * kh * kw).map(|i| ((i * 5 + 1) % 7) as f64 - 3.0).collect();
-            let spec = ConvSpec {
-                stride: &[s, s],
-                pad_before: &[pb, pb],
-                pad_after: &[pa, pa],
-                dilation: &[d, d],
-                groups: c,
-            };
-            let out = |i: usize, k: usize| (i + pb + pa - d * (k - 1) - 1) / s + 1;
-            let sout = [out(h, kh), out(w, kw)];
-            let want: Vec<f32> = reference(&x, xs, &wt, ws, &spec, sout)
-                .iter()
-                .map(|&v| v as f32)
-                .collect();
-            let plan = Plan::new(&xs, &ws, &spec, &sout).expect("a depthwise plan");
-            let (x, wt): (Vec<f32>, Vec<f32>) = (
-                x.iter().map(|&v| v as f32).collect(),
-                wt.iter().map(|&v| v as f32).collect(),
-            );
+            let t = Depthwise::new([n, c, og, h, w], [kh, kw], s, pb, pa, d);
+            let plan = Plan::new(&t.xs, &t.ws, &t.spec(), &t.sout).expect("a depthwise plan");
             for threads in [1, 2] {
-                let mut got = vec![f32::NAN; n * o * sout[0] * sout[1]];
+                let mut got = vec![f32::NAN; t.want.len()];
                 // Safety: operands of the plan's shapes.
-                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, &F32, threads, None) };
+                unsafe { conv(t.x.as_ptr(), t.w.as_ptr(), got.as_mut_ptr(), &plan, &F32, threads, None) };
                 let case = (n, c, og, h, w, kh, kw, s, pb, pa, d);
-                assert_eq!(got, want, "{case:?}, {threads} threads");
+                assert_eq!(got, t.want, "{case:?}, {threads} threads");
             }
         }
     }

@@ -337,8 +337,8 @@ unsafe fn row3<L: Lanes, const B: usize, const S: usize>(
 }
 
 /// One output row: `sums[ox] = Σ_t weights[t] · src[ox · step + taps[t]]` (vectors of `L`
-/// channels) for `ox < ow`, `B` positions at a time; a 3 × 3 kernel's weights stay in
-/// registers.
+/// channels) for `ox < ow`, `B` positions at a time, the weights read per tap (any kernel;
+/// [`row3`] serves the 3 × 3 ones).
 ///
 /// # Safety
 /// Called with `L`'s instruction set; every read and write in bounds.
@@ -353,37 +353,12 @@ unsafe fn row<L: Lanes, const B: usize>(
 ) {
     // Safety: the caller's contract.
     unsafe {
-        if let Ok(t9) = <&[usize; 9]>::try_from(taps) {
-            let held: [L; 9] = std::array::from_fn(|t| L::load(w.add(t * L::N)));
-            positions::<L, B, 9>(src, t9, |t| held[t], sums, ow, step);
-        } else {
-            positions::<L, B, 0>(src, taps, |t| L::load(w.add(t * L::N)), sums, ow, step);
-        }
-    }
-}
-
-/// [`row`] with `K` taps (`K = 0`: `taps.len()`), the weights from `weight`.
-///
-/// # Safety
-/// As [`row`].
-#[inline(always)]
-unsafe fn positions<L: Lanes, const B: usize, const K: usize>(
-    src: *const f32,
-    taps: &[usize],
-    weight: impl Fn(usize) -> L,
-    sums: *mut f32,
-    ow: usize,
-    step: usize,
-) {
-    let k = if K > 0 { K } else { taps.len() };
-    // Safety: the caller's contract.
-    unsafe {
         let mut ox = 0;
         while ox + B <= ow {
             let mut a = [L::zero(); B];
             let at = src.add(ox * step);
-            for t in 0..k {
-                let (s, wt) = (at.add(*taps.get_unchecked(t)), weight(t));
+            for (t, &tap) in taps.iter().enumerate() {
+                let (s, wt) = (at.add(tap), L::load(w.add(t * L::N)));
                 for (u, a) in a.iter_mut().enumerate() {
                     *a = L::fma(L::load(s.add(u * step)), wt, *a);
                 }
@@ -396,8 +371,8 @@ unsafe fn positions<L: Lanes, const B: usize, const K: usize>(
         for ox in ox..ow {
             let mut a = L::zero();
             let at = src.add(ox * step);
-            for t in 0..k {
-                a = L::fma(L::load(at.add(*taps.get_unchecked(t))), weight(t), a);
+            for (t, &tap) in taps.iter().enumerate() {
+                a = L::fma(L::load(at.add(tap)), L::load(w.add(t * L::N)), a);
             }
             L::store(sums.add(ox * L::N), a);
         }
@@ -450,7 +425,7 @@ block_instance!(block_avx2, "avx2,fma", crate::simd::x86::Ymm, 4);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conv::testing::reference;
+    use crate::conv::testing::Depthwise;
 
     /// 3 × 3, 5 × 5, 7 × 7 and 1 × 3 kernels; strides 1 to 3, asymmetric padding, dilation;
     /// channel counts below, at and past a block of lanes (3, 8, 16, 20, 40); 1 × 1 to
@@ -481,30 +456,10 @@ mod tests {
             return;
         }
         for (n, c, h, w, kh, kw, s, pb, pa, d) in cases {
-            let xs = [n, c, h, w];
-            let ws = [c, 1, kh, kw];
-            let x: Vec<f64> = (0..n * c * h * w).map(|i| ((i * 7 + 3) % 11) as f64 - 5.0).collect();
-            let wt: Vec<f64> = (0..c * kh * kw).map(|i| ((i * 5 + 1) % 7) as f64 - 3.0).collect();
-            let spec = ConvSpec {
-                stride: &[s, s],
-                pad_before: &[pb, pb],
-                pad_after: &[pa, pa],
-                dilation: &[d, d],
-                groups: c,
-            };
-            let out = |i: usize, k: usize| (i + pb + pa - d * (k - 1) - 1) / s + 1;
-            let sout = [out(h, kh), out(w, kw)];
-            let want: Vec<f32> = reference(&x, xs, &wt, ws, &spec, sout)
-                .iter()
-                .map(|&v| v as f32)
-                .collect();
-            let plan = Plan::new(&xs, &ws, &spec, &sout).expect("a blocked depthwise plan");
-            let (x, wt): (Vec<f32>, Vec<f32>) = (
-                x.iter().map(|&v| v as f32).collect(),
-                wt.iter().map(|&v| v as f32).collect(),
-            );
+            let t = Depthwise::new([n, c, 1, h, w], [kh, kw], s, pb, pa, d);
+            let plan = Plan::new(&t.xs, &t.ws, &t.spec(), &t.sout).expect("a blocked depthwise plan");
             for threads in [1, 2] {
-                let mut got = vec![f32::NAN; n * c * sout[0] * sout[1]];
+                let mut got = vec![f32::NAN; t.want.len()];
                 let done = std::sync::Mutex::new(vec![0usize; n * c]);
                 let epi = |start: usize, count: usize| {
                     for p in start..start + count {
@@ -512,9 +467,9 @@ mod tests {
                     }
                 };
                 // Safety: operands of the plan's shapes.
-                unsafe { conv(x.as_ptr(), wt.as_ptr(), got.as_mut_ptr(), &plan, threads, Some(&epi)) };
+                unsafe { conv(t.x.as_ptr(), t.w.as_ptr(), got.as_mut_ptr(), &plan, threads, Some(&epi)) };
                 let case = (n, c, h, w, kh, kw, s, pb, pa, d);
-                assert_eq!(got, want, "{case:?}, {threads} threads");
+                assert_eq!(got, t.want, "{case:?}, {threads} threads");
                 assert!(
                     done.lock().unwrap().iter().all(|&k| k == 1),
                     "{case:?}: every plane's epilogue once"
