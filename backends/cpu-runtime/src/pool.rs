@@ -10,11 +10,12 @@
 //! contiguous run (output position `oy · pitch + ox`; the `pitch - ow` positions past each
 //! row are computed and dropped), so each tree node is one long elementwise `max` (vectorized
 //! at the host's width for f32). Same values, same NaN propagation, same order of comparisons
-//! as the compiled definition.
+//! as the compiled definition. f32 3 × 3 windows at stride 2 (ResNet's) skip the copy:
+//! [`plane_3x3s2`] reads the rows and splits their even and odd columns in registers.
 
 use crate::par::par_units;
 use crate::pool_grad::Geometry;
-use crate::simd::{Simd, instances};
+use crate::simd::{Lanes, Simd, instances};
 use oar_ir::DType;
 use oar_ir::ops::MaxPool2d;
 
@@ -227,7 +228,8 @@ fn plane_body<const V: bool>(g: &Geometry, x: &[f32], out: &mut [f32], phases: &
 instances!(plane_body, plane_f32, plane_avx2, plane_avx512,
     (g: &Geometry, x: &[f32], out: &mut [f32], phases: &mut [f32], tmp: &mut [f32]) -> ());
 
-/// [`plane`], at the host's full vector width for f32.
+/// [`plane`], at the host's full vector width for f32 (3 × 3 windows at stride 2, ResNet's,
+/// straight from the input rows: [`plane_3x3s2`]).
 fn any_plane<T: Lane>(g: &Geometry, x: &[T], out: &mut [T], phases: &mut [T], tmp: &mut [T]) {
     if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
         return plane(g, x, out, phases, tmp);
@@ -236,9 +238,107 @@ fn any_plane<T: Lane>(g: &Geometry, x: &[T], out: &mut [T], phases: &mut [T], tm
     unsafe {
         let f = |s: &mut [T]| std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut f32, s.len());
         let x = std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len());
+        if g.kernel == [3, 3] && g.stride == [2, 2] {
+            match Simd::detect() {
+                Simd::Avx512 => return plane_3x3s2_avx512(g, x, f(out)),
+                Simd::Avx2Fma => return plane_3x3s2_avx2(g, x, f(out)),
+                Simd::Baseline => {}
+            }
+        }
         plane_f32(g, x, f(out), f(phases), f(tmp))
     }
 }
+
+/// One plane of a 3 × 3, stride-2 max pool read straight from the input rows (no phase
+/// copy): per output vector and window row, the two vectors of input columns under it split
+/// into their even and odd columns (the window's first and second column) and the even ones
+/// from two columns on (its third); columns and rows outside the input are `-inf`, as the
+/// definition pads. The nine leaves combine by the tree of [`plane`]'s general loop — the four
+/// pairs, the pairs of pairs, their pair, then the odd ninth leaf — with the IR's `max`, so
+/// the values and NaN bits are its.
+///
+/// # Safety
+/// Called with `L`'s instruction set; `x` and `out` are one plane of `g`.
+#[inline(always)]
+unsafe fn plane_3x3s2<L: Lanes>(g: &Geometry, x: &[f32], out: &mut [f32]) {
+    let (h, w, n) = (g.h as isize, g.w as isize, L::N as isize);
+    assert!(x.len() >= g.h * g.w && out.len() >= g.oh * g.ow);
+    // Safety: every load is masked to the lanes inside its row; every store to the row's
+    // outputs (the asserts above).
+    unsafe {
+        let lowest = L::splat_value(f32::NEG_INFINITY);
+        for oy in 0..g.oh {
+            let rows: [Option<*const f32>; 3] = std::array::from_fn(|r| {
+                let iy = (2 * oy + r) as isize - g.top as isize;
+                (0..h).contains(&iy).then(|| x.as_ptr().add(iy as usize * g.w))
+            });
+            for ox in (0..g.ow).step_by(L::N) {
+                let c = 2 * ox as isize - g.left as isize;
+                let mut leaves = [lowest; 9];
+                for (r, row) in rows.iter().enumerate() {
+                    if let Some(row) = *row {
+                        let ((even, odd), (third, _)) = if c >= 0 && c + 2 + 2 * n <= w {
+                            // Inside the row: plain loads.
+                            let at = row.add(c as usize);
+                            (
+                                L::deinterleave(L::load(at), L::load(at.add(L::N))),
+                                L::deinterleave(L::load(at.add(2)), L::load(at.add(2 + L::N))),
+                            )
+                        } else {
+                            (
+                                L::deinterleave(columns(row, c, w, lowest), columns(row, c + n, w, lowest)),
+                                L::deinterleave(columns(row, c + 2, w, lowest), columns(row, c + 2 + n, w, lowest)),
+                            )
+                        };
+                        leaves[3 * r] = even;
+                        leaves[3 * r + 1] = odd;
+                        leaves[3 * r + 2] = third;
+                    }
+                }
+                let l = leaves;
+                let (n0, n1) = (L::max_ir(l[0], l[1]), L::max_ir(l[2], l[3]));
+                let (n2, n3) = (L::max_ir(l[4], l[5]), L::max_ir(l[6], l[7]));
+                let m = L::max_ir(L::max_ir(L::max_ir(n0, n1), L::max_ir(n2, n3)), l[8]);
+                L::store_first(out.as_mut_ptr().add(oy * g.ow + ox), L::N.min(g.ow - ox), m);
+            }
+        }
+    }
+}
+
+/// Input columns `c..c + N` of a row of `w`, `-inf` (`lowest`) outside it.
+///
+/// # Safety
+/// As [`plane_3x3s2`]; `row` is an input row.
+#[inline(always)]
+unsafe fn columns<L: Lanes>(row: *const f32, c: isize, w: isize, lowest: L) -> L {
+    let n = L::N as isize;
+    let (lo, hi) = ((-c).clamp(0, n) as usize, (w - c).clamp(0, n) as usize);
+    // Safety: only the lanes inside the row are read.
+    unsafe { L::load_lanes(row.wrapping_offset(c), lo, hi.max(lo), lowest) }
+}
+
+/// [`plane_3x3s2`] for one instruction set.
+macro_rules! pool_instance {
+    ($name:ident, $feat:literal, $lanes:ty) => {
+        /// # Safety
+        /// The host has the instruction set.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(g: &Geometry, x: &[f32], out: &mut [f32]) {
+            // Safety: the caller's contract.
+            unsafe { plane_3x3s2::<$lanes>(g, x, out) }
+        }
+
+        /// Off x86-64 [`Simd::detect`] is `Baseline`.
+        #[cfg(not(target_arch = "x86_64"))]
+        unsafe fn $name(_: &Geometry, _: &[f32], _: &mut [f32]) {
+            unreachable!("no vector instances off x86-64")
+        }
+    };
+}
+
+pool_instance!(plane_3x3s2_avx512, "avx512f,avx2,fma", crate::simd::x86::Zmm);
+pool_instance!(plane_3x3s2_avx2, "avx2,fma", crate::simd::x86::Ymm);
 
 /// One plane: its phases, then the tree block of output rows by block.
 #[inline(always)]
@@ -396,6 +496,97 @@ mod tests {
         max_pool2d_into((&x, &[1, 1, 4, 4]), (&mut out, &[1, 1, 2, 2]), &m, 1).unwrap();
         assert!(out[0].is_nan());
         assert_eq!(out[1..], [7.0, 13.0, 15.0]);
+    }
+
+    /// The 3 × 3 stride-2 kernel read straight from the rows gives the general tree's bits —
+    /// NaNs of several payloads, ±0 ties, ±∞, repeated values — on planes 1 to 40 wide
+    /// (vector tails, rows shorter than a vector) and 70 wide (vectors inside the row), 1 to
+    /// 9 high, paddings 0 to 2 before and 0 to 1 after, and outputs one row or column past
+    /// (ceil mode), on both vector instances the host has.
+    #[test]
+    fn direct_3x3_stride_2_is_the_tree_bit_for_bit() {
+        let specials = [
+            f32::from_bits(0x7fc0_0001),
+            f32::from_bits(0xffc1_2345),
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        let mut compared = 0;
+        for (h, w) in [
+            (1, 1),
+            (2, 3),
+            (3, 7),
+            (5, 15),
+            (8, 16),
+            (9, 17),
+            (4, 31),
+            (3, 33),
+            (6, 40),
+            (7, 2),
+            (5, 70),
+        ] {
+            for (top, left, bottom, right, extra) in
+                [(0, 0, 0, 0, 0), (1, 1, 1, 1, 0), (2, 1, 0, 1, 0), (1, 2, 1, 0, 1)]
+            {
+                if h + top + bottom < 3 || w + left + right < 3 {
+                    continue;
+                }
+                let g = Geometry {
+                    planes: 1,
+                    h,
+                    w,
+                    oh: (h + top + bottom - 3) / 2 + 1 + extra,
+                    ow: (w + left + right - 3) / 2 + 1 + extra,
+                    kernel: [3, 3],
+                    stride: [2, 2],
+                    top,
+                    left,
+                };
+                let x: Vec<f32> = (0..h * w)
+                    .map(|_| match next() % 10 {
+                        0 | 1 => specials[next() % specials.len()],
+                        _ => (next() % 5) as f32 - 2.0,
+                    })
+                    .collect();
+                let (mut phases, mut tmp) = g.scratch::<f32>();
+                let mut want = vec![0f32; g.oh * g.ow];
+                plane(&g, &x, &mut want, &mut phases, &mut tmp);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                let mut check = |name: &str, run: &dyn Fn(&mut [f32])| {
+                    let mut got = vec![1f32; g.oh * g.ow];
+                    run(&mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{name} {h}x{w} pads {top} {left} {bottom} {right} +{extra}"
+                    );
+                    compared += 1;
+                };
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let simd = Simd::detect();
+                    if simd != Simd::Baseline {
+                        // Safety: the host has AVX2 and FMA.
+                        check("avx2", &|o| unsafe { plane_3x3s2_avx2(&g, &x, o) });
+                    }
+                    if simd == Simd::Avx512 {
+                        // Safety: the host has AVX-512F.
+                        check("avx512", &|o| unsafe { plane_3x3s2_avx512(&g, &x, o) });
+                    }
+                }
+                let _ = &mut check;
+            }
+        }
+        if Simd::detect() != Simd::Baseline {
+            assert!(compared >= 30, "{compared} planes compared");
+        }
     }
 
     #[test]

@@ -146,6 +146,16 @@ pub(crate) trait Lanes: Copy {
     /// Transpose the `N × N` matrix whose rows are `rows` (`rows.len() == N`): lane `j` of
     /// row `i` becomes lane `i` of row `j`.
     unsafe fn transpose(rows: &mut [Self]);
+    /// Lanes `lo..hi` (`lo <= hi <= N`) from `p + lane`, the others `fill`; only those lanes
+    /// are read (`p` itself may point before a buffer whose elements `lo..hi` it reads).
+    unsafe fn load_lanes(p: *const f32, lo: usize, hi: usize, fill: Self) -> Self;
+    /// The even-numbered lanes of the `2N` lanes `a, b` (`a`'s first), and the odd ones.
+    unsafe fn deinterleave(a: Self, b: Self) -> (Self, Self);
+    /// The IR's binary `max`: `a > b ? a : b`, and `a` where `a` is NaN (so NaN where either
+    /// is, the first NaN's bits; the second on a tie of `-0` and `+0`).
+    unsafe fn max_ir(a: Self, b: Self) -> Self;
+    /// `v` in every lane.
+    unsafe fn splat_value(v: f32) -> Self;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -211,6 +221,23 @@ pub(crate) mod x86 {
                     unsafe { <$t>::masked_store(p, n, v.0) }
                 }
                 #[inline(always)]
+                unsafe fn load_lanes(p: *const f32, lo: usize, hi: usize, fill: Self) -> Self {
+                    unsafe { $t(<$t>::load_lanes_raw(p, lo, hi, fill.0)) }
+                }
+                #[inline(always)]
+                unsafe fn deinterleave(a: Self, b: Self) -> (Self, Self) {
+                    let (e, o) = unsafe { <$t>::deinterleave_raw(a.0, b.0) };
+                    ($t(e), $t(o))
+                }
+                #[inline(always)]
+                unsafe fn max_ir(a: Self, b: Self) -> Self {
+                    unsafe { $t(<$t>::max_ir_raw(a.0, b.0)) }
+                }
+                #[inline(always)]
+                unsafe fn splat_value(v: f32) -> Self {
+                    unsafe { $t($set1(v)) }
+                }
+                #[inline(always)]
                 unsafe fn transpose(rows: &mut [Self]) {
                     assert_eq!(rows.len(), $n);
                     let mut r: [_; $n] = std::array::from_fn(|i| rows[i].0);
@@ -238,6 +265,36 @@ pub(crate) mod x86 {
         fn mask(n: usize) -> __mmask16 {
             if n >= 16 { !0 } else { ((1u32 << n) - 1) as __mmask16 }
         }
+        #[inline(always)]
+        unsafe fn load_lanes_raw(p: *const f32, lo: usize, hi: usize, fill: __m512) -> __m512 {
+            unsafe { _mm512_mask_loadu_ps(fill, Self::mask(hi) & !Self::mask(lo), p) }
+        }
+        #[inline(always)]
+        unsafe fn deinterleave_raw(a: __m512, b: __m512) -> (__m512, __m512) {
+            unsafe {
+                let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+                (_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b))
+            }
+        }
+        #[inline(always)]
+        unsafe fn max_ir_raw(a: __m512, b: __m512) -> __m512 {
+            unsafe {
+                // `maxps(a, b)` is `a > b ? a : b` and `b` where either is NaN: only a NaN `a`
+                // needs putting back.
+                let m = _mm512_max_ps(a, b);
+                _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, a), a)
+            }
+        }
+        /// The low (high) 64-bit pairs of each 128-bit lane of `a` and `b`, interleaved.
+        #[inline(always)]
+        unsafe fn pairs_lo(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))) }
+        }
+        #[inline(always)]
+        unsafe fn pairs_hi(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))) }
+        }
         /// Rows `2i, 2i + 1` interleaved by element, then by pairs: `u[4g + j]` holds, in
         /// 128-bit lane `k`, column `4k + j` of rows `4g..4g + 4`; two rounds of 128-bit lane
         /// shuffles then gather each column's four lanes.
@@ -249,14 +306,7 @@ pub(crate) mod x86 {
                     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
                     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
                 }
-                let (lo, hi) = (
-                    |a: __m512, b: __m512| {
-                        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
-                    },
-                    |a: __m512, b: __m512| {
-                        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
-                    },
-                );
+                let (lo, hi) = (Self::pairs_lo, Self::pairs_hi);
                 let mut u = [_mm512_setzero_ps(); 16];
                 for g in 0..4 {
                     let b = 4 * g;
@@ -298,6 +348,42 @@ pub(crate) mod x86 {
                 )
             }
         }
+        #[inline(always)]
+        unsafe fn load_lanes_raw(p: *const f32, lo: usize, hi: usize, fill: __m256) -> __m256 {
+            unsafe {
+                let m = _mm256_andnot_si256(Self::mask(lo), Self::mask(hi));
+                _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m))
+            }
+        }
+        #[inline(always)]
+        unsafe fn deinterleave_raw(a: __m256, b: __m256) -> (__m256, __m256) {
+            unsafe {
+                // Within each 128-bit half: a's pair then b's pair; then the halves' middle
+                // quarters swapped.
+                let (e, o) = (_mm256_shuffle_ps::<0x88>(a, b), _mm256_shuffle_ps::<0xdd>(a, b));
+                (Self::middle_swapped(e), Self::middle_swapped(o))
+            }
+        }
+        /// The 64-bit quarters `0, 2, 1, 3` of `v`.
+        #[inline(always)]
+        unsafe fn middle_swapped(v: __m256) -> __m256 {
+            unsafe { _mm256_castpd_ps(_mm256_permute4x64_pd::<0xd8>(_mm256_castps_pd(v))) }
+        }
+        #[inline(always)]
+        unsafe fn max_ir_raw(a: __m256, b: __m256) -> __m256 {
+            unsafe {
+                let m = _mm256_max_ps(a, b);
+                _mm256_blendv_ps(m, a, _mm256_cmp_ps::<_CMP_UNORD_Q>(a, a))
+            }
+        }
+        #[inline(always)]
+        unsafe fn pairs_lo(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))) }
+        }
+        #[inline(always)]
+        unsafe fn pairs_hi(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))) }
+        }
         /// As [`Zmm::transpose_in_place`], the last round a 128-bit lane exchange.
         #[inline(always)]
         unsafe fn transpose_in_place(r: &mut [__m256; 8]) {
@@ -307,14 +393,7 @@ pub(crate) mod x86 {
                     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
                     t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
                 }
-                let (lo, hi) = (
-                    |a: __m256, b: __m256| {
-                        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)))
-                    },
-                    |a: __m256, b: __m256| {
-                        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)))
-                    },
-                );
+                let (lo, hi) = (Self::pairs_lo, Self::pairs_hi);
                 let mut u = [_mm256_setzero_ps(); 8];
                 for g in 0..2 {
                     let b = 4 * g;
