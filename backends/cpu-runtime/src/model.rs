@@ -37,6 +37,9 @@ pub struct Model {
     run_bytes: u64,
     /// Per step: what its kernel derived from constant operands on the first run.
     derived: Vec<contraction::WeightCache>,
+    /// Per step: the convolution epilogue the runtime applies with its own vector code
+    /// ([`crate::epilogue`]), recognized once.
+    chains: Vec<Option<crate::epilogue::ConvEpilogue>>,
     /// Per step: computed once by [`Model::hoist`], skipped by every run.
     hoisted: Vec<bool>,
     /// The outputs handed over by recent runs, per output buffer: a run writes an output into
@@ -130,7 +133,26 @@ impl Model {
             .fold(0, u64::saturating_add);
         let run_bytes = (prog.plan.arena_bytes as u64).saturating_add(outputs);
         let derived = (0..prog.steps.len()).map(|_| Default::default()).collect();
+        let chains = prog
+            .steps
+            .iter()
+            .map(|step| match step {
+                Step::Contraction {
+                    kernel,
+                    epilogue: Some(_),
+                    ..
+                } => {
+                    let k = prog.program.kernels.get(*kernel as usize)?;
+                    let KernelBody::Contraction(c) = &k.body else {
+                        return None;
+                    };
+                    crate::epilogue::ConvEpilogue::of(c, *k.outputs.first()?, &prog.program)
+                }
+                _ => None,
+            })
+            .collect();
         let mut model = Model {
+            chains,
             hoisted: vec![false; prog.steps.len()],
             handed: std::sync::Mutex::new(BTreeMap::new()),
             derived,
@@ -743,49 +765,41 @@ impl Model {
                 let KernelBody::Contraction(c) = &k.body else {
                     return Err(bad_step(k, "contraction step on a non-contraction kernel"));
                 };
-                if epilogue.is_some()
-                    && let Some(native) = crate::epilogue::ConvEpilogue::of(c, k.outputs[0], p)
-                {
-                    // The chain at full vector width: on the planes the kernel completes, or
-                    // after it on every plane.
-                    let (base, n) = (bufs.as_ptr() as usize, bufs.len());
-                    let apply = |first: usize, count: usize| {
-                        // Safety: the step's live buffers, the contraction's planes done.
-                        unsafe { native.apply(std::slice::from_raw_parts(base as *const *mut u8, n), first, count) }
-                    };
-                    // Safety: every buffer pointer is live and as long as its static type.
-                    let applied = unsafe {
-                        contraction::run(
-                            c,
-                            k.outputs[0],
-                            p,
-                            bufs,
-                            self.threads,
-                            self.derived.get(index),
-                            Some(&apply),
-                        )?
-                    };
-                    if !applied {
-                        let planes = native.planes();
-                        let per = (planes / (4 * self.threads).max(1)).max(1);
-                        par_units(planes.div_ceil(per), self.threads, || (), |_, u| apply(u * per, per));
-                    }
-                    return Ok(Launched::Device);
-                }
+                let native = self.chains.get(index).and_then(Option::as_ref);
                 let status = AtomicI32::new(0);
-                let iters = self.epilogue_fn(epilogue.as_ref().filter(|_| *plane_iters > 0), bufs, &status);
+                // The generated epilogue over outer iterations, or the recognized chain at full
+                // vector width; either on the planes the kernel completes where it can.
+                let generated = epilogue.as_ref().filter(|_| *plane_iters > 0 && native.is_none());
+                let iters = self.epilogue_fn(generated, bufs, &status);
                 let per = *plane_iters as usize;
                 let by_plane = iters
                     .as_ref()
                     .map(|f| move |first: usize, n: usize| f(first * per, (first + n) * per));
-                let epi = by_plane.as_ref().map(|f| f as contraction::PlaneEpilogue);
+                let (base, n) = (bufs.as_ptr() as usize, bufs.len());
+                let chain = native.map(|chain| {
+                    move |first: usize, count: usize| {
+                        // Safety: the step's live buffers, the contraction's planes done.
+                        unsafe { chain.apply(std::slice::from_raw_parts(base as *const *mut u8, n), first, count) }
+                    }
+                });
+                let epi = match (&chain, &by_plane) {
+                    (Some(f), _) => Some(f as contraction::PlaneEpilogue),
+                    (None, Some(f)) => Some(f as contraction::PlaneEpilogue),
+                    (None, None) => None,
+                };
                 // Safety: every buffer pointer is live and as long as its static type.
                 let applied =
                     unsafe { contraction::run(c, k.outputs[0], p, bufs, self.threads, self.derived.get(index), epi)? };
-                match epilogue {
-                    Some(_) if applied => kernel_status(k, status.load(Ordering::Relaxed))?,
-                    Some(call) => kernel_status(k, self.call(call, bufs))?,
-                    None => {}
+                match (epilogue, native.zip(chain.as_ref())) {
+                    (_, Some((native, apply))) if !applied => {
+                        let planes = native.planes();
+                        let per = (planes / (4 * self.threads).max(1)).max(1);
+                        par_units(planes.div_ceil(per), self.threads, || (), |_, u| apply(u * per, per));
+                    }
+                    (_, Some(_)) => {}
+                    (Some(_), None) if applied => kernel_status(k, status.load(Ordering::Relaxed))?,
+                    (Some(call), None) => kernel_status(k, self.call(call, bufs))?,
+                    (None, None) => {}
                 }
             }
             Some(Step::Native { kernel, epilogue }) => {
