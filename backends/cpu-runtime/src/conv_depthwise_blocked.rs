@@ -18,8 +18,10 @@
 //! - The band's sums are transposed back into the `L` output planes, and the convolution's
 //!   epilogue runs on the block's planes once they are complete.
 
+use crate::blocked::Layouts;
 use crate::contraction::{PlaneEpilogue, SendPtr};
 use crate::conv::ConvSpec;
+use crate::epilogue::VectorChain;
 use crate::par::par_units;
 use crate::simd::{Lanes, Simd};
 
@@ -42,6 +44,7 @@ pub(crate) struct Plan {
     sh: usize,
     sw: usize,
     pt: usize,
+    pl: usize,
     /// Per kernel tap (row-major): where its window starts relative to the output position's
     /// first scratch row and column, in floats.
     taps: Vec<usize>,
@@ -113,6 +116,7 @@ impl Plan {
             sh,
             sw,
             pt,
+            pl,
             taps,
             kext,
             wp,
@@ -149,6 +153,33 @@ pub(crate) unsafe fn conv(
     threads: usize,
     epi: Option<PlaneEpilogue>,
 ) {
+    let nchw = Layouts {
+        input: false,
+        output: false,
+    };
+    // Safety: the caller's contract.
+    unsafe { conv_in(x, w, out, p, nchw, threads, epi, None) }
+}
+
+/// [`conv`] with either side stored blocked (NCHW`L`c, whole blocks of channels): a blocked
+/// input's rows are copied into the band's scratch instead of transposed, and a blocked
+/// output's sums are written in place and `chain` applied to them (`epi` serves an NCHW
+/// output).
+///
+/// # Safety
+/// As [`conv`]; a blocked side has whole blocks of channels; the chain's buffers are live and
+/// of the output's size.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv_in(
+    x: *const f32,
+    w: *const f32,
+    out: *mut f32,
+    p: &Plan,
+    layouts: Layouts,
+    threads: usize,
+    epi: Option<PlaneEpilogue>,
+    chain: Option<&VectorChain>,
+) {
     let lanes = p.simd.lanes();
     let blocks = p.c.div_ceil(lanes);
     let macs = (p.n * p.c).saturating_mul(p.oh * p.ow).saturating_mul(p.taps.len());
@@ -168,34 +199,56 @@ pub(crate) unsafe fn conv(
             let cb = lanes.min(p.c - c0);
             // Safety: the caller's contract; units write disjoint planes.
             unsafe {
+                let at = Block {
+                    x: x.get(),
+                    w: w.get(),
+                    out: out.get(),
+                    b,
+                    c0,
+                    cb,
+                    layouts,
+                    chain,
+                };
                 match p.simd {
-                    Simd::Avx512 => block_avx512(p, x.get(), w.get(), out.get(), b, c0, cb, s),
-                    _ => block_avx2(p, x.get(), w.get(), out.get(), b, c0, cb, s),
+                    Simd::Avx512 => block_avx512(p, &at, s),
+                    _ => block_avx2(p, &at, s),
                 }
             }
-            if let Some(epi) = epi {
+            if let Some(epi) = epi.filter(|_| !layouts.output) {
                 epi(b * p.c + c0, cb);
             }
         },
     );
 }
 
-/// Channels `c0..c0 + cb` of image `b`, band by band.
-///
-/// # Safety
-/// Called with `L`'s instruction set (`L::N` the plan's lanes); the pointers as [`conv`]'s.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block<L: Lanes, const B: usize>(
-    p: &Plan,
+/// One unit's operands: channels `c0..c0 + cb` of image `b`.
+struct Block<'a> {
     x: *const f32,
     w: *const f32,
     out: *mut f32,
     b: usize,
     c0: usize,
     cb: usize,
-    s: &mut Scratch,
-) {
+    layouts: Layouts,
+    chain: Option<&'a VectorChain>,
+}
+
+/// Channels `c0..c0 + cb` of image `b`, band by band.
+///
+/// # Safety
+/// Called with `L`'s instruction set (`L::N` the plan's lanes); the pointers as [`conv_in`]'s.
+#[inline(always)]
+unsafe fn block<L: Lanes, const B: usize>(p: &Plan, at: &Block, s: &mut Scratch) {
+    let Block {
+        x,
+        w,
+        out,
+        b,
+        c0,
+        cb,
+        layouts,
+        chain,
+    } = *at;
     let ks = p.taps.len();
     let (plane_in, plane_out) = (p.h * p.w, p.oh * p.ow);
     // Safety (the whole body): every offset below is within the caller's buffers (image `b`,
@@ -227,7 +280,17 @@ unsafe fn block<L: Lanes, const B: usize>(
             // The input rows the band reads, transposed into their scratch rows.
             let first = iy0.max(0) as usize;
             let last = ((iy0 + in_rows as isize).max(0) as usize).min(p.h);
-            if first < last {
+            if first < last && layouts.input {
+                // Blocked rows: copied whole.
+                let block = x.add((b * p.c + c0) * plane_in);
+                for iy in first..last {
+                    let dst = s
+                        .input
+                        .as_mut_ptr()
+                        .add((iy as isize - iy0) as usize * row_floats + p.pl * L::N);
+                    std::ptr::copy_nonoverlapping(block.add(iy * p.w * L::N), dst, p.w * L::N);
+                }
+            } else if first < last {
                 let base = s.input.as_mut_ptr().add((first as isize - iy0) as usize * row_floats);
                 let (q0, q1) = (first * p.w, last * p.w);
                 for q in (q0..q1).step_by(L::N) {
@@ -255,11 +318,16 @@ unsafe fn block<L: Lanes, const B: usize>(
                     }
                 }
             }
-            // The band's sums, position-major.
+            // The band's sums, position-major: in the output's rows when it is blocked.
+            let sums_at = if layouts.output {
+                xout.add(oy0 * p.ow * L::N)
+            } else {
+                s.sums.as_mut_ptr()
+            };
             for r in 0..oy1 - oy0 {
                 let (src, sums) = (
                     s.input.as_ptr().add(r * p.sh * row_floats),
-                    s.sums.as_mut_ptr().add(r * p.ow * L::N),
+                    sums_at.add(r * p.ow * L::N),
                 );
                 match p.kernel3 {
                     Some((rows_apart, 1)) => row3::<L, B, 1>(src, rows_apart, s.weights.as_ptr(), sums, p.ow),
@@ -267,8 +335,19 @@ unsafe fn block<L: Lanes, const B: usize>(
                     _ => row::<L, B>(src, &p.taps, s.weights.as_ptr(), sums, p.ow, p.sw * L::N),
                 }
             }
-            // Back to the output planes.
             let len = (oy1 - oy0) * p.ow;
+            if layouts.output {
+                if let Some(chain) = chain {
+                    let bias = chain.bias_block::<L>(c0);
+                    let first = (b * p.c + c0) * plane_out + oy0 * p.ow * L::N;
+                    for q in 0..len {
+                        let v = L::load(sums_at.add(q * L::N));
+                        L::store(sums_at.add(q * L::N), chain.apply(v, bias, first + q * L::N, L::N));
+                    }
+                }
+                continue;
+            }
+            // Back to the output planes.
             for q in (0..len).step_by(L::N) {
                 let n = L::N.min(len - q);
                 for (j, r) in rows.iter_mut().enumerate() {
@@ -387,33 +466,15 @@ macro_rules! block_instance {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $feat)]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $name(
-            p: &Plan,
-            x: *const f32,
-            w: *const f32,
-            out: *mut f32,
-            b: usize,
-            c0: usize,
-            cb: usize,
-            s: &mut Scratch,
-        ) {
+        unsafe fn $name(p: &Plan, at: &Block, s: &mut Scratch) {
             // Safety: the caller's contract.
-            unsafe { block::<$lanes, $b>(p, x, w, out, b, c0, cb, s) }
+            unsafe { block::<$lanes, $b>(p, at, s) }
         }
 
         /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
         #[cfg(not(target_arch = "x86_64"))]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $name(
-            _: &Plan,
-            _: *const f32,
-            _: *const f32,
-            _: *mut f32,
-            _: usize,
-            _: usize,
-            _: usize,
-            _: &mut Scratch,
-        ) {
+        unsafe fn $name(_: &Plan, _: &Block, _: &mut Scratch) {
             unreachable!("no vector instances off x86-64")
         }
     };
@@ -425,6 +486,7 @@ block_instance!(block_avx2, "avx2,fma", crate::simd::x86::Ymm, 4);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocked::{from_blocked, to_blocked};
     use crate::conv::testing::Depthwise;
 
     /// 3 × 3, 5 × 5, 7 × 7 and 1 × 3 kernels; strides 1 to 3, asymmetric padding, dilation;
@@ -474,6 +536,43 @@ mod tests {
                     done.lock().unwrap().iter().all(|&k| k == 1),
                     "{case:?}: every plane's epilogue once"
                 );
+                // Blocked layouts (whole blocks of channels only), the output's with the
+                // chain: bias, residual, clamps.
+                let l = Simd::detect().lanes();
+                if !c.is_multiple_of(l) {
+                    continue;
+                }
+                let (pi, po) = (h * w, t.sout[0] * t.sout[1]);
+                let bias: Vec<f32> = (0..c).map(|i| (i % 5) as f32 - 2.0).collect();
+                let res: Vec<f32> = (0..t.want.len()).map(|i| ((i * 3) % 13) as f32 - 6.0).collect();
+                let chained: Vec<f32> = (t.want.iter().enumerate())
+                    .map(|(i, &v)| (v + bias[i / po % c] + res[i]).clamp(-20.0, 30.0))
+                    .collect();
+                let rb = to_blocked(&res, n, c, po, l);
+                let chain = VectorChain::new(bias.as_ptr(), rb.as_ptr(), -20.0, 30.0, false);
+                let xb = to_blocked(&t.x, n, c, pi, l);
+                for (input, output) in [(true, false), (false, true), (true, true)] {
+                    let mut got = vec![f32::NAN; t.want.len()];
+                    let xin = if input { &xb } else { &t.x };
+                    // Safety: operands of the plan's shapes, chain buffers of the output's.
+                    unsafe {
+                        conv_in(
+                            xin.as_ptr(),
+                            t.w.as_ptr(),
+                            got.as_mut_ptr(),
+                            &plan,
+                            Layouts { input, output },
+                            threads,
+                            None,
+                            Some(&chain),
+                        )
+                    };
+                    if output {
+                        assert_eq!(from_blocked(&got, n, c, po, l), chained, "{case:?} blocked output");
+                    } else {
+                        assert_eq!(got, t.want, "{case:?} blocked input");
+                    }
+                }
             }
         }
     }

@@ -177,6 +177,113 @@ impl ConvEpilogue {
     }
 }
 
+/// A chain's operands as addresses, for a kernel that applies it to its sums while they are
+/// in registers ([`VectorChain::apply`]): a blocked convolution's, whose output (and
+/// residual, in the same layout) is stored in channel blocks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VectorChain {
+    bias: *const f32,
+    residual: *const f32,
+    lo: f32,
+    hi: f32,
+    max_first: bool,
+}
+
+// Safety: read-only addresses of a step's live buffers, shared by the step's threads.
+unsafe impl Send for VectorChain {}
+unsafe impl Sync for VectorChain {}
+
+impl ConvEpilogue {
+    /// The chain on the buffers `bufs` (the step's live base pointers).
+    pub(crate) fn vectors(&self, bufs: &[*mut u8]) -> VectorChain {
+        let ptr = |b: Option<BufferId>| b.map_or(std::ptr::null(), |b| bufs[b.index()] as *const f32);
+        VectorChain {
+            bias: ptr(self.bias),
+            residual: ptr(self.residual),
+            lo: self.lo,
+            hi: self.hi,
+            max_first: self.max_first,
+        }
+    }
+
+    /// The residual the chain adds, if any: a buffer of the output's shape, read at the
+    /// output's own offsets (so it must be stored in the output's layout).
+    pub(crate) fn residual(&self) -> Option<BufferId> {
+        self.residual
+    }
+}
+
+impl VectorChain {
+    /// A chain on the given addresses (null: no such step), for tests.
+    #[cfg(test)]
+    pub(crate) fn new(bias: *const f32, residual: *const f32, lo: f32, hi: f32, max_first: bool) -> VectorChain {
+        VectorChain {
+            bias,
+            residual,
+            lo,
+            hi,
+            max_first,
+        }
+    }
+
+    /// The biases of channels `c..c + L::N` (a block of the output's channels).
+    ///
+    /// # Safety
+    /// Called with `L`'s instruction set; the bias holds those channels.
+    #[inline(always)]
+    pub(crate) unsafe fn bias_block<L: Lanes>(&self, c: usize) -> L {
+        // Safety: the caller's contract.
+        unsafe {
+            if self.bias.is_null() {
+                L::zero()
+            } else {
+                L::load(self.bias.add(c))
+            }
+        }
+    }
+
+    /// Channel `c`'s bias in every lane.
+    ///
+    /// # Safety
+    /// Called with `L`'s instruction set; the bias holds channel `c`.
+    #[inline(always)]
+    pub(crate) unsafe fn bias_splat<L: Lanes>(&self, c: usize) -> L {
+        // Safety: the caller's contract.
+        unsafe {
+            if self.bias.is_null() {
+                L::zero()
+            } else {
+                L::splat(self.bias.add(c))
+            }
+        }
+    }
+
+    /// The chain on sums `v` of `n` consecutive output elements stored from offset `at` on,
+    /// with their biases `b`: the same steps, in the same order, as [`ConvEpilogue::apply`].
+    ///
+    /// # Safety
+    /// Called with `L`'s instruction set; the residual holds elements `at..at + n`.
+    #[inline(always)]
+    pub(crate) unsafe fn apply<L: Lanes>(&self, v: L, b: L, at: usize, n: usize) -> L {
+        // Safety: the caller's contract.
+        unsafe {
+            let mut v = v;
+            if !self.bias.is_null() {
+                v = L::add(v, b);
+            }
+            if !self.residual.is_null() {
+                v = L::add(v, L::load_first(self.residual.add(at), n));
+            }
+            let (lo, hi) = (L::splat(&self.lo), L::splat(&self.hi));
+            if self.max_first {
+                L::min(hi, L::max(lo, v))
+            } else {
+                L::max(lo, L::min(hi, v))
+            }
+        }
+    }
+}
+
 /// A chain on some planes, with its buffers' addresses.
 struct Chain {
     out: *mut f32,

@@ -12,6 +12,7 @@
 
 pub mod attention;
 pub mod bf16;
+mod blocked;
 pub mod capi;
 mod contraction;
 mod conv;
@@ -19,6 +20,7 @@ mod conv_depthwise;
 mod conv_depthwise_blocked;
 mod conv_direct;
 pub mod conv_grad;
+mod conv_pointwise_blocked;
 mod conv_tiled;
 mod conv_wgrad;
 mod epilogue;
@@ -53,6 +55,14 @@ pub fn native_epilogue(k: &oar_ir::kernel::Kernel, p: &oar_ir::kernel::KernelPro
             .is_some_and(|&out| epilogue::ConvEpilogue::of(c, out, p).is_some()),
         _ => false,
     }
+}
+/// Per step of `prog`: for a convolution run on the blocked channel layout on this host
+/// (`crate::blocked`), whether its input and its output are stored blocked; `None` for the
+/// other steps. Weight-only steps, which a model computes once, count as unblocked.
+pub fn blocked_layouts(prog: &CpuProgram) -> Vec<Option<(bool, bool)>> {
+    let chains = model::chains(prog);
+    let plan = blocked::plan(&prog.program, &prog.steps, &chains, &vec![false; prog.steps.len()]);
+    plan.iter().map(|s| s.as_ref().map(|s| s.layouts())).collect()
 }
 pub use model::Model;
 pub use program::{CpuProgram, KernelFn, LoopCall, NativeEpilogue, RowPiece, Step, decode_blob, encode_blob};

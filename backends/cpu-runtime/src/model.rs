@@ -42,6 +42,8 @@ pub struct Model {
     chains: Vec<Option<crate::epilogue::ConvEpilogue>>,
     /// Per step: computed once by [`Model::hoist`], skipped by every run.
     hoisted: Vec<bool>,
+    /// Per step: the blocked-layout convolution it runs instead ([`crate::blocked`]).
+    blocked: Vec<Option<crate::blocked::BlockedConv>>,
     /// The outputs handed over by recent runs, per output buffer: a run writes an output into
     /// the allocation of one its caller has since dropped, instead of faulting in fresh pages
     /// (a training step's new parameters and optimizer moments replace the previous ones on
@@ -56,6 +58,27 @@ const KEPT_OUTPUTS: usize = 2;
 // everything else is owned data.
 unsafe impl Send for Model {}
 unsafe impl Sync for Model {}
+
+/// Per step: the convolution epilogue chain the runtime applies itself, if any.
+pub(crate) fn chains(prog: &CpuProgram) -> Vec<Option<crate::epilogue::ConvEpilogue>> {
+    prog.steps
+        .iter()
+        .map(|step| match step {
+            Step::Contraction {
+                kernel,
+                epilogue: Some(_),
+                ..
+            } => {
+                let k = prog.program.kernels.get(*kernel as usize)?;
+                let KernelBody::Contraction(c) = &k.body else {
+                    return None;
+                };
+                crate::epilogue::ConvEpilogue::of(c, *k.outputs.first()?, &prog.program)
+            }
+            _ => None,
+        })
+        .collect()
+}
 
 fn weight_err(name: &str, detail: String) -> BackendError {
     BackendError::Weight {
@@ -133,27 +156,11 @@ impl Model {
             .fold(0, u64::saturating_add);
         let run_bytes = (prog.plan.arena_bytes as u64).saturating_add(outputs);
         let derived = (0..prog.steps.len()).map(|_| Default::default()).collect();
-        let chains = prog
-            .steps
-            .iter()
-            .map(|step| match step {
-                Step::Contraction {
-                    kernel,
-                    epilogue: Some(_),
-                    ..
-                } => {
-                    let k = prog.program.kernels.get(*kernel as usize)?;
-                    let KernelBody::Contraction(c) = &k.body else {
-                        return None;
-                    };
-                    crate::epilogue::ConvEpilogue::of(c, *k.outputs.first()?, &prog.program)
-                }
-                _ => None,
-            })
-            .collect();
+        let chains = chains(&prog);
         let mut model = Model {
             chains,
             hoisted: vec![false; prog.steps.len()],
+            blocked: Vec::new(),
             handed: std::sync::Mutex::new(BTreeMap::new()),
             derived,
             prog,
@@ -166,6 +173,7 @@ impl Model {
             threads: rayon::current_num_threads().max(1),
         };
         model.hoist()?;
+        model.blocked = crate::blocked::plan(&model.prog.program, &model.prog.steps, &model.chains, &model.hoisted);
         Ok(model)
     }
 
@@ -766,6 +774,12 @@ impl Model {
                     return Err(bad_step(k, "contraction step on a non-contraction kernel"));
                 };
                 let native = self.chains.get(index).and_then(Option::as_ref);
+                if let Some(blocked) = self.blocked.get(index).and_then(Option::as_ref) {
+                    // Safety: every buffer pointer is live and as long as its static type; the
+                    // plan's blocked buffers are written and read by blocked steps only.
+                    unsafe { blocked.run(bufs, self.threads, self.derived.get(index), native) };
+                    return Ok(Launched::Device);
+                }
                 let status = AtomicI32::new(0);
                 // The generated epilogue over outer iterations, or the recognized chain at full
                 // vector width; either on the planes the kernel completes where it can.

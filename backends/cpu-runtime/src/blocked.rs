@@ -1,0 +1,261 @@
+//! The blocked channel layout NCHW`L`c across a network: which convolution steps run on it
+//! and which buffers are stored in it.
+
+use crate::contraction::{WeightCache, operand_view};
+use crate::conv::ConvSpec;
+use crate::epilogue::ConvEpilogue;
+use crate::program::Step;
+use crate::simd::Simd;
+use crate::{conv_depthwise_blocked as depthwise, conv_pointwise_blocked as pointwise};
+use oar_ir::DType;
+use oar_ir::kernel::{BufferId, BufferKind, Contraction, KernelBody, KernelProgram};
+
+/// A blocked convolution's operand layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layouts {
+    /// The input is stored blocked (its channels a whole number of blocks).
+    pub(crate) input: bool,
+    /// The output (and the chain's residual) is stored blocked.
+    pub(crate) output: bool,
+}
+
+/// `x[N, C, P]` (NCHW, `P` positions per channel) in NCHW`l`c, `C` a multiple of `l`.
+#[cfg(test)]
+pub(crate) fn to_blocked(x: &[f32], n: usize, c: usize, p: usize, l: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for b in 0..n {
+        for ch in 0..c {
+            for q in 0..p {
+                out[((b * (c / l) + ch / l) * p + q) * l + ch % l] = x[(b * c + ch) * p + q];
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of [`to_blocked`].
+#[cfg(test)]
+pub(crate) fn from_blocked(x: &[f32], n: usize, c: usize, p: usize, l: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for b in 0..n {
+        for ch in 0..c {
+            for q in 0..p {
+                out[(b * c + ch) * p + q] = x[((b * (c / l) + ch / l) * p + q) * l + ch % l];
+            }
+        }
+    }
+    out
+}
+
+/// The kernel a blocked convolution step runs.
+#[derive(Debug)]
+enum Kind {
+    Pointwise(pointwise::Plan),
+    Depthwise(depthwise::Plan),
+}
+
+/// A convolution step run by a blocked kernel: its operands and their layouts.
+#[derive(Debug)]
+pub(crate) struct BlockedConv {
+    kind: Kind,
+    x: BufferId,
+    w: BufferId,
+    out: BufferId,
+    /// Whether the weights are a param or a constant (packed once, kept in the step's cache).
+    w_is_weight: bool,
+    layouts: Layouts,
+}
+
+/// Output positions per image up to which a convolution runs blocked (`OAR_CPU_BLOCKED`:
+/// a number, or `off`). Past it the NCHW paths are as fast on the large planes of a
+/// network's first stages.
+fn max_positions() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| match std::env::var("OAR_CPU_BLOCKED") {
+        Ok(v) if v.eq_ignore_ascii_case("off") => 0,
+        Ok(v) => v.parse().unwrap_or(DEFAULT_MAX_POSITIONS),
+        Err(_) => DEFAULT_MAX_POSITIONS,
+    })
+}
+
+const DEFAULT_MAX_POSITIONS: usize = 28 * 28;
+
+/// The blocked steps of a program (per step; `None` runs as before) and, implicitly, the
+/// buffers stored blocked: a temporary f32 buffer of whole channel blocks is blocked when
+/// the step writing it and every step reading it run blocked — as a convolution's input, or
+/// as the residual of its epilogue chain whose output is blocked too. Every other buffer,
+/// the program's inputs and outputs among them, stays NCHW: the blocked kernels reorder at
+/// those boundaries.
+pub(crate) fn plan(
+    p: &KernelProgram,
+    steps: &[Step],
+    chains: &[Option<ConvEpilogue>],
+    hoisted: &[bool],
+) -> Vec<Option<BlockedConv>> {
+    let simd = Simd::detect();
+    let limit = max_positions();
+    let mut out: Vec<Option<BlockedConv>> = (0..steps.len())
+        .map(|i| {
+            if simd == Simd::Baseline || limit == 0 || hoisted.get(i).copied().unwrap_or(true) {
+                return None;
+            }
+            candidate(p, steps.get(i)?, chains.get(i).and_then(Option::as_ref), limit)
+        })
+        .collect();
+    let lanes = simd.lanes();
+    // Blocked buffers: written by a candidate, whole blocks, temporary.
+    let mut blocked = vec![false; p.buffers.len()];
+    for c in out.iter().flatten() {
+        let b = p.buffer(c.out);
+        let channels = b.ty.shape.as_static().and_then(|s| s.get(1).copied());
+        blocked[c.out.index()] = b.kind == BufferKind::Temp && channels.is_some_and(|c| c % lanes == 0);
+    }
+    // Every reader of a blocked buffer reads it as a candidate's input or residual.
+    for (i, k) in p.kernels.iter().enumerate() {
+        let step = out.get(i).and_then(Option::as_ref);
+        let residual = chains.get(i).and_then(Option::as_ref).and_then(ConvEpilogue::residual);
+        for r in k.reads() {
+            let fine = step.is_some_and(|s| r == s.x || Some(r) == residual) && step.is_some_and(|s| r != s.w);
+            if !fine {
+                blocked[r.index()] = false;
+            }
+        }
+    }
+    // A chain's residual is read at the output's offsets: the same layout.
+    loop {
+        let mut changed = false;
+        for (i, c) in out.iter().enumerate() {
+            let Some(c) = c else { continue };
+            if let Some(r) = chains.get(i).and_then(Option::as_ref).and_then(ConvEpilogue::residual)
+                && blocked[r.index()] != blocked[c.out.index()]
+            {
+                blocked[r.index()] = false;
+                blocked[c.out.index()] = false;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for c in out.iter_mut().flatten() {
+        c.layouts = Layouts {
+            input: blocked[c.x.index()],
+            output: blocked[c.out.index()],
+        };
+    }
+    // A step with both sides NCHW runs as before (its own paths are as fast there).
+    for c in &mut out {
+        if c.as_ref().is_some_and(|c| !c.layouts.input && !c.layouts.output) {
+            *c = None;
+        }
+    }
+    out
+}
+
+/// The blocked kernel for step `step`, if it is an f32 2-d convolution one serves, whose
+/// operands are whole dense buffers and whose epilogue is none or a recognized chain.
+fn candidate(p: &KernelProgram, step: &Step, chain: Option<&ConvEpilogue>, limit: usize) -> Option<BlockedConv> {
+    let Step::Contraction { kernel, epilogue, .. } = step else {
+        return None;
+    };
+    if epilogue.is_some() && chain.is_none() {
+        return None;
+    }
+    let k = p.kernels.get(*kernel as usize)?;
+    let KernelBody::Contraction(c) = &k.body else {
+        return None;
+    };
+    let Contraction::Conv(conv) = &c.op else {
+        return None;
+    };
+    let out = *k.outputs.first()?;
+    if c.acc_dtype != DType::F32 || c.lhs.round.is_some() || c.rhs.round.is_some() {
+        return None;
+    }
+    let (xv, x) = operand_view(&c.lhs, p, "lhs").ok()?;
+    let (wv, w) = operand_view(&c.rhs, p, "rhs").ok()?;
+    let whole = |v: &crate::contraction::View, b: BufferId| {
+        let buf = p.buffer(b);
+        v.is_dense()
+            && v.offset == 0
+            && buf.ty.dtype == DType::F32
+            && buf
+                .ty
+                .shape
+                .as_static()
+                .is_some_and(|s| s.iter().product::<usize>() == v.len())
+    };
+    if !whole(&xv, x) || !whole(&wv, w) || p.buffer(out).ty.dtype != DType::F32 || x == out || w == out {
+        return None;
+    }
+    let shape: Vec<usize> = c.shape.iter().map(|d| d.as_static()).collect::<Option<_>>()?;
+    if shape.len() != 4 || shape[2] * shape[3] > limit {
+        return None;
+    }
+    let spec = ConvSpec::of(conv);
+    let kind = if let Some(plan) = pointwise::Plan::new(&xv.shape, &wv.shape, &spec, &shape[2..]) {
+        Kind::Pointwise(plan)
+    } else {
+        Kind::Depthwise(depthwise::Plan::new(&xv.shape, &wv.shape, &spec, &shape[2..])?)
+    };
+    Some(BlockedConv {
+        kind,
+        x,
+        w,
+        out,
+        w_is_weight: p.buffer(w).kind.is_weight(),
+        layouts: Layouts {
+            input: false,
+            output: false,
+        },
+    })
+}
+
+impl BlockedConv {
+    /// Whether the input and the output are stored blocked.
+    pub(crate) fn layouts(&self) -> (bool, bool) {
+        (self.layouts.input, self.layouts.output)
+    }
+
+    /// Run the convolution and its chain.
+    ///
+    /// # Safety
+    /// `bufs` holds live base pointers for every buffer of the program the step was planned
+    /// for, sized as their types say, the blocked ones stored blocked.
+    pub(crate) unsafe fn run(
+        &self,
+        bufs: &[*mut u8],
+        threads: usize,
+        cache: Option<&WeightCache>,
+        chain: Option<&ConvEpilogue>,
+    ) {
+        let (x, w, out) = (
+            bufs[self.x.index()] as *const f32,
+            bufs[self.w.index()] as *const f32,
+            bufs[self.out.index()] as *mut f32,
+        );
+        let vectors = chain.map(|c| c.vectors(bufs));
+        let cache = cache.filter(|_| self.w_is_weight);
+        // An NCHW depthwise output takes the chain plane by plane as its blocks complete.
+        let (base, nb) = (bufs.as_ptr() as usize, bufs.len());
+        let planes = move |first: usize, n: usize| {
+            if let Some(c) = chain {
+                // Safety: the step's live buffers; the planes are done.
+                unsafe { c.apply(std::slice::from_raw_parts(base as *const *mut u8, nb), first, n) }
+            }
+        };
+        let epi = (chain.is_some() && !self.layouts.output).then_some(&planes as crate::contraction::PlaneEpilogue);
+        // Safety: the caller's contract; the plans were made for these buffers' shapes.
+        unsafe {
+            match &self.kind {
+                Kind::Pointwise(plan) => {
+                    pointwise::conv(x, w, out, plan, self.layouts, threads, cache, vectors.as_ref())
+                }
+                Kind::Depthwise(plan) => {
+                    depthwise::conv_in(x, w, out, plan, self.layouts, threads, epi, vectors.as_ref())
+                }
+            }
+        }
+    }
+}

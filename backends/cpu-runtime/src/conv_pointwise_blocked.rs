@@ -1,0 +1,534 @@
+//! 1 × 1 convolution (stride 1, no padding, one group) in f32 on the blocked channel layout
+//! NCHW`L`c (`L` = the host's f32 lanes: 16 on AVX-512, 8 on AVX2) — MobileNet's pointwise
+//! layers, kept in that layout across a network by [`crate::blocked`].
+//!
+//! In NCHW`L`c, element `(b, c, q)` of an `[N, C, H·W]` tensor lives at
+//! `((b · C/L + c/L) · H·W + q) · L + c % L`: a position's `L` channels of a block are one
+//! vector.
+//!
+//! - **Weights** are packed once (kept in the step's [`WeightCache`] when they are constant)
+//!   as `[O/L][C][L]`: per block of output channels, one vector per input channel, zero past
+//!   the last channel of either side.
+//! - **Microkernel.** A tile is `NP` positions × `OB` blocks of output channels, in `NP · OB`
+//!   accumulators (AVX-512: 6 × 4 zmm; AVX2: 6 × 2 ymm). Per input channel it loads the `OB`
+//!   weight vectors and broadcasts the `NP` positions' input element: `NP · OB` multiply-adds
+//!   for `OB + NP` loads, and no packing of the input at all.
+//! - **Stores.** A blocked output takes each accumulator as it is; an NCHW output (a
+//!   network's boundary) transposes the tile's `L × NP` block first. The convolution's
+//!   epilogue chain ([`VectorChain`]) runs on the accumulators before they are stored.
+//! - An NCHW input (a boundary) is reordered into blocked scratch first, zero-filling the
+//!   lanes past its last channel.
+//!
+//! Threads split (image, block of `OB` output blocks, run of positions) units; a run's input
+//! stays in L2 while the unit's weights stream through it tile by tile.
+
+use crate::blocked::Layouts;
+use crate::contraction::{SendPtr, WeightCache};
+use crate::conv::ConvSpec;
+use crate::epilogue::VectorChain;
+use crate::par::par_units;
+use crate::scratch::Pooled;
+use crate::simd::{Lanes, Simd};
+
+/// Positions per tile at most when the tile is narrower than [`np_max`]'s (a run's last
+/// positions).
+const NP: usize = 6;
+
+/// Positions per full tile of `ob` output blocks: as many as keep the accumulators, the
+/// weight vectors and a broadcast in the 32 zmm (16 ymm) registers.
+fn np_max(simd: Simd, ob: usize) -> usize {
+    match (simd, ob) {
+        (Simd::Avx512, 1) => 12,
+        (Simd::Avx512, 3) => 8,
+        (Simd::Avx512, _) => 6,
+        (_, 1) => 12,
+        _ => 6,
+    }
+}
+/// Input floats (channels × positions) of one unit's run of positions, at most.
+const RUN_FLOATS: usize = 64 << 10;
+
+/// The geometry of one pointwise convolution.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    n: usize,
+    c: usize,
+    o: usize,
+    /// Positions per image (`H · W`).
+    p: usize,
+    simd: Simd,
+}
+
+impl Plan {
+    /// The plan for `conv(x[xs], w[ws])` with `spec` and output spatial shape `sout`, where this
+    /// path serves: a 2-d 1 × 1 convolution with stride 1, no padding and one group, on a host
+    /// with AVX2 or AVX-512.
+    pub(crate) fn new(xs: &[usize], ws: &[usize], spec: &ConvSpec, sout: &[usize]) -> Option<Plan> {
+        let simd = Simd::detect();
+        if simd == Simd::Baseline || xs.len() != 4 || ws.len() != 4 || sout.len() != 2 {
+            return None;
+        }
+        let unit = |v: &[usize]| v.iter().all(|&d| d == 1);
+        let zero = |v: &[usize]| v.iter().all(|&d| d == 0);
+        if spec.groups != 1
+            || ws[1] != xs[1]
+            || ws[2..] != [1, 1]
+            || !unit(spec.stride)
+            || !zero(spec.pad_before)
+            || !zero(spec.pad_after)
+            || sout != &xs[2..]
+        {
+            return None;
+        }
+        let plan = Plan {
+            n: xs[0],
+            c: xs[1],
+            o: ws[0],
+            p: xs[2].checked_mul(xs[3])?,
+            simd,
+        };
+        ([plan.n, plan.c, plan.o, plan.p].iter().all(|&d| d > 0)).then_some(plan)
+    }
+
+    fn lanes(&self) -> usize {
+        self.simd.lanes()
+    }
+
+    /// Blocks of input and of output channels.
+    fn cbl(&self) -> usize {
+        self.c.div_ceil(self.lanes())
+    }
+
+    fn obl(&self) -> usize {
+        self.o.div_ceil(self.lanes())
+    }
+
+    /// Output blocks per tile, at most.
+    fn ob_max(&self) -> usize {
+        match self.simd {
+            Simd::Avx512 => 4,
+            _ => 2,
+        }
+    }
+
+    /// Elements of the packed weights.
+    fn packed_len(&self) -> usize {
+        self.obl() * self.cbl() * self.lanes() * self.lanes()
+    }
+}
+
+/// The kernels `w[O, C, 1, 1]` as `[O/L][C/L · L][L]`.
+fn pack(w: &[f32], p: &Plan) -> Vec<f32> {
+    let (l, cp) = (p.lanes(), p.cbl() * p.lanes());
+    let mut out = vec![0f32; p.packed_len()];
+    for oc in 0..p.o {
+        let base = (oc / l) * cp * l + oc % l;
+        for (c, &v) in w[oc * p.c..][..p.c].iter().enumerate() {
+            out[base + c * l] = v;
+        }
+    }
+    out
+}
+
+/// `out[N, O, H, W] = conv(x[N, C, H, W], w[O, C, 1, 1])` as planned, in the layouts given,
+/// then `chain` on the sums. With `cache` (constant weights) the packed weights are made on
+/// the first call and kept.
+///
+/// # Safety
+/// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither; a blocked side has
+/// whole blocks of channels; the chain's buffers are live and of the output's size.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv(
+    x: *const f32,
+    w: *const f32,
+    out: *mut f32,
+    p: &Plan,
+    layouts: Layouts,
+    threads: usize,
+    cache: Option<&WeightCache>,
+    chain: Option<&VectorChain>,
+) {
+    let (l, cbl, obl) = (p.lanes(), p.cbl(), p.obl());
+    // Safety: the caller's contract.
+    let w = unsafe { std::slice::from_raw_parts(w, p.o * p.c) };
+    let packed = crate::contraction::prepared(cache, p.packed_len(), || pack(w, p));
+    let image = cbl * p.p * l;
+    let mut scratch = Pooled::<f32>::take(if layouts.input { 0 } else { p.n * image });
+    let xb = if layouts.input {
+        x
+    } else {
+        let sp = SendPtr(scratch.as_mut_ptr());
+        let xs = SendPtr(x as *mut f32);
+        let macs = p.n * p.c * p.p;
+        par_units(
+            p.n * cbl,
+            if macs >= 1 << 16 { threads } else { 1 },
+            || (),
+            |_, u| {
+                // Safety: block `u` of the scratch (image `u / cbl`), written by this unit only;
+                // the input's channels of that block.
+                unsafe { reorder(p, xs.get(), sp.get(), u / cbl, u % cbl) }
+            },
+        );
+        scratch.as_ptr()
+    };
+    let xb = SendPtr(xb as *mut f32);
+    let out = SendPtr(out);
+    // Units: (image, group of output blocks, run of positions). Runs keep a unit's input in
+    // L2. When the images' runs are too few for the threads (a deep stage's small planes,
+    // where the weights are most of the data), the output blocks split into a multiple of
+    // the threads' count of groups of about equal size, so each thread streams its share of
+    // the weights; then runs shorten if there are still too few units.
+    let macs = (p.n * p.p).saturating_mul(p.c).saturating_mul(p.o);
+    let threads = if macs >= 1 << 17 { threads } else { 1 };
+    let mut run = (RUN_FLOATS / (cbl * l))
+        .max(24)
+        .next_multiple_of(24)
+        .min(p.p.next_multiple_of(NP));
+    let mut groups = obl.div_ceil(p.ob_max());
+    if p.n * p.p.div_ceil(run) < threads {
+        groups = groups.next_multiple_of(threads).min(obl);
+    }
+    while run > NP && p.n * groups * p.p.div_ceil(run) < 2 * threads {
+        run = (run / 2).next_multiple_of(NP);
+    }
+    let runs = p.p.div_ceil(run);
+    par_units(
+        p.n * groups * runs,
+        threads,
+        || (),
+        |_, u| {
+            let (b, g, r) = (u / (groups * runs), u / runs % groups, u % runs);
+            let ob0 = g * obl / groups;
+            let ob = (g + 1) * obl / groups - ob0;
+            let q1 = ((r + 1) * run).min(p.p);
+            let mut q = r * run;
+            let full = np_max(p.simd, ob);
+            while q < q1 {
+                let left = q1 - q;
+                let np = if left >= full { full } else { NP.min(left) };
+                let t = Tile {
+                    x: xb.get().wrapping_add((b * cbl * p.p + q) * l),
+                    w: packed.as_ptr().wrapping_add(ob0 * cbl * l * l),
+                    out: out.get(),
+                    b,
+                    q,
+                    ob0,
+                };
+                // Safety: the tile's input, weights and outputs are in bounds; units write
+                // disjoint outputs.
+                unsafe {
+                    match p.simd {
+                        Simd::Avx512 => tile_avx512(p, &t, ob, np, layouts.output, chain),
+                        _ => tile_avx2(p, &t, ob, np, layouts.output, chain),
+                    }
+                }
+                q += np;
+            }
+        },
+    );
+}
+
+/// Block `cb` of image `b`'s NCHW input into the blocked scratch, lanes past the last channel
+/// zero.
+///
+/// # Safety
+/// `x` holds the plan's input, `dst` the blocked image (`cbl · p · L` floats per image).
+unsafe fn reorder(p: &Plan, x: *const f32, dst: *mut f32, b: usize, cb: usize) {
+    // Safety: the caller's contract.
+    unsafe {
+        match p.simd {
+            Simd::Avx512 => reorder_avx512(p, x, dst, b, cb),
+            _ => reorder_avx2(p, x, dst, b, cb),
+        }
+    }
+}
+
+/// [`reorder`] with `L`'s instructions: `L × L` register transposes.
+///
+/// # Safety
+/// As [`reorder`], with `L`'s instruction set.
+#[inline(always)]
+unsafe fn reorder_with<L: Lanes>(p: &Plan, x: *const f32, dst: *mut f32, b: usize, cb: usize) {
+    let l = L::N;
+    let c0 = cb * l;
+    let valid = l.min(p.c - c0);
+    let src = x.wrapping_add((b * p.c + c0) * p.p);
+    let dst = dst.wrapping_add((b * p.cbl() + cb) * p.p * l);
+    // Safety: rows `c0..c0 + valid` of image `b` and the block's scratch are in bounds.
+    unsafe {
+        let mut rows = [L::zero(); 16];
+        let rows = &mut rows[..l];
+        for q in (0..p.p).step_by(l) {
+            let n = l.min(p.p - q);
+            for (i, r) in rows.iter_mut().enumerate() {
+                *r = if i < valid {
+                    L::load_first(src.add(i * p.p + q), n)
+                } else {
+                    L::zero()
+                };
+            }
+            L::transpose(rows);
+            for (j, &r) in rows.iter().enumerate().take(n) {
+                L::store(dst.add((q + j) * l), r);
+            }
+        }
+    }
+}
+
+/// One tile's addresses: its first position's input vector of block 0, its first output
+/// block's packed weights; image `b`, positions from `q`, output blocks from `ob0`.
+struct Tile {
+    x: *const f32,
+    w: *const f32,
+    out: *mut f32,
+    b: usize,
+    q: usize,
+    ob0: usize,
+}
+
+/// `np` positions × `OB` output blocks, accumulated over every input channel, then the chain
+/// and the store.
+///
+/// # Safety
+/// Called with `L`'s instruction set; the tile's reads and writes in bounds.
+#[inline(always)]
+unsafe fn tile<L: Lanes, const OB: usize, const N: usize>(
+    p: &Plan,
+    t: &Tile,
+    blocked_out: bool,
+    chain: Option<&VectorChain>,
+) {
+    let (l, cbl) = (L::N, p.cbl());
+    let (xstep, wstep) = (p.p * l, cbl * l * l);
+    // Safety: the caller's contract; every offset is within the tile's operands.
+    unsafe {
+        let mut acc = [[L::zero(); OB]; N];
+        for cb in 0..cbl {
+            let x = t.x.add(cb * xstep);
+            let w = t.w.add(cb * l * l);
+            for k in 0..l {
+                let wv: [L; OB] = std::array::from_fn(|j| L::load(w.add(j * wstep + k * l)));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let v = L::splat(x.add(i * l + k));
+                    for j in 0..OB {
+                        a[j] = L::fma(wv[j], v, a[j]);
+                    }
+                }
+            }
+        }
+        store::<L, OB, N>(p, t, &acc, N, blocked_out, chain);
+    }
+}
+
+/// The tile's sums (`np` positions) through the chain to the output.
+///
+/// # Safety
+/// As [`tile`].
+#[inline(always)]
+unsafe fn store<L: Lanes, const OB: usize, const N: usize>(
+    p: &Plan,
+    t: &Tile,
+    acc: &[[L; OB]; N],
+    np: usize,
+    blocked_out: bool,
+    chain: Option<&VectorChain>,
+) {
+    let l = L::N;
+    let obl = p.obl();
+    // Safety: the caller's contract.
+    unsafe {
+        if blocked_out {
+            for j in 0..OB {
+                let ob = t.ob0 + j;
+                let bias = chain.map_or(L::zero(), |c| c.bias_block::<L>(ob * l));
+                for (i, a) in acc.iter().enumerate().take(np) {
+                    let at = ((t.b * obl + ob) * p.p + t.q + i) * l;
+                    let v = match chain {
+                        Some(c) => c.apply(a[j], bias, at, l),
+                        None => a[j],
+                    };
+                    L::store(t.out.add(at), v);
+                }
+            }
+            return;
+        }
+        let mut rows = [L::zero(); 16];
+        let rows = &mut rows[..l];
+        // `L` positions at a time (AVX2's tiles are wider than its vectors).
+        #[allow(clippy::needless_range_loop)]
+        for i0 in (0..np).step_by(l) {
+            let n = l.min(np - i0);
+            for j in 0..OB {
+                let oc0 = (t.ob0 + j) * l;
+                for (i, r) in rows.iter_mut().enumerate() {
+                    *r = if i < n { acc[i0 + i][j] } else { L::zero() };
+                }
+                L::transpose(rows);
+                for (k, &r) in rows.iter().enumerate().take(l.min(p.o - oc0)) {
+                    let at = (t.b * p.o + oc0 + k) * p.p + t.q + i0;
+                    let v = match chain {
+                        Some(c) => c.apply(r, c.bias_splat::<L>(oc0 + k), at, n),
+                        None => r,
+                    };
+                    L::store_first(t.out.add(at), n, v);
+                }
+            }
+        }
+    }
+}
+
+/// The tile instances for one instruction set: `$tile(p, t, ob, np, …)` picks the one of
+/// `ob` output blocks (1 to `$ob`) and `np` positions (1 to [`NP`]); `$reorder` is
+/// [`reorder_with`]'s.
+macro_rules! instances {
+    ($tile:ident, $reorder:ident, $feat:literal, $lanes:ty, $($ob:literal),*) => {
+        /// # Safety
+        /// The host has the instruction set; the rest as [`tile`].
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $tile(p: &Plan, t: &Tile, ob: usize, np: usize, blocked_out: bool, chain: Option<&VectorChain>) {
+            // Safety: the caller's contract.
+            unsafe {
+                match (ob, np) {
+                    (1, 12) => tile::<$lanes, 1, 12>(p, t, blocked_out, chain),
+                    (2, 12) => tile::<$lanes, 2, 12>(p, t, blocked_out, chain),
+                    (3, 8) => tile::<$lanes, 3, 8>(p, t, blocked_out, chain),
+                    $(
+                        ($ob, 6) => tile::<$lanes, $ob, 6>(p, t, blocked_out, chain),
+                        ($ob, 5) => tile::<$lanes, $ob, 5>(p, t, blocked_out, chain),
+                        ($ob, 4) => tile::<$lanes, $ob, 4>(p, t, blocked_out, chain),
+                        ($ob, 3) => tile::<$lanes, $ob, 3>(p, t, blocked_out, chain),
+                        ($ob, 2) => tile::<$lanes, $ob, 2>(p, t, blocked_out, chain),
+                        ($ob, 1) => tile::<$lanes, $ob, 1>(p, t, blocked_out, chain),
+                    )*
+                    _ => unreachable!("a tile of {ob} output blocks and {np} positions"),
+                }
+            }
+        }
+
+        /// # Safety
+        /// The host has the instruction set; the rest as [`reorder`].
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $reorder(p: &Plan, x: *const f32, dst: *mut f32, b: usize, cb: usize) {
+            // Safety: the caller's contract.
+            unsafe { reorder_with::<$lanes>(p, x, dst, b, cb) }
+        }
+
+        /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
+        #[cfg(not(target_arch = "x86_64"))]
+        unsafe fn $tile(_: &Plan, _: &Tile, _: usize, _: usize, _: bool, _: Option<&VectorChain>) {
+            unreachable!("no vector instances off x86-64")
+        }
+
+        /// Off x86-64 no plan is made.
+        #[cfg(not(target_arch = "x86_64"))]
+        unsafe fn $reorder(_: &Plan, _: *const f32, _: *mut f32, _: usize, _: usize) {
+            unreachable!("no vector instances off x86-64")
+        }
+    };
+}
+
+instances!(
+    tile_avx512,
+    reorder_avx512,
+    "avx512f,avx2,fma",
+    crate::simd::x86::Zmm,
+    1,
+    2,
+    3,
+    4
+);
+instances!(tile_avx2, reorder_avx2, "avx2,fma", crate::simd::x86::Ymm, 1, 2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocked::{from_blocked, to_blocked};
+
+    fn spec() -> ConvSpec<'static> {
+        ConvSpec {
+            stride: &[1, 1],
+            pad_before: &[0, 0],
+            pad_after: &[0, 0],
+            dilation: &[1, 1],
+            groups: 1,
+        }
+    }
+
+    /// Channel counts below, at and past whole blocks (3, 8, 16, 24, 40, 96), planes of 1 to
+    /// 56 × 56 positions (partial tiles and runs), batches, every pair of layouts, with and
+    /// without the chain (bias, residual, clamps), 1 and 2 threads: against the definition on
+    /// small integers (exact in f32). CI runs this on both vector instances (`OAR_CPU_SIMD`).
+    #[test]
+    fn pointwise_convolutions_match_the_definition_in_every_layout() {
+        let Some(l) = Some(Simd::detect().lanes()).filter(|_| Simd::detect() != Simd::Baseline) else {
+            return;
+        };
+        // (n, c, o, h, w)
+        let cases = [
+            (1, 16, 16, 1, 1),
+            (2, 3, 5, 7, 7),
+            (1, 24, 40, 14, 14),
+            (1, 96, 24, 56, 56),
+            (2, 40, 96, 7, 5),
+            (1, 8, 3, 9, 11),
+            (3, 16, 72, 2, 13),
+        ];
+        for (n, c, o, h, w) in cases {
+            let p = h * w;
+            let x: Vec<f32> = (0..n * c * p).map(|i| ((i * 7 + 3) % 11) as f32 - 5.0).collect();
+            let wt: Vec<f32> = (0..o * c).map(|i| ((i * 5 + 1) % 7) as f32 - 3.0).collect();
+            let bias: Vec<f32> = (0..o).map(|i| (i % 5) as f32 - 2.0).collect();
+            let res: Vec<f32> = (0..n * o * p).map(|i| ((i * 3) % 13) as f32 - 6.0).collect();
+            let mut sums = vec![0f32; n * o * p];
+            for b in 0..n {
+                for oc in 0..o {
+                    for q in 0..p {
+                        sums[(b * o + oc) * p + q] = (0..c).map(|ch| wt[oc * c + ch] * x[(b * c + ch) * p + q]).sum();
+                    }
+                }
+            }
+            let chained: Vec<f32> = sums
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| (s + bias[i / p % o] + res[i]).clamp(-20.0, 30.0))
+                .collect();
+            let plan = Plan::new(&[n, c, h, w], &[o, c, 1, 1], &spec(), &[h, w]).expect("a pointwise plan");
+            for (input, output) in [(false, false), (true, false), (false, true), (true, true)] {
+                if input && !c.is_multiple_of(l) || output && !o.is_multiple_of(l) {
+                    continue;
+                }
+                let xin = if input { to_blocked(&x, n, c, p, l) } else { x.clone() };
+                let rin = if output {
+                    to_blocked(&res, n, o, p, l)
+                } else {
+                    res.clone()
+                };
+                for (with_chain, want) in [(false, &sums), (true, &chained)] {
+                    for threads in [1, 2] {
+                        let chain = VectorChain::new(bias.as_ptr(), rin.as_ptr(), -20.0, 30.0, true);
+                        let mut got = vec![f32::NAN; n * o * p];
+                        // Safety: operands of the plan's shapes, chain buffers of the output's.
+                        unsafe {
+                            conv(
+                                xin.as_ptr(),
+                                wt.as_ptr(),
+                                got.as_mut_ptr(),
+                                &plan,
+                                Layouts { input, output },
+                                threads,
+                                None,
+                                with_chain.then_some(&chain),
+                            )
+                        };
+                        let got = if output { from_blocked(&got, n, o, p, l) } else { got };
+                        let case = (n, c, o, h, w, input, output, with_chain, threads);
+                        assert_eq!(&got, want, "{case:?}");
+                    }
+                }
+            }
+        }
+    }
+}
