@@ -45,6 +45,14 @@ pub(crate) struct Plan {
     sw: usize,
     pt: usize,
     pl: usize,
+    /// Kernel extents and dilations.
+    kh: usize,
+    kw: usize,
+    dh: usize,
+    dw: usize,
+    /// Per kernel tap (row-major): where its window starts relative to the output position's
+    /// first input row and column in a blocked input (`[row][column][L]`, unpadded), in floats.
+    direct_taps: Vec<usize>,
     /// Per kernel tap (row-major): where its window starts relative to the output position's
     /// first scratch row and column, in floats.
     taps: Vec<usize>,
@@ -117,6 +125,13 @@ impl Plan {
             sw,
             pt,
             pl,
+            kh,
+            kw,
+            dh,
+            dw,
+            direct_taps: (0..kh)
+                .flat_map(|ky| (0..kw).map(move |kx| (ky * dh * w + kx * dw) * lanes))
+                .collect(),
             taps,
             kext,
             wp,
@@ -266,85 +281,89 @@ unsafe fn block<L: Lanes, const B: usize>(p: &Plan, at: &Block, s: &mut Scratch)
         let row_floats = p.wp * L::N;
         let mut rows = [L::zero(); 16];
         let rows = &mut rows[..L::N];
+        let wts = s.weights.as_ptr();
         for oy0 in (0..p.oh).step_by(p.band) {
             let oy1 = (oy0 + p.band).min(p.oh);
-            let in_rows = p.in_rows(oy1 - oy0);
-            let iy0 = (oy0 * p.sh) as isize - p.pt as isize;
-            // Rows above and below the input are padding.
-            for r in 0..in_rows {
-                let iy = iy0 + r as isize;
-                if iy < 0 || iy >= p.h as isize {
-                    s.input[r * row_floats..(r + 1) * row_floats].fill(0.0);
-                }
-            }
-            // The input rows the band reads, transposed into their scratch rows.
-            let first = iy0.max(0) as usize;
-            let last = ((iy0 + in_rows as isize).max(0) as usize).min(p.h);
-            if first < last && layouts.input {
-                // Blocked rows: copied whole.
-                let block = x.add((b * p.c + c0) * plane_in);
-                for iy in first..last {
-                    let dst = s
-                        .input
-                        .as_mut_ptr()
-                        .add((iy as isize - iy0) as usize * row_floats + p.pl * L::N);
-                    std::ptr::copy_nonoverlapping(block.add(iy * p.w * L::N), dst, p.w * L::N);
-                }
-            } else if first < last {
-                let base = s.input.as_mut_ptr().add((first as isize - iy0) as usize * row_floats);
-                let (q0, q1) = (first * p.w, last * p.w);
-                for q in (q0..q1).step_by(L::N) {
-                    let n = L::N.min(q1 - q);
-                    for (i, r) in rows.iter_mut().enumerate() {
-                        *r = if i < cb {
-                            L::load_first(xin.add(i * plane_in + q), n)
-                        } else {
-                            L::zero()
-                        };
-                    }
-                    L::transpose(rows);
-                    let (at, end) = (p.place[q - q0], p.place[q - q0 + n - 1]);
-                    if n == L::N && end == at + (n - 1) * L::N {
-                        // Within one row: consecutive places.
-                        for (j, &r) in rows.iter().enumerate() {
-                            L::store(base.add(at + j * L::N), r);
-                        }
-                    } else {
-                        for (j, &r) in rows.iter().enumerate() {
-                            if j < n {
-                                L::store(base.add(p.place[q - q0 + j]), r);
-                            }
-                        }
-                    }
-                }
-            }
             // The band's sums, position-major: in the output's rows when it is blocked.
             let sums_at = if layouts.output {
                 xout.add(oy0 * p.ow * L::N)
             } else {
                 s.sums.as_mut_ptr()
             };
-            for r in 0..oy1 - oy0 {
-                let (src, sums) = (
-                    s.input.as_ptr().add(r * p.sh * row_floats),
-                    sums_at.add(r * p.ow * L::N),
-                );
-                match p.kernel3 {
-                    Some((rows_apart, 1)) => row3::<L, B, 1>(src, rows_apart, s.weights.as_ptr(), sums, p.ow),
-                    Some((rows_apart, 2)) => row3::<L, B, 2>(src, rows_apart, s.weights.as_ptr(), sums, p.ow),
-                    _ => row::<L, B>(src, &p.taps, s.weights.as_ptr(), sums, p.ow, p.sw * L::N),
+            // A blocked output's chain runs as the sums are stored.
+            let post = Post {
+                chain: chain.filter(|_| layouts.output),
+                bias: chain.map_or(L::zero(), |c| c.bias_block::<L>(c0)),
+                at: (b * p.c + c0) * plane_out + oy0 * p.ow * L::N,
+            };
+            if layouts.input && p.sh >= 2 && p.sw >= 2 {
+                // Blocked rows of a strided layer are read where they are: staging would
+                // copy four or more input elements per output.
+                for oy in oy0..oy1 {
+                    let (sums, post) = (sums_at.add((oy - oy0) * p.ow * L::N), post.row(oy - oy0, p.ow));
+                    direct_row::<L, B>(p, xin, wts, oy, sums, post);
+                }
+            } else {
+                let in_rows = p.in_rows(oy1 - oy0);
+                let iy0 = (oy0 * p.sh) as isize - p.pt as isize;
+                // Rows above and below the input are padding.
+                for r in 0..in_rows {
+                    let iy = iy0 + r as isize;
+                    if iy < 0 || iy >= p.h as isize {
+                        s.input[r * row_floats..(r + 1) * row_floats].fill(0.0);
+                    }
+                }
+                // The input rows the band reads, transposed into their scratch rows.
+                let first = iy0.max(0) as usize;
+                let last = ((iy0 + in_rows as isize).max(0) as usize).min(p.h);
+                if first < last && layouts.input {
+                    // Blocked rows: copied whole.
+                    for iy in first..last {
+                        let dst = (s.input.as_mut_ptr()).add((iy as isize - iy0) as usize * row_floats + p.pl * L::N);
+                        std::ptr::copy_nonoverlapping(xin.add(iy * p.w * L::N), dst, p.w * L::N);
+                    }
+                } else if first < last {
+                    let base = s.input.as_mut_ptr().add((first as isize - iy0) as usize * row_floats);
+                    let (q0, q1) = (first * p.w, last * p.w);
+                    for q in (q0..q1).step_by(L::N) {
+                        let n = L::N.min(q1 - q);
+                        for (i, r) in rows.iter_mut().enumerate() {
+                            *r = if i < cb {
+                                L::load_first(xin.add(i * plane_in + q), n)
+                            } else {
+                                L::zero()
+                            };
+                        }
+                        L::transpose(rows);
+                        let (at, end) = (p.place[q - q0], p.place[q - q0 + n - 1]);
+                        if n == L::N && end == at + (n - 1) * L::N {
+                            // Within one row: consecutive places.
+                            for (j, &r) in rows.iter().enumerate() {
+                                L::store(base.add(at + j * L::N), r);
+                            }
+                        } else {
+                            for (j, &r) in rows.iter().enumerate() {
+                                if j < n {
+                                    L::store(base.add(p.place[q - q0 + j]), r);
+                                }
+                            }
+                        }
+                    }
+                }
+                for r in 0..oy1 - oy0 {
+                    let (src, sums) = (
+                        s.input.as_ptr().add(r * p.sh * row_floats),
+                        sums_at.add(r * p.ow * L::N),
+                    );
+                    match p.kernel3 {
+                        Some((rows_apart, 1)) => row3::<L, B, 1>(src, rows_apart, wts, sums, p.ow, post.row(r, p.ow)),
+                        Some((rows_apart, 2)) => row3::<L, B, 2>(src, rows_apart, wts, sums, p.ow, post.row(r, p.ow)),
+                        _ => row::<L, B>(src, &p.taps, wts, sums, p.ow, p.sw * L::N, post.row(r, p.ow)),
+                    }
                 }
             }
             let len = (oy1 - oy0) * p.ow;
             if layouts.output {
-                if let Some(chain) = chain {
-                    let bias = chain.bias_block::<L>(c0);
-                    let first = (b * p.c + c0) * plane_out + oy0 * p.ow * L::N;
-                    for q in 0..len {
-                        let v = L::load(sums_at.add(q * L::N));
-                        L::store(sums_at.add(q * L::N), chain.apply(v, bias, first + q * L::N, L::N));
-                    }
-                }
                 continue;
             }
             // Back to the output planes.
@@ -368,6 +387,126 @@ unsafe fn block<L: Lanes, const B: usize>(p: &Plan, at: &Block, s: &mut Scratch)
     }
 }
 
+/// What happens to a row's sums as they are stored: a blocked output's chain, with the
+/// block's biases and the output offset of the row's first vector.
+#[derive(Clone, Copy)]
+struct Post<'a, L> {
+    chain: Option<&'a VectorChain>,
+    bias: L,
+    at: usize,
+}
+
+impl<L: Lanes> Post<'_, L> {
+    /// Store sums `v` of the row's position `ox` at `dst`.
+    ///
+    /// # Safety
+    /// Called with `L`'s instruction set; `dst` holds a vector; the chain's residual holds
+    /// the position's.
+    #[inline(always)]
+    unsafe fn store(&self, dst: *mut f32, ox: usize, v: L) {
+        // Safety: the caller's contract.
+        unsafe {
+            let v = match self.chain {
+                Some(c) => c.apply(v, self.bias, self.at + ox * L::N, L::N),
+                None => v,
+            };
+            L::store(dst, v)
+        }
+    }
+
+    /// The same for row `oy` ahead (rows of `ow` positions).
+    fn row(&self, rows: usize, ow: usize) -> Self {
+        Post {
+            at: self.at + rows * ow * L::N,
+            ..*self
+        }
+    }
+}
+
+/// Output row `oy` of a block read straight from its blocked input rows `x`
+/// (`[row][column][L]`): the columns whose every tap is inside a row by the row kernels,
+/// when every kernel row is inside the input; the others tap by tap, skipping the padding.
+///
+/// # Safety
+/// Called with `L`'s instruction set; `x` holds the block's input rows, `sums` the output
+/// row's `ow` vectors.
+#[inline(always)]
+unsafe fn direct_row<L: Lanes, const B: usize>(
+    p: &Plan,
+    x: *const f32,
+    w: *const f32,
+    oy: usize,
+    sums: *mut f32,
+    post: Post<L>,
+) {
+    let l = L::N;
+    let top = (oy * p.sh) as isize - p.pt as isize;
+    let reach = (p.kw - 1) * p.dw;
+    let (mut lo, mut hi) = (p.pl.div_ceil(p.sw).min(p.ow), 0);
+    if p.w + p.pl > reach {
+        hi = ((p.w - 1 + p.pl - reach) / p.sw + 1).min(p.ow);
+    }
+    if top < 0 || top as usize + p.kext > p.h || lo >= hi {
+        (lo, hi) = (p.ow, p.ow);
+    }
+    // Safety: the caller's contract; the interior columns' taps are inside the rows.
+    unsafe {
+        for ox in (0..lo).chain(hi..p.ow) {
+            post.store(sums.add(ox * l), ox, checked::<L>(p, x, w, oy, ox));
+        }
+        if lo < hi {
+            let src = x.add((top as usize * p.w + lo * p.sw - p.pl) * l);
+            let (dst, n) = (sums.add(lo * l), hi - lo);
+            let post = Post {
+                at: post.at + lo * l,
+                ..post
+            };
+            match p.kernel3 {
+                Some((_, 1)) => row3::<L, B, 1>(src, p.dh * p.w * l, w, dst, n, post),
+                Some((_, 2)) => row3::<L, B, 2>(src, p.dh * p.w * l, w, dst, n, post),
+                _ => row::<L, B>(src, &p.direct_taps, w, dst, n, p.sw * l, post),
+            }
+        }
+    }
+}
+
+/// The taps `k0..k1` of a kernel axis (`k` taps, dilation `d`) inside an input axis of
+/// `n` for the window at `start - pad`.
+#[inline(always)]
+fn inside(start: usize, pad: usize, d: usize, k: usize, n: usize) -> (usize, usize) {
+    // Tap t reads start + t·d - pad: inside when pad ≤ start + t·d < n + pad.
+    let k0 = pad.saturating_sub(start).div_ceil(d).min(k);
+    let k1 = if n + pad > start {
+        ((n + pad - start - 1) / d + 1).min(k)
+    } else {
+        0
+    };
+    (k0, k1.max(k0))
+}
+
+/// Output position `(oy, ox)` of a block from its blocked input rows, tap by tap in the row
+/// kernels' order, the taps on the padding left out.
+///
+/// # Safety
+/// As [`direct_row`].
+#[inline(always)]
+unsafe fn checked<L: Lanes>(p: &Plan, x: *const f32, w: *const f32, oy: usize, ox: usize) -> L {
+    // Safety: the caller's contract; only taps inside the input are read.
+    unsafe {
+        let mut a = L::zero();
+        let (ky0, ky1) = inside(oy * p.sh, p.pt, p.dh, p.kh, p.h);
+        let (kx0, kx1) = inside(ox * p.sw, p.pl, p.dw, p.kw, p.w);
+        for ky in ky0..ky1 {
+            let row = x.add(((oy * p.sh + ky * p.dh - p.pt) * p.w + ox * p.sw - p.pl) * L::N);
+            for kx in kx0..kx1 {
+                let v = L::load(row.add(kx * p.dw * L::N));
+                a = L::fma(v, L::load(w.add((ky * p.kw + kx) * L::N)), a);
+            }
+        }
+        a
+    }
+}
+
 /// [`row`] for a 3 × 3 kernel undilated along the row and column stride `S`: kernel rows
 /// `rows_apart` floats apart in scratch, every other offset a constant.
 ///
@@ -380,6 +519,7 @@ unsafe fn row3<L: Lanes, const B: usize, const S: usize>(
     w: *const f32,
     sums: *mut f32,
     ow: usize,
+    post: Post<L>,
 ) {
     // Safety: the caller's contract.
     unsafe {
@@ -398,7 +538,7 @@ unsafe fn row3<L: Lanes, const B: usize, const S: usize>(
                 }
             }
             for (u, &a) in a.iter().enumerate() {
-                L::store(sums.add((ox + u) * L::N), a);
+                post.store(sums.add((ox + u) * L::N), ox + u, a);
             }
             ox += B;
         }
@@ -410,7 +550,7 @@ unsafe fn row3<L: Lanes, const B: usize, const S: usize>(
                     a = L::fma(L::load(at.add(ky * rows_apart + kx * L::N)), held[ky * 3 + kx], a);
                 }
             }
-            L::store(sums.add(ox * L::N), a);
+            post.store(sums.add(ox * L::N), ox, a);
         }
     }
 }
@@ -429,6 +569,7 @@ unsafe fn row<L: Lanes, const B: usize>(
     sums: *mut f32,
     ow: usize,
     step: usize,
+    post: Post<L>,
 ) {
     // Safety: the caller's contract.
     unsafe {
@@ -443,7 +584,7 @@ unsafe fn row<L: Lanes, const B: usize>(
                 }
             }
             for (u, &a) in a.iter().enumerate() {
-                L::store(sums.add((ox + u) * L::N), a);
+                post.store(sums.add((ox + u) * L::N), ox + u, a);
             }
             ox += B;
         }
@@ -453,7 +594,7 @@ unsafe fn row<L: Lanes, const B: usize>(
             for (t, &tap) in taps.iter().enumerate() {
                 a = L::fma(L::load(at.add(tap)), L::load(w.add(t * L::N)), a);
             }
-            L::store(sums.add(ox * L::N), a);
+            post.store(sums.add(ox * L::N), ox, a);
         }
     }
 }

@@ -1813,13 +1813,13 @@ fn blocked_layout_networks_match_the_reference_exactly() {
     let x = input(&mut g, "x", DType::F32, &[2, 16, 9, 7]);
     let (zero, six) = (scalar(&mut g, 0.0), scalar(&mut g, 6.0));
     let layer = |g: &mut Graph,
-                     feeds_v: &mut Vec<(String, TensorData)>,
-                     x: ValueId,
-                     o: usize,
-                     c: usize,
-                     k: usize,
-                     stride: usize,
-                     relu6: bool| {
+                 feeds_v: &mut Vec<(String, TensorData)>,
+                 x: ValueId,
+                 o: usize,
+                 c: usize,
+                 k: usize,
+                 stride: usize,
+                 relu6: bool| {
         let i = feeds_v.len();
         let depthwise = c == o && k == 3;
         let ws = [o, if depthwise { 1 } else { c }, k, k];
