@@ -38,7 +38,7 @@ const NP: usize = 6;
 /// weight vectors and a broadcast in the 32 zmm (16 ymm) registers.
 fn np_max(simd: Simd, ob: usize) -> usize {
     match (simd, ob) {
-        (Simd::Avx512, 1) => 12,
+        (Simd::Avx512, 1) => 16,
         (Simd::Avx512, 3) => 8,
         (Simd::Avx512, _) => 6,
         (_, 1) => 12,
@@ -185,7 +185,13 @@ pub(crate) unsafe fn conv(
         .max(24)
         .next_multiple_of(24)
         .min(p.p.next_multiple_of(NP));
-    let mut groups = obl.div_ceil(p.ob_max());
+    // An NCHW output takes one block per tile and a whole vector of positions, so its
+    // transposed rows are stored whole.
+    let ob_max = if layouts.output { p.ob_max() } else { 1 };
+    // An NCHW output whose last block has at most 8 channels (24 of 32) computes that block
+    // 8 lanes wide.
+    let half = !layouts.output && (1..=8).contains(&(p.o % 16));
+    let mut groups = obl.div_ceil(ob_max);
     if p.n * p.p.div_ceil(run) < threads {
         groups = groups.next_multiple_of(threads).min(obl);
     }
@@ -203,7 +209,11 @@ pub(crate) unsafe fn conv(
             let ob = (g + 1) * obl / groups - ob0;
             let q1 = ((r + 1) * run).min(p.p);
             let mut q = r * run;
-            let full = np_max(p.simd, ob);
+            let full = if half && ob0 + ob == obl {
+                16
+            } else {
+                np_max(p.simd, ob)
+            };
             while q < q1 {
                 let left = q1 - q;
                 let np = if left >= full { full } else { NP.min(left) };
@@ -219,6 +229,7 @@ pub(crate) unsafe fn conv(
                 // disjoint outputs.
                 unsafe {
                     match p.simd {
+                        Simd::Avx512 if half && ob0 + ob == obl => tile_half(p, &t, np, chain),
                         Simd::Avx512 => tile_avx512(p, &t, ob, np, layouts.output, chain),
                         _ => tile_avx2(p, &t, ob, np, layouts.output, chain),
                     }
@@ -293,13 +304,15 @@ struct Tile {
 /// # Safety
 /// Called with `L`'s instruction set; the tile's reads and writes in bounds.
 #[inline(always)]
-unsafe fn tile<L: Lanes, const OB: usize, const N: usize>(
+unsafe fn tile<L: Lanes, const BL: usize, const OB: usize, const N: usize>(
     p: &Plan,
     t: &Tile,
     blocked_out: bool,
     chain: Option<&VectorChain>,
 ) {
-    let (l, cbl) = (L::N, p.cbl());
+    // The layout's lanes `BL` (a constant, so positions are constant offsets; `L` may be
+    // narrower: the half block of an NCHW output).
+    let (l, cbl) = (BL, p.cbl());
     let (xstep, wstep) = (p.p * l, cbl * l * l);
     // Safety: the caller's contract; every offset is within the tile's operands.
     unsafe {
@@ -307,7 +320,8 @@ unsafe fn tile<L: Lanes, const OB: usize, const N: usize>(
         for cb in 0..cbl {
             let x = t.x.add(cb * xstep);
             let w = t.w.add(cb * l * l);
-            for k in 0..l {
+            // The last block's lanes past the input's channels are zero: skipped.
+            for k in 0..l.min(p.c - cb * l) {
                 let wv: [L; OB] = std::array::from_fn(|j| L::load(w.add(j * wstep + k * l)));
                 for (i, a) in acc.iter_mut().enumerate() {
                     let v = L::splat(x.add(i * l + k));
@@ -317,7 +331,7 @@ unsafe fn tile<L: Lanes, const OB: usize, const N: usize>(
                 }
             }
         }
-        store::<L, OB, N>(p, t, &acc, N, blocked_out, chain);
+        store::<L, BL, OB, N>(p, t, &acc, N, blocked_out, chain);
     }
 }
 
@@ -326,7 +340,7 @@ unsafe fn tile<L: Lanes, const OB: usize, const N: usize>(
 /// # Safety
 /// As [`tile`].
 #[inline(always)]
-unsafe fn store<L: Lanes, const OB: usize, const N: usize>(
+unsafe fn store<L: Lanes, const BL: usize, const OB: usize, const N: usize>(
     p: &Plan,
     t: &Tile,
     acc: &[[L; OB]; N],
@@ -360,7 +374,7 @@ unsafe fn store<L: Lanes, const OB: usize, const N: usize>(
         for i0 in (0..np).step_by(l) {
             let n = l.min(np - i0);
             for j in 0..OB {
-                let oc0 = (t.ob0 + j) * l;
+                let oc0 = (t.ob0 + j) * BL;
                 for (i, r) in rows.iter_mut().enumerate() {
                     *r = if i < n { acc[i0 + i][j] } else { L::zero() };
                 }
@@ -382,7 +396,7 @@ unsafe fn store<L: Lanes, const OB: usize, const N: usize>(
 /// `ob` output blocks (1 to `$ob`) and `np` positions (1 to [`NP`]); `$reorder` is
 /// [`reorder_with`]'s.
 macro_rules! instances {
-    ($tile:ident, $reorder:ident, $feat:literal, $lanes:ty, $($ob:literal),*) => {
+    ($tile:ident, $reorder:ident, $feat:literal, $lanes:ty, $bl:literal, $($ob:literal),*) => {
         /// # Safety
         /// The host has the instruction set; the rest as [`tile`].
         #[cfg(target_arch = "x86_64")]
@@ -391,16 +405,16 @@ macro_rules! instances {
             // Safety: the caller's contract.
             unsafe {
                 match (ob, np) {
-                    (1, 12) => tile::<$lanes, 1, 12>(p, t, blocked_out, chain),
-                    (2, 12) => tile::<$lanes, 2, 12>(p, t, blocked_out, chain),
-                    (3, 8) => tile::<$lanes, 3, 8>(p, t, blocked_out, chain),
+                    (1, 16) => tile::<$lanes, $bl, 1, 16>(p, t, blocked_out, chain),
+                    (1, 12) => tile::<$lanes, $bl, 1, 12>(p, t, blocked_out, chain),
+                    (3, 8) => tile::<$lanes, $bl, 3, 8>(p, t, blocked_out, chain),
                     $(
-                        ($ob, 6) => tile::<$lanes, $ob, 6>(p, t, blocked_out, chain),
-                        ($ob, 5) => tile::<$lanes, $ob, 5>(p, t, blocked_out, chain),
-                        ($ob, 4) => tile::<$lanes, $ob, 4>(p, t, blocked_out, chain),
-                        ($ob, 3) => tile::<$lanes, $ob, 3>(p, t, blocked_out, chain),
-                        ($ob, 2) => tile::<$lanes, $ob, 2>(p, t, blocked_out, chain),
-                        ($ob, 1) => tile::<$lanes, $ob, 1>(p, t, blocked_out, chain),
+                        ($ob, 6) => tile::<$lanes, $bl, $ob, 6>(p, t, blocked_out, chain),
+                        ($ob, 5) => tile::<$lanes, $bl, $ob, 5>(p, t, blocked_out, chain),
+                        ($ob, 4) => tile::<$lanes, $bl, $ob, 4>(p, t, blocked_out, chain),
+                        ($ob, 3) => tile::<$lanes, $bl, $ob, 3>(p, t, blocked_out, chain),
+                        ($ob, 2) => tile::<$lanes, $bl, $ob, 2>(p, t, blocked_out, chain),
+                        ($ob, 1) => tile::<$lanes, $bl, $ob, 1>(p, t, blocked_out, chain),
                     )*
                     _ => unreachable!("a tile of {ob} output blocks and {np} positions"),
                 }
@@ -430,17 +444,48 @@ macro_rules! instances {
     };
 }
 
+/// The last, at most half-full block of an NCHW output on an AVX-512 host: 8 lanes wide
+/// (32 registers), one block of up to 16 positions.
+///
+/// # Safety
+/// The host has AVX-512F; the rest as [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn tile_half(p: &Plan, t: &Tile, np: usize, chain: Option<&VectorChain>) {
+    use crate::simd::x86::Ymm;
+    // Safety: the caller's contract.
+    unsafe {
+        match np {
+            16 => tile::<Ymm, 16, 1, 16>(p, t, false, chain),
+            6 => tile::<Ymm, 16, 1, 6>(p, t, false, chain),
+            5 => tile::<Ymm, 16, 1, 5>(p, t, false, chain),
+            4 => tile::<Ymm, 16, 1, 4>(p, t, false, chain),
+            3 => tile::<Ymm, 16, 1, 3>(p, t, false, chain),
+            2 => tile::<Ymm, 16, 1, 2>(p, t, false, chain),
+            1 => tile::<Ymm, 16, 1, 1>(p, t, false, chain),
+            _ => unreachable!("a half tile of {np} positions"),
+        }
+    }
+}
+
+/// Off x86-64 no plan is made.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn tile_half(_: &Plan, _: &Tile, _: usize, _: Option<&VectorChain>) {
+    unreachable!("no vector instances off x86-64")
+}
+
 instances!(
     tile_avx512,
     reorder_avx512,
     "avx512f,avx2,fma",
     crate::simd::x86::Zmm,
+    16,
     1,
     2,
     3,
     4
 );
-instances!(tile_avx2, reorder_avx2, "avx2,fma", crate::simd::x86::Ymm, 1, 2);
+instances!(tile_avx2, reorder_avx2, "avx2,fma", crate::simd::x86::Ymm, 8, 1, 2);
 
 #[cfg(test)]
 mod tests {
