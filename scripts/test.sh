@@ -45,6 +45,15 @@ for line in sys.stdin:
 for simd in avx2 baseline; do
     OAR_CPU_SIMD=$simd "$runtime_tests" -q 2>&1 | tee -a target/test.log
 done
+# The network planned on the blocked channel layout, in blocks of 8 (AVX2) against the reference.
+cpu_tests=$(cargo test --workspace --tests --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if (m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cpu" and m.get("executable")
+            and m["manifest_path"].endswith("backends/cpu/Cargo.toml")):
+        print(m["executable"])')
+OAR_CPU_SIMD=avx2 "$cpu_tests" -q blocked_layout 2>&1 | tee -a target/test.log
 step "cpu runtime kernels as avx2 and baseline"
 # Everything the steps below run, in one build at the workspace level: the same features as the
 # test run, so its libraries are reused (a `-p` build resolves features anew and rebuilds them).

@@ -6,7 +6,7 @@ use crate::conv::ConvSpec;
 use crate::epilogue::ConvEpilogue;
 use crate::program::Step;
 use crate::simd::Simd;
-use crate::{conv_depthwise_blocked as depthwise, conv_pointwise_blocked as pointwise};
+use crate::{conv_depthwise_blocked as depthwise, conv_first_blocked as first, conv_pointwise_blocked as pointwise};
 use oar_ir::DType;
 use oar_ir::kernel::{BufferId, BufferKind, Contraction, KernelBody, KernelProgram};
 
@@ -52,6 +52,7 @@ pub(crate) fn from_blocked(x: &[f32], n: usize, c: usize, p: usize, l: usize) ->
 enum Kind {
     Pointwise(pointwise::Plan),
     Depthwise(depthwise::Plan),
+    First(first::Plan),
 }
 
 /// A convolution step run by a blocked kernel: its operands and their layouts.
@@ -145,7 +146,8 @@ pub(crate) fn plan(
             output: blocked[c.out.index()],
         };
     }
-    // A step with both sides NCHW runs as before (its own paths are as fast there).
+    // A step with both sides NCHW runs as before (its own paths are as fast there: on
+    // ResNet-18's 7 × 7 first layer, the register-tiled direct convolution).
     for c in &mut out {
         if c.as_ref().is_some_and(|c| !c.layouts.input && !c.layouts.output) {
             *c = None;
@@ -195,10 +197,15 @@ fn candidate(p: &KernelProgram, step: &Step, chain: Option<&ConvEpilogue>, limit
         return None;
     }
     let spec = ConvSpec::of(conv);
-    let kind = if let Some(plan) = pointwise::Plan::new(&xv.shape, &wv.shape, &spec, &shape[2..]) {
+    // A malformed convolution is left to the step's own path, which reports it.
+    crate::conv::geometry_to(&xv.shape, &wv.shape, &shape, &spec).ok()?;
+    let (xs, ws, sout) = (&xv.shape, &wv.shape, &shape[2..]);
+    let kind = if let Some(plan) = pointwise::Plan::new(xs, ws, &spec, sout) {
         Kind::Pointwise(plan)
+    } else if let Some(plan) = depthwise::Plan::new(xs, ws, &spec, sout) {
+        Kind::Depthwise(plan)
     } else {
-        Kind::Depthwise(depthwise::Plan::new(&xv.shape, &wv.shape, &spec, &shape[2..])?)
+        Kind::First(first::Plan::new(xs, ws, &spec, sout)?)
     };
     Some(BlockedConv {
         kind,
@@ -255,6 +262,9 @@ impl BlockedConv {
                 }
                 Kind::Depthwise(plan) => {
                     depthwise::conv_in(x, w, out, plan, self.layouts, threads, epi, vectors.as_ref())
+                }
+                Kind::First(plan) => {
+                    first::conv(x, w, out, plan, self.layouts.output, threads, cache, vectors.as_ref())
                 }
             }
         }

@@ -497,9 +497,11 @@ unsafe fn checked<L: Lanes>(p: &Plan, x: *const f32, w: *const f32, oy: usize, o
         let (ky0, ky1) = inside(oy * p.sh, p.pt, p.dh, p.kh, p.h);
         let (kx0, kx1) = inside(ox * p.sw, p.pl, p.dw, p.kw, p.w);
         for ky in ky0..ky1 {
-            let row = x.add(((oy * p.sh + ky * p.dh - p.pt) * p.w + ox * p.sw - p.pl) * L::N);
+            // Row and column of tap (ky, kx0): inside the input.
+            let (iy, ix) = (oy * p.sh + ky * p.dh - p.pt, ox * p.sw + kx0 * p.dw - p.pl);
+            let first = x.add((iy * p.w + ix) * L::N);
             for kx in kx0..kx1 {
-                let v = L::load(row.add(kx * p.dw * L::N));
+                let v = L::load(first.add((kx - kx0) * p.dw * L::N));
                 a = L::fma(v, L::load(w.add((ky * p.kw + kx) * L::N)), a);
             }
         }
@@ -639,7 +641,7 @@ mod tests {
     fn blocked_depthwise_convolutions_match_the_definition() {
         // (n, c, h, w, kh, kw, stride, pad before, pad after, dilation)
         type Case = (usize, usize, usize, usize, usize, usize, usize, usize, usize, usize);
-        let cases: [Case; 14] = [
+        let cases: [Case; 16] = [
             (1, 3, 7, 7, 3, 3, 1, 1, 1, 1),
             (2, 20, 14, 14, 3, 3, 2, 1, 1, 1),
             (1, 16, 30, 33, 3, 3, 1, 1, 1, 1),
@@ -654,6 +656,8 @@ mod tests {
             (1, 16, 112, 112, 3, 3, 2, 0, 1, 1),
             (1, 32, 112, 112, 3, 3, 1, 1, 1, 1),
             (3, 24, 5, 3, 3, 3, 1, 4, 4, 1),
+            (1, 16, 14, 14, 3, 3, 2, 1, 1, 1),
+            (2, 8, 9, 11, 5, 5, 2, 2, 2, 1),
         ];
         if Simd::detect() == Simd::Baseline {
             return;

@@ -10,7 +10,7 @@
 //!   as `[O/L][C][L]`: per block of output channels, one vector per input channel, zero past
 //!   the last channel of either side.
 //! - **Microkernel.** A tile is `NP` positions × `OB` blocks of output channels, in `NP · OB`
-//!   accumulators (AVX-512: 6 × 4 zmm; AVX2: 6 × 2 ymm). Per input channel it loads the `OB`
+//!   accumulators (AVX-512: up to 5 × 4 zmm; AVX2: 6 × 2 ymm). Per input channel it loads the `OB`
 //!   weight vectors and broadcasts the `NP` positions' input element: `NP · OB` multiply-adds
 //!   for `OB + NP` loads, and no packing of the input at all.
 //! - **Stores.** A blocked output takes each accumulator as it is; an NCHW output (a
@@ -34,13 +34,14 @@ use crate::simd::{Lanes, Simd};
 /// positions).
 const NP: usize = 6;
 
-/// Positions per full tile of `ob` output blocks: as many as keep the accumulators, the
-/// weight vectors and a broadcast in the 32 zmm (16 ymm) registers.
+/// Positions per full tile of `ob` output blocks: about 16 to 20 accumulators. More fit the
+/// 32 zmm registers on paper, but the compiled tiles then spill (measured on MobileNetV2's
+/// layers: 2 × 12 ran 3× slower than 2 × 6; 3 × 6 and 4 × 5 beat 3 × 8 and 4 × 6 by 10%).
 fn np_max(simd: Simd, ob: usize) -> usize {
     match (simd, ob) {
         (Simd::Avx512, 1) => 16,
-        (Simd::Avx512, 3) => 8,
-        (Simd::Avx512, _) => 6,
+        (Simd::Avx512, 3) => 6,
+        (Simd::Avx512, _) => 5,
         (_, 1) => 12,
         _ => 6,
     }
@@ -287,15 +288,22 @@ unsafe fn reorder_with<L: Lanes>(p: &Plan, x: *const f32, dst: *mut f32, b: usiz
     }
 }
 
-/// One tile's addresses: its first position's input vector of block 0, its first output
-/// block's packed weights; image `b`, positions from `q`, output blocks from `ob0`.
-struct Tile {
-    x: *const f32,
-    w: *const f32,
-    out: *mut f32,
-    b: usize,
-    q: usize,
-    ob0: usize,
+/// One tile's addresses: its first position's input (block 0), its first output block's
+/// packed weights; image `b`, positions from `q`, output blocks from `ob0`.
+pub(crate) struct Tile {
+    pub(crate) x: *const f32,
+    pub(crate) w: *const f32,
+    pub(crate) out: *mut f32,
+    pub(crate) b: usize,
+    pub(crate) q: usize,
+    pub(crate) ob0: usize,
+}
+
+/// An output's channels and positions per image, for [`store`].
+#[derive(Clone, Copy)]
+pub(crate) struct Dest {
+    pub(crate) o: usize,
+    pub(crate) p: usize,
 }
 
 /// `np` positions × `OB` output blocks, accumulated over every input channel, then the chain
@@ -331,7 +339,7 @@ unsafe fn tile<L: Lanes, const BL: usize, const OB: usize, const N: usize>(
                 }
             }
         }
-        store::<L, BL, OB, N>(p, t, &acc, N, blocked_out, chain);
+        store::<L, BL, OB, N>(Dest { o: p.o, p: p.p }, t, &acc, N, blocked_out, chain);
     }
 }
 
@@ -340,8 +348,8 @@ unsafe fn tile<L: Lanes, const BL: usize, const OB: usize, const N: usize>(
 /// # Safety
 /// As [`tile`].
 #[inline(always)]
-unsafe fn store<L: Lanes, const BL: usize, const OB: usize, const N: usize>(
-    p: &Plan,
+pub(crate) unsafe fn store<L: Lanes, const BL: usize, const OB: usize, const N: usize>(
+    p: Dest,
     t: &Tile,
     acc: &[[L; OB]; N],
     np: usize,
@@ -349,7 +357,7 @@ unsafe fn store<L: Lanes, const BL: usize, const OB: usize, const N: usize>(
     chain: Option<&VectorChain>,
 ) {
     let l = L::N;
-    let obl = p.obl();
+    let obl = p.o.div_ceil(BL);
     // Safety: the caller's contract.
     unsafe {
         if blocked_out {
@@ -407,7 +415,6 @@ macro_rules! instances {
                 match (ob, np) {
                     (1, 16) => tile::<$lanes, $bl, 1, 16>(p, t, blocked_out, chain),
                     (1, 12) => tile::<$lanes, $bl, 1, 12>(p, t, blocked_out, chain),
-                    (3, 8) => tile::<$lanes, $bl, 3, 8>(p, t, blocked_out, chain),
                     $(
                         ($ob, 6) => tile::<$lanes, $bl, $ob, 6>(p, t, blocked_out, chain),
                         ($ob, 5) => tile::<$lanes, $bl, $ob, 5>(p, t, blocked_out, chain),

@@ -19,6 +19,7 @@ mod conv;
 mod conv_depthwise;
 mod conv_depthwise_blocked;
 mod conv_direct;
+mod conv_first_blocked;
 pub mod conv_grad;
 mod conv_pointwise_blocked;
 mod conv_tiled;

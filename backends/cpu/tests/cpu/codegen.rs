@@ -1793,13 +1793,13 @@ fn conv_epilogue_chains_match_the_reference_exactly() {
     }
 }
 
-/// An inverted-residual stack on the blocked channel layout: a 1 × 1 layer from the NCHW
-/// input (reordered in), 1 × 1 and 3 × 3 depthwise layers (stride 1 and 2) between blocked
-/// buffers with bias / relu6 chains, a projection adding a blocked residual, and layers
+/// An inverted-residual stack on the blocked channel layout: a first layer (3 channels,
+/// stride 2) from the NCHW input into blocked channels, 1 × 1 and 3 × 3 depthwise layers
+/// (stride 1 and 2) between blocked buffers with bias / relu6 chains, a projection adding a blocked residual, and layers
 /// back to NCHW outputs (a 1 × 1 one and a depthwise one). Small integer data, so every sum
 /// is exact: the values must equal the reference's on 1 and 5 threads, and on a vector host
-/// the steps must run blocked as planned. CI runs the suite on the AVX2 instances too
-/// (`OAR_CPU_SIMD=avx2`: blocks of 8).
+/// the steps must run blocked as planned. CI runs this test on the AVX2 instances too
+/// (`scripts/test.sh`, `OAR_CPU_SIMD=avx2`: blocks of 8).
 #[test]
 fn blocked_layout_networks_match_the_reference_exactly() {
     let scalar = |g: &mut Graph, v: f32| g.add_constant(TensorData::from_vec(vec![], vec![v]).unwrap());
@@ -1809,8 +1809,8 @@ fn blocked_layout_networks_match_the_reference_exactly() {
         TensorData::from_vec(shape.to_vec(), v).unwrap()
     };
     let mut g = Graph::new("blocked");
-    let mut feeds_v = vec![("x".to_string(), ints(&[2, 16, 9, 7], 1))];
-    let x = input(&mut g, "x", DType::F32, &[2, 16, 9, 7]);
+    let mut feeds_v = vec![("x".to_string(), ints(&[2, 3, 17, 13], 1))];
+    let x = input(&mut g, "x", DType::F32, &[2, 3, 17, 13]);
     let (zero, six) = (scalar(&mut g, 0.0), scalar(&mut g, 6.0));
     let layer = |g: &mut Graph,
                  feeds_v: &mut Vec<(String, TensorData)>,
@@ -1845,6 +1845,7 @@ fn blocked_layout_networks_match_the_reference_exactly() {
             y
         }
     };
+    let x = layer(&mut g, &mut feeds_v, x, 16, 3, 3, 2, true);
     let t0 = layer(&mut g, &mut feeds_v, x, 16, 16, 1, 1, false);
     let t1 = layer(&mut g, &mut feeds_v, t0, 32, 16, 1, 1, true);
     let t2 = layer(&mut g, &mut feeds_v, t1, 32, 32, 3, 1, true);
@@ -1868,10 +1869,11 @@ fn blocked_layout_networks_match_the_reference_exactly() {
     #[cfg(not(target_arch = "x86_64"))]
     let vectors = false;
     if vectors && std::env::var("OAR_CPU_BLOCKED").is_err() {
-        // In, 4 blocked to blocked (with the residual), the 24-channel output's 1 × 1 layer
-        // and the depthwise output layer out.
+        // The first layer in, 5 blocked to blocked (with the residual), the 24-channel
+        // output's 1 × 1 layer and the depthwise output layer out.
         let want = [
             (false, true),
+            (true, true),
             (true, true),
             (true, true),
             (true, true),
