@@ -19,6 +19,20 @@ pub(crate) struct Layouts {
     pub(crate) output: bool,
 }
 
+/// Weights `w[O, K]` (row-major; `K` taps or input channels per output channel) packed for a
+/// blocked kernel as `[O/l][kp][l]`: per block of `l` output channels one vector per `k < K`,
+/// zero past the last output channel and for `K ≤ k < kp`.
+pub(crate) fn pack_output_blocks(w: &[f32], o: usize, k: usize, kp: usize, l: usize) -> Vec<f32> {
+    let mut out = vec![0f32; o.div_ceil(l) * kp * l];
+    for oc in 0..o {
+        let base = (oc / l) * kp * l + oc % l;
+        for (t, &v) in w[oc * k..][..k].iter().enumerate() {
+            out[base + t * l] = v;
+        }
+    }
+    out
+}
+
 /// `x[N, C, P]` (NCHW, `P` positions per channel) in NCHW`l`c, `C` a multiple of `l`.
 #[cfg(test)]
 pub(crate) fn to_blocked(x: &[f32], n: usize, c: usize, p: usize, l: usize) -> Vec<f32> {

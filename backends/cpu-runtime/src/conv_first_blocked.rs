@@ -131,15 +131,7 @@ fn np_max(simd: Simd, ob: usize) -> usize {
 
 /// The kernels `w[O, C, kh, kw]` as `[O/L][C · kh · kw][L]`.
 fn pack(w: &[f32], p: &Plan) -> Vec<f32> {
-    let (l, taps) = (p.lanes(), p.taps.len());
-    let mut out = vec![0f32; p.packed_len()];
-    for oc in 0..p.o {
-        let base = (oc / l) * taps * l + oc % l;
-        for (t, &v) in w[oc * taps..][..taps].iter().enumerate() {
-            out[base + t * l] = v;
-        }
-    }
-    out
+    crate::blocked::pack_output_blocks(w, p.o, p.taps.len(), p.taps.len(), p.lanes())
 }
 
 /// `out[N, O, OH, OW] = conv(x[N, C, H, W], w[O, C, kh, kw])` as planned, the output blocked

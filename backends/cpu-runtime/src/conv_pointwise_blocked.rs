@@ -120,15 +120,7 @@ impl Plan {
 
 /// The kernels `w[O, C, 1, 1]` as `[O/L][C/L · L][L]`.
 fn pack(w: &[f32], p: &Plan) -> Vec<f32> {
-    let (l, cp) = (p.lanes(), p.cbl() * p.lanes());
-    let mut out = vec![0f32; p.packed_len()];
-    for oc in 0..p.o {
-        let base = (oc / l) * cp * l + oc % l;
-        for (c, &v) in w[oc * p.c..][..p.c].iter().enumerate() {
-            out[base + c * l] = v;
-        }
-    }
-    out
+    crate::blocked::pack_output_blocks(w, p.o, p.c, p.cbl() * p.lanes(), p.lanes())
 }
 
 /// `out[N, O, H, W] = conv(x[N, C, H, W], w[O, C, 1, 1])` as planned, in the layouts given,

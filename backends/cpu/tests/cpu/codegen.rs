@@ -1703,6 +1703,17 @@ fn conv_epilogues_run_plane_by_plane() {
     }
 }
 
+/// Whether the cpu runtime's hand-written vector kernels run on this host (AVX2 and FMA, not
+/// narrowed to the baseline by `OAR_CPU_SIMD`).
+fn vector_host() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && !matches!(std::env::var("OAR_CPU_SIMD").as_deref(), Ok("baseline"));
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The convolution epilogue chains the runtime applies at full vector width
 /// (`oar_cpu_runtime`'s `epilogue`): bias; bias then `relu6` (max then min) or min then max;
 /// a residual, then `relu`; bias and residual; and chains it leaves to the generated code (the
@@ -1782,12 +1793,7 @@ fn conv_epilogue_chains_match_the_reference_exactly() {
             let c = check_with(&g, &Weights::new(), &feeds, EXACT, true);
             let p = &c.lowered.cpu.program;
             let native = p.kernels.iter().any(|k| oar_cpu_runtime::native_epilogue(k, p));
-            #[cfg(target_arch = "x86_64")]
-            let vectors = std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && !matches!(std::env::var("OAR_CPU_SIMD").as_deref(), Ok("baseline"));
-            #[cfg(not(target_arch = "x86_64"))]
-            let vectors = false;
+            let vectors = vector_host();
             assert_eq!(native, chain < 4 && vectors, "chain {chain}: {p}");
         }
     }
@@ -1862,12 +1868,7 @@ fn blocked_layout_networks_match_the_reference_exactly() {
         .into_iter()
         .flatten()
         .collect();
-    #[cfg(target_arch = "x86_64")]
-    let vectors = std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && !matches!(std::env::var("OAR_CPU_SIMD").as_deref(), Ok("baseline"));
-    #[cfg(not(target_arch = "x86_64"))]
-    let vectors = false;
+    let vectors = vector_host();
     if vectors && std::env::var("OAR_CPU_BLOCKED").is_err() {
         // The first layer in, 5 blocked to blocked (with the residual), the 24-channel
         // output's 1 × 1 layer and the depthwise output layer out.
