@@ -6,7 +6,10 @@ driver loads oar's compiled model (a shared library from `oar compile --emit so`
 API) beside an ONNX Runtime session and the PyTorch module, and times them in rounds: in each
 round a block of runs of each (every order in turn), a pause between blocks so the previous
 engine's spinning threads park, the median of each block, and the ratio of the medians. The
-ratios reported are the medians over rounds, with every round's ratio beside them.
+ratios reported are the medians over rounds, with every round's ratio beside them. The pause
+is 0.1 s (OAR_BENCH_PAUSE, seconds): after 20 ms ONNX Runtime's pool threads were still
+spinning, and a two-thread oar block that followed one of its blocks ran up to 2x slower
+(every round where oar came right after ORT; measured on MobileNetV2, 2026-12-07).
 
 Usage: cpu_models_paired.py DIR NAME LIB [ROUNDS [BLOCK]]: DIR holds NAME.onnx, NAME.input_K.npy
 and NAME.output_0.npy (tools/export_torch_models.py); LIB is the compiled library. Threads:
@@ -130,7 +133,7 @@ def main():
     orders = list(itertools.permutations(engines))
     for r in range(rounds):
         for e, f in orders[r % len(orders)]:
-            time.sleep(0.02)
+            time.sleep(float(os.environ.get("OAR_BENCH_PAUSE", "0.1")))
             per[e].append(block_ms(f, block))
     if os.environ.get("OAR_BENCH_VERBOSE"):
         for e in per:
