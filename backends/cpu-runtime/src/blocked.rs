@@ -8,12 +8,12 @@ use crate::program::Step;
 use crate::simd::Simd;
 use crate::{conv_depthwise_blocked as depthwise, conv_first_blocked as first, conv_pointwise_blocked as pointwise};
 use oar_ir::DType;
-use oar_ir::kernel::{BufferId, BufferKind, Contraction, KernelBody, KernelProgram};
+use oar_ir::kernel::{BufferId, BufferKind, Contraction, KernelBody, KernelProgram, MemoryPlan};
 
 /// A blocked convolution's operand layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layouts {
-    /// The input is stored blocked (its channels a whole number of blocks).
+    /// The input is stored blocked (its channels padded to whole blocks).
     pub(crate) input: bool,
     /// The output (and the chain's residual) is stored blocked.
     pub(crate) output: bool,
@@ -33,28 +33,31 @@ pub(crate) fn pack_output_blocks(w: &[f32], o: usize, k: usize, kp: usize, l: us
     out
 }
 
-/// `x[N, C, P]` (NCHW, `P` positions per channel) in NCHW`l`c, `C` a multiple of `l`.
+/// `x[N, C, P]` (NCHW, `P` positions per channel) in NCHW`l`c, the last block's lanes past
+/// `C` NaN (the kernels never read them into a channel's result).
 #[cfg(test)]
 pub(crate) fn to_blocked(x: &[f32], n: usize, c: usize, p: usize, l: usize) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
+    let cb = c.div_ceil(l);
+    let mut out = vec![f32::NAN; n * cb * l * p];
     for b in 0..n {
         for ch in 0..c {
             for q in 0..p {
-                out[((b * (c / l) + ch / l) * p + q) * l + ch % l] = x[(b * c + ch) * p + q];
+                out[((b * cb + ch / l) * p + q) * l + ch % l] = x[(b * c + ch) * p + q];
             }
         }
     }
     out
 }
 
-/// The inverse of [`to_blocked`].
+/// The inverse of [`to_blocked`] (the padded lanes dropped).
 #[cfg(test)]
 pub(crate) fn from_blocked(x: &[f32], n: usize, c: usize, p: usize, l: usize) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
+    let cb = c.div_ceil(l);
+    let mut out = vec![0.0; n * c * p];
     for b in 0..n {
         for ch in 0..c {
             for q in 0..p {
-                out[(b * c + ch) * p + q] = x[((b * (c / l) + ch / l) * p + q) * l + ch % l];
+                out[(b * c + ch) * p + q] = x[((b * cb + ch / l) * p + q) * l + ch % l];
             }
         }
     }
@@ -97,8 +100,8 @@ fn max_positions() -> usize {
 const DEFAULT_MAX_POSITIONS: usize = usize::MAX;
 
 /// The blocked steps of a program (per step; `None` runs as before) and, implicitly, the
-/// buffers stored blocked: a temporary f32 buffer of whole channel blocks is blocked when
-/// the step writing it and every step reading it run blocked — as a convolution's input, or
+/// buffers stored blocked: a temporary f32 buffer is blocked when the step writing it and
+/// every step reading it run blocked — as a convolution's input, or
 /// as the residual of its epilogue chain whose output is blocked too. Every other buffer,
 /// the program's inputs and outputs among them, stays NCHW: the blocked kernels reorder at
 /// those boundaries.
@@ -119,19 +122,34 @@ pub(crate) fn plan(
         })
         .collect();
     let lanes = simd.lanes();
-    // Blocked buffers: written by a candidate, whole blocks, temporary.
+    // Blocked buffers: temporaries written by a candidate. One whose channels are not whole
+    // blocks is stored padded to whole blocks (see [`place_padded`]) where only the kernels
+    // that keep to the padding touch it: pointwise and first-layer writers write the padded
+    // lanes (zero weights, zero bias), pointwise readers skip them.
     let mut blocked = vec![false; p.buffers.len()];
     for c in out.iter().flatten() {
         let b = p.buffer(c.out);
         let channels = b.ty.shape.as_static().and_then(|s| s.get(1).copied());
-        blocked[c.out.index()] = b.kind == BufferKind::Temp && channels.is_some_and(|c| c % lanes == 0);
+        let whole = channels.is_some_and(|ch| ch % lanes == 0);
+        blocked[c.out.index()] =
+            b.kind == BufferKind::Temp && channels.is_some() && (whole || !matches!(c.kind, Kind::Depthwise(_)));
     }
-    // Every reader of a blocked buffer reads it as a candidate's input or residual.
+    // Every reader of a blocked buffer reads it as a candidate's input (a pointwise or
+    // depthwise one; padded: a pointwise one) or residual.
     for (i, k) in p.kernels.iter().enumerate() {
         let step = out.get(i).and_then(Option::as_ref);
         let residual = chains.get(i).and_then(Option::as_ref).and_then(ConvEpilogue::residual);
         for r in k.reads() {
-            let fine = step.is_some_and(|s| r == s.x || Some(r) == residual) && step.is_some_and(|s| r != s.w);
+            let whole = whole_blocks(p, r, lanes);
+            let fine = step.is_some_and(|s| {
+                let input = r == s.x
+                    && match s.kind {
+                        Kind::Pointwise(_) => true,
+                        Kind::Depthwise(_) => whole,
+                        Kind::First(_) => false,
+                    };
+                r != s.w && (input || Some(r) == residual)
+            });
             if !fine {
                 blocked[r.index()] = false;
             }
@@ -168,6 +186,39 @@ pub(crate) fn plan(
         }
     }
     out
+}
+
+/// Whether buffer `b`'s channels (dimension 1) are whole blocks of `lanes`.
+fn whole_blocks(p: &KernelProgram, b: BufferId, lanes: usize) -> bool {
+    p.buffer(b)
+        .ty
+        .shape
+        .as_static()
+        .and_then(|s| s.get(1).copied())
+        .is_some_and(|c| c % lanes == 0)
+}
+
+/// Give the blocked buffers whose channels are not whole blocks (24 channels in blocks of
+/// 16) their padded size: each gets its own place after the arena's temporaries.
+pub(crate) fn place_padded(p: &KernelProgram, plan: &mut MemoryPlan, steps: &[Option<BlockedConv>]) {
+    let lanes = Simd::detect().lanes();
+    for c in steps.iter().flatten().filter(|c| c.layouts.output) {
+        let b = p.buffer(c.out);
+        let Some(s) = b.ty.shape.as_static() else { continue };
+        if s.len() < 2 || s[1] % lanes == 0 || !plan.sizes.contains_key(&c.out) {
+            continue;
+        }
+        let padded = s[1].next_multiple_of(lanes);
+        let bytes = s.iter().product::<usize>() / s[1] * padded * b.ty.dtype.size_bytes();
+        if plan.sizes.get(&c.out) == Some(&bytes) {
+            continue;
+        }
+        let align = plan.alignment.max(64);
+        let off = plan.arena_bytes.next_multiple_of(align);
+        plan.offsets.insert(c.out, off);
+        plan.sizes.insert(c.out, bytes);
+        plan.arena_bytes = off + bytes;
+    }
 }
 
 /// The blocked kernel for step `step`, if it is an f32 2-d convolution one serves, whose

@@ -293,7 +293,7 @@ unsafe fn block<L: Lanes, const B: usize>(p: &Plan, at: &Block, s: &mut Scratch)
             // A blocked output's chain runs as the sums are stored.
             let post = Post {
                 chain: chain.filter(|_| layouts.output),
-                bias: chain.map_or(L::zero(), |c| c.bias_block::<L>(c0)),
+                bias: chain.map_or(L::zero(), |c| c.bias_block::<L>(c0, cb)),
                 at: (b * p.c + c0) * plane_out + oy0 * p.ow * L::N,
             };
             if layouts.input && p.sh >= 2 && p.sw >= 2 {

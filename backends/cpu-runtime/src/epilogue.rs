@@ -226,18 +226,21 @@ impl VectorChain {
         }
     }
 
-    /// The biases of channels `c..c + L::N` (a block of the output's channels).
+    /// The biases of channels `c..c + n.min(L::N)` (a block of the output's channels; lanes
+    /// past the last channel, `n < L::N`, are zero).
     ///
     /// # Safety
     /// Called with `L`'s instruction set; the bias holds those channels.
     #[inline(always)]
-    pub(crate) unsafe fn bias_block<L: Lanes>(&self, c: usize) -> L {
+    pub(crate) unsafe fn bias_block<L: Lanes>(&self, c: usize, n: usize) -> L {
         // Safety: the caller's contract.
         unsafe {
             if self.bias.is_null() {
                 L::zero()
-            } else {
+            } else if n >= L::N {
                 L::load(self.bias.add(c))
+            } else {
+                L::load_first(self.bias.add(c), n)
             }
         }
     }

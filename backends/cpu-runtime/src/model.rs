@@ -174,6 +174,11 @@ impl Model {
         };
         model.hoist()?;
         model.blocked = crate::blocked::plan(&model.prog.program, &model.prog.steps, &model.chains, &model.hoisted);
+        let before = model.prog.plan.arena_bytes;
+        crate::blocked::place_padded(&model.prog.program, &mut model.prog.plan, &model.blocked);
+        model.run_bytes = model
+            .run_bytes
+            .saturating_add((model.prog.plan.arena_bytes - before) as u64);
         Ok(model)
     }
 

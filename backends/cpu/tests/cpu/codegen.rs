@@ -1860,8 +1860,18 @@ fn blocked_layout_networks_match_the_reference_exactly() {
     let t4 = layer(&mut g, &mut feeds_v, t3, 16, 16, 3, 2, true);
     let y1 = layer(&mut g, &mut feeds_v, t4, 24, 16, 1, 1, false);
     let y2 = layer(&mut g, &mut feeds_v, t3, 16, 16, 3, 1, false);
+    // 20 channels: padded to whole blocks (of 8 or 16) between 1 × 1 layers, a residual
+    // among them; NCHW where a depthwise layer reads them.
+    let p0 = layer(&mut g, &mut feeds_v, t3, 20, 16, 1, 1, true);
+    let p1 = layer(&mut g, &mut feeds_v, p0, 20, 20, 1, 1, false);
+    let p1 = g.add_op1(Op::Binary(BinaryOp::Add), &[p1, p0]).unwrap();
+    let y3 = layer(&mut g, &mut feeds_v, p1, 8, 20, 1, 1, true);
+    let q = layer(&mut g, &mut feeds_v, t3, 20, 16, 1, 1, false);
+    let y4 = layer(&mut g, &mut feeds_v, q, 20, 20, 3, 1, false);
     g.add_output("y1", y1).unwrap();
     g.add_output("y2", y2).unwrap();
+    g.add_output("y3", y3).unwrap();
+    g.add_output("y4", y4).unwrap();
     let feeds_v: Vec<(&str, TensorData)> = feeds_v.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let c = check_with(&g, &Weights::new(), &feeds(&feeds_v), EXACT, true);
     let layouts: Vec<(bool, bool)> = oar_cpu_runtime::blocked_layouts(&c.lowered.cpu)
@@ -1871,12 +1881,18 @@ fn blocked_layout_networks_match_the_reference_exactly() {
     let vectors = vector_host();
     if vectors && std::env::var("OAR_CPU_BLOCKED").is_err() {
         // The first layer in, 5 blocked to blocked (with the residual), the 24-channel
-        // output's 1 × 1 layer and the depthwise output layer out.
+        // output's 1 × 1 layer and the depthwise output layer out; the padded 20-channel
+        // pair blocked, their reader out, and the 1 × 1 layer feeding the depthwise one out
+        // (that depthwise layer NCHW on both sides: not blocked).
         let want = [
             (false, true),
             (true, true),
             (true, true),
             (true, true),
+            (true, true),
+            (true, true),
+            (true, false),
+            (true, false),
             (true, true),
             (true, true),
             (true, false),
