@@ -151,6 +151,8 @@ pub(crate) trait Lanes: Copy {
     unsafe fn load_lanes(p: *const f32, lo: usize, hi: usize, fill: Self) -> Self;
     /// The even-numbered lanes of the `2N` lanes `a, b` (`a`'s first), and the odd ones.
     unsafe fn deinterleave(a: Self, b: Self) -> (Self, Self);
+    /// The inverse of [`Lanes::deinterleave`]: `a₀ b₀ a₁ b₁ …` in two vectors.
+    unsafe fn interleave(a: Self, b: Self) -> (Self, Self);
     /// The IR's binary `max`: `a > b ? a : b`, and `a` where `a` is NaN (so NaN where either
     /// is, the first NaN's bits; the second on a tie of `-0` and `+0`).
     unsafe fn max_ir(a: Self, b: Self) -> Self;
@@ -230,6 +232,11 @@ pub(crate) mod x86 {
                     ($t(e), $t(o))
                 }
                 #[inline(always)]
+                unsafe fn interleave(a: Self, b: Self) -> (Self, Self) {
+                    let (lo, hi) = unsafe { <$t>::interleave_raw(a.0, b.0) };
+                    ($t(lo), $t(hi))
+                }
+                #[inline(always)]
                 unsafe fn max_ir(a: Self, b: Self) -> Self {
                     unsafe { $t(<$t>::max_ir_raw(a.0, b.0)) }
                 }
@@ -275,6 +282,14 @@ pub(crate) mod x86 {
                 let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
                 let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
                 (_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b))
+            }
+        }
+        #[inline(always)]
+        unsafe fn interleave_raw(a: __m512, b: __m512) -> (__m512, __m512) {
+            unsafe {
+                let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+                (_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b))
             }
         }
         #[inline(always)]
@@ -362,6 +377,17 @@ pub(crate) mod x86 {
                 // quarters swapped.
                 let (e, o) = (_mm256_shuffle_ps::<0x88>(a, b), _mm256_shuffle_ps::<0xdd>(a, b));
                 (Self::middle_swapped(e), Self::middle_swapped(o))
+            }
+        }
+        #[inline(always)]
+        unsafe fn interleave_raw(a: __m256, b: __m256) -> (__m256, __m256) {
+            unsafe {
+                // Pairs within each 128-bit half, then the halves regrouped.
+                let (l, h) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+                (
+                    _mm256_permute2f128_ps::<0x20>(l, h),
+                    _mm256_permute2f128_ps::<0x31>(l, h),
+                )
             }
         }
         /// The 64-bit quarters `0, 2, 1, 3` of `v`.
