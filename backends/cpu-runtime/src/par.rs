@@ -1,6 +1,5 @@
 //! The runtime's parallel loop: units of work claimed from one counter by the calling thread
-//! and by whichever threads of the runtime's helper pool are free (a rayon pool of one thread
-//! fewer than the loop may use), without ever waiting for a pool thread to wake.
+//! and by whichever rayon pool threads are free, without ever waiting for a pool thread to wake.
 //!
 //! A scope-based split (`rayon::scope`, `in_place_scope`) returns only when every job it
 //! spawned has run; when the pool threads are asleep that costs a wake-up (~10 µs on these
@@ -23,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Run `f(state, unit)` for every unit in `0..n`, on the calling thread and up to
-/// `tasks - 1` helper pool threads; each participant makes its own `state` with `init`
+/// `tasks - 1` rayon pool threads; each participant makes its own `state` with `init`
 /// (scratch memory) when it claims its first unit. A panic in any unit is resumed on the
 /// calling thread once every claimed unit has finished.
 pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, f: impl Fn(&mut S, usize) + Sync) {
@@ -74,9 +73,8 @@ pub(crate) fn par_units<S>(n: usize, tasks: usize, init: impl Fn() -> S + Sync, 
         }
     }
     for _ in 0..helpers {
-        let Some(pool) = pool() else { break };
         let s = Arc::clone(&shared);
-        pool.spawn(move || {
+        rayon::spawn(move || {
             if let Some(first) = s.claim() {
                 // Safety: a unit is claimed, so the caller is still waiting (see above).
                 unsafe { (*s.work)(&s, first) }
@@ -113,40 +111,15 @@ fn linger(helpers: usize) {
     if spin_time().is_zero() {
         return;
     }
-    let Some(pool) = pool() else { return };
     for spinner in spinners().iter().take(helpers) {
         if spinner
             .state
             .compare_exchange(IDLE, WAITING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            pool.spawn(move || spinner.run());
+            rayon::spawn(move || spinner.run());
         }
     }
-}
-
-/// The runtime's own pool of helper threads: one fewer than the threads a loop may use
-/// (`rayon::current_num_threads()`, so `RAYON_NUM_THREADS`), as the loop's caller is the
-/// other participant. With one per core there were a thread more than cores: a pool thread
-/// idling or lingering then shared a core with the one doing a loop's work whenever the
-/// scheduler put them together, which on these machines lasted whole runs — two-thread
-/// ResNet-18 at 10.9 ms instead of 8.0 in such a process. `None` when the threads cannot be
-/// started (the caller then runs every unit itself).
-fn pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let helpers = rayon::current_num_threads().saturating_sub(1);
-        (helpers > 0)
-            .then(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(helpers)
-                    .thread_name(|i| format!("oar-helper-{i}"))
-                    .build()
-                    .ok()
-            })
-            .flatten()
-    })
-    .as_ref()
 }
 
 fn spin_time() -> Duration {
@@ -160,11 +133,11 @@ fn spin_time() -> Duration {
     })
 }
 
-/// One mailbox per helper thread of [`pool`].
+/// One mailbox per pool thread but one (the caller of a loop is the other participant).
 fn spinners() -> &'static [Spinner] {
     static SPINNERS: OnceLock<Box<[Spinner]>> = OnceLock::new();
     SPINNERS.get_or_init(|| {
-        (0..pool().map_or(0, rayon::ThreadPool::current_num_threads))
+        (1..rayon::current_num_threads().max(1))
             .map(|_| Spinner {
                 state: AtomicU8::new(IDLE),
                 mailbox: Mutex::new(None),
@@ -306,14 +279,13 @@ mod tests {
     /// one (a scope-based split waits here until the pool frees up: a hang).
     #[test]
     fn never_waits_for_busy_pool_threads() {
-        let Some(pool) = super::pool() else { return };
-        let workers = pool.current_num_threads();
+        let workers = rayon::current_num_threads();
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let release_rx = std::sync::Arc::new(std::sync::Mutex::new(release_rx));
         let (started_tx, started_rx) = mpsc::channel::<()>();
         for _ in 0..workers {
             let (rx, started) = (release_rx.clone(), started_tx.clone());
-            pool.spawn(move || {
+            rayon::spawn(move || {
                 started.send(()).unwrap();
                 let _ = rx.lock().unwrap().recv();
             });
