@@ -19,6 +19,15 @@ pub(crate) struct Layouts {
     pub(crate) output: bool,
 }
 
+/// Output channel blocks a blocked kernel's register tile holds at most: 4 on AVX-512 (32
+/// vector registers), 2 on AVX2 (16).
+pub(crate) fn max_output_blocks(simd: Simd) -> usize {
+    match simd {
+        Simd::Avx512 => 4,
+        _ => 2,
+    }
+}
+
 /// Weights `w[O, K]` (row-major; `K` taps or input channels per output channel) packed for a
 /// blocked kernel as `[O/l][kp][l]`: per block of `l` output channels one vector per `k < K`,
 /// zero past the last output channel and for `K ≤ k < kp`.

@@ -108,10 +108,7 @@ impl Plan {
 
     /// Output blocks per tile, at most.
     fn ob_max(&self) -> usize {
-        match self.simd {
-            Simd::Avx512 => 4,
-            _ => 2,
-        }
+        crate::blocked::max_output_blocks(self.simd)
     }
 
     fn packed_len(&self) -> usize {
