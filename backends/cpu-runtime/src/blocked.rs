@@ -138,10 +138,10 @@ pub(crate) fn plan(
     let mut blocked = vec![false; p.buffers.len()];
     for c in out.iter().flatten() {
         let b = p.buffer(c.out);
-        let channels = b.ty.shape.as_static().and_then(|s| s.get(1).copied());
-        let whole = channels.is_some_and(|ch| ch % lanes == 0);
-        blocked[c.out.index()] =
-            b.kind == BufferKind::Temp && channels.is_some() && (whole || !matches!(c.kind, Kind::Depthwise(_)));
+        let channels = b.ty.shape.as_static().is_some_and(|s| s.len() > 1);
+        blocked[c.out.index()] = b.kind == BufferKind::Temp
+            && channels
+            && (whole_blocks(p, c.out, lanes) || !matches!(c.kind, Kind::Depthwise(_)));
     }
     // Every reader of a blocked buffer reads it as a candidate's input (a pointwise or
     // depthwise one; padded: a pointwise one) or residual.
@@ -219,9 +219,6 @@ pub(crate) fn place_padded(p: &KernelProgram, plan: &mut MemoryPlan, steps: &[Op
         }
         let padded = s[1].next_multiple_of(lanes);
         let bytes = s.iter().product::<usize>() / s[1] * padded * b.ty.dtype.size_bytes();
-        if plan.sizes.get(&c.out) == Some(&bytes) {
-            continue;
-        }
         let align = plan.alignment.max(64);
         let off = plan.arena_bytes.next_multiple_of(align);
         plan.offsets.insert(c.out, off);

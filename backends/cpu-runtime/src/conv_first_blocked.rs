@@ -136,8 +136,9 @@ fn pack(w: &[f32], p: &Plan) -> Vec<f32> {
 /// made on the first call and kept.
 ///
 /// # Safety
-/// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither; a blocked output has
-/// whole blocks of channels; the chain's buffers are live and of the output's size.
+/// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither; a blocked output holds
+/// whole blocks of channels (the last one padded); the chain's buffers are live and of the
+/// output's size.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn conv(
     x: *const f32,

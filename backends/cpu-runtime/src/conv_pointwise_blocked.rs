@@ -127,7 +127,8 @@ fn pack(w: &[f32], p: &Plan) -> Vec<f32> {
 ///
 /// # Safety
 /// `x`, `w` and `out` hold the plan's elements; `out` overlaps neither; a blocked side holds
-/// whole blocks of channels (the last one padded); the chain's buffers are live and of the output's size.
+/// whole blocks of channels (the last one padded); the chain's buffers are live and of the
+/// output's size.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn conv(
     x: *const f32,

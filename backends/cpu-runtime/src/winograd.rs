@@ -18,10 +18,11 @@
 //! lanes are a row segment of tiles, whose patches are read as whole input rows split by
 //! deinterleaving, and whose output blocks are interleaved back and stored as whole rows
 //! (ResNet-18's 56 × 56 layers: input transform 0.36 → 0.2 ms, output 0.21 → 0.13 ms
-//! single-threaded); narrower planes move their tiles' elements one by one. Rounding differs from the direct product (the
-//! transforms scale by up to 8 and 1/24): measured relative errors stay near 1e-6 of the
-//! outputs' scale for unit-scale data, well inside the 1e-4 the backend promises against other
-//! runtimes; [`applies`] keeps small convolutions (few channels or tiles) on the exact path.
+//! single-threaded); narrower planes move their tiles' elements one by one. Rounding differs
+//! from the direct product (the transforms scale by up to 8 and 1/24): measured relative
+//! errors stay near 1e-6 of the outputs' scale for unit-scale data, well inside the 1e-4 the
+//! backend promises against other runtimes; [`applies`] keeps small convolutions (few
+//! channels or tiles) on the exact path.
 
 use crate::contraction::{Mat, SendPtr, WeightCache, gemm_raw};
 use crate::par::par_units;
@@ -72,6 +73,21 @@ impl Shape {
     fn tile(&self, t: usize) -> (usize, usize, usize) {
         let (th, tw) = self.tiles_hw();
         (t / (th * tw), (t / tw) % th, t % tw)
+    }
+
+    /// Whether the transforms take a row segment of tiles at a time ([`gather_row`],
+    /// [`scatter_row`]): on a vector host (`vector`, the instance's), planes of at least
+    /// [`ROW_SEGMENT_MIN`] tiles per row.
+    fn rowwise(&self, vector: bool) -> bool {
+        vector && Simd::detect() != Simd::Baseline && self.tiles_hw().1 >= ROW_SEGMENT_MIN
+    }
+
+    /// Tiles in the transforms' group from tile `t`, `left` tiles to go: a vector's worth,
+    /// cut at the end of the tile row when `rowwise`.
+    fn group(&self, t: usize, left: usize, rowwise: bool) -> usize {
+        let tw = self.tiles_hw().1;
+        let lanes = L.min(left);
+        if rowwise { lanes.min(tw - t % tw) } else { lanes }
     }
 }
 
@@ -284,46 +300,58 @@ unsafe fn store(dst: *mut f32, v: &[f32; L], lanes: usize) {
     }
 }
 
+/// `unsafe fn $name(args)`: `$with::<Zmm>(args)` on AVX-512 hosts, `$with::<Ymm>(args)` on
+/// AVX2 ones, each compiled for its instruction set (its callers run only where
+/// [`Simd::detect`] is not `Baseline`).
+macro_rules! by_lanes {
+    ($(#[$m:meta])* unsafe fn $name:ident = $with:ident($($a:ident: $t:ty),*)) => {
+        $(#[$m])*
+        unsafe fn $name($($a: $t),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn avx512($($a: $t),*) {
+                    unsafe { $with::<crate::simd::x86::Zmm>($($a),*) }
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($a: $t),*) {
+                    unsafe { $with::<crate::simd::x86::Ymm>($($a),*) }
+                }
+                // Safety: the caller's contract.
+                unsafe {
+                    match Simd::detect() {
+                        Simd::Avx512 => avx512($($a),*),
+                        _ => avx2($($a),*),
+                    }
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = ($($a),*);
+                unreachable!("no vector instances off x86-64")
+            }
+        }
+    };
+}
+
 /// Tiles per row from which the transforms take a row segment of tiles at a time, reading and
 /// writing whole rows ([`gather_row`], [`scatter_row`]); narrower planes move their tiles'
 /// elements one by one (measured on ResNet-18 at batch 16: 7 tiles per row gathered as whole
 /// rows ran 25% slower, the lanes then half empty).
 const ROW_SEGMENT_MIN: usize = 8;
 
-/// `d[r·6 + q][l]` = element `(r, q)` of the patch of tile `l` (zero in the padding), for
-/// `cnt` tiles side by side in one row of tiles (row `ty`, from column `tx`) of input plane
-/// `at`: each patch row is read as the input row it lies in, four vectors from each tile's
-/// first column and four from four columns on, and split by two rounds of deinterleaving
-/// into the columns 0–3 (and 4–5) of every tile's patch — instead of 36 scalar moves per
-/// tile, whose stores the vector loads of `d` then wait on.
-///
-/// # Safety
-/// The host has the detected instruction set (not `Baseline`); `at` holds the plane's
-/// `s.h · s.w` elements.
-unsafe fn gather_row(s: &Shape, at: *const f32, ty: usize, tx: usize, cnt: usize, d: &mut [[f32; L]; 36]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn avx512(s: &Shape, at: *const f32, ty: usize, tx: usize, cnt: usize, d: &mut [[f32; L]; 36]) {
-            unsafe { gather_row_with::<crate::simd::x86::Zmm>(s, at, ty, tx, cnt, d) }
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(s: &Shape, at: *const f32, ty: usize, tx: usize, cnt: usize, d: &mut [[f32; L]; 36]) {
-            unsafe { gather_row_with::<crate::simd::x86::Ymm>(s, at, ty, tx, cnt, d) }
-        }
-        // Safety: the caller's contract.
-        unsafe {
-            match Simd::detect() {
-                Simd::Avx512 => avx512(s, at, ty, tx, cnt, d),
-                _ => avx2(s, at, ty, tx, cnt, d),
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!(
-        "no vector instances off x86-64: {}",
-        s.c + ty + tx + cnt + d.len() + at as usize
-    )
+by_lanes! {
+    /// `d[r·6 + q][l]` = element `(r, q)` of the patch of tile `l` (zero in the padding), for
+    /// `cnt` tiles side by side in one row of tiles (row `ty`, from column `tx`) of input plane
+    /// `at`: each patch row is read as the input row it lies in, four vectors from each tile's
+    /// first column and four from four columns on, and split by two rounds of deinterleaving
+    /// into the columns 0–3 (and 4–5) of every tile's patch — instead of 36 scalar moves per
+    /// tile, whose stores the vector loads of `d` then wait on.
+    ///
+    /// # Safety
+    /// The host has the detected instruction set (not `Baseline`); `at` holds the plane's
+    /// `s.h · s.w` elements.
+    unsafe fn gather_row = gather_row_with(s: &Shape, at: *const f32, ty: usize, tx: usize, cnt: usize, d: &mut [[f32; L]; 36])
 }
 
 /// [`gather_row`] with `V`'s vectors: `V::N` tiles per round.
@@ -404,37 +432,15 @@ unsafe fn split4<V: crate::simd::Lanes>(row: *const f32, w: isize, from: isize) 
     }
 }
 
-/// Each tile's 4 × 4 block `y[i·4 + j][l]` to output plane `at`, for `cnt` tiles side by side
-/// in one row of tiles (row `ty`, from column `tx`): each output row of the blocks
-/// interleaved back out of the lanes by two rounds and stored as whole row vectors, up to
-/// the segment's (and the plane's) last column.
-///
-/// # Safety
-/// As [`gather_row`]; `at` holds the output plane's `s.oh · s.ow` elements.
-unsafe fn scatter_row(s: &Shape, at: *mut f32, ty: usize, tx: usize, cnt: usize, y: &[[f32; L]; 16]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn avx512(s: &Shape, at: *mut f32, ty: usize, tx: usize, cnt: usize, y: &[[f32; L]; 16]) {
-            unsafe { scatter_row_with::<crate::simd::x86::Zmm>(s, at, ty, tx, cnt, y) }
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(s: &Shape, at: *mut f32, ty: usize, tx: usize, cnt: usize, y: &[[f32; L]; 16]) {
-            unsafe { scatter_row_with::<crate::simd::x86::Ymm>(s, at, ty, tx, cnt, y) }
-        }
-        // Safety: the caller's contract.
-        unsafe {
-            match Simd::detect() {
-                Simd::Avx512 => avx512(s, at, ty, tx, cnt, y),
-                _ => avx2(s, at, ty, tx, cnt, y),
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!(
-        "no vector instances off x86-64: {}",
-        s.k + ty + tx + cnt + y.len() + at as usize
-    )
+by_lanes! {
+    /// Each tile's 4 × 4 block `y[i·4 + j][l]` to output plane `at`, for `cnt` tiles side by side
+    /// in one row of tiles (row `ty`, from column `tx`): each output row of the blocks
+    /// interleaved back out of the lanes by two rounds and stored as whole row vectors, up to
+    /// the segment's (and the plane's) last column.
+    ///
+    /// # Safety
+    /// As [`gather_row`]; `at` holds the output plane's `s.oh · s.ow` elements.
+    unsafe fn scatter_row = scatter_row_with(s: &Shape, at: *mut f32, ty: usize, tx: usize, cnt: usize, y: &[[f32; L]; 16])
 }
 
 /// [`scatter_row`] with `V`'s vectors: `V::N` tiles per round.
@@ -559,60 +565,84 @@ unsafe fn filter_body<const V: bool>(w: &[f32], cc: usize, kk: usize, c: usize, 
     }
 }
 
+/// `d[r·6 + q][l]` = element `(r, q)` of the patch of tile `t + l` (zero in the padding),
+/// for `lanes` tiles of channel `c` of `x`, element by element.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `l` picks a lane of several vectors
+fn gather_tiles(x: &[f32], s: &Shape, c: usize, t: usize, lanes: usize, d: &mut [[f32; L]; 36]) {
+    let plane = s.h * s.w;
+    for l in 0..lanes {
+        let (b, ty, tx) = s.tile(t + l);
+        let xp = &x[(b * s.c + c) * plane..][..plane];
+        // Patch rows/columns 4·ty - pt + r, 4·tx - pl + q.
+        let (r0, q0) = ((4 * ty) as isize - s.pt as isize, (4 * tx) as isize - s.pl as isize);
+        let inside = r0 >= 0 && q0 >= 0 && r0 as usize + 6 <= s.h && q0 as usize + 6 <= s.w;
+        if inside {
+            let base = r0 as usize * s.w + q0 as usize;
+            for r in 0..6 {
+                let row = &xp[base + r * s.w..][..6];
+                for q in 0..6 {
+                    d[r * 6 + q][l] = row[q];
+                }
+            }
+        } else {
+            for r in 0..6 {
+                let y = r0 + r as isize;
+                for q in 0..6 {
+                    let xx = q0 + q as isize;
+                    d[r * 6 + q][l] = if y >= 0 && (y as usize) < s.h && xx >= 0 && (xx as usize) < s.w {
+                        xp[y as usize * s.w + xx as usize]
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Each tile's 4 × 4 block `y[i·4 + j][l]` (tile `t + l`, `lanes` tiles) to output channel
+/// `k`, clipped at the output's edges, element by element.
+///
+/// # Safety
+/// `out` holds `n · k · oh · ow` elements; nothing else writes channel `k`'s planes.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `l` picks a lane of several vectors
+unsafe fn scatter_tiles(s: &Shape, k: usize, t: usize, lanes: usize, y: &[[f32; L]; 16], out: SendPtr<f32>) {
+    let plane = s.oh * s.ow;
+    for l in 0..lanes {
+        let (b, ty, tx) = s.tile(t + l);
+        let (r0, q0) = (4 * ty, 4 * tx);
+        let (rows, cols) = (4.min(s.oh - r0), 4.min(s.ow - q0));
+        // Safety: output plane (b, k) is in bounds and this call's own.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((b * s.k + k) * plane), plane) };
+        for i in 0..rows {
+            for j in 0..cols {
+                dst[(r0 + i) * s.ow + q0 + j] = y[i * 4 + j][l];
+            }
+        }
+    }
+}
+
 /// `V[ξ][c][t - t0] = (Bᵀ d B)[ξ]` for input channel `c` and tiles `t0 .. t0 + nt` (16 at a
 /// time), `d` the 6 × 6 patch of tile `t` (zeros outside the input).
 ///
 /// # Safety
 /// `v` holds `36 · s.c · tb` elements; nothing else writes `V[..][c][..]`.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // `l` picks a lane of several vectors
 unsafe fn input_body<const V: bool>(x: &[f32], s: &Shape, c: usize, t0: usize, nt: usize, tb: usize, v: SendPtr<f32>) {
     let plane = s.h * s.w;
     let (mut d, mut t) = ([[0f32; L]; 36], [[0f32; L]; 36]);
-    let vector = V && Simd::detect() != Simd::Baseline;
-    // Tiles taken a row segment at a time (wide planes): their patches' rows are read as
-    // whole input rows, split by deinterleaving.
-    let (_, tw) = s.tiles_hw();
-    let rowwise = vector && tw >= ROW_SEGMENT_MIN;
+    let rowwise = s.rowwise(V);
     let mut a = 0;
     while a < nt {
-        let (b, ty, tx) = s.tile(t0 + a);
-        let lanes = if rowwise {
-            L.min(nt - a).min(tw - tx)
-        } else {
-            L.min(nt - a)
-        };
+        let lanes = s.group(t0 + a, nt - a, rowwise);
         if rowwise {
+            let (b, ty, tx) = s.tile(t0 + a);
             // Safety: plane (b, c) of `x`, read inside its bounds only.
             unsafe { gather_row(s, x[(b * s.c + c) * plane..].as_ptr(), ty, tx, lanes, &mut d) };
-        }
-        for l in (0..lanes).filter(|_| !rowwise) {
-            let (b, ty, tx) = s.tile(t0 + a + l);
-            let xp = &x[(b * s.c + c) * plane..][..plane];
-            // Patch rows/columns 4·ty - pt + r, 4·tx - pl + q.
-            let (r0, q0) = ((4 * ty) as isize - s.pt as isize, (4 * tx) as isize - s.pl as isize);
-            let inside = r0 >= 0 && q0 >= 0 && r0 as usize + 6 <= s.h && q0 as usize + 6 <= s.w;
-            if inside {
-                let base = r0 as usize * s.w + q0 as usize;
-                for r in 0..6 {
-                    let row = &xp[base + r * s.w..][..6];
-                    for q in 0..6 {
-                        d[r * 6 + q][l] = row[q];
-                    }
-                }
-            } else {
-                for r in 0..6 {
-                    let y = r0 + r as isize;
-                    for q in 0..6 {
-                        let xx = q0 + q as isize;
-                        d[r * 6 + q][l] = if y >= 0 && (y as usize) < s.h && xx >= 0 && (xx as usize) < s.w {
-                            xp[y as usize * s.w + xx as usize]
-                        } else {
-                            0.0
-                        };
-                    }
-                }
-            }
+        } else {
+            gather_tiles(x, s, c, t0 + a, lanes, &mut d);
         }
         // A whole vector is stored where the row has room (one store, not `lanes` scalar
         // ones): its lanes past `lanes` belong to the next tiles, which the next groups of
@@ -640,7 +670,6 @@ unsafe fn input_body<const V: bool>(x: &[f32], s: &Shape, c: usize, t0: usize, n
 /// # Safety
 /// `out` holds `n · k · oh · ow` elements; nothing else writes channel `k`'s planes.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // `l` picks a lane of several vectors
 unsafe fn output_body<const V: bool>(
     m: &[f32],
     s: &Shape,
@@ -652,20 +681,13 @@ unsafe fn output_body<const V: bool>(
 ) {
     let plane = s.oh * s.ow;
     let (mut mm, mut t, mut y) = ([[0f32; L]; 36], [[0f32; L]; 24], [[0f32; L]; 16]);
-    let vector = V && Simd::detect() != Simd::Baseline;
-    let (_, tw) = s.tiles_hw();
-    let rowwise = vector && tw >= ROW_SEGMENT_MIN;
+    let rowwise = s.rowwise(V);
     let mut a = 0;
     while a < nt {
-        let (b, ty, tx) = s.tile(t0 + a);
-        let lanes = if rowwise {
-            L.min(nt - a).min(tw - tx)
-        } else {
-            L.min(nt - a)
-        };
+        let lanes = s.group(t0 + a, nt - a, rowwise);
+        // A whole vector where the row has room (the lanes past `lanes` are not stored).
+        let whole = if a + L <= tb { L } else { lanes };
         for (xi, v) in mm.iter_mut().enumerate() {
-            // A whole vector where the row has room (the lanes past `lanes` are not stored).
-            let whole = if a + L <= tb { L } else { lanes };
             let src = &m[(xi * s.k + k) * tb + a..][..whole];
             // Safety: `src` holds `whole` elements.
             *v = unsafe { load(src.as_ptr(), whole) };
@@ -682,22 +704,12 @@ unsafe fn output_body<const V: bool>(
             }
         }
         if rowwise {
+            let (b, ty, tx) = s.tile(t0 + a);
             // Safety: output plane (b, k), this call's own.
             unsafe { scatter_row(s, out.get().wrapping_add((b * s.k + k) * plane), ty, tx, lanes, &y) };
-            a += lanes;
-            continue;
-        }
-        for l in 0..lanes {
-            let (b, ty, tx) = s.tile(t0 + a + l);
-            let (r0, q0) = (4 * ty, 4 * tx);
-            let (rows, cols) = (4.min(s.oh - r0), 4.min(s.ow - q0));
-            // Safety: output plane (b, k) is in bounds and this call's own.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((b * s.k + k) * plane), plane) };
-            for i in 0..rows {
-                for j in 0..cols {
-                    dst[(r0 + i) * s.ow + q0 + j] = y[i * 4 + j][l];
-                }
-            }
+        } else {
+            // Safety: the caller's contract.
+            unsafe { scatter_tiles(s, k, t0 + a, lanes, &y, out) };
         }
         a += lanes;
     }
