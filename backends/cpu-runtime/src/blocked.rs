@@ -73,20 +73,23 @@ pub(crate) fn from_blocked(x: &[f32], n: usize, c: usize, p: usize, l: usize) ->
     out
 }
 
-/// The kernel a blocked convolution step runs.
+/// The kernel a blocked step runs.
 #[derive(Debug)]
 enum Kind {
     Pointwise(pointwise::Plan),
     Depthwise(depthwise::Plan),
     First(first::Plan),
+    /// A max pool reading a blocked input into an NCHW output.
+    MaxPool(crate::pool_blocked::Plan),
 }
 
-/// A convolution step run by a blocked kernel: its operands and their layouts.
+/// A convolution (or max-pool) step run by a blocked kernel: its operands and their layouts.
 #[derive(Debug)]
 pub(crate) struct BlockedConv {
     kind: Kind,
     x: BufferId,
-    w: BufferId,
+    /// The weights (none for a pool).
+    w: Option<BufferId>,
     out: BufferId,
     /// Whether the weights are a param or a constant (packed once, kept in the step's cache).
     w_is_weight: bool,
@@ -136,7 +139,7 @@ pub(crate) fn plan(
     // that keep to the padding touch it: pointwise and first-layer writers write the padded
     // lanes (zero weights, zero bias), pointwise readers skip them.
     let mut blocked = vec![false; p.buffers.len()];
-    for c in out.iter().flatten() {
+    for c in out.iter().flatten().filter(|c| !matches!(c.kind, Kind::MaxPool(_))) {
         let b = p.buffer(c.out);
         let channels = b.ty.shape.as_static().is_some_and(|s| s.len() > 1);
         blocked[c.out.index()] = b.kind == BufferKind::Temp
@@ -153,11 +156,11 @@ pub(crate) fn plan(
             let fine = step.is_some_and(|s| {
                 let input = r == s.x
                     && match s.kind {
-                        Kind::Pointwise(_) => true,
+                        Kind::Pointwise(_) | Kind::MaxPool(_) => true,
                         Kind::Depthwise(_) => whole,
                         Kind::First(_) => false,
                     };
-                r != s.w && (input || Some(r) == residual)
+                Some(r) != s.w && (input || Some(r) == residual)
             });
             if !fine {
                 blocked[r.index()] = false;
@@ -233,6 +236,9 @@ pub(crate) fn place_padded(p: &KernelProgram, plan: &mut MemoryPlan, steps: &[Op
 /// The blocked kernel for step `step`, if it is an f32 2-d convolution one serves, whose
 /// operands are whole dense buffers and whose epilogue is none or a recognized chain.
 fn candidate(p: &KernelProgram, step: &Step, chain: Option<&ConvEpilogue>, limit: usize) -> Option<BlockedConv> {
+    if let Step::Native { kernel, epilogue: None } = step {
+        return max_pool(p, p.kernels.get(*kernel as usize)?);
+    }
     let Step::Contraction { kernel, epilogue, .. } = step else {
         return None;
     };
@@ -284,9 +290,39 @@ fn candidate(p: &KernelProgram, step: &Step, chain: Option<&ConvEpilogue>, limit
     Some(BlockedConv {
         kind,
         x,
-        w,
+        w: Some(w),
         out,
         w_is_weight: p.buffer(w).kind.is_weight(),
+        layouts: Layouts {
+            input: false,
+            output: false,
+        },
+    })
+}
+
+/// A blocked max pool for native kernel `k`, if it is an f32 3 × 3 stride-2 `max_pool2d` of
+/// a whole dense buffer into another ([`crate::pool_blocked`]).
+fn max_pool(p: &KernelProgram, k: &oar_ir::kernel::Kernel) -> Option<BlockedConv> {
+    let KernelBody::Opaque(o) = &k.body else {
+        return None;
+    };
+    let oar_ir::Op::Composite(oar_ir::ops::Composite::MaxPool2d(m)) = &o.op else {
+        return None;
+    };
+    let (&[x], &[out]) = (o.inputs.as_slice(), k.outputs.as_slice()) else {
+        return None;
+    };
+    let (xb, ob) = (p.buffer(x), p.buffer(out));
+    if xb.ty.dtype != DType::F32 || ob.ty.dtype != DType::F32 || x == out {
+        return None;
+    }
+    let plan = crate::pool_blocked::Plan::new(&xb.ty.shape.as_static()?, m, &ob.ty.shape.as_static()?)?;
+    Some(BlockedConv {
+        kind: Kind::MaxPool(plan),
+        x,
+        w: None,
+        out,
+        w_is_weight: false,
         layouts: Layouts {
             input: false,
             output: false,
@@ -312,11 +348,8 @@ impl BlockedConv {
         cache: Option<&WeightCache>,
         chain: Option<&ConvEpilogue>,
     ) {
-        let (x, w, out) = (
-            bufs[self.x.index()] as *const f32,
-            bufs[self.w.index()] as *const f32,
-            bufs[self.out.index()] as *mut f32,
-        );
+        let (x, out) = (bufs[self.x.index()] as *const f32, bufs[self.out.index()] as *mut f32);
+        let w = self.w.map_or(std::ptr::null(), |w| bufs[w.index()] as *const f32);
         let vectors = chain.map(|c| c.vectors(bufs));
         let cache = cache.filter(|_| self.w_is_weight);
         // An NCHW depthwise output takes the chain plane by plane as its blocks complete.
@@ -340,6 +373,7 @@ impl BlockedConv {
                 Kind::First(plan) => {
                     first::conv(x, w, out, plan, self.layouts.output, threads, cache, vectors.as_ref())
                 }
+                Kind::MaxPool(plan) => crate::pool_blocked::pool(x, out, plan, threads),
             }
         }
     }

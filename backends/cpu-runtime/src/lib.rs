@@ -32,6 +32,7 @@ pub mod native;
 pub mod optim;
 mod par;
 pub mod pool;
+mod pool_blocked;
 pub mod pool_grad;
 pub mod profile;
 pub mod program;
@@ -57,9 +58,9 @@ pub fn native_epilogue(k: &oar_ir::kernel::Kernel, p: &oar_ir::kernel::KernelPro
         _ => false,
     }
 }
-/// Per step of `prog`: for a convolution run on the blocked channel layout on this host
-/// (`crate::blocked`), whether its input and its output are stored blocked; `None` for the
-/// other steps. Weight-only steps, which a model computes once, count as unblocked.
+/// Per step of `prog`: for a convolution or max pool run on the blocked channel layout on
+/// this host (`crate::blocked`), whether its input and its output are stored blocked; `None`
+/// for the other steps. Weight-only steps, which a model computes once, count as unblocked.
 pub fn blocked_layouts(prog: &CpuProgram) -> Vec<Option<(bool, bool)>> {
     let chains = model::chains(prog);
     let plan = blocked::plan(&prog.program, &prog.steps, &chains, &vec![false; prog.steps.len()]);

@@ -823,6 +823,12 @@ impl Model {
             }
             Some(Step::Native { kernel, epilogue }) => {
                 let k = &p.kernels[*kernel as usize];
+                if let Some(blocked) = self.blocked.get(index).and_then(Option::as_ref) {
+                    // Safety: as for the blocked convolutions above (a max pool from a blocked
+                    // input; such steps have no epilogue).
+                    unsafe { blocked.run(bufs, self.threads, None, None) };
+                    return Ok(Launched::Device);
+                }
                 let status = AtomicI32::new(0);
                 let e = epilogue.as_ref().filter(|e| e.plane_iters > 0);
                 let iters = self.epilogue_fn(e.map(|e| &e.call), bufs, &status);

@@ -1802,7 +1802,8 @@ fn conv_epilogue_chains_match_the_reference_exactly() {
 /// An inverted-residual stack on the blocked channel layout: a first layer (3 channels,
 /// stride 2) from the NCHW input into blocked channels, 1 × 1 and 3 × 3 depthwise layers
 /// (stride 1 and 2) between blocked buffers with bias / relu6 chains, a projection adding a blocked residual, and layers
-/// back to NCHW outputs (a 1 × 1 one and a depthwise one). Small integer data, so every sum
+/// back to NCHW outputs (a 1 × 1 one and a depthwise one); a 7 × 7 first layer read by a max
+/// pool, both blocked, and one straight to an output. Small integer data, so every sum
 /// is exact: the values must equal the reference's on 1 and 5 threads, and on a vector host
 /// the steps must run blocked as planned. CI runs this test on the AVX2 instances too
 /// (`scripts/test.sh`, `OAR_CPU_SIMD=avx2`: blocks of 8).
@@ -1872,11 +1873,22 @@ fn blocked_layout_networks_match_the_reference_exactly() {
     // A 7 × 7 first layer straight to an output: NCHW on both sides, run by the first-layer
     // kernel on AVX2 only.
     let y5 = layer(&mut g, &mut feeds_v, image, 20, 3, 7, 2, true);
+    // ResNet's stem: a first layer into blocked channels, read by a blocked 3 × 3 stride-2
+    // max pool into an NCHW output.
+    let stem = layer(&mut g, &mut feeds_v, image, 20, 3, 7, 2, true);
+    let pool = oar_ir::ops::MaxPool2d {
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1, 1, 1],
+        ceil_mode: false,
+    };
+    let y6 = g.add_op1(Op::Composite(Composite::MaxPool2d(pool)), &[stem]).unwrap();
     g.add_output("y1", y1).unwrap();
     g.add_output("y2", y2).unwrap();
     g.add_output("y3", y3).unwrap();
     g.add_output("y4", y4).unwrap();
     g.add_output("y5", y5).unwrap();
+    g.add_output("y6", y6).unwrap();
     let feeds_v: Vec<(&str, TensorData)> = feeds_v.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let c = check_with(&g, &Weights::new(), &feeds(&feeds_v), EXACT, true);
     let layouts: Vec<(bool, bool)> = oar_cpu_runtime::blocked_layouts(&c.lowered.cpu)
@@ -1911,6 +1923,7 @@ fn blocked_layout_networks_match_the_reference_exactly() {
         if avx2 {
             want.push((false, false));
         }
+        want.extend([(false, true), (true, false)]);
         assert_eq!(layouts, want, "{}", c.lowered.cpu.program);
     } else if !vectors {
         assert!(layouts.is_empty());
