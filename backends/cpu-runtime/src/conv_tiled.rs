@@ -276,12 +276,11 @@ pub(crate) unsafe fn conv(
         let rows_per = p.oh.div_ceil(splits).next_multiple_of(tr);
         let splits = p.oh.div_ceil(rows_per);
         let segs = p.ow.div_ceil(max_np(p.simd, tr));
-        // Partial sums of a unit's tiles while its input channels are taken in chunks.
-        let partial_len = if chunk_channels(p) < p.cg {
-            rows_per * p.ow * p.ocb()
-        } else {
-            0
-        };
+        // Partial sums of a unit's tiles while its input channels are taken in chunks (with
+        // one chunk, each tile's sums go through a small buffer that stays in L1).
+        let chunk = chunk_channels(p);
+        let chunked = chunk < p.cg;
+        let partial_len = if chunked { rows_per * p.ow * p.ocb() } else { 0 };
         par_units(
             blocks * splits,
             threads,
@@ -304,16 +303,18 @@ pub(crate) unsafe fn conv(
                         }
                         return;
                     }
-                    let chunk = chunk_channels(p);
-                    // One chunk: each tile's sums go through a small buffer that stays in L1.
                     let mut tile_buf = [0f32; 2 * 7 * OV * 16];
                     for c0 in (0..p.cg).step_by(chunk) {
                         let cc = chunk.min(p.cg - c0);
-                        let single = cc == p.cg;
-                        let mut part = if single {
-                            tile_buf.as_mut_ptr()
-                        } else {
+                        let chans = Chunk {
+                            c0,
+                            cc,
+                            last: c0 + cc == p.cg,
+                        };
+                        let mut part = if chunked {
                             partial.as_mut_ptr()
+                        } else {
+                            tile_buf.as_mut_ptr()
                         };
                         for oy in (split * rows_per..end).step_by(tr) {
                             // Row segments of about equal width (7 as 2 + 2 + 3, not 3 + 3 + 1).
@@ -325,13 +326,8 @@ pub(crate) unsafe fn conv(
                                     ox,
                                     np: (sg + 1) * p.ow / segs - ox,
                                 };
-                                let chans = Chunk {
-                                    c0,
-                                    cc,
-                                    last: c0 + cc == p.cg,
-                                };
                                 tile(p, xs, wb, at, chans, part, ob, dst);
-                                if !single {
+                                if chunked {
                                     part = part.add(at.nr * at.np * p.ocb());
                                 }
                             }

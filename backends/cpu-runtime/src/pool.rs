@@ -295,13 +295,26 @@ unsafe fn plane_3x3s2<L: Lanes>(g: &Geometry, x: &[f32], out: &mut [f32]) {
                         leaves[3 * r + 2] = third;
                     }
                 }
-                let l = leaves;
-                let (n0, n1) = (L::max_ir(l[0], l[1]), L::max_ir(l[2], l[3]));
-                let (n2, n3) = (L::max_ir(l[4], l[5]), L::max_ir(l[6], l[7]));
-                let m = L::max_ir(L::max_ir(L::max_ir(n0, n1), L::max_ir(n2, n3)), l[8]);
+                let m = max_tree9(leaves);
                 L::store_first(out.as_mut_ptr().add(oy * g.ow + ox), L::N.min(g.ow - ox), m);
             }
         }
+    }
+}
+
+/// The maximum of a 3 × 3 window's nine leaves (row-major) by [`plane`]'s tree of the IR's
+/// `max` — the four pairs, the pairs of pairs, their pair, then the odd ninth leaf — so the
+/// values and NaN bits are the definition's.
+///
+/// # Safety
+/// Called with `L`'s instruction set.
+#[inline(always)]
+pub(crate) unsafe fn max_tree9<L: Lanes>(l: [L; 9]) -> L {
+    // Safety: the caller's contract.
+    unsafe {
+        let (n0, n1) = (L::max_ir(l[0], l[1]), L::max_ir(l[2], l[3]));
+        let (n2, n3) = (L::max_ir(l[4], l[5]), L::max_ir(l[6], l[7]));
+        L::max_ir(L::max_ir(L::max_ir(n0, n1), L::max_ir(n2, n3)), l[8])
     }
 }
 

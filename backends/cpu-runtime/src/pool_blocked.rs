@@ -5,13 +5,13 @@
 //!
 //! An output vector holds one position's `L` channels: each of the window's nine elements is
 //! one vector load — no splitting of even and odd columns as the NCHW kernel
-//! ([`crate::pool`]'s `plane_3x3s2`) needs — combined by that kernel's tree of IR `max`es (the
-//! four pairs, the pairs of pairs, their pair, then the ninth), so the values and NaN bits are
-//! the definition's. `L` consecutive positions are transposed in registers into the `L`
-//! output planes' rows.
+//! ([`crate::pool`]'s `plane_3x3s2`) needs — combined by that kernel's tree of IR `max`es
+//! ([`max_tree9`]), so the values and NaN bits are the definition's. `L` consecutive positions
+//! are transposed in registers into the `L` output planes' rows.
 
 use crate::contraction::SendPtr;
 use crate::par::par_units;
+use crate::pool::max_tree9;
 use crate::simd::{Lanes, Simd};
 use oar_ir::ops::MaxPool2d;
 
@@ -132,10 +132,7 @@ unsafe fn rows<L: Lanes>(p: &Plan, x: *const f32, out: *mut f32, plane: usize, o
                             }
                         }
                     }
-                    let t = leaves;
-                    let (n0, n1) = (L::max_ir(t[0], t[1]), L::max_ir(t[2], t[3]));
-                    let (n2, n3) = (L::max_ir(t[4], t[5]), L::max_ir(t[6], t[7]));
-                    *vj = L::max_ir(L::max_ir(L::max_ir(n0, n1), L::max_ir(n2, n3)), t[8]);
+                    *vj = max_tree9(leaves);
                 }
                 L::transpose(&mut v[..l]);
                 for (lane, &row) in v.iter().enumerate().take(valid) {
