@@ -38,7 +38,18 @@ const MIN_PLANE: usize = 256;
 /// Smallest tile of output positions (gemm's n) worth a call.
 const MIN_TILE: usize = 64;
 /// Output tiles (of 4 × 4) from which Winograd serves where the tiled path also would.
-const WINOGRAD_MIN_TILES: usize = 48;
+///
+/// AVX-512: from about 48 tiles (a 28 × 28 plane: ResNet-18's 128-channel layers 0.94 ->
+/// 0.76 ms single-threaded); at 16 (14 × 14, 256 channels: 0.93 -> 1.17 ms) the tiled
+/// direct convolution is faster. AVX2 (Zen 3), whose direct tiles hold a third of the
+/// multiply-adds: from 16 — the 14 × 14 × 256 layers 2.73 -> 1.89 ms single-threaded, 1.41
+/// -> 1.10 on two threads.
+fn winograd_min_tiles() -> usize {
+    match crate::simd::Simd::detect() {
+        crate::simd::Simd::Avx512 => 48,
+        _ => 16,
+    }
+}
 
 /// Convolution attributes (one entry per spatial axis), as in `Op::Conv`.
 pub(crate) struct ConvSpec<'a> {
@@ -356,10 +367,7 @@ pub(crate) unsafe fn conv_with<T: Elem>(
     let (xp, wp) = unsafe { (dense_run(px, x, &mut xbuf), dense_run(pw, w, &mut wbuf)) };
     let f32s = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
     let winograd = winograd_shape(&geo, &d, spec).filter(|_| f32s);
-    // Winograd's 36 GEMMs run well from about 48 tiles (a 28 × 28 plane: ResNet-18's
-    // 128-channel layers 0.94 -> 0.76 ms single-threaded on AVX-512); at 16 (14 × 14, 256
-    // channels: 0.93 -> 1.17 ms) the tiled direct convolution is faster.
-    let many_tiles = winograd.is_some_and(|s| s.tiles() >= WINOGRAD_MIN_TILES);
+    let many_tiles = winograd.is_some_and(|s| s.tiles() >= winograd_min_tiles());
     let flops = total.saturating_mul(cg).saturating_mul(ks);
     let useful = useful_threads(flops, threads);
     if f32s
