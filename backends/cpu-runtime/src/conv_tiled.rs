@@ -20,10 +20,11 @@
 //! multiply-adds for `OCB + NV` loads. The last block of a plane takes as many vectors as it
 //! needs. Tiles are stored to a small buffer and their valid positions copied to the output
 //! rows. In the channel orientation (many multiply-adds per output) a tile is the other way
-//! round: 2 vectors of output channels × 1 or 2 rows of up to 7 (AVX2: 6 or 3) positions,
-//! one broadcast per position; a unit takes its input channels in chunks whose weights fit
-//! L1 (16 KB), running every tile of the unit over one chunk before the next and carrying
-//! the tiles' partial sums in scratch.
+//! round: 2 vectors of output channels × positions, one broadcast per position — on
+//! AVX-512 a rectangle of 1 or 2 rows of up to 7 positions, on AVX2 a flat run of up to 6
+//! consecutive positions in row-major order, each read at its own offset; a unit takes its
+//! input channels in chunks whose weights fit L1 (16 KB), running every tile of the unit
+//! over one chunk before the next and carrying the tiles' partial sums in scratch.
 //!
 //! Threads split the tiles: by position block (every channel block of it in turn, so the
 //! input block stays in L1) when a group's weights are small, else by channel block (its
@@ -174,6 +175,13 @@ impl Plan {
         })
     }
 
+    /// Whether the channel orientation's tiles are flat runs of positions ([`FLAT_NP`]):
+    /// on AVX2. AVX-512 tiles are rectangles of [`RECT_ROWS`] rows, whose positions a base
+    /// register and displacements address (28 offsets would not fit the general registers).
+    fn flat(&self) -> bool {
+        !self.along_positions && self.simd != Simd::Avx512
+    }
+
     /// Output channels per weight block.
     fn ocb(&self) -> usize {
         if self.along_positions {
@@ -267,20 +275,30 @@ pub(crate) unsafe fn conv(
                 }
             },
         );
-        // Compute: units of (image, group, weight block, rows), in tiles of `rows` rows
-        // and row segments of at most `max_np` positions; enough units for every thread
-        // to take several.
-        let (nob, tr) = (p.blocks(), rows(p.simd, p.ow));
+        // Compute: units of (image, group, weight block, part of the plane), enough for
+        // every thread to take several. A part is a band of rows (the position orientation's
+        // rows; AVX-512's tiles of `RECT_ROWS` rows × row segments of at most `RECT_NP`
+        // positions) or, for flat tiles, a run of positions in row-major order.
+        let (nob, flat) = (p.blocks(), p.flat());
         let blocks = nb * p.g * nob;
-        let splits = (8 * threads).div_ceil(blocks).clamp(1, p.oh);
-        let rows_per = p.oh.div_ceil(splits).next_multiple_of(tr);
-        let splits = p.oh.div_ceil(rows_per);
-        let segs = p.ow.div_ceil(max_np(p.simd, tr));
+        let (len, step) = if flat {
+            (p.oh * p.ow, FLAT_NP)
+        } else {
+            (p.oh, RECT_ROWS)
+        };
+        let splits = (8 * threads).div_ceil(blocks).clamp(1, len.div_ceil(step));
+        let per = len.div_ceil(splits).next_multiple_of(step);
+        let splits = len.div_ceil(per);
+        let segs = p.ow.div_ceil(RECT_NP);
         // Partial sums of a unit's tiles while its input channels are taken in chunks (with
         // one chunk, each tile's sums go through a small buffer that stays in L1).
         let chunk = chunk_channels(p);
         let chunked = chunk < p.cg;
-        let partial_len = if chunked { rows_per * p.ow * p.ocb() } else { 0 };
+        let partial_len = match (chunked, flat) {
+            (false, _) => 0,
+            (true, true) => per * p.ocb(),
+            (true, false) => per * p.ow * p.ocb(),
+        };
         par_units(
             blocks * splits,
             threads,
@@ -294,16 +312,16 @@ pub(crate) unsafe fn conv(
                     let xs = sp.get().add((b * p.g + grp) * p.image) as *const f32;
                     let wb = packed.as_ptr().add((grp * nob + ob) * p.cg * p.taps.len() * p.ocb());
                     let dst = out.get().add(((b0 + b) * o + grp * p.og) * p.oh * p.ow);
-                    let end = ((split + 1) * rows_per).min(p.oh);
+                    let (start, end) = (split * per, ((split + 1) * per).min(len));
                     if p.along_positions {
-                        for oy in split * rows_per..end {
+                        for oy in start..end {
                             for ox in (0..p.ow).step_by(pv(p.simd) * p.simd.lanes()) {
                                 tile_positions(p, xs, wb, oy, ox, ob, dst);
                             }
                         }
                         return;
                     }
-                    let mut tile_buf = [0f32; 2 * 7 * OV * 16];
+                    let mut tile_buf = [0f32; RECT_ROWS * RECT_NP * OV * 16];
                     for c0 in (0..p.cg).step_by(chunk) {
                         let cc = chunk.min(p.cg - c0);
                         let chans = Chunk {
@@ -316,13 +334,26 @@ pub(crate) unsafe fn conv(
                         } else {
                             tile_buf.as_mut_ptr()
                         };
-                        for oy in (split * rows_per..end).step_by(tr) {
+                        if flat {
+                            // Tiles of about equal size (49 positions as 5 + 5 + 6 + …).
+                            let tiles = (end - start).div_ceil(FLAT_NP);
+                            for t in 0..tiles {
+                                let q0 = start + t * (end - start) / tiles;
+                                let np = start + (t + 1) * (end - start) / tiles - q0;
+                                tile_flat(p, xs, wb, q0, np, chans, part, ob, dst);
+                                if chunked {
+                                    part = part.add(np * p.ocb());
+                                }
+                            }
+                            continue;
+                        }
+                        for oy in (start..end).step_by(RECT_ROWS) {
                             // Row segments of about equal width (7 as 2 + 2 + 3, not 3 + 3 + 1).
                             for sg in 0..segs {
                                 let ox = sg * p.ow / segs;
                                 let at = Pos {
                                     oy,
-                                    nr: tr.min(end - oy),
+                                    nr: RECT_ROWS.min(end - oy),
                                     ox,
                                     np: (sg + 1) * p.ow / segs - ox,
                                 };
@@ -355,31 +386,21 @@ fn fill(p: &Plan, src: &[f32], dst: &mut [f32]) {
     split.split(src, 0.0, dst, |phase| !p.phases[phase]);
 }
 
-/// Rows per tile in the channel orientation: two, so each weight vector loaded serves
-/// twice the positions — except AVX2 tiles of rows wider than [`AVX2_TWO_ROWS_MAX`], which
-/// take one row of up to 6 positions (with 16 ymm registers two rows hold 3 positions
-/// each: on rows of 14 and 7 positions 2 × 3 tiles ran 6–9% faster than 1 × 5 and 1 × 4,
-/// on rows of 28 and 112 about 5% slower than 1 × 6; Zen 3, single thread).
-fn rows(simd: Simd, ow: usize) -> usize {
-    match simd {
-        Simd::Avx512 => 2,
-        _ if ow <= AVX2_TWO_ROWS_MAX => 2,
-        _ => 1,
-    }
-}
+/// Rows per rectangular tile (AVX-512's channel orientation): two, so each weight vector
+/// loaded serves twice the positions.
+const RECT_ROWS: usize = 2;
+/// Positions per rectangular tile row at most: the 28 accumulators (`RECT_ROWS · RECT_NP`
+/// per weight vector), the weight vectors and a broadcast fit the 32 zmm registers.
+const RECT_NP: usize = 7;
 
-/// Output row width up to which AVX2 tiles span two rows.
-const AVX2_TWO_ROWS_MAX: usize = 16;
-
-/// Positions per tile row at most: the accumulators (`rows · np` per weight vector), the
-/// weight vectors and a broadcast fit the 32 zmm (16 ymm) registers.
-fn max_np(simd: Simd, rows: usize) -> usize {
-    match (simd, rows) {
-        (Simd::Avx512, _) => 7,
-        (_, 2) => 3,
-        _ => 6,
-    }
-}
+/// Positions per flat tile at most (AVX2's channel orientation): 12 accumulators, two
+/// weight vectors and a broadcast of the 16 ymm registers, and an offset per position in a
+/// general register. A flat tile is a run of consecutive positions in row-major order,
+/// wherever the rows break: a 7 × 7 plane is 9 tiles of 5 or 6 positions, where rectangles
+/// of at most 2 × 3 (the 16 registers' limit) left tiles of 2 and of one row, whose 4 to 8
+/// accumulators cannot hide the multiply-add latency (ResNet-18's 7 × 7 × 512 layer,
+/// standalone, Zen 3: 72 → 79–91 GFLOP/s with warm weights, 70 → 80–82 streamed).
+const FLAT_NP: usize = 6;
 
 /// Where a tile is: output rows `oy..oy + nr`, columns `ox..ox + np`.
 #[derive(Clone, Copy)]
@@ -431,19 +452,17 @@ unsafe fn tile(p: &Plan, xs: *const f32, wb: *const f32, at: Pos, ch: Chunk, par
         taps: &p.taps,
         out: part,
         add: ch.c0 > 0,
+        offs: [0; FLAT_NP],
     };
     let (nr, np) = (at.nr, at.np);
-    // Safety: reads stay within the scratch and the block; `part` holds nr × np × ocb.
+    // Safety: reads stay within the scratch and the block; `part` holds nr × np × ocb;
+    // rectangular tiles are AVX-512's.
     unsafe {
-        match p.simd {
-            Simd::Avx512 if ov == OV && nr == 2 => avx512_2x2(a, np),
-            Simd::Avx512 if ov == OV => avx512_2x1(a, np),
-            Simd::Avx512 if nr == 2 => avx512_1x2(a, np),
-            Simd::Avx512 => avx512_1x1(a, np),
-            _ if ov == OV && nr == 2 => avx2_2x2(a, np),
-            _ if ov == OV => avx2_2x1(a, np),
-            _ if nr == 2 => avx2_1x2(a, np),
-            _ => avx2_1x1(a, np),
+        match (ov == OV, nr == 2) {
+            (true, true) => avx512_2x2(a, np),
+            (true, false) => avx512_2x1(a, np),
+            (false, true) => avx512_1x2(a, np),
+            (false, false) => avx512_1x1(a, np),
         }
     }
     if !ch.last {
@@ -460,6 +479,66 @@ unsafe fn tile(p: &Plan, xs: *const f32, wb: *const f32, at: Pos, ch: Chunk, par
             for (j, v) in row.iter_mut().enumerate() {
                 *v = buf[(r * np + j) * ocb + o];
             }
+        }
+    }
+}
+
+/// Input channels `ch` of the flat tile of positions `q0..q0 + np` (row-major over the
+/// output plane, `np` ≤ [`FLAT_NP`]) of weight block `ob`, as [`tile`] does for a rectangle.
+///
+/// # Safety
+/// As [`tile`]; the tile is within the output plane.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_flat(
+    p: &Plan,
+    xs: *const f32,
+    wb: *const f32,
+    q0: usize,
+    np: usize,
+    ch: Chunk,
+    part: *mut f32,
+    ob: usize,
+    dst: *mut f32,
+) {
+    let (ocb, lanes) = (p.ocb(), p.simd.lanes());
+    let oc0 = ob * ocb;
+    let valid = ocb.min(p.og - oc0);
+    let mut offs = [0; FLAT_NP];
+    for (j, off) in offs.iter_mut().take(np).enumerate() {
+        let q = q0 + j;
+        *off = q / p.ow * p.pitch + q % p.ow;
+    }
+    let a = Args {
+        x: xs.wrapping_add(ch.c0 * p.plane),
+        w: wb.wrapping_add(ch.c0 * p.taps.len() * ocb),
+        cg: ch.cc,
+        plane: p.plane,
+        pitch: p.pitch,
+        taps: &p.taps,
+        out: part,
+        add: ch.c0 > 0,
+        offs,
+    };
+    // Safety: every offset is a position of the plane, whose taps read within the scratch;
+    // `part` holds np × ocb; flat tiles are AVX2's.
+    unsafe {
+        if valid.div_ceil(lanes) == OV {
+            avx2_flat2(a, np)
+        } else {
+            avx2_flat1(a, np)
+        }
+    }
+    if !ch.last {
+        return;
+    }
+    // Safety: the tile's partial sums, complete.
+    let buf = unsafe { std::slice::from_raw_parts(part, np * ocb) };
+    let plane = p.oh * p.ow;
+    for o in 0..valid {
+        // Safety: output (oc0 + o, q0..q0 + np) of the group's planes.
+        let run = unsafe { std::slice::from_raw_parts_mut(dst.add((oc0 + o) * plane + q0), np) };
+        for (j, v) in run.iter_mut().enumerate() {
+            *v = buf[j * ocb + o];
         }
     }
 }
@@ -485,6 +564,7 @@ unsafe fn tile_positions(p: &Plan, xs: *const f32, wb: *const f32, oy: usize, ox
         taps: &p.taps,
         out: buf.as_mut_ptr(),
         add: false,
+        offs: [0; FLAT_NP],
     };
     // Safety: reads stay within the scratch (its slack covers the last vectors) and the
     // block; `buf` holds ocb × nv vectors.
@@ -518,6 +598,8 @@ struct Args<'a> {
     out: *mut f32,
     /// Add to the sums in `out` (the channel orientation's later chunks of input channels).
     add: bool,
+    /// A flat tile's positions: where each reads, relative to `x`.
+    offs: [usize; FLAT_NP],
 }
 
 /// `out[r][j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + r·pitch + j]` for `R`
@@ -566,6 +648,51 @@ unsafe fn microkernel<L: Lanes, const V: usize, const R: usize, const NP: usize,
                 for (v, &s) in acc.iter().enumerate() {
                     L::store(a.out.add((r * NP + j) * W + v * L::N), s);
                 }
+            }
+        }
+    }
+}
+
+/// `out[j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + offs[j]]` for `NP`
+/// positions anywhere in the plane (a flat tile) and `V` vectors of output channels.
+///
+/// # Safety
+/// Called with `L`'s instruction set; every read is within the operands.
+#[inline(always)]
+unsafe fn microkernel_flat<L: Lanes, const V: usize, const NP: usize, const W: usize>(a: Args) {
+    // Safety: the caller's contract.
+    unsafe {
+        let offs: [usize; NP] = std::array::from_fn(|j| a.offs[j]);
+        let mut acc = [[L::zero(); V]; NP];
+        if a.add {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                for (v, s) in acc.iter_mut().enumerate() {
+                    *s = L::load(a.out.add(j * W + v * L::N));
+                }
+            }
+        }
+        let mut wp = a.w;
+        for c in 0..a.cg {
+            let xc = a.x.add(c * a.plane);
+            for &t in a.taps {
+                let mut wv = [L::zero(); V];
+                for (v, wv) in wv.iter_mut().enumerate() {
+                    *wv = L::load(wp.add(v * L::N));
+                    L::prefetch(wp.wrapping_add(PREFETCH * W + v * L::N));
+                }
+                let xt = xc.add(t);
+                for (acc, &off) in acc.iter_mut().zip(&offs) {
+                    let xj = L::splat(xt.add(off));
+                    for v in 0..V {
+                        acc[v] = L::fma(wv[v], xj, acc[v]);
+                    }
+                }
+                wp = wp.add(W);
+            }
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            for (v, &s) in acc.iter().enumerate() {
+                L::store(a.out.add(j * W + v * L::N), s);
             }
         }
     }
@@ -666,10 +793,35 @@ microkernels!(avx512_2x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 2, 32, [
 microkernels!(avx512_2x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 1, 32, [1 2 3 4 5 6 7]);
 microkernels!(avx512_1x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 2, 32, [1 2 3 4 5 6 7]);
 microkernels!(avx512_1x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 1, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx2_2x2, "avx2,fma", crate::simd::x86::Ymm, 2, 2, 16, [1 2 3]);
-microkernels!(avx2_1x2, "avx2,fma", crate::simd::x86::Ymm, 1, 2, 16, [1 2 3]);
-microkernels!(avx2_2x1, "avx2,fma", crate::simd::x86::Ymm, 2, 1, 16, [1 2 3 4 5 6]);
-microkernels!(avx2_1x1, "avx2,fma", crate::simd::x86::Ymm, 1, 1, 16, [1 2 3 4 5 6]);
+
+/// The instances of [`microkernel_flat`] for one instruction set and vector count:
+/// `$name(args, np)` picks the one for `np` positions.
+macro_rules! flat_kernels {
+    ($name:ident, $feat:literal, $lanes:ty, $v:literal, $w:literal, [$($np:literal)*]) => {
+        /// # Safety
+        /// The host has the instruction set; as [`microkernel_flat`].
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(a: Args, np: usize) {
+            // Safety: the caller's contract.
+            unsafe {
+                match np {
+                    $($np => microkernel_flat::<$lanes, $v, $np, $w>(a),)*
+                    _ => unreachable!("tile of {np} positions"),
+                }
+            }
+        }
+
+        /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
+        #[cfg(not(target_arch = "x86_64"))]
+        unsafe fn $name(_: Args, _: usize) {
+            unreachable!("no vector instances off x86-64")
+        }
+    };
+}
+
+flat_kernels!(avx2_flat2, "avx2,fma", crate::simd::x86::Ymm, 2, 16, [1 2 3 4 5 6]);
+flat_kernels!(avx2_flat1, "avx2,fma", crate::simd::x86::Ymm, 1, 16, [1 2 3 4 5 6]);
 
 #[cfg(test)]
 mod tests {
