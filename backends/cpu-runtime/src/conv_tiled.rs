@@ -39,6 +39,8 @@ use crate::simd::{Lanes, Simd};
 
 /// Weight rows (one per input channel and tap) prefetched ahead.
 const PREFETCH: usize = 32;
+/// f32s per cache line.
+const LINE: usize = 16;
 
 /// Output-channel vectors per tile (of [`lanes`] channels each).
 const OV: usize = 2;
@@ -337,7 +339,16 @@ pub(crate) unsafe fn conv(
                         if flat {
                             // Tiles of about equal size (49 positions as 5 + 5 + 6 + …).
                             let tiles = (end - start).div_ceil(FLAT_NP);
+                            // The next chunk's weights (past the last: the next block's first
+                            // chunk), brought into L2 a share per tile — a layer's weights
+                            // stream from memory when they are larger than the caches.
+                            let next = wb.wrapping_add((c0 + cc) * p.taps.len() * p.ocb());
+                            let lines = (cc * p.taps.len() * p.ocb()).div_ceil(LINE);
+                            let share = lines.div_ceil(tiles);
                             for t in 0..tiles {
+                                for l in t * share..((t + 1) * share).min(lines) {
+                                    crate::simd::prefetch_l2(next.wrapping_add(l * LINE));
+                                }
                                 let q0 = start + t * (end - start) / tiles;
                                 let np = start + (t + 1) * (end - start) / tiles - q0;
                                 tile_flat(p, xs, wb, q0, np, chans, part, ob, dst);

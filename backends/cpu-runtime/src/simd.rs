@@ -123,6 +123,18 @@ macro_rules! instances {
 }
 pub(crate) use instances;
 
+/// Ask for the cache line at `p` to be brought into L2 (a hint: never faults, any address).
+#[inline(always)]
+pub(crate) fn prefetch_l2(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // Safety: a prefetch reads nothing architecturally; any address is allowed.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// A vector of f32 lanes, as the hand-written microkernels use it (implemented for the
 /// AVX-512 and AVX2 vectors in [`x86`]).
 pub(crate) trait Lanes: Copy {
