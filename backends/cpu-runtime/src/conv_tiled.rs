@@ -447,24 +447,15 @@ fn chunk_channels(p: &Plan) -> usize {
 /// # Safety
 /// `xs` is the (image, group)'s filled scratch, `wb` the block's packed weights, `dst` holds
 /// the group's `og` output planes, `part` the tile's partial sums; the tile is within the
-/// output and at most `rows` × `max_np`.
+/// output and at most [`RECT_ROWS`] × [`RECT_NP`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(p: &Plan, xs: *const f32, wb: *const f32, at: Pos, ch: Chunk, part: *mut f32, ob: usize, dst: *mut f32) {
     let (ocb, lanes) = (p.ocb(), p.simd.lanes());
     let oc0 = ob * ocb;
     let valid = ocb.min(p.og - oc0);
     let ov = valid.div_ceil(lanes);
-    let a = Args {
-        x: xs.wrapping_add(ch.c0 * p.plane + at.oy * p.pitch + at.ox),
-        w: wb.wrapping_add(ch.c0 * p.taps.len() * ocb),
-        cg: ch.cc,
-        plane: p.plane,
-        pitch: p.pitch,
-        taps: &p.taps,
-        out: part,
-        add: ch.c0 > 0,
-        offs: [0; FLAT_NP],
-    };
+    let x = xs.wrapping_add(at.oy * p.pitch + at.ox);
+    let a = Args::chunk(p, x, wb, ch, part, [0; FLAT_NP]);
     let (nr, np) = (at.nr, at.np);
     // Safety: reads stay within the scratch and the block; `part` holds nr × np × ocb;
     // rectangular tiles are AVX-512's.
@@ -519,17 +510,7 @@ unsafe fn tile_flat(
         let q = q0 + j;
         *off = q / p.ow * p.pitch + q % p.ow;
     }
-    let a = Args {
-        x: xs.wrapping_add(ch.c0 * p.plane),
-        w: wb.wrapping_add(ch.c0 * p.taps.len() * ocb),
-        cg: ch.cc,
-        plane: p.plane,
-        pitch: p.pitch,
-        taps: &p.taps,
-        out: part,
-        add: ch.c0 > 0,
-        offs,
-    };
+    let a = Args::chunk(p, xs, wb, ch, part, offs);
     // Safety: every offset is a position of the plane, whose taps read within the scratch;
     // `part` holds np × ocb; flat tiles are AVX2's.
     unsafe {
@@ -613,68 +594,76 @@ struct Args<'a> {
     offs: [usize; FLAT_NP],
 }
 
-/// `out[r][j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + r·pitch + j]` for `R`
-/// rows of `NP` positions and `V` vectors of output channels (`W` channels per weight row).
-///
-/// # Safety
-/// Called with `L`'s instruction set; every read is within the operands.
-#[inline(always)]
-unsafe fn microkernel<L: Lanes, const V: usize, const R: usize, const NP: usize, const W: usize>(a: Args) {
-    // Safety: the caller's contract.
-    unsafe {
-        let mut acc = [[[L::zero(); V]; NP]; R];
-        if a.add {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    for (v, s) in acc.iter_mut().enumerate() {
-                        *s = L::load(a.out.add((r * NP + j) * W + v * L::N));
-                    }
-                }
-            }
-        }
-        let mut wp = a.w;
-        for c in 0..a.cg {
-            let xc = a.x.add(c * a.plane);
-            for &t in a.taps {
-                let mut wv = [L::zero(); V];
-                for (v, wv) in wv.iter_mut().enumerate() {
-                    *wv = L::load(wp.add(v * L::N));
-                    // The weights stream from memory when a layer's are larger than L2.
-                    L::prefetch(wp.wrapping_add(PREFETCH * W + v * L::N));
-                }
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let xt = xc.add(t + r * a.pitch);
-                    for (j, acc) in acc.iter_mut().enumerate() {
-                        let xj = L::splat(xt.add(j));
-                        for v in 0..V {
-                            acc[v] = L::fma(wv[v], xj, acc[v]);
-                        }
-                    }
-                }
-                wp = wp.add(W);
-            }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            for (j, acc) in acc.iter().enumerate() {
-                for (v, &s) in acc.iter().enumerate() {
-                    L::store(a.out.add((r * NP + j) * W + v * L::N), s);
-                }
-            }
+impl<'a> Args<'a> {
+    /// The channel orientation's operands for input channels `ch` of a tile whose first
+    /// position reads at `x` in the first channel's scratch: weights from block `wb`, partial
+    /// sums at `part`.
+    fn chunk(p: &'a Plan, x: *const f32, wb: *const f32, ch: Chunk, part: *mut f32, offs: [usize; FLAT_NP]) -> Self {
+        Args {
+            x: x.wrapping_add(ch.c0 * p.plane),
+            w: wb.wrapping_add(ch.c0 * p.taps.len() * p.ocb()),
+            cg: ch.cc,
+            plane: p.plane,
+            pitch: p.pitch,
+            taps: &p.taps,
+            out: part,
+            add: ch.c0 > 0,
+            offs,
         }
     }
 }
 
-/// `out[j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + offs[j]]` for `NP`
-/// positions anywhere in the plane (a flat tile) and `V` vectors of output channels.
+/// Where a tile's positions read within a tap's run of the scratch: position `j` at
+/// `offset(j)`.
+trait Positions: Copy {
+    fn new(a: &Args) -> Self;
+    fn offset(&self, j: usize) -> usize;
+}
+
+/// Rows of `NP` consecutive positions, `pitch` apart: AVX-512's rectangles, addressed from
+/// one base register by displacements.
+#[derive(Clone, Copy)]
+struct Rect<const NP: usize>(usize);
+
+impl<const NP: usize> Positions for Rect<NP> {
+    #[inline(always)]
+    fn new(a: &Args) -> Self {
+        Rect(a.pitch)
+    }
+
+    #[inline(always)]
+    fn offset(&self, j: usize) -> usize {
+        j / NP * self.0 + j % NP
+    }
+}
+
+/// `NP` positions at offsets of their own: AVX2's flat tiles, one general register each.
+#[derive(Clone, Copy)]
+struct Flat<const NP: usize>([usize; NP]);
+
+impl<const NP: usize> Positions for Flat<NP> {
+    #[inline(always)]
+    fn new(a: &Args) -> Self {
+        Flat(std::array::from_fn(|j| a.offs[j]))
+    }
+
+    #[inline(always)]
+    fn offset(&self, j: usize) -> usize {
+        self.0[j]
+    }
+}
+
+/// `out[j][v·N + l] = Σ_c Σ_t w[c][t][v·N + l] · x[c·plane + tap[t] + q.offset(j)]` for `P`
+/// positions and `V` vectors of output channels (`W` channels per weight row).
 ///
 /// # Safety
 /// Called with `L`'s instruction set; every read is within the operands.
 #[inline(always)]
-unsafe fn microkernel_flat<L: Lanes, const V: usize, const NP: usize, const W: usize>(a: Args) {
+unsafe fn microkernel<L: Lanes, const V: usize, const P: usize, const W: usize, Q: Positions>(a: Args) {
     // Safety: the caller's contract.
     unsafe {
-        let offs: [usize; NP] = std::array::from_fn(|j| a.offs[j]);
-        let mut acc = [[L::zero(); V]; NP];
+        let q = Q::new(&a);
+        let mut acc = [[L::zero(); V]; P];
         if a.add {
             for (j, acc) in acc.iter_mut().enumerate() {
                 for (v, s) in acc.iter_mut().enumerate() {
@@ -689,11 +678,12 @@ unsafe fn microkernel_flat<L: Lanes, const V: usize, const NP: usize, const W: u
                 let mut wv = [L::zero(); V];
                 for (v, wv) in wv.iter_mut().enumerate() {
                     *wv = L::load(wp.add(v * L::N));
+                    // The weights stream from memory when a layer's are larger than L2.
                     L::prefetch(wp.wrapping_add(PREFETCH * W + v * L::N));
                 }
                 let xt = xc.add(t);
-                for (acc, &off) in acc.iter_mut().zip(&offs) {
-                    let xj = L::splat(xt.add(off));
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let xj = L::splat(xt.add(q.offset(j)));
                     for v in 0..V {
                         acc[v] = L::fma(wv[v], xj, acc[v]);
                     }
@@ -774,10 +764,11 @@ macro_rules! position_kernels {
 position_kernels!(positions_avx512, "avx512f,avx2,fma", crate::simd::x86::Zmm, PC, [1 2]);
 position_kernels!(positions_avx2, "avx2,fma", crate::simd::x86::Ymm, PC / 2, [1 2 3]);
 
-/// The instances of [`microkernel`] for one instruction set, vector count and row count:
-/// `$name(args, np)` picks the one for `np` positions per row.
+/// The instances of [`microkernel`] for one instruction set, vector count, row count and kind
+/// of tile (`Rect`, or `Flat` with one row): `$name(args, np)` picks the one for `np`
+/// positions per row.
 macro_rules! microkernels {
-    ($name:ident, $feat:literal, $lanes:ty, $v:literal, $r:literal, $w:literal, [$($np:literal)*]) => {
+    ($name:ident, $feat:literal, $lanes:ty, $v:literal, $r:literal, $w:literal, $q:ident, [$($np:literal)*]) => {
         /// # Safety
         /// The host has the instruction set; as [`microkernel`].
         #[cfg(target_arch = "x86_64")]
@@ -786,7 +777,7 @@ macro_rules! microkernels {
             // Safety: the caller's contract.
             unsafe {
                 match np {
-                    $($np => microkernel::<$lanes, $v, $r, $np, $w>(a),)*
+                    $($np => microkernel::<$lanes, $v, { $r * $np }, $w, $q<$np>>(a),)*
                     _ => unreachable!("tile of {np} positions"),
                 }
             }
@@ -800,39 +791,12 @@ macro_rules! microkernels {
     };
 }
 
-microkernels!(avx512_2x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 2, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx512_2x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 1, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx512_1x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 2, 32, [1 2 3 4 5 6 7]);
-microkernels!(avx512_1x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 1, 32, [1 2 3 4 5 6 7]);
-
-/// The instances of [`microkernel_flat`] for one instruction set and vector count:
-/// `$name(args, np)` picks the one for `np` positions.
-macro_rules! flat_kernels {
-    ($name:ident, $feat:literal, $lanes:ty, $v:literal, $w:literal, [$($np:literal)*]) => {
-        /// # Safety
-        /// The host has the instruction set; as [`microkernel_flat`].
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feat)]
-        unsafe fn $name(a: Args, np: usize) {
-            // Safety: the caller's contract.
-            unsafe {
-                match np {
-                    $($np => microkernel_flat::<$lanes, $v, $np, $w>(a),)*
-                    _ => unreachable!("tile of {np} positions"),
-                }
-            }
-        }
-
-        /// Off x86-64 no plan is made ([`Simd::detect`] is `Baseline`).
-        #[cfg(not(target_arch = "x86_64"))]
-        unsafe fn $name(_: Args, _: usize) {
-            unreachable!("no vector instances off x86-64")
-        }
-    };
-}
-
-flat_kernels!(avx2_flat2, "avx2,fma", crate::simd::x86::Ymm, 2, 16, [1 2 3 4 5 6]);
-flat_kernels!(avx2_flat1, "avx2,fma", crate::simd::x86::Ymm, 1, 16, [1 2 3 4 5 6]);
+microkernels!(avx512_2x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 2, 32, Rect, [1 2 3 4 5 6 7]);
+microkernels!(avx512_2x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 2, 1, 32, Rect, [1 2 3 4 5 6 7]);
+microkernels!(avx512_1x2, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 2, 32, Rect, [1 2 3 4 5 6 7]);
+microkernels!(avx512_1x1, "avx512f,avx2,fma", crate::simd::x86::Zmm, 1, 1, 32, Rect, [1 2 3 4 5 6 7]);
+microkernels!(avx2_flat2, "avx2,fma", crate::simd::x86::Ymm, 2, 1, 16, Flat, [1 2 3 4 5 6]);
+microkernels!(avx2_flat1, "avx2,fma", crate::simd::x86::Ymm, 1, 1, 16, Flat, [1 2 3 4 5 6]);
 
 #[cfg(test)]
 mod tests {
