@@ -291,16 +291,12 @@ pub(crate) unsafe fn conv(
         let splits = (8 * threads).div_ceil(blocks).clamp(1, len.div_ceil(step));
         let per = len.div_ceil(splits).next_multiple_of(step);
         let splits = len.div_ceil(per);
-        let segs = p.ow.div_ceil(RECT_NP);
         // Partial sums of a unit's tiles while its input channels are taken in chunks (with
         // one chunk, each tile's sums go through a small buffer that stays in L1).
         let chunk = chunk_channels(p);
         let chunked = chunk < p.cg;
-        let partial_len = match (chunked, flat) {
-            (false, _) => 0,
-            (true, true) => per * p.ocb(),
-            (true, false) => per * p.ow * p.ocb(),
-        };
+        let positions = if flat { per } else { per * p.ow };
+        let partial_len = if chunked { positions * p.ocb() } else { 0 };
         par_units(
             blocks * splits,
             threads,
@@ -323,6 +319,7 @@ pub(crate) unsafe fn conv(
                         }
                         return;
                     }
+                    let tiles = Tiles { p, xs, wb, ob, dst };
                     let mut tile_buf = [0f32; RECT_ROWS * RECT_NP * OV * 16];
                     for c0 in (0..p.cg).step_by(chunk) {
                         let cc = chunk.min(p.cg - c0);
@@ -331,53 +328,109 @@ pub(crate) unsafe fn conv(
                             cc,
                             last: c0 + cc == p.cg,
                         };
-                        let mut part = if chunked {
-                            partial.as_mut_ptr()
+                        // Each tile's partial sums: its own part of the unit's buffer while
+                        // the chunks carry them, else the one small buffer.
+                        let part = if chunked {
+                            Part::Advance(partial.as_mut_ptr())
                         } else {
-                            tile_buf.as_mut_ptr()
+                            Part::Reuse(tile_buf.as_mut_ptr())
                         };
                         if flat {
-                            // Tiles of about equal size (49 positions as 5 + 5 + 6 + …).
-                            let tiles = (end - start).div_ceil(FLAT_NP);
-                            // The next chunk's weights (past the last: the next block's first
-                            // chunk), brought into L2 a share per tile — a layer's weights
-                            // stream from memory when they are larger than the caches.
-                            let next = wb.wrapping_add((c0 + cc) * p.taps.len() * p.ocb());
-                            let lines = (cc * p.taps.len() * p.ocb()).div_ceil(LINE);
-                            let share = lines.div_ceil(tiles);
-                            for t in 0..tiles {
-                                for l in t * share..((t + 1) * share).min(lines) {
-                                    crate::simd::prefetch_l2(next.wrapping_add(l * LINE));
-                                }
-                                let q0 = start + t * (end - start) / tiles;
-                                let np = start + (t + 1) * (end - start) / tiles - q0;
-                                tile_flat(p, xs, wb, q0, np, chans, part, ob, dst);
-                                if chunked {
-                                    part = part.add(np * p.ocb());
-                                }
-                            }
-                            continue;
-                        }
-                        for oy in (start..end).step_by(RECT_ROWS) {
-                            // Row segments of about equal width (7 as 2 + 2 + 3, not 3 + 3 + 1).
-                            for sg in 0..segs {
-                                let ox = sg * p.ow / segs;
-                                let at = Pos {
-                                    oy,
-                                    nr: RECT_ROWS.min(end - oy),
-                                    ox,
-                                    np: (sg + 1) * p.ow / segs - ox,
-                                };
-                                tile(p, xs, wb, at, chans, part, ob, dst);
-                                if chunked {
-                                    part = part.add(at.nr * at.np * p.ocb());
-                                }
-                            }
+                            tiles.flat(start..end, chans, part);
+                        } else {
+                            tiles.rect(start..end, chans, part);
                         }
                     }
                 }
             },
         );
+    }
+}
+
+/// Where the tiles of a unit keep their partial sums.
+#[derive(Clone, Copy)]
+enum Part {
+    /// Tile after tile along one buffer (the sums carried across chunks of channels).
+    Advance(*mut f32),
+    /// Every tile in the same small buffer (one chunk).
+    Reuse(*mut f32),
+}
+
+impl Part {
+    /// The buffer of the tile after one of `len` sums at `self`.
+    fn next(self, len: usize) -> Part {
+        match self {
+            Part::Advance(at) => Part::Advance(at.wrapping_add(len)),
+            reuse => reuse,
+        }
+    }
+
+    fn ptr(self) -> *mut f32 {
+        match self {
+            Part::Advance(at) | Part::Reuse(at) => at,
+        }
+    }
+}
+
+/// One unit's tiles: (image, group)'s filled scratch `xs`, weight block `ob` at `wb`, the
+/// group's output planes at `dst`.
+struct Tiles<'a> {
+    p: &'a Plan,
+    xs: *const f32,
+    wb: *const f32,
+    ob: usize,
+    dst: *mut f32,
+}
+
+impl Tiles<'_> {
+    /// Input channels `ch` of the flat tiles over positions `span` (row-major), of about
+    /// equal size (49 positions as 5 + 5 + 6 + …). Each tile first asks for its share of the
+    /// next chunk's weights (past the last: the next block's first chunk) in L2 — a layer's
+    /// weights stream from memory when they are larger than the caches.
+    ///
+    /// # Safety
+    /// As [`tile_flat`], for every tile of `span`; `part` holds the span's sums.
+    unsafe fn flat(&self, span: std::ops::Range<usize>, ch: Chunk, mut part: Part) {
+        let (p, len) = (self.p, span.len());
+        let tiles = len.div_ceil(FLAT_NP);
+        let row = p.taps.len() * p.ocb();
+        let next = self.wb.wrapping_add((ch.c0 + ch.cc) * row);
+        let lines = (ch.cc * row).div_ceil(LINE);
+        let share = lines.div_ceil(tiles);
+        for t in 0..tiles {
+            for l in t * share..((t + 1) * share).min(lines) {
+                crate::simd::prefetch_l2(next.wrapping_add(l * LINE));
+            }
+            let q0 = span.start + t * len / tiles;
+            let np = span.start + (t + 1) * len / tiles - q0;
+            // Safety: the caller's contract.
+            unsafe { tile_flat(p, self.xs, self.wb, q0, np, ch, part.ptr(), self.ob, self.dst) };
+            part = part.next(np * p.ocb());
+        }
+    }
+
+    /// Input channels `ch` of the rectangular tiles over output rows `rows`: [`RECT_ROWS`]
+    /// rows × row segments of about equal width (7 as 2 + 2 + 3, not 3 + 3 + 1).
+    ///
+    /// # Safety
+    /// As [`tile`], for every tile of `rows`; `part` holds the rows' sums.
+    unsafe fn rect(&self, rows: std::ops::Range<usize>, ch: Chunk, mut part: Part) {
+        let p = self.p;
+        let segs = p.ow.div_ceil(RECT_NP);
+        for oy in rows.clone().step_by(RECT_ROWS) {
+            for sg in 0..segs {
+                let ox = sg * p.ow / segs;
+                let at = Pos {
+                    oy,
+                    nr: RECT_ROWS.min(rows.end - oy),
+                    ox,
+                    np: (sg + 1) * p.ow / segs - ox,
+                };
+                // Safety: the caller's contract.
+                unsafe { tile(p, self.xs, self.wb, at, ch, part.ptr(), self.ob, self.dst) };
+                part = part.next(at.nr * at.np * p.ocb());
+            }
+        }
     }
 }
 
