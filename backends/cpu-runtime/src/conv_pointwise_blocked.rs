@@ -10,9 +10,9 @@
 //!   as `[O/L][C][L]`: per block of output channels, one vector per input channel, zero past
 //!   the last channel of either side.
 //! - **Microkernel.** A tile is `NP` positions × `OB` blocks of output channels, in `NP · OB`
-//!   accumulators (AVX-512: up to 5 × 4 zmm; AVX2: 6 × 2 or 4 × 3 ymm). Per input channel it loads the `OB`
-//!   weight vectors and broadcasts the `NP` positions' input element: `NP · OB` multiply-adds
-//!   for `OB + NP` loads, and no packing of the input at all.
+//!   accumulators (AVX-512: up to 5 × 4 zmm; AVX2: 6 × 2 or 4 × 3 ymm). Per input channel it
+//!   loads the `OB` weight vectors and broadcasts the `NP` positions' input element: `NP · OB`
+//!   multiply-adds for `OB + NP` loads, and no packing of the input at all.
 //! - **Stores.** A blocked output takes each accumulator as it is; an NCHW output (a
 //!   network's boundary) transposes the tile's `L × NP` block first. The convolution's
 //!   epilogue chain ([`VectorChain`]) runs on the accumulators before they are stored.
