@@ -20,7 +20,8 @@ pub(crate) struct Layouts {
 }
 
 /// Output channel blocks a blocked kernel's register tile holds at most: 4 on AVX-512 (32
-/// vector registers), 2 on AVX2 (16).
+/// vector registers), 2 on AVX2 (16; the pointwise kernel also takes 3 in shorter tiles, for
+/// an odd count of blocks).
 pub(crate) fn max_output_blocks(simd: Simd) -> usize {
     match simd {
         Simd::Avx512 => 4,
