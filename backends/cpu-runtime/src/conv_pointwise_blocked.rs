@@ -410,10 +410,10 @@ pub(crate) unsafe fn store<L: Lanes, const BL: usize, const OB: usize, const N: 
 }
 
 /// The tile instances for one instruction set: `$tile(p, t, ob, np, …)` picks the one of
-/// `ob` output blocks (1 to `$ob`) and `np` positions (1 to 6, and for one block also those
-/// of `[$np1]`: up to [`np_max`]'s); `$reorder` is [`reorder_with`]'s.
+/// `ob` output blocks and `np` positions, each `$ob => [$np, …]` listing the positions
+/// [`np_max`] allows that many blocks; `$reorder` is [`reorder_with`]'s.
 macro_rules! instances {
-    ($tile:ident, $reorder:ident, $feat:literal, $lanes:ty, $bl:literal, [$($np1:literal),*], $($ob:literal),*) => {
+    ($tile:ident, $reorder:ident, $feat:literal, $lanes:ty, $bl:literal, $($ob:literal => [$($np:literal),*]),*) => {
         /// # Safety
         /// The host has the instruction set; the rest as [`tile`].
         #[cfg(target_arch = "x86_64")]
@@ -435,17 +435,9 @@ macro_rules! instances {
             // Safety: the caller's contract.
             unsafe {
                 match (ob, np) {
-                    $(
-                        (1, $np1) => one::<1, $np1>(p, t, blocked_out, chain),
-                    )*
-                    $(
-                        ($ob, 6) => one::<$ob, 6>(p, t, blocked_out, chain),
-                        ($ob, 5) => one::<$ob, 5>(p, t, blocked_out, chain),
-                        ($ob, 4) => one::<$ob, 4>(p, t, blocked_out, chain),
-                        ($ob, 3) => one::<$ob, 3>(p, t, blocked_out, chain),
-                        ($ob, 2) => one::<$ob, 2>(p, t, blocked_out, chain),
-                        ($ob, 1) => one::<$ob, 1>(p, t, blocked_out, chain),
-                    )*
+                    $($(
+                        ($ob, $np) => one::<$ob, $np>(p, t, blocked_out, chain),
+                    )*)*
                     _ => unreachable!("a tile of {ob} output blocks and {np} positions"),
                 }
             }
@@ -509,11 +501,10 @@ instances!(
     "avx512f,avx2,fma",
     crate::simd::x86::Zmm,
     16,
-    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
-    1,
-    2,
-    3,
-    4
+    1 => [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
+    2 => [1, 2, 3, 4, 5],
+    3 => [1, 2, 3, 4, 5, 6],
+    4 => [1, 2, 3, 4, 5]
 );
 instances!(
     tile_avx2,
@@ -521,10 +512,9 @@ instances!(
     "avx2,fma",
     crate::simd::x86::Ymm,
     8,
-    [7, 8, 9, 10, 11, 12],
-    1,
-    2,
-    3
+    1 => [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+    2 => [1, 2, 3, 4, 5, 6],
+    3 => [1, 2, 3, 4]
 );
 
 #[cfg(test)]

@@ -321,19 +321,19 @@ pub(crate) unsafe fn conv(
                     }
                     let tiles = Tiles { p, xs, wb, ob, dst };
                     let mut tile_buf = [0f32; RECT_ROWS * RECT_NP * OV * 16];
+                    // Each tile's partial sums: its own part of the unit's buffer while the
+                    // chunks carry them, else the one small buffer.
+                    let part = if chunked {
+                        Part::Advance(partial.as_mut_ptr())
+                    } else {
+                        Part::Reuse(tile_buf.as_mut_ptr())
+                    };
                     for c0 in (0..p.cg).step_by(chunk) {
                         let cc = chunk.min(p.cg - c0);
                         let chans = Chunk {
                             c0,
                             cc,
                             last: c0 + cc == p.cg,
-                        };
-                        // Each tile's partial sums: its own part of the unit's buffer while
-                        // the chunks carry them, else the one small buffer.
-                        let part = if chunked {
-                            Part::Advance(partial.as_mut_ptr())
-                        } else {
-                            Part::Reuse(tile_buf.as_mut_ptr())
                         };
                         if flat {
                             tiles.flat(start..end, chans, part);

@@ -441,14 +441,16 @@ mod tests {
                 let Some(units) = shared.claim(end) else { break };
                 assert_eq!(units.len(), left.div_ceil(tasks), "n {n}, tasks {tasks}: run {units:?}");
                 match end {
-                    End::Front => assert_eq!(units.start, front),
-                    End::Back => assert_eq!(units.end, back),
+                    End::Front => {
+                        assert_eq!(units.start, front);
+                        front = units.end;
+                    }
+                    End::Back => {
+                        assert_eq!(units.end, back);
+                        back = units.start;
+                    }
                 }
                 left -= units.len();
-                match end {
-                    End::Front => front = units.end,
-                    End::Back => back = units.start,
-                }
                 units.for_each(|u| seen[u] += 1);
             }
             assert!(seen.iter().all(|&c| c == 1), "n {n}, tasks {tasks}: {seen:?}");
