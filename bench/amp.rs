@@ -27,7 +27,7 @@ use oar::{Result, Tensor};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 use std::collections::BTreeMap;
-use timing::median_ms;
+use timing::{interleaved_medians_ms, median_ms};
 
 const PRECISIONS: [(&str, Option<DType>); 3] = [("f32", None), ("bf16", Some(DType::BF16)), ("f16", Some(DType::F16))];
 
@@ -86,18 +86,31 @@ fn resnet18(runs: usize) -> Res<()> {
     let weights = f.weights();
     let inputs = BTreeMap::from([("x".to_string(), x.data())]);
     let backend = oar::backend::get("cpu")?;
-    for (name, dtype) in PRECISIONS {
+    let mut graphs = Vec::new();
+    let mut exes = Vec::new();
+    for (_, dtype) in PRECISIONS {
         let mut graph = f.graph().clone();
         if let Some(d) = dtype {
             Amp::parse(if d == DType::BF16 { "bf16" } else { "f16" })?.run(&mut graph)?;
         }
-        let exe = backend.compile(&graph, &weights)?;
-        let _ = oar_cpu_runtime::profile::take();
-        let ms = median_ms(2, runs, || exe.run(&inputs).map(|_| ()))?;
-        println!("resnet18_infer {name} {ms:.4} {} 0", arena_bytes(&graph)?);
-        if oar_cpu_runtime::profile::enabled() {
+        exes.push(backend.compile(&graph, &weights)?);
+        graphs.push(graph);
+    }
+    let profile = oar_cpu_runtime::profile::enabled();
+    if profile {
+        // Per kernel, one precision at a time (the profile does not tell them apart).
+        for ((name, _), exe) in PRECISIONS.iter().zip(&exes) {
+            let _ = oar_cpu_runtime::profile::take();
+            median_ms(2, runs, || exe.run(&inputs).map(|_| ()))?;
             eprintln!("== resnet18 {name}: per kernel\n{}", oar_cpu_runtime::profile::report());
         }
+    }
+    let inputs = &inputs;
+    let mut calls: Vec<_> = exes.iter().map(|exe| move || exe.run(inputs).map(|_| ())).collect();
+    let mut fs: Vec<&mut dyn FnMut() -> std::result::Result<(), _>> = calls.iter_mut().map(|f| f as _).collect();
+    let ms = interleaved_medians_ms(2, runs, &mut fs)?;
+    for (((name, _), graph), ms) in PRECISIONS.iter().zip(&graphs).zip(ms) {
+        println!("resnet18_infer {name} {ms:.4} {} 0", arena_bytes(graph)?);
     }
     Ok(())
 }
@@ -112,7 +125,8 @@ fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize],
         InputSpec::new(&dims, DType::F32, "x"),
         InputSpec::new(&[Some(batch)], DType::I64, "y"),
     ];
-    for (name, dtype) in PRECISIONS {
+    let mut steps = Vec::new();
+    for (_, dtype) in PRECISIONS {
         oar::seed(1);
         let model = make()?;
         let mut opt = AdamW::new(model.named_parameters(), 1e-3);
@@ -121,8 +135,16 @@ fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize],
             cross_entropy(&model.forward(&xs[0])?, &xs[1], Reduction::Mean)
         })?
         .with_backend("cpu")?;
-        let _ = oar_cpu_runtime::profile::take();
-        let ms = median_ms(3, runs, || step.call(&[&x, &y]).map(|_| ()))?;
+        steps.push(step);
+    }
+    let (x, y) = (&x, &y);
+    let mut calls: Vec<_> = steps
+        .iter()
+        .map(|step| move || step.call(&[x, y]).map(|_| ()))
+        .collect();
+    let mut fs: Vec<&mut dyn FnMut() -> Result<()>> = calls.iter_mut().map(|f| f as _).collect();
+    let medians = interleaved_medians_ms(3, runs, &mut fs)?;
+    for (((name, _), step), ms) in PRECISIONS.iter().zip(&steps).zip(medians) {
         // Lowered once for both memory figures (and the peak listing).
         let lowered = oar::cpu::lower::lower(step.graph(), &BTreeMap::new())?;
         println!(
@@ -168,7 +190,11 @@ fn train_step<L: Layer>(label: &str, make: fn() -> Result<L>, x_shape: &[usize],
                 );
             }
         }
-        if oar_cpu_runtime::profile::enabled() {
+    }
+    if oar_cpu_runtime::profile::enabled() {
+        for ((name, _), step) in PRECISIONS.iter().zip(&steps) {
+            let _ = oar_cpu_runtime::profile::take();
+            median_ms(1, runs, || step.call(&[x, y]).map(|_| ()))?;
             eprintln!("== {label} {name}: per kernel\n{}", oar_cpu_runtime::profile::report());
         }
     }

@@ -32,3 +32,32 @@ pub fn median_ms<E>(warm: usize, runs: usize, mut f: impl FnMut() -> Result<(), 
     t.sort_by(f64::total_cmp);
     Ok(t[runs / 2])
 }
+
+/// Median wall times in milliseconds of several fallible workloads measured in alternation:
+/// `warm` warm-up calls of each, then `runs` rounds that call each once, so that every median
+/// comes from the same minutes as the others (a shared machine's speed drifts between them).
+pub fn interleaved_medians_ms<E>(
+    warm: usize,
+    runs: usize,
+    fs: &mut [&mut dyn FnMut() -> Result<(), E>],
+) -> Result<Vec<f64>, E> {
+    for f in fs.iter_mut() {
+        for _ in 0..warm {
+            f()?;
+        }
+    }
+    let mut t = vec![Vec::with_capacity(runs); fs.len()];
+    for _ in 0..runs {
+        for (f, t) in fs.iter_mut().zip(&mut t) {
+            let s = Instant::now();
+            f()?;
+            t.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(t.into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[runs / 2]
+        })
+        .collect())
+}

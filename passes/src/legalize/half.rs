@@ -7,7 +7,8 @@
 //! [`widen_half`] rewrites a program:
 //! - every half buffer a loop kernel loads gets an f32 copy, made by a conversion kernel (an
 //!   opaque `cast` the backend runs natively) before its first reader and shared by the later
-//!   ones until a kernel writes the buffer again;
+//!   ones that follow closely (within [`SHARE_SPAN`] kernels of the one before), until a kernel
+//!   writes the buffer again;
 //! - a half output is written to a new f32 buffer and converted back just after;
 //! - every half instruction becomes an f32 one: constants are rounded to the half dtype first,
 //!   loads read the f32 copy, and arithmetic, casts to half and reduction results (`acc`) are
@@ -178,6 +179,16 @@ pub struct HalfSupport {
     pub bf16_products: bool,
 }
 
+/// How many kernels after its last reader an f32 copy of a half buffer is still shared
+/// ([`widen_half`]); a reader further away gets a copy of its own. Nearby readers (a max pool's
+/// window taps, the sibling consumers of a value, a residual block's shortcut) share one
+/// conversion; a reader far away, typically the backward pass reading what the forward pass
+/// saved, converts again: a copy shared from the forward to the backward would keep the f32
+/// copy alive in between, twice the half buffer's bytes (more than an f32 program keeps),
+/// where a fresh copy lives for one kernel and the saved value stays half. (PyTorch converts
+/// per use as well: its autocast caches casts of weights only.)
+pub const SHARE_SPAN: usize = 4;
+
 /// Rewrite every f16/bf16 loop kernel of `program` to compute in f32 (see the module docs),
 /// leaving to the code generator what `support` says it does. Returns how many kernels it
 /// rewrote.
@@ -189,13 +200,25 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
     let kernels = std::mem::take(&mut program.kernels);
     let mut out = Vec::with_capacity(kernels.len());
     let mut rewritten = 0;
-    // The f32 copy of each half buffer made so far, shared by every later reader (a max pool
-    // reads its input once per window tap) until a kernel writes the buffer again.
-    let mut copies: std::collections::HashMap<BufferId, BufferId> = std::collections::HashMap::new();
-    for mut k in kernels {
+    // The f32 copy of each half buffer made so far and the last kernel that read it, shared by
+    // later readers within `SHARE_SPAN` kernels of that one until a kernel writes the buffer
+    // again.
+    let mut copies: std::collections::HashMap<BufferId, (BufferId, usize)> = std::collections::HashMap::new();
+    // Half buffers that are casts of an f32 leaf (an input or a weight): (the leaf, the cast's
+    // kernel). A reader far from the cast and its other readers converts the leaf again (to the
+    // half dtype and back: the same values) rather than keep the half buffer alive until then.
+    let mut casts: std::collections::HashMap<BufferId, (BufferId, usize)> = std::collections::HashMap::new();
+    let written = |o: BufferId,
+                   copies: &mut std::collections::HashMap<BufferId, (BufferId, usize)>,
+                   casts: &mut std::collections::HashMap<BufferId, (BufferId, usize)>| {
+        copies.remove(&o);
+        casts.remove(&o);
+        casts.retain(|_, (src, _)| *src != o);
+    };
+    for (ki, mut k) in kernels.into_iter().enumerate() {
         if !touches_half(program, &k) {
-            for o in &k.outputs {
-                copies.remove(o);
+            for &o in &k.outputs {
+                written(o, &mut copies, &mut casts);
             }
             out.push(k);
             continue;
@@ -205,7 +228,10 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
             // A cast from or to a half dtype over whole buffers: the runtime's conversion, one
             // pass (not an f32 loop and a conversion of its result).
             let o = k.outputs[0];
-            copies.remove(&o);
+            written(o, &mut copies, &mut casts);
+            if dtype.is_half() && !matches!(program.buffer(from).kind, BufferKind::Temp | BufferKind::Output) {
+                casts.insert(o, (from, ki));
+            }
             out.push(convert(k.name, from, o, dtype));
             continue;
         }
@@ -220,13 +246,31 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
             if !dt.is_half() || (loop_load && bf16_memory && dt == DType::BF16) {
                 return;
             }
-            if let Some(&f) = copies.get(&ld.buffer) {
-                ld.buffer = f;
+            let last = copies.get(&ld.buffer).map(|&(_, last)| last);
+            if let Some((f, last)) = copies.get_mut(&ld.buffer)
+                && ki - *last <= SHARE_SPAN
+            {
+                *last = ki;
+                ld.buffer = *f;
                 return;
             }
             let f = f32_buffer(program, ld.buffer, &format!("{tag}_f32"));
-            out.push(convert(format!("{tag}_to_f32"), ld.buffer, f, DType::F32));
-            copies.insert(ld.buffer, f);
+            match casts.get_mut(&ld.buffer) {
+                Some((leaf, cast_at)) if ki - last.unwrap_or(*cast_at).max(*cast_at) > SHARE_SPAN => {
+                    // Far from the cast and its readers: from the leaf again, through a half
+                    // temporary that lives for this kernel only.
+                    let h = program.buffers.len() as u32;
+                    let mut half = program.buffer(ld.buffer).clone();
+                    half.kind = BufferKind::Temp;
+                    half.value = format!("{}.{tag}_again", half.value);
+                    program.buffers.push(half);
+                    out.push(convert(format!("{tag}_again"), *leaf, BufferId(h), dt));
+                    out.push(convert(format!("{tag}_to_f32"), BufferId(h), f, DType::F32));
+                    *cast_at = ki;
+                }
+                _ => out.push(convert(format!("{tag}_to_f32"), ld.buffer, f, DType::F32)),
+            }
+            copies.insert(ld.buffer, (f, ki));
             ld.buffer = f;
         };
         match &mut k.body {
@@ -258,7 +302,7 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
             KernelBody::Opaque(_) => unreachable!("touches_half is false for opaque kernels"),
         }
         let o = k.outputs[0];
-        copies.remove(&o);
+        written(o, &mut copies, &mut casts);
         let odt = program.buffer(o).ty.dtype;
         if odt.is_half() && !(is_loop && bf16_memory && odt == DType::BF16) {
             let f = f32_buffer(program, o, &format!("{}_f32", k.name));
@@ -271,6 +315,7 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
         }
     }
     program.kernels = out;
+    drop_unread_conversions(program);
     rewritten
 }
 
@@ -344,21 +389,28 @@ pub fn fold_operand_casts(program: &mut KernelProgram) -> usize {
         }
     }
     if folded > 0 {
-        // Conversions whose results nothing reads any more.
-        let mut read = vec![false; program.buffers.len()];
-        for k in &program.kernels {
-            for b in k.reads() {
-                read[b.index()] = true;
-            }
-        }
-        for (_, b) in &program.outputs {
-            read[b.index()] = true;
-        }
-        program.kernels.retain(|k| {
-            let conversion = matches!(&k.body, KernelBody::Opaque(OpaqueKernel { op: Op::Cast(_), .. }));
-            !(conversion && k.outputs.iter().all(|o| !read[o.index()]))
-        });
-        program.drop_unused_temps();
+        drop_unread_conversions(program);
     }
     folded
+}
+
+/// Remove the conversion kernels whose results are temporaries that nothing reads (a cast that a product now reads
+/// rounded, or that its far readers make again from its source), and their buffers.
+fn drop_unread_conversions(program: &mut KernelProgram) {
+    let mut read = vec![false; program.buffers.len()];
+    for k in &program.kernels {
+        for b in k.reads() {
+            read[b.index()] = true;
+        }
+    }
+    for (_, b) in &program.outputs {
+        read[b.index()] = true;
+    }
+    let buffers = &program.buffers;
+    program.kernels.retain(|k| {
+        let conversion = matches!(&k.body, KernelBody::Opaque(OpaqueKernel { op: Op::Cast(_), .. }));
+        let unread = |o: &BufferId| buffers[o.index()].kind == BufferKind::Temp && !read[o.index()];
+        !(conversion && k.outputs.iter().all(unread))
+    });
+    program.drop_unused_temps();
 }

@@ -33,7 +33,7 @@ mod half;
 mod math;
 mod rules;
 
-pub use half::{HalfSupport, fold_operand_casts, widen_half};
+pub use half::{HalfSupport, SHARE_SPAN, fold_operand_casts, widen_half};
 
 use build::B;
 use oar_ir::DType;

@@ -546,3 +546,132 @@ graph @step {
         assert_eq!(a.bytes(), b.bytes(), "{name}");
     }
 }
+
+/// `widen_half` without native half products, on a step-like program (a forward product, a
+/// chain of other kernels, then backward-like readers of the forward's half values): a reader
+/// within `SHARE_SPAN` kernels shares the f32 copy; a reader far away gets a copy of its own
+/// (so no f32 copy lives from the forward to the backward), made from the f32 input again where
+/// the half buffer is a cast of it (so the half cast does not live until then either); the
+/// program computes what the unwidened one does.
+#[test]
+fn widen_half_copies_again_for_far_readers() {
+    use oar_passes::legalize::{HalfSupport, SHARE_SPAN, widen_half};
+    let mut text = String::from(
+        r#"
+graph @step {
+  %x = input "x" : f32[8,16]
+  %w = param "w" : f32[16,16]
+  %h = input "h" : f16[8,16]
+  %0 = cast(%x) : bf16[8,16]
+  %1 = cast(%w) : bf16[16,16]
+  %2 = matmul(%0, %1) : bf16[8,16]
+  %3 = cast(%2) : f32[8,16]
+  %t = permute(%h) {perm = [1, 0]} : f16[16,8]
+  %4 = matmul(%h, %t) : f16[8,8]
+  %5 = matmul(%4, %h) : f16[8,16]
+"#,
+    );
+    // A chain of f32 products, each a kernel of its own, longer than the span.
+    let chain = SHARE_SPAN + 3;
+    for i in 0..chain {
+        text += &format!(
+            "  %c{i} = matmul(%{}, %w) : f32[8,16]\n",
+            if i == 0 { "3".into() } else { format!("c{}", i - 1) }
+        );
+    }
+    let last = format!("%c{}", chain - 1);
+    text += &format!(
+        r#"  %6 = cast({last}) : bf16[8,16]
+  %7 = permute(%0) {{perm = [1, 0]}} : bf16[16,8]
+  %8 = matmul(%7, %6) : bf16[16,16]
+  %9 = cast({last}) : f16[8,16]
+  %10 = matmul(%9, %t) : f16[8,8]
+  output "y" = {last}
+  output "gw" = %8
+  output "gh" = %10
+  output "h2" = %5
+}}
+"#
+    );
+    let g = oar_ir::text::parse_graph(&text).unwrap();
+    let program = oar_passes::fuse::lower_to_kernels(&g, &BTreeMap::new()).unwrap();
+    let mut p = program.clone();
+    widen_half(
+        &mut p,
+        HalfSupport {
+            bf16_memory: true,
+            bf16_products: false,
+        },
+    );
+    let listing = p.to_string();
+    let id = |input: &str| {
+        let at = p
+            .buffers
+            .iter()
+            .position(|b| matches!(&b.kind, BufferKind::Input { name } if name == input));
+        BufferId(at.unwrap_or_else(|| panic!("no input {input}\n{listing}")) as u32)
+    };
+    let conversions_from = |b: BufferId| {
+        p.kernels
+            .iter()
+            .filter(|k| matches!(&k.body, KernelBody::Opaque(o) if o.inputs == [b]))
+            .count()
+    };
+    // h: one copy shared by the two products next to each other, one for the far one.
+    assert_eq!(conversions_from(id("h")), 2, "{listing}");
+    // x: cast once for the forward product, and again (then widened) for the far one.
+    assert_eq!(conversions_from(id("x")), 2, "{listing}");
+    // No f32 copy is read more than SHARE_SPAN kernels after the kernel that wrote it, and
+    // no half temporary that a copy is made of is read that far from where it was written
+    // (each lives near its readers).
+    for (i, b) in p.buffers.iter().enumerate() {
+        let b_id = BufferId(i as u32);
+        let (Some(w), Some(r)) = (
+            p.kernels.iter().position(|k| k.outputs.contains(&b_id)),
+            p.kernels.iter().rposition(|k| k.reads().contains(&b_id)),
+        ) else {
+            continue;
+        };
+        let copy = b.value.ends_with("_f32") || b.value.ends_with("_again");
+        let cast_of_x = b.ty.dtype == DType::BF16 && b.ty.shape.0 == [Dim::Static(8), Dim::Static(16)];
+        if copy || cast_of_x {
+            // (Conversions sit between the kernels, so allow for them.)
+            assert!(
+                r - w <= 2 * (SHARE_SPAN + 1),
+                "{} lives from {w} to {r}\n{listing}",
+                b.value
+            );
+        }
+    }
+    let feeds: BTreeMap<String, TensorData> = [("x", DType::F32), ("h", DType::F16)]
+        .into_iter()
+        .map(|(n, dt)| {
+            let v: Vec<f64> = (0..128).map(|i| (i as f64 * 0.61).sin() * 0.5).collect();
+            (n.to_string(), TensorData::from_f64_slice(dt, vec![8, 16], &v).unwrap())
+        })
+        .collect();
+    let weights: Weights = [(
+        "w".to_string(),
+        TensorData::from_f64_slice(
+            DType::F32,
+            vec![16, 16],
+            &(0..256).map(|i| (i as f64 * 0.377).cos() * 0.3).collect::<Vec<_>>(),
+        )
+        .unwrap(),
+    )]
+    .into_iter()
+    .collect();
+    let want = run_kernel_program(&program, &weights, &feeds).unwrap();
+    let got = run_kernel_program(&p, &weights, &feeds).unwrap();
+    for ((name, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(a.tensor_type(), b.tensor_type(), "{name}");
+        // Products accumulate in f32 here and in f64 in the reference, rounded to the half
+        // dtype once: within two half steps.
+        for (g, w) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+            assert!(
+                (g - w).abs() <= 2f64.powi(-6) * w.abs().max(0.1),
+                "{name}: {g} vs {w}\n{listing}"
+            );
+        }
+    }
+}
