@@ -220,6 +220,27 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
             }
         }
     }
+    // A value computed from weights alone (params and constants: a batch norm folded into a
+    // convolution's bias, a weight's scale) and read by a kernel over inputs gets a buffer of
+    // its own: a runtime that runs weight-only kernels once per model (the cpu backend's
+    // hoisting) computes it once instead of in every run, and the reader sees a weight (a
+    // per-channel bias, which a native epilogue recognizes). Movement ops in between stay index
+    // maps over that buffer.
+    let weights_only = weight_only_nodes(g, &order);
+    for &n in &order {
+        if weights_only.contains(&n) || matches!(role(g, g.node(n)), Role::Leaf | Role::Opaque) {
+            continue;
+        }
+        for &x in g.node(n).inputs() {
+            let mut v = x;
+            while weights_only.contains(&v.node) && role(g, g.node(v.node)) == Role::Movement {
+                v = g.node(v.node).inputs()[0];
+            }
+            if weights_only.contains(&v.node) && role(g, g.node(v.node)) == Role::Elementwise {
+                materialized.insert(v);
+            }
+        }
+    }
     // Chains deeper than a kernel computes inline get a buffer every so many ops up front, in
     // one linear pass (`Stop::Deep` would find the same cuts one round at a time).
     let mut depth: BTreeMap<ValueId, usize> = BTreeMap::new();
@@ -262,6 +283,28 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
         }
     }
     Err(err(g, "fusion did not converge (internal error)".into()))
+}
+
+/// The nodes of `g` (in topological `order`) computed from params and constants alone: no
+/// input, no random draw, no region, no op that makes values from nothing (`iota`).
+fn weight_only_nodes(g: &Graph, order: &[oar_ir::NodeId]) -> BTreeSet<oar_ir::NodeId> {
+    let mut pure = BTreeSet::new();
+    for &n in order {
+        let node = g.node(n);
+        let ok = match &node.op {
+            Op::Param(_) | Op::Constant(_) => true,
+            Op::Input(_) | Op::Random(_) | Op::Composite(oar_ir::Composite::Dropout(_)) => false,
+            _ => {
+                node.regions.is_empty()
+                    && !node.inputs().is_empty()
+                    && node.inputs().iter().all(|x| pure.contains(&x.node))
+            }
+        };
+        if ok {
+            pure.insert(n);
+        }
+    }
+    pure
 }
 
 /// [`cone_cost`] from which a one-element value read by a wider kernel gets its own kernel

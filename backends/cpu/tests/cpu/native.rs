@@ -804,3 +804,95 @@ fn half_precision_windowed_composites_run_natively() {
         }
     }
 }
+
+/// An inference batch norm after a convolution folds into it when the cpu backend lowers the
+/// graph: the convolution's epilogue is a per-channel bias add and the relu (a chain the
+/// runtime applies at full vector width), its scale and bias are kernels over weights alone
+/// (run once per model), and the result is the unfolded graph's within float rounding.
+#[test]
+fn inference_batch_norm_folds_into_the_convolution() {
+    let g = oar_ir::text::parse_graph(
+        r#"
+graph @cbr {
+  %x = input "x" : f32[1,8,10,10]
+  %w = param "w" : f32[16,8,3,3]
+  %g = param "g" : f32[16]
+  %b = param "b" : f32[16]
+  %m = param "m" : f32[16]
+  %v = param "v" : f32[16]
+  %0 = conv2d(%x, %w) {stride = [1, 1], padding = [1, 1, 1, 1], dilation = [1, 1], groups = 1} : f32[1,16,10,10]
+  %1 = batch_norm(%0, %g, %b, %m, %v) {epsilon = 1e-5, momentum = 0.9, training = false} : f32[1,16,10,10]
+  %2 = relu(%1) : f32[1,16,10,10]
+  output "y" = %2
+}
+"#,
+    )
+    .unwrap();
+    let lowered = lower_without_interpreter(&g);
+    let p = &lowered.cpu.program;
+    // Buffers computed from weights alone so far.
+    let mut fixed: Vec<bool> = p.buffers.iter().map(|b| b.kind.is_weight()).collect();
+    let mut convs = 0;
+    for k in &p.kernels {
+        match &k.body {
+            oar_ir::kernel::KernelBody::Contraction(c) => {
+                convs += 1;
+                use oar_ir::kernel::ScalarOp;
+                use oar_ir::ops::BinaryOp;
+                let plain = c.epilogue.iter().all(|i| {
+                    matches!(
+                        i.op,
+                        ScalarOp::Acc(_)
+                            | ScalarOp::Load(_)
+                            | ScalarOp::Const(_)
+                            | ScalarOp::Binary(BinaryOp::Add | BinaryOp::Max, ..)
+                    )
+                });
+                assert!(plain, "the epilogue is more than a bias and a relu:\n{p}");
+                for ld in &c.loads {
+                    assert!(
+                        fixed[ld.buffer.index()],
+                        "the bias is computed from weights alone:\n{p}"
+                    );
+                }
+            }
+            _ => {
+                let weight_only = k.reads().iter().all(|&b| fixed[b.index()]);
+                assert!(weight_only, "{} reads more than weights:\n{p}", k.name);
+                for o in &k.outputs {
+                    fixed[o.index()] = true;
+                }
+            }
+        }
+    }
+    assert_eq!(convs, 1, "{p}");
+    let mut weights = Weights::new();
+    for (name, shape, lo) in [
+        ("w", vec![16, 8, 3, 3], -0.5),
+        ("g", vec![16], 0.5),
+        ("b", vec![16], -0.3),
+        ("m", vec![16], -0.2),
+        ("v", vec![16], 0.1),
+    ] {
+        let n: usize = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| lo + ((i * 37 % 101) as f64) / 101.0).collect();
+        weights.insert(
+            name.to_string(),
+            TensorData::from_f64_slice(DType::F32, shape, &v).unwrap(),
+        );
+    }
+    let x: Vec<f64> = (0..800).map(|i| ((i as f64) * 0.173).sin()).collect();
+    let feeds = BTreeMap::from([(
+        "x".to_string(),
+        TensorData::from_f64_slice(DType::F32, vec![1, 8, 10, 10], &x).unwrap(),
+    )]);
+    let got = CpuBackend::new().compile(&g, &weights).unwrap().run(&feeds).unwrap();
+    let want = oar_backend_reference::run_graph(&g, &weights, &feeds).unwrap();
+    let (a, b) = (got[0].1.to_f64_vec(), want[0].1.to_f64_vec());
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+    assert!(scale > 0.5, "a result that tests something: {scale}");
+    for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+        // One product and one sum per element instead of the normalization's four operations.
+        assert!((p - q).abs() <= 1e-5 * scale, "y[{i}] = {p}, reference {q}");
+    }
+}
