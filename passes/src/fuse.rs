@@ -100,6 +100,29 @@ pub fn lower_to_kernels_keeping_where(
     keep: &[&str],
     keep_if: KeepIf,
 ) -> Result<KernelProgram, PassError> {
+    lower_with(graph, bindings, keep, keep_if, false)
+}
+
+/// [`lower_to_kernels_keeping_where`] for a backend that runs the kernels reading only weights
+/// once per model instead of in every run (the cpu backend's hoisting): a value computed from
+/// weights alone (a batch norm's `γ / sqrt(σ² + ε)`) that a kernel over inputs reads gets a
+/// kernel of its own instead of being computed inline in every element of that kernel.
+pub fn lower_to_kernels_hoisting_weights(
+    graph: &Graph,
+    bindings: &BTreeMap<String, usize>,
+    keep: &[&str],
+    keep_if: KeepIf,
+) -> Result<KernelProgram, PassError> {
+    lower_with(graph, bindings, keep, keep_if, true)
+}
+
+fn lower_with(
+    graph: &Graph,
+    bindings: &BTreeMap<String, usize>,
+    keep: &[&str],
+    keep_if: KeepIf,
+    weights_once: bool,
+) -> Result<KernelProgram, PassError> {
     use crate::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
     let mut g = graph.clone();
     let mut pm = PassManager::new();
@@ -113,7 +136,7 @@ pub fn lower_to_kernels_keeping_where(
     }
     pm.add(Simplify::new()).add(Dce);
     pm.run(&mut g)?;
-    fuse_keeping_where(&g, keep, keep_if)
+    fuse_with(&g, keep, keep_if, weights_once)
 }
 
 /// Fuse `graph` into kernels. Composite ops are decomposed first (on a copy), so any verified
@@ -129,22 +152,27 @@ pub fn fuse_keeping(graph: &Graph, keep: &[&str]) -> Result<KernelProgram, PassE
 
 /// [`fuse_keeping`], keeping a named composite only where `keep_if` holds for it.
 pub fn fuse_keeping_where(graph: &Graph, keep: &[&str], keep_if: KeepIf) -> Result<KernelProgram, PassError> {
+    fuse_with(graph, keep, keep_if, false)
+}
+
+fn fuse_with(graph: &Graph, keep: &[&str], keep_if: KeepIf, weights_once: bool) -> Result<KernelProgram, PassError> {
     oar_ir::verify(graph).map_err(|e| PassError::ir("fuse", e))?;
     let decompose = Decompose::keeping_where(keep, keep_if)?;
     let kept: BTreeSet<&str> = decompose.kept().collect();
     let mut g = graph.clone();
     decompose.run(&mut g)?;
     g.remove_dead_nodes();
-    fuse_graph(&g, &kept)
+    fuse_graph(&g, &kept, weights_once)
 }
 
 /// Fuse a graph that holds primitives only (top level; regions are not looked into).
 pub fn fuse_primitives(g: &Graph) -> Result<KernelProgram, PassError> {
-    fuse_graph(g, &BTreeSet::new())
+    fuse_graph(g, &BTreeSet::new(), false)
 }
 
-/// Fuse a graph of primitives and the composites in `kept` (opaque kernels).
-fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassError> {
+/// Fuse a graph of primitives and the composites in `kept` (opaque kernels); with
+/// `weights_once`, for a runtime that runs weight-only kernels once per model.
+fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>, weights_once: bool) -> Result<KernelProgram, PassError> {
     let order = g.topo_order();
     let mut materialized: BTreeSet<ValueId> = g.outputs().iter().map(|o| o.value).collect();
     for &n in &order {
@@ -220,13 +248,17 @@ fn fuse_graph(g: &Graph, kept: &BTreeSet<&str>) -> Result<KernelProgram, PassErr
             }
         }
     }
-    // A value computed from weights alone (params and constants: a batch norm folded into a
+    // For a runtime that runs weight-only kernels once per model (the cpu backend's hoisting):
+    // a value computed from weights alone (params and constants: a batch norm folded into a
     // convolution's bias, a weight's scale) and read by a kernel over inputs gets a buffer of
-    // its own: a runtime that runs weight-only kernels once per model (the cpu backend's
-    // hoisting) computes it once instead of in every run, and the reader sees a weight (a
+    // its own, computed once instead of in every run, and the reader sees a weight (a
     // per-channel bias, which a native epilogue recognizes). Movement ops in between stay index
-    // maps over that buffer.
-    let weights_only = weight_only_nodes(g, &order);
+    // maps over that buffer. (Elsewhere it would be one more kernel per run.)
+    let weights_only = if weights_once {
+        weight_only_nodes(g, &order)
+    } else {
+        BTreeSet::new()
+    };
     for &n in &order {
         if weights_only.contains(&n) || matches!(role(g, g.node(n)), Role::Leaf | Role::Opaque) {
             continue;

@@ -100,7 +100,7 @@ pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Lowere
     // width and in the blocked layout, as for a model exported with its batch norms folded.
     let mut graph = graph.clone();
     oar_passes::Pass::run(&oar_passes::FoldBatchNorm, &mut graph)?;
-    lower_program(oar_passes::fuse::lower_to_kernels_keeping_where(
+    lower_program(oar_passes::fuse::lower_to_kernels_hoisting_weights(
         &graph,
         bindings,
         KEPT_COMPOSITES,

@@ -152,22 +152,45 @@ fn basic_block() -> (Graph, Weights) {
 fn resnet_basic_block_is_two_conv_kernels() {
     let (g, w) = basic_block();
     let p = check(&g, &w, &BTreeMap::from([("x".to_string(), data(&[2, 4, 6, 6], 3))]));
-    // Two convolutions, each with its batch norm in its epilogue; what the batch norms compute
-    // from their parameters alone (the per-channel scale `γ / sqrt(σ² + ε)`) is a loop kernel of
-    // its own that reads only weights (a runtime runs it once per model), not inline in every
-    // element of the epilogue.
-    let (loops, contractions, opaque) = p.kernel_counts();
-    assert_eq!((contractions, opaque), (2, 0), "{p}");
-    assert!(loops >= 1, "{p}");
-    for k in &p.kernels {
-        if matches!(k.body, KernelBody::Loop(_)) {
-            let weight_only = k.reads().iter().all(|&b| p.buffer(b).kind.is_weight());
-            assert!(weight_only, "{} reads more than weights\n{p}", k.name);
-        }
-    }
+    assert_eq!(p.kernel_counts(), (0, 2, 0), "{p}");
     // The residual add reads x in the second conv's epilogue.
     let epi = &contraction_ops(&p)[1];
     assert!(epi.iter().filter(|o| o.starts_with("load")).count() >= 4, "{epi:?}");
+}
+
+/// For a runtime that runs weight-only kernels once per model (the cpu backend), what the
+/// batch norms compute from their parameters alone (the per-channel scale `γ / sqrt(σ² + ε)`)
+/// is a loop kernel of its own that reads only weights, not inline in every element of the
+/// convolutions' epilogues; the program still computes the graph.
+#[test]
+fn weight_only_values_get_kernels_of_their_own_where_the_runtime_runs_them_once() {
+    let (g, w) = basic_block();
+    let p = oar_passes::fuse::lower_to_kernels_hoisting_weights(&g, &BTreeMap::new(), &[], |_, _| true).unwrap();
+    let inputs = BTreeMap::from([("x".to_string(), data(&[2, 4, 6, 6], 3))]);
+    let want = run_graph(&g, &w, &inputs).unwrap();
+    let got = run_kernel_program(&p, &w, &inputs).unwrap();
+    for ((n, a), (_, b)) in got.iter().zip(&want) {
+        for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+            assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{n}: {x} vs {y}");
+        }
+    }
+    let (loops, contractions, opaque) = p.kernel_counts();
+    assert_eq!((contractions, opaque), (2, 0), "{p}");
+    assert!(loops >= 1, "{p}");
+    // Buffers computed from weights alone so far.
+    let mut fixed: Vec<bool> = p.buffers.iter().map(|b| b.kind.is_weight()).collect();
+    for k in &p.kernels {
+        if matches!(k.body, KernelBody::Loop(_)) {
+            let weight_only = k.reads().iter().all(|&b| fixed[b.index()]);
+            assert!(weight_only, "{} reads more than weights\n{p}", k.name);
+            for o in &k.outputs {
+                fixed[o.index()] = true;
+            }
+        }
+    }
+    for c in contraction_ops(&p) {
+        assert!(!c.iter().any(|o| o.contains("rsqrt") || o.contains("sqrt")), "{c:?}");
+    }
 }
 
 /// `fold-batch-norm`: both inference batch norms of a basic block fold into their
