@@ -96,8 +96,7 @@ fn resnet18(runs: usize) -> Res<()> {
         exes.push(backend.compile(&graph, &weights)?);
         graphs.push(graph);
     }
-    let profile = oar_cpu_runtime::profile::enabled();
-    if profile {
+    if oar_cpu_runtime::profile::enabled() {
         // Per kernel, one precision at a time (the profile does not tell them apart).
         for ((name, _), exe) in PRECISIONS.iter().zip(&exes) {
             let _ = oar_cpu_runtime::profile::take();

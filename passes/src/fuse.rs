@@ -104,9 +104,11 @@ pub fn lower_to_kernels_keeping_where(
 }
 
 /// [`lower_to_kernels_keeping_where`] for a backend that runs the kernels reading only weights
-/// once per model instead of in every run (the cpu backend's hoisting): a value computed from
-/// weights alone (a batch norm's `γ / sqrt(σ² + ε)`) that a kernel over inputs reads gets a
-/// kernel of its own instead of being computed inline in every element of that kernel.
+/// once per model instead of in every run (the cpu backend's hoisting): inference batch norms
+/// fold into the convolutions before them first ([`crate::FoldBatchNorm`]: the new weights and
+/// biases are computed from weights alone), and a value computed from weights alone (a batch
+/// norm's `γ / sqrt(σ² + ε)`) that a kernel over inputs reads gets a kernel of its own instead
+/// of being computed inline in every element of that kernel.
 pub fn lower_to_kernels_hoisting_weights(
     graph: &Graph,
     bindings: &BTreeMap<String, usize>,
@@ -126,6 +128,9 @@ fn lower_with(
     use crate::{Canonicalize, Cse, Dce, Fold, PassManager, Simplify, SpecializeShapes};
     let mut g = graph.clone();
     let mut pm = PassManager::new();
+    if weights_once {
+        pm.add(crate::FoldBatchNorm);
+    }
     pm.add(SpecializeShapes::new(bindings.iter().map(|(k, v)| (k.clone(), *v))))
         .add(Canonicalize)
         .add(Fold::new())

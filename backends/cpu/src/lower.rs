@@ -94,14 +94,11 @@ pub fn keeps(c: &oar_ir::Composite, inputs: &[oar_ir::TensorType]) -> bool {
 /// Bind `bindings` in `graph`, optimize, fuse (keeping [`KEPT_COMPOSITES`] where [`keeps`]
 /// holds), plan and choose a step per kernel.
 pub fn lower(graph: &Graph, bindings: &BTreeMap<String, usize>) -> Result<Lowered, CpuError> {
-    // Inference batch norms fold into the convolutions before them (the new weights and biases
-    // are kernels over weights alone, which a model runs once when it is made): the
-    // convolutions' epilogues become bias / residual / clamp chains, which run at full vector
-    // width and in the blocked layout, as for a model exported with its batch norms folded.
-    let mut graph = graph.clone();
-    oar_passes::Pass::run(&oar_passes::FoldBatchNorm, &mut graph)?;
+    // The model runs weight-only kernels once when it is made: inference batch norms fold into
+    // the convolutions before them, whose epilogues become bias / residual / clamp chains (full
+    // vector width, the blocked layout), as for a model exported with its batch norms folded.
     lower_program(oar_passes::fuse::lower_to_kernels_hoisting_weights(
-        &graph,
+        graph,
         bindings,
         KEPT_COMPOSITES,
         keeps,

@@ -203,14 +203,13 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
     // The f32 copy of each half buffer made so far and the last kernel that read it, shared by
     // later readers within `SHARE_SPAN` kernels of that one until a kernel writes the buffer
     // again.
-    let mut copies: std::collections::HashMap<BufferId, (BufferId, usize)> = std::collections::HashMap::new();
+    type ByBuffer = std::collections::HashMap<BufferId, (BufferId, usize)>;
+    let mut copies = ByBuffer::new();
     // Half buffers that are casts of an f32 leaf (an input or a weight): (the leaf, the cast's
     // kernel). A reader far from the cast and its other readers converts the leaf again (to the
     // half dtype and back: the same values) rather than keep the half buffer alive until then.
-    let mut casts: std::collections::HashMap<BufferId, (BufferId, usize)> = std::collections::HashMap::new();
-    let written = |o: BufferId,
-                   copies: &mut std::collections::HashMap<BufferId, (BufferId, usize)>,
-                   casts: &mut std::collections::HashMap<BufferId, (BufferId, usize)>| {
+    let mut casts = ByBuffer::new();
+    let written = |o: BufferId, copies: &mut ByBuffer, casts: &mut ByBuffer| {
         copies.remove(&o);
         casts.remove(&o);
         casts.retain(|_, (src, _)| *src != o);
@@ -246,17 +245,19 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
             if !dt.is_half() || (loop_load && bf16_memory && dt == DType::BF16) {
                 return;
             }
-            let last = copies.get(&ld.buffer).map(|&(_, last)| last);
-            if let Some((f, last)) = copies.get_mut(&ld.buffer)
-                && ki - *last <= SHARE_SPAN
+            // The copy made so far and its last reader (never before the cast that wrote the
+            // half buffer: a write drops its copy).
+            let copy = copies.get(&ld.buffer).copied();
+            if let Some((f, last)) = copy
+                && ki - last <= SHARE_SPAN
             {
-                *last = ki;
-                ld.buffer = *f;
+                copies.insert(ld.buffer, (f, ki));
+                ld.buffer = f;
                 return;
             }
             let f = f32_buffer(program, ld.buffer, &format!("{tag}_f32"));
-            match casts.get_mut(&ld.buffer) {
-                Some((leaf, cast_at)) if ki - last.unwrap_or(*cast_at).max(*cast_at) > SHARE_SPAN => {
+            match casts.get(&ld.buffer) {
+                Some(&(leaf, cast_at)) if ki - copy.map_or(cast_at, |(_, last)| last) > SHARE_SPAN => {
                     // Far from the cast and its readers: from the leaf again, through a half
                     // temporary that lives for this kernel only.
                     let h = program.buffers.len() as u32;
@@ -264,9 +265,8 @@ pub fn widen_half(program: &mut KernelProgram, support: HalfSupport) -> usize {
                     half.kind = BufferKind::Temp;
                     half.value = format!("{}.{tag}_again", half.value);
                     program.buffers.push(half);
-                    out.push(convert(format!("{tag}_again"), *leaf, BufferId(h), dt));
+                    out.push(convert(format!("{tag}_again"), leaf, BufferId(h), dt));
                     out.push(convert(format!("{tag}_to_f32"), BufferId(h), f, DType::F32));
-                    *cast_at = ki;
                 }
                 _ => out.push(convert(format!("{tag}_to_f32"), ld.buffer, f, DType::F32)),
             }
@@ -394,8 +394,9 @@ pub fn fold_operand_casts(program: &mut KernelProgram) -> usize {
     folded
 }
 
-/// Remove the conversion kernels whose results are temporaries that nothing reads (a cast that a product now reads
-/// rounded, or that its far readers make again from its source), and their buffers.
+/// Remove the conversion kernels whose results are temporaries that nothing reads (a cast that
+/// a product now reads rounded, or that its far readers make again from its source), and their
+/// buffers.
 fn drop_unread_conversions(program: &mut KernelProgram) {
     let mut read = vec![false; program.buffers.len()];
     for k in &program.kernels {
