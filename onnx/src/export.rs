@@ -1,4 +1,8 @@
 //! oar → ONNX (opset 18): one or a few ONNX nodes per oar op; params become initializers.
+//! An oar value is named by the ONNX value that computes it (no `Identity` per value); a graph
+//! output gets one `Identity` to carry its name. `min(max(x, lo), hi)` with scalar constant
+//! bounds is written as `Clip` and `max(x, 0)` as `Relu` (how PyTorch writes relu6 and relu),
+//! which onnxruntime fuses into the convolution before them.
 //!
 //! An op with an export entry in its family's mapping table (`table.rs`: the writer sits next to
 //! the op's importer, e.g. `cumsum` beside `CumSum` in `ops_vision.rs`) is written by it;
@@ -22,6 +26,7 @@ use oar_ir::ops::{
 use oar_ir::ops::{ArgReduceOp, BinaryOp, ReduceOp, UnaryOp};
 use oar_ir::{Dim, Graph, Op, TensorData, TensorType, ValueId};
 use prost::Message;
+use std::collections::HashMap;
 use std::path::Path;
 
 /// The opset exported models import.
@@ -118,10 +123,68 @@ pub(crate) struct Exporter<'a> {
     nodes: Vec<NodeProto>,
     inits: Vec<crate::proto::TensorProto>,
     fresh: usize,
+    /// The ONNX name of each oar value written so far.
+    names: HashMap<ValueId, String>,
 }
 
-fn name_of(v: ValueId) -> String {
-    format!("v{}_{}", v.node.index(), v.output)
+/// The value of `v` when it is a rank-0 constant.
+fn scalar_constant(g: &Graph, v: ValueId) -> Option<f64> {
+    match &g.node(v.node).op {
+        Op::Constant(t) if t.shape().is_empty() => t.to_f64_vec().first().copied(),
+        _ => None,
+    }
+}
+
+/// `(x, bound)` when `node` is `max` or `min` (`op`) of `x` and a rank-0 constant `bound`, and
+/// the result has `x`'s type (the constant does not broadcast `x`).
+fn with_scalar_bound(g: &Graph, node: oar_ir::NodeId, op: BinaryOp) -> Option<(ValueId, ValueId)> {
+    let n = g.node(node);
+    if n.op != Op::Binary(op) {
+        return None;
+    }
+    let [a, b] = n.inputs() else { return None };
+    let (x, c) = if scalar_constant(g, *b).is_some() {
+        (*a, *b)
+    } else {
+        (*b, *a)
+    };
+    (scalar_constant(g, c).is_some() && g.value_type(x) == g.value_type(ValueId::first(node))).then_some((x, c))
+}
+
+/// How a `max`/`min` node is written when it is not a plain ONNX `Max`/`Min`.
+enum Bound {
+    /// `Clip(x, lo, hi)`: the `min` of `min(max(x, lo), hi)`.
+    Clip { x: ValueId, lo: ValueId, hi: ValueId },
+    /// `Relu(x)`: `max(x, 0)`.
+    Relu(ValueId),
+    /// The `max` inside a `Clip`: written by it, not on its own.
+    InClip,
+}
+
+/// The `max`/`min` nodes of `g` written as `Clip` or `Relu`. A `max` joins a `Clip` only when
+/// the `min` is its one reader and it is not a graph output.
+fn bounds(g: &Graph) -> HashMap<oar_ir::NodeId, Bound> {
+    let mut out = HashMap::new();
+    let is_output = |v: ValueId| g.outputs().iter().any(|o| o.value == v);
+    for node in g.topo_order() {
+        if let Some((inner, hi)) = with_scalar_bound(g, node, BinaryOp::Min)
+            && let Some((x, lo)) = with_scalar_bound(g, inner.node, BinaryOp::Max)
+            && inner.output == 0
+            && g.users(inner).len() == 1
+            && !is_output(inner)
+        {
+            out.insert(inner.node, Bound::InClip);
+            out.insert(node, Bound::Clip { x, lo, hi });
+            continue;
+        }
+        if let Some((x, c)) = with_scalar_bound(g, node, BinaryOp::Max)
+            && g.value_type(x).dtype.is_float()
+            && scalar_constant(g, c) == Some(0.0)
+        {
+            out.insert(node, Bound::Relu(x));
+        }
+    }
+    out
 }
 
 fn value_info(name: &str, t: &TensorType) -> ValueInfoProto {
@@ -192,6 +255,7 @@ impl<'a> Exporter<'a> {
             nodes: Vec::new(),
             inits: Vec::new(),
             fresh: 0,
+            names: HashMap::new(),
         }
     }
     /// A node of type `op`; the name of its output.
@@ -229,15 +293,22 @@ impl<'a> Exporter<'a> {
             ..Default::default()
         });
     }
-    /// Name the outputs of node `id` after the oar values they are.
+    /// Record `outs` as the ONNX names of node `id`'s outputs.
     fn outputs_to(&mut self, id: oar_ir::NodeId, outs: Vec<String>) {
         for (i, out) in outs.into_iter().enumerate() {
             let v = ValueId {
                 node: id,
                 output: i as u32,
             };
-            self.emit_to("Identity", vec![out], vec![], name_of(v));
+            self.names.insert(v, out);
         }
+    }
+    /// The ONNX name of the oar value `v` (written before its readers, in topological order).
+    fn name_of(&self, v: ValueId) -> Result<String, OnnxError> {
+        self.names
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| OnnxError::Export(format!("value {v:?} is read before it is written")))
     }
     /// An initializer holding `t`; its name.
     pub(crate) fn constant(&mut self, t: TensorData) -> String {
@@ -263,25 +334,39 @@ impl<'a> Exporter<'a> {
 
     fn graph(&mut self, model: &Model) -> Result<GraphProto, OnnxError> {
         let g = self.g;
+        let bounds = bounds(g);
         let mut inputs = Vec::new();
         for id in g.topo_order() {
             let node = g.node(id);
-            let v = ValueId::first(id);
-            let ins: Vec<String> = node.inputs().iter().map(|&v| name_of(v)).collect();
-            match &node.op {
-                Op::Input(Input { name, ty }) => {
+            match (&node.op, bounds.get(&id)) {
+                (Op::Input(Input { name, ty }), _) => {
                     inputs.push(value_info(name, ty));
-                    self.emit_to("Identity", vec![name.clone()], vec![], name_of(v));
+                    self.outputs_to(id, vec![name.clone()]);
                 }
-                Op::Param(Param { name, .. }) => {
+                (Op::Param(Param { name, .. }), _) => {
                     let w = model
                         .weights
                         .get(name)
                         .ok_or_else(|| OnnxError::Export(format!("param `{name}` has no weight")))?;
                     self.inits.push(tensor_to_proto(name, w));
-                    self.emit_to("Identity", vec![name.clone()], vec![], name_of(v));
+                    self.outputs_to(id, vec![name.clone()]);
                 }
-                op => {
+                (_, Some(Bound::InClip)) => {}
+                (_, Some(Bound::Clip { x, lo, hi })) => {
+                    let ins = vec![self.name_of(*x)?, self.name_of(*lo)?, self.name_of(*hi)?];
+                    let y = self.emit("Clip", ins, vec![]);
+                    self.outputs_to(id, vec![y]);
+                }
+                (_, Some(Bound::Relu(x))) => {
+                    let y = self.emit("Relu", vec![self.name_of(*x)?], vec![]);
+                    self.outputs_to(id, vec![y]);
+                }
+                (op, None) => {
+                    let ins = node
+                        .inputs()
+                        .iter()
+                        .map(|&v| self.name_of(v))
+                        .collect::<Result<Vec<_>, _>>()?;
                     let types: Vec<TensorType> = node.inputs().iter().map(|&v| g.value_type(v).clone()).collect();
                     let outs = match crate::table::exporter(op.name()) {
                         Some(write) => write(self, op, &ins, &types)?.ok_or_else(|| {
@@ -295,7 +380,8 @@ impl<'a> Exporter<'a> {
         }
         let mut outputs = Vec::new();
         for o in g.outputs() {
-            self.emit_to("Identity", vec![name_of(o.value)], vec![], o.name.clone());
+            let v = self.name_of(o.value)?;
+            self.emit_to("Identity", vec![v], vec![], o.name.clone());
             outputs.push(value_info(&o.name, g.value_type(o.value)));
         }
         Ok(GraphProto {
@@ -312,10 +398,7 @@ impl<'a> Exporter<'a> {
     fn op(&mut self, op: &Op, ins: Vec<String>, g: &Graph, vins: &[ValueId]) -> Result<String, OnnxError> {
         let ty = |i: usize| g.value_type(vins[i]).clone();
         Ok(match op {
-            Op::Constant(t) => {
-                let c = self.constant(t.clone());
-                self.emit("Identity", vec![c], vec![])
-            }
+            Op::Constant(t) => self.constant(t.clone()),
             Op::Unary(u) => {
                 let name = match u {
                     UnaryOp::Neg => "Neg",

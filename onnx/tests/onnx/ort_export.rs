@@ -603,3 +603,81 @@ fn amp_graphs_export_their_casts_and_run_in_onnxruntime() {
         check(label, &m, BTreeMap::from([(name.into(), x)]), 5e-3);
     }
 }
+
+/// How often each ONNX op type occurs in the exported `m`.
+fn op_counts(m: &Model) -> BTreeMap<String, usize> {
+    let bytes = oar_onnx::to_bytes(m).unwrap();
+    let proto = <oar_onnx::proto::ModelProto as prost::Message>::decode(bytes.as_slice()).unwrap();
+    let mut counts = BTreeMap::new();
+    for n in &proto.graph.unwrap().node {
+        *counts.entry(n.op_type.clone().unwrap()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// relu6 as oar writes it (`min(max(x, 0), 6)`) exports as `Clip` and `max(x, 0)` as `Relu`,
+/// as PyTorch writes them (onnxruntime fuses both into the convolution before them); values
+/// are named by the nodes computing them, with an `Identity` only per graph output. Where the
+/// pattern does not hold — the `max` has a second reader, a bound is not a scalar constant, the
+/// constant is not 0 — plain `Max`/`Min` are written. Every form runs in onnxruntime and imports
+/// back to what the reference computes.
+#[test]
+fn bounds_export_as_clip_and_relu() {
+    let mut b = B::new("bounds");
+    let x = b.g.add_input("x", TensorType::of(DType::F32, &[2, 3, 6, 6])).unwrap();
+    let w = b.param("conv.weight", &[4, 3, 3, 3], 0.5);
+    let cb = b.param("conv.bias", &[4], 0.1);
+    let conv = Composite::Conv2d(Conv2d {
+        stride: [1, 1],
+        padding: [1, 1, 1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    });
+    let h = b.c(conv, &[x, w, cb]);
+    // relu6, the constant first in the max: one Clip.
+    let (zero, six) = (b.scalar(0.0), b.scalar(6.0));
+    let m = b.bin(BinaryOp::Max, zero, h);
+    let relu6 = b.bin(BinaryOp::Min, m, six);
+    // max(x, 0) on its own: Relu.
+    let relu = b.bin(BinaryOp::Max, x, zero);
+    // A max read twice stays Max, and so does one with a bound other than 0; the min stays Min.
+    let lo = b.scalar(-0.25);
+    let shared = b.bin(BinaryOp::Max, h, lo);
+    let hi = b.scalar(0.5);
+    let clipped = b.bin(BinaryOp::Min, shared, hi);
+    let twice = b.bin(BinaryOp::Add, clipped, shared);
+    // A bound that is a tensor, not a scalar constant: Max and Min.
+    let t = b.param("bound", &[4, 1, 1], 1.0);
+    let tm = b.bin(BinaryOp::Max, h, t);
+    let tensor_bound = b.bin(BinaryOp::Min, tm, six);
+    for (name, v) in [
+        ("relu6", relu6),
+        ("relu", relu),
+        ("twice", twice),
+        ("tensor_bound", tensor_bound),
+    ] {
+        b.g.add_output(name, v).unwrap();
+    }
+    let m = b.done();
+    let counts = op_counts(&m);
+    let count = |op: &str| counts.get(op).copied().unwrap_or(0);
+    assert_eq!(
+        (
+            count("Clip"),
+            count("Relu"),
+            count("Max"),
+            count("Min"),
+            count("Identity")
+        ),
+        (1, 1, 2, 2, 4),
+        "{counts:?}"
+    );
+    let inputs = BTreeMap::from([("x".to_string(), tensor(5, &[2, 3, 6, 6], 3.0))]);
+    check("bounds", &m, inputs.clone(), 1e-5);
+    let back = oar_onnx::from_bytes(&oar_onnx::to_bytes(&m).unwrap()).unwrap();
+    let want = oar_backend_reference::run_graph(&m.graph, &m.weights, &inputs).unwrap();
+    let got = oar_backend_reference::run_graph(&back.graph, &back.weights, &inputs).unwrap();
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        assert_eq!(w.to_f64_vec(), g.to_f64_vec(), "{name} after import");
+    }
+}
