@@ -7,10 +7,11 @@
 //! - `f32`: the traced float graph;
 //! - `int8`: the same graph quantized by `oar::quantization::quantize_model` (batch norms folded,
 //!   min-max calibration on the 16 images, per-channel i8 weights, u8 inputs);
+//! - `int8_rr`: the same with 7-bit weights (`reduce_range`), which run on `vpmaddubsw`;
 //! - `int8_ort_qdq`: onnxruntime's QDQ model of it (`DIR/<model>.qdq.onnx`, when present)
 //!   imported and run through the `quantize` pass.
 //!
-//! With `OAR_CPU_PROFILE=1` it prints the time per kernel of each int8 variant.
+//! `OAR_BENCH_VARIANTS=int8,f32` times only those variants. With `OAR_CPU_PROFILE=1` it prints the time per kernel of each int8 variant.
 
 #[path = "timing.rs"]
 mod timing;
@@ -46,6 +47,11 @@ fn traced(name: &str) -> Res<Model> {
 }
 
 fn time(model: &Model, label: &str, variant: &str, x: &TensorData, runs: usize) -> Res<()> {
+    if let Ok(only) = std::env::var("OAR_BENCH_VARIANTS")
+        && !only.split(',').any(|v| v == variant)
+    {
+        return Ok(());
+    }
     let exe = oar::backend::get("cpu")?.compile(&model.graph, &model.weights)?;
     let input = model.graph.input_specs()[0].0.clone();
     let inputs = BTreeMap::from([(input, x.clone())]);
@@ -98,6 +104,12 @@ fn main() -> Res<()> {
         let q = quantize_model(&model, &batches, &config)?;
         eprintln!("{name}: {} products quantized", q.layers.len());
         time(&q.model, name, "int8", &x, runs)?;
+        let config = StaticQuantConfig {
+            reduce_range: true,
+            ..config
+        };
+        let q = quantize_model(&model, &batches, &config)?;
+        time(&q.model, name, "int8_rr", &x, runs)?;
         let qdq = dir.join(format!("{name}.qdq.onnx"));
         if qdq.exists() {
             let mut m = oar::onnx::load(&qdq)?;

@@ -38,6 +38,7 @@ pub mod profile;
 pub mod program;
 pub mod qconv;
 pub mod qgemm;
+pub mod qgemm_u8;
 pub mod rnn;
 mod rows;
 mod scratch;

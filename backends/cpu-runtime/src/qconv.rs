@@ -12,6 +12,7 @@ use crate::conv::ConvSpec;
 use crate::conv_depthwise::Int8;
 use crate::par::par_units;
 use crate::qgemm;
+use crate::qgemm_u8;
 use oar_ir::ops::ConvInteger;
 use oar_ir::{DType, TensorType};
 
@@ -126,12 +127,20 @@ pub fn run(
             return Ok(epi.is_some());
         }
     }
-    // Every group's weights less their zero points as the multiplier's row pairs ([og, k] each,
-    // the weight's own layout), one group after the other (kept in `cache` when the weights are
-    // constant).
+    // The weights less their zero points, packed once (kept in `cache` when they are constant),
+    // tagged by the kernel they are packed for: with one group, 7-bit weights (`reduce_range`)
+    // and AVX2, as `vpmaddubsw` quads ([`qgemm_u8`]); otherwise every group's as the exact i16
+    // kernel's row pairs ([og, k] each, the weight's own layout), one group after the other.
     let rows_per_group = og.div_ceil(4) * 4 * k.div_ceil(2);
-    let pair_all = || {
-        let mut all = Vec::with_capacity(g.groups * rows_per_group);
+    let pack_weights = || {
+        if g.groups == 1 && qgemm_u8::available() {
+            let w = |r: usize, i: usize| int(wb[r * k + i], dw) - zw_at(r);
+            if let Some(q) = qgemm_u8::Quads::new(w, g.o, k) {
+                return [QUADS].into_iter().chain(q.to_words()).collect();
+            }
+        }
+        let mut all = vec![PAIRS];
+        all.reserve(g.groups * rows_per_group);
         for grp in 0..g.groups {
             let za = zw.map(|(b, d)| {
                 if b.len() == 1 {
@@ -149,14 +158,20 @@ pub fn run(
         }
         all
     };
-    let owned;
-    let pairs: &[u32] = match cache {
-        Some(c) => bytemuck::cast_slice(c.get_or_init(|| bytemuck::cast_vec(pair_all()))),
+    let owned: Vec<u32>;
+    let packed_weights: &[u32] = match cache {
+        Some(c) => bytemuck::cast_slice(c.get_or_init(|| bytemuck::cast_vec(pack_weights()))),
         None => {
-            owned = pair_all();
+            owned = pack_weights();
             &owned
         }
     };
+    let (&tag, packed_weights) = packed_weights.split_first().ok_or("conv_integer: no packed weights")?;
+    let quads = match tag {
+        QUADS => Some(qgemm_u8::Quads::view(packed_weights).ok_or("conv_integer: packed weights do not fit")?),
+        _ => None,
+    };
+    let pairs = packed_weights;
     // The input's patches as a [k, pixels] matrix (row (ci, ky, kx): that tap's input for every
     // output pixel, the padding the input's zero point); a 1×1, stride-1, unpadded convolution
     // reads the input planes as they are.
@@ -164,7 +179,11 @@ pub fn run(
         && g.kw == 1
         && c.stride.iter().all(|&s| s == 1)
         && c.pad_before.iter().chain(&c.pad_after).all(|&p| p == 0);
-    let mut cols = if direct { Vec::new() } else { vec![zx_byte; k * pixels] };
+    let mut cols = if direct || quads.is_some() {
+        Vec::new()
+    } else {
+        vec![zx_byte; k * pixels]
+    };
     let zxb = zx.map(|(b, d)| (&b[..1], d));
     // With an epilogue, each thread applies it to the chunks of columns it finishes (else the
     // caller runs it afterwards).
@@ -172,13 +191,6 @@ pub fn run(
     for img in 0..g.n {
         for grp in 0..g.groups {
             let planes = &xb[(img * g.c + grp * cg) * g.h * g.w..][..cg * g.h * g.w];
-            let b: &[u8] = if direct {
-                planes
-            } else {
-                im2col(c, &g, planes, cg, zx_byte, &mut cols);
-                &cols
-            };
-            let packed = qgemm::pack_b(b, dx, zxb, k, pixels);
             let dst = &mut out[(img * g.o + grp * og) * pixels * 4..][..og * pixels * 4];
             let first = img * g.o + grp * og;
             let tail = chunks.map(|(e, cols, per_iter)| {
@@ -192,6 +204,30 @@ pub fn run(
                 };
                 (cols, f)
             });
+            let done = tail.as_ref().map(|(cols, f)| qgemm::ChunkDone { cols: *cols, f });
+            if let Some(q) = quads {
+                // The patches packed four rows at a time, never stored whole.
+                let signed = dx == DType::I8;
+                PACKED.with_borrow_mut(|packed| {
+                    qgemm_u8::pack_rows(k, pixels, signed, threads, packed, |r, row| {
+                        if direct {
+                            row.copy_from_slice(&planes[r * pixels..(r + 1) * pixels]);
+                        } else {
+                            im2col_row(c, &g, planes, r, zx_byte, row);
+                        }
+                    });
+                    let z = if signed { zx_byte ^ 0x80 } else { zx_byte };
+                    qgemm_u8::run(q, packed, z, pixels, dst, threads, done)
+                })?;
+                continue;
+            }
+            let b: &[u8] = if direct {
+                planes
+            } else {
+                im2col(c, &g, planes, cg, zx_byte, &mut cols);
+                &cols
+            };
+            let packed = qgemm::pack_b(b, dx, zxb, k, pixels);
             qgemm::run_pairs(
                 &pairs[grp * rows_per_group..(grp + 1) * rows_per_group],
                 og,
@@ -200,12 +236,23 @@ pub fn run(
                 pixels,
                 dst,
                 threads,
-                tail.as_ref().map(|(cols, f)| qgemm::ChunkDone { cols: *cols, f }),
+                done,
             )?;
         }
     }
     Ok(chunks.is_some())
 }
+
+thread_local! {
+    /// The packed patches of the last `vpmaddubsw` convolution on this thread, reused (their
+    /// pages stay mapped) by the next.
+    static PACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The tag of weights packed as [`qgemm_u8::Quads`].
+const QUADS: u32 = 1;
+/// The tag of weights packed as [`qgemm::pair_rows`].
+const PAIRS: u32 = 0;
 
 /// Bytes of i32 sums of one chunk of columns (every row) that a thread finishes and hands to
 /// the epilogue while they are in its L2.
@@ -242,36 +289,84 @@ fn lcm(a: usize, b: usize) -> usize {
 /// (`cg` input planes), `fill` (the input's zero point) where the tap falls in the padding.
 fn im2col(c: &ConvInteger, g: &Geometry, planes: &[u8], cg: usize, fill: u8, cols: &mut [u8]) {
     let pixels = g.oh * g.ow;
+    for (r, row) in cols.chunks_exact_mut(pixels).take(cg * g.kh * g.kw).enumerate() {
+        im2col_row(c, g, planes, r, fill, row);
+    }
+}
+
+/// Row `r` = `(ci, ky, kx)` of [`im2col`]: the input under that tap for every output pixel.
+fn im2col_row(c: &ConvInteger, g: &Geometry, planes: &[u8], r: usize, fill: u8, row: &mut [u8]) {
     let s1 = c.stride[1] as isize;
-    for ci in 0..cg {
-        let plane = &planes[ci * g.h * g.w..][..g.h * g.w];
-        for ky in 0..g.kh {
-            for kx in 0..g.kw {
-                let row = &mut cols[((ci * g.kh + ky) * g.kw + kx) * pixels..][..pixels];
-                let off = (kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
-                let lo = if off >= 0 { 0 } else { ((-off) + s1 - 1) / s1 } as usize;
-                let hi = ((g.w as isize - off + s1 - 1) / s1).clamp(0, g.ow as isize) as usize;
-                for oy in 0..g.oh {
-                    let dst = &mut row[oy * g.ow..(oy + 1) * g.ow];
-                    let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
-                    if iy < 0 || iy >= g.h as isize || lo >= hi {
-                        dst.fill(fill);
-                        continue;
-                    }
-                    dst[..lo].fill(fill);
-                    dst[hi..].fill(fill);
-                    let src = &plane[iy as usize * g.w..][..g.w];
-                    let first = (lo as isize * s1 + off) as usize;
-                    if s1 == 1 {
-                        dst[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
-                    } else {
-                        for (d, &v) in dst[lo..hi].iter_mut().zip(src[first..].iter().step_by(s1 as usize)) {
-                            *d = v;
-                        }
-                    }
-                }
+    let (ci, ky, kx) = (r / (g.kh * g.kw), r / g.kw % g.kh, r % g.kw);
+    let plane = &planes[ci * g.h * g.w..][..g.h * g.w];
+    let off = (kx * c.dilation[1]) as isize - c.pad_before[1] as isize;
+    let lo = if off >= 0 { 0 } else { ((-off) + s1 - 1) / s1 } as usize;
+    let hi = ((g.w as isize - off + s1 - 1) / s1).clamp(0, g.ow as isize) as usize;
+    if c.stride[0] == 1 && s1 == 1 && g.ow == g.w && lo < hi {
+        // Output rows map to consecutive input rows at one column offset: the row is the plane
+        // shifted by `dy · w + off`, one copy, with the padding rows and the border columns
+        // filled afterwards (a small image's rows are then not one short copy each).
+        let dy = (ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
+        let oy0 = (-dy).clamp(0, g.oh as isize) as usize;
+        let oy1 = (g.h as isize - dy).clamp(oy0 as isize, g.oh as isize) as usize;
+        let shift = dy * g.w as isize + off;
+        let start = ((oy0 * g.w) as isize).max(-shift) as usize;
+        let end = ((oy1 * g.w) as isize)
+            .min((g.h * g.w) as isize - shift)
+            .max(start as isize) as usize;
+        row[..start].fill(fill);
+        row[end..].fill(fill);
+        let from = (start as isize + shift) as usize;
+        row[start..end].copy_from_slice(&plane[from..from + (end - start)]);
+        for oy in oy0..oy1 {
+            let r = &mut row[oy * g.w..(oy + 1) * g.w];
+            r[..lo].fill(fill);
+            r[hi..].fill(fill);
+        }
+        return;
+    }
+    for oy in 0..g.oh {
+        let dst = &mut row[oy * g.ow..(oy + 1) * g.ow];
+        let iy = (oy * c.stride[0] + ky * c.dilation[0]) as isize - c.pad_before[0] as isize;
+        if iy < 0 || iy >= g.h as isize || lo >= hi {
+            dst.fill(fill);
+            continue;
+        }
+        dst[..lo].fill(fill);
+        dst[hi..].fill(fill);
+        let src = &plane[iy as usize * g.w..][..g.w];
+        let first = (lo as isize * s1 + off) as usize;
+        if s1 == 1 {
+            dst[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
+        } else if s1 == 2 {
+            even_bytes(&src[first..], &mut dst[lo..hi]);
+        } else {
+            for (d, &v) in dst[lo..hi].iter_mut().zip(src[first..].iter().step_by(s1 as usize)) {
+                *d = v;
             }
         }
+    }
+}
+
+/// `dst[i] = src[2 · i]` for every `i` of `dst` (`src` holds at least `2 · dst.len() - 1`
+/// bytes): a stride-2 convolution's taps, sixteen at a time.
+fn even_bytes(src: &[u8], dst: &mut [u8]) {
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    while i + 16 <= dst.len() && 2 * i + 32 <= src.len() {
+        use std::arch::x86_64::*;
+        // Safety: SSE2 is part of x86-64; 32 bytes of `src` from `2 i` and 16 of `dst` from `i`
+        // are in bounds (the loop's condition); unaligned loads and store.
+        unsafe {
+            let low = _mm_set1_epi16(0xff);
+            let a = _mm_and_si128(_mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i), low);
+            let b = _mm_and_si128(_mm_loadu_si128(src.as_ptr().add(2 * i + 16) as *const __m128i), low);
+            _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, _mm_packus_epi16(a, b));
+        }
+        i += 16;
+    }
+    for (j, d) in dst.iter_mut().enumerate().skip(i) {
+        *d = src[2 * j];
     }
 }
 
@@ -416,6 +511,19 @@ impl Depthwise<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every length around the 16-byte steps, `src` as short as allowed: the even bytes.
+    #[test]
+    fn even_bytes_takes_every_other_byte() {
+        let src: Vec<u8> = (0..200u32).map(|i| (i * 37 + 11) as u8).collect();
+        for n in [0, 1, 15, 16, 17, 31, 32, 33, 48, 99] {
+            let mut dst = vec![0u8; n];
+            let len = (2 * n).saturating_sub(1);
+            even_bytes(&src[..len], &mut dst);
+            let want: Vec<u8> = (0..n).map(|i| src[2 * i]).collect();
+            assert_eq!(dst, want, "{n} bytes");
+        }
+    }
 
     /// The definition, directly.
     #[allow(clippy::too_many_arguments)]

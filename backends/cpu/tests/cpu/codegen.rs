@@ -2453,28 +2453,55 @@ fn matmul_integer_runs_natively_and_exactly() {
     }
 }
 
+/// i8 values halved toward zero: in `[-64, 63]`, as `reduce_range` quantization leaves weights
+/// (the `vpmaddubsw` kernel's range).
+fn seven_bit(t: TensorData) -> TensorData {
+    let v: Vec<f64> = t.to_f64_vec().iter().map(|v| (v / 2.0).trunc()).collect();
+    TensorData::from_f64_slice(t.dtype(), t.shape().to_vec(), &v).unwrap()
+}
+
 /// `conv_integer` (a quantized convolution) runs as one native kernel, exactly against the
 /// reference: u8 × i8 with a per-output-channel weight zero point, stride 2 and padding, and a
-/// depthwise i8 × i8 one without zero points.
+/// depthwise i8 × i8 one without zero points; and with 7-bit weights (the `vpmaddubsw` kernel)
+/// u8 and i8 inputs with a zero point, a 147-long (not a multiple of 4) reduction.
 #[test]
 fn conv_integer_runs_natively_and_exactly() {
     use oar_ir::ops::ConvInteger;
     let bytes = int8_data;
-    for (dx, dw, x_shape, w_shape, stride, groups, zps) in [
-        (DType::U8, DType::I8, [2, 3, 9, 8], [5, 3, 3, 3], 2, 1, true),
-        (DType::I8, DType::I8, [1, 4, 6, 6], [4, 1, 3, 3], 1, 4, false),
+    for (dx, dw, x_shape, w_shape, stride, groups, zps, seven) in [
+        (DType::U8, DType::I8, [2, 3, 9, 8], [5, 3, 3, 3], 2, 1, true, false),
+        (DType::I8, DType::I8, [1, 4, 6, 6], [4, 1, 3, 3], 1, 4, false, false),
+        (DType::U8, DType::I8, [2, 3, 19, 18], [9, 3, 7, 7], 2, 1, true, true),
+        (DType::I8, DType::I8, [1, 8, 6, 7], [20, 8, 3, 3], 1, 1, true, true),
     ] {
         let mut g = Graph::new("qconv");
         let x = input(&mut g, "x", dx, &x_shape);
         let mut w = Weights::new();
-        w.insert("w".into(), bytes(dw, &w_shape, 2));
+        let weights = bytes(dw, &w_shape, 2);
+        w.insert("w".into(), if seven { seven_bit(weights) } else { weights });
         let mut ins = vec![x, g.add_param("w", TensorType::of(dw, &w_shape)).unwrap()];
         let mut feed = vec![("x", bytes(dx, &x_shape, 1))];
         if zps {
             ins.push(input(&mut g, "zx", dx, &[]));
             ins.push(input(&mut g, "zw", dw, &[w_shape[0]]));
-            feed.push(("zx", TensorData::from_f64_slice(dx, vec![], &[131.0]).unwrap()));
-            feed.push(("zw", bytes(dw, &[w_shape[0]], 3)));
+            let zx = if dx == DType::I8 { -7.0 } else { 131.0 };
+            feed.push(("zx", TensorData::from_f64_slice(dx, vec![], &[zx]).unwrap()));
+            let zw = bytes(dw, &[w_shape[0]], 3);
+            // Zero points of 7-bit weights keep them in range: 0 or -1.
+            let zw = if seven {
+                TensorData::from_f64_slice(
+                    dw,
+                    vec![w_shape[0]],
+                    &zw.to_f64_vec()
+                        .iter()
+                        .map(|z| -((z.abs() as i64 % 2) as f64))
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap()
+            } else {
+                zw
+            };
+            feed.push(("zw", zw));
         }
         let c = ConvInteger {
             stride: vec![stride; 2],
@@ -2506,15 +2533,17 @@ fn conv_integer_runs_natively_and_exactly() {
 fn integer_convolutions_requantize_in_their_epilogue() {
     use oar_ir::ops::{ConvInteger, QuantizeLinear};
     let bytes = int8_data;
-    // (x shape, w shape, stride, pad, groups)
-    for (xs, ws, stride, pad, groups) in [
-        ([1, 3, 9, 8], [5, 3, 3, 3], 1, 1, 1),
+    // (x shape, w shape, stride, pad, groups, 7-bit weights: the `vpmaddubsw` kernel)
+    for (xs, ws, stride, pad, groups, seven) in [
+        ([1, 3, 9, 8], [5, 3, 3, 3], 1, 1, 1, false),
         // Planes large enough for the epilogue to follow chunks of columns.
-        ([1, 3, 90, 90], [5, 3, 3, 3], 1, 1, 1),
-        ([1, 40, 30, 30], [48, 40, 1, 1], 1, 0, 1),
-        ([2, 6, 7, 7], [8, 6, 1, 1], 1, 0, 1),
-        ([1, 4, 6, 6], [6, 2, 3, 3], 2, 1, 2),
-        ([2, 4, 10, 9], [4, 1, 3, 3], 1, 1, 4),
+        ([1, 3, 90, 90], [5, 3, 3, 3], 1, 1, 1, false),
+        ([1, 3, 90, 90], [5, 3, 3, 3], 1, 1, 1, true),
+        ([1, 40, 30, 30], [48, 40, 1, 1], 1, 0, 1, false),
+        ([1, 40, 30, 30], [48, 40, 1, 1], 1, 0, 1, true),
+        ([2, 6, 7, 7], [8, 6, 1, 1], 1, 0, 1, true),
+        ([1, 4, 6, 6], [6, 2, 3, 3], 2, 1, 2, false),
+        ([2, 4, 10, 9], [4, 1, 3, 3], 1, 1, 4, false),
     ] {
         let o = ws[0];
         let mut g = Graph::new("qconv_requant");
@@ -2523,7 +2552,8 @@ fn integer_convolutions_requantize_in_their_epilogue() {
         // A temporary input, dead after the convolution.
         let x = g.add_op1(Op::Binary(BinaryOp::Max), &[x0, floor]).unwrap();
         let mut w = Weights::new();
-        w.insert("w".into(), bytes(DType::I8, &ws, 2));
+        let narrow = |t: TensorData| if seven { seven_bit(t) } else { t };
+        w.insert("w".into(), narrow(bytes(DType::I8, &ws, 2)));
         let wv = g.add_param("w", TensorType::of(DType::I8, &ws)).unwrap();
         let zx = input(&mut g, "zx", DType::U8, &[]);
         let zw = input(&mut g, "zw", DType::I8, &[o]);
@@ -2554,7 +2584,7 @@ fn integer_convolutions_requantize_in_their_epilogue() {
             .add_op1(Op::Composite(Composite::QuantizeLinear(q)), &[r, sy, zy])
             .unwrap();
         // The next layer reads the requantized values.
-        w.insert("w2".into(), bytes(DType::I8, &[3, o, 1, 1], 4));
+        w.insert("w2".into(), narrow(bytes(DType::I8, &[3, o, 1, 1], 4)));
         let w2 = g.add_param("w2", TensorType::of(DType::I8, &[3, o, 1, 1])).unwrap();
         let c2 = ConvInteger {
             stride: vec![1, 1],
@@ -2572,7 +2602,14 @@ fn integer_convolutions_requantize_in_their_epilogue() {
         let feed = feeds(&[
             ("x", bytes(DType::U8, &xs, 1)),
             ("zx", TensorData::from_f64_slice(DType::U8, vec![], &[131.0]).unwrap()),
-            ("zw", bytes(DType::I8, &[o], 3)),
+            (
+                "zw",
+                if seven {
+                    TensorData::from_f64_slice(DType::I8, vec![o], &vec![0.0; o]).unwrap()
+                } else {
+                    bytes(DType::I8, &[o], 3)
+                },
+            ),
             ("s", TensorData::from_vec(vec![1, o, 1, 1], scales).unwrap()),
             ("b", TensorData::from_vec(vec![1, o, 1, 1], biases).unwrap()),
             ("sy", TensorData::from_vec(vec![], vec![0.05f32]).unwrap()),
