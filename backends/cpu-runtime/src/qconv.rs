@@ -185,26 +185,10 @@ pub fn run(
         vec![zx_byte; k * pixels]
     };
     let zxb = zx.map(|(b, d)| (&b[..1], d));
-    // With an epilogue, each thread applies it to the chunks of columns it finishes (else the
-    // caller runs it afterwards).
-    let chunks = epi.and_then(|e| epilogue_chunks(e, og, pixels).map(|(cols, per_iter)| (e, cols, per_iter)));
     for img in 0..g.n {
         for grp in 0..g.groups {
             let planes = &xb[(img * g.c + grp * cg) * g.h * g.w..][..cg * g.h * g.w];
             let dst = &mut out[(img * g.o + grp * og) * pixels * 4..][..og * pixels * 4];
-            let first = img * g.o + grp * og;
-            let tail = chunks.map(|(e, cols, per_iter)| {
-                let f = move |c0: usize, nc: usize| {
-                    // The group's planes, columns `c0..c0 + nc` of each (whole iterations: `c0`
-                    // is a multiple of the block, `c0 + nc` too or the plane's end).
-                    for plane in first..first + og {
-                        let base = plane * e.per_plane;
-                        (e.f)(base + c0 / per_iter, base + (c0 + nc).div_ceil(per_iter));
-                    }
-                };
-                (cols, f)
-            });
-            let done = tail.as_ref().map(|(cols, f)| qgemm::ChunkDone { cols: *cols, f });
             if let Some(q) = quads {
                 // The patches packed four rows at a time, never stored whole.
                 let signed = dx == DType::I8;
@@ -217,7 +201,7 @@ pub fn run(
                         }
                     });
                     let z = if signed { zx_byte ^ 0x80 } else { zx_byte };
-                    qgemm_u8::run(q, packed, z, pixels, dst, threads, done)
+                    qgemm_u8::run(q, packed, z, pixels, dst, threads)
                 })?;
                 continue;
             }
@@ -236,11 +220,14 @@ pub fn run(
                 pixels,
                 dst,
                 threads,
-                done,
             )?;
         }
     }
-    Ok(chunks.is_some())
+    // The epilogue runs after the product, over the whole output (applied by each thread to
+    // the chunks of columns it had finished, the generated epilogue's calls — a few hundred
+    // pixels of one plane each — cost more than the cache they save: ResNet-18 int8 on Zen 3,
+    // two threads, 30.7 → 28.5 ms, 17.3 → 15.9 with 7-bit weights).
+    Ok(false)
 }
 
 thread_local! {
@@ -253,37 +240,6 @@ thread_local! {
 const QUADS: u32 = 1;
 /// The tag of weights packed as [`qgemm::pair_rows`].
 const PAIRS: u32 = 0;
-
-/// Bytes of i32 sums of one chunk of columns (every row) that a thread finishes and hands to
-/// the epilogue while they are in its L2.
-const EPILOGUE_CHUNK_BYTES: usize = 128 << 10;
-
-/// Chunks of output columns (pixels) for an epilogue following a `rows` × `pixels` product:
-/// columns per chunk (whole panels and whole epilogue iterations) and pixels per epilogue
-/// iteration; `None` when the iterations do not cover the planes as said, or the chunks would
-/// be too large to share among threads.
-fn epilogue_chunks(e: IterEpilogue, rows: usize, pixels: usize) -> Option<(usize, usize)> {
-    if e.block == 0 || pixels.div_ceil(e.block) != e.per_plane {
-        return None;
-    }
-    let per_iter = e.block;
-    let unit = lcm(qgemm::PANEL, per_iter);
-    if unit * 4 > pixels {
-        return None;
-    }
-    let cols = (EPILOGUE_CHUNK_BYTES / (rows * 4).max(1)) / unit * unit;
-    Some((cols.max(unit), per_iter))
-}
-
-fn lcm(a: usize, b: usize) -> usize {
-    let gcd = |mut a: usize, mut b: usize| {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    };
-    a / gcd(a, b) * b
-}
 
 /// `cols[(ci, ky, kx), pixel]` = the input under that tap for every output pixel of `planes`
 /// (`cg` input planes), `fill` (the input's zero point) where the tap falls in the padding.
@@ -573,8 +529,9 @@ mod tests {
     }
 
     /// An epilogue handed to the convolution runs on every iteration exactly once, and only
-    /// once the sums it reads are final: the general (chunks of columns) and depthwise paths,
-    /// 1 and 3 threads, planes whose last block is short.
+    /// once the sums it reads are final, on the depthwise paths; the general path (im2col and
+    /// 1 × 1) leaves it to the caller and runs none. 1 and 3 threads, planes whose last block is
+    /// short.
     #[test]
     fn epilogues_see_finished_sums_once() {
         use std::sync::Mutex;
@@ -648,8 +605,11 @@ mod tests {
                     Some(epi),
                 )
                 .unwrap();
-                assert!(applied, "{xs:?} {ws:?}");
-                assert!(seen.into_inner().unwrap().iter().all(|&s| s), "every iteration runs");
+                // The depthwise paths apply it; the general one leaves it to the caller.
+                let depthwise = ws[1] == 1;
+                assert_eq!(applied, depthwise, "{xs:?} {ws:?}");
+                let seen = seen.into_inner().unwrap();
+                assert!(seen.iter().all(|&s| s == depthwise), "every iteration runs, or none");
                 assert_eq!(got, want);
             }
         }

@@ -148,23 +148,9 @@ unsafe fn store_tile(
     }
 }
 
-/// What to do with each chunk of columns of a product once all its rows are done: `cols`
-/// columns per chunk (a multiple of [`NR`]; the last chunk may be shorter), `f(c0, nc)` for
-/// columns `c0..c0 + nc` (an epilogue reading them while they are in cache).
-pub struct ChunkDone<'a> {
-    /// Columns per chunk.
-    pub cols: usize,
-    /// The callback.
-    pub f: &'a (dyn Fn(usize, usize) + Sync),
-}
-
-/// Columns per panel of `b` (chunks of [`ChunkDone`] are multiples of it).
-pub const PANEL: usize = NR;
-
 /// `c[rows, n]` (i32 as bytes) from `a`'s rows made pairs by [`pair_rows`] and `b` packed by
-/// [`pack_b`]; the panels of `b` (in chunks of `done.cols` columns, if given) are split over
-/// threads, each multiplied by every block of rows while it is in cache, then `done` called
-/// on the chunk.
+/// [`pack_b`]; the panels of `b` are split over threads, each multiplied by every block of
+/// rows while it is in cache.
 #[allow(clippy::too_many_arguments)]
 pub fn run_pairs(
     pairs: &[u32],
@@ -174,7 +160,6 @@ pub fn run_pairs(
     n: usize,
     out: &mut [u8],
     threads: usize,
-    done: Option<ChunkDone>,
 ) -> Result<(), String> {
     let kp = k.div_ceil(2);
     let panels = n.div_ceil(NR);
@@ -189,29 +174,21 @@ pub fn run_pairs(
     }
     let simd = Simd::detect();
     let out_ptr = out.as_mut_ptr() as usize;
-    let per_unit = done.as_ref().map_or(1, |d| (d.cols / NR).max(1));
     par_units(
-        panels.div_ceil(per_unit),
+        panels,
         threads.max(1),
         || (),
-        |_, unit| {
-            let ps = unit * per_unit..((unit + 1) * per_unit).min(panels);
-            for p in ps.clone() {
-                let panel = &packed[p * kp * NR * 2..(p + 1) * kp * NR * 2];
-                let c0 = p * NR;
-                let nc = NR.min(n - c0);
-                let mut tile = [[0i32; NR]; MR];
-                for blk in 0..blocks {
-                    let r0 = blk * MR;
-                    tile_kernel(simd, &pairs[r0 * kp..(r0 + MR) * kp], kp, panel, &mut tile);
-                    // Safety: each unit writes its own columns of the output, `rows · n · 4`
-                    // bytes long (checked above).
-                    unsafe { store_tile(out_ptr as *mut u8, &tile, (r0, MR.min(rows - r0)), n, (c0, nc)) };
-                }
-            }
-            if let Some(d) = &done {
-                let c0 = ps.start * NR;
-                (d.f)(c0, (ps.end * NR).min(n) - c0);
+        |_, p| {
+            let panel = &packed[p * kp * NR * 2..(p + 1) * kp * NR * 2];
+            let c0 = p * NR;
+            let nc = NR.min(n - c0);
+            let mut tile = [[0i32; NR]; MR];
+            for blk in 0..blocks {
+                let r0 = blk * MR;
+                tile_kernel(simd, &pairs[r0 * kp..(r0 + MR) * kp], kp, panel, &mut tile);
+                // Safety: each unit writes its own columns of the output, `rows · n · 4` bytes
+                // long (checked above).
+                unsafe { store_tile(out_ptr as *mut u8, &tile, (r0, MR.min(rows - r0)), n, (c0, nc)) };
             }
         },
     );

@@ -14,7 +14,6 @@
 //! by the microkernel; the columns in panels of [`NR`] with each column's 4 `k` adjacent.
 
 use crate::par::par_units;
-use crate::qgemm::ChunkDone;
 
 /// Columns per packed panel (two AVX2 registers of i32 sums).
 pub const NR: usize = 16;
@@ -184,18 +183,8 @@ pub fn available() -> bool {
 
 /// `out[rows, n]` (i32 as bytes) `= w' @ (x - z)` for the weights `w` and the columns packed by
 /// [`pack_columns`] (`z`: the columns' zero point as packed, i.e. with its top bit flipped when
-/// they are signed). The panels (in chunks of `done.cols` columns, if given) are split over
-/// threads, each multiplied by every block of rows while it is in cache, then `done` called on
-/// the chunk. Needs AVX2 ([`available`]).
-pub fn run(
-    w: QuadsView<'_>,
-    packed: &[u8],
-    z: u8,
-    n: usize,
-    out: &mut [u8],
-    threads: usize,
-    done: Option<ChunkDone>,
-) -> Result<(), String> {
+/// they are signed), on `threads` threads. Needs AVX2 ([`available`]).
+pub fn run(w: QuadsView<'_>, packed: &[u8], z: u8, n: usize, out: &mut [u8], threads: usize) -> Result<(), String> {
     let (rows, k) = (w.rows, w.k);
     let kq = k.div_ceil(4);
     let panels = n.div_ceil(NR);
@@ -248,36 +237,14 @@ pub fn run(
             || (),
             |_, blk| (0..panels).for_each(|p| tile(blk, p)),
         );
-        if let Some(d) = &done {
-            let chunks = n.div_ceil(d.cols.max(1));
-            par_units(
-                chunks,
-                threads.max(1),
-                || (),
-                |_, i| {
-                    let c0 = i * d.cols;
-                    (d.f)(c0, d.cols.min(n - c0));
-                },
-            );
-        }
-        return Ok(());
+    } else {
+        par_units(
+            panels,
+            threads.max(1),
+            || (),
+            |_, p| (0..blocks).for_each(|blk| tile(blk, p)),
+        );
     }
-    let per_unit = done.as_ref().map_or(1, |d| (d.cols / NR).max(1));
-    par_units(
-        panels.div_ceil(per_unit),
-        threads.max(1),
-        || (),
-        |_, unit| {
-            let ps = unit * per_unit..((unit + 1) * per_unit).min(panels);
-            for p in ps.clone() {
-                (0..blocks).for_each(|blk| tile(blk, p));
-            }
-            if let Some(d) = &done {
-                let c0 = ps.start * NR;
-                (d.f)(c0, (ps.end * NR).min(n) - c0);
-            }
-        },
-    );
     Ok(())
 }
 
@@ -362,7 +329,7 @@ mod tests {
                 let zp = if signed { z ^ 0x80 } else { z };
                 let words = q.to_words();
                 let view = Quads::view(&words).unwrap();
-                run(view, &packed, zp, n, &mut out, 2, None).unwrap();
+                run(view, &packed, zp, n, &mut out, 2).unwrap();
                 let got: Vec<i32> = bytemuck::pod_collect_to_vec(&out);
                 for r in 0..rows {
                     for c in 0..n {

@@ -2524,11 +2524,11 @@ fn conv_integer_runs_natively_and_exactly() {
 
 /// An integer convolution's requantization (i32 sums to f32, a per-channel scale and bias,
 /// ReLU, quantization to u8 — what the quantization pass leaves after every layer) runs as the
-/// convolution's epilogue, one step, applied plane by plane: the general (im2col), 1 × 1,
-/// grouped and depthwise paths, with 1 and 5 threads, exactly the reference's bytes. The
-/// epilogue's result (the next convolution's input) never shares storage with what the
-/// convolution reads (its input here dies at the convolution, so an unjoined plan would reuse
-/// it).
+/// convolution's epilogue, one step (applied plane by plane by the depthwise paths, after the
+/// product by the others): the general (im2col), 1 × 1, grouped and depthwise paths, with 1
+/// and 5 threads, exactly the reference's bytes. The epilogue's result (the next
+/// convolution's input) never shares storage with what the convolution reads (its input here
+/// dies at the convolution, so an unjoined plan would reuse it).
 #[test]
 fn integer_convolutions_requantize_in_their_epilogue() {
     use oar_ir::ops::{ConvInteger, QuantizeLinear};
@@ -2536,7 +2536,7 @@ fn integer_convolutions_requantize_in_their_epilogue() {
     // (x shape, w shape, stride, pad, groups, 7-bit weights: the `vpmaddubsw` kernel)
     for (xs, ws, stride, pad, groups, seven) in [
         ([1, 3, 9, 8], [5, 3, 3, 3], 1, 1, 1, false),
-        // Planes large enough for the epilogue to follow chunks of columns.
+        // Larger planes (several blocks of epilogue iterations per plane).
         ([1, 3, 90, 90], [5, 3, 3, 3], 1, 1, 1, false),
         ([1, 3, 90, 90], [5, 3, 3, 3], 1, 1, 1, true),
         ([1, 40, 30, 30], [48, 40, 1, 1], 1, 0, 1, false),
