@@ -1,11 +1,12 @@
 //! `conv_integer` (2-D): exact i32 sums `conv(x - x_zp, w - w_zp)` of 8-bit operands.
 //!
-//! Per image and group, the input's patches are gathered into rows (im2col, the padding filled
-//! with the input's zero point so that it contributes nothing) and multiplied by the group's
-//! weights as `matmul_integer` does ([`crate::qgemm`]: i16 pairs, `vpmaddwd`, exact); the
-//! `[pixels, channels]` result is written back channel-major. Depthwise convolutions (one input
-//! and one output channel per group) run a direct loop over each channel's taps instead, where
-//! a GEMM would have one column.
+//! Per image and group, the input's patches (im2col rows, the padding filled with the input's
+//! zero point so that it contributes nothing) are multiplied by the group's weights into the
+//! `[channels, pixels]` output: with 7-bit weights (`|w - w_zp| ≤ 64`, `reduce_range`) and one
+//! group on `vpmaddubsw` ([`crate::qgemm_u8`]: u8 × s8 quads, the patches packed four rows at a
+//! time), otherwise as `matmul_integer` does ([`crate::qgemm`]: i16 pairs, `vpmaddwd`); both
+//! exact. Depthwise convolutions (one input and one output channel per group) run a direct loop
+//! over each channel's taps instead, where a GEMM would have one column.
 
 use crate::contraction::{IterEpilogue, PlaneEpilogue};
 use crate::conv::ConvSpec;
