@@ -142,13 +142,13 @@ fn with_scalar_bound(g: &Graph, node: oar_ir::NodeId, op: BinaryOp) -> Option<(V
     if n.op != Op::Binary(op) {
         return None;
     }
-    let [a, b] = n.inputs() else { return None };
-    let (x, c) = if scalar_constant(g, *b).is_some() {
-        (*a, *b)
-    } else {
-        (*b, *a)
+    let &[a, b] = n.inputs() else { return None };
+    let (x, c) = match (scalar_constant(g, a), scalar_constant(g, b)) {
+        (_, Some(_)) => (a, b),
+        (Some(_), None) => (b, a),
+        (None, None) => return None,
     };
-    (scalar_constant(g, c).is_some() && g.value_type(x) == g.value_type(ValueId::first(node))).then_some((x, c))
+    (g.value_type(x) == g.value_type(ValueId::first(node))).then_some((x, c))
 }
 
 /// How a `max`/`min` node is written when it is not a plain ONNX `Max`/`Min`.

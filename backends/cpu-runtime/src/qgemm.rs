@@ -12,10 +12,10 @@ use crate::par::par_units;
 use crate::simd::Simd;
 use oar_ir::{DType, TensorType};
 
-/// Columns per packed panel of `b` (two AVX2 registers of i32 sums).
-const NR: usize = 16;
-/// Rows per microkernel call.
-const MR: usize = 4;
+/// Columns per packed panel of `b` (two AVX2 registers of i32 sums); also [`crate::qgemm_u8`]'s.
+pub(crate) const NR: usize = 16;
+/// Rows per microkernel call; also [`crate::qgemm_u8`]'s.
+pub(crate) const MR: usize = 4;
 
 /// Whether the runtime computes `matmul_integer` on operands of these types: static shapes,
 /// 8-bit `a[.., M, K]` and `b[K, N]`, scalar (or `[1]`) or per-row / per-column zero points.
@@ -135,7 +135,7 @@ fn pair_row(row: &[u8], int: impl Fn(u8) -> i32, z: i32, dst: &mut [u32]) {
 /// # Safety
 /// `out` holds at least `(r0 + nr) · n` i32 (as bytes, any alignment), and no other thread
 /// writes those rows' columns meanwhile.
-unsafe fn store_tile(
+pub(crate) unsafe fn store_tile(
     out: *mut u8,
     tile: &[[i32; NR]; MR],
     (r0, nr): (usize, usize),

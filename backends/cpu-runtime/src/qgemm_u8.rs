@@ -14,11 +14,8 @@
 //! by the microkernel; the columns in panels of [`NR`] with each column's 4 `k` adjacent.
 
 use crate::par::par_units;
+use crate::qgemm::{MR, NR, store_tile};
 
-/// Columns per packed panel (two AVX2 registers of i32 sums).
-pub const NR: usize = 16;
-/// Rows per microkernel call.
-const MR: usize = 4;
 /// The largest `|w'|` whose products with bytes cannot saturate a `vpmaddubsw` pair sum.
 pub const MAX_WEIGHT: i32 = 64;
 
@@ -88,19 +85,10 @@ pub struct QuadsView<'a> {
     k: usize,
 }
 
-/// The `k` × `n` byte matrix `x` (row-major; i8 when `signed`, its top bit then flipped) packed
-/// in panels of [`NR`] columns, quad `q` of column `c` at `(q · NR + c) · 4` in its panel (`k`
-/// rounded up to 4 with rows whose weights are zero, the last panel's missing columns zero).
-pub fn pack_columns(x: &[u8], signed: bool, k: usize, n: usize) -> Vec<u8> {
-    let mut packed = Vec::new();
-    pack_rows(k, n, signed, 1, &mut packed, |r, dst| {
-        dst.copy_from_slice(&x[r * n..(r + 1) * n])
-    });
-    packed
-}
-
-/// [`pack_columns`] of the matrix whose row `r` `row(r, dst)` writes (`n` bytes), into `packed`
-/// (resized; its old contents are overwritten), four rows at a time on `threads` threads: each
+/// The `k` × `n` byte matrix whose row `r` `row(r, dst)` writes (`n` bytes; i8 when `signed`,
+/// its top bit then flipped) packed in panels of [`NR`] columns, quad `q` of column `c` at
+/// `(q · NR + c) · 4` in its panel (`k` rounded up to 4 with rows whose weights are zero, the
+/// last panel's missing columns zero), into `packed` (resized; its old contents are overwritten), four rows at a time on `threads` threads: each
 /// quad of rows is made in a small buffer and interleaved from it while it is in L1, so a
 /// convolution's patches (im2col) need not be stored whole.
 pub fn pack_rows(
@@ -182,7 +170,7 @@ pub fn available() -> bool {
 }
 
 /// `out[rows, n]` (i32 as bytes) `= w' @ (x - z)` for the weights `w` and the columns packed by
-/// [`pack_columns`] (`z`: the columns' zero point as packed, i.e. with its top bit flipped when
+/// [`pack_rows`] (`z`: the columns' zero point as packed, i.e. with its top bit flipped when
 /// they are signed), on `threads` threads. Needs AVX2 ([`available`]).
 pub fn run(w: QuadsView<'_>, packed: &[u8], z: u8, n: usize, out: &mut [u8], threads: usize) -> Result<(), String> {
     let (rows, k) = (w.rows, w.k);
@@ -214,17 +202,17 @@ pub fn run(w: QuadsView<'_>, packed: &[u8], z: u8, n: usize, out: &mut [u8], thr
         unsafe {
             tile_avx2(quads, kq, panel, fix, &mut tile)
         };
-        for (i, row) in tile.iter().enumerate().take(MR.min(rows - r0)) {
-            // Safety: each call writes its own tile of the output, `rows · n · 4` bytes long
-            // (checked above); byte copies need no alignment.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    row.as_ptr() as *const u8,
-                    (out_ptr as *mut u8).add(((r0 + i) * n + c0) * 4),
-                    NR.min(n - c0) * 4,
-                )
-            };
-        }
+        // Safety: each call writes its own tile of the output, `rows · n · 4` bytes long
+        // (checked above).
+        unsafe {
+            store_tile(
+                out_ptr as *mut u8,
+                &tile,
+                (r0, MR.min(rows - r0)),
+                n,
+                (c0, NR.min(n - c0)),
+            )
+        };
     };
     // The larger operand is read once and the smaller one, again for each of its parts, from
     // cache: with many columns (large images) each panel is multiplied by every block of rows
@@ -283,6 +271,15 @@ unsafe fn tile_avx2(quads: &[u32], kq: usize, panel: &[u8], fix: &[i32; MR], til
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The row-major `k` × `n` matrix `x`, packed by [`pack_rows`].
+    fn pack_columns(x: &[u8], signed: bool, k: usize, n: usize) -> Vec<u8> {
+        let mut packed = Vec::new();
+        pack_rows(k, n, signed, 1, &mut packed, |r, dst| {
+            dst.copy_from_slice(&x[r * n..(r + 1) * n])
+        });
+        packed
+    }
 
     /// Every operand extreme: weights ±64, columns 0 and 255 (or −128 and 127), ragged `k` and
     /// `n`, zero points; exact against i64 sums.
